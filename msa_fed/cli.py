@@ -1,0 +1,63 @@
+"""``msa-fed`` command line.
+
+Each subsystem contributes its sub-commands through a ``register(subparsers)``
+function; this module only assembles them and turns library errors into one
+clear line on stderr and a non-zero exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from msa_fed import __version__
+from msa_fed.errors import MsaFedError
+
+# (module, attribute) pairs; each module exposes register(subparsers).
+_SUBSYSTEMS = (
+    "msa_fed.experiments.cli",
+    "msa_fed.control.cli",
+    "msa_fed.runtime.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="msa-fed",
+        description="Federated discriminative multiple-source adaptation (DMSA).",
+    )
+    parser.add_argument("--version", action="version", version=f"msa-fed {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBSYSTEMS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # subsystem not built in this checkout
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except MsaFedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Python client of the registry, used by sites, the CLI and the coordinator's job.
+
+    with RegistryClient("registry.example:7443", token, tls_ca="ca.pem") as client:
+        client.register("hospital-a")
+        client.upload_predictor(onnx_bytes)
+        client.upload_sample(X_unlabeled)
+
+    # the coordinator (admin token)
+    with RegistryClient(address, admin_token, tls_ca="ca.pem") as client:
+        for site in client.list_sites():
+            predictor = client.fetch_predictor(site.name, expected_sha256=site.predictor.sha256)
+            X, _ = client.download_sample(site.name)
+        info = client.upload_combined_model(model_bytes, manifest)
+
+Every failure raises :class:`msa_fed.errors.RegistryError` whose ``code`` is
+the gRPC status name and whose message is one line.  Idempotent calls
+(uploads keep their ``upload_id`` across attempts) are retried on UNAVAILABLE.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from msa_fed.artifacts import OnnxPredictor, load_predictor, sha256_hex
+from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
+from msa_fed.control.proto import registry_pb2 as pb
+from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
+from msa_fed.control.server import MAX_MESSAGE_BYTES, is_loopback, parse_address
+from msa_fed.control.tokens import parse_token
+from msa_fed.errors import ConfigError, RegistryError
+
+UPLOAD_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class HeartbeatInfo:
+    server_time: float
+    latest_combined_version: int
+
+
+def _pem(value, flag: str) -> bytes | None:
+    """PEM bytes from bytes or a file path."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"{flag} {str(path)!r} is not a readable file; expected a PEM file")
+    return path.read_bytes()
+
+
+def _one_line(text: str) -> str:
+    return " ".join((text or "").split())
+
+
+def _error(exc: grpc.RpcError) -> RegistryError:
+    code = exc.code() if hasattr(exc, "code") else None
+    name = code.name if code is not None else "UNKNOWN"
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return RegistryError(name, _one_line(details) or name.lower())
+
+
+class RegistryClient:
+    """Authenticated connection to a registry (see the module docstring).
+
+    Parameters
+    ----------
+    address : "HOST:PORT" of the registry.
+    token : bearer token from ``msa-fed admin issue-token`` (None sends none).
+    insecure : plaintext; only allowed towards a loopback address.
+    tls_ca : PEM (bytes or path) of the CA that signed the server certificate;
+        None uses the system roots.
+    tls_cert, tls_key : client certificate and key for mutual TLS.
+    server_name : name to check the server certificate against, when it differs
+        from the host in ``address``.
+    timeout : seconds per unary call; ``transfer_timeout`` per upload/download.
+    retries : extra attempts after UNAVAILABLE.
+    """
+
+    def __init__(
+        self, address: str, token: str | None, *, insecure: bool = False, tls_ca=None, tls_cert=None,
+        tls_key=None, server_name: str | None = None, timeout: float = 30.0, transfer_timeout: float = 600.0,
+        retries: int = 2,
+    ):
+        host, _ = parse_address(address, "--registry")
+        if token is not None and (not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token)):
+            raise ConfigError("--token must be a non-empty token without spaces")
+        self.address = address
+        self.token = token
+        parsed = parse_token(token) if token else None
+        self.principal: Principal | None = parsed[0] if parsed else None
+        self.timeout = timeout
+        self.transfer_timeout = transfer_timeout
+        self.retries = retries
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if insecure:
+            if tls_ca is not None or tls_cert is not None:
+                raise ConfigError("--insecure and --tls-ca/--tls-cert are mutually exclusive")
+            if not is_loopback(host):
+                raise ConfigError(
+                    f"--insecure would send the token in plaintext to {host!r}; it is only allowed towards loopback"
+                )
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            if (tls_cert is None) != (tls_key is None):
+                raise ConfigError("--tls-cert and --tls-key must be given together")
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_pem(tls_ca, "--tls-ca"),
+                private_key=_pem(tls_key, "--tls-key"),
+                certificate_chain=_pem(tls_cert, "--tls-cert"),
+            )
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        self._stub = pb_grpc.RegistryStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    # plumbing ------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "RegistryClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, fn, *, retry: bool = True):
+        """Run ``fn()`` translating gRPC errors; retry UNAVAILABLE with backoff."""
+        attempts = 1 + (self.retries if retry else 0)
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
+                    raise _error(exc) from None
+                time.sleep(0.2 * 2**attempt)
+
+    def _unary(self, method, request, retry: bool = True):
+        return self._call(lambda: method(request, metadata=self._metadata, timeout=self.timeout), retry=retry)
+
+    def _upload(self, method, header_field: str, header, data: bytes):
+        def messages():
+            yield method_request(**{header_field: header})
+            for start in range(0, len(data), UPLOAD_CHUNK_BYTES):
+                yield method_request(chunk=data[start:start + UPLOAD_CHUNK_BYTES])
+
+        method_request = {
+            "UploadPredictor": pb.UploadPredictorRequest,
+            "UploadSample": pb.UploadSampleRequest,
+            "UploadCombinedModel": pb.UploadCombinedModelRequest,
+        }[method]
+        stub_method = getattr(self._stub, method)
+        return self._call(lambda: stub_method(messages(), metadata=self._metadata, timeout=self.transfer_timeout))
+
+    def _download(self, method, request) -> tuple[object, bytes]:
+        def fetch():
+            header, parts = None, []
+            for msg in getattr(self._stub, method)(request, metadata=self._metadata, timeout=self.transfer_timeout):
+                part = msg.WhichOneof("part")
+                if part == "chunk":
+                    parts.append(msg.chunk)
+                elif header is None:
+                    header = getattr(msg, part)
+                else:
+                    raise RegistryError("DATA_LOSS", f"{method}: the server sent two headers")
+            return header, b"".join(parts)
+
+        header, data = self._call(fetch)
+        if header is None:
+            raise RegistryError("DATA_LOSS", f"{method}: the server sent no header")
+        if len(data) != header.size or sha256_hex(data) != header.sha256:
+            raise RegistryError("DATA_LOSS", f"{method}: received {len(data)} bytes whose sha256 does not match {header.sha256}")
+        return header, data
+
+    # sites -----------------------------------------------------------------------
+    def health(self, service: str = "") -> str:
+        """Health status name of ``service`` ("" = the whole server); needs no token."""
+        response = self._call(lambda: self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def register(self, name: str, labels: dict[str, str] | None = None) -> SiteRecord:
+        """Register site ``name`` (must be the token's site); idempotent."""
+        return site_from_pb(self._unary(self._stub.RegisterSite, pb.RegisterSiteRequest(name=name, labels=labels or {})))
+
+    def heartbeat(self, name: str = "") -> HeartbeatInfo:
+        response = self._unary(self._stub.Heartbeat, pb.HeartbeatRequest(name=name))
+        return HeartbeatInfo(response.server_time, response.latest_combined_version)
+
+    def get_site(self, name: str = "") -> SiteRecord:
+        """A site's record ("" = the caller's own site)."""
+        return site_from_pb(self._unary(self._stub.GetSite, pb.GetSiteRequest(name=name)))
+
+    def list_sites(self) -> list[SiteRecord]:
+        """Every registered site (admin) or the caller's own record (site), with artifact sha256s."""
+        return [site_from_pb(s) for s in self._unary(self._stub.ListSites, pb.ListSitesRequest()).sites]
+
+    def deregister(self, name: str = "") -> bool:
+        return self._unary(self._stub.DeregisterSite, pb.DeregisterSiteRequest(name=name)).removed
+
+    # artifacts -------------------------------------------------------------------
+    def upload_predictor(
+        self, data: bytes, *, upload_id: str | None = None, kind: str | None = None, n_features: int | None = None
+    ) -> ArtifactRecord:
+        """Publish ONNX bytes as the caller's predictor; ``kind``/``n_features`` are optional expectations."""
+        data = bytes(data)
+        header = pb.PredictorHeader(
+            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), size=len(data),
+            output_kind=kind or "", n_features=n_features or 0,
+        )
+        return artifact_from_pb(self._upload("UploadPredictor", "header", header, data))
+
+    def upload_sample(self, X, *, upload_id: str | None = None) -> ArtifactRecord:
+        """Publish the unlabelled sample ``X`` of shape (m, d), sent as float32."""
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ConfigError(f"the unlabelled sample must be a 2-D array (m, d); got shape {X.shape}")
+        data = np.ascontiguousarray(X, dtype="<f4").tobytes()
+        header = pb.SampleHeader(
+            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), rows=X.shape[0], cols=X.shape[1],
+            dtype="float32",
+        )
+        return artifact_from_pb(self._upload("UploadSample", "header", header, data))
+
+    def download_predictor(self, site: str = "", *, expected_sha256: str | None = None) -> tuple[bytes, ArtifactRecord]:
+        """(ONNX bytes, record) of ``site``'s latest predictor, checked against ``expected_sha256`` if given."""
+        header, data = self._download("DownloadPredictor", pb.DownloadArtifactRequest(site=site))
+        record = artifact_from_pb(header)
+        _pin(record.sha256, expected_sha256, f"predictor of site {site!r}")
+        return data, record
+
+    def fetch_predictor(self, site: str = "", *, expected_sha256: str | None = None, **load_kwargs) -> OnnxPredictor:
+        """Download and verify ``site``'s predictor with :func:`msa_fed.artifacts.load_predictor`."""
+        data, record = self.download_predictor(site, expected_sha256=expected_sha256)
+        return load_predictor(
+            data, expected_sha256=record.sha256, n_features=record.meta["n_features"],
+            kind=record.meta["output_kind"], **load_kwargs,
+        )
+
+    def download_sample(self, site: str = "", *, expected_sha256: str | None = None) -> tuple[np.ndarray, ArtifactRecord]:
+        """(float32 array (rows, cols), record) of ``site``'s latest unlabelled sample."""
+        header, data = self._download("DownloadSample", pb.DownloadArtifactRequest(site=site))
+        record = artifact_from_pb(header)
+        _pin(record.sha256, expected_sha256, f"sample of site {site!r}")
+        rows, cols = record.meta["rows"], record.meta["cols"]
+        if rows * cols * 4 != len(data):
+            raise RegistryError("DATA_LOSS", f"sample of site {site!r}: {len(data)} bytes do not make shape ({rows}, {cols})")
+        return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float32), record
+
+    # combined models ---------------------------------------------------------------
+    def upload_combined_model(self, data: bytes, manifest, *, upload_id: str | None = None) -> CombinedModelRecord:
+        """Store ``data`` with ``manifest`` (a dict or JSON text of an object) as a new version (admin)."""
+        manifest_json = manifest if isinstance(manifest, str) else json.dumps(manifest, sort_keys=True)
+        data = bytes(data)
+        header = pb.CombinedModelHeader(
+            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), size=len(data), manifest_json=manifest_json
+        )
+        return combined_from_pb(self._upload("UploadCombinedModel", "header", header, data))
+
+    def download_combined_model(self, version: int | None = None) -> tuple[bytes, CombinedModelRecord]:
+        """(bytes, record) of combined model ``version`` (None: the latest)."""
+        header, data = self._download("DownloadCombinedModel", pb.DownloadCombinedModelRequest(version=version or 0))
+        return data, combined_from_pb(header)
+
+
+def _pin(actual: str, expected: str | None, what: str) -> None:
+    if expected is not None and actual != expected:
+        raise RegistryError("FAILED_PRECONDITION", f"the {what} is now {actual}; expected {expected} (it was republished)")

@@ -1,0 +1,183 @@
+"""The registry gRPC server as a context manager.
+
+    with RegistryServer(Registry(SqliteStore("reg.db")), "127.0.0.1:0", tls=TlsConfig.from_files(...)) as server:
+        print(server.port)        # the real port when 0 was asked
+
+TLS is the default: a server needs a certificate and key, and verifies client
+certificates (mutual TLS) when ``tls.client_ca`` is given.  Plaintext needs
+``insecure=True`` and refuses any address but loopback.  The standard health
+service (``grpc.health.v1``) and server reflection are registered too.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from msa_fed.control.auth import AuthInterceptor
+from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.registry import Registry
+from msa_fed.control.servicer import RegistryServicer
+from msa_fed.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 2**20 + 2**16  # uploads arrive in chunks of at most 1 MiB
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM bytes of the server certificate chain and key, and optionally the CA that signs client certificates."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None = None
+
+    @classmethod
+    def from_files(cls, cert, key, ca=None) -> "TlsConfig":
+        return cls(_read_pem(cert, "--tls-cert"), _read_pem(key, "--tls-key"), _read_pem(ca, "--tls-ca") if ca else None)
+
+
+def _read_pem(path, flag: str) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{flag} {str(path)!r} is not a readable file; expected a PEM file")
+    data = path.read_bytes()
+    if b"-----BEGIN" not in data:
+        raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
+    return data
+
+
+def parse_address(address: str, flag: str = "--listen") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into (host, port)."""
+    if not isinstance(address, str) or ":" not in address:
+        raise ConfigError(f"{flag} must be HOST:PORT; got {address!r}")
+    host, _, port_text = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not host or not 0 <= port <= 65535:
+        raise ConfigError(f"{flag} must be HOST:PORT with a port in 0..65535; got {address!r}")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials(
+        [(tls.private_key, tls.cert_chain)],
+        root_certificates=tls.client_ca,
+        require_client_auth=tls.client_ca is not None,
+    )
+
+
+class RegistryServer:
+    """Serve ``registry`` on ``listen``; use as a context manager (see the module docstring)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        listen: str = "127.0.0.1:0",
+        *,
+        tls: TlsConfig | None = None,
+        insecure: bool = False,
+        max_workers: int = 32,
+    ):
+        self.registry = registry
+        self.host, self._requested_port = parse_address(listen)
+        if insecure and tls is not None:
+            raise ConfigError("--insecure and --tls-cert/--tls-key are mutually exclusive")
+        if not insecure and tls is None:
+            raise ConfigError("TLS is required: give --tls-cert and --tls-key (or --insecure on a loopback address)")
+        if insecure and not is_loopback(self.host):
+            raise ConfigError(
+                f"--insecure refuses to listen on {self.host!r}; plaintext is only allowed on loopback "
+                "(127.0.0.1, ::1 or localhost)"
+            )
+        self.tls = tls
+        self.insecure = insecure
+        self.max_workers = max_workers
+        self.port: int | None = None
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` with the bound port."""
+        if self.port is None:
+            raise RuntimeError("the server is not started")
+        return format_address(self.host, self.port)
+
+    def start(self) -> "RegistryServer":
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
+            interceptors=[AuthInterceptor(self.registry)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        bind = format_address(self.host, self._requested_port)
+        try:
+            if self.insecure:
+                port = server.add_insecure_port(bind)
+            else:
+                port = server.add_secure_port(bind, server_credentials(self.tls))
+        except RuntimeError as exc:
+            raise ConfigError(f"--listen {bind!r}: cannot bind ({exc})") from None
+        if not port:
+            raise ConfigError(f"--listen {bind!r}: cannot bind (address in use or not local?)")
+        server.start()
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self.port = server, port
+        log.info("registry listening on %s (%s)", self.address, self.mode)
+        return self
+
+    @property
+    def mode(self) -> str:
+        if self.insecure:
+            return "plaintext, loopback only"
+        return "mutual TLS" if self.tls.client_ca else "TLS"
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is None:
+            return
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self._server = None
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._server.wait_for_termination(timeout)
+
+    def __enter__(self) -> "RegistryServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,179 @@
+"""The ``msa_fed.v1.Registry`` servicer: parse, call the domain layer, serialise.
+
+Domain exceptions become status codes in one place (:func:`_abort`):
+:class:`RegistryError` carries its code, :class:`ArtifactError` and other
+input errors are INVALID_ARGUMENT, and anything unexpected is logged and
+returned as INTERNAL without details.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from msa_fed.control.convert import artifact_to_pb, combined_to_pb, site_to_pb
+from msa_fed.control.proto import registry_pb2 as pb
+from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.records import KIND_PREDICTOR, KIND_SAMPLE
+from msa_fed.control.registry import Registry
+from msa_fed.errors import MsaFedError, RegistryError
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # download chunk; well under the 4 MiB gRPC message limit
+
+
+def _abort(context, exc: Exception) -> None:
+    if isinstance(exc, RegistryError):
+        code = grpc.StatusCode.__members__.get(exc.code, grpc.StatusCode.UNKNOWN)
+        message = str(exc).split(": ", 1)[-1]
+    elif isinstance(exc, (MsaFedError, ValueError)):
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    else:
+        log.exception("internal error in %s", type(exc).__name__)
+        code, message = grpc.StatusCode.INTERNAL, "internal error (see the registry's log)"
+    context.abort(code, message)
+
+
+def _unary(fn):
+    """Map exceptions of a unary-response handler to status codes."""
+
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except grpc.RpcError:  # the client went away while we read its stream
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code in one place
+            _abort(context, exc)
+
+    return wrapper
+
+
+def _streaming(fn):
+    """Map exceptions of a streaming-response handler to status codes."""
+
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            yield from fn(self, request, context)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            _abort(context, exc)
+
+    return wrapper
+
+
+def _header(request_iterator, what: str):
+    first = next(request_iterator, None)
+    if first is None or first.WhichOneof("part") != "header":
+        raise RegistryError("INVALID_ARGUMENT", f"the first message of {what} must be its header")
+    return first.header
+
+
+def _check_declared_size(size: int, limit: int, what: str) -> None:
+    if size <= 0:
+        raise RegistryError("INVALID_ARGUMENT", f"{what} header must declare a positive size; got {size}")
+    if size > limit:
+        raise RegistryError("RESOURCE_EXHAUSTED", f"{what} of {size} bytes exceeds the limit of {limit} bytes")
+
+
+def _body(request_iterator, size: int, what: str) -> bytes:
+    """Concatenate the chunk messages after the header; exactly ``size`` bytes or an error."""
+    buf = bytearray()
+    for msg in request_iterator:
+        if msg.WhichOneof("part") != "chunk":
+            raise RegistryError("INVALID_ARGUMENT", f"{what}: only the first message may be a header")
+        buf += msg.chunk
+        if len(buf) > size:
+            raise RegistryError("INVALID_ARGUMENT", f"{what} sent more than the {size} bytes its header declared")
+    if len(buf) != size:
+        raise RegistryError("INVALID_ARGUMENT", f"{what} ended after {len(buf)} bytes; its header declared {size}")
+    return bytes(buf)
+
+
+def _chunks(data: bytes):
+    for start in range(0, len(data), CHUNK_BYTES):
+        yield pb.DownloadChunk(chunk=data[start:start + CHUNK_BYTES])
+
+
+class RegistryServicer(pb_grpc.RegistryServicer):
+    """gRPC face of a :class:`Registry`; ``context.principal`` comes from the auth interceptor."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+
+    @_unary
+    def RegisterSite(self, request, context):
+        site = self.registry.register(context.principal, request.name, dict(request.labels))
+        return site_to_pb(site)
+
+    @_unary
+    def Heartbeat(self, request, context):
+        now = self.registry.heartbeat(context.principal, request.name)
+        return pb.HeartbeatResponse(server_time=now, latest_combined_version=self.registry.latest_combined_version())
+
+    @_unary
+    def GetSite(self, request, context):
+        return site_to_pb(self.registry.get_site(context.principal, request.name))
+
+    @_unary
+    def ListSites(self, request, context):
+        return pb.ListSitesResponse(sites=[site_to_pb(s) for s in self.registry.list_sites(context.principal)])
+
+    @_unary
+    def DeregisterSite(self, request, context):
+        return pb.DeregisterSiteResponse(removed=self.registry.deregister(context.principal, request.name))
+
+    @_unary
+    def UploadPredictor(self, request_iterator, context):
+        header = _header(request_iterator, "UploadPredictor")
+        self.registry.require_site(context.principal, "publish a predictor")
+        _check_declared_size(header.size, self.registry.limits.max_predictor_bytes, "predictor")
+        data = _body(request_iterator, header.size, "UploadPredictor")
+        record, _ = self.registry.put_predictor(
+            context.principal, header.upload_id, data, header.sha256, header.output_kind, header.n_features
+        )
+        return artifact_to_pb(record)
+
+    @_unary
+    def UploadSample(self, request_iterator, context):
+        header = _header(request_iterator, "UploadSample")
+        self.registry.require_site(context.principal, "publish a sample")
+        size = self.registry.check_sample_shape(header.rows, header.cols, header.dtype)
+        data = _body(request_iterator, size, "UploadSample")
+        record, _ = self.registry.put_sample(
+            context.principal, header.upload_id, data, header.sha256, header.rows, header.cols, header.dtype
+        )
+        return artifact_to_pb(record)
+
+    @_unary
+    def UploadCombinedModel(self, request_iterator, context):
+        header = _header(request_iterator, "UploadCombinedModel")
+        self.registry.require_admin(context.principal, "store a combined model")
+        _check_declared_size(header.size, self.registry.limits.max_combined_bytes, "combined model")
+        data = _body(request_iterator, header.size, "UploadCombinedModel")
+        record, _ = self.registry.put_combined_model(
+            context.principal, header.upload_id, data, header.sha256, header.manifest_json
+        )
+        return combined_to_pb(record)
+
+    @_streaming
+    def DownloadPredictor(self, request, context):
+        record, data = self.registry.get_artifact(context.principal, request.site, KIND_PREDICTOR)
+        yield pb.DownloadChunk(artifact=artifact_to_pb(record))
+        yield from _chunks(data)
+
+    @_streaming
+    def DownloadSample(self, request, context):
+        record, data = self.registry.get_artifact(context.principal, request.site, KIND_SAMPLE)
+        yield pb.DownloadChunk(artifact=artifact_to_pb(record))
+        yield from _chunks(data)
+
+    @_streaming
+    def DownloadCombinedModel(self, request, context):
+        record, data = self.registry.get_combined_model(context.principal, request.version)
+        yield pb.DownloadChunk(combined_model=combined_to_pb(record))
+        yield from _chunks(data)

@@ -1,0 +1,243 @@
+"""Registry state behind one abstract class, with an in-memory implementation.
+
+:class:`RegistryStore` is the whole persistence contract; :class:`MemoryStore`
+(here) and :class:`msa_fed.control.sqlite_store.SqliteStore` implement it, and
+one test suite (``tests/control/test_store.py``) runs against both.
+
+Artifacts and combined models are stored content-addressed: the bytes live
+once under their sha256, records point at them.  A commit is atomic: the blob
+and its record appear together or not at all.  ``(site, upload_id)`` is the
+idempotency key of an artifact upload, ``upload_id`` that of a combined model.
+"""
+from __future__ import annotations
+
+import abc
+import threading
+
+from msa_fed.control.records import (
+    ArtifactRecord,
+    CombinedModelRecord,
+    SiteRecord,
+    TokenRecord,
+)
+from msa_fed.errors import RegistryError
+
+
+def upload_conflict(upload_id: str) -> RegistryError:
+    return RegistryError(
+        "ALREADY_EXISTS", f"upload_id {upload_id!r} was already used for different content; use a new upload_id"
+    )
+
+
+def not_registered(site: str) -> RegistryError:
+    return RegistryError("FAILED_PRECONDITION", f"site {site!r} is not registered; run 'msa-fed site register' first")
+
+
+class RegistryStore(abc.ABC):
+    """Persistence of tokens, sites, artifacts and combined models. Thread-safe."""
+
+    # tokens -------------------------------------------------------------
+    @abc.abstractmethod
+    def put_token(self, record: TokenRecord) -> None:
+        """Store ``record`` as the only active token of its (role, principal); older ones are revoked."""
+
+    @abc.abstractmethod
+    def get_token(self, role: str, principal: str) -> TokenRecord | None:
+        """The active token of (role, principal), or None."""
+
+    @abc.abstractmethod
+    def revoke_tokens(self, role: str, principal: str, now: float) -> int:
+        """Revoke the active tokens of (role, principal); return how many were active."""
+
+    @abc.abstractmethod
+    def token_states(self, role: str) -> dict[str, str]:
+        """{principal: "active" | "revoked"} for every principal of ``role`` that ever had a token."""
+
+    # sites --------------------------------------------------------------
+    @abc.abstractmethod
+    def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
+        """Register ``name`` (idempotent: keeps the first registration time, replaces the labels)."""
+
+    @abc.abstractmethod
+    def heartbeat(self, name: str, now: float) -> bool:
+        """Record a heartbeat; False when the site is not registered."""
+
+    @abc.abstractmethod
+    def get_site(self, name: str) -> SiteRecord | None:
+        """The site with its latest predictor and sample, or None."""
+
+    @abc.abstractmethod
+    def list_sites(self) -> list[SiteRecord]:
+        """Every registered site, sorted by name."""
+
+    @abc.abstractmethod
+    def deregister_site(self, name: str) -> bool:
+        """Remove the site and its artifact records (unreferenced blobs go too); False when absent."""
+
+    # artifacts ----------------------------------------------------------
+    @abc.abstractmethod
+    def commit_artifact(self, record: ArtifactRecord, data: bytes) -> tuple[ArtifactRecord, bool]:
+        """Atomically store ``data`` and ``record``; return (stored record, created).
+
+        A retry with the same (site, upload_id) and content returns the first
+        record and ``created=False``; different content raises ALREADY_EXISTS.
+        The site must be registered (FAILED_PRECONDITION otherwise).
+        """
+
+    @abc.abstractmethod
+    def artifact_history(self, site: str, kind: str) -> list[ArtifactRecord]:
+        """Every committed artifact of ``kind`` for ``site``, oldest first."""
+
+    @abc.abstractmethod
+    def get_blob(self, sha256: str) -> bytes | None:
+        """The bytes stored under ``sha256``, or None."""
+
+    # combined models ----------------------------------------------------
+    @abc.abstractmethod
+    def commit_combined_model(
+        self, upload_id: str, sha256: str, data: bytes, manifest_json: str, created_by: str, now: float
+    ) -> tuple[CombinedModelRecord, bool]:
+        """Store a combined model as the next version; idempotent on ``upload_id``."""
+
+    @abc.abstractmethod
+    def get_combined_model(self, version: int | None = None) -> CombinedModelRecord | None:
+        """Version ``version`` (None: the latest), or None."""
+
+    def close(self) -> None:
+        """Release resources; the default does nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MemoryStore(RegistryStore):
+    """Everything in dictionaries under one lock; lost when the process ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[tuple[str, str], TokenRecord | None] = {}  # None: revoked
+        self._sites: dict[str, SiteRecord] = {}
+        self._blobs: dict[str, bytes] = {}
+        self._artifacts: list[ArtifactRecord] = []
+        self._combined: list[CombinedModelRecord] = []
+
+    def put_token(self, record: TokenRecord) -> None:
+        with self._lock:
+            self._tokens[(record.role, record.principal)] = record
+
+    def get_token(self, role: str, principal: str) -> TokenRecord | None:
+        with self._lock:
+            return self._tokens.get((role, principal))
+
+    def revoke_tokens(self, role: str, principal: str, now: float) -> int:
+        with self._lock:
+            active = self._tokens.get((role, principal)) is not None
+            if (role, principal) in self._tokens:
+                self._tokens[(role, principal)] = None
+            return int(active)
+
+    def token_states(self, role: str) -> dict[str, str]:
+        with self._lock:
+            return {p: ("active" if rec is not None else "revoked") for (r, p), rec in self._tokens.items() if r == role}
+
+    def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
+        with self._lock:
+            old = self._sites.get(name)
+            self._sites[name] = SiteRecord(
+                name=name,
+                registered_at=old.registered_at if old else now,
+                last_heartbeat=old.last_heartbeat if old else None,
+                labels=dict(labels),
+            )
+            return self._site_view(name)
+
+    def heartbeat(self, name: str, now: float) -> bool:
+        with self._lock:
+            old = self._sites.get(name)
+            if old is None:
+                return False
+            self._sites[name] = SiteRecord(old.name, old.registered_at, now, dict(old.labels))
+            return True
+
+    def _latest(self, site: str, kind: str) -> ArtifactRecord | None:
+        for rec in reversed(self._artifacts):
+            if rec.site == site and rec.kind == kind:
+                return rec
+        return None
+
+    def _site_view(self, name: str) -> SiteRecord | None:
+        base = self._sites.get(name)
+        if base is None:
+            return None
+        return SiteRecord(
+            base.name, base.registered_at, base.last_heartbeat, dict(base.labels),
+            predictor=self._latest(name, "predictor"), sample=self._latest(name, "sample"),
+        )
+
+    def get_site(self, name: str) -> SiteRecord | None:
+        with self._lock:
+            return self._site_view(name)
+
+    def list_sites(self) -> list[SiteRecord]:
+        with self._lock:
+            return [self._site_view(n) for n in sorted(self._sites)]
+
+    def deregister_site(self, name: str) -> bool:
+        with self._lock:
+            if self._sites.pop(name, None) is None:
+                return False
+            dropped = {a.sha256 for a in self._artifacts if a.site == name}
+            self._artifacts = [a for a in self._artifacts if a.site != name]
+            still_used = {a.sha256 for a in self._artifacts} | {c.sha256 for c in self._combined}
+            for sha in dropped - still_used:
+                self._blobs.pop(sha, None)
+            return True
+
+    def commit_artifact(self, record: ArtifactRecord, data: bytes) -> tuple[ArtifactRecord, bool]:
+        with self._lock:
+            for old in self._artifacts:
+                if old.site == record.site and old.upload_id == record.upload_id:
+                    if old.kind == record.kind and old.sha256 == record.sha256:
+                        return old, False
+                    raise upload_conflict(record.upload_id)
+            if record.site not in self._sites:
+                raise not_registered(record.site)
+            self._blobs.setdefault(record.sha256, bytes(data))
+            self._artifacts.append(record)
+            return record, True
+
+    def artifact_history(self, site: str, kind: str) -> list[ArtifactRecord]:
+        with self._lock:
+            return [a for a in self._artifacts if a.site == site and a.kind == kind]
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        with self._lock:
+            return self._blobs.get(sha256)
+
+    def commit_combined_model(
+        self, upload_id: str, sha256: str, data: bytes, manifest_json: str, created_by: str, now: float
+    ) -> tuple[CombinedModelRecord, bool]:
+        with self._lock:
+            for old in self._combined:
+                if old.upload_id == upload_id:
+                    if old.sha256 == sha256 and old.manifest_json == manifest_json:
+                        return old, False
+                    raise upload_conflict(upload_id)
+            rec = CombinedModelRecord(
+                version=len(self._combined) + 1, upload_id=upload_id, sha256=sha256, size=len(data),
+                manifest_json=manifest_json, created_by=created_by, created_at=now,
+            )
+            self._blobs.setdefault(sha256, bytes(data))
+            self._combined.append(rec)
+            return rec, True
+
+    def get_combined_model(self, version: int | None = None) -> CombinedModelRecord | None:
+        with self._lock:
+            if not self._combined:
+                return None
+            if version is None:
+                return self._combined[-1]
+            return next((c for c in self._combined if c.version == version), None)

@@ -1,0 +1,369 @@
+"""Solving min over the simplex of Gamma(z) = max_k L_k(z) - sum_j z_j L_j(z).
+
+Two algorithms share one loss-oracle interface (sums over points for a given z, see
+:mod:`msa_fed.core.dc_terms`), so they run unchanged whether the sums are computed in this
+process or at the sites:
+
+``method="dca"``
+    The paper's DC algorithm (DESIGN.md section 3): from z_t solve the convex epigraph problem
+    min_{z, gamma} gamma  s.t.  u_k(z) - v_k(z_t) - grad v_k(z_t).(z - z_t) <= gamma,  z in simplex
+    with SLSQP.  Gamma never increases between accepted iterates.  Kept as the reference method.
+
+``method="newton"`` (default through ``"auto"``)
+    Gamma(z) = 0 exactly when every domain with z_k > 0 has the same loss c and every other
+    domain has loss <= c (such a z always exists, by Brouwer's theorem applied to Nash's map).
+    We solve that system with an active-set Newton method on (z_S, c) using the analytic
+    Jacobian dL_k/dz_j (also an O(p^2) sum), with backtracking on Gamma.  It converges
+    quadratically; when it stalls, the solver falls back to DCA from the best point.
+
+Both record the history of Gamma and stop when Gamma <= ``tol``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+from scipy.optimize import minimize
+from sklearn.exceptions import ConvergenceWarning
+
+from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
+from msa_fed.core.simplex import check_simplex, project_simplex
+
+
+class LossOracle(Protocol):
+    """Anything that returns the global sums at z (the solver never sees the points)."""
+
+    n_sources: int
+
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...],
+                 global_bound: float | None = None) -> DCSums: ...
+
+    def max_bound(self) -> float: ...
+
+
+class LocalOracle:
+    """Loss oracle over in-process :class:`PointSet` objects (e.g. one per site)."""
+
+    def __init__(self, point_sets: list[PointSet]):
+        if not point_sets:
+            raise ValueError("LocalOracle needs at least one PointSet")
+        self.point_sets = list(point_sets)
+        self.n_sources = point_sets[0].w.shape[1]
+
+    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+        return sum_all(ps.evaluate(z, eta, what=what, global_bound=global_bound)
+                       for ps in self.point_sets)
+
+    def max_bound(self) -> float:
+        return max(ps.max_bound() for ps in self.point_sets)
+
+
+@dataclass
+class DCResult:
+    """Outcome of :func:`solve_dc`.
+
+    z : (p,) best mixture weight found;  gamma : Gamma(z);  losses : (p,) L_k(z)
+    history : Gamma after each iteration of the run that produced z (first entry: its start)
+    converged : Gamma <= tol was reached;  n_iter : iterations of that run
+    n_evaluations : oracle calls over all runs (each is one round trip to the sites)
+    method : the algorithm that produced z
+    """
+
+    z: np.ndarray
+    gamma: float
+    losses: np.ndarray
+    history: list[float]
+    converged: bool
+    n_iter: int
+    n_evaluations: int
+    method: str
+    restarts: list[dict] = field(default_factory=list)
+    objective: str = "gamma"
+
+    @property
+    def max_loss(self) -> float:
+        """max_k L_k(z): the loss of g_z on the worst mixture of the domains."""
+        return float(np.max(self.losses))
+
+
+class _Counter:
+    """Wraps an oracle, counting calls and caching the last evaluation."""
+
+    def __init__(self, oracle: LossOracle, eta: float, global_bound: float | None):
+        self.oracle, self.eta, self.global_bound = oracle, eta, global_bound
+        self.calls = 0
+        self._key = None
+        self._val = None
+
+    def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
+        key = (z.tobytes(), what)
+        if key != self._key:
+            self.calls += 1
+            self._val = self.oracle.evaluate(z, self.eta, what, self.global_bound)
+            self._key = key
+        return self._val
+
+
+# ---------------------------------------------------------------------------- DCA
+def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
+             callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+    p = z0.size
+    z = z0.copy()
+    s = ev(z, ("L", "v", "dv"))
+    gamma = gamma_from_losses(s.L, z)
+    L = s.L
+    history.append(gamma)
+    it = 0
+    for it in range(1, max_iter + 1):
+        if gamma <= tol:
+            return z, gamma, L, True, it - 1
+        v0, dv0, zt = s.v, s.dv, z.copy()
+
+        def lin(zz):  # v_k(z_t) + grad v_k(z_t).(zz - z_t), (p,)
+            return v0 + dv0 @ (zz - zt)
+
+        def cons(x):
+            zz = x[:p]
+            su = ev(zz, ("u", "du"))
+            return x[p] - (su.u - lin(zz))
+
+        def cons_jac(x):
+            zz = x[:p]
+            su = ev(zz, ("u", "du"))
+            jac = np.empty((p, p + 1))
+            jac[:, :p] = -(su.du - dv0)
+            jac[:, p] = 1.0
+            return jac
+
+        su0 = ev(zt, ("u", "du"))
+        g0 = float(np.max(su0.u - v0))
+        x0 = np.append(zt, g0)
+        res = minimize(
+            lambda x: x[p], x0, jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
+            bounds=[(0.0, 1.0)] * p + [(None, None)],
+            constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
+                         {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
+                          "jac": lambda x: np.append(np.ones(p), 0.0)}],
+            options={"maxiter": 100, "ftol": 1e-14},
+        )
+        z_new = project_simplex(res.x[:p])
+        s_new = ev(z_new, ("L", "v", "dv"))
+        gamma_new = gamma_from_losses(s_new.L, z_new)
+        if not gamma_new < gamma:  # DCA must not increase Gamma: stop at the current iterate
+            history.append(gamma)
+            if callback:
+                callback(it, z, gamma)
+            return z, gamma, L, gamma <= tol, it
+        z, s, gamma, L = z_new, s_new, gamma_new, s_new.L
+        history.append(gamma)
+        if callback:
+            callback(it, z, gamma)
+    return z, gamma, L, gamma <= tol, max_iter
+
+
+# ---------------------------------------------------------------------------- Newton
+def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
+                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+    p = z0.size
+    z = z0.copy()
+    s = ev(z, ("L", "dL"))
+    gamma = gamma_from_losses(s.L, z)
+    history.append(gamma)
+    active = z > 0
+    stalls = 0
+    it = 0
+    for it in range(1, max_iter + 1):
+        if gamma <= tol:
+            return z, gamma, s.L, True, it - 1
+        L, dL = s.L, s.dL
+        c_now = float(np.max(L[active])) if active.any() else float(np.max(L))
+        # a domain left out of the support but worse off than the support joins it
+        active |= (~active) & (L > c_now)
+        S = np.flatnonzero(active)
+        m = S.size
+        A = np.zeros((m + 1, m + 1))
+        A[:m, :m] = dL[np.ix_(S, S)]
+        A[:m, m] = -1.0
+        A[m, :m] = 1.0
+        rhs = np.concatenate([-L[S], [1.0 - z[S].sum()]])
+        try:
+            sol = np.linalg.solve(A + 1e-12 * np.eye(m + 1), rhs)
+        except np.linalg.LinAlgError:
+            sol = np.linalg.lstsq(A, rhs, rcond=None)[0]
+        # the solution of the linear system is (dz_S, c); c is not an increment
+        dz = np.zeros(p)
+        dz[S] = sol[:m]
+        neg = dz < 0
+        alpha_max = 1.0
+        if neg.any():
+            alpha_max = min(1.0, float(np.min(-z[neg] / dz[neg])))
+        alpha = alpha_max
+        accepted = False
+        for _ in range(30):
+            z_try = np.clip(z + alpha * dz, 0.0, None)
+            z_try /= z_try.sum()
+            s_try = ev(z_try, ("L", "dL"))
+            g_try = gamma_from_losses(s_try.L, z_try)
+            if g_try < gamma:
+                accepted = True
+                break
+            alpha *= 0.5
+        if alpha_max < 1.0 and accepted and alpha == alpha_max:
+            blocking = neg & (np.abs(z + alpha_max * dz) <= 1e-15 + 1e-12 * np.abs(z))
+            active &= ~blocking
+        if not accepted:
+            stalls += 1
+            if stalls >= 2:
+                history.append(gamma)
+                return z, gamma, s.L, False, it
+            # drop the smallest active coordinate whose loss is below the top (it blocks progress)
+            cand = [k for k in S if L[k] < c_now]
+            if cand:
+                k = min(cand, key=lambda j: z[j])
+                active[k] = False
+                z_try = z.copy()
+                z_try[k] = 0.0
+                z_try /= z_try.sum()
+                s_try = ev(z_try, ("L", "dL"))
+                g_try = gamma_from_losses(s_try.L, z_try)
+                if g_try >= gamma:
+                    history.append(gamma)
+                    continue
+            else:
+                history.append(gamma)
+                continue
+        else:
+            stalls = 0
+        z, s, gamma = z_try, s_try, g_try
+        active &= z > 0
+        history.append(gamma)
+        if callback:
+            callback(it, z, gamma)
+    return z, gamma, s.L, gamma <= tol, max_iter
+
+
+# ---------------------------------------------------------------------------- min-max
+def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
+                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+    """min over the simplex of max_k L_k(z), epigraph form with SLSQP and analytic dL.
+
+    Returns like the other runs, but the value tracked in ``history`` is max_k L_k.
+    """
+    p = z0.size
+    it = [0]
+
+    def cons(x):
+        return x[p] - ev(x[:p], ("L", "dL")).L
+
+    def cons_jac(x):
+        s = ev(x[:p], ("L", "dL"))
+        jac = np.empty((p, p + 1))
+        jac[:, :p] = -s.dL
+        jac[:, p] = 1.0
+        return jac
+
+    s0 = ev(z0, ("L", "dL"))
+    history.append(float(s0.L.max()))
+
+    def cb(x):
+        it[0] += 1
+        zz = project_simplex(x[:p])
+        val = float(ev(zz, ("L", "dL")).L.max())
+        history.append(val)
+        if callback:
+            callback(it[0], zz, val)
+
+    res = minimize(
+        lambda x: x[p], np.append(z0, s0.L.max()), jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
+        bounds=[(0.0, 1.0)] * p + [(None, None)], callback=cb,
+        constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
+                     {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
+                      "jac": lambda x: np.append(np.ones(p), 0.0)}],
+        options={"maxiter": max_iter, "ftol": max(tol, 1e-15)},
+    )
+    z = project_simplex(res.x[:p])
+    s = ev(z, ("L", "dL"))
+    if s.L.max() > s0.L.max():  # never return worse than the start
+        z, s = z0, s0
+    return z, float(s.L.max()), s.L, bool(res.success), it[0]
+
+
+# ---------------------------------------------------------------------------- driver
+def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
+             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
+             z0: np.ndarray | None = None, callback: Callable | None = None,
+             warn: bool = True) -> DCResult:
+    """Minimise Gamma over the simplex.
+
+    Parameters
+    ----------
+    oracle : LossOracle giving sums over all labelled points (local or distributed).
+    eta : smoothing, >= 0.
+    objective : "gamma" (the paper: min Gamma, by DCA or Newton) or "minmax" (min max_k L_k,
+        the worst-case loss over the domains, by SLSQP on the epigraph; ``method`` is ignored).
+    method : "auto" (Newton, then DCA from its point if it stalls), "newton" or "dca".
+    tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
+    max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
+    n_restarts : random simplex starts tried after the uniform one, only while not converged.
+    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
+    z0 : optional first start instead of the uniform point (e.g. a checkpoint).
+    callback : called as callback(iteration, z, gamma) after each accepted iterate.
+    """
+    if objective not in ("gamma", "minmax"):
+        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
+    if method not in ("auto", "newton", "dca"):
+        raise ValueError(f"method must be 'auto', 'newton' or 'dca'; got {method!r}")
+    if bound not in ("pointwise", "global"):
+        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
+    if not (np.isfinite(eta) and eta >= 0):
+        raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
+    p = int(oracle.n_sources)
+    rng = np.random.default_rng(random_state)
+    global_bound = oracle.max_bound() if bound == "global" else None
+    ev = _Counter(oracle, eta, global_bound)
+    starts = [np.full(p, 1.0 / p) if z0 is None else check_simplex(np.asarray(z0, float), "z0")]
+    starts += [rng.dirichlet(np.ones(p)) for _ in range(n_restarts)]
+    best: DCResult | None = None
+    runs = []
+    for start in starts:
+        history: list[float] = []
+        if objective == "minmax":
+            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
+            g = gamma_from_losses(L, z)
+            runs.append({"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it,
+                         "method": "slsqp-minmax"})
+            if best is None or val < float(np.max(best.losses)) - 1e-12:
+                best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
+                                n_iter=it, n_evaluations=0, method="slsqp-minmax")
+            continue
+        if method == "dca":
+            z, g, L, ok, it = _dca_run(ev, start, tol, max_iter, callback, history)
+            used = "dca"
+        else:
+            z, g, L, ok, it = _newton_run(ev, start, tol, max_iter, callback, history)
+            used = "newton"
+            if not ok and method == "auto":
+                z, g, L, ok, it2 = _dca_run(ev, z, tol, max_iter, callback, history)
+                it += it2
+                used = "newton+dca"
+        runs.append({"start": start.tolist(), "gamma": g, "iterations": it, "method": used})
+        if best is None or g < best.gamma:
+            best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
+                            n_iter=it, n_evaluations=0, method=used)
+        if best.converged:
+            break
+    best.n_evaluations = ev.calls
+    best.restarts = runs
+    best.objective = objective
+    if not best.converged and warn:
+        warnings.warn(f"DC solver stopped on its iteration cap with Gamma={best.gamma:.3g} > tol={tol:g}",
+                      ConvergenceWarning, stacklevel=2)
+    return best
+
+
+def gamma_at(oracle: LossOracle, z: np.ndarray, eta: float) -> float:
+    """Gamma(z) from one oracle call (for grids and tests)."""
+    z = check_simplex(np.asarray(z, dtype=float), "z")
+    return gamma_from_losses(oracle.evaluate(z, eta, ("L",)).L, z)

@@ -1,0 +1,209 @@
+"""Feature maps Phi for the domain classifier, as scikit-learn transformers.
+
+Each map is a small scikit-learn estimator (``fit`` / ``transform``; learned state ends in
+``_``) that can also be written as plain arrays and JSON (``get_state`` / ``from_state``) so
+that a saved model never needs pickle.
+
+- ``standard``  : standardised identity, (x - mean) / std
+- ``onehot``    : one-hot encoding of categorical columns (unknown categories map to zeros)
+- ``threshold`` : for 1-D inputs, indicators 1[x <= t_j] at quantile thresholds t_j
+- ``rff``       : random Fourier features of the standardised input, approximating a
+                  Gaussian-kernel RKHS (Rahimi and Recht)
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+
+class StandardFeatures(TransformerMixin, BaseEstimator):
+    """(x - mean_) / scale_ with a floor on the scale of constant columns."""
+
+    def fit(self, X, y=None, sample_weight=None):
+        X = np.asarray(X, dtype=np.float64)
+        w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        self.mean_ = np.average(X, axis=0, weights=w)
+        var = np.average((X - self.mean_) ** 2, axis=0, weights=w)
+        scale = np.sqrt(var)
+        self.scale_ = np.where(scale > 1e-12, scale, 1.0)
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def transform(self, X):
+        check_is_fitted(self, "mean_")
+        return (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
+
+    def get_state(self):
+        return {}, {"mean": self.mean_, "scale": self.scale_}
+
+    @classmethod
+    def from_state(cls, params, arrays):
+        obj = cls()
+        obj.mean_, obj.scale_ = arrays["mean"], arrays["scale"]
+        obj.n_features_in_ = obj.mean_.size
+        return obj
+
+
+class OneHotFeatures(TransformerMixin, BaseEstimator):
+    """One-hot encoding of every column (values are compared exactly; unseen values give zeros)."""
+
+    def __init__(self, max_categories: int = 256):
+        self.max_categories = max_categories
+
+    def fit(self, X, y=None, sample_weight=None):
+        X = np.asarray(X, dtype=np.float64)
+        self.categories_ = []
+        for j in range(X.shape[1]):
+            cats = np.unique(X[:, j])
+            if cats.size > self.max_categories:
+                raise ValueError(
+                    f"onehot features: column {j} has {cats.size} distinct values, more than "
+                    f"max_categories={self.max_categories}; is it really categorical?")
+            self.categories_.append(cats)
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def transform(self, X):
+        check_is_fitted(self, "categories_")
+        X = np.asarray(X, dtype=np.float64)
+        blocks = [(X[:, [j]] == cats[None, :]).astype(np.float64) for j, cats in enumerate(self.categories_)]
+        return np.hstack(blocks)
+
+    def get_state(self):
+        sizes = np.array([c.size for c in self.categories_], dtype=np.int64)
+        return {"max_categories": self.max_categories}, {
+            "sizes": sizes, "values": np.concatenate(self.categories_)}
+
+    @classmethod
+    def from_state(cls, params, arrays):
+        obj = cls(max_categories=params["max_categories"])
+        bounds = np.cumsum(np.concatenate([[0], arrays["sizes"]]))
+        obj.categories_ = [arrays["values"][a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        obj.n_features_in_ = len(obj.categories_)
+        return obj
+
+
+class ThresholdFeatures(TransformerMixin, BaseEstimator):
+    """For 1-D x: the indicators 1[x <= t_j] at ``n_thresholds`` quantiles of the sample.
+
+    A linear model on these features is a weighted sum of threshold functions, so conditional
+    Maxent on them can select thresholds between domains (the paper's synthetic experiment).
+    """
+
+    def __init__(self, n_thresholds: int = 200):
+        self.n_thresholds = n_thresholds
+
+    def fit(self, X, y=None, sample_weight=None):
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != 1:
+            raise ValueError(f"threshold features need 1-D inputs (shape (n, 1)); got shape {X.shape}")
+        qs = np.linspace(0.0, 1.0, self.n_thresholds + 2)[1:-1]
+        self.thresholds_ = np.unique(np.quantile(X[:, 0], qs))
+        self.n_features_in_ = 1
+        return self
+
+    def transform(self, X):
+        check_is_fitted(self, "thresholds_")
+        X = np.asarray(X, dtype=np.float64)
+        return (X[:, [0]] <= self.thresholds_[None, :]).astype(np.float64)
+
+    def get_state(self):
+        return {"n_thresholds": self.n_thresholds}, {"thresholds": self.thresholds_}
+
+    @classmethod
+    def from_state(cls, params, arrays):
+        obj = cls(n_thresholds=params["n_thresholds"])
+        obj.thresholds_ = arrays["thresholds"]
+        obj.n_features_in_ = 1
+        return obj
+
+
+class RandomFourierFeatures(TransformerMixin, BaseEstimator):
+    """sqrt(2/D) cos(W x_std + b), W ~ N(0, 2 gamma I), b ~ U[0, 2 pi], on standardised x.
+
+    gamma=None uses 1 / n_features (the median-heuristic scale for standardised data).
+    """
+
+    def __init__(self, n_components: int = 500, gamma: float | None = None, random_state=0):
+        self.n_components = n_components
+        self.gamma = gamma
+        self.random_state = random_state
+
+    def fit(self, X, y=None, sample_weight=None):
+        X = np.asarray(X, dtype=np.float64)
+        self.standard_ = StandardFeatures().fit(X, sample_weight=sample_weight)
+        d = X.shape[1]
+        gamma = 1.0 / d if self.gamma is None else float(self.gamma)
+        rng = np.random.default_rng(self.random_state)
+        self.weights_ = rng.normal(scale=np.sqrt(2.0 * gamma), size=(d, self.n_components))
+        self.offset_ = rng.uniform(0.0, 2.0 * np.pi, size=self.n_components)
+        self.n_features_in_ = d
+        return self
+
+    def transform(self, X):
+        check_is_fitted(self, "weights_")
+        Z = self.standard_.transform(X) @ self.weights_ + self.offset_
+        return np.sqrt(2.0 / self.n_components) * np.cos(Z)
+
+    def get_state(self):
+        return ({"n_components": self.n_components, "gamma": self.gamma},
+                {"mean": self.standard_.mean_, "scale": self.standard_.scale_,
+                 "weights": self.weights_, "offset": self.offset_})
+
+    @classmethod
+    def from_state(cls, params, arrays):
+        obj = cls(n_components=params["n_components"], gamma=params["gamma"])
+        obj.standard_ = StandardFeatures.from_state({}, arrays)
+        obj.weights_, obj.offset_ = arrays["weights"], arrays["offset"]
+        obj.n_features_in_ = obj.weights_.shape[0]
+        return obj
+
+
+FEATURE_MAPS = {
+    "standard": StandardFeatures,
+    "onehot": OneHotFeatures,
+    "threshold": ThresholdFeatures,
+    "rff": RandomFourierFeatures,
+}
+
+
+def make_feature_map(spec, random_state=0):
+    """A fresh, unfitted feature map from a name, a (name, kwargs) pair or a transformer object."""
+    if isinstance(spec, str):
+        if spec not in FEATURE_MAPS:
+            raise ValueError(f"features must be one of {sorted(FEATURE_MAPS)} or a transformer; got {spec!r}")
+        cls = FEATURE_MAPS[spec]
+        return cls(random_state=random_state) if cls is RandomFourierFeatures else cls()
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
+        name, kwargs = spec
+        if name not in FEATURE_MAPS:
+            raise ValueError(f"features must be one of {sorted(FEATURE_MAPS)}; got {name!r}")
+        kwargs = dict(kwargs)
+        if FEATURE_MAPS[name] is RandomFourierFeatures:
+            kwargs.setdefault("random_state", random_state)
+        return FEATURE_MAPS[name](**kwargs)
+    if hasattr(spec, "fit") and hasattr(spec, "transform"):
+        from sklearn.base import clone
+        try:
+            return clone(spec)
+        except TypeError:
+            return spec
+    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; got {spec!r}")
+
+
+def feature_map_state(fmap) -> tuple[str, dict, dict]:
+    """(name, params, arrays) of a built-in fitted map; ValueError for custom transformers."""
+    for name, cls in FEATURE_MAPS.items():
+        if type(fmap) is cls:
+            params, arrays = fmap.get_state()
+            return name, params, arrays
+    raise ValueError(
+        f"cannot save a model whose feature map is a custom {type(fmap).__name__}: only the built-in "
+        f"maps {sorted(FEATURE_MAPS)} are stored without pickle")
+
+
+def feature_map_from_state(name: str, params: dict, arrays: dict):
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"unknown feature map {name!r} in saved model")
+    return FEATURE_MAPS[name].from_state(params, arrays)

@@ -1,0 +1,38 @@
+"""The library's own exception types.
+
+Every error a user can cause is one of these (or a plain ``ValueError`` /
+``TypeError`` raised at an input boundary).  The CLI prints ``error: <message>``
+and exits non-zero for any ``MsaFedError``; it never shows a traceback for one.
+"""
+
+
+class MsaFedError(Exception):
+    """Base class of every msa_fed error."""
+
+
+class ConfigError(MsaFedError, ValueError):
+    """A configuration value or input is invalid; the message names it."""
+
+
+class ArtifactError(MsaFedError, ValueError):
+    """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares."""
+
+
+class PrivacyError(MsaFedError):
+    """A request would make a site reveal more than the privacy contract allows."""
+
+
+class SiteError(MsaFedError):
+    """A site failed (crashed, unreachable, refused); ``site`` names it."""
+
+    def __init__(self, site: str, message: str):
+        super().__init__(f"site {site!r}: {message}")
+        self.site = site
+
+
+class RegistryError(MsaFedError):
+    """The control-plane registry refused or failed a request."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code

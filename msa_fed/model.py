@@ -1,0 +1,230 @@
+"""The combined model g (DESIGN.md section 5, step 3) and its pickle-free file format.
+
+A deployed model needs the domain model Q(k | x) (Maxent classifier, or KDEs for GMSA),
+Qhat(k), z, eta and the frozen predictors h_k.  ``save(path)`` writes a directory:
+
+    path/manifest.json       format version, method, task, sites, z, eta, Gamma, losses, ...
+    path/arrays.npz          numeric state (loaded with allow_pickle=False)
+    path/predictors/k.onnx   the frozen predictors, checked by sha256 on load
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from msa_fed import __version__
+from msa_fed.core.combination import (combination_weights, combine_proba, combine_regression,
+                                      paper_z)
+from msa_fed.core.density import KDEDomainModel
+from msa_fed.core.domain_classifier import DomainClassifier
+from msa_fed.core.features import feature_map_from_state, feature_map_state
+from msa_fed.errors import ArtifactError
+
+FORMAT_VERSION = 1
+
+
+def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
+    """X as a float64 (n, d) array, or a ValueError naming the problem."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1 and n_features == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features); got shape {X.shape}")
+    if X.shape[1] != n_features:
+        raise ValueError(f"{name} has {X.shape[1]} features; the model expects {n_features}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name} contains NaN or inf")
+    return X
+
+
+class CombinedModel:
+    """g(x) = sum_k (z_k q_k(x) + eta/p) h_k(x) / (sum_k z_k q_k(x) + eta), q_k = Q(k|x)/Qhat(k).
+
+    Attributes: method ("dmsa" or "gmsa"), task, site_names, z (p,), eta, qhat (p,), gamma,
+    domain_losses (p,), history (Gamma per solver iteration), classes_ (classification),
+    domain_model (has predict_log_proba), predictors (list of p), info (dict).
+    """
+
+    def __init__(self, *, method, task, site_names, domain_model, qhat, z, eta, predictors,
+                 n_features, classes=None, gamma=float("nan"), domain_losses=None, history=(),
+                 info=None):
+        self.method = method
+        self.task = task
+        self.site_names = list(site_names)
+        self.domain_model = domain_model
+        self.qhat = np.asarray(qhat, dtype=np.float64)
+        self.z = np.asarray(z, dtype=np.float64)
+        self.eta = float(eta)
+        self.predictors = list(predictors)
+        self.n_features_in_ = int(n_features)
+        self.classes_ = None if classes is None else np.asarray(classes)
+        self.gamma = float(gamma)
+        self.domain_losses = None if domain_losses is None else np.asarray(domain_losses, dtype=np.float64)
+        self.history = [float(g) for g in history]
+        self.info = dict(info or {})
+
+    @property
+    def n_sources(self) -> int:
+        return self.z.size
+
+    @property
+    def z_paper(self) -> np.ndarray:
+        """z' of the paper's Proposition 1 (the weight on Q(k|x) itself)."""
+        return paper_z(self.z, self.qhat)
+
+    # ------------------------------------------------------------------ prediction
+    def domain_proba(self, X) -> np.ndarray:
+        """Q(k | x), ndarray (n, p), columns in site order."""
+        X = check_X(X, self.n_features_in_)
+        return np.exp(self.domain_model.predict_log_proba(X))
+
+    def combination_weights(self, X) -> np.ndarray:
+        X = check_X(X, self.n_features_in_)
+        return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+
+    def _proba_of(self, k, X) -> np.ndarray:
+        h = self.predictors[k]
+        P = np.asarray(h.predict_proba(X), dtype=np.float64)
+        out = np.zeros((X.shape[0], self.classes_.size))
+        out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
+        return out
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities (n, c) over ``classes_`` (classification only)."""
+        if self.task != "classification":
+            raise ValueError("predict_proba is only defined for task='classification'")
+        X = check_X(X, self.n_features_in_)
+        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+        P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
+        return combine_proba(a, P)
+
+    def predict(self, X) -> np.ndarray:
+        """Regression: g(x).  Classification: the most probable class under g(x, .)."""
+        if self.task == "classification":
+            return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        X = check_X(X, self.n_features_in_)
+        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+        H = np.column_stack([np.asarray(h.predict(X), dtype=np.float64).reshape(-1) for h in self.predictors])
+        return combine_regression(a, H)
+
+    # ------------------------------------------------------------------ save / load
+    def manifest(self) -> dict:
+        return {
+            "format": "msa_fed.combined_model", "format_version": FORMAT_VERSION,
+            "code_version": __version__, "method": self.method, "task": self.task,
+            "sites": self.site_names, "n_features": self.n_features_in_,
+            "z": self.z.tolist(), "z_paper": self.z_paper.tolist(), "eta": self.eta,
+            "qhat": self.qhat.tolist(), "gamma": self.gamma,
+            "domain_losses": None if self.domain_losses is None else self.domain_losses.tolist(),
+            "history": self.history,
+            "classes": None if self.classes_ is None else self.classes_.tolist(),
+            "info": _jsonable(self.info),
+        }
+
+    def save(self, path) -> Path:
+        """Write the model to directory ``path`` (created; an existing model there is replaced)."""
+        from msa_fed.artifacts import to_onnx
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "predictors").mkdir(exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        manifest = self.manifest()
+        dm = self.domain_model
+        fmap = getattr(dm, "feature_map", None)
+        if fmap is not None:
+            name, params, fa = feature_map_state(fmap)
+            manifest["feature_map"] = {"name": name, "params": params}
+            arrays.update({f"feature_map.{k}": v for k, v in fa.items()})
+        else:
+            manifest["feature_map"] = None
+        if isinstance(dm, DomainClassifier):
+            manifest["domain_model"] = {"kind": "maxent", "mu": dm.mu}
+            arrays["theta"] = dm.theta_
+        elif isinstance(dm, KDEDomainModel):
+            manifest["domain_model"] = {"kind": "kde"}
+            arrays["bandwidths"] = dm.bandwidths_
+            for k, s in enumerate(dm.samples_):
+                arrays[f"kde_sample.{k}"] = s
+        else:
+            raise ValueError(f"cannot save a domain model of type {type(dm).__name__}")
+        hashes = []
+        for k, h in enumerate(self.predictors):
+            data = to_onnx(h, self.n_features_in_)
+            (path / "predictors" / f"{k}.onnx").write_bytes(data)
+            hashes.append(hashlib.sha256(data).hexdigest())
+        manifest["predictor_sha256"] = hashes
+        tmp = path / "arrays.npz.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path / "arrays.npz")
+        tmp = path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        os.replace(tmp, path / "manifest.json")
+        return path
+
+
+def load_model(path) -> CombinedModel:
+    """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
+    from msa_fed.artifacts import load_predictor
+
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.is_file():
+        raise ArtifactError(f"no combined model at {str(path)!r}: manifest.json is missing")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{mf}: manifest is not valid JSON ({exc})") from None
+    if manifest.get("format") != "msa_fed.combined_model":
+        raise ArtifactError(f"{mf}: not a msa_fed combined model")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
+                            f"(this msa_fed reads version {FORMAT_VERSION})")
+    try:
+        with np.load(path / "arrays.npz", allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path / 'arrays.npz'}: cannot read arrays ({exc})") from None
+    p = len(manifest["sites"])
+    fmap = None
+    if manifest["feature_map"] is not None:
+        prefix = "feature_map."
+        fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
+    kind = manifest["domain_model"]["kind"]
+    if kind == "maxent":
+        dm = DomainClassifier(fmap, arrays["theta"], p, manifest["domain_model"]["mu"])
+    else:
+        dm = KDEDomainModel.from_state(arrays["bandwidths"], [arrays[f"kde_sample.{k}"] for k in range(p)],
+                                       feature_map=fmap)
+    task = manifest["task"]
+    predictors = []
+    for k in range(p):
+        data = (path / "predictors" / f"{k}.onnx").read_bytes()
+        predictors.append(load_predictor(
+            data, expected_sha256=manifest["predictor_sha256"][k], n_features=manifest["n_features"],
+            kind="regression" if task == "regression" else "probabilities"))
+    return CombinedModel(
+        method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
+        qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
+        n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
+        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"])
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return repr(obj)

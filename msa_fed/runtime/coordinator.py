@@ -1,0 +1,275 @@
+"""The coordinator: trains the domain model, gathers Qhat and solves for z with the sites.
+
+One code path for both runtimes.  The coordinator talks to its sites only through
+``call_all(method, message)``: with ``runtime="local"`` the sites are :class:`SiteWorker`
+objects in this process, with ``runtime="ray"`` they are Ray actors (see
+:mod:`msa_fed.runtime.ray_sites`).  Every message that crosses is one of
+:mod:`msa_fed.runtime.messages` and can be recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from msa_fed.core.dc_solver import solve_dc
+from msa_fed.core.dc_terms import DCSums, sum_all
+from msa_fed.core.density import KDEDomainModel
+from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, fit_maxent
+from msa_fed.core.features import FEATURE_MAPS, feature_map_state, make_feature_map
+from msa_fed.errors import ConfigError
+from msa_fed.model import CombinedModel
+from msa_fed.runtime import messages as m
+from msa_fed.runtime.progress import Progress
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs besides the sites; built once at the edge (API, CLI, job file)."""
+
+    task: str = "classification"
+    method: str = "dmsa"                  # "dmsa" (Maxent classifier) or "gmsa" (KDEs)
+    features: Any = "standard"            # domain-classifier feature map (see msa_fed.core.features)
+    eta: float = 1e-2                     # smoothing: a small positive number, as in the paper
+    random_state: int = 0
+    min_points: int = 20                  # a site never aggregates over fewer points (privacy)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    solver: dict = field(default_factory=dict)   # options of msa_fed.core.dc_solver.solve_dc
+    bandwidth: Any = None                 # GMSA: None = 5-fold CV per domain
+    checkpoint_dir: str | None = None     # DC state written after every iteration; resumed from
+    verbose: bool = False
+
+    @property
+    def loss(self) -> str:
+        return "cross_entropy" if self.task == "classification" else "squared"
+
+    def validate(self) -> "RunConfig":
+        if self.task not in ("classification", "regression"):
+            raise ConfigError(f"task must be 'classification' or 'regression'; got {self.task!r}")
+        if self.method not in ("dmsa", "gmsa"):
+            raise ConfigError(f"method must be 'dmsa' or 'gmsa'; got {self.method!r}")
+        if not (np.isfinite(self.eta) and self.eta >= 0):
+            raise ConfigError(f"eta must be a finite number >= 0; got {self.eta!r}")
+        if int(self.min_points) < 1:
+            raise ConfigError(f"min_points must be >= 1; got {self.min_points!r}")
+        self.classifier.validate()
+        return self
+
+
+class Coordinator:
+    """Owns the sites' lifecycle and runs one DMSA/GMSA fit.
+
+    ``backend`` is an object with ``start() -> list[SiteInfo]``, ``call_all(method, msgs)``
+    (one message per site, or one for all) and ``shutdown()``.
+    """
+
+    def __init__(self, backend, predictors: list, config: RunConfig, recorder: m.Recorder | None = None,
+                 solver_callback: Callable | None = None):
+        self.backend = backend
+        self.predictors = list(predictors)
+        self.config = config.validate()
+        self.recorder = recorder
+        self.solver_callback = solver_callback
+        self.infos: list[m.SiteInfo] | None = None
+        self._setup_log: list[tuple[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Coordinator":
+        self.infos = self.backend.start(self)
+        widths = {i.n_features for i in self.infos}
+        if len(widths) != 1:
+            detail = ", ".join(f"{i.name}: {i.n_features}" for i in self.infos)
+            raise ConfigError(f"feature widths differ between sites ({detail})")
+        return self
+
+    def shutdown(self):
+        self.backend.shutdown()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        return False
+
+    # ------------------------------------------------------------------ messaging
+    def call_all(self, method: str, msg) -> list:
+        """Send ``msg`` (one message, or a list with one per site) to every site and gather."""
+        msgs = msg if isinstance(msg, list) else [msg] * len(self.infos)
+        return self.backend.call_all(method, msgs)
+
+    def record(self, direction, site, method, message):
+        if self.recorder is not None and message is not None:
+            self.recorder.record(direction, site, method, message)
+
+    def replay_setup(self, site_index: int):
+        """After a site restarted: resend the state it had been given, in order."""
+        for method, msg in self._setup_log:
+            self.backend.call_one(site_index, method, msg, replay=False)
+
+    def _setup_all(self, method: str, msg) -> list:
+        self._setup_log = [(mm, x) for mm, x in self._setup_log if mm != method] + [(method, msg)]
+        return self.call_all(method, msg)
+
+    # ------------------------------------------------------------------ steps
+    @property
+    def p(self) -> int:
+        return len(self.infos)
+
+    @property
+    def n_features(self) -> int:
+        return self.infos[0].n_features
+
+    def _classes(self):
+        if self.config.task != "classification":
+            return None
+        return np.unique(np.concatenate([np.asarray(i.classes) for i in self.infos]))
+
+    def _fingerprint(self) -> str:
+        cfg = self.config
+        key = json.dumps({
+            "sites": [(i.name, i.n_labeled, i.n_unlabeled, i.n_features) for i in self.infos],
+            "task": cfg.task, "method": cfg.method, "features": repr(cfg.features), "eta": cfg.eta,
+            "mu": cfg.classifier.mu, "seed": cfg.random_state,
+        }, sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _checkpoint(self) -> dict:
+        d = self.config.checkpoint_dir
+        if d is None:
+            return {}
+        f = Path(d) / "dc_state.json"
+        if not f.is_file():
+            return {}
+        state = json.loads(f.read_text())
+        return state if state.get("fingerprint") == self._fingerprint() else {}
+
+    def _write_checkpoint(self, **state):
+        d = self.config.checkpoint_dir
+        if d is None:
+            return
+        Path(d).mkdir(parents=True, exist_ok=True)
+        current = self._checkpoint()
+        current.update(state, fingerprint=self._fingerprint())
+        tmp = Path(d) / "dc_state.json.tmp"
+        tmp.write_text(json.dumps(current))
+        os.replace(tmp, Path(d) / "dc_state.json")
+
+    def train_domain_model(self, progress: Progress):
+        cfg = self.config
+        samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        if cfg.method == "gmsa":
+            fmap = None if cfg.features in (None, "none") else make_feature_map(cfg.features, cfg.random_state)
+            progress.note("GMSA: fitting one kernel density estimate per domain (5-fold CV bandwidth)")
+            return KDEDomainModel(bandwidth=cfg.bandwidth, feature_map=fmap, random_state=cfg.random_state).fit(samples)
+        fmap = make_feature_map(cfg.features, cfg.random_state)
+        weights = np.concatenate([np.full(len(X), 1.0 / (self.p * len(X))) for X in samples])
+        try:
+            fmap.fit(np.vstack(samples), sample_weight=weights)
+        except TypeError:
+            fmap.fit(np.vstack(samples))
+        builtin = any(type(fmap) is c for c in FEATURE_MAPS.values())
+        state = feature_map_state(fmap) if builtin else None
+        ccfg = cfg.classifier
+        self._setup_all("setup_shard", m.ShardSetup(feature_map=state, custom_feature_map=None if builtin else fmap,
+                                                    n_sources=self.p, dtype=ccfg.dtype, device=ccfg.device,
+                                                    seed=cfg.random_state))
+        D = int(np.asarray(fmap.transform(samples[0][:1])).shape[1])
+        ckpt = self._checkpoint()
+        if "theta" in ckpt:
+            progress.note("domain classifier: resumed from checkpoint")
+            return DomainClassifier(fmap, np.asarray(ckpt["theta"]), self.p, ccfg.mu, {"resumed": True})
+
+        def oracle(theta):
+            parts = self.call_all("classifier_loss_grad", m.ThetaRequest(theta=theta))
+            return sum(r.loss for r in parts), sum(r.grad for r in parts)
+
+        def minibatch(theta, step):
+            parts = self.call_all("classifier_loss_grad", m.ThetaRequest(theta=theta, step=step,
+                                                                         batch_size=ccfg.batch_size))
+            return sum(r.loss for r in parts), sum(r.grad for r in parts)
+
+        bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
+                           total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
+        theta, info = fit_maxent(oracle, D, self.p, ccfg, minibatch_oracle=minibatch,
+                                 n_points=max(len(X) for X in samples),
+                                 progress=lambda i, _: bar.update(1))
+        bar.close()
+        progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
+                      f"after {info['n_iter']} iterations")
+        self._write_checkpoint(theta=theta.tolist())
+        return DomainClassifier(fmap, theta, self.p, ccfg.mu, info)
+
+    def _domain_spec(self, dm) -> m.DomainModelSpec:
+        fmap = dm.feature_map
+        builtin = fmap is not None and any(type(fmap) is c for c in FEATURE_MAPS.values())
+        state = feature_map_state(fmap) if builtin else None
+        custom = None if (builtin or fmap is None) else fmap
+        if isinstance(dm, DomainClassifier):
+            return m.DomainModelSpec(kind="maxent", n_sources=self.p, feature_map=state,
+                                     custom_feature_map=custom, theta=dm.theta_)
+        return m.DomainModelSpec(kind="kde", n_sources=self.p, feature_map=state, custom_feature_map=custom,
+                                 bandwidths=dm.bandwidths_, samples=tuple(dm.samples_))
+
+    def fit(self) -> CombinedModel:
+        cfg = self.config
+        if self.infos is None:
+            self.start()
+        progress = Progress(cfg.verbose)
+        dm = self.train_domain_model(progress)
+        qhat = np.sum([r.sums for r in self._setup_all("set_domain_model", self._domain_spec(dm))], axis=0)
+        self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=cfg.eta))
+        oracle = DistributedOracle(self)
+        ckpt = self._checkpoint()
+        solver_opts = dict(cfg.solver)
+        solver_opts.setdefault("random_state", cfg.random_state)
+        solver_opts.setdefault("objective", "minmax")
+        if "z" in ckpt:
+            solver_opts["z0"] = np.asarray(ckpt["z"])
+            progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
+                          f"Gamma={ckpt.get('gamma'):.3g}")
+        bar = progress.bar("DC solver", unit="it", total=None)
+
+        def callback(it, z, gamma):
+            bar.update(1)
+            bar.set_postfix_str(f"Gamma={gamma:.3g}")
+            self._write_checkpoint(z=np.asarray(z).tolist(), gamma=float(gamma), iteration=int(it))
+            if self.solver_callback is not None:
+                self.solver_callback(it, z, gamma)
+
+        res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
+        bar.close()
+        progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
+                      f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
+        self._write_checkpoint(z=res.z.tolist(), gamma=res.gamma, iteration=res.n_iter, done=True)
+        info = {"solver": {"method": res.method, "n_iter": res.n_iter, "n_evaluations": res.n_evaluations,
+                           "converged": res.converged, "restarts": res.restarts},
+                "classifier": getattr(dm, "info_", {}),
+                "n_labeled": [i.n_labeled for i in self.infos],
+                "n_unlabeled": [i.n_unlabeled for i in self.infos]}
+        return CombinedModel(method=cfg.method, task=cfg.task, site_names=[i.name for i in self.infos],
+                             domain_model=dm, qhat=qhat, z=res.z, eta=cfg.eta, predictors=self.predictors,
+                             n_features=self.n_features, classes=self._classes(), gamma=res.gamma,
+                             domain_losses=res.losses, history=res.history, info=info)
+
+
+class DistributedOracle:
+    """The DC loss oracle whose sums are computed at the sites and added here."""
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+        self.n_sources = coordinator.p
+
+    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+        parts = self.coordinator.call_all(
+            "dc_evaluate", m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
+                                       global_bound=global_bound))
+        return sum_all(r.sums for r in parts)
+
+    def max_bound(self) -> float:
+        return max(r.value for r in self.coordinator.call_all("max_bound", None))

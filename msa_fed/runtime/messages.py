@@ -1,0 +1,150 @@
+"""The privacy boundary as code: every message that may cross a site's boundary.
+
+A site answers the coordinator only with the response types below; each is either published
+material (the unlabelled sample, counts) or an aggregate of size O(p) / O(p^2) / O(parameters)
+summed over the site's points (DESIGN.md section 4).  Nothing here is per labelled point.
+:class:`Recorder` captures every request and response that crosses, for audits and the
+privacy test.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from msa_fed.core.dc_terms import DCSums
+
+
+class Message:
+    """Base of all boundary messages; ``arrays()`` lists every ndarray it carries."""
+
+    def arrays(self) -> list[np.ndarray]:
+        out = []
+
+        def walk(v):
+            if isinstance(v, np.ndarray):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    walk(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif isinstance(v, Message):
+                out.extend(v.arrays())
+            elif isinstance(v, DCSums):
+                out.extend(v.arrays().values())
+
+        for f in fields(self):
+            walk(getattr(self, f.name))
+        return out
+
+
+# ------------------------------------------------------------------ coordinator -> site
+@dataclass(frozen=True)
+class DomainModelSpec(Message):
+    """How to compute Q(k | x): a Maxent classifier (feature map + theta) or GMSA's KDEs.
+
+    feature_map : (name, params, arrays) of a built-in map, or None when ``custom_feature_map``
+    (an in-process transformer object, only for the in-process API) is given.
+    """
+
+    kind: str  # "maxent" or "kde"
+    n_sources: int
+    feature_map: tuple | None = None
+    custom_feature_map: Any = None
+    theta: np.ndarray | None = None
+    bandwidths: np.ndarray | None = None
+    samples: tuple = ()  # the published unlabelled samples (KDE only)
+
+
+@dataclass(frozen=True)
+class ShardSetup(Message):
+    feature_map: tuple | None
+    custom_feature_map: Any
+    n_sources: int
+    dtype: str = "float64"
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ThetaRequest(Message):
+    theta: np.ndarray
+    step: int | None = None  # None: full shard; else the SGD step (mini-batch)
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class QhatBroadcast(Message):
+    qhat: np.ndarray
+    eta: float
+
+
+@dataclass(frozen=True)
+class DCRequest(Message):
+    z: np.ndarray
+    eta: float
+    what: tuple
+    global_bound: float | None = None
+
+
+# ------------------------------------------------------------------ site -> coordinator
+@dataclass(frozen=True)
+class SiteInfo(Message):
+    name: str
+    n_features: int
+    n_labeled: int      # a count, not data
+    n_unlabeled: int
+    task: str
+    classes: np.ndarray | None = None  # class labels of the site's predictor (public)
+
+
+@dataclass(frozen=True)
+class UnlabeledSample(Message):
+    X: np.ndarray  # published by the site (DESIGN section 4)
+
+
+@dataclass(frozen=True)
+class GradSum(Message):
+    loss: float
+    grad: np.ndarray  # (p (D + 1),)
+    n: int
+
+
+@dataclass(frozen=True)
+class QhatPartial(Message):
+    sums: np.ndarray  # (p,)
+    n: int
+
+
+@dataclass(frozen=True)
+class DCPartial(Message):
+    sums: DCSums
+
+
+@dataclass(frozen=True)
+class BoundMax(Message):
+    value: float
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    incarnation: str = ""
+
+
+RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack)
+
+
+@dataclass
+class Recorder:
+    """Captures (direction, site, method, message) for every message that crosses."""
+
+    records: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, direction: str, site: str, method: str, message: Message):
+        with self._lock:
+            self.records.append((direction, site, method, message))

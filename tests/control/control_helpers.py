@@ -1,0 +1,127 @@
+"""Helpers shared by the control-plane tests: tiny ONNX models and test certificates."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from msa_fed.artifacts import META_CLASSES, META_KIND, META_N_FEATURES
+
+
+def linear_onnx(weights, bias: float = 0.0, *, metadata: dict | None = None) -> bytes:
+    """ONNX regression predictor y = X @ weights + bias, output (n, 1), with the msa_fed declaration."""
+    w = np.asarray(weights, dtype=np.float32).reshape(-1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Add", ["XW", "B"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([bias], np.float32), "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    props = {META_KIND: "regression", META_N_FEATURES: str(w.shape[0])} if metadata is None else metadata
+    helper.set_model_props(model, props)
+    return model.SerializeToString()
+
+
+def softmax_onnx(weights, *, classes=None, softmax: bool = True, metadata: dict | None = None) -> bytes:
+    """ONNX probabilities predictor softmax(X @ weights), weights (d, n_classes)."""
+    w = np.asarray(weights, dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["logits" if softmax else "p"])]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["p"], axis=1))
+    graph = helper.make_graph(
+        nodes, "softmax",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", w.shape[0]])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["n", w.shape[1]])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    classes = list(range(w.shape[1])) if classes is None else classes
+    props = (
+        {META_KIND: "probabilities", META_N_FEATURES: str(w.shape[0]), META_CLASSES: json.dumps(classes)}
+        if metadata is None else metadata
+    )
+    helper.set_model_props(model, props)
+    return model.SerializeToString()
+
+
+@dataclass
+class Pki:
+    """PEM bytes of a test CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
+
+    ca: bytes
+    server_cert: bytes
+    server_key: bytes
+    client_cert: bytes
+    client_key: bytes
+
+    def write(self, folder) -> dict:
+        paths = {}
+        for name in ("ca", "server_cert", "server_key", "client_cert", "client_key"):
+            path = folder / f"{name}.pem"
+            path.write_bytes(getattr(self, name))
+            paths[name] = str(path)
+        return paths
+
+
+def make_pki(common_name: str = "msa-fed test CA") -> Pki:
+    """A fresh CA (EC P-256) with one server and one client certificate, valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def pem_key(key):
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(name(common_name)).issuer_name(name(common_name))
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(cn, usage, san):
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
+
+    server_cert, server_key = leaf(
+        "localhost", ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    client_cert, client_key = leaf("site-a", ExtendedKeyUsageOID.CLIENT_AUTH, None)
+    return Pki(ca_cert.public_bytes(serialization.Encoding.PEM), server_cert, server_key, client_cert, client_key)
+
+
+def check_valid_onnx(data: bytes) -> None:
+    onnx.checker.check_model(onnx.load_model_from_string(data))
