@@ -17,7 +17,7 @@ from msa_fed.errors import MsaFedError
 _SUBSYSTEMS = (
     "msa_fed.experiments.cli",
     "msa_fed.control.cli",
-    "msa_fed.runtime.cli",
+    "msa_fed.job_cli",
 )
 
 

@@ -138,9 +138,9 @@ class SiteWorker:
         if self._shard is None:
             raise SiteStateLost(self.name)
         if msg.step is None:
-            loss, grad = self._shard.loss_grad(msg.theta)
+            loss, grad = self._shard.loss_grad(np.array(msg.theta))
         else:
-            loss, grad = self._shard.minibatch_loss_grad(msg.theta, msg.step, msg.batch_size)
+            loss, grad = self._shard.minibatch_loss_grad(np.array(msg.theta), msg.step, msg.batch_size)
         return m.GradSum(loss=loss, grad=grad, n=self._shard.n_points)
 
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:

@@ -13,15 +13,19 @@ from onnx import TensorProto, helper, numpy_helper
 from msa_fed.artifacts import META_CLASSES, META_KIND, META_N_FEATURES
 
 
-def linear_onnx(weights, bias: float = 0.0, *, metadata: dict | None = None) -> bytes:
-    """ONNX regression predictor y = X @ weights + bias, output (n, 1), with the msa_fed declaration."""
+def linear_onnx(weights, bias: float = 0.0, *, metadata: dict | None = None, padding: int = 0) -> bytes:
+    """ONNX regression predictor y = X @ weights + bias, output (n, 1), with the msa_fed declaration.
+
+    ``padding`` adds an unused initializer of that many float32 values (to make big artifacts).
+    """
     w = np.asarray(weights, dtype=np.float32).reshape(-1, 1)
+    extra = [numpy_helper.from_array(np.arange(padding, dtype=np.float32), "padding")] if padding else []
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Add", ["XW", "B"], ["y"])],
         "linear",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", w.shape[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([bias], np.float32), "B")],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([bias], np.float32), "B")] + extra,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

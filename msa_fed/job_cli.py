@@ -1,0 +1,40 @@
+"""``msa-fed run`` (the federated job) and ``msa-fed demo``."""
+from __future__ import annotations
+
+import argparse
+
+
+def _run(args) -> int:
+    from msa_fed.job import JobConfig, read_token_file, report, run_job
+
+    if args.admin_token and args.admin_token_file:
+        raise ValueError("give --admin-token or --admin-token-file, not both")
+    config = JobConfig.from_toml(args.job, registry=args.registry, tls_ca=args.tls_ca,
+                                 insecure=True if args.insecure else None,
+                                 admin_token_file=args.admin_token_file)
+    token = args.admin_token or read_token_file(config.admin_token_file)
+    _, model = run_job(config, token, verbose=not args.quiet)
+    report(model)
+    return 0
+
+
+def _demo(args) -> int:
+    from msa_fed.demo import main_demo
+
+    return main_demo(args)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run the federated job over the registered sites")
+    run.add_argument("--job", required=True, help="job file (TOML; see cluster/README.md)")
+    run.add_argument("--registry", help="HOST:PORT of the registry (overrides the job file)")
+    run.add_argument("--admin-token", help="admin token (prefer --admin-token-file: a flag is visible in ps)")
+    run.add_argument("--admin-token-file", help="file holding the admin token")
+    run.add_argument("--tls-ca", help="CA certificate of the registry (PEM)")
+    run.add_argument("--insecure", action="store_true", help="plaintext to a loopback registry")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=_run)
+
+    demo = sub.add_parser("demo", help="the federated flow end to end on built-in data (local Ray, loopback gRPC)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)

@@ -1,0 +1,97 @@
+"""TLS and mutual TLS end to end, with certificates generated in the test."""
+from __future__ import annotations
+
+import pytest
+from control_helpers import make_pki
+
+from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, TlsConfig
+from msa_fed.errors import ConfigError, RegistryError
+
+
+@pytest.fixture(scope="module")
+def pki():
+    return make_pki()
+
+
+@pytest.fixture(scope="module")
+def other_pki():
+    return make_pki("an unrelated CA")
+
+
+@pytest.fixture
+def registry():
+    return Registry(MemoryStore())
+
+
+def expect_code(fn, code):
+    with pytest.raises(RegistryError) as err:
+        fn()
+    assert err.value.code == code
+    assert "\n" not in str(err.value)
+    return err.value
+
+
+def test_tls_end_to_end(registry, pki, other_pki):
+    token = registry.issue_token("site", "a")
+    with RegistryServer(registry, "127.0.0.1:0", tls=TlsConfig(pki.server_cert, pki.server_key)) as server:
+        assert server.mode == "TLS"
+        for host in ("127.0.0.1", "localhost"):  # IP and DNS subject alternative names
+            with RegistryClient(f"{host}:{server.port}", token, tls_ca=pki.ca, retries=0) as client:
+                assert client.register("a").name == "a"
+                assert client.health() == "SERVING"
+        # a client that trusts another CA refuses the server
+        with RegistryClient(server.address, token, tls_ca=other_pki.ca, retries=0, timeout=5) as client:
+            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+        # a plaintext client against the TLS server fails cleanly, and the server survives
+        with RegistryClient(server.address, token, insecure=True, retries=0, timeout=5) as client:
+            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+        with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0) as client:
+            assert client.heartbeat().server_time > 0
+
+
+def test_mutual_tls(registry, pki, other_pki, tmp_path):
+    token = registry.issue_token("site", "a")
+    paths = pki.write(tmp_path)
+    tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"], paths["ca"])
+    with RegistryServer(registry, "127.0.0.1:0", tls=tls) as server:
+        assert server.mode == "mutual TLS"
+        with RegistryClient(server.address, token, tls_ca=paths["ca"], tls_cert=paths["client_cert"],
+                            tls_key=paths["client_key"], retries=0) as client:
+            assert client.register("a").name == "a"
+        # no client certificate
+        with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0, timeout=5) as client:
+            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+        # a client certificate from a CA the server does not trust
+        with RegistryClient(server.address, token, tls_ca=pki.ca, tls_cert=other_pki.client_cert,
+                            tls_key=other_pki.client_key, retries=0, timeout=5) as client:
+            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+        # a good certificate does not replace the token
+        with RegistryClient(server.address, None, tls_ca=pki.ca, tls_cert=pki.client_cert,
+                            tls_key=pki.client_key, retries=0) as client:
+            expect_code(lambda: client.heartbeat(), "UNAUTHENTICATED")
+
+
+def test_plaintext_is_loopback_only_and_explicit(registry, pki):
+    for host in ("0.0.0.0", "10.1.2.3", "example.org", "::"):
+        with pytest.raises(ConfigError, match="--insecure refuses"):
+            RegistryServer(registry, f"[{host}]:0" if ":" in host else f"{host}:0", insecure=True)
+    with pytest.raises(ConfigError, match="TLS is required"):
+        RegistryServer(registry, "127.0.0.1:0")
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        RegistryServer(registry, "127.0.0.1:0", insecure=True, tls=TlsConfig(pki.server_cert, pki.server_key))
+    with pytest.raises(ConfigError, match="only allowed towards loopback"):
+        RegistryClient("10.1.2.3:7443", "t", insecure=True)
+    for ok in ("127.0.0.1:0", "localhost:0", "[::1]:0"):
+        RegistryServer(registry, ok, insecure=True)  # constructing is enough: the check is up front
+
+
+def test_bad_pem_files_are_named(tmp_path, pki):
+    paths = pki.write(tmp_path)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(ConfigError, match="--tls-cert .* is not PEM"):
+        TlsConfig.from_files(junk, paths["server_key"])
+    with pytest.raises(ConfigError, match="--tls-key .* is not a readable file"):
+        TlsConfig.from_files(paths["server_cert"], tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match="--tls-ca .* is not PEM"):
+        TlsConfig.from_files(paths["server_cert"], paths["server_key"], junk)
