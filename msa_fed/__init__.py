@@ -1,11 +1,23 @@
 """msa_fed: federated discriminative multiple-source adaptation (DMSA).
 
 Public in-process API: :class:`SiteData`, :func:`fit_dmsa`, :func:`fit_gmsa`,
-:func:`load_model`, :class:`CombinedModel`.
+:func:`load_model`, :class:`CombinedModel`.  They are imported on first use, so that
+the command line (registry, admin, site commands) starts without loading torch.
 """
 __version__ = "0.1.0"
 
-from msa_fed.api import SiteData, fit_dmsa, fit_gmsa  # noqa: E402
-from msa_fed.model import CombinedModel, load_model  # noqa: E402
+_LAZY = {
+    "SiteData": "msa_fed.api", "fit_dmsa": "msa_fed.api", "fit_gmsa": "msa_fed.api",
+    "load_model": "msa_fed.model", "CombinedModel": "msa_fed.model",
+}
+__all__ = [*_LAZY, "__version__"]
 
-__all__ = ["SiteData", "fit_dmsa", "fit_gmsa", "load_model", "CombinedModel", "__version__"]
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'msa_fed' has no attribute {name!r}")

@@ -221,9 +221,9 @@ class OnnxPredictor:
     """
 
     def __init__(self, data: bytes, session, kind: str, n_features: int, input_name: str,
-                 output_name: str, intra_op_threads: int):
+                 output_name: str, intra_op_threads: int, sha256: str | None = None):
         self.data = data
-        self.sha256 = sha256_hex(data)
+        self.sha256 = sha256 or sha256_hex(data)
         self.kind = kind
         self.n_features_in_ = n_features
         self._session = session
@@ -376,12 +376,21 @@ def _run_probe(session, input_name: str, output_name: str, probe: np.ndarray):
     import onnxruntime as ort
 
     run_options = ort.RunOptions()
-    timer = threading.Timer(PROBE_TIMEOUT_S, lambda: setattr(run_options, "terminate", True))
+    fired = threading.Event()
+
+    def terminate():
+        fired.set()
+        run_options.terminate = True
+
+    timer = threading.Timer(PROBE_TIMEOUT_S, terminate)
     timer.start()
     try:
         return session.run([output_name], {input_name: probe}, run_options)[0]
     except Exception as exc:
-        raise ArtifactError(f"artifact failed on a probe batch: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        if fired.is_set():
+            raise ArtifactError(f"artifact did not finish a probe batch of {len(probe)} rows within {PROBE_TIMEOUT_S:g} s") from None
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArtifactError(f"artifact failed on a probe batch: {first_line}") from None
     finally:
         timer.cancel()
 
@@ -426,11 +435,11 @@ def load_predictor(
         raise ArtifactError(f"artifact is not a valid ONNX model (truncated or corrupt): {exc}") from None
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise ArtifactError("artifact is not a valid ONNX model: it has no graph")
+    _check_structure(model)
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
         raise ArtifactError(f"artifact is not a valid ONNX model: {str(exc).splitlines()[0]}") from None
-    _check_structure(model)
     d_kind, d_width, classes = _declared(model, kind, n_features)
 
     initializers = {t.name for t in model.graph.initializer}
@@ -452,7 +461,7 @@ def load_predictor(
     options.intra_op_num_threads = int(intra_op_threads)
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # failures become ArtifactError; keep stderr quiet
     options.add_session_config_entry("session.load_model_format", "ONNX")
     try:
         session = ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
@@ -470,7 +479,7 @@ def load_predictor(
     if d_kind == KIND_REGRESSION:
         if out.shape not in ((PROBE_ROWS,), (PROBE_ROWS, 1)):
             raise ArtifactError(f"a regression artifact must output shape (n,) or (n, 1); got {out.shape} for n={PROBE_ROWS}")
-        return OnnxRegressor(data, session, d_kind, d_width, input_name, output_name, intra_op_threads)
+        return OnnxRegressor(data, session, d_kind, d_width, input_name, output_name, intra_op_threads, digest)
     if out.ndim != 2 or out.shape[0] != PROBE_ROWS or out.shape[1] < 2:
         raise ArtifactError(f"a probabilities artifact must output shape (n, n_classes >= 2); got {out.shape} for n={PROBE_ROWS}")
     if classes is None:
@@ -482,7 +491,8 @@ def load_predictor(
     worst = float(np.max(np.abs(out.astype(np.float64).sum(axis=1) - 1.0)))
     if worst > PROBA_ATOL:
         raise ArtifactError(f"artifact probabilities do not sum to 1 on a probe batch (off by {worst:.3g})")
-    return OnnxClassifier(data, session, d_kind, d_width, input_name, output_name, intra_op_threads, classes=classes)
+    return OnnxClassifier(data, session, d_kind, d_width, input_name, output_name, intra_op_threads, digest,
+                          classes=classes)
 
 
 def load_predictor_file(path, **kwargs: Any) -> OnnxPredictor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from msa_fed import __version__
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC logs an INFO line each time Ray forks a worker while gRPC threads run (the demo, the
+    # job): harmless, and noise in a terminal. Errors are still shown. Must precede `import grpc`.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

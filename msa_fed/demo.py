@@ -109,11 +109,6 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
 
 
 def main_demo(args) -> int:
-    import os
-
-    # Ray forks worker processes while the registry's gRPC threads run; gRPC then logs an INFO
-    # line per fork. Nothing is wrong, so keep the demo's output readable.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     rows = run_demo(random_state=args.seed)
     if rows["DMSA"]["uniform"] < rows["unif"]["uniform"]:
         print("error: DMSA was less accurate than the uniform combination on the uniform mixture",

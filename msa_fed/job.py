@@ -20,7 +20,7 @@ import io
 import tarfile
 import tempfile
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,13 +29,10 @@ import numpy as np
 from msa_fed import __version__
 from msa_fed.artifacts import load_predictor
 from msa_fed.core.domain_classifier import ClassifierConfig
-from msa_fed.errors import ArtifactError, ConfigError, SiteError
+from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.model import CombinedModel, load_model
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.site import SiteWorker
-
-SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
-
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -55,11 +52,10 @@ class JobConfig:
     objective: str = "minmax"
     min_points: int = 20
     sites: tuple = ()
-    site_data: str = "/var/lib/msa-fed/sites/{site}.npz"   # path ON the site's node
+    site_data: str = "{site}.npz"   # path ON the site's node; relative: under $MSA_FED_SITE_DATA there
     checkpoint_dir: str | None = None
     output_version: str = ""
     ray_address: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_toml(cls, path, **overrides) -> "JobConfig":
@@ -70,6 +66,15 @@ class JobConfig:
             doc = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
+        allowed = {"registry": {"address", "tls_ca", "insecure", "admin_token_file"},
+                   "model": {"task", "method", "features", "mu", "eta", "random_state", "objective"},
+                   "privacy": {"min_points"},
+                   "run": {"sites", "site_data", "checkpoint_dir", "output_version", "ray_address"}}
+        for table, keys in allowed.items():
+            extra = sorted(set(doc.get(table, {})) - keys)
+            if extra:
+                raise ConfigError(f"job file {str(path)!r}: unknown key(s) {extra} in [{table}]; "
+                                  f"expected some of {sorted(keys)}")
         flat: dict[str, Any] = {"name": doc.get("name", "msa")}
         reg = doc.get("registry", {})
         flat.update(registry=reg.get("address", ""), tls_ca=reg.get("tls_ca"), insecure=reg.get("insecure", False),
@@ -104,26 +109,16 @@ class JobConfig:
 
 
 class JobSiteWorker(SiteWorker):
-    """A site in a real deployment: reads its private data from its own node's disk and loads
-    the published predictors from ONNX bytes through the safe loader (never unpickles)."""
+    """A site in a real deployment: reads its private data from its own node's disk
+    (``data_path``; a relative path is under ``$MSA_FED_SITE_DATA`` on that node) and loads the
+    published predictors from ONNX bytes through the safe loader (never unpickles)."""
 
     def __init__(self, name: str, index: int, data_path: str, predictor_artifacts: list, task: str,
                  loss: str, classes=None, min_points: int = 20):
-        path = Path(data_path)
-        if not path.is_file():
-            raise SiteError(name, f"data file {data_path!r} not found on the site's node")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                missing = [k for k in SITE_DATA_KEYS if k not in npz.files]
-                if missing:
-                    raise SiteError(name, f"data file {data_path!r} lacks arrays {missing}")
-                arrays = {k: npz[k] for k in SITE_DATA_KEYS}
-        except (OSError, ValueError) as exc:
-            raise SiteError(name, f"cannot read data file {data_path!r}: {exc}") from None
         kind = "regression" if task == "regression" else "probabilities"
         predictors = [load_predictor(data, expected_sha256=sha, kind=kind) for data, sha in predictor_artifacts]
-        super().__init__(name, index, arrays["X_labeled"], arrays["y_labeled"], arrays["X_unlabeled"],
-                         predictors, task, loss, classes=classes, min_points=min_points)
+        super().__init__(name, index, predictors=predictors, task=task, loss=loss, classes=classes,
+                         min_points=min_points, data_path=data_path)
 
 
 def model_to_bytes(model: CombinedModel) -> bytes:

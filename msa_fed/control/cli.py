@@ -38,7 +38,7 @@ def _iso(t: float | None) -> str:
 
 def _serve(args) -> int:
     from msa_fed.control.registry import Limits, Registry
-    from msa_fed.control.server import RegistryServer, TlsConfig
+    from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
     from msa_fed.control.sqlite_store import SqliteStore
 
     if args.tls_ca and not args.tls_cert:
@@ -46,20 +46,28 @@ def _serve(args) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key must be given together")
     tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    check_transport(args.listen, tls, args.insecure)  # before the database file is created
     limits = Limits(
         max_predictor_bytes=int(args.max_predictor_mb * 2**20), max_sample_bytes=int(args.max_sample_mb * 2**20)
     )
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     store = SqliteStore(args.db)
-    stop = threading.Event()
-    server = RegistryServer(Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers)
-    with server:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        print(f"registry listening on {server.address} ({server.mode}); database {args.db}", flush=True)
-        stop.wait()
-        print("registry stopping", flush=True)
-    store.close()
+    try:
+        server = RegistryServer(
+            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers
+        )
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with server:
+                print(f"registry listening on {server.address} ({server.mode}); database {args.db}", flush=True)
+                stop.wait()
+                print("registry stopping", flush=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        store.close()
     return 0
 
 

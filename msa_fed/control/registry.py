@@ -53,6 +53,7 @@ class Limits:
     max_sample_bytes: int = 256 * 2**20    # 67M float32 values: far above any unlabelled sample we use
     max_combined_bytes: int = 512 * 2**20  # p predictors of up to 64 MiB plus the domain classifier
     max_manifest_bytes: int = 2**20
+    max_upload_bytes_in_flight: int = 2**30  # uploads are held in memory until verified: bound the total
     max_labels: int = 32
     max_label_chars: int = 256
 

@@ -84,6 +84,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_transport(listen: str, tls: "TlsConfig | None", insecure: bool) -> tuple[str, int]:
+    """Validate ``--listen`` with the TLS choice; return (host, port).  TLS unless ``insecure`` on loopback."""
+    host, port = parse_address(listen)
+    if insecure and tls is not None:
+        raise ConfigError("--insecure and --tls-cert/--tls-key are mutually exclusive")
+    if not insecure and tls is None:
+        raise ConfigError("TLS is required: give --tls-cert and --tls-key (or --insecure on a loopback address)")
+    if insecure and not is_loopback(host):
+        raise ConfigError(
+            f"--insecure refuses to listen on {host!r}; plaintext is only allowed on loopback "
+            "(127.0.0.1, ::1 or localhost)"
+        )
+    return host, port
+
+
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(
         [(tls.private_key, tls.cert_chain)],
@@ -105,16 +120,7 @@ class RegistryServer:
         max_workers: int = 32,
     ):
         self.registry = registry
-        self.host, self._requested_port = parse_address(listen)
-        if insecure and tls is not None:
-            raise ConfigError("--insecure and --tls-cert/--tls-key are mutually exclusive")
-        if not insecure and tls is None:
-            raise ConfigError("TLS is required: give --tls-cert and --tls-key (or --insecure on a loopback address)")
-        if insecure and not is_loopback(self.host):
-            raise ConfigError(
-                f"--insecure refuses to listen on {self.host!r}; plaintext is only allowed on loopback "
-                "(127.0.0.1, ::1 or localhost)"
-            )
+        self.host, self._requested_port = check_transport(listen, tls, insecure)
         self.tls = tls
         self.insecure = insecure
         self.max_workers = max_workers
@@ -130,13 +136,18 @@ class RegistryServer:
         return format_address(self.host, self.port)
 
     def start(self) -> "RegistryServer":
+        import onnx  # noqa: F401 - load the artifact checker's libraries now, not on the first upload
+        import onnxruntime  # noqa: F401
+
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
             interceptors=[AuthInterceptor(self.registry)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+                ("grpc.keepalive_time_ms", 60_000),  # detect vanished clients holding a worker thread
+                ("grpc.keepalive_timeout_ms", 20_000),
             ],
         )
         pb_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)

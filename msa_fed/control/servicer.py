@@ -7,8 +7,10 @@ returned as INTERNAL without details.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 
 import grpc
 
@@ -94,6 +96,31 @@ def _body(request_iterator, size: int, what: str) -> bytes:
     return bytes(buf)
 
 
+class _UploadBudget:
+    """Bytes of uploads being received; each upload is held in memory until verified and committed."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def reserve(self, size: int):
+        with self._lock:
+            if self._used + size > self.limit:
+                raise RegistryError(
+                    "RESOURCE_EXHAUSTED",
+                    f"the registry is already receiving {self._used} bytes; {size} more would exceed its "
+                    f"in-flight limit of {self.limit}; retry later",
+                )
+            self._used += size
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._used -= size
+
+
 def _chunks(data: bytes):
     for start in range(0, len(data), CHUNK_BYTES):
         yield pb.DownloadChunk(chunk=data[start:start + CHUNK_BYTES])
@@ -104,6 +131,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
 
     def __init__(self, registry: Registry):
         self.registry = registry
+        self._budget = _UploadBudget(registry.limits.max_upload_bytes_in_flight)
 
     @_unary
     def RegisterSite(self, request, context):
@@ -132,10 +160,11 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         header = _header(request_iterator, "UploadPredictor")
         self.registry.require_site(context.principal, "publish a predictor")
         _check_declared_size(header.size, self.registry.limits.max_predictor_bytes, "predictor")
-        data = _body(request_iterator, header.size, "UploadPredictor")
-        record, _ = self.registry.put_predictor(
-            context.principal, header.upload_id, data, header.sha256, header.output_kind, header.n_features
-        )
+        with self._budget.reserve(header.size):
+            data = _body(request_iterator, header.size, "UploadPredictor")
+            record, _ = self.registry.put_predictor(
+                context.principal, header.upload_id, data, header.sha256, header.output_kind, header.n_features
+            )
         return artifact_to_pb(record)
 
     @_unary
@@ -143,10 +172,11 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         header = _header(request_iterator, "UploadSample")
         self.registry.require_site(context.principal, "publish a sample")
         size = self.registry.check_sample_shape(header.rows, header.cols, header.dtype)
-        data = _body(request_iterator, size, "UploadSample")
-        record, _ = self.registry.put_sample(
-            context.principal, header.upload_id, data, header.sha256, header.rows, header.cols, header.dtype
-        )
+        with self._budget.reserve(size):
+            data = _body(request_iterator, size, "UploadSample")
+            record, _ = self.registry.put_sample(
+                context.principal, header.upload_id, data, header.sha256, header.rows, header.cols, header.dtype
+            )
         return artifact_to_pb(record)
 
     @_unary
@@ -154,10 +184,11 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         header = _header(request_iterator, "UploadCombinedModel")
         self.registry.require_admin(context.principal, "store a combined model")
         _check_declared_size(header.size, self.registry.limits.max_combined_bytes, "combined model")
-        data = _body(request_iterator, header.size, "UploadCombinedModel")
-        record, _ = self.registry.put_combined_model(
-            context.principal, header.upload_id, data, header.sha256, header.manifest_json
-        )
+        with self._budget.reserve(header.size):
+            data = _body(request_iterator, header.size, "UploadCombinedModel")
+            record, _ = self.registry.put_combined_model(
+                context.principal, header.upload_id, data, header.sha256, header.manifest_json
+            )
         return combined_to_pb(record)
 
     @_streaming

@@ -22,7 +22,7 @@ from msa_fed.core.dc_terms import DCSums, sum_all
 from msa_fed.core.density import KDEDomainModel
 from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, fit_maxent
 from msa_fed.core.features import FEATURE_MAPS, feature_map_state, make_feature_map
-from msa_fed.errors import ConfigError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.model import CombinedModel
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.progress import Progress
@@ -64,8 +64,11 @@ class RunConfig:
 class Coordinator:
     """Owns the sites' lifecycle and runs one DMSA/GMSA fit.
 
-    ``backend`` is an object with ``start() -> list[SiteInfo]``, ``call_all(method, msgs)``
-    (one message per site, or one for all) and ``shutdown()``.
+    ``backend`` is an object with ``start(coordinator) -> list[SiteInfo]``,
+    ``call_all(method, msgs)`` (one message per site), ``call_one(i, method, msg, replay)``,
+    ``call_shards(method, msg)`` (every holder of classifier rows: the sites and their helpers)
+    and ``shutdown()``: :class:`msa_fed.runtime.local.LocalSites` or
+    :class:`msa_fed.runtime.ray_sites.RaySites`.
     """
 
     def __init__(self, backend, predictors: list, config: RunConfig, recorder: m.Recorder | None = None,
@@ -77,6 +80,7 @@ class Coordinator:
         self.solver_callback = solver_callback
         self.infos: list[m.SiteInfo] | None = None
         self._setup_log: list[tuple[str, Any]] = []
+        self._sample_digest = ""
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -85,13 +89,27 @@ class Coordinator:
         if len(widths) != 1:
             detail = ", ".join(f"{i.name}: {i.n_features}" for i in self.infos)
             raise ConfigError(f"feature widths differ between sites ({detail})")
+        self._check_min_points()
         return self
+
+    def _check_min_points(self):
+        """Fail before any work when a site would refuse to aggregate (the sites enforce it too)."""
+        need = int(self.config.min_points)
+        few = [f"site {i.name!r} has {n} {what} points" for i in self.infos
+               for n, what in ((i.n_labeled, "labelled"), (i.n_unlabeled, "unlabelled")) if n < need]
+        if few:
+            raise PrivacyError(f"{'; '.join(few)}: fewer than min_points={need}, the least a site "
+                               "aggregates over; add data to the site or leave it out of the run")
 
     def shutdown(self):
         self.backend.shutdown()
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.shutdown()
+            raise
 
     def __exit__(self, *exc):
         self.shutdown()
@@ -104,7 +122,8 @@ class Coordinator:
         return self.backend.call_all(method, msgs)
 
     def record(self, direction, site, method, message):
-        if self.recorder is not None and message is not None:
+        """Hand one crossing to the recorder (``message`` None: a request without payload)."""
+        if self.recorder is not None:
             self.recorder.record(direction, site, method, message)
 
     def replay_setup(self, site_index: int):
@@ -135,7 +154,8 @@ class Coordinator:
         key = json.dumps({
             "sites": [(i.name, i.n_labeled, i.n_unlabeled, i.n_features) for i in self.infos],
             "task": cfg.task, "method": cfg.method, "features": repr(cfg.features), "eta": cfg.eta,
-            "mu": cfg.classifier.mu, "seed": cfg.random_state,
+            "classifier": repr(cfg.classifier), "seed": cfg.random_state,
+            "samples": self._sample_digest,
         }, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -163,6 +183,10 @@ class Coordinator:
     def train_domain_model(self, progress: Progress):
         cfg = self.config
         samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        digest = hashlib.sha256()
+        for X in samples:
+            digest.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
+        self._sample_digest = digest.hexdigest()
         if cfg.method == "gmsa":
             fmap = None if cfg.features in (None, "none") else make_feature_map(cfg.features, cfg.random_state)
             progress.note("GMSA: fitting one kernel density estimate per domain (5-fold CV bandwidth)")
@@ -176,29 +200,43 @@ class Coordinator:
         builtin = any(type(fmap) is c for c in FEATURE_MAPS.values())
         state = feature_map_state(fmap) if builtin else None
         ccfg = cfg.classifier
-        self._setup_all("setup_shard", m.ShardSetup(feature_map=state, custom_feature_map=None if builtin else fmap,
-                                                    n_sources=self.p, dtype=ccfg.dtype, device=ccfg.device,
-                                                    seed=cfg.random_state))
+        setup = m.ShardSetup(feature_map=state, custom_feature_map=None if builtin else fmap,
+                             n_sources=self.p, dtype=ccfg.dtype, device=ccfg.device, seed=cfg.random_state)
+        self._setup_log = [(mm, x) for mm, x in self._setup_log if mm != "setup_shard"] + [("setup_shard", setup)]
+        self.backend.call_shards("setup_shard", setup)
         D = int(np.asarray(fmap.transform(samples[0][:1])).shape[1])
         ckpt = self._checkpoint()
         if "theta" in ckpt:
             progress.note("domain classifier: resumed from checkpoint")
             return DomainClassifier(fmap, np.asarray(ckpt["theta"]), self.p, ccfg.mu, {"resumed": True})
 
+        # synchronous data-parallel training: every step's loss and gradient are the sums of the
+        # shard holders' answers (sites and helpers), equal to the pooled computation
+        losses = []
+
         def oracle(theta):
-            parts = self.call_all("classifier_loss_grad", m.ThetaRequest(theta=theta))
-            return sum(r.loss for r in parts), sum(r.grad for r in parts)
+            parts = self.backend.call_shards("classifier_loss_grad", m.ThetaRequest(theta=theta))
+            losses.append(sum(r.loss for r in parts))
+            return losses[-1], sum(r.grad for r in parts)
 
         def minibatch(theta, step):
-            parts = self.call_all("classifier_loss_grad", m.ThetaRequest(theta=theta, step=step,
-                                                                         batch_size=ccfg.batch_size))
-            return sum(r.loss for r in parts), sum(r.grad for r in parts)
+            parts = self.backend.call_shards("classifier_loss_grad", m.ThetaRequest(
+                theta=theta, step=step, batch_size=ccfg.batch_size))
+            losses.append(sum(r.loss for r in parts))
+            return losses[-1], sum(r.grad for r in parts)
 
         bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
                            total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
+
+        def advance(i, _):
+            bar.update(1)
+            if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
+                shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
+                bar.set_postfix_str(f"loss={shown:.5g}")
+                losses.clear()
+
         theta, info = fit_maxent(oracle, D, self.p, ccfg, minibatch_oracle=minibatch,
-                                 n_points=max(len(X) for X in samples),
-                                 progress=lambda i, _: bar.update(1))
+                                 n_points=max(len(X) for X in samples), progress=advance)
         bar.close()
         progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
                       f"after {info['n_iter']} iterations")
@@ -221,6 +259,7 @@ class Coordinator:
         if self.infos is None:
             self.start()
         progress = Progress(cfg.verbose)
+        self._setup_log = []
         dm = self.train_domain_model(progress)
         qhat = np.sum([r.sums for r in self._setup_all("set_domain_model", self._domain_spec(dm))], axis=0)
         self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=cfg.eta))

@@ -1,27 +1,48 @@
 """The local runtime: the sites are :class:`SiteWorker` objects in this process.
 
 Same code path as the Ray runtime (the coordinator cannot tell the difference); used by
-tests, small data and ``fit_dmsa(runtime="local")``.
+tests, small data and ``fit_dmsa(runtime="local")``.  ``workers_per_site`` splits each site's
+classifier shard over in-process :class:`ShardWorker` helpers exactly as the Ray runtime does
+over actors (see :mod:`msa_fed.runtime.shards`).
 """
 from __future__ import annotations
 
-from msa_fed.runtime.site import SiteWorker
+from dataclasses import replace
+
+from msa_fed.runtime import messages as m
+from msa_fed.runtime.shards import split_rows
+from msa_fed.runtime.site import ShardWorker, SiteWorker
 
 
 class LocalSites:
-    def __init__(self, site_kwargs: list[dict]):
+    """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with in-process sites."""
+
+    def __init__(self, site_kwargs: list[dict], *, workers_per_site: int = 1, worker_cls=SiteWorker):
+        split_rows(0, workers_per_site)  # validates
         self.site_kwargs = site_kwargs
-        self.workers: list[SiteWorker] = []
+        self.workers_per_site = int(workers_per_site)
+        self.worker_cls = worker_cls
+        self.workers: list = []
+        self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
         self.coordinator = None
 
     def start(self, coordinator):
         self.coordinator = coordinator
-        self.workers = [SiteWorker(**kw) for kw in self.site_kwargs]
-        return [self.call_one(i, "info", None) for i in range(len(self.workers))]
+        self.workers = [self.worker_cls(**kw) for kw in self.site_kwargs]
+        infos = [self.call_one(i, "info", None) for i in range(len(self.workers))]
+        self.helpers = []
+        for i, info in enumerate(infos):
+            for start, stop in split_rows(info.n_unlabeled, self.workers_per_site)[1:]:
+                helper = ShardWorker(info.name, i, start, stop, info.n_unlabeled)
+                helper.load_rows(self.call_one(i, "unlabeled_rows", m.RowRange(start, stop)))
+                self.helpers.append((i, helper))
+        return infos
 
     def call_one(self, i: int, method: str, msg, replay: bool = True):
         worker = self.workers[i]
         c = self.coordinator
+        if method == "setup_shard":  # the site keeps only its first row block
+            msg = replace(msg, workers_per_site=self.workers_per_site)
         c.record("to_site", worker.name, method, msg)
         out = getattr(worker, method)(msg)
         c.record("from_site", worker.name, method, out)
@@ -30,5 +51,17 @@ class LocalSites:
     def call_all(self, method: str, msgs: list):
         return [self.call_one(i, method, msg) for i, msg in enumerate(msgs)]
 
+    def call_shards(self, method: str, msg) -> list:
+        """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""
+        outs = self.call_all(method, [msg] * len(self.workers))
+        c = self.coordinator
+        for i, helper in self.helpers:
+            c.record("to_site", helper.name, method, msg)
+            out = getattr(helper, method)(msg)
+            c.record("from_site", helper.name, method, out)
+            outs.append(out)
+        return outs
+
     def shutdown(self):
         self.workers = []
+        self.helpers = []

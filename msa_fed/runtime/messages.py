@@ -68,6 +68,7 @@ class ShardSetup(Message):
     dtype: str = "float64"
     device: str = "cpu"
     seed: int = 0
+    workers_per_site: int = 1  # the site keeps the first of this many row blocks (runtime.shards)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,14 @@ class ThetaRequest(Message):
     theta: np.ndarray
     step: int | None = None  # None: full shard; else the SGD step (mini-batch)
     batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class RowRange(Message):
+    """Rows [start, stop) of the site's published unlabelled sample (for a helper worker)."""
+
+    start: int
+    stop: int
 
 
 @dataclass(frozen=True)
@@ -132,15 +141,23 @@ class BoundMax(Message):
 
 @dataclass(frozen=True)
 class Ack(Message):
+    """incarnation: changes when the worker restarts; node_id: the Ray node it runs on ("" off Ray)."""
+
     incarnation: str = ""
+    node_id: str = ""
 
 
+REQUEST_TYPES = (DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest)
 RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack)
 
 
 @dataclass
 class Recorder:
-    """Captures (direction, site, method, message) for every message that crosses."""
+    """Captures (direction, site, method, message) for every message that crosses.
+
+    direction: "to_site" or "from_site"; message: a boundary message (None for a request
+    without payload, e.g. ``info``).
+    """
 
     records: list = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -2,135 +2,304 @@
 
 A node that carries the custom resource ``site:<name>`` is that site's machine; the site's
 actor asks for a sliver of that resource, so Ray can only place it there and the data never
-leaves the institution.  Without such a resource (a laptop, a test) actors go anywhere.
+leaves the institution.  Without any ``site:`` resource (a laptop, a test) actors go anywhere;
+with some, every site must have its node.  ``workers_per_site > 1`` adds helper actors
+(:class:`msa_fed.runtime.site.ShardWorker`) on each site's node, each holding a block of the
+site's unlabelled rows for data-parallel classifier training.
 
-Failures are translated once, here: a site that raised one of the library's errors re-raises
-it; a site that restarted (``max_restarts``) gets its state replayed and the call retried; a
-site that stays down fails the run with a :class:`msa_fed.errors.SiteError` naming it.
+Failures are translated once, here, from Ray 2.x's exception types
+(``ray/exceptions.py``): an error raised by the site's own code (``RayTaskError``) is re-raised
+as the library error it is, anything else becomes a :class:`SiteError` naming the site;
+``ActorUnavailableError`` means the actor is restarting (Ray: "temporarily unavailable"), so
+the call is retried and, once the restarted worker reports that it lost its state, the
+coordinator replays the setup; ``ActorDiedError`` (or any ``RayActorError``) is final when the
+GCS actor table says the actor is ``DEAD`` (killed with ``no_restart``, restarts exhausted,
+constructor failed): the run fails with a :class:`SiteError` naming the site and Ray's cause.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from dataclasses import replace
 
 from msa_fed.errors import MsaFedError, SiteError
-from msa_fed.runtime.site import SiteStateLost, SiteWorker
+from msa_fed.runtime import messages as m
+from msa_fed.runtime.shards import split_rows
+from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
 
 SITE_RESOURCE_PREFIX = "site:"
 #: the share of a site node's ``site:<name>`` resource one actor takes (several may share it)
 SITE_RESOURCE_SHARE = 0.01
+#: pause between retries of a call to a restarting actor
+RETRY_PAUSE_S = 0.1
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs):
-    """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a local Ray (once)."""
+    """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a new local Ray (once).
+
+    ``address="local"`` is passed explicitly in the second case: a bare ``ray.init()`` would
+    attach to any Ray that happens to run on this machine (it reads /tmp/ray).
+    """
     import ray
 
     if ray.is_initialized():
         return ray
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
     kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     kwargs.update(init_kwargs)
-    if address is None and num_cpus is not None:
+    if address == "local" and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     ray.init(address=address, **kwargs)
     return ray
 
 
-class RaySites:
-    """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with Ray actors."""
+def actor_status(handle) -> tuple[str | None, str]:
+    """(state, death cause) of an actor from the GCS actor table; (None, "") if unknown.
 
-    def __init__(self, site_kwargs: list[dict], *, num_cpus: float = 0.5, max_restarts: int = 3,
-                 address: str | None = None, retry_timeout_s: float = 60.0, worker_cls=None,
-                 init_kwargs: dict | None = None):
+    state is one of DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD.  The GCS
+    table is read directly (``ray._private.state``), which needs no dashboard.
+    """
+    try:
+        from ray._private import state as ray_state
+
+        info = ray_state.actors(actor_id=handle._actor_id.hex())
+    except Exception:  # noqa: BLE001 - any failure here just means "unknown"
+        return None, ""
+    if not info:
+        return None, ""
+    cause = ""
+    try:
+        death = info.get("DeathCause")
+        for fld in ("actor_died_error_context", "creation_task_failure_context"):
+            if death is not None and death.HasField(fld):
+                ctx = getattr(death, fld)
+                cause = getattr(ctx, "error_message", "") or getattr(ctx, "formatted_exception_string", "")
+                break
+    except Exception:  # noqa: BLE001
+        pass
+    return info.get("State"), _last_line(cause)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+class _Endpoint:
+    """One actor the coordinator talks to: a site (index < p) or a helper of site ``site``."""
+
+    def __init__(self, name: str, site: int, handle, rows: tuple[int, int] | None = None):
+        self.name, self.site, self.handle, self.rows = name, site, handle, rows
+
+    @property
+    def helper(self) -> bool:
+        return self.rows is not None
+
+
+class RaySites:
+    """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with Ray actors.
+
+    num_cpus : CPUs each actor reserves; None: an even share of the site's node (or of the
+        local machine's free CPUs) capped at 1 and at the free CPUs, so that actors never wait
+        for each other (fractional CPUs also give each actor one BLAS/torch thread).
+    max_restarts : restarts of a crashed actor before the site is declared dead.
+    retry_timeout_s : how long a call waits for a restarting actor.
+    workers_per_site : actors per site for classifier training (1: the site's own actor).
+    worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
+    """
+
+    def __init__(self, site_kwargs: list[dict], *, num_cpus: float | None = None, max_restarts: int = 3,
+                 address: str | None = None, retry_timeout_s: float = 120.0, workers_per_site: int = 1,
+                 worker_cls=SiteWorker, init_kwargs: dict | None = None):
+        split_rows(0, workers_per_site)  # validates
+        if num_cpus is not None and not num_cpus > 0:
+            raise ValueError(f"num_cpus must be a positive number or None; got {num_cpus!r}")
         self.site_kwargs = site_kwargs
         self.num_cpus = num_cpus
-        self.max_restarts = max_restarts
+        self.max_restarts = int(max_restarts)
         self.address = address
-        self.retry_timeout_s = retry_timeout_s
-        self.worker_cls = worker_cls or SiteWorker  # the job uses a subclass that loads data on its node
+        self.retry_timeout_s = float(retry_timeout_s)
+        self.workers_per_site = int(workers_per_site)
+        self.worker_cls = worker_cls
         self.init_kwargs = init_kwargs or {}
-        self.actors = []
         self.names = [kw["name"] for kw in site_kwargs]
+        self.sites: list[_Endpoint] = []
+        self.helpers: list[_Endpoint] = []
+        self._helper_setup = None
         self.coordinator = None
 
+    @property
+    def actors(self) -> list:
+        """The sites' actor handles, in site order."""
+        return [e.handle for e in self.sites]
+
+    @property
+    def helper_actors(self) -> list:
+        return [e.handle for e in self.helpers]
+
     # ------------------------------------------------------------------ lifecycle
-    def start(self, coordinator):
-        ray = ensure_ray(self.address, **self.init_kwargs)
-        self.coordinator = coordinator
+    def _placement(self, ray) -> list[dict]:
+        """Actor options per site: the site's resource when pinned, and a CPU share."""
         resources = ray.cluster_resources()
-        self.actors = []
-        for kw in self.site_kwargs:
-            key = SITE_RESOURCE_PREFIX + kw["name"]
-            opts = dict(num_cpus=self.num_cpus, max_restarts=self.max_restarts,
-                        max_task_retries=self.max_restarts)
-            if key in resources:
+        free_cpus = ray.available_resources().get("CPU", 0.0)
+        pinned = any(k.startswith(SITE_RESOURCE_PREFIX) for k in resources)
+        node_cpus = {}
+        for node in ray.nodes():
+            if node.get("Alive"):
+                for key in node.get("Resources", {}):
+                    if key.startswith(SITE_RESOURCE_PREFIX):
+                        node_cpus[key] = node["Resources"].get("CPU", 0.0)
+        out = []
+        per_site = self.workers_per_site
+        for name in self.names:
+            key = SITE_RESOURCE_PREFIX + name
+            opts = dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts)
+            if pinned:
+                if key not in resources:
+                    raise SiteError(name, f"no Ray node carries the resource {key!r} (the cluster has site "
+                                          "resources, so every site needs its node)")
                 opts["resources"] = {key: SITE_RESOURCE_SHARE}
-            cls = ray.remote(**opts)(self.worker_cls)
-            self.actors.append(cls.remote(**kw))
-        return self.call_all("info", [None] * len(self.actors))
+                share = node_cpus.get(key, 1.0) / per_site
+            else:
+                share = free_cpus / (len(self.names) * per_site)
+            # never more than what is free now, so that a second backend (a warm one holds CPUs)
+            # is not left waiting; at least a sliver, which Ray always places
+            share = min(share, free_cpus / (len(self.names) * per_site))
+            opts["num_cpus"] = self.num_cpus if self.num_cpus is not None else max(0.01, min(1.0, share))
+            out.append(opts)
+        return out
+
+    def start(self, coordinator):
+        """Start the actors, or, when they run already (a warm backend), serve a new coordinator."""
+        self.coordinator = coordinator
+        if self.sites:
+            return self.call_all("info", [None] * len(self.sites))
+        ray = ensure_ray(self.address, **self.init_kwargs)
+        placement = self._placement(ray)
+        site_cls = ray.remote(self.worker_cls)
+        self.sites = [_Endpoint(name, i, site_cls.options(**opts).remote(**kw))
+                      for i, (name, kw, opts) in enumerate(zip(self.names, self.site_kwargs, placement))]
+        self.helpers = []
+        try:
+            infos = self.call_all("info", [None] * len(self.sites))
+            if self.workers_per_site > 1:
+                helper_cls = ray.remote(ShardWorker)
+                for i, info in enumerate(infos):
+                    for start, stop in split_rows(info.n_unlabeled, self.workers_per_site)[1:]:
+                        handle = helper_cls.options(**placement[i]).remote(info.name, i, start, stop, info.n_unlabeled)
+                        self.helpers.append(_Endpoint(info.name, i, handle, rows=(start, stop)))
+                for e, ref in [(e, self._load_rows(e)) for e in self.helpers]:
+                    self._get(e, ref, lambda e=e: self._load_rows(e), "load_rows", replay=False)
+        except BaseException:
+            self.shutdown()
+            raise
+        return infos
+
+    def _load_rows(self, e: _Endpoint):
+        """Have site e.site send helper e its rows, by reference: they go from the site's actor
+        to the helper on the same node, never through the coordinator."""
+        req = m.RowRange(*e.rows)
+        self.coordinator.record("to_site", e.name, "unlabeled_rows", req)
+        return e.handle.load_rows.remote(self.sites[e.site].handle.unlabeled_rows.remote(req))
 
     def shutdown(self):
-        if not self.actors:
-            return
+        """Kill every actor (no restart).  A local Ray started by :func:`ensure_ray` keeps running
+        for the next run of this process."""
         import ray
 
-        for a in self.actors:
+        for e in self.sites + self.helpers:
             try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # already gone
+                ray.kill(e.handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
                 pass
-        self.actors = []
+        self.sites, self.helpers = [], []
 
     # ------------------------------------------------------------------ calls
-    def _get(self, i: int, ref, method: str, msg, replay: bool):
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
+    def _outgoing(self, e: _Endpoint, method: str, msg):
+        if method == "setup_shard" and not e.helper:  # the site keeps only its first row block
+            return replace(msg, workers_per_site=self.workers_per_site)
+        return msg
 
-        name = self.names[i]
+    def _recover(self, e: _Endpoint, method: str):
+        """Give a restarted actor back the state it lost."""
+        if not e.helper:
+            self.coordinator.replay_setup(e.site)
+            return
+        self._get(e, self._load_rows(e), lambda: self._load_rows(e), "load_rows", replay=False)
+        if method != "setup_shard" and self._helper_setup is not None:
+            msg = self._helper_setup
+            self._get(e, e.handle.setup_shard.remote(msg), lambda: e.handle.setup_shard.remote(msg),
+                      "setup_shard", replay=False)
+
+    def _get(self, e: _Endpoint, ref, resubmit, method: str, replay: bool):
+        """The answer of ``ref``; ``resubmit()`` sends the same call again (after a restart)."""
+        import ray
+        from ray.exceptions import ActorDiedError, ObjectLostError, RayActorError, RayTaskError
+
         deadline = time.monotonic() + self.retry_timeout_s
         while True:
             try:
                 return ray.get(ref)
-            except RayTaskError as exc:
+            except RayTaskError as exc:  # raised by the site's own code
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                if isinstance(cause, SiteStateLost) and replay:
-                    self.coordinator.replay_setup(i)
-                    ref = getattr(self.actors[i], method).remote(msg)
+                if isinstance(cause, SiteStateLost) and replay and time.monotonic() < deadline:
+                    self._recover(e, method)
+                    ref = resubmit()
                     continue
-                if isinstance(cause, (MsaFedError, ValueError, TypeError)):
+                if isinstance(cause, MsaFedError):
                     raise cause from None
-                raise SiteError(name, f"{type(cause).__name__}: {cause}") from None
-            except RayActorError as exc:
-                # restarting actors answer RayActorError until they are back; retry until the deadline
-                if time.monotonic() > deadline or _permanently_dead(exc):
-                    raise SiteError(name, "the site's actor died and could not be restarted "
-                                          f"({type(exc).__name__})") from None
-                time.sleep(0.2)
-                ref = getattr(self.actors[i], method).remote(msg)
+                raise SiteError(e.name, f"{method} failed: {type(cause).__name__}: {cause}") from None
+            except (RayActorError, ObjectLostError) as exc:
+                state, why = actor_status(e.handle)
+                init_failed = isinstance(exc, RayActorError) and exc.actor_init_failed
+                if init_failed or state == "DEAD" or (state is None and isinstance(exc, ActorDiedError)):
+                    what = "failed to start" if init_failed else "died and will not be restarted"
+                    detail = why or _last_line(str(exc)) or type(exc).__name__
+                    raise SiteError(e.name, f"the site's actor {what}: {detail}") from None
+                if time.monotonic() > deadline:
+                    raise SiteError(e.name, f"the site's actor did not come back within {self.retry_timeout_s:g} s "
+                                            f"(state {state or 'unknown'}, {type(exc).__name__})") from None
+                time.sleep(RETRY_PAUSE_S)  # restarting: Ray queues the call until the actor is back
+                ref = resubmit()
+
+    def _call(self, e: _Endpoint, method: str, msg):
+        return getattr(e.handle, method).remote(msg)
+
+    def _gather(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
+        """Send msgs[j] to endpoints[j] all at once; answers in order, failures translated."""
+        import ray
+
+        c = self.coordinator
+        msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
+        refs = []
+        for e, msg in zip(endpoints, msgs):
+            c.record("to_site", e.name, method, msg)
+            refs.append(self._call(e, method, msg))
+        try:
+            outs = ray.get(refs)  # the common case: one wait for all
+        except Exception:  # noqa: BLE001 - sort out which call failed and why, one by one
+            outs = [self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True)
+                    for e, ref, msg in zip(endpoints, refs, msgs)]
+        for e, out in zip(endpoints, outs):
+            c.record("from_site", e.name, method, out)
+        return outs
 
     def call_one(self, i: int, method: str, msg, replay: bool = True):
+        e = self.sites[i]
         c = self.coordinator
-        c.record("to_site", self.names[i], method, msg)
-        out = self._get(i, getattr(self.actors[i], method).remote(msg), method, msg, replay)
-        c.record("from_site", self.names[i], method, out)
+        msg = self._outgoing(e, method, msg)
+        c.record("to_site", e.name, method, msg)
+        out = self._get(e, self._call(e, method, msg), lambda: self._call(e, method, msg), method, replay)
+        c.record("from_site", e.name, method, out)
         return out
 
     def call_all(self, method: str, msgs: list):
-        c = self.coordinator
-        refs = []
-        for i, msg in enumerate(msgs):
-            c.record("to_site", self.names[i], method, msg)
-            refs.append(getattr(self.actors[i], method).remote(msg))
-        outs = []
-        for i, (ref, msg) in enumerate(zip(refs, msgs)):
-            out = self._get(i, ref, method, msg, replay=True)
-            c.record("from_site", self.names[i], method, out)
-            outs.append(out)
-        return outs
+        return self._gather(self.sites, method, msgs)
 
-
-def _permanently_dead(exc) -> bool:
-    text = str(exc).lower()
-    return ("ray.kill" in text or "no_restart" in text or "max_restarts" in text
-            or "exceeded" in text or "restart" in text and "will not be" in text)
+    def call_shards(self, method: str, msg) -> list:
+        """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""
+        if method == "setup_shard":
+            self._helper_setup = msg
+        endpoints = self.sites + self.helpers
+        return self._gather(endpoints, method, [msg] * len(endpoints))

@@ -2,18 +2,19 @@
 
 :class:`SiteWorker` is a plain class (tested without Ray).  The local runtime calls it
 directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``.  Every public method
-takes one request message and returns one response message from
-:mod:`msa_fed.runtime.messages`: that is the whole surface of a site.
+takes one request message (or None) and returns one response message from
+:mod:`msa_fed.runtime.messages`: that is the whole surface of a site.  :class:`ShardWorker` is
+a site's helper for data-parallel classifier training (``workers_per_site > 1``).
 """
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 
 from msa_fed.core.combination import qhat_partial, site_point_set
-from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import DomainClassifier, MaxentShard
 from msa_fed.core.features import feature_map_from_state
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
@@ -57,6 +58,9 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
 
 
 def build_domain_model(spec: m.DomainModelSpec):
+    from msa_fed.core.density import KDEDomainModel  # imported here: a site only needs the one it uses
+    from msa_fed.core.domain_classifier import DomainClassifier
+
     fmap = spec.custom_feature_map
     if spec.feature_map is not None:
         fmap = feature_map_from_state(*spec.feature_map)
@@ -67,16 +71,89 @@ def build_domain_model(spec: m.DomainModelSpec):
     raise ConfigError(f"unknown domain model kind {spec.kind!r}")
 
 
-class SiteWorker:
-    """One site.  ``predictors`` are all p published frozen predictors, in site order."""
+SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
+#: on a site's node, the directory its relative data paths are read from (see cluster/README.md)
+SITE_DATA_ENV = "MSA_FED_SITE_DATA"
 
-    def __init__(self, name: str, index: int, X_labeled, y_labeled, X_unlabeled, predictors,
-                 task: str, loss: str, classes=None, min_points: int = 20):
+
+def resolve_site_path(name: str, data_path) -> Path:
+    """``data_path`` as a path on this node: relative paths are under ``$MSA_FED_SITE_DATA``."""
+    path = Path(os.path.expanduser(str(data_path)))
+    if not path.is_absolute():
+        base = os.environ.get(SITE_DATA_ENV)
+        if not base:
+            raise ConfigError(f"site {name!r}: data_path {str(data_path)!r} is relative but {SITE_DATA_ENV} "
+                              "is not set on the site's node; give an absolute path or set it")
+        path = Path(base) / path
+    return path
+
+
+def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
+    """Read a site's private data from an .npz on this node (never unpickles).
+
+    Returns {"X_labeled": (n, d), "y_labeled": (n,), "X_unlabeled": (m, d)}.
+    """
+    path = resolve_site_path(name, data_path)
+    if not path.is_file():
+        raise ConfigError(f"site {name!r}: data file {str(path)!r} not found on the site's node")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in SITE_DATA_KEYS if k not in npz.files]
+            if missing:
+                raise ConfigError(f"site {name!r}: data file {str(path)!r} lacks arrays {missing}; "
+                                  f"expected {list(SITE_DATA_KEYS)}")
+            out = {k: npz[k] for k in SITE_DATA_KEYS}
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"site {name!r}: cannot read data file {str(path)!r}: {exc}") from None
+    Xl, y, Xu = out["X_labeled"], out["y_labeled"], out["X_unlabeled"]
+    if Xl.ndim != 2 or Xu.ndim != 2 or y.shape != (Xl.shape[0],) or Xu.shape[1] != Xl.shape[1]:
+        raise ConfigError(f"site {name!r}: data file {str(path)!r} has inconsistent shapes: X_labeled {Xl.shape}, "
+                          f"y_labeled {y.shape}, X_unlabeled {Xu.shape}; expected (n, d), (n,), (m, d)")
+    return out
+
+
+def current_node_id() -> str:
+    """The Ray node this process runs on, or "" outside Ray."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return ""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
+    from msa_fed.runtime.shards import RowShard
+
+    fmap = fmap_msg.custom_feature_map
+    if fmap_msg.feature_map is not None:
+        fmap = feature_map_from_state(*fmap_msg.feature_map)
+    Phi = np.asarray(fmap.transform(X), dtype=np.float64)
+    return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
+                    dtype=fmap_msg.dtype, seed=fmap_msg.seed * 1000 + index)
+
+
+class SiteWorker:
+    """One site.  ``predictors`` are all p published frozen predictors, in site order.
+
+    The private data are given as arrays (in-process) or as ``data_path``, an .npz with
+    X_labeled, y_labeled, X_unlabeled read on the node where the worker runs (relative paths
+    under ``$MSA_FED_SITE_DATA``), lazily, so that a missing file is an ordinary error.
+    """
+
+    def __init__(self, name: str, index: int, X_labeled=None, y_labeled=None, X_unlabeled=None,
+                 predictors=(), task: str = "classification", loss: str = "cross_entropy", classes=None,
+                 min_points: int = 20, data_path=None):
         self.name = name
         self.index = index
-        self.X_labeled = np.asarray(X_labeled, dtype=np.float64)
-        self.y_labeled = np.asarray(y_labeled)
-        self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
+        self.data_path = None if data_path is None else str(data_path)
+        if self.data_path is None and (X_labeled is None or y_labeled is None or X_unlabeled is None):
+            raise ConfigError(f"site {name!r}: give X_labeled, y_labeled and X_unlabeled, or data_path")
+        if self.data_path is None:
+            self._set_data(X_labeled, y_labeled, X_unlabeled)
+        else:
+            self.X_labeled = self.y_labeled = self.X_unlabeled = None
         self.predictors = list(predictors)
         self.task = task
         self.loss = loss
@@ -88,7 +165,26 @@ class SiteWorker:
         self._points = None
         self._shard = None
 
+    @classmethod
+    def from_path(cls, name: str, index: int, data_path, predictors, task: str, loss: str, classes=None,
+                  min_points: int = 20) -> "SiteWorker":
+        """A site whose data are read from ``data_path`` on this node."""
+        worker = cls(name, index, predictors=predictors, task=task, loss=loss, classes=classes,
+                     min_points=min_points, data_path=data_path)
+        worker._data()
+        return worker
+
     # ------------------------------------------------------------------ helpers
+    def _set_data(self, X_labeled, y_labeled, X_unlabeled):
+        self.X_labeled = np.asarray(X_labeled, dtype=np.float64)
+        self.y_labeled = np.asarray(y_labeled)
+        self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
+
+    def _data(self):
+        if self.X_labeled is None:
+            d = load_site_data(self.name, self.data_path)
+            self._set_data(d["X_labeled"], d["y_labeled"], d["X_unlabeled"])
+
     def _require(self, count: int, what: str):
         if count < self.min_points:
             raise PrivacyError(
@@ -115,6 +211,7 @@ class SiteWorker:
 
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:
+        self._data()
         own = self.predictors[self.index]
         classes = np.asarray(own.classes_) if self.task == "classification" else None
         return m.SiteInfo(name=self.name, n_features=int(self.X_labeled.shape[1]),
@@ -122,29 +219,31 @@ class SiteWorker:
                           task=self.task, classes=classes)
 
     def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
+        self._data()
         return m.UnlabeledSample(X=self.X_unlabeled)
 
+    def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
+        """Rows of the published unlabelled sample, for a helper worker on this site's node (with
+        Ray the answer goes to the helper by reference, never through the coordinator)."""
+        self._data()
+        return m.UnlabeledSample(X=self.X_unlabeled[msg.start:msg.stop])
+
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        self._require(self.X_unlabeled.shape[0], "unlabelled")
-        fmap = msg.custom_feature_map if msg.feature_map is None else feature_map_from_state(*msg.feature_map)
-        Phi = np.asarray(fmap.transform(self.X_unlabeled), dtype=np.float64)
-        mk = Phi.shape[0]
-        self._shard = MaxentShard(Phi, np.full(mk, self.index), np.full(mk, 1.0 / (msg.n_sources * mk)),
-                                  msg.n_sources, device=msg.device, dtype=msg.dtype,
-                                  seed=msg.seed * 1000 + self.index)
+        self._data()
+        mk = self.X_unlabeled.shape[0]
+        self._require(mk, "unlabelled")
+        from msa_fed.runtime.shards import split_rows
+
+        start, stop = split_rows(mk, msg.workers_per_site)[0]
+        self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
         return m.Ack(self.incarnation)
 
     def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
-        if self._shard is None:
-            raise SiteStateLost(self.name)
-        if msg.step is None:
-            loss, grad = self._shard.loss_grad(np.array(msg.theta))
-        else:
-            loss, grad = self._shard.minibatch_loss_grad(np.array(msg.theta), msg.step, msg.batch_size)
-        return m.GradSum(loss=loss, grad=grad, n=self._shard.n_points)
+        return _loss_grad(self._shard, self.name, msg)
 
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
+        self._data()
         self._require(self.X_labeled.shape[0], "labelled")
         model = build_domain_model(msg)
         self._Q = model.predict_proba(self.X_labeled)
@@ -171,4 +270,49 @@ class SiteWorker:
         return m.BoundMax(self._points.max_bound())
 
     def ping(self, _=None) -> m.Ack:
+        return m.Ack(self.incarnation, node_id=current_node_id())
+
+
+def _loss_grad(shard, name: str, msg: m.ThetaRequest) -> m.GradSum:
+    if shard is None:
+        raise SiteStateLost(name)
+    theta = np.array(msg.theta)  # a writable copy (Ray hands out read-only buffers)
+    if msg.step is None:
+        loss, grad = shard.loss_grad(theta)
+    else:
+        loss, grad = shard.minibatch_loss_grad(theta, msg.step, msg.batch_size)
+    return m.GradSum(loss=loss, grad=grad, n=shard.n_points)
+
+
+class ShardWorker:
+    """A helper of site ``name`` for data-parallel classifier training: holds rows
+    [start, stop) of the site's published unlabelled sample (n_total points), sent to it by the
+    site itself (:meth:`load_rows`).  Runs on the site's node (same ``site:<name>`` resource)
+    and answers only gradient sums."""
+
+    def __init__(self, name: str, index: int, start: int, stop: int, n_total: int):
+        self.name = name
+        self.index = index
+        self.start, self.stop, self.n_total = int(start), int(stop), int(n_total)
+        self.incarnation = uuid.uuid4().hex
+        self.X_rows = None
+        self._shard = None
+
+    def load_rows(self, rows: m.UnlabeledSample) -> m.Ack:
+        X = np.asarray(rows.X, dtype=np.float64)
+        if X.shape[0] != self.stop - self.start:
+            raise ConfigError(f"site {self.name!r}: helper for rows [{self.start}, {self.stop}) got {X.shape[0]} rows")
+        self.X_rows = X
         return m.Ack(self.incarnation)
+
+    def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
+        if self.X_rows is None:
+            raise SiteStateLost(self.name)
+        self._shard = _make_shard(msg, self.X_rows, self.index, self.start, self.n_total)
+        return m.Ack(self.incarnation)
+
+    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
+        return _loss_grad(self._shard, self.name, msg)
+
+    def ping(self, _=None) -> m.Ack:
+        return m.Ack(self.incarnation, node_id=current_node_id())

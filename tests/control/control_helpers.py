@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from msa_fed.artifacts import META_CLASSES, META_KIND, META_N_FEATURES
@@ -125,7 +124,3 @@ def make_pki(common_name: str = "msa-fed test CA") -> Pki:
     )
     client_cert, client_key = leaf("site-a", ExtendedKeyUsageOID.CLIENT_AUTH, None)
     return Pki(ca_cert.public_bytes(serialization.Encoding.PEM), server_cert, server_key, client_cert, client_key)
-
-
-def check_valid_onnx(data: bytes) -> None:
-    onnx.checker.check_model(onnx.load_model_from_string(data))

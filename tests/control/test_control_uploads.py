@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -91,7 +93,7 @@ def test_retry_is_idempotent_and_reuse_with_other_content_conflicts(site_a, stor
     assert store.get_blob(sha(other)) is None
 
 
-def test_interrupted_upload_leaves_nothing_and_retry_succeeds(server, tokens, site_a, store):
+def test_interrupted_upload_leaves_nothing_and_retry_succeeds(server, tokens, site_a, store, caplog):
     data = linear_onnx([1.0, 2.0, 3.0], padding=400_000)
     header = pb.PredictorHeader(upload_id="u-int", sha256=sha(data), size=len(data))
 
@@ -109,6 +111,8 @@ def test_interrupted_upload_leaves_nothing_and_retry_succeeds(server, tokens, si
     assert store.artifact_history("a", "predictor") == []
     rec = site_a.upload_predictor(data, upload_id="u-int")
     assert rec.sha256 == sha(data) and len(store.artifact_history("a", "predictor")) == 1
+    # the aborted stream was a client error, not a server failure
+    assert not [r for r in caplog.records if r.name.startswith("msa_fed") and r.levelname == "ERROR"]
 
 
 def test_stream_framing_errors(server, tokens, site_a, store):
@@ -234,3 +238,50 @@ def test_load_predictor_agrees_with_stored_meta(site_a, admin):
     rec = site_a.upload_predictor(data)
     p = load_predictor(admin.download_predictor("a")[0], expected_sha256=rec.sha256)
     assert (p.kind, p.n_features_in_, p.classes_.tolist()) == ("probabilities", 3, [-1, 1])
+
+
+def test_bytes_in_flight_are_bounded_and_released():
+    registry = Registry(MemoryStore(), Limits(max_upload_bytes_in_flight=3_000_000))
+    token = registry.issue_token("site", "a")
+    md = (("authorization", f"Bearer {token}"),)
+    rows = 500_000 // 3 * 3  # (rows, 1) float32: 2 MB
+    X = np.arange(rows, dtype=np.float32).reshape(rows, 1)
+    data = X.tobytes()
+    header = pb.SampleHeader(upload_id="slow", sha256=sha(data), rows=rows, cols=1, dtype="float32")
+    release = threading.Event()
+
+    def stalled():
+        yield pb.UploadSampleRequest(header=header)
+        yield pb.UploadSampleRequest(chunk=data[:1000])
+        release.wait(30)
+        raise ConnectionError("the slow client gives up")
+
+    def empty_probe(stub):
+        """A 2 MB header with no body: RESOURCE_EXHAUSTED while reserved, else INVALID_ARGUMENT."""
+        probe = pb.SampleHeader(upload_id="probe", sha256=sha(data), rows=rows, cols=1, dtype="float32")
+        try:
+            stub.UploadSample(iter([pb.UploadSampleRequest(header=probe)]), metadata=md, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()
+
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        with RegistryClient(server.address, token, insecure=True, retries=0) as client:
+            client.register("a")
+            channel, stub = raw_stub(server)
+            slow = threading.Thread(target=lambda: pytest.raises(grpc.RpcError, stub.UploadSample, stalled(),
+                                                                  metadata=md, timeout=30))
+            slow.start()
+            deadline = time.monotonic() + 20
+            while empty_probe(stub) != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                assert time.monotonic() < deadline, "the slow upload never reserved its bytes"
+                time.sleep(0.05)
+            assert code_of(lambda: client.upload_sample(X)) == "RESOURCE_EXHAUSTED"
+            assert code_of(lambda: client.upload_sample(X[:1000])) == "OK"  # small uploads still fit
+            release.set()
+            slow.join(30)
+            deadline = time.monotonic() + 20
+            while empty_probe(stub) != grpc.StatusCode.INVALID_ARGUMENT:  # the reservation is returned
+                assert time.monotonic() < deadline, "the aborted upload kept its reservation"
+                time.sleep(0.05)
+            assert client.upload_sample(X).sha256 == sha(data)
+            channel.close()

@@ -1,0 +1,258 @@
+"""The federated job on a real multi-process Ray cluster on one machine.
+
+`ray start --head` plus one `ray start --address ... --resources '{"site:<name>": 1}'` worker
+process per site, the registry server as its own process, sites registering and publishing
+through the `msa-fed` CLI, and `ray job submit` running cluster/jobs/run_msa.py.  Every
+process is started in its own process group and killed at the end, even on failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed.artifacts import export_sklearn
+from msa_fed.demo_data import make_federation
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SITES = ("north", "east", "west")
+JOB_SITES = ("east", "west")  # the Ray cluster gets a node for these two sites only
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    """Processes started in their own process groups, output to log files (a pipe nobody
+    reads would fill up and block them)."""
+
+    def __init__(self, log_dir: Path):
+        self.procs = []
+        self.log_dir = log_dir
+
+    def start(self, args, env=None, **kw):
+        log = open(self.log_dir / f"proc{len(self.procs)}.log", "w")
+        p = subprocess.Popen(args, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, **kw)
+        p.log_path = Path(log.name)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 20
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def node_ports() -> list[str]:
+    """Ports that every Ray node binds at a fixed default: several nodes on one host (and any
+    other Ray on it) would collide, so each node gets free ones."""
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+
+
+def cli(*args, env=None, check=True):
+    out = subprocess.run([str(BIN / "msa-fed"), *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and out.returncode != 0:
+        raise AssertionError(f"msa-fed {' '.join(args)} failed: {out.stdout}\n{out.stderr}")
+    return out
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """Registry process + sites registered over gRPC via the CLI; yields paths and tokens."""
+    tmp = tmp_path_factory.mktemp("federation")
+    env = dict(os.environ, GRPC_VERBOSITY="ERROR")
+    procs = Procs(tmp)
+    try:
+        db = tmp / "registry.db"
+        admin = cli("admin", "issue-token", "--db", str(db), "--admin", env=env).stdout.strip().splitlines()[-1]
+        (tmp / "admin_token").write_text(admin)
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        server = procs.start([str(BIN / "msa-fed"), "registry", "serve", "--db", str(db), "--listen", address,
+                              "--insecure"], env=env)
+
+        def up():
+            if server.poll() is not None:
+                raise AssertionError(f"registry exited: {server.log_path.read_text()}")
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(up, 30, "the registry to listen")
+        fed = make_federation(n_labeled=200, n_unlabeled=300, n_test=1000)
+        for name in SITES:
+            d = fed[name]
+            token = cli("admin", "issue-token", "--db", str(db), "--site", name, env=env).stdout.strip().splitlines()[-1]
+            h = LogisticRegression().fit(d["X_train"], d["y_train"])
+            (tmp / f"{name}.onnx").write_bytes(export_sklearn(h, n_features=2))
+            np.save(tmp / f"{name}_unlabeled.npy", d["X_unlabeled"])
+            np.savez(tmp / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"],
+                     X_unlabeled=d["X_unlabeled"])
+            common = ["--registry", address, "--token", token, "--insecure"]
+            cli("site", "register", *common, "--name", name, env=env)
+            cli("site", "publish", *common, "--predictor", str(tmp / f"{name}.onnx"),
+                "--unlabeled", str(tmp / f"{name}_unlabeled.npy"), env=env)
+        yield dict(tmp=tmp, address=address, admin=admin, fed=fed, env=env, db=db)
+    finally:
+        procs.stop_all()
+
+
+def write_job(tmp: Path, address: str, sites=(), name="job") -> Path:
+    job = tmp / f"{name}.toml"
+    job.write_text(
+        f'name = "{name}"\n[registry]\naddress = "{address}"\ninsecure = true\n'
+        f'admin_token_file = "{tmp / "admin_token"}"\n'
+        f'[model]\ntask = "classification"\nfeatures = "standard"\n'
+        f'[run]\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n')
+    return job
+
+
+def test_job_fails_before_training_on_bad_setup(federation, tmp_path):
+    """Missing site node, wrong admin token and a corrupted artifact: one clear line each."""
+    f = federation
+    env = dict(f["env"], RAY_ADDRESS="")
+    job = write_job(f["tmp"], f["address"], name="bad")
+    # wrong admin token
+    bad_token = tmp_path / "bad_token"
+    bad_token.write_text("admin.operator.not-the-secret")
+    out = cli("run", "--job", str(job), "--admin-token-file", str(bad_token), env=env, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip().startswith("error: UNAUTHENTICATED"), out.stderr
+    assert "Traceback" not in out.stderr
+    # a registered site with no Ray node carrying its resource: the job starts a local Ray
+    # without any site resource, so every site is missing; the error names them
+    out = cli("run", "--job", str(job), env=env, check=False)
+    assert out.returncode != 0
+    assert "no Ray node carries the resource" in out.stderr and "'site:east'" in out.stderr, out.stderr
+    ours = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1 and out.stderr.strip().endswith(ours[0]), out.stderr  # (Ray may warn first)
+
+
+def test_job_rejects_corrupted_artifact(federation, tmp_path):
+    """A predictor whose stored bytes were altered in the registry is refused before training."""
+    import hashlib
+    import sqlite3
+
+    f = federation
+    env = dict(f["env"], RAY_ADDRESS="")
+    # publish a fourth site whose ONNX file is then truncated inside the database
+    db = f["db"]
+    token = cli("admin", "issue-token", "--db", str(db), "--site", "broken", env=env).stdout.strip().splitlines()[-1]
+    common = ["--registry", f["address"], "--token", token, "--insecure"]
+    cli("site", "register", *common, "--name", "broken", env=env)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(100, 2))
+    onnx = export_sklearn(LogisticRegression().fit(X, (X[:, 0] > 0).astype(int)), n_features=2)
+    (tmp_path / "broken.onnx").write_bytes(onnx)
+    cli("site", "publish", *common, "--predictor", str(tmp_path / "broken.onnx"), env=env)
+    job = write_job(f["tmp"], f["address"], sites=("north", "broken"), name="corrupt")
+    sha = hashlib.sha256(onnx).hexdigest()
+    with sqlite3.connect(db) as con:  # flip the stored bytes behind the registry's back
+        changed = con.execute("update blobs set data = substr(data, 1, 100) where sha256 = ?", (sha,)).rowcount
+    assert changed == 1
+    out = cli("run", "--job", str(job), env=env, check=False)
+    assert out.returncode != 0
+    assert out.stderr.startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    assert any(word in out.stderr for word in ("sha256", "DATA_LOSS", "corrupt", "rejected")), out.stderr
+
+
+def test_ray_job_submit_end_to_end(federation, tmp_path):
+    f = federation
+    procs = Procs(tmp_path)
+    gcs_port, dash_port = free_port(), free_port()
+    # Ray's token authentication stays on: every process of this cluster shares one token
+    env = dict(f["env"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+               # a loaded two-core machine starts a node's dashboard agent slowly; the raylet's
+               # default wait for it is short and kills the node
+               RAY_agent_register_timeout_ms="120000")
+    env.pop("RAY_ADDRESS", None)
+    ray_bin = str(BIN / "ray")
+    try:
+        procs.start([ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=1", "--object-store-memory=200000000",
+                     f"--dashboard-port={dash_port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+                     "--disable-usage-stats", *node_ports()], env=env)
+        wait_for(lambda: subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env,
+                                        capture_output=True).returncode == 0, 90, "the Ray head")
+        def joined(name):
+            out = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env,
+                                 capture_output=True, text=True)
+            return f"site:{name}" in out.stdout
+
+        # one worker node per site, started one after the other (two cores: parallel starts time out)
+        for name in JOB_SITES:
+            procs.start([ray_bin, "start", "--block", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=1",
+                         "--object-store-memory=200000000", f"--resources={json.dumps({f'site:{name}': 1})}",
+                         "--disable-usage-stats", *node_ports()], env=env)
+            wait_for(lambda: joined(name), 120, f"the node of site {name}")
+        intruder = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], capture_output=True,
+                                  text=True, env=dict(env, RAY_AUTH_TOKEN=secrets.token_hex(32)))
+        assert intruder.returncode != 0 and "InvalidAuthToken" in intruder.stderr
+        job = write_job(f["tmp"], f["address"], sites=JOB_SITES, name="submitted")
+        submit = [ray_bin, "job", "submit", f"--address=http://127.0.0.1:{dash_port}", "--working-dir", str(REPO),
+                  "--", sys.executable, "cluster/jobs/run_msa.py", "--job", str(job), "--quiet"]
+        for _ in range(30):  # the head's job agent comes up some seconds after the head itself
+            sub = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=420)
+            if "No available agent to submit job" not in sub.stderr + sub.stdout:
+                break
+            time.sleep(3)
+        assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
+        assert "stored combined model version" in sub.stdout
+    finally:
+        procs.stop_all()
+
+    from msa_fed.control.client import RegistryClient
+    from msa_fed.job import model_from_bytes
+
+    with RegistryClient(f["address"], f["admin"], insecure=True) as admin:
+        data, record = admin.download_combined_model()
+    manifest = json.loads(record.manifest_json)
+    assert manifest["sites"] == list(JOB_SITES)
+    assert len(manifest["predictor_sha256"]) == 2
+    model = model_from_bytes(data)
+    fed = f["fed"]
+    accs = [np.mean(model.predict(fed[n]["X_test"]) == fed[n]["y_test"]) for n in JOB_SITES]
+    unif = []
+    for n in JOB_SITES:
+        X = fed[n]["X_test"]
+        P = np.mean([model.predictors[k].predict_proba(X) for k in range(2)], axis=0)
+        unif.append(np.mean(P.argmax(1) == fed[n]["y_test"]))
+    assert np.mean(accs) > np.mean(unif) + 0.1, (accs, unif)
+    assert abs(sum(model.z) - 1) < 1e-9

@@ -1,0 +1,71 @@
+"""Three Ray nodes on one machine, each carrying its ``site:<name>`` resource and its own data
+directory (``MSA_FED_SITE_DATA`` in that node's environment): every site actor runs on its
+node and reads its private data from that node's disk; the driver never opens the files."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import msa_fed  # noqa: E402
+from msa_fed.errors import SiteError  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
+from problems import make_sites, site_kwargs  # noqa: E402
+
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("nodes")
+    dirs = {n: base / f"node-{n}" for n in NAMES}
+    for d in dirs.values():
+        d.mkdir()
+
+    def node_args(n):
+        return dict(num_cpus=1, resources={SITE_RESOURCE_PREFIX + n: 1}, env_vars={"MSA_FED_SITE_DATA": str(dirs[n])})
+
+    c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
+    for n in NAMES[1:]:
+        c.add_node(**node_args(n))
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield dirs
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
+    sites = make_sites(names=list(NAMES))
+    for s in sites:  # the same relative file name on every node, different contents
+        np.savez(cluster[s.name] / "site.npz", X_labeled=s.X_labeled, y_labeled=s.y_labeled,
+                 X_unlabeled=s.X_unlabeled)
+    kwargs = site_kwargs(sites)
+    for kw in kwargs:
+        for key in ("X_labeled", "y_labeled", "X_unlabeled"):
+            del kw[key]
+        kw["data_path"] = "site.npz"  # resolved on the site's node, under its MSA_FED_SITE_DATA
+    assert "MSA_FED_SITE_DATA" not in os.environ
+    node_of = {key[len(SITE_RESOURCE_PREFIX):]: node["NodeID"] for node in ray.nodes() if node["Alive"]
+               for key in node["Resources"] if key.startswith(SITE_RESOURCE_PREFIX)}
+    assert len(set(node_of.values())) == 3
+
+    backend = RaySites(kwargs)
+    with Coordinator(backend, [s.predictor for s in sites], RunConfig()) as coordinator:
+        assert [a.node_id for a in coordinator.call_all("ping", None)] == [node_of[n] for n in NAMES]
+        assert [(i.n_labeled, i.n_unlabeled) for i in coordinator.infos] == \
+            [(len(s.y_labeled), len(s.X_unlabeled)) for s in sites]
+        model = coordinator.fit()
+    np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
+
+
+def test_a_site_without_a_node_is_named(cluster):
+    sites = make_sites(names=["a", "b", "zz"])
+    with pytest.raises(SiteError, match=r"site 'zz': no Ray node carries the resource 'site:zz'"):
+        with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], RunConfig()):
+            pass

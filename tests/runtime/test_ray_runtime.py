@@ -1,0 +1,119 @@
+"""The Ray runtime against the local one, and the privacy audit of a full run, on a real local Ray."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import msa_fed  # noqa: E402
+from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
+from msa_fed.core.features import StandardFeatures  # noqa: E402
+from msa_fed.errors import PrivacyError  # noqa: E402
+from msa_fed.runtime import messages as m  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
+from inspect_messages import audit  # noqa: E402
+from problems import make_sites, site_kwargs  # noqa: E402
+
+SGD = {"optimizer": "sgd", "epochs": 4, "batch_size": 16, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sites():
+    return make_sites()
+
+
+@pytest.fixture(scope="module")
+def warm(local_ray, sites):
+    """One set of site actors (one per site) serving several coordinators: actor start-up costs
+    seconds, and a warm backend is also a feature (a coordinator after another)."""
+    backend = RaySites(site_kwargs(sites))
+    yield backend
+    backend.shutdown()
+
+
+def _fit(backend, sites, recorder=None, **config):
+    c = Coordinator(backend, [s.predictor for s in sites], RunConfig(**config), recorder=recorder)
+    return c.start().fit()
+
+
+def _probe(sites):
+    return np.vstack([s.X_unlabeled for s in sites] + [s.X_labeled for s in sites])
+
+
+def _single_process(sites, options):
+    ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
+    return train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
+
+
+@pytest.mark.parametrize("options", [None, SGD], ids=["lbfgs", "sgd"])
+def test_ray_equals_local(warm, sites, options):
+    """Same data and seed: the classifier trained from the site actors' gradient sums and z."""
+    rec = m.Recorder()
+    ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
+    model = _fit(warm, sites, recorder=rec, classifier=ccfg)
+    local = msa_fed.fit_dmsa(sites, runtime="local", classifier_options=options)
+    np.testing.assert_allclose(model.z, local.z, atol=1e-6)
+    np.testing.assert_allclose(model.domain_proba(_probe(sites)), local.domain_proba(_probe(sites)), atol=1e-4)
+    np.testing.assert_allclose(model.domain_model.predict_proba(_probe(sites)),
+                               _single_process(sites, options).predict_proba(_probe(sites)), atol=1e-4)
+    np.testing.assert_allclose(model.qhat, local.qhat, atol=1e-10)
+    if options is not None:  # one mini-batch gradient from each site per SGD step
+        steps = [r for r in rec.records if r[0] == "to_site" and r[2] == "classifier_loss_grad"
+                 and r[3].step is not None]
+        per_epoch = int(np.ceil(max(len(s.X_unlabeled) for s in sites) / SGD["batch_size"]))
+        assert len(steps) == 3 * SGD["epochs"] * per_epoch
+
+
+def test_privacy_audit_of_a_full_ray_run(warm, sites):
+    rec = m.Recorder()
+    model = _fit(warm, sites, recorder=rec)
+    n_labeled = {s.name: len(s.y_labeled) for s in sites}
+    assert audit(rec.records, n_labeled) == []
+    # the recording is complete: every request has its answer, every site took part in every step
+    to = [(r[1], r[2]) for r in rec.records if r[0] == "to_site"]
+    frm = [(r[1], r[2]) for r in rec.records if r[0] == "from_site"]
+    assert sorted(to) == sorted(frm)
+    evals = [r for r in rec.records if r[0] == "from_site" and r[2] == "dc_evaluate"]
+    assert len(evals) == 3 * model.info["solver"]["n_evaluations"]
+    assert {r[1] for r in evals} == {"a", "b", "c"}
+    assert {"info", "unlabeled_sample", "setup_shard", "classifier_loss_grad", "set_domain_model", "set_qhat",
+            "dc_evaluate"} <= {r[2] for r in rec.records}
+    # and the audit does catch what it looks for
+    leak = [("from_site", "b", "dc_evaluate", m.GradSum(loss=0.0, grad=np.zeros(n_labeled["b"]), n=1)),
+            ("from_site", "a", "info", m.UnlabeledSample(X=sites[0].y_labeled[:5].astype(np.int64))),
+            ("from_site", "c", "info", m.BoundMax(value=object())),
+            ("from_site", "c", "info", ("a tuple", sites[2].y_labeled))]
+    assert len(audit(leak, n_labeled)) == 4
+
+
+def test_too_few_labelled_points_fails_the_run(warm, sites):
+    with pytest.raises(PrivacyError, match=r"^site 'a' has 41 labelled points: fewer than min_points=45"):
+        _fit(warm, sites, min_points=45)
+    assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
+
+
+def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, sites):
+    """fit_dmsa(runtime="ray") with 2 workers per site (helper actors hold half of each site's
+    rows): data-parallel SGD equals single-process SGD, and z equals runtime="local"."""
+    rec = m.Recorder()
+    model = msa_fed.fit_dmsa(sites, runtime="ray", classifier_options=SGD, recorder=rec,
+                             ray_options={"workers_per_site": 2})
+    local = msa_fed.fit_dmsa(sites, runtime="local", classifier_options=SGD)
+    np.testing.assert_allclose(model.z, local.z, atol=1e-6)
+    np.testing.assert_allclose(model.domain_model.predict_proba(_probe(sites)),
+                               _single_process(sites, SGD).predict_proba(_probe(sites)), atol=1e-4)
+    answers = [r[3] for r in rec.records if r[0] == "from_site" and r[2] == "classifier_loss_grad"]
+    assert len(answers) % 6 == 0
+    assert sorted(a.n for a in answers[:6]) == [30, 30, 36, 36, 42, 42]  # halves of 60, 72, 84 rows
+    assert audit(rec.records, {s.name: len(s.y_labeled) for s in sites}) == []

@@ -1,0 +1,164 @@
+"""The runtime without Ray: shards split over workers, site data from disk, the privacy minimum,
+checkpoints.  The Ray modules run the same classes inside actors."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import msa_fed
+from msa_fed.core.domain_classifier import ClassifierConfig, MaxentShard, train_domain_classifier
+from msa_fed.core.features import StandardFeatures
+from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.runtime import messages as m
+from msa_fed.runtime.coordinator import Coordinator, RunConfig
+from msa_fed.runtime.local import LocalSites
+from msa_fed.runtime.shards import RowShard, minibatch_indices, split_rows
+from msa_fed.runtime.site import SiteWorker
+from problems import make_sites, site_kwargs
+
+SGD = {"optimizer": "sgd", "epochs": 4, "batch_size": 16, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def sites():
+    return make_sites()
+
+
+def test_split_rows_covers_range_evenly():
+    for n, parts in [(0, 1), (10, 3), (84, 4), (5, 7)]:
+        blocks = split_rows(n, parts)
+        assert len(blocks) == parts
+        assert blocks[0][0] == 0 and blocks[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(blocks[:-1], blocks[1:]))
+        sizes = [b - a for a, b in blocks]
+        assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match="workers_per_site must be >= 1; got 0"):
+        split_rows(10, 0)
+
+
+def test_row_blocks_add_up_to_the_site_shard():
+    """Full-batch and mini-batch answers of w row blocks sum to the whole shard's answer."""
+    rng = np.random.default_rng(1)
+    Phi = rng.normal(size=(37, 5))
+    p, index, seed = 3, 1, 1001
+    whole = MaxentShard(Phi, np.full(37, index), np.full(37, 1.0 / (p * 37)), p, seed=seed)
+    theta = rng.normal(size=p * 6)
+    blocks = [RowShard(Phi[a:b], index, a, 37, p, seed=seed) for a, b in split_rows(37, 4)]
+    for step, batch in [(None, 0), (0, 8), (5, 8), (3, 100)]:
+        if step is None:
+            ref = whole.loss_grad(theta)
+            parts = [b.loss_grad(theta) for b in blocks]
+        else:
+            ref = whole.minibatch_loss_grad(theta, step, batch)
+            parts = [b.minibatch_loss_grad(theta, step, batch) for b in blocks]
+        np.testing.assert_allclose(sum(x[0] for x in parts), ref[0], rtol=1e-12)
+        np.testing.assert_allclose(sum(x[1] for x in parts), ref[1], rtol=1e-10, atol=1e-15)
+    # the mirrored mini-batch selection is MaxentShard's (a one-row-per-point probe)
+    probe = MaxentShard(np.eye(37), np.full(37, 0), np.ones(37), 2, seed=seed)
+    for step in range(3):
+        _, g = probe.minibatch_loss_grad(np.zeros(76), step, 8)
+        chosen = np.flatnonzero(np.abs(g[:37]) > 0)
+        assert sorted(chosen) == sorted(minibatch_indices(seed, step, 37, 8).tolist())
+    # one block per site is exactly the single-process computation
+    single = RowShard(Phi, index, 0, 37, p, seed=seed)
+    assert single.minibatch_loss_grad(theta, 2, 8)[0] == whole.minibatch_loss_grad(theta, 2, 8)[0]
+
+
+@pytest.mark.parametrize("options", [None, SGD], ids=["lbfgs", "sgd"])
+def test_workers_per_site_equals_single_process(sites, options):
+    """Data-parallel training over 3 workers per site = in-process training on the pooled sample."""
+    ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
+    ref = train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
+    cfg = RunConfig(classifier=ccfg)
+    rec = m.Recorder()
+    backend = LocalSites(site_kwargs(sites), workers_per_site=3)
+    with Coordinator(backend, [s.predictor for s in sites], cfg, recorder=rec) as c:
+        model = c.fit()
+    X = np.vstack([s.X_unlabeled for s in sites] + [s.X_labeled for s in sites])
+    np.testing.assert_allclose(model.domain_model.predict_proba(X), ref.predict_proba(X), atol=1e-4)
+    assert np.abs(model.domain_model.theta_ - ref.theta_).max() < 1e-6
+    # the gradients really came from 3 x 3 row holders
+    grads = [r for r in rec.records if r[0] == "from_site" and r[2] == "classifier_loss_grad"]
+    assert len(grads) % 9 == 0 and len(grads) > 0
+    assert sum(r[3].n for r in grads[:9]) == sum(len(s.X_unlabeled) for s in sites)
+    single = msa_fed.fit_dmsa(sites, classifier_options=options)
+    np.testing.assert_allclose(model.z, single.z, atol=1e-6)
+
+
+def test_site_refuses_to_aggregate_below_its_minimum(sites):
+    """The site itself enforces its minimum, whatever the coordinator is configured with."""
+    kwargs = site_kwargs(sites)
+    kwargs[1]["min_points"] = 60  # site 'b' has 53 labelled points
+    cfg = RunConfig(min_points=20)
+    with pytest.raises(PrivacyError, match=r"site 'b' refuses to aggregate over 53 labelled points.*minimum of 60"):
+        with Coordinator(LocalSites(kwargs), [s.predictor for s in sites], cfg) as c:
+            c.fit()
+    worker = SiteWorker(**kwargs[1])
+    with pytest.raises(PrivacyError, match="site 'b'"):
+        worker.set_domain_model(m.DomainModelSpec(kind="maxent", n_sources=3))
+
+
+def test_coordinator_fails_fast_naming_the_small_site(sites):
+    with pytest.raises(PrivacyError, match=r"site 'a' has 41 labelled points.*min_points=45") as err:
+        msa_fed.fit_dmsa(sites, min_points=45)
+    assert "site 'b'" not in str(err.value) and "\n" not in str(err.value)
+
+
+def _save(path, site):
+    np.savez(path, X_labeled=site.X_labeled, y_labeled=site.y_labeled, X_unlabeled=site.X_unlabeled)
+
+
+def test_site_reads_its_data_from_its_node(tmp_path, monkeypatch, sites):
+    kw = site_kwargs(sites)[0]
+    (tmp_path / "node").mkdir()
+    _save(tmp_path / "node" / "a.npz", sites[0])
+    arrays = {k: kw.pop(k) for k in ("X_labeled", "y_labeled", "X_unlabeled")}
+    monkeypatch.setenv("MSA_FED_SITE_DATA", str(tmp_path / "node"))
+    w = SiteWorker(**kw, data_path="a.npz")
+    assert w.X_labeled is None  # read lazily, on the node, at first use
+    info = w.info()
+    assert (info.n_labeled, info.n_unlabeled) == (41, 60)
+    np.testing.assert_array_equal(w.y_labeled, arrays["y_labeled"])
+    w2 = SiteWorker.from_path(kw["name"], 0, tmp_path / "node" / "a.npz", kw["predictors"], "classification",
+                              "cross_entropy", classes=kw["classes"])
+    np.testing.assert_array_equal(w2.X_unlabeled, arrays["X_unlabeled"])
+    with pytest.raises(ConfigError, match=r"site 'a': data file .*missing.npz' not found on the site's node"):
+        SiteWorker(**kw, data_path="missing.npz").info()
+    monkeypatch.delenv("MSA_FED_SITE_DATA")
+    with pytest.raises(ConfigError, match="relative but MSA_FED_SITE_DATA is not set"):
+        SiteWorker(**kw, data_path="a.npz").info()
+
+
+def test_site_data_file_is_never_unpickled(tmp_path, sites):
+    kw = site_kwargs(sites)[0]
+    for k in ("X_labeled", "y_labeled", "X_unlabeled"):
+        kw.pop(k)
+    np.savez(tmp_path / "evil.npz", X_labeled=np.zeros((30, 4)), y_labeled=np.array([object()] * 30, dtype=object),
+             X_unlabeled=np.zeros((30, 4)))
+    with pytest.raises(ConfigError, match="cannot read data file .*pickle"):
+        SiteWorker(**kw, data_path=tmp_path / "evil.npz").info()
+    np.savez(tmp_path / "short.npz", X_labeled=np.zeros((30, 4)), X_unlabeled=np.zeros((30, 4)))
+    with pytest.raises(ConfigError, match=r"lacks arrays \['y_labeled'\]"):
+        SiteWorker(**kw, data_path=tmp_path / "short.npz").info()
+
+
+def test_every_site_method_answers_a_boundary_message(sites):
+    kw = site_kwargs(sites)
+    w = SiteWorker(**kw[2])
+    fmap = StandardFeatures().fit(np.vstack([s.X_unlabeled for s in sites]))
+    from msa_fed.core.features import feature_map_state
+
+    answers = [w.info(), w.unlabeled_sample(), w.ping(),
+               w.setup_shard(m.ShardSetup(feature_map=feature_map_state(fmap), custom_feature_map=None, n_sources=3)),
+               w.classifier_loss_grad(m.ThetaRequest(theta=np.zeros(15)))]
+    spec = m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=feature_map_state(fmap), theta=np.zeros(15))
+    answers.append(w.set_domain_model(spec))
+    answers.append(w.set_qhat(m.QhatBroadcast(qhat=np.full(3, 1 / 3), eta=0.01)))
+    answers.append(w.dc_evaluate(m.DCRequest(z=np.full(3, 1 / 3), eta=0.01, what=("L", "dL"))))
+    answers.append(w.max_bound())
+    assert all(isinstance(a, m.RESPONSE_TYPES) for a in answers)
+    public = {n for n in dir(SiteWorker) if not n.startswith("_") and callable(getattr(SiteWorker, n))}
+    assert public == {"info", "unlabeled_sample", "unlabeled_rows", "ping", "setup_shard", "classifier_loss_grad",
+                      "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "from_path"}
