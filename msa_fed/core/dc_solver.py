@@ -1,6 +1,6 @@
 """Solving min over the simplex of Gamma(z) = max_k L_k(z) - sum_j z_j L_j(z).
 
-Two algorithms share one loss-oracle interface (sums over points for a given z, see
+The algorithms share one loss-oracle interface (sums over points for a given z, see
 :mod:`msa_fed.core.dc_terms`), so they run unchanged whether the sums are computed in this
 process or at the sites:
 
@@ -9,14 +9,18 @@ process or at the sites:
     min_{z, gamma} gamma  s.t.  u_k(z) - v_k(z_t) - grad v_k(z_t).(z - z_t) <= gamma,  z in simplex
     with SLSQP.  Gamma never increases between accepted iterates.  Kept as the reference method.
 
-``method="newton"`` (default through ``"auto"``)
+``method="newton"``
     Gamma(z) = 0 exactly when every domain with z_k > 0 has the same loss c and every other
-    domain has loss <= c (such a z always exists, by Brouwer's theorem applied to Nash's map).
-    We solve that system with an active-set Newton method on (z_S, c) using the analytic
-    Jacobian dL_k/dz_j (also an O(p^2) sum), with backtracking on Gamma.  It converges
-    quadratically; when it stalls, the solver falls back to DCA from the best point.
+    domain has loss <= c (such a z always exists, by Nash's argument).  An active-set Newton
+    method on (z_S, c) with the analytic Jacobian dL_k/dz_j (also an O(p^2) sum) and
+    backtracking on Gamma.  Quadratic near a solution, but from the uniform point it often
+    stalls (measured in ``benchmarks/bench_core.py``).
 
-Both record the history of Gamma and stop when Gamma <= ``tol``.
+``method="homotopy"`` (first step of the default ``"auto"``)
+    Follows the logit path from the uniform point to an equilibrium and finishes with Newton
+    (:mod:`msa_fed.core.dc_homotopy`); ``"auto"`` falls back on DCA, then on random restarts.
+
+All record the history of Gamma and stop when Gamma <= ``tol``.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import numpy as np
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
+from msa_fed.core.dc_homotopy import logit_path_run
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
 from msa_fed.core.simplex import check_simplex, project_simplex
 
@@ -291,53 +296,42 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- driver
-def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
-             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
-             z0: np.ndarray | None = None, callback: Callable | None = None,
-             warn: bool = True) -> DCResult:
-    """Minimise Gamma over the simplex.
+METHODS = ("auto", "homotopy", "newton", "dca")
 
-    Parameters
-    ----------
-    oracle : LossOracle giving sums over all labelled points (local or distributed).
-    eta : smoothing, >= 0.
-    objective : "gamma" (the paper: min Gamma, by DCA or Newton) or "minmax" (min max_k L_k,
-        the worst-case loss over the domains, by SLSQP on the epigraph; ``method`` is ignored).
-    method : "auto" (Newton, then DCA from its point if it stalls), "newton" or "dca".
-    tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
-    max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
-    n_restarts : random simplex starts tried after the uniform one, only while not converged.
-    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
-    z0 : optional first start instead of the uniform point (e.g. a checkpoint).
-    callback : called as callback(iteration, z, gamma) after each accepted iterate.
-    """
-    if objective not in ("gamma", "minmax"):
-        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
-    if method not in ("auto", "newton", "dca"):
-        raise ValueError(f"method must be 'auto', 'newton' or 'dca'; got {method!r}")
-    if bound not in ("pointwise", "global"):
-        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
-    if not (np.isfinite(eta) and eta >= 0):
-        raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
-    p = int(oracle.n_sources)
-    rng = np.random.default_rng(random_state)
-    global_bound = oracle.max_bound() if bound == "global" else None
-    ev = _Counter(oracle, eta, global_bound)
-    starts = [np.full(p, 1.0 / p) if z0 is None else check_simplex(np.asarray(z0, float), "z0")]
-    starts += [rng.dirichlet(np.ones(p)) for _ in range(n_restarts)]
+
+def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
+                max_iter: int, callback: Callable | None) -> tuple[DCResult, list[dict]]:
+    """Minimise Gamma with ``method``; returns the best result and a summary of every run."""
     best: DCResult | None = None
-    runs = []
+    runs: list[dict] = []
+
+    def keep(start, z, g, L, ok, it, used, history):
+        nonlocal best
+        runs.append({"start": None if start is None else np.asarray(start).tolist(), "gamma": g,
+                     "iterations": it, "method": used})
+        if best is None or g < best.gamma:
+            best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
+                            n_iter=it, n_evaluations=0, method=used)
+        return best.converged
+
+    if method == "homotopy" or method == "auto":
+        if method == "auto" and z0_given:  # a checkpoint: Newton from it may finish at once
+            history: list[float] = []
+            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, 20), callback, history)
+            if keep(starts[0], z, g, L, ok, it, "newton", history):
+                return best, runs
+        history = []
+        z, g, L, ok, it = logit_path_run(ev, p, tol, max_iter, callback, history)
+        used = "homotopy"
+        if not ok and method == "auto":  # fall back on the paper's DCA from the best point
+            z, g, L, ok, it2 = _dca_run(ev, z, tol, max_iter, callback, history)
+            it += it2
+            used = "homotopy+dca"
+        if keep(None, z, g, L, ok, it, used, history) or method == "homotopy":
+            return best, runs
+        starts = starts[1:]  # auto: the random restarts below
     for start in starts:
-        history: list[float] = []
-        if objective == "minmax":
-            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
-            g = gamma_from_losses(L, z)
-            runs.append({"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it,
-                         "method": "slsqp-minmax"})
-            if best is None or val < float(np.max(best.losses)) - 1e-12:
-                best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
-                                n_iter=it, n_evaluations=0, method="slsqp-minmax")
-            continue
+        history = []
         if method == "dca":
             z, g, L, ok, it = _dca_run(ev, start, tol, max_iter, callback, history)
             used = "dca"
@@ -348,18 +342,76 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
                 z, g, L, ok, it2 = _dca_run(ev, z, tol, max_iter, callback, history)
                 it += it2
                 used = "newton+dca"
-        runs.append({"start": start.tolist(), "gamma": g, "iterations": it, "method": used})
-        if best is None or g < best.gamma:
-            best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
-                            n_iter=it, n_evaluations=0, method=used)
-        if best.converged:
+        if keep(start, z, g, L, ok, it, used, history):
             break
+    return best, runs
+
+
+def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
+             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
+             z0: np.ndarray | None = None, callback: Callable | None = None,
+             warn: bool = True) -> DCResult:
+    """Minimise Gamma over the simplex.
+
+    Parameters
+    ----------
+    oracle : LossOracle giving sums over all labelled points (local or distributed).
+    eta : smoothing, >= 0.
+    objective : "gamma" (the paper: min Gamma) or "minmax" (min max_k L_k, the worst-case loss
+        over the domains, by SLSQP on the epigraph; ``method`` is ignored).
+    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`, then DCA from
+        its best point, then Newton + DCA from random starts, each only while not converged),
+        "homotopy", "newton" (active-set Newton from each start) or "dca" (the paper's
+        algorithm from each start).
+    tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
+    max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
+    n_restarts : random simplex starts tried after the first one, only while not converged.
+    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
+    z0 : optional first start instead of the uniform point (e.g. a checkpoint).
+    callback : called as callback(iteration, z, gamma) after each accepted iterate.
+    """
+    if objective not in ("gamma", "minmax"):
+        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if bound not in ("pointwise", "global"):
+        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
+    if not (np.isfinite(eta) and eta >= 0):
+        raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
+    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}")
+    p = int(oracle.n_sources)
+    rng = np.random.default_rng(random_state)
+    global_bound = oracle.max_bound() if bound == "global" else None
+    ev = _Counter(oracle, eta, global_bound)
+    if z0 is not None:
+        z0 = check_simplex(z0, "z0")
+        if z0.size != p:
+            raise ValueError(f"z0 must have {p} entries (one per source); got {z0.size}")
+    starts = [np.full(p, 1.0 / p) if z0 is None else z0]
+    starts += [rng.dirichlet(np.ones(p)) for _ in range(n_restarts)]
+    if objective == "minmax":
+        best: DCResult | None = None
+        runs = []
+        for start in starts:
+            history: list[float] = []
+            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
+            g = gamma_from_losses(L, z)
+            runs.append({"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it,
+                         "method": "slsqp-minmax"})
+            if best is None or val < float(np.max(best.losses)) - 1e-12:
+                best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
+                                n_iter=it, n_evaluations=0, method="slsqp-minmax")
+    else:
+        best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)
     best.n_evaluations = ev.calls
     best.restarts = runs
     best.objective = objective
     if not best.converged and warn:
-        warnings.warn(f"DC solver stopped on its iteration cap with Gamma={best.gamma:.3g} > tol={tol:g}",
-                      ConvergenceWarning, stacklevel=2)
+        what = "Gamma" if objective == "gamma" else "max_k L_k"
+        value = best.gamma if objective == "gamma" else best.max_loss
+        warnings.warn(f"DC solver ({best.method}) stopped without converging: {what}={value:.3g} "
+                      f"(tol={tol:g}, max_iter={max_iter})", ConvergenceWarning, stacklevel=2)
     return best
 
 

@@ -1,0 +1,212 @@
+"""A global method for Gamma(z) = 0: follow the logit path, then polish with Newton.
+
+Gamma(z) = max_k L_k(z) - z.L(z) vanishes exactly when z is an equilibrium: z is a best
+response to the losses it induces, z in argmax_{z'} z'.L(z) (every domain in the support of z
+has the largest loss).  Such a z exists (Nash's argument), but local methods started at the
+uniform point (Newton, DCA) often stall far from one: with the squared loss the map z -> L(z)
+has several equilibria with narrow basins.
+
+The logit (quantal-response) path z(lam) = softmax(lam L(z(lam))) starts at the uniform point
+for lam = 0 and, by Browder's fixed-point theorem, a connected branch of it reaches lam ->
+infinity, where its points become equilibria: on the path
+
+    Gamma(z) = (max_k y_k - sum_k z_k y_k) / lam <= log(p) / lam,    y = log z.
+
+We trace it by predictor-corrector continuation (pseudo-arclength, so folds where lam turns
+back are passed) in the unknowns u = (y, m, log lam) of
+
+    lam (L_k(exp y) - m) - y_k = 0  (k = 1..p),     sum_k exp(y_k) = 1,
+
+with the analytic Jacobian dL.  Coordinates whose z_k falls below ``zmin`` are pinned to 0
+(and released if their loss rises again), so the path's length does not grow with the
+vanishing ones.  Whenever Gamma on the path has dropped enough, an active-set Newton step on
+L_k(z) = c (k in the support), sum z = 1 tries to finish; it converges quadratically once the
+support is right.  Every evaluation is one oracle call (L and dL), so the method runs
+unchanged against sites.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from msa_fed.core.dc_terms import DCSums, gamma_from_losses
+
+Evaluator = Callable[[np.ndarray, tuple], DCSums]
+
+
+def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int = 8,
+                      support_tol: float = 1e-4) -> tuple[np.ndarray, float, np.ndarray, bool]:
+    """Newton on L_k(z) = c for k in S = {z_k >= support_tol max z}, sum_S z = 1, z = 0 off S.
+
+    A step that leaves the simplex is cut at the boundary and the coordinate leaves S; steps are
+    halved until the spread of the support's losses decreases.  Returns (z, Gamma, L,
+    Gamma <= tol); gives up (ok=False) as soon as a step makes no progress.
+    """
+    p = z.size
+    S = z >= support_tol * z.max()
+    z = np.where(S, z, 0.0)
+    z = z / z.sum()
+    s = ev(z, ("L", "dL"))
+    g = gamma_from_losses(s.L, z)
+
+    def spread(L, zz):
+        on = zz > 0
+        return float(np.linalg.norm(L[on] - zz[on] @ L[on]))
+
+    for _ in range(max_iter):
+        if g <= tol:
+            return z, g, s.L, True
+        idx = np.flatnonzero(S)
+        m = idx.size
+        A = np.zeros((m + 1, m + 1))
+        A[:m, :m] = s.dL[np.ix_(idx, idx)]
+        A[:m, m] = -1.0
+        A[m, :m] = 1.0
+        rhs = np.append(-(s.L[idx] - z @ s.L), 1.0 - z[idx].sum())
+        try:
+            sol = np.linalg.solve(A, rhs)
+        except np.linalg.LinAlgError:
+            break
+        if not np.all(np.isfinite(sol)):
+            break
+        dz = np.zeros(p)
+        dz[idx] = sol[:m]
+        neg = dz < 0
+        a_max = min(1.0, float(np.min(-z[neg] / dz[neg]))) if neg.any() else 1.0
+        r0 = spread(s.L, z)
+        a, accepted = a_max, False
+        for _ in range(5):
+            zn = np.maximum(z + a * dz, 0.0)
+            zn /= zn.sum()
+            sn = ev(zn, ("L", "dL"))
+            gn = gamma_from_losses(sn.L, zn)
+            if gn <= tol or spread(sn.L, zn) < (1.0 - 1e-4 * a) * r0:
+                accepted = True
+                break
+            a *= 0.5
+        if not accepted:
+            break
+        if a == a_max and a_max < 1.0:
+            S &= zn > 0
+        z, s, g = zn, sn, gn
+    return z, g, s.L, g <= tol
+
+
+def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, callback: Callable | None,
+                   history: list[float], *, corrector_tol: float = 1e-3, max_step: float = 5.0,
+                   polish_rel: float = 1e-2, zmin: float = 1e-10
+                   ) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+    """Trace the logit path from the uniform point; returns (z, Gamma, L, converged, steps).
+
+    max_iter caps the accepted continuation steps.  history gets Gamma at every path point and
+    after every polishing attempt (it is not monotone: Gamma may rise along the path).
+    """
+    p = int(n_sources)
+
+    def system(u, pinned):
+        """H(u) (p+1,), its Jacobian (p+1, p+2), the sums and z at u."""
+        y, m, lam = u[:p], u[p], np.exp(u[p + 1])
+        z = np.where(pinned, 0.0, np.exp(y))
+        s = ev(z, ("L", "dL"))
+        H = np.append(lam * (s.L - m) - y, z.sum() - 1.0)
+        J = np.zeros((p + 1, p + 2))
+        J[:p, :p] = lam * s.dL * z[None, :] - np.eye(p)
+        J[:p, p] = -lam
+        J[:p, p + 1] = lam * (s.L - m)
+        J[p, :p] = z
+        pin = np.flatnonzero(pinned)   # pinned coordinates: the equation du_k = 0
+        H[pin] = 0.0
+        J[pin] = 0.0
+        J[pin, pin] = 1.0
+        return H, J, s, z
+
+    def correct(u, pinned, fix=None, max_newton=4):
+        """Newton (minimum-norm steps) back onto the path; ``fix`` adds the row fix.du = 0."""
+        for i in range(max_newton + 1):
+            H, J, s, z = system(u, pinned)
+            if not np.all(np.isfinite(H)):
+                return u, False, i, J, s, z
+            if np.linalg.norm(H) < corrector_tol:
+                return u, True, i, J, s, z
+            if i == max_newton:
+                break
+            if fix is None:
+                du = -np.linalg.lstsq(J, H, rcond=None)[0]
+            else:
+                du = -np.linalg.solve(np.vstack([J, fix]), np.append(H, 0.0))
+            u = u + du
+            if not np.all(np.isfinite(u)) or u[p + 1] > 600.0:
+                return u, False, i, J, s, z
+        return u, False, max_newton, J, s, z
+
+    def tangent(J, prev):
+        t = np.linalg.svd(J)[2][-1]
+        if prev is None:
+            return t if t[p + 1] > 0 else -t
+        return t if t @ prev >= 0 else -t
+
+    z0 = np.full(p, 1.0 / p)
+    s0 = ev(z0, ("L", "dL"))
+    g0 = gamma_from_losses(s0.L, z0)
+    history.append(g0)
+    best = (g0, z0, s0.L)
+    if g0 <= tol:
+        return z0, g0, s0.L, True, 0
+    spread = max(float(np.ptp(s0.L)), 1e-3 * float(np.max(np.abs(s0.L))), 1e-300)
+    lam0 = 1e-2 / spread
+    pinned = np.zeros(p, dtype=bool)
+    # on the path y_k = lam (L_k - m); at the uniform point m = mean L + log(p) / lam
+    u = np.concatenate([np.log(z0), [s0.L.mean() + np.log(p) / lam0], [np.log(lam0)]])
+    fix = np.zeros(p + 2)
+    fix[p + 1] = 1.0
+    u, ok, _, J, s, z = correct(u, pinned, fix=fix, max_newton=10)
+    if not ok:
+        return best[1], best[0], best[2], False, 0
+    t = tangent(J, None)
+    h = 1.0
+    last_polish = np.inf
+    steps = 0
+    ymin = np.log(zmin)
+    while steps < max_iter:
+        # the step in log(lam) is at most 2 (a factor e^2 on lam)
+        h_eff = min(h, 2.0 / max(abs(t[p + 1]), 1e-12))
+        un, ok, nit, Jn, sn, zn = correct(u + h_eff * t, pinned)
+        if not ok:
+            h = 0.5 * h_eff
+            if h < 1e-8:
+                break
+            continue
+        steps += 1
+        u, J, s, z = un, Jn, sn, zn
+        lam = np.exp(u[p + 1])
+        # pin coordinates that vanish; release pinned ones whose loss came back up
+        y_star = lam * (s.L - u[p])
+        newly = ~pinned & (u[:p] < ymin)
+        back = pinned & (y_star > ymin + 2.0)
+        if newly.any() or back.any():
+            pinned = (pinned | newly) & ~back
+            u[:p][back] = y_star[back]
+            _, J, s, z = system(u, pinned)
+        t = tangent(J, t)
+        h = min(h_eff * (2.0 if nit <= 1 else 1.5 if nit == 2 else 1.0 if nit == 3 else 0.6), max_step)
+        zz = z / z.sum()
+        g = gamma_from_losses(s.L, zz)
+        history.append(g)
+        if g < best[0]:
+            best = (g, zz, s.L)
+        if callback is not None:
+            callback(steps, zz, g)
+        if g <= tol:
+            return zz, g, s.L, True, steps
+        if g < polish_rel * float(np.max(np.abs(s.L))) and g < 0.3 * last_polish:
+            last_polish = g
+            zf, gf, Lf, okf = polish_active_set(ev, zz, tol)
+            history.append(gf)
+            if gf < best[0]:
+                best = (gf, zf, Lf)
+            if okf:
+                if callback is not None:
+                    callback(steps, zf, gf)
+                return zf, gf, Lf, True, steps
+    return best[1], best[0], best[2], best[0] <= tol, steps
