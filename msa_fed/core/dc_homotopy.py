@@ -121,8 +121,14 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
         J[pin, pin] = 1.0
         return H, J, s, z
 
-    def correct(u, pinned, fix=None, max_newton=4):
-        """Newton (minimum-norm steps) back onto the path; ``fix`` adds the row fix.du = 0."""
+    def correct(u, pinned, fix=None, max_newton=4, h=None):
+        """Newton (minimum-norm steps) back onto the path; ``fix`` adds the row fix.du = 0.
+
+        After a predictor step of length h, the corrector must stay close (first correction
+        <= h / 2) and contract (each correction <= half the previous one); otherwise it may be
+        converging to another sheet of the path near a fold, and the step is refused.
+        """
+        prev = None
         for i in range(max_newton + 1):
             H, J, s, z = system(u, pinned)
             if not np.all(np.isfinite(H)):
@@ -135,16 +141,31 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
                 du = -np.linalg.lstsq(J, H, rcond=None)[0]
             else:
                 du = -np.linalg.solve(np.vstack([J, fix]), np.append(H, 0.0))
+            size = float(np.linalg.norm(du))
+            if h is not None and ((prev is None and size > 0.5 * h) or (prev is not None and size > 0.5 * prev)):
+                return u, False, i, J, s, z
+            prev = size
             u = u + du
             if not np.all(np.isfinite(u)) or u[p + 1] > 600.0:
                 return u, False, i, J, s, z
         return u, False, max_newton, J, s, z
 
-    def tangent(J, prev):
+    def tangent(J, sign=None, near=None):
+        """Unit null vector t of J and the sign of det([J; t]).
+
+        With ``sign``: t is oriented so that the determinant keeps that sign (the orientation
+        of a regular path never changes along it, however sharp its turns).  Without: t points
+        like ``near`` (after the system changed shape) or, at the start, towards larger lam.
+        """
         t = np.linalg.svd(J)[2][-1]
-        if prev is None:
-            return t if t[p + 1] > 0 else -t
-        return t if t @ prev >= 0 else -t
+        if sign is not None:
+            d = np.linalg.det(np.vstack([J, t]))
+            return (t if np.sign(d) == sign else -t), sign
+        if near is None:
+            t = t if t[p + 1] > 0 else -t
+        else:
+            t = t if t @ near >= 0 else -t
+        return t, np.sign(np.linalg.det(np.vstack([J, t]))) or 1.0
 
     z0 = np.full(p, 1.0 / p)
     s0 = ev(z0, ("L", "dL"))
@@ -163,7 +184,7 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
     u, ok, _, J, s, z = correct(u, pinned, fix=fix, max_newton=10)
     if not ok:
         return best[1], best[0], best[2], False, 0
-    t = tangent(J, None)
+    t, orientation = tangent(J)
     h = 1.0
     last_polish = np.inf
     steps = 0
@@ -171,24 +192,40 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
     while steps < max_iter:
         # the step in log(lam) is at most 2 (a factor e^2 on lam)
         h_eff = min(h, 2.0 / max(abs(t[p + 1]), 1e-12))
-        un, ok, nit, Jn, sn, zn = correct(u + h_eff * t, pinned)
+        un, ok, nit, Jn, sn, zn = correct(u + h_eff * t, pinned, h=h_eff)
         if not ok:
             h = 0.5 * h_eff
             if h < 1e-8:
                 break
             continue
-        steps += 1
-        u, J, s, z = un, Jn, sn, zn
-        lam = np.exp(u[p + 1])
         # pin coordinates that vanish; release pinned ones whose loss came back up
-        y_star = lam * (s.L - u[p])
-        newly = ~pinned & (u[:p] < ymin)
-        back = pinned & (y_star > ymin + 2.0)
+        lam = np.exp(un[p + 1])
+        y_star = lam * (sn.L - un[p])
+        newly = ~pinned & (un[:p] < ymin)
+        back = pinned & (y_star > ymin + 5.0)
         if newly.any() or back.any():
-            pinned = (pinned | newly) & ~back
-            u[:p][back] = y_star[back]
-            _, J, s, z = system(u, pinned)
-        t = tangent(J, t)
+            # a new system: put the point back on its path (or keep the old pinning)
+            trial = (pinned | newly) & ~back
+            ut = un.copy()
+            ut[:p][back] = y_star[back]
+            ut, ok_t, _, Jt, st, zt = correct(ut, trial)
+            if ok_t:
+                pinned, un, Jn, sn, zn = trial, ut, Jt, st, zt
+                tn, orientation = tangent(Jn, near=np.where(np.append(pinned, [False, False]), 0.0, t))
+            elif back.any() and h_eff > 1e-6:  # a coordinate returns: approach that point gently
+                h = 0.5 * h_eff
+                continue
+            else:  # keep the old pinning
+                tn, _ = tangent(Jn, orientation)
+        else:
+            tn, _ = tangent(Jn, orientation)
+            if tn @ t < 0.5 and h_eff > 1e-3:  # a turn sharper than 60 degrees: smaller steps
+                h = 0.5 * h_eff
+                continue
+        steps += 1
+        u, J, s, z, t = un, Jn, sn, zn, tn
+        if u[p + 1] < np.log(lam0) - 1.0:  # back at the start: the path is lost
+            break
         h = min(h_eff * (2.0 if nit <= 1 else 1.5 if nit == 2 else 1.0 if nit == 3 else 0.6), max_step)
         zz = z / z.sum()
         g = gamma_from_losses(s.L, zz)

@@ -297,6 +297,8 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 # ---------------------------------------------------------------------------- driver
 METHODS = ("auto", "homotopy", "newton", "dca")
+#: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
+AUTO_DCA_ITER = 20
 
 
 def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
@@ -324,7 +326,7 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
         z, g, L, ok, it = logit_path_run(ev, p, tol, max_iter, callback, history)
         used = "homotopy"
         if not ok and method == "auto":  # fall back on the paper's DCA from the best point
-            z, g, L, ok, it2 = _dca_run(ev, z, tol, max_iter, callback, history)
+            z, g, L, ok, it2 = _dca_run(ev, z, tol, min(max_iter, AUTO_DCA_ITER), callback, history)
             it += it2
             used = "homotopy+dca"
         if keep(None, z, g, L, ok, it, used, history) or method == "homotopy":
@@ -339,7 +341,7 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
             z, g, L, ok, it = _newton_run(ev, start, tol, max_iter, callback, history)
             used = "newton"
             if not ok and method == "auto":
-                z, g, L, ok, it2 = _dca_run(ev, z, tol, max_iter, callback, history)
+                z, g, L, ok, it2 = _dca_run(ev, z, tol, min(max_iter, AUTO_DCA_ITER), callback, history)
                 it += it2
                 used = "newton+dca"
         if keep(start, z, g, L, ok, it, used, history):

@@ -169,9 +169,12 @@ class PointSet:
         if n == 0:
             return out
         rows = max(256, BLOCK_ELEMENTS // p)
-        with _one_blas_thread():
-            for a in range(0, n, rows):
-                self._block(slice(a, min(n, a + rows)), z, float(eta), what, global_bound, out)
+        if n <= rows:  # one small block: no thread pool to tame
+            self._block(slice(0, n), z, float(eta), what, global_bound, out)
+        else:
+            with _one_blas_thread():
+                for a in range(0, n, rows):
+                    self._block(slice(a, min(n, a + rows)), z, float(eta), what, global_bound, out)
         if "dv" in what and self.loss == "cross_entropy":
             out.dv += self._wsum[None, :]
         return out

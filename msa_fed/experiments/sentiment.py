@@ -13,6 +13,7 @@ reported on the four test domains and on seven uniform mixtures of them.
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.feature_extraction.text import CountVectorizer
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
@@ -41,9 +42,6 @@ _P = {
 }
 PAPER = {m: {t: (float(a), float(b)) for t, a, b in zip(TARGETS, ms.split(), ss.split())}
          for m, (ms, ss) in _P.items()}
-#: Domain-classifier options (see docs/RESULTS.md for how they were chosen).
-DMSA_OPTIONS: dict = {"features": "standard"}
-GMSA_OPTIONS: dict = {}
 
 
 class CountSVR:
@@ -147,6 +145,49 @@ def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_di
     return summarise(runs)
 
 
+
+class TextFeatures(BaseEstimator, TransformerMixin):
+    """Feature maps over word counts X (n, V) for the domain classifier or the KDEs.
+
+    kind="normalised": l2-normalised counts, standardised, shape (n, V).
+    kind="svd": l2-normalised counts projected on their top ``n_components`` singular
+    directions, shape (n, n_components): a dense, low-dimensional space where a Gaussian
+    KDE is meaningful and fast.  ``sample_weight`` is accepted and ignored.
+    """
+
+    def __init__(self, kind: str = "svd", n_components: int = 50, random_state: int = 0):
+        self.kind = kind
+        self.n_components = n_components
+        self.random_state = random_state
+
+    def fit(self, X, y=None, sample_weight=None):
+        from sklearn.decomposition import TruncatedSVD
+        from sklearn.preprocessing import StandardScaler
+
+        Xn = normalize(sp.csr_matrix(X, dtype=np.float64))
+        if self.kind == "normalised":
+            self.step_ = StandardScaler(with_mean=False).fit(Xn)
+        elif self.kind == "svd":
+            self.step_ = TruncatedSVD(self.n_components, random_state=self.random_state).fit(Xn)
+        else:
+            raise ValueError(f"kind must be 'normalised' or 'svd'; got {self.kind!r}")
+        return self
+
+    def transform(self, X) -> np.ndarray:
+        out = self.step_.transform(normalize(sp.csr_matrix(X, dtype=np.float64)))
+        return out.toarray() if sp.issparse(out) else np.asarray(out)
+
+
+def text_features(kind: str, n_components: int = 50, random_state: int = 0) -> TextFeatures:
+    return TextFeatures(kind, n_components, random_state)
+
+
+#: Chosen with ``tune_options`` on seed 0's training reviews (1200 fit / 400 validation per
+#: domain; docs/RESULTS.md lists every candidate and its validation MSE).
+DMSA_OPTIONS: dict = {"features": TextFeatures("normalised"), "mu": 0.1}
+GMSA_OPTIONS: dict = {"features": TextFeatures("svd", 20)}
+
+
 def tune_svr(seed: int = 0, grid=(1.0, 3.0, 10.0, 30.0), folds: int = 5) -> dict[float, float]:
     """5-fold CV MSE of ``make_svr(C)`` on seed ``seed``'s training reviews, averaged over domains.
 
@@ -159,3 +200,33 @@ def tune_svr(seed: int = 0, grid=(1.0, 3.0, 10.0, 30.0), folds: int = 5) -> dict
                                                scoring="neg_mean_squared_error").mean()
                               for Xtr, ytr, _, _ in split.values()]))
             for C in grid}
+
+
+def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 1200,
+                 log=print) -> dict[str, dict]:
+    """Validation MSE of DMSA/GMSA option sets, on training reviews only.
+
+    Seed ``seed``'s 1600 training reviews per domain are split ``n_fit`` / rest; the SVRs,
+    the domain model and z are fitted on the first part (the same protocol as ``run``), and
+    each candidate ``{name: options}`` is scored on the held-out rest: the mean validation
+    MSE over the eleven mixtures and on KDBE.  The test reviews are never touched.
+    """
+    from msa_fed import SiteData, fit_dmsa, fit_gmsa
+
+    _, split = prepare_split(load_sentiment(), seed)
+    fit = {l: (X[:n_fit], y[:n_fit], X[n_fit:], y[n_fit:]) for l, (X, y, _, _) in split.items()}
+    predictors = {l: make_svr().fit(X, y) for l, (X, y, _, _) in fit.items()}
+    sites = [SiteData(l, X, y, X, predictors[l]) for l, (X, y, _, _) in fit.items()]
+    fitter = fit_dmsa if method == "dmsa" else fit_gmsa
+    unif = UniformCombination(list(predictors.values()), "regression")
+    mse = {l: float(np.mean((unif.predict(Xv) - yv) ** 2)) for l, (_, _, Xv, yv) in fit.items()}
+    out = {"unif": {"mean": float(np.mean(list(uniform_mixtures(mse, MIXTURES).values()))),
+                    "KDBE": uniform_mixtures(mse, MIXTURES)["KDBE"]}}
+    log(f"unif: validation MSE mean {out['unif']['mean']:.4f}")
+    for name, opts in candidates.items():
+        model = fitter(sites, "regression", random_state=seed, **opts)
+        mse = {l: float(np.mean((model.predict(Xv) - yv) ** 2)) for l, (_, _, Xv, yv) in fit.items()}
+        mix = uniform_mixtures(mse, MIXTURES)
+        out[name] = {"mean": float(np.mean(list(mix.values()))), "KDBE": mix["KDBE"]}
+        log(f"{method} {name}: validation MSE mean {out[name]['mean']:.4f}, KDBE {out[name]['KDBE']:.4f}")
+    return out

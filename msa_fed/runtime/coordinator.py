@@ -254,6 +254,14 @@ class Coordinator:
         return m.DomainModelSpec(kind="kde", n_sources=self.p, feature_map=state, custom_feature_map=custom,
                                  bandwidths=dm.bandwidths_, samples=tuple(dm.samples_))
 
+    def prepare_dc(self, domain_model) -> tuple[np.ndarray, "DistributedOracle"]:
+        """Send the domain model to the sites, gather Qhat (p,) from their partial sums, send it
+        back; returns (qhat, the loss oracle whose sums the sites compute)."""
+        parts = self._setup_all("set_domain_model", self._domain_spec(domain_model))
+        qhat = np.sum([r.sums for r in parts], axis=0)
+        self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=self.config.eta))
+        return qhat, DistributedOracle(self)
+
     def fit(self) -> CombinedModel:
         cfg = self.config
         if self.infos is None:
@@ -261,9 +269,7 @@ class Coordinator:
         progress = Progress(cfg.verbose)
         self._setup_log = []
         dm = self.train_domain_model(progress)
-        qhat = np.sum([r.sums for r in self._setup_all("set_domain_model", self._domain_spec(dm))], axis=0)
-        self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=cfg.eta))
-        oracle = DistributedOracle(self)
+        qhat, oracle = self.prepare_dc(dm)
         ckpt = self._checkpoint()
         solver_opts = dict(cfg.solver)
         solver_opts.setdefault("random_state", cfg.random_state)

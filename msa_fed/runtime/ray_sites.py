@@ -23,6 +23,8 @@ import os
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from msa_fed.errors import MsaFedError, SiteError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.shards import split_rows
@@ -81,6 +83,13 @@ def actor_status(handle) -> tuple[str | None, str]:
     return info.get("State"), _last_line(cause)
 
 
+def _cpu_share(share: float) -> float:
+    """A CPU reservation Ray can always honour: at most 1, at most ``share`` (half of what is
+    free, so a second backend never waits for a warm first one), 0 when that is a crumb."""
+    share = min(1.0, float(share))
+    return 0.0 if share < 0.01 else float(np.floor(share * 1e4) / 1e4)
+
+
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
@@ -100,17 +109,19 @@ class _Endpoint:
 class RaySites:
     """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with Ray actors.
 
-    num_cpus : CPUs each actor reserves; None: an even share of the site's node (or of the
-        local machine's free CPUs) capped at 1 and at the free CPUs, so that actors never wait
-        for each other (fractional CPUs also give each actor one BLAS/torch thread).
+    num_cpus : CPUs each actor reserves; None: an even share of half the site's node (or of
+        half the local machine's free CPUs), at most 1, so that actors of a second backend never
+        wait for a warm first one (Ray gives actors with fractional CPUs one BLAS/torch thread).
     max_restarts : restarts of a crashed actor before the site is declared dead.
     retry_timeout_s : how long a call waits for a restarting actor.
+    start_timeout_s : how long start-up waits for Ray to place and start the actors.
     workers_per_site : actors per site for classifier training (1: the site's own actor).
     worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
     """
 
     def __init__(self, site_kwargs: list[dict], *, num_cpus: float | None = None, max_restarts: int = 3,
-                 address: str | None = None, retry_timeout_s: float = 120.0, workers_per_site: int = 1,
+                 address: str | None = None, retry_timeout_s: float = 120.0, start_timeout_s: float = 300.0,
+                 workers_per_site: int = 1,
                  worker_cls=SiteWorker, init_kwargs: dict | None = None):
         split_rows(0, workers_per_site)  # validates
         if num_cpus is not None and not num_cpus > 0:
@@ -127,6 +138,8 @@ class RaySites:
         self.sites: list[_Endpoint] = []
         self.helpers: list[_Endpoint] = []
         self._helper_setup = None
+        self._placement_cache = None
+        self.start_timeout_s = float(start_timeout_s)
         self.coordinator = None
 
     @property
@@ -152,6 +165,7 @@ class RaySites:
                         node_cpus[key] = node["Resources"].get("CPU", 0.0)
         out = []
         per_site = self.workers_per_site
+        n_actors = len(self.names) * per_site
         for name in self.names:
             key = SITE_RESOURCE_PREFIX + name
             opts = dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts)
@@ -160,13 +174,10 @@ class RaySites:
                     raise SiteError(name, f"no Ray node carries the resource {key!r} (the cluster has site "
                                           "resources, so every site needs its node)")
                 opts["resources"] = {key: SITE_RESOURCE_SHARE}
-                share = node_cpus.get(key, 1.0) / per_site
+                share = 0.5 * node_cpus.get(key, 1.0) / per_site
             else:
-                share = free_cpus / (len(self.names) * per_site)
-            # never more than what is free now, so that a second backend (a warm one holds CPUs)
-            # is not left waiting; at least a sliver, which Ray always places
-            share = min(share, free_cpus / (len(self.names) * per_site))
-            opts["num_cpus"] = self.num_cpus if self.num_cpus is not None else max(0.01, min(1.0, share))
+                share = 0.5 * free_cpus / n_actors
+            opts["num_cpus"] = self.num_cpus if self.num_cpus is not None else _cpu_share(share)
             out.append(opts)
         return out
 
@@ -176,13 +187,13 @@ class RaySites:
         if self.sites:
             return self.call_all("info", [None] * len(self.sites))
         ray = ensure_ray(self.address, **self.init_kwargs)
-        placement = self._placement(ray)
+        placement = self._placement_cache = self._placement(ray)
         site_cls = ray.remote(self.worker_cls)
         self.sites = [_Endpoint(name, i, site_cls.options(**opts).remote(**kw))
                       for i, (name, kw, opts) in enumerate(zip(self.names, self.site_kwargs, placement))]
         self.helpers = []
         try:
-            infos = self.call_all("info", [None] * len(self.sites))
+            infos = self._gather(self.sites, "info", [None] * len(self.sites), timeout=self.start_timeout_s)
             if self.workers_per_site > 1:
                 helper_cls = ray.remote(ShardWorker)
                 for i, info in enumerate(infos):
@@ -263,11 +274,19 @@ class RaySites:
                 time.sleep(RETRY_PAUSE_S)  # restarting: Ray queues the call until the actor is back
                 ref = resubmit()
 
+    def _asks(self, e: _Endpoint) -> str:
+        opts = self._placement_cache[e.site] if self._placement_cache else {}
+        return ", ".join(f"{k}={v}" for k, v in opts.items() if k in ("num_cpus", "resources"))
+
     def _call(self, e: _Endpoint, method: str, msg):
         return getattr(e.handle, method).remote(msg)
 
-    def _gather(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
-        """Send msgs[j] to endpoints[j] all at once; answers in order, failures translated."""
+    def _gather(self, endpoints: list[_Endpoint], method: str, msgs: list, timeout: float | None = None) -> list:
+        """Send msgs[j] to endpoints[j] all at once; answers in order, failures translated.
+
+        timeout : fail with a SiteError naming the first site without an answer after that many
+            seconds (used at start-up, where an actor Ray cannot place would wait forever).
+        """
         import ray
 
         c = self.coordinator
@@ -276,6 +295,15 @@ class RaySites:
         for e, msg in zip(endpoints, msgs):
             c.record("to_site", e.name, method, msg)
             refs.append(self._call(e, method, msg))
+        if timeout is not None:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            if pending:
+                e = endpoints[refs.index(pending[0])]
+                state, _ = actor_status(e.handle)
+                if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY", None):
+                    raise SiteError(e.name, f"Ray could not start the site's actor within {timeout:g} s (state "
+                                            f"{state or 'unknown'}): the cluster lacks the CPUs or resources it "
+                                            f"asks for ({self._asks(e)})")
         try:
             outs = ray.get(refs)  # the common case: one wait for all
         except Exception:  # noqa: BLE001 - sort out which call failed and why, one by one

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed.core.combination import qhat_partial, site_point_set
-from msa_fed.core.features import feature_map_from_state
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
 
@@ -57,16 +56,25 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
-def build_domain_model(spec: m.DomainModelSpec):
-    from msa_fed.core.density import KDEDomainModel  # imported here: a site only needs the one it uses
-    from msa_fed.core.domain_classifier import DomainClassifier
+def _feature_map(state, custom):
+    if state is None:
+        return custom
+    from msa_fed.core.features import feature_map_from_state
 
-    fmap = spec.custom_feature_map
-    if spec.feature_map is not None:
-        fmap = feature_map_from_state(*spec.feature_map)
+    return feature_map_from_state(*state)
+
+
+def build_domain_model(spec: m.DomainModelSpec):
+    # imported here, not at the top: a site loads only what its domain model needs (the Maxent
+    # classifier's module imports torch, the KDE's scikit-learn), which keeps actors light
+    fmap = _feature_map(spec.feature_map, spec.custom_feature_map)
     if spec.kind == "maxent":
+        from msa_fed.core.domain_classifier import DomainClassifier
+
         return DomainClassifier(fmap, spec.theta, spec.n_sources, mu=0.0)
     if spec.kind == "kde":
+        from msa_fed.core.density import KDEDomainModel
+
         return KDEDomainModel.from_state(spec.bandwidths, list(spec.samples), feature_map=fmap)
     raise ConfigError(f"unknown domain model kind {spec.kind!r}")
 
@@ -126,9 +134,7 @@ def current_node_id() -> str:
 def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
     from msa_fed.runtime.shards import RowShard
 
-    fmap = fmap_msg.custom_feature_map
-    if fmap_msg.feature_map is not None:
-        fmap = feature_map_from_state(*fmap_msg.feature_map)
+    fmap = _feature_map(fmap_msg.feature_map, fmap_msg.custom_feature_map)
     Phi = np.asarray(fmap.transform(X), dtype=np.float64)
     return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
                     dtype=fmap_msg.dtype, seed=fmap_msg.seed * 1000 + index)

@@ -34,6 +34,7 @@ def sites():
 @pytest.fixture(scope="module")
 def warm(local_ray, sites):
     backend = RaySites(site_kwargs(sites), max_restarts=2, retry_timeout_s=120)
+    _coordinator(backend, sites)  # starts the actors
     yield backend
     backend.shutdown()
 
