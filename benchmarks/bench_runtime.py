@@ -11,9 +11,12 @@ Prints a table and writes benchmarks/results/bench_runtime.json.
    floor of Ray's actor calls on this machine).  Actor start-up time and memory are reported.
    The domain model here is GMSA's KDE (the round does not depend on it), so the actors do
    not load torch and 64 of them fit in memory.
+   For p <= 8, the same round through a Ray Compiled Graph (beta), an alternative measured
+   and not adopted: see benchmarks/BENCHMARKS_runtime.md.
 2. DC solve, p = 8 sites, n = 1e5 labelled points in all: the whole solve with the sums from
-   the site actors, against the same solve in one process (one pooled point set, and the
-   p point sets summed in a loop as ``runtime="local"`` does).  The same z is checked.
+   the site actors, against the same solve in one process (one pooled point set, and the p
+   point sets summed in a loop as ``runtime="local"`` does), for the default objective
+   (minmax) and the paper's Gamma (Newton, then DCA).  The same z is checked.
 3. Domain classifier, SGD for the same epochs and schedule: data-parallel over the site actors
    (one worker per site, and two) against single-process training on the pooled sample.
 """
@@ -113,7 +116,41 @@ def timed(fn, repeats: int):
 
 
 # ----------------------------------------------------------------------------- 1. latency
-def bench_latency(ps, rounds: int) -> list[dict]:
+def compiled_rounds(backend, p: int, rounds: int):
+    """The same DC round through a Ray Compiled Graph (beta): round times (ms), compile time (s)
+    and the CPU share each idle actor burns while the graph is compiled (its readers poll)."""
+    from ray._private import state as ray_state
+    from ray.dag import InputNode, MultiOutputNode
+
+    from msa_fed.runtime import messages as m
+
+    msg = m.DCRequest(z=np.full(p, 1.0 / p), eta=ETA, what=("L", "dL"))
+    t = time.perf_counter()
+    with InputNode() as inp:
+        dag = MultiOutputNode([h.dc_evaluate.bind(inp) for h in backend.actors])
+    graph = dag.experimental_compile()
+    compile_s = time.perf_counter() - t
+    import ray
+
+    try:
+        for _ in range(20):
+            ray.get(graph.execute(msg))
+        times = timed(lambda: ray.get(graph.execute(msg)), rounds)
+        pids = [ray_state.actors(actor_id=h._actor_id.hex())["Pid"] for h in backend.actors]
+
+        def cpu_s(pid):
+            f = Path(f"/proc/{pid}/stat").read_text().split()
+            return (int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
+
+        before = [cpu_s(x) for x in pids]
+        time.sleep(2.0)
+        idle = float(np.mean([(cpu_s(x) - b) / 2.0 for x, b in zip(pids, before)]))
+    finally:
+        graph.teardown()
+    return times, compile_s, idle
+
+
+def bench_latency(ps, rounds: int, compiled_upto: int = 8) -> list[dict]:
     rows, per_actor_mb = [], None
     for p in ps:
         if per_actor_mb is not None and p * per_actor_mb > 0.6 * mem_available_mb():
@@ -122,6 +159,7 @@ def bench_latency(ps, rounds: int) -> list[dict]:
             print(f"  p={p}: skipped ({rows[-1]['skipped']})", flush=True)
             continue
         kwargs = make_federation(p, n_labeled=50, n_unlabeled=50, d=4, seed=p)
+        compiled_too = p <= compiled_upto
         backend = RaySites(kwargs)
         t0 = time.perf_counter()
         c = coordinator_for(backend, kwargs)
@@ -136,13 +174,18 @@ def bench_latency(ps, rounds: int) -> list[dict]:
             dc = timed(lambda: oracle.evaluate(z, ETA, ("L", "dL")), rounds)
             ping = timed(lambda: c.call_all("ping", None), rounds)
             per_actor_mb = actor_memory_mb(backend)
+            compiled, compile_s, idle_cpu = compiled_rounds(backend, p, rounds) if compiled_too else ([np.nan], np.nan, np.nan)
         finally:
             backend.shutdown()
         rows.append({"p": p, "dc_round_ms_median": float(np.median(dc)), "dc_round_ms_p10": float(np.percentile(dc, 10)),
                      "dc_round_ms_p90": float(np.percentile(dc, 90)), "ping_round_ms_median": float(np.median(ping)),
+                     "compiled_round_ms_median": float(np.median(compiled)),
+                     "compiled_round_ms_p10": float(np.percentile(compiled, 10)), "compile_s": compile_s,
+                     "compiled_idle_cpu_per_actor": idle_cpu,
                      "startup_s": startup, "actor_pss_mb": per_actor_mb})
-        print(f"  p={p}: DC round {rows[-1]['dc_round_ms_median']:.2f} ms (ping {rows[-1]['ping_round_ms_median']:.2f} ms), "
-              f"start-up {startup:.1f} s, {per_actor_mb:.0f} MB per actor", flush=True)
+        print(f"  p={p}: DC round {rows[-1]['dc_round_ms_median']:.2f} ms, ping {rows[-1]['ping_round_ms_median']:.2f} ms; "
+              f"compiled graph {rows[-1]['compiled_round_ms_median']:.2f} ms (compiling {compile_s:.1f} s, idle actors "
+              f"busy {idle_cpu:.0%} of a CPU each); start-up {startup:.1f} s, {per_actor_mb:.0f} MB per actor", flush=True)
     return rows
 
 
@@ -250,14 +293,16 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 
-    print("\n| p | DC round median (ms) | p10 | p90 | ping round (ms) | actor start-up (s) | PSS/actor (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| p | DC round median (ms) | p10 | p90 | ping round (ms) | compiled graph round (ms) | compile (s) "
+          "| idle CPU/actor, compiled | actor start-up (s) | PSS/actor (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in latency:
         if "skipped" in r:
-            print(f"| {r['p']} | skipped: {r['skipped']} | | | | | |")
+            print(f"| {r['p']} | skipped: {r['skipped']} | | | | | | | | |")
         else:
             print(f"| {r['p']} | {r['dc_round_ms_median']:.2f} | {r['dc_round_ms_p10']:.2f} | {r['dc_round_ms_p90']:.2f} | "
-                  f"{r['ping_round_ms_median']:.2f} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |")
+                  f"{r['ping_round_ms_median']:.2f} | {r['compiled_round_ms_median']:.2f} | {r['compile_s']:.1f} | "
+                  f"{r['compiled_idle_cpu_per_actor']:.0%} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |")
     print("\n| objective | evaluations | distributed (s) | in-process pooled (s) | in-process per-site (s) | ratio | max abs dz |")
     print("|---|---|---|---|---|---|---|")
     for r in solve:

@@ -17,11 +17,12 @@ back are passed) in the unknowns u = (y, m, log lam) of
 
     lam (L_k(exp y) - m) - y_k = 0  (k = 1..p),     sum_k exp(y_k) = 1,
 
-with the analytic Jacobian dL.  Coordinates whose z_k falls below ``zmin`` are pinned to 0
-(and released if their loss rises again), so the path's length does not grow with the
-vanishing ones.  Whenever Gamma on the path has dropped enough, an active-set Newton step on
-L_k(z) = c (k in the support), sum z = 1 tries to finish; it converges quadratically once the
-support is right.  Every evaluation is one oracle call (L and dL), so the method runs
+with the analytic Jacobian dL.  Step lengths are measured in a norm where y_k weighs
+sqrt(p z_k), so that the coordinates that vanish along the path (y_k -> -inf) do not force
+short steps; the orientation is kept by the sign of det([J; t]), and a corrector that does not
+contract fast is refused (it may be jumping to another sheet near a fold).  Whenever Gamma on
+the path has dropped enough, an active-set Newton step on L_k(z) = c (k in the support),
+sum z = 1 tries to finish; it converges quadratically once the support is right.  Every evaluation is one oracle call (L and dL), so the method runs
 unchanged against sites.
 """
 from __future__ import annotations
@@ -95,19 +96,24 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
 
 def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, callback: Callable | None,
                    history: list[float], *, corrector_tol: float = 1e-3, max_step: float = 5.0,
-                   polish_rel: float = 1e-2, zmin: float = 1e-10
+                   polish_rel: float = 1e-2, wmin: float = 1e-6
                    ) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """Trace the logit path from the uniform point; returns (z, Gamma, L, converged, steps).
 
     max_iter caps the accepted continuation steps.  history gets Gamma at every path point and
     after every polishing attempt (it is not monotone: Gamma may rise along the path).
+    corrector_tol : ||H|| accepted on the path (the polish gives the final accuracy).
+    max_step : longest predictor step, in the weighted norm below.
+    polish_rel : Newton polishing is tried once Gamma < polish_rel * max_k |L_k| (and again
+        each time Gamma has fallen by a factor 0.3 since the last try).
+    wmin : smallest weight of a coordinate y_k in the step-length norm.
     """
     p = int(n_sources)
 
-    def system(u, pinned):
+    def system(u):
         """H(u) (p+1,), its Jacobian (p+1, p+2), the sums and z at u."""
         y, m, lam = u[:p], u[p], np.exp(u[p + 1])
-        z = np.where(pinned, 0.0, np.exp(y))
+        z = np.exp(y)
         s = ev(z, ("L", "dL"))
         H = np.append(lam * (s.L - m) - y, z.sum() - 1.0)
         J = np.zeros((p + 1, p + 2))
@@ -115,33 +121,36 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
         J[:p, p] = -lam
         J[:p, p + 1] = lam * (s.L - m)
         J[p, :p] = z
-        pin = np.flatnonzero(pinned)   # pinned coordinates: the equation du_k = 0
-        H[pin] = 0.0
-        J[pin] = 0.0
-        J[pin, pin] = 1.0
         return H, J, s, z
 
-    def correct(u, pinned, fix=None, max_newton=4, h=None):
-        """Newton (minimum-norm steps) back onto the path; ``fix`` adds the row fix.du = 0.
+    def weights(u):
+        """Weights of the step-length norm: y_k counts with sqrt(p z_k) (a coordinate that
+        vanishes along the path, y_k -> -inf linearly in lam, must not shorten the steps)."""
+        w = np.ones(p + 2)
+        w[:p] = np.clip(np.sqrt(p * np.exp(u[:p])), wmin, 1.0)
+        return w
 
-        After a predictor step of length h, the corrector must stay close (first correction
-        <= h / 2) and contract (each correction <= half the previous one); otherwise it may be
-        converging to another sheet of the path near a fold, and the step is refused.
+    def correct(u, w, fix=None, max_newton=4, h=None):
+        """Newton back onto the path, each step of least weighted norm; ``fix`` adds the row
+        fix.du = 0.  After a predictor step of length h the corrector must stay close (first
+        correction <= h / 2) and contract (each correction <= half the previous one): otherwise
+        it may be heading for another sheet of the path near a fold, and the step is refused.
         """
         prev = None
         for i in range(max_newton + 1):
-            H, J, s, z = system(u, pinned)
+            H, J, s, z = system(u)
             if not np.all(np.isfinite(H)):
                 return u, False, i, J, s, z
             if np.linalg.norm(H) < corrector_tol:
                 return u, True, i, J, s, z
             if i == max_newton:
                 break
-            if fix is None:
-                du = -np.linalg.lstsq(J, H, rcond=None)[0]
+            if fix is None:   # minimum ||w * du|| solution
+                dv = -np.linalg.lstsq(J / w[None, :], H, rcond=None)[0]
+                du = dv / w
             else:
                 du = -np.linalg.solve(np.vstack([J, fix]), np.append(H, 0.0))
-            size = float(np.linalg.norm(du))
+            size = float(np.linalg.norm(w * du))
             if h is not None and ((prev is None and size > 0.5 * h) or (prev is not None and size > 0.5 * prev)):
                 return u, False, i, J, s, z
             prev = size
@@ -150,21 +159,16 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
                 return u, False, i, J, s, z
         return u, False, max_newton, J, s, z
 
-    def tangent(J, sign=None, near=None):
-        """Unit null vector t of J and the sign of det([J; t]).
-
-        With ``sign``: t is oriented so that the determinant keeps that sign (the orientation
-        of a regular path never changes along it, however sharp its turns).  Without: t points
-        like ``near`` (after the system changed shape) or, at the start, towards larger lam.
-        """
+    def tangent(J, w, sign=None):
+        """Null vector t of J (weighted norm 1) and the sign of det([J; t]).  With ``sign``, t is
+        oriented so that the determinant keeps it: the orientation of a regular path never
+        changes, however sharp its turns.  Without, t points towards larger lam."""
         t = np.linalg.svd(J)[2][-1]
+        t = t / np.linalg.norm(w * t)
         if sign is not None:
             d = np.linalg.det(np.vstack([J, t]))
             return (t if np.sign(d) == sign else -t), sign
-        if near is None:
-            t = t if t[p + 1] > 0 else -t
-        else:
-            t = t if t @ near >= 0 else -t
+        t = t if t[p + 1] > 0 else -t
         return t, np.sign(np.linalg.det(np.vstack([J, t]))) or 1.0
 
     z0 = np.full(p, 1.0 / p)
@@ -174,56 +178,38 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
     best = (g0, z0, s0.L)
     if g0 <= tol:
         return z0, g0, s0.L, True, 0
+    # start where z is still uniform to 1%: lam0 (max L - min L) = 1e-2
     spread = max(float(np.ptp(s0.L)), 1e-3 * float(np.max(np.abs(s0.L))), 1e-300)
     lam0 = 1e-2 / spread
-    pinned = np.zeros(p, dtype=bool)
     # on the path y_k = lam (L_k - m); at the uniform point m = mean L + log(p) / lam
     u = np.concatenate([np.log(z0), [s0.L.mean() + np.log(p) / lam0], [np.log(lam0)]])
     fix = np.zeros(p + 2)
     fix[p + 1] = 1.0
-    u, ok, _, J, s, z = correct(u, pinned, fix=fix, max_newton=10)
+    u, ok, _, J, s, z = correct(u, weights(u), fix=fix, max_newton=10)
     if not ok:
         return best[1], best[0], best[2], False, 0
-    t, orientation = tangent(J)
+    w = weights(u)
+    t, orientation = tangent(J, w)
     h = 1.0
     last_polish = np.inf
     steps = 0
-    ymin = np.log(zmin)
     while steps < max_iter:
         # the step in log(lam) is at most 2 (a factor e^2 on lam)
         h_eff = min(h, 2.0 / max(abs(t[p + 1]), 1e-12))
-        un, ok, nit, Jn, sn, zn = correct(u + h_eff * t, pinned, h=h_eff)
+        un, ok, nit, Jn, sn, zn = correct(u + h_eff * t, w, h=h_eff)
         if not ok:
             h = 0.5 * h_eff
             if h < 1e-8:
                 break
             continue
-        # pin coordinates that vanish; release pinned ones whose loss came back up
-        lam = np.exp(un[p + 1])
-        y_star = lam * (sn.L - un[p])
-        newly = ~pinned & (un[:p] < ymin)
-        back = pinned & (y_star > ymin + 5.0)
-        if newly.any() or back.any():
-            # a new system: put the point back on its path (or keep the old pinning)
-            trial = (pinned | newly) & ~back
-            ut = un.copy()
-            ut[:p][back] = y_star[back]
-            ut, ok_t, _, Jt, st, zt = correct(ut, trial)
-            if ok_t:
-                pinned, un, Jn, sn, zn = trial, ut, Jt, st, zt
-                tn, orientation = tangent(Jn, near=np.where(np.append(pinned, [False, False]), 0.0, t))
-            elif back.any() and h_eff > 1e-6:  # a coordinate returns: approach that point gently
-                h = 0.5 * h_eff
-                continue
-            else:  # keep the old pinning
-                tn, _ = tangent(Jn, orientation)
-        else:
-            tn, _ = tangent(Jn, orientation)
-            if tn @ t < 0.5 and h_eff > 1e-3:  # a turn sharper than 60 degrees: smaller steps
-                h = 0.5 * h_eff
-                continue
+        wn = weights(un)
+        tn, _ = tangent(Jn, wn, orientation)
+        cos = float((w * t) @ (w * tn)) / (np.linalg.norm(w * tn) + 1e-300)
+        if cos < 0.5 and h_eff > 1e-3:  # a turn sharper than 60 degrees: smaller steps
+            h = 0.5 * h_eff
+            continue
         steps += 1
-        u, J, s, z, t = un, Jn, sn, zn, tn
+        u, J, s, z, t, w = un, Jn, sn, zn, tn, wn
         if u[p + 1] < np.log(lam0) - 1.0:  # back at the start: the path is lost
             break
         h = min(h_eff * (2.0 if nit <= 1 else 1.5 if nit == 2 else 1.0 if nit == 3 else 0.6), max_step)

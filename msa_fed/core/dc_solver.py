@@ -325,13 +325,17 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
         history = []
         z, g, L, ok, it = logit_path_run(ev, p, tol, max_iter, callback, history)
         used = "homotopy"
-        if not ok and method == "auto":  # fall back on the paper's DCA from the best point
-            z, g, L, ok, it2 = _dca_run(ev, z, tol, min(max_iter, AUTO_DCA_ITER), callback, history)
+        if not ok and method == "auto":  # Newton, then the paper's DCA, from the best point
+            z, g, L, ok, it2 = _newton_run(ev, z, tol, max_iter, callback, history)
             it += it2
-            used = "homotopy+dca"
+            used = "homotopy+newton"
+            if not ok:
+                z, g, L, ok, it2 = _dca_run(ev, z, tol, min(max_iter, AUTO_DCA_ITER), callback, history)
+                it += it2
+                used = "homotopy+newton+dca"
         if keep(None, z, g, L, ok, it, used, history) or method == "homotopy":
             return best, runs
-        starts = starts[1:]  # auto: the random restarts below
+        starts = starts[1:]  # auto: Newton from the random starts below
     for start in starts:
         history = []
         if method == "dca":
@@ -340,10 +344,6 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
         else:
             z, g, L, ok, it = _newton_run(ev, start, tol, max_iter, callback, history)
             used = "newton"
-            if not ok and method == "auto":
-                z, g, L, ok, it2 = _dca_run(ev, z, tol, min(max_iter, AUTO_DCA_ITER), callback, history)
-                it += it2
-                used = "newton+dca"
         if keep(start, z, g, L, ok, it, used, history):
             break
     return best, runs
@@ -361,8 +361,8 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
     eta : smoothing, >= 0.
     objective : "gamma" (the paper: min Gamma) or "minmax" (min max_k L_k, the worst-case loss
         over the domains, by SLSQP on the epigraph; ``method`` is ignored).
-    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`, then DCA from
-        its best point, then Newton + DCA from random starts, each only while not converged),
+    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it
+        fails: Newton then DCA from its best point, then Newton from random starts),
         "homotopy", "newton" (active-set Newton from each start) or "dca" (the paper's
         algorithm from each start).
     tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).

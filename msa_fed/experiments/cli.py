@@ -26,7 +26,7 @@ class Experiment:
 
 EXPERIMENTS = {
     "synthetic": Experiment("synthetic", "Synthetic 1-D domains (paper Figure 3), accuracy at the largest "
-                            "adaptation size", 10, 2, True, 1),
+                            "adaptation size", 10, 2, True, 2),
     "adult": Experiment("adult", "UCI Adult, Doc vs NDoc (paper Table 3)", 100, 3, True, 1),
     "sentiment": Experiment("sentiment", "Sentiment regression, test MSE (paper Table 1)", 10, 1, False, 2),
     "digits": Experiment("digits", "Digits (paper Table 2; optdigits in place of SVHN)", 5, 1, True, 1),
@@ -96,6 +96,7 @@ def _by_size_table(by_size: dict, exp: Experiment) -> str:
     sizes = sorted(by_size, key=int)
     first = by_size[sizes[0]]
     targets = list(first["DMSA"])
-    rows = {f"{m} n={n}": by_size[n][m] for n in sizes for m in ("GMSA", "DMSA")}
+    methods = [m for m in ("GMSA", "DMSA", "DMSA-threshold") if m in first]
+    rows = {f"{m} n={n}": by_size[n][m] for n in sizes for m in methods}
     return format_table("By adaptation sample size per domain", rows, targets, percent=exp.percent,
                         decimals=exp.decimals)

@@ -280,9 +280,11 @@ class Coordinator:
                           f"Gamma={ckpt.get('gamma'):.3g}")
         bar = progress.bar("DC solver", unit="it", total=None)
 
+        shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"
+
         def callback(it, z, gamma):
             bar.update(1)
-            bar.set_postfix_str(f"Gamma={gamma:.3g}")
+            bar.set_postfix_str(f"{shown}={gamma:.4g}")
             self._write_checkpoint(z=np.asarray(z).tolist(), gamma=float(gamma), iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)

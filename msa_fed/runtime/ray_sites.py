@@ -33,6 +33,8 @@ from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
 SITE_RESOURCE_PREFIX = "site:"
 #: the share of a site node's ``site:<name>`` resource one actor takes (several may share it)
 SITE_RESOURCE_SHARE = 0.01
+#: constructor arrays above this size are put in the object store once (Ray inlines smaller ones)
+LARGE_ARG_BYTES = 100 * 1024
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
 
@@ -90,6 +92,18 @@ def _cpu_share(share: float) -> float:
     return 0.0 if share < 0.01 else float(np.floor(share * 1e4) / 1e4)
 
 
+def _original_error(site: str, text: str) -> str:
+    """The last "pkg.ErrorType: message" line of a remote traceback, for a SiteError message."""
+    found = ""
+    for line in str(text).splitlines():
+        head, sep, rest = line.strip().partition(": ")
+        if sep and head.replace(".", "").replace("_", "").isalnum() and head[:1].isalpha() \
+                and not head.startswith("ray.") and head.split(".")[-1][:1].isupper():
+            found = f"{head.split('.')[-1]}: {rest}"
+    prefix = f"SiteError: site {site!r}: "
+    return found[len(prefix):] if found.startswith(prefix) else (found or _last_line(text))
+
+
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
@@ -124,8 +138,8 @@ class RaySites:
                  workers_per_site: int = 1,
                  worker_cls=SiteWorker, init_kwargs: dict | None = None):
         split_rows(0, workers_per_site)  # validates
-        if num_cpus is not None and not num_cpus > 0:
-            raise ValueError(f"num_cpus must be a positive number or None; got {num_cpus!r}")
+        if num_cpus is not None and not num_cpus >= 0:
+            raise ValueError(f"num_cpus must be a number >= 0 or None; got {num_cpus!r}")
         self.site_kwargs = site_kwargs
         self.num_cpus = num_cpus
         self.max_restarts = int(max_restarts)
@@ -139,6 +153,7 @@ class RaySites:
         self.helpers: list[_Endpoint] = []
         self._helper_setup = None
         self._placement_cache = None
+        self._arg_refs: list[dict] = []
         self.start_timeout_s = float(start_timeout_s)
         self.coordinator = None
 
@@ -189,8 +204,12 @@ class RaySites:
         ray = ensure_ray(self.address, **self.init_kwargs)
         placement = self._placement_cache = self._placement(ray)
         site_cls = ray.remote(self.worker_cls)
+        # large constructor arguments (in-process data) go to the object store; holding their
+        # references for the backend's life keeps them there for actor restarts
+        self._arg_refs = [{k: ray.put(v) if isinstance(v, np.ndarray) and v.nbytes > LARGE_ARG_BYTES else v
+                           for k, v in kw.items()} for kw in self.site_kwargs]
         self.sites = [_Endpoint(name, i, site_cls.options(**opts).remote(**kw))
-                      for i, (name, kw, opts) in enumerate(zip(self.names, self.site_kwargs, placement))]
+                      for i, (name, kw, opts) in enumerate(zip(self.names, self._arg_refs, placement))]
         self.helpers = []
         try:
             infos = self._gather(self.sites, "info", [None] * len(self.sites), timeout=self.start_timeout_s)
@@ -224,7 +243,7 @@ class RaySites:
                 ray.kill(e.handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-        self.sites, self.helpers = [], []
+        self.sites, self.helpers, self._arg_refs = [], [], []
 
     # ------------------------------------------------------------------ calls
     def _outgoing(self, e: _Endpoint, method: str, msg):
@@ -246,7 +265,8 @@ class RaySites:
     def _get(self, e: _Endpoint, ref, resubmit, method: str, replay: bool):
         """The answer of ``ref``; ``resubmit()`` sends the same call again (after a restart)."""
         import ray
-        from ray.exceptions import ActorDiedError, ObjectLostError, RayActorError, RayTaskError
+        from ray.exceptions import (ActorDiedError, ObjectLostError, RayActorError, RayTaskError,
+                                    UnserializableException)
 
         deadline = time.monotonic() + self.retry_timeout_s
         while True:
@@ -261,13 +281,17 @@ class RaySites:
                 if isinstance(cause, MsaFedError):
                     raise cause from None
                 raise SiteError(e.name, f"{method} failed: {type(cause).__name__}: {cause}") from None
+            except UnserializableException as exc:  # an exception class Ray could not rebuild here
+                raise SiteError(e.name, _original_error(e.name, str(exc))) from None
             except (RayActorError, ObjectLostError) as exc:
                 state, why = actor_status(e.handle)
                 init_failed = isinstance(exc, RayActorError) and exc.actor_init_failed
                 if init_failed or state == "DEAD" or (state is None and isinstance(exc, ActorDiedError)):
-                    what = "failed to start" if init_failed else "died and will not be restarted"
+                    if init_failed:
+                        raise SiteError(e.name, "the site's actor failed to start: "
+                                                + _original_error(e.name, why or str(exc))) from None
                     detail = why or _last_line(str(exc)) or type(exc).__name__
-                    raise SiteError(e.name, f"the site's actor {what}: {detail}") from None
+                    raise SiteError(e.name, f"the site's actor died and will not be restarted: {detail}") from None
                 if time.monotonic() > deadline:
                     raise SiteError(e.name, f"the site's actor did not come back within {self.retry_timeout_s:g} s "
                                             f"(state {state or 'unknown'}, {type(exc).__name__})") from None

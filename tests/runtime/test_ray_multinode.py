@@ -4,6 +4,7 @@ node and reads its private data from that node's disk; the driver never opens th
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import msa_fed  # noqa: E402
-from msa_fed.errors import SiteError  # noqa: E402
+from msa_fed.errors import ConfigError, SiteError  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
 from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
@@ -68,4 +69,19 @@ def test_a_site_without_a_node_is_named(cluster):
     sites = make_sites(names=["a", "b", "zz"])
     with pytest.raises(SiteError, match=r"site 'zz': no Ray node carries the resource 'site:zz'"):
         with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], RunConfig()):
+            pass
+
+
+def test_a_missing_data_file_on_a_node_names_the_site(cluster):
+    sites = make_sites(names=["a", "b"], n_labeled=(41, 53), n_unlabeled=(60, 72))
+    np.savez(cluster["a"] / "only-a.npz", X_labeled=sites[0].X_labeled, y_labeled=sites[0].y_labeled,
+             X_unlabeled=sites[0].X_unlabeled)
+    kwargs = site_kwargs(sites)
+    for kw in kwargs:
+        for key in ("X_labeled", "y_labeled", "X_unlabeled"):
+            del kw[key]
+        kw["data_path"] = "only-a.npz"
+    node_b = re.escape(str(cluster["b"] / "only-a.npz"))
+    with pytest.raises(ConfigError, match=rf"^site 'b': data file '{node_b}' not found on the site's node$"):
+        with Coordinator(RaySites(kwargs), [s.predictor for s in sites], RunConfig()):
             pass

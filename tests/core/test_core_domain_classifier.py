@@ -1,0 +1,141 @@
+"""The conditional-Maxent domain classifier against scikit-learn's LogisticRegression."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed.core.domain_classifier import (ClassifierConfig, MaxentShard, balanced_shards, fit_maxent,
+                                            sum_oracle, train_domain_classifier, unpack)
+from msa_fed.core.features import StandardFeatures
+
+MU = 1e-2
+SIZES = (60, 110, 170)  # unequal on purpose: the balancing weights 1 / (p m_k) matter
+
+
+def samples(sizes=SIZES, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=1.0, size=(len(sizes), d))
+    return [rng.normal(size=(m, d)) * (1.0 + 0.3 * k) + means[k] for k, m in enumerate(sizes)]
+
+
+def objective(theta, Phis, mu):
+    """F(W, b) = mu ||W||^2 - sum_k sum_{x in U_k} log p(k | x) / (p m_k), written out."""
+    p = len(Phis)
+    D = Phis[0].shape[1]
+    W, b = unpack(theta, D, p)
+    total = mu * np.sum(W * W)
+    for k, Phi in enumerate(Phis):
+        logits = Phi @ W.T + b
+        logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        total -= logp[:, k].sum() / (p * Phi.shape[0])
+    return total
+
+
+def sklearn_fit(Phis, mu):
+    p = len(Phis)
+    X = np.vstack(Phis)
+    y = np.concatenate([np.full(len(P), k) for k, P in enumerate(Phis)])
+    sw = np.concatenate([np.full(len(P), 1.0 / (p * len(P))) for P in Phis])
+    clf = LogisticRegression(C=1.0 / (2.0 * mu), tol=1e-12, max_iter=10_000).fit(X, y, sample_weight=sw)
+    return np.hstack([clf.coef_, clf.intercept_[:, None]]).ravel(), clf
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lbfgs_optimum_matches_sklearn(dtype):
+    Xs = samples()
+    cfg = ClassifierConfig(mu=MU, dtype=dtype)
+    model = train_domain_classifier(Xs, StandardFeatures(), cfg)
+    Phis = [model.feature_map.transform(X) for X in Xs]
+    theta_sk, clf = sklearn_fit(Phis, MU)
+    f_ours, f_sk = objective(model.theta_, Phis, MU), objective(theta_sk, Phis, MU)
+    assert abs(f_ours - f_sk) <= 1e-4 * abs(f_sk), (f_ours, f_sk)
+    assert model.info_["objective"] == pytest.approx(f_ours, rel=1e-6)
+    Xtest = np.vstack(Xs) + 0.5
+    assert_allclose(model.predict_proba(Xtest), clf.predict_proba(model.feature_map.transform(Xtest)), atol=1e-3)
+    P = model.predict_proba(Xtest)
+    assert_allclose(P.sum(1), 1.0, atol=1e-12)
+
+
+def test_gradient_oracle_matches_finite_differences():
+    Xs = samples(d=3)
+    shards = balanced_shards(Xs, ClassifierConfig(dtype="float64"))
+    oracle = sum_oracle(shards)
+    rng = np.random.default_rng(1)
+    theta = rng.normal(size=3 * 4) * 0.3
+    loss, grad = oracle(theta)
+    # the oracle is the data term of F (no regulariser)
+    assert loss == pytest.approx(objective(theta, Xs, 0.0), rel=1e-12)
+    fd = np.empty_like(theta)
+    for j in range(theta.size):
+        e = np.zeros_like(theta)
+        e[j] = 1e-6
+        fd[j] = (oracle(theta + e)[0] - oracle(theta - e)[0]) / 2e-6
+    assert np.max(np.abs(fd - grad)) <= 1e-5 * np.max(np.abs(grad))
+
+
+def test_float32_shards_accumulate_in_float64():
+    """float32 products with float64 sums: the value and gradient agree with float64 closely."""
+    rng = np.random.default_rng(2)
+    Xs = [rng.normal(size=(5000, 20)) + k for k in range(3)]
+    theta = rng.normal(size=3 * 21) * 0.1
+    l64, g64 = sum_oracle(balanced_shards(Xs, ClassifierConfig(dtype="float64")))(theta)
+    l32, g32 = sum_oracle(balanced_shards(Xs, ClassifierConfig(dtype="float32")))(theta)
+    assert l32 == pytest.approx(l64, rel=1e-6)
+    assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64))
+
+
+def test_sgd_gets_close_to_the_optimum():
+    Xs = samples()
+    fmap = StandardFeatures()
+    exact = train_domain_classifier(Xs, fmap, ClassifierConfig(mu=MU))
+    sgd = train_domain_classifier(Xs, StandardFeatures(), ClassifierConfig(mu=MU, optimizer="sgd", epochs=60,
+                                                                          batch_size=32, lr=0.05))
+    Phis = [exact.feature_map.transform(X) for X in Xs]
+    f_exact, f_sgd = objective(exact.theta_, Phis, MU), objective(sgd.theta_, Phis, MU)
+    assert f_exact <= f_sgd <= f_exact * (1 + 2e-2), (f_exact, f_sgd)
+    X = np.vstack(Xs)
+    assert np.max(np.abs(sgd.predict_proba(X) - exact.predict_proba(X))) < 0.1
+
+
+def test_balanced_weighting_ignores_sample_size():
+    """Each site weighs 1 / (p m_k): duplicating one site's sample leaves the optimum unchanged."""
+    Xs = samples()
+    a = train_domain_classifier(Xs, StandardFeatures(), ClassifierConfig(mu=MU, dtype="float64"))
+    dup = [Xs[0], np.vstack([Xs[1], Xs[1]]), Xs[2]]
+    b = train_domain_classifier(dup, StandardFeatures(), ClassifierConfig(mu=MU, dtype="float64"))
+    assert b.info_["objective"] == pytest.approx(a.info_["objective"], rel=1e-9)
+    X = np.vstack(Xs) * 1.1
+    assert_allclose(b.predict_proba(X), a.predict_proba(X), atol=1e-5)
+    # while an unbalanced fit (one weight per point) does move
+    Phis = [a.feature_map.transform(X) for X in dup]
+    shard = MaxentShard(np.vstack(Phis), np.concatenate([np.full(len(P), k) for k, P in enumerate(Phis)]),
+                        np.full(sum(len(P) for P in Phis), 1.0 / sum(len(P) for P in Phis)), 3)
+    theta, _ = fit_maxent(sum_oracle([shard]), Phis[0].shape[1], 3, ClassifierConfig(mu=MU))
+    assert np.max(np.abs(theta - a.theta_)) > 1e-2
+
+
+def test_shards_split_anyhow_give_the_same_oracle():
+    """The objective is a sum over shards: one shard per site or one for all, same numbers."""
+    Xs = samples()
+    p = len(Xs)
+    per_site = sum_oracle(balanced_shards(Xs, ClassifierConfig(dtype="float64")))
+    X = np.vstack(Xs)
+    k = np.concatenate([np.full(len(x), i) for i, x in enumerate(Xs)])
+    s = np.concatenate([np.full(len(x), 1.0 / (p * len(x))) for x in Xs])
+    halves = [MaxentShard(X[i::2], k[i::2], s[i::2], p) for i in range(2)]
+    theta = np.random.default_rng(3).normal(size=p * (X.shape[1] + 1))
+    l1, g1 = per_site(theta)
+    l2, g2 = sum_oracle(halves)(theta)
+    assert l1 == pytest.approx(l2, rel=1e-12)
+    assert_allclose(g1, g2, rtol=1e-10, atol=1e-14)
+
+
+def test_config_errors_are_named():
+    with pytest.raises(ValueError, match="mu"):
+        ClassifierConfig(mu=-1.0).validate()
+    with pytest.raises(ValueError, match="optimizer"):
+        ClassifierConfig(optimizer="adam").validate()
+    with pytest.raises(ValueError, match="dtype"):
+        ClassifierConfig(dtype="float16").validate()
