@@ -135,27 +135,28 @@ class RaySites:
 
     def __init__(self, site_kwargs: list[dict], *, num_cpus: float | None = None, max_restarts: int = 3,
                  address: str | None = None, retry_timeout_s: float = 120.0, start_timeout_s: float = 300.0,
-                 workers_per_site: int = 1,
-                 worker_cls=SiteWorker, init_kwargs: dict | None = None):
+                 workers_per_site: int = 1, worker_cls=SiteWorker, init_kwargs: dict | None = None):
         split_rows(0, workers_per_site)  # validates
         if num_cpus is not None and not num_cpus >= 0:
             raise ValueError(f"num_cpus must be a number >= 0 or None; got {num_cpus!r}")
+        if int(max_restarts) < 0:
+            raise ValueError(f"max_restarts must be >= 0; got {max_restarts!r}")
         self.site_kwargs = site_kwargs
         self.num_cpus = num_cpus
         self.max_restarts = int(max_restarts)
         self.address = address
         self.retry_timeout_s = float(retry_timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
         self.workers_per_site = int(workers_per_site)
         self.worker_cls = worker_cls
         self.init_kwargs = init_kwargs or {}
         self.names = [kw["name"] for kw in site_kwargs]
         self.sites: list[_Endpoint] = []
         self.helpers: list[_Endpoint] = []
-        self._helper_setup = None
-        self._placement_cache = None
-        self._arg_refs: list[dict] = []
-        self.start_timeout_s = float(start_timeout_s)
         self.coordinator = None
+        self._helper_setup = None      # the last ShardSetup, replayed to a restarted helper
+        self._placement_cache = None   # actor options per site
+        self._arg_refs: list[dict] = []
 
     @property
     def actors(self) -> list:

@@ -119,6 +119,9 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
     if Xl.ndim != 2 or Xu.ndim != 2 or y.shape != (Xl.shape[0],) or Xu.shape[1] != Xl.shape[1]:
         raise ConfigError(f"site {name!r}: data file {str(path)!r} has inconsistent shapes: X_labeled {Xl.shape}, "
                           f"y_labeled {y.shape}, X_unlabeled {Xu.shape}; expected (n, d), (n,), (m, d)")
+    for key in ("X_labeled", "X_unlabeled"):
+        if out[key].dtype.kind not in "biuf" or not np.all(np.isfinite(out[key])):
+            raise ConfigError(f"site {name!r}: data file {str(path)!r}: {key} must be finite numbers")
     return out
 
 
