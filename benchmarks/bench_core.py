@@ -216,7 +216,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per case (default 3, quick 1)")
-    ap.add_argument("--skip-dc", action="store_true")
+    ap.add_argument("--skip-dc", action="store_true", help="skip part 1 and 2 (DC solve)")
+    ap.add_argument("--skip-dc-grid", action="store_true", help="skip part 1 (the n x p grid), keep the target")
     ap.add_argument("--skip-classifier", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_core.json"))
     args = ap.parse_args(argv)
@@ -224,7 +225,7 @@ def main(argv=None):
     result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                           "load_average_at_start": os.getloadavg(), "platform": platform.platform()},
               "quick": args.quick, "repeats": repeats}
-    if not args.skip_dc:
+    if not args.skip_dc and not args.skip_dc_grid:
         ns = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
         ps = (2, 4) if args.quick else (2, 4, 8, 16, 32)
         dca_cap = 10 if args.quick else 30
@@ -239,6 +240,7 @@ def main(argv=None):
                     sys.stdout.flush()
         result["dc"] = rows
         print_dc(rows)
+    if not args.skip_dc:
         targets = [target_case(loss, max(repeats, 3)) for loss in LOSSES]
         result["dc_target"] = targets
         print("\nTarget p = 4, n = 1e5: default solve within 1e-6 of the smallest Gamma reachable")

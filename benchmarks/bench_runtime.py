@@ -28,7 +28,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,6 @@ from sklearn.linear_model import LogisticRegression
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from msa_fed.core.combination import site_point_set  # noqa: E402
 from msa_fed.core.dc_solver import LocalOracle, solve_dc  # noqa: E402
 from msa_fed.core.dc_terms import PointSet  # noqa: E402
 from msa_fed.core.density import KDEDomainModel  # noqa: E402

@@ -1,6 +1,11 @@
-"""The Ray runtime against the local one, and the privacy audit of a full run, on a real local Ray."""
+"""The Ray runtime on a real local Ray (one per module, one warm set of site actors): the same
+model as the local runtime, the privacy audit of a full run, data-parallel SGD with several
+workers per site, and fault tolerance (a site killed mid-solve restarts and the run gives the
+same z; a site killed for good fails the run naming it; a stopped run resumes from its
+checkpoint directory to the same z)."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -11,14 +16,15 @@ ray = pytest.importorskip("ray")
 import msa_fed  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
-from msa_fed.errors import PrivacyError  # noqa: E402
+from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
-from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
+from msa_fed.runtime.ray_sites import RaySites, actor_status  # noqa: E402
 from inspect_messages import audit  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
 SGD = {"optimizer": "sgd", "epochs": 4, "batch_size": 16, "lr": 0.05}
+DCA = {"objective": "gamma", "method": "dca"}
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +43,18 @@ def sites():
 def warm(local_ray, sites):
     """One set of site actors (one per site) serving several coordinators: actor start-up costs
     seconds, and a warm backend is also a feature (a coordinator after another)."""
-    backend = RaySites(site_kwargs(sites))
+    backend = RaySites(site_kwargs(sites), max_restarts=2)
     yield backend
     backend.shutdown()
 
 
+def _coordinator(backend, sites, recorder=None, callback=None, **config):
+    return Coordinator(backend, [s.predictor for s in sites], RunConfig(**config), recorder=recorder,
+                       solver_callback=callback).start()
+
+
 def _fit(backend, sites, recorder=None, **config):
-    c = Coordinator(backend, [s.predictor for s in sites], RunConfig(**config), recorder=recorder)
-    return c.start().fit()
+    return _coordinator(backend, sites, recorder, **config).fit()
 
 
 def _probe(sites):
@@ -103,9 +113,10 @@ def test_too_few_labelled_points_fails_the_run(warm, sites):
     assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
 
 
-def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, sites):
+def test_fit_dmsa_ray_with_more_workers_per_site(local_ray):
     """fit_dmsa(runtime="ray") with 2 workers per site (helper actors hold half of each site's
     rows): data-parallel SGD equals single-process SGD, and z equals runtime="local"."""
+    sites = make_sites(n_labeled=(41, 53), n_unlabeled=(60, 72))
     rec = m.Recorder()
     model = msa_fed.fit_dmsa(sites, runtime="ray", classifier_options=SGD, recorder=rec,
                              ray_options={"workers_per_site": 2})
@@ -114,6 +125,57 @@ def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, sites):
     np.testing.assert_allclose(model.domain_model.predict_proba(_probe(sites)),
                                _single_process(sites, SGD).predict_proba(_probe(sites)), atol=1e-4)
     answers = [r[3] for r in rec.records if r[0] == "from_site" and r[2] == "classifier_loss_grad"]
-    assert len(answers) % 6 == 0
-    assert sorted(a.n for a in answers[:6]) == [30, 30, 36, 36, 42, 42]  # halves of 60, 72, 84 rows
+    assert len(answers) % 4 == 0
+    assert sorted(a.n for a in answers[:4]) == [30, 30, 36, 36]  # halves of 60 and 72 rows
     assert audit(rec.records, {s.name: len(s.y_labeled) for s in sites}) == []
+
+
+# ---------------------------------------------------------------------------- faults
+def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
+    before = ray.get(warm.actors[1].ping.remote()).incarnation
+    killed = []
+
+    def kill_b(it, z, gamma):
+        if it == 2 and not killed:
+            ray.kill(warm.actors[1], no_restart=False)
+            killed.append(it)
+
+    model = _coordinator(warm, sites, callback=kill_b).fit()
+    assert killed == [2]
+    after = ray.get(warm.actors[1].ping.remote()).incarnation
+    assert after != before  # a new worker process answered the rest of the solve
+    assert actor_status(warm.actors[1])[0] == "ALIVE"
+    np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
+
+
+def test_stopped_run_resumes_from_its_checkpoint(warm, sites, tmp_path):
+    class Stop(Exception):
+        pass
+
+    def stop_after_2(it, z, gamma):
+        if it == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _coordinator(warm, sites, callback=stop_after_2, solver=DCA, checkpoint_dir=str(tmp_path)).fit()
+    state = json.loads((tmp_path / "dc_state.json").read_text())
+    assert state["iteration"] == 2 and "theta" in state and not state.get("done")
+    resumed = _fit(warm, sites, solver=DCA, checkpoint_dir=str(tmp_path))
+    full = msa_fed.fit_dmsa(sites, solver_options=DCA)  # uninterrupted, in-process
+    assert resumed.info["classifier"]["resumed"] is True
+    assert resumed.info["solver"]["n_iter"] == full.info["solver"]["n_iter"] - 2
+    np.testing.assert_allclose(resumed.z, full.z, atol=1e-6)
+    assert abs(resumed.gamma - full.gamma) <= 1e-9
+    assert json.loads((tmp_path / "dc_state.json").read_text())["done"] is True
+
+
+def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
+    """Last in the module: it leaves the warm backend with a dead site."""
+    def kill_c(it, z, gamma):
+        if it == 2:
+            ray.kill(warm.actors[2], no_restart=True)
+
+    with pytest.raises(SiteError, match=r"^site 'c': the site's actor died and will not be restarted: .*ray.kill") as err:
+        _coordinator(warm, sites, callback=kill_c).fit()
+    assert err.value.site == "c"
+    assert actor_status(warm.actors[2])[0] == "DEAD"
