@@ -28,6 +28,10 @@ class SiteError(MsaFedError):
     def __init__(self, site: str, message: str):
         super().__init__(f"site {site!r}: {message}")
         self.site = site
+        self.message = message
+
+    def __reduce__(self):  # picklable with its two arguments (Ray ships errors between processes)
+        return (type(self), (self.site, self.message))
 
 
 class RegistryError(MsaFedError):
@@ -36,3 +40,7 @@ class RegistryError(MsaFedError):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.message))

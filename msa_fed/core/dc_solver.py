@@ -18,7 +18,9 @@ process or at the sites:
 
 ``method="homotopy"`` (first step of the default ``"auto"``)
     Follows the logit path from the uniform point to an equilibrium and finishes with Newton
-    (:mod:`msa_fed.core.dc_homotopy`); ``"auto"`` falls back on DCA, then on random restarts.
+    (:mod:`msa_fed.core.dc_homotopy`).  If it fails, ``"auto"`` runs Newton and then DCA from
+    its best point, then Newton from random starts.  With ``z0`` (a checkpoint), ``"auto"``
+    first tries Newton from z0; the path itself always restarts from the uniform point.
 
 All record the history of Gamma and stop when Gamma <= ``tol``.
 """

@@ -42,9 +42,9 @@ class ClassifierConfig:
     batch_size: int = 256       # SGD mini-batch per shard
     lr: float = 0.05            # SGD (Adam) initial learning rate, cosine-decayed to 0
     device: str = "cpu"         # torch device for the shard computations
-    dtype: str = "float32"      # products in float32, every sum over rows in float64: the optimum
-    #                             matches float64's to ~1e-8 relative (measured), per evaluation
-    #                             about 1.5x faster and half the memory (benchmarks/bench_core.py)
+    dtype: str = "float32"      # products in float32, sums across row blocks in float64: final
+    #                             objective within ~2e-9 relative of float64's, 1.6-2.1x faster
+    #                             per evaluation, half the memory (measured: BENCHMARKS_core.md)
 
     def validate(self):
         if not (self.mu >= 0 and math.isfinite(self.mu)):

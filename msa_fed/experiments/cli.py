@@ -29,7 +29,7 @@ EXPERIMENTS = {
                             "adaptation size", 10, 2, True, 2),
     "adult": Experiment("adult", "UCI Adult, Doc vs NDoc (paper Table 3)", 100, 3, True, 1),
     "sentiment": Experiment("sentiment", "Sentiment regression, test MSE (paper Table 1)", 10, 1, False, 2),
-    "digits": Experiment("digits", "Digits (paper Table 2; optdigits in place of SVHN)", 5, 1, True, 1),
+    "digits": Experiment("digits", "Digits (paper Table 2; optdigits in place of SVHN)", 3, 1, True, 1),
 }
 
 

@@ -46,3 +46,15 @@ def test_core_module_imports_neither_ray_nor_grpc(path):
 
 def test_core_has_modules():
     assert len(list(CORE.glob("*.py"))) >= 8
+
+
+def test_library_errors_survive_pickling():
+    """Ray ships exceptions raised in site actors back to the coordinator by pickling them."""
+    import pickle
+
+    from msa_fed.errors import RegistryError, SiteError
+
+    e = pickle.loads(pickle.dumps(SiteError("a", "down")))
+    assert isinstance(e, SiteError) and e.site == "a" and str(e) == "site 'a': down"
+    r = pickle.loads(pickle.dumps(RegistryError("NOT_FOUND", "x")))
+    assert isinstance(r, RegistryError) and r.code == "NOT_FOUND" and str(r) == "NOT_FOUND: x"
