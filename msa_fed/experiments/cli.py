@@ -45,8 +45,10 @@ def _positive_int(text: str) -> int:
 
 def register(subparsers) -> None:
     """Add ``experiment <name>`` to the ``msa-fed`` command line."""
-    parser = subparsers.add_parser("experiment", help="run one of the paper's experiments",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "experiment", help="run one of the paper's experiments",
+        description="Run one of the paper's experiments through fit_dmsa / fit_gmsa and print our "
+                    "numbers next to the paper's (docs/RESULTS.md records the full runs).")
     names = parser.add_subparsers(dest="experiment", metavar="NAME", required=True)
     for name, exp in EXPERIMENTS.items():
         p = names.add_parser(name, help=exp.title)
@@ -87,7 +89,8 @@ def run_experiment(args) -> int:
         write_json(args.json, results)
         print(f"wrote {args.json}")
     if args.plot:
-        print(f"figures in {args.plot}")
+        has_figures = hasattr(module, "plot") or hasattr(module, "plot_curve")
+        print(f"figures in {args.plot}" if has_figures else "--plot: this experiment has no figures")
     return 0
 
 

@@ -184,11 +184,13 @@ def run(seeds: int = 3, *, runtime: str = "local", quick: bool = False, plot_dir
 
 def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 500,
                  log=print) -> dict:
-    """Validation accuracy of DMSA option sets, without touching the test sets.
+    """Validation accuracy of DMSA (or, with ``method="gmsa"``, GMSA) option sets.
 
-    Uses seed ``seed``'s CNNs and adaptation sets: DMSA is fitted on the first ``n_fit``
-    adaptation points per domain and scored on the remaining ones (never seen by the CNNs
-    nor by the fit); returns ``{name: mean validation accuracy over the seven mixtures}``.
+    Uses seed ``seed``'s CNNs and adaptation sets: the model is fitted on the first ``n_fit``
+    adaptation points per domain (at most half of them) and scored on the remaining ones,
+    which neither the CNNs nor the fit have seen; the test sets are never touched.  For GMSA
+    the options are those of :func:`gmsa_features` (``{"pca": k}``).  Returns
+    ``{name: mean validation accuracy over the seven mixtures}``.
     """
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 

@@ -45,9 +45,9 @@ def _pack(v):
 
 def _unpack(v):
     if type(v) is tuple:
-        if len(v) == 4 and v[0] == _ND:
+        if len(v) == 4 and isinstance(v[0], str) and v[0] == _ND:
             return np.frombuffer(v[3], dtype=np.dtype(v[1])).reshape(v[2])
-        if len(v) == 2 and v[0] == _SUMS:
+        if len(v) == 2 and isinstance(v[0], str) and v[0] == _SUMS:
             return DCSums(*(_unpack(x) for x in v[1]))
         return tuple(_unpack(x) for x in v)
     if type(v) is list:
