@@ -81,6 +81,7 @@ class Coordinator:
         self.infos: list[m.SiteInfo] | None = None
         self._setup_log: list[tuple[str, Any]] = []
         self._sample_digest = ""
+        self._ckpt: dict | None = None  # checkpoint state, loaded lazily (see _checkpoint)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -160,24 +161,27 @@ class Coordinator:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def _checkpoint(self) -> dict:
+        """The checkpoint of this problem (same fingerprint), read from disk once per run and
+        then kept in memory: the solver writes after every iteration and must not re-read it."""
         d = self.config.checkpoint_dir
         if d is None:
             return {}
-        f = Path(d) / "dc_state.json"
-        if not f.is_file():
-            return {}
-        state = json.loads(f.read_text())
-        return state if state.get("fingerprint") == self._fingerprint() else {}
+        if self._ckpt is None:
+            f = Path(d) / "dc_state.json"
+            state = json.loads(f.read_text()) if f.is_file() else {}
+            fingerprint = self._fingerprint()
+            self._ckpt = state if state.get("fingerprint") == fingerprint else {"fingerprint": fingerprint}
+        return {k: v for k, v in self._ckpt.items() if k != "fingerprint"}
 
     def _write_checkpoint(self, **state):
         d = self.config.checkpoint_dir
         if d is None:
             return
+        self._checkpoint()  # make sure the cache holds this problem's state
+        self._ckpt.update(state)
         Path(d).mkdir(parents=True, exist_ok=True)
-        current = self._checkpoint()
-        current.update(state, fingerprint=self._fingerprint())
         tmp = Path(d) / "dc_state.json.tmp"
-        tmp.write_text(json.dumps(current))
+        tmp.write_text(json.dumps(self._ckpt))
         os.replace(tmp, Path(d) / "dc_state.json")
 
     def train_domain_model(self, progress: Progress):
