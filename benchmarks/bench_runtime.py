@@ -7,18 +7,22 @@ Prints a table and writes benchmarks/results/bench_runtime.json.
 
 1. Round latency: one distributed DC evaluation (z to every site actor, L and dL sums back,
    added at the coordinator) for p site actors, each with 50 labelled points, so that the
-   round is all overhead; next to it the round of a no-op ``ping`` to the same actors (the
-   floor of Ray's actor calls on this machine).  Actor start-up time and memory are reported.
-   The domain model here is GMSA's KDE (the round does not depend on it), so the actors do
-   not load torch and 64 of them fit in memory.
-   For p <= 4, the same round through a Ray Compiled Graph (beta), an alternative measured
-   and not adopted: see benchmarks/BENCHMARKS_runtime.md.
+   round is all overhead, with each way the calls can travel (``data_channel``): "tls" (the
+   default: direct mutual-TLS connections), "plain" (the same over loopback without TLS) and
+   "off" (Ray actor calls, the baseline); next to them a no-op ``ping`` round over the TLS
+   channel and through Ray (the floor of Ray's actor calls on this machine).  Actor start-up
+   time and memory are reported.  The domain model here is GMSA's KDE (the round does not
+   depend on it), so the actors do not load torch and 64 of them fit in memory.
+   With --compiled, for p <= 4, the same round through a Ray Compiled Graph (beta), an
+   alternative measured and not adopted (BENCHMARKS.md).
 2. DC solve, p = 8 sites, n = 1e5 labelled points in all: the whole solve with the sums from
-   the site actors, against the same solve in one process (one pooled point set, and the p
-   point sets summed in a loop as ``runtime="local"`` does), for the default objective
-   (minmax) and the paper's Gamma (Newton, then DCA).  The same z is checked.
+   the site actors (TLS channel, and through Ray), against the same solve in one process (one
+   pooled point set, and the p point sets summed in a loop as ``runtime="local"`` does), for
+   the default objective (minmax) and the paper's Gamma (Newton, then DCA).  The same z is
+   checked.
 3. Domain classifier, SGD for the same epochs and schedule: data-parallel over the site actors
-   (one worker per site, and two) against single-process training on the pooled sample.
+   (one worker per site, and two; TLS channel, and through Ray for one worker per site) against
+   single-process training on the pooled sample.
 """
 from __future__ import annotations
 
@@ -153,7 +157,7 @@ def compiled_rounds(backend, p: int, rounds: int):
     return times, compile_s, idle
 
 
-def bench_latency(ps, rounds: int, compiled_upto: int = 4) -> list[dict]:
+def bench_latency(ps, rounds: int, compiled_upto: int = 0) -> list[dict]:
     rows, per_actor_mb = [], None
     for p in ps:
         if per_actor_mb is not None and p * per_actor_mb > 0.6 * mem_available_mb():
@@ -172,23 +176,33 @@ def bench_latency(ps, rounds: int, compiled_upto: int = 4) -> list[dict]:
             kde = KDEDomainModel(bandwidth=1.0).fit([kw["X_unlabeled"] for kw in kwargs])
             _, oracle = c.prepare_dc(kde)
             z = np.full(p, 1.0 / p)
-            for _ in range(20):  # warm-up
-                oracle.evaluate(z, ETA, ("L", "dL"))
-            dc = timed(lambda: oracle.evaluate(z, ETA, ("L", "dL")), rounds)
-            ping = timed(lambda: c.call_all("ping", None), rounds)
+            res = {}
+            for mode in ("tls", "plain", "off"):  # "off": every call through Ray, the baseline
+                backend.set_data_channel(mode)
+                for _ in range(20):  # warm-up (opens the channels)
+                    oracle.evaluate(z, ETA, ("L", "dL"))
+                res[mode] = timed(lambda: oracle.evaluate(z, ETA, ("L", "dL")), rounds)
+                if mode in ("tls", "off"):
+                    res["ping_" + mode] = timed(lambda: c.call_all("ping", None), rounds)
             per_actor_mb = actor_memory_mb(backend)
             compiled, compile_s, idle_cpu = compiled_rounds(backend, p, rounds) if compiled_too else ([np.nan], np.nan, np.nan)
         finally:
             backend.shutdown()
-        rows.append({"p": p, "dc_round_ms_median": float(np.median(dc)), "dc_round_ms_p10": float(np.percentile(dc, 10)),
-                     "dc_round_ms_p90": float(np.percentile(dc, 90)), "ping_round_ms_median": float(np.median(ping)),
-                     "compiled_round_ms_median": float(np.median(compiled)),
-                     "compiled_round_ms_p10": float(np.percentile(compiled, 10)), "compile_s": compile_s,
-                     "compiled_idle_cpu_per_actor": idle_cpu,
-                     "startup_s": startup, "actor_pss_mb": per_actor_mb})
-        print(f"  p={p}: DC round {rows[-1]['dc_round_ms_median']:.2f} ms, ping {rows[-1]['ping_round_ms_median']:.2f} ms; "
-              f"compiled graph {rows[-1]['compiled_round_ms_median']:.2f} ms (compiling {compile_s:.1f} s, idle actors "
-              f"busy {idle_cpu:.0%} of a CPU each); start-up {startup:.1f} s, {per_actor_mb:.0f} MB per actor", flush=True)
+        row = {"p": p, "startup_s": startup, "actor_pss_mb": per_actor_mb}
+        for key, ts in res.items():
+            row[f"{key}_ms_median"] = float(np.median(ts))
+            row[f"{key}_ms_p10"] = float(np.percentile(ts, 10))
+            row[f"{key}_ms_p90"] = float(np.percentile(ts, 90))
+        row.update(speedup_tls_vs_ray=row["off_ms_median"] / row["tls_ms_median"],
+                   compiled_ms_median=float(np.median(compiled)), compile_s=compile_s,
+                   compiled_idle_cpu_per_actor=idle_cpu)
+        rows.append(row)
+        print(f"  p={p}: DC round tls {row['tls_ms_median']:.2f} ms, plain {row['plain_ms_median']:.2f} ms, "
+              f"Ray {row['off_ms_median']:.2f} ms ({row['speedup_tls_vs_ray']:.1f}x); ping tls "
+              f"{row['ping_tls_ms_median']:.2f} ms, Ray {row['ping_off_ms_median']:.2f} ms; start-up {startup:.1f} s, "
+              f"{per_actor_mb:.0f} MB per actor"
+              + (f"; compiled graph {row['compiled_ms_median']:.2f} ms (compiling {compile_s:.1f} s, idle actors "
+                 f"busy {idle_cpu:.0%} of a CPU each)" if compiled_too else ""), flush=True)
     return rows
 
 
@@ -214,7 +228,9 @@ def bench_solve(p: int, n_total: int, objectives, repeats: int = 3) -> list[dict
             out, times = {}, {}
             for _ in range(repeats):  # interleaved, median: the machine's load drifts
                 for label, oracle in (("in_process_pooled", pooled), ("in_process_per_site", per_site),
-                                      ("distributed", ray_oracle)):
+                                      ("distributed", ray_oracle), ("distributed_ray_calls", ray_oracle)):
+                    backend.set_data_channel("off" if label == "distributed_ray_calls" else "tls")
+                    oracle.evaluate(np.full(p, 1.0 / p), ETA, ("L",))  # opens the channels outside the timing
                     t = time.perf_counter()
                     res = solve_dc(oracle, ETA, **opts)
                     times.setdefault(label, []).append(time.perf_counter() - t)
@@ -227,11 +243,13 @@ def bench_solve(p: int, n_total: int, objectives, repeats: int = 3) -> list[dict
                 row[f"{label}_s"] = secs
             row["ratio_vs_pooled"] = row["distributed_s"] / row["in_process_pooled_s"]
             row["ratio_vs_per_site"] = row["distributed_s"] / row["in_process_per_site_s"]
+            row["ratio_ray_calls_vs_pooled"] = row["distributed_ray_calls_s"] / row["in_process_pooled_s"]
             row["distributed_ms_per_evaluation"] = 1e3 * row["distributed_s"] / row["n_evaluations"]
             row["pooled_ms_per_evaluation"] = 1e3 * row["in_process_pooled_s"] / out["in_process_pooled"][1].n_evaluations
             rows.append(row)
-            print(f"  {objective}: distributed {row['distributed_s']:.2f} s vs in-process {row['in_process_pooled_s']:.2f} s "
-                  f"(pooled; {row['in_process_per_site_s']:.2f} s per-site loop): ratio {row['ratio_vs_pooled']:.2f}, "
+            print(f"  {objective}: distributed {row['distributed_s']:.2f} s (through Ray: {row['distributed_ray_calls_s']:.2f} s) "
+                  f"vs in-process {row['in_process_pooled_s']:.2f} s (pooled; {row['in_process_per_site_s']:.2f} s per-site "
+                  f"loop): ratio {row['ratio_vs_pooled']:.2f} (through Ray {row['ratio_ray_calls_vs_pooled']:.2f}), "
                   f"{row['n_evaluations']} evaluations, max |dz| {row['max_abs_dz']:.1e}", flush=True)
     finally:
         backend.shutdown()
@@ -250,8 +268,8 @@ def bench_sgd(p: int, m_total: int, d: int, epochs: int, batch_size: int, worker
     rows = [{"mode": "single process", "workers_per_site": 0, "seconds": single, "max_abs_dproba": 0.0}]
     print(f"  single process: {single:.2f} s", flush=True)
     steps = epochs * int(np.ceil((m_total // p) / batch_size))
-    for w in workers:
-        backend = RaySites(kwargs, workers_per_site=w)
+    for w, mode in [(w, "tls") for w in workers] + [(1, "off")]:
+        backend = RaySites(kwargs, workers_per_site=w, data_channel=mode)
         try:
             c = coordinator_for(backend, kwargs, classifier=ccfg)
             t = time.perf_counter()
@@ -263,9 +281,10 @@ def bench_sgd(p: int, m_total: int, d: int, epochs: int, batch_size: int, worker
         finally:
             backend.shutdown()
         diff = float(np.abs(dm.predict_proba(probe) - ref.predict_proba(probe)).max())
-        rows.append({"mode": "data-parallel", "workers_per_site": w, "seconds": secs, "cold_seconds": cold,
+        rows.append({"mode": "data-parallel" + (" (Ray calls)" if mode == "off" else ""), "data_channel": mode,
+                     "workers_per_site": w, "seconds": secs, "cold_seconds": cold,
                      "max_abs_dproba": diff, "ratio_vs_single": secs / single, "ms_per_step": 1e3 * secs / steps})
-        print(f"  data-parallel, {w} worker(s) per site: {secs:.2f} s ({secs / single:.1f}x single; first run "
+        print(f"  data-parallel ({mode}), {w} worker(s) per site: {secs:.2f} s ({secs / single:.1f}x single; first run "
               f"{cold:.1f} s), max |dQ| {diff:.1e}", flush=True)
     for r in rows:
         r.update(p=p, m_total=p * (m_total // p), d=d, epochs=epochs, batch_size=batch_size, steps=steps)
@@ -277,6 +296,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (checks that the benchmark runs)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_runtime.json"))
     ap.add_argument("--sections", default="latency,solve,sgd", help="comma-separated subset to run")
+    ap.add_argument("--compiled", action="store_true", help="also time Ray Compiled Graph rounds for p <= 4")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     if args.quick:
@@ -290,7 +310,7 @@ def main(argv=None) -> int:
     latency, solve, sgd = [], [], []
     if "latency" in sections:
         print("1. distributed DC evaluation round (50 labelled points per site)", flush=True)
-        latency = bench_latency(ps, rounds)
+        latency = bench_latency(ps, rounds, compiled_upto=4 if args.compiled else 0)
     if "solve" in sections:
         print(f"2. DC solve, p = 8, n = {n_total} labelled points (median of 3)", flush=True)
         solve = bench_solve(8, n_total, ("minmax", "gamma"))
@@ -304,21 +324,23 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 
-    print("\n| p | DC round median (ms) | p10 | p90 | ping round (ms) | compiled graph round (ms) | compile (s) "
-          "| idle CPU/actor, compiled | actor start-up (s) | PSS/actor (MB) |")
+    print("\n| p | DC round, TLS channel (ms) | p90 | plain channel (ms) | Ray calls (ms) | Ray/TLS | ping TLS (ms) "
+          "| ping Ray (ms) | actor start-up (s) | PSS/actor (MB) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in latency:
         if "skipped" in r:
             print(f"| {r['p']} | skipped: {r['skipped']} | | | | | | | | |")
         else:
-            print(f"| {r['p']} | {r['dc_round_ms_median']:.2f} | {r['dc_round_ms_p10']:.2f} | {r['dc_round_ms_p90']:.2f} | "
-                  f"{r['ping_round_ms_median']:.2f} | {r['compiled_round_ms_median']:.2f} | {r['compile_s']:.1f} | "
-                  f"{r['compiled_idle_cpu_per_actor']:.0%} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |")
-    print("\n| objective | evaluations | distributed (s) | in-process pooled (s) | in-process per-site (s) | ratio | max abs dz |")
-    print("|---|---|---|---|---|---|---|")
+            print(f"| {r['p']} | {r['tls_ms_median']:.2f} | {r['tls_ms_p90']:.2f} | {r['plain_ms_median']:.2f} | "
+                  f"{r['off_ms_median']:.2f} | {r['speedup_tls_vs_ray']:.1f}x | {r['ping_tls_ms_median']:.2f} | "
+                  f"{r['ping_off_ms_median']:.2f} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |")
+    print("\n| objective | evaluations | distributed, TLS channel (s) | in-process pooled (s) | in-process per-site (s) "
+          "| ratio | distributed, Ray calls (s) | ratio | max abs dz |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in solve:
         print(f"| {r['objective']} | {r['n_evaluations']} | {r['distributed_s']:.2f} | {r['in_process_pooled_s']:.2f} | "
-              f"{r['in_process_per_site_s']:.2f} | {r['ratio_vs_pooled']:.2f} | {r['max_abs_dz']:.1e} |")
+              f"{r['in_process_per_site_s']:.2f} | {r['ratio_vs_pooled']:.2f} | {r['distributed_ray_calls_s']:.2f} | "
+              f"{r['ratio_ray_calls_vs_pooled']:.2f} | {r['max_abs_dz']:.1e} |")
     print("\n| SGD | workers/site | seconds | vs single | ms/step | first run (s) | max abs dQ |")
     print("|---|---|---|---|---|---|---|")
     for r in sgd:

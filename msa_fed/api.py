@@ -114,7 +114,13 @@ def make_backend(sites: list[SiteData], task: str, runtime: str, min_points: int
         from msa_fed.runtime.local import LocalSites
         return LocalSites(kwargs)
     if runtime == "ray":
+        import inspect
+
         from msa_fed.runtime.ray_sites import RaySites
+        allowed = set(inspect.signature(RaySites).parameters) - {"site_kwargs", "worker_cls"}
+        unknown = sorted(set(ray_options or {}) - allowed)
+        if unknown:
+            raise ValueError(f"ray_options: unknown key(s) {unknown}; expected some of {sorted(allowed)}")
         return RaySites(kwargs, **(ray_options or {}))
     raise ValueError(f"runtime must be 'local' or 'ray'; got {runtime!r}")
 
@@ -161,7 +167,13 @@ def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", *, feature
     checkpoint_dir : write the DC state after every iteration; a later run with the same
         directory and data resumes from it.
     recorder : a :class:`msa_fed.runtime.messages.Recorder` capturing every boundary message.
-    ray_options : for runtime="ray": num_cpus per site, max_restarts, address.
+    ray_options : for runtime="ray", keyword arguments of
+        :class:`msa_fed.runtime.ray_sites.RaySites`: ``address`` (else ``RAY_ADDRESS``, else a new
+        local Ray), ``num_cpus`` per site actor, ``max_restarts``, ``retry_timeout_s``,
+        ``start_timeout_s``, ``workers_per_site`` (actors per site for classifier training),
+        ``data_channel`` ("tls" default: the per-round calls go over a direct mutual-TLS
+        connection to each site actor; "plain": loopback only; "off": through Ray) and
+        ``init_kwargs`` (of ``ray.init``).  An unknown key is a ValueError.
     """
     return _fit(sites, task, "dmsa", features=features, mu=mu, eta=eta, random_state=random_state,
                 runtime=runtime, min_points=min_points, verbose=verbose, classifier_options=classifier_options,

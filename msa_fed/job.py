@@ -56,6 +56,7 @@ class JobConfig:
     checkpoint_dir: str | None = None
     output_version: str = ""
     ray_address: str | None = None
+    data_channel: str = "tls"       # per-round calls: "tls" (direct mutual TLS), "plain" (loopback only), "off"
 
     @classmethod
     def from_toml(cls, path, **overrides) -> "JobConfig":
@@ -69,7 +70,7 @@ class JobConfig:
         allowed = {"registry": {"address", "tls_ca", "insecure", "admin_token_file"},
                    "model": {"task", "method", "features", "mu", "eta", "random_state", "objective"},
                    "privacy": {"min_points"},
-                   "run": {"sites", "site_data", "checkpoint_dir", "output_version", "ray_address"}}
+                   "run": {"sites", "site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel"}}
         for table, keys in allowed.items():
             extra = sorted(set(doc.get(table, {})) - keys)
             if extra:
@@ -86,7 +87,7 @@ class JobConfig:
         flat["min_points"] = doc.get("privacy", {}).get("min_points", 20)
         run = doc.get("run", {})
         flat["sites"] = tuple(run.get("sites", ()))
-        for key in ("site_data", "checkpoint_dir", "output_version", "ray_address"):
+        for key in ("site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel"):
             if key in run:
                 flat[key] = run[key]
         known = {"name", "registry", "model", "privacy", "run"}
@@ -103,6 +104,8 @@ class JobConfig:
             raise ConfigError(f"[model] task must be 'classification' or 'regression'; got {self.task!r}")
         if self.method not in ("dmsa", "gmsa"):
             raise ConfigError(f"[model] method must be 'dmsa' or 'gmsa'; got {self.method!r}")
+        if self.data_channel not in ("tls", "plain", "off"):
+            raise ConfigError(f"[run] data_channel must be 'tls', 'plain' or 'off'; got {self.data_channel!r}")
         if "{site}" not in self.site_data:
             raise ConfigError(f"[run] site_data must contain '{{site}}'; got {self.site_data!r}")
         return self
@@ -193,7 +196,7 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
                                classifier=ClassifierConfig(mu=config.mu),
                                solver={"objective": config.objective}, checkpoint_dir=config.checkpoint_dir,
                                verbose=verbose)
-        backend = RaySites(site_kwargs, worker_cls=JobSiteWorker)
+        backend = RaySites(site_kwargs, worker_cls=JobSiteWorker, data_channel=config.data_channel)
         with Coordinator(backend, predictors, run_config) as coordinator:
             model = coordinator.fit()
 

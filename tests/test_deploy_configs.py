@@ -539,7 +539,8 @@ def test_no_private_key_or_token_file_in_the_tree():
 JOB_CHOICES = {"model.task": {"classification", "regression"},
                "model.method": {"dmsa", "gmsa"},
                "model.objective": {"minmax", "gamma"},
-               "model.features": {"standard", "onehot", "threshold", "rff"}}
+               "model.features": {"standard", "onehot", "threshold", "rff"},
+               "run.data_channel": {"tls"}}  # the examples keep the default, mutual TLS
 
 
 def _documented_job_keys() -> set[str]:

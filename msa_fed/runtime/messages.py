@@ -151,6 +151,15 @@ class DCRequest(Message):
     global_bound: float | None = None
 
 
+@dataclass(frozen=True)
+class ChannelOffer(Message):
+    """Open the direct data channel (:mod:`msa_fed.runtime.channel`): its mode and the
+    coordinator's ephemeral certificate for this run (PEM text, public; empty in plain mode)."""
+
+    mode: str
+    peer_cert: str = ""
+
+
 # ------------------------------------------------------------------ site -> coordinator
 @dataclass(frozen=True)
 class SiteInfo(Message):
@@ -198,8 +207,18 @@ class Ack(Message):
     node_id: str = ""
 
 
-REQUEST_TYPES = (DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest)
-RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack)
+@dataclass(frozen=True)
+class ChannelAddress(Message):
+    """Where the site's data channel listens, and the site's ephemeral certificate (PEM text, public)."""
+
+    host: str
+    port: int
+    cert: str = ""
+    node_id: str = ""
+
+
+REQUEST_TYPES = (DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest, ChannelOffer)
+RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack, ChannelAddress)
 
 
 @dataclass

@@ -25,8 +25,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from msa_fed.errors import MsaFedError, SiteError
+from msa_fed.errors import ConfigError, MsaFedError, SiteError
 from msa_fed.runtime import messages as m
+from msa_fed.runtime import wire
+from msa_fed.runtime.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
 
@@ -37,6 +39,10 @@ SITE_RESOURCE_SHARE = 0.01
 LARGE_ARG_BYTES = 100 * 1024
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
+#: after a data channel could not be opened, the calls go through Ray for this long before a retry
+CHANNEL_RETRY_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs):
@@ -114,6 +120,8 @@ class _Endpoint:
 
     def __init__(self, name: str, site: int, handle, rows: tuple[int, int] | None = None):
         self.name, self.site, self.handle, self.rows = name, site, handle, rows
+        self.channel: ChannelClient | None = None
+        self.channel_retry_at = 0.0
 
     @property
     def helper(self) -> bool:
@@ -131,12 +139,20 @@ class RaySites:
     start_timeout_s : how long start-up waits for Ray to place and start the actors.
     workers_per_site : actors per site for classifier training (1: the site's own actor).
     worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
+    data_channel : how the per-round calls (DC evaluations, SGD steps) travel
+        (:mod:`msa_fed.runtime.channel`): "tls" (default; a direct mutual-TLS connection to each
+        site actor, certificates exchanged through Ray), "plain" (no TLS; only when every actor
+        runs on the coordinator's node, over loopback) or "off" (every call through Ray).
+    init_kwargs : extra keyword arguments of ``ray.init`` when a local Ray is started.
     """
 
     def __init__(self, site_kwargs: list[dict], *, num_cpus: float | None = None, max_restarts: int = 3,
                  address: str | None = None, retry_timeout_s: float = 120.0, start_timeout_s: float = 300.0,
-                 workers_per_site: int = 1, worker_cls=SiteWorker, init_kwargs: dict | None = None):
+                 workers_per_site: int = 1, worker_cls=SiteWorker, init_kwargs: dict | None = None,
+                 data_channel: str = "tls"):
         split_rows(0, workers_per_site)  # validates
+        self.data_channel = check_mode(data_channel)
+        self._identity = None  # the coordinator's ephemeral (certificate, key) for the channel
         if num_cpus is not None and not num_cpus >= 0:
             raise ValueError(f"num_cpus must be a number >= 0 or None; got {num_cpus!r}")
         if int(max_restarts) < 0:
@@ -240,6 +256,7 @@ class RaySites:
         import ray
 
         for e in self.sites + self.helpers:
+            self._drop_channel(e)
             try:
                 ray.kill(e.handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
@@ -314,6 +331,8 @@ class RaySites:
         """
         import ray
 
+        if self.data_channel != "off" and method in CHANNEL_METHODS and timeout is None:
+            return self._gather_channel(endpoints, method, msgs)
         c = self.coordinator
         msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
         refs = []
@@ -337,6 +356,96 @@ class RaySites:
         for e, out in zip(endpoints, outs):
             c.record("from_site", e.name, method, out)
         return outs
+
+    # ------------------------------------------------------------------ data channel
+    def _drop_channel(self, e: _Endpoint, why=None):
+        if e.channel is not None:
+            if why is not None:
+                log.info("data channel to %s closed (%s); this call goes through Ray", e.name, why)
+            e.channel.close()
+            e.channel = None
+
+    def _open_channels(self, endpoints: list[_Endpoint]):
+        """Open the data channel of every endpoint that has none (and is not in a retry pause)."""
+        import ray
+
+        now = time.monotonic()
+        todo = [e for e in endpoints if e.channel is None and now >= e.channel_retry_at]
+        if not todo:
+            return
+        if self.data_channel == "tls" and self._identity is None:
+            self._identity = make_identity("msa-fed coordinator")
+        offer = m.ChannelOffer(mode=self.data_channel, peer_cert=self._identity[0] if self._identity else "")
+        here = ray.get_runtime_context().get_node_id()
+        c = self.coordinator
+        refs = []
+        for e in todo:
+            c.record("to_site", e.name, "open_channel", offer)
+            refs.append(e.handle.open_channel.remote(offer))
+        for e, ref in zip(todo, refs):
+            try:
+                addr = self._get(e, ref, lambda e=e: e.handle.open_channel.remote(offer), "open_channel", replay=False)
+                c.record("from_site", e.name, "open_channel", addr)
+                if self.data_channel == "plain" and addr.node_id != here:
+                    raise ConfigError(f"site {e.name!r} runs on another node than the coordinator; a plaintext "
+                                      "data channel is allowed only on loopback: use data_channel='tls'")
+                e.channel = ChannelClient(addr, self.data_channel, self._identity, timeout_s=self.retry_timeout_s)
+            except ConfigError:
+                raise
+            except (OSError, MsaFedError) as exc:  # the Ray path works on, and reports a dead site itself
+                log.warning("cannot open the data channel to %s (%s); its calls go through Ray", e.name, exc)
+                e.channel_retry_at = time.monotonic() + CHANNEL_RETRY_S
+
+    def _gather_channel(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
+        """:meth:`_gather` over the data channels; an endpoint whose channel fails (or whose
+        site raised) is asked again through Ray, which restarts, replays and reports errors."""
+        c = self.coordinator
+        self._open_channels(endpoints)
+        msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
+        sent, refs = [], {}
+        for j, (e, msg) in enumerate(zip(endpoints, msgs)):
+            c.record("to_site", e.name, method, msg)
+            if e.channel is not None:
+                try:
+                    e.channel.send(method, msg)
+                    sent.append(j)
+                    continue
+                except ChannelError as exc:
+                    self._drop_channel(e, exc)
+            refs[j] = self._call(e, method, msg)
+        outs = [None] * len(endpoints)
+        for j in sent:
+            e = endpoints[j]
+            try:
+                outs[j] = e.channel.receive(method)
+                continue
+            except wire.RemoteError:
+                pass  # the site's own error: the Ray call below raises (or replays) it as usual
+            except ChannelError as exc:
+                self._drop_channel(e, exc)
+            refs[j] = self._call(e, method, msgs[j])
+        for j, ref in refs.items():
+            e, msg = endpoints[j], msgs[j]
+            outs[j] = self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True)
+        for e, out in zip(endpoints, outs):
+            c.record("from_site", e.name, method, out)
+        return outs
+
+    def set_data_channel(self, mode: str):
+        """Switch how the per-round calls travel ("tls", "plain", "off"); open channels close,
+        and the next round opens new ones in the new mode."""
+        check_mode(mode)
+        for e in self.sites + self.helpers:
+            self._drop_channel(e)
+            e.channel_retry_at = 0.0
+        self.data_channel = mode
+
+    def channel_status(self) -> dict[str, bool]:
+        """{endpoint name (helpers as name[start:stop]): whether its data channel is open}."""
+        out = {}
+        for e in self.sites + self.helpers:
+            out[e.name if not e.helper else f"{e.name}[{e.rows[0]}:{e.rows[1]}]"] = e.channel is not None
+        return out
 
     def call_one(self, i: int, method: str, msg, replay: bool = True):
         e = self.sites[i]

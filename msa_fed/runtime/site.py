@@ -281,6 +281,12 @@ class SiteWorker:
     def ping(self, _=None) -> m.Ack:
         return m.Ack(self.incarnation, node_id=current_node_id())
 
+    def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
+        """Listen for the coordinator on the direct data channel (:mod:`msa_fed.runtime.channel`)."""
+        from msa_fed.runtime.channel import serve_channel
+
+        return serve_channel(self, self.name, msg)
+
 
 def _loss_grad(shard, name: str, msg: m.ThetaRequest) -> m.GradSum:
     if shard is None:
@@ -325,3 +331,5 @@ class ShardWorker:
 
     def ping(self, _=None) -> m.Ack:
         return m.Ack(self.incarnation, node_id=current_node_id())
+
+    open_channel = SiteWorker.open_channel

@@ -30,6 +30,24 @@ def _leaves(value, path):
         yield path, value
 
 
+CERT_FIELDS = ("cert", "peer_cert")  # the data channel's ephemeral certificates (public)
+
+
+def _is_certificate(text) -> bool:
+    """"" or exactly one PEM X.509 certificate (nothing else hidden in the text)."""
+    if text == "":
+        return True
+    from cryptography import x509
+
+    try:
+        certs = x509.load_pem_x509_certificates(text.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        return False
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return len(certs) == 1 and certs[0].public_bytes(Encoding.PEM).decode("ascii") == text
+
+
 def audit(records, n_labeled: dict[str, int]) -> list[str]:
     """Every violation of the privacy contract in ``records`` (Recorder.records); [] if none.
 
@@ -37,7 +55,8 @@ def audit(records, n_labeled: dict[str, int]) -> list[str]:
     - no array anywhere has a dimension equal to a site's number of labelled points;
     - no field of any message type names labels or targets;
     - nothing but arrays and plain scalars (no opaque objects that could hide data);
-    - what a site answers carries no integer arrays except the public class list of its predictor.
+    - what a site answers carries no integer arrays except the public class list of its predictor;
+    - certificate fields hold exactly one PEM certificate each.
     """
     bad = []
     sizes = set(n_labeled.values())
@@ -51,6 +70,9 @@ def audit(records, n_labeled: dict[str, int]) -> list[str]:
         for f in fields(msg):
             if f.name.lower().startswith("y") or ("label" in f.name.lower() and f.name not in COUNTS):
                 bad.append(f"{where}: field {f.name!r} names labels")
+        for f in fields(msg):
+            if f.name in CERT_FIELDS and not _is_certificate(getattr(msg, f.name)):
+                bad.append(f"{where}: field {f.name!r} is not exactly one PEM certificate")
         for path, leaf in _leaves(msg, type(msg).__name__):
             if isinstance(leaf, np.ndarray):
                 if sizes & set(leaf.shape):

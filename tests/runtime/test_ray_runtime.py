@@ -130,6 +130,42 @@ def test_fit_dmsa_ray_with_more_workers_per_site(local_ray):
     assert audit(rec.records, {s.name: len(s.y_labeled) for s in sites}) == []
 
 
+def test_per_round_calls_go_over_the_data_channel(warm, sites, monkeypatch):
+    """With the default data channel (mutual TLS) no DC evaluation or SGD step goes through a
+    Ray call; "off" sends them through Ray and "plain" over loopback, and all three give the same
+    classifier and the same z, bit for bit (the same worker methods compute them)."""
+    through_ray = []
+    real_call = RaySites._call
+
+    def counting_call(self, e, method, msg):
+        through_ray.append(method)
+        return real_call(self, e, method, msg)
+
+    monkeypatch.setattr(RaySites, "_call", counting_call)
+    ccfg = replace(ClassifierConfig(mu=1e-3), **SGD)
+    rec = m.Recorder()
+    assert warm.data_channel == "tls"
+    tls = _fit(warm, sites, recorder=rec, classifier=ccfg)
+    assert warm.channel_status() == {"a": True, "b": True, "c": True}
+    assert "dc_evaluate" not in through_ray and "classifier_loss_grad" not in through_ray
+    assert audit(rec.records, {s.name: len(s.y_labeled) for s in sites}) == []
+    offers = [r[3] for r in rec.records if r[2] == "open_channel" and r[0] == "to_site"]
+    assert all(o.mode == "tls" and o.peer_cert.startswith("-----BEGIN CERTIFICATE-----") for o in offers)
+    results = {"tls": tls}
+    try:
+        for mode in ("off", "plain"):
+            warm.set_data_channel(mode)
+            through_ray.clear()
+            results[mode] = _fit(warm, sites, classifier=ccfg)
+            n_evals = results[mode].info["solver"]["n_evaluations"]
+            assert through_ray.count("dc_evaluate") == (3 * n_evals if mode == "off" else 0)
+    finally:
+        warm.set_data_channel("tls")
+    for mode in ("off", "plain"):
+        assert results[mode].z.tobytes() == tls.z.tobytes()
+        assert results[mode].domain_model.theta_.tobytes() == tls.domain_model.theta_.tobytes()
+
+
 # ---------------------------------------------------------------------------- faults
 def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
     before = ray.get(warm.actors[1].ping.remote()).incarnation
@@ -146,6 +182,8 @@ def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
     assert after != before  # a new worker process answered the rest of the solve
     assert actor_status(warm.actors[1])[0] == "ALIVE"
     np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
+    # the round that met the dead channel went through Ray; the next one reopened the channel
+    assert warm.channel_status() == {"a": True, "b": True, "c": True}
 
 
 def test_stopped_run_resumes_from_its_checkpoint(warm, sites, tmp_path):

@@ -160,10 +160,12 @@ def test_every_site_method_answers_a_boundary_message(sites):
     answers.append(w.set_qhat(m.QhatBroadcast(qhat=np.full(3, 1 / 3), eta=0.01)))
     answers.append(w.dc_evaluate(m.DCRequest(z=np.full(3, 1 / 3), eta=0.01, what=("L", "dL"))))
     answers.append(w.max_bound())
+    answers.append(w.open_channel(m.ChannelOffer(mode="plain")))
+    w._channel_server.close()
     assert all(isinstance(a, m.RESPONSE_TYPES) for a in answers)
     public = {n for n in dir(SiteWorker) if not n.startswith("_") and callable(getattr(SiteWorker, n))}
     assert public == {"info", "unlabeled_sample", "unlabeled_rows", "ping", "setup_shard", "classifier_loss_grad",
-                      "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "from_path"}
+                      "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "from_path", "open_channel"}
 
 
 def test_messages_round_trip_through_their_compact_form(sites):
