@@ -13,12 +13,28 @@ import os
 import sys
 
 
+def preload_msa_fed():
+    """Import every module of msa_fed now.  With ``ray job submit --working-dir``, Ray may delete
+    the unpacked working directory on the head while the driver still runs (its reference count
+    drops to zero between the job supervisor and the job's first actors; ray-project/ray#49254),
+    and a module imported lazily afterwards is then missing."""
+    import importlib
+    import pkgutil
+
+    import msa_fed
+
+    for info in pkgutil.walk_packages(msa_fed.__path__, "msa_fed."):
+        importlib.import_module(info.name)
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     # torch (through msa_fed.job) must be loaded before Ray starts its threads: loaded after
     # ray.init, its MKL fails with "Cannot load libtorch_cpu.so" (static TLS exhausted).
     import msa_fed.job  # noqa: F401
+
+    preload_msa_fed()
     import ray
 
     from msa_fed.cli import main as cli_main

@@ -50,6 +50,8 @@ MODES = ("tls", "plain", "off")
 #: the largest frame either end accepts (a request or answer is O(p^2) or O(parameters))
 MAX_FRAME_BYTES = 1 << 28
 HANDSHAKE_TIMEOUT_S = 10.0
+#: connections a site serves at once (the coordinator needs one; the rest wait in the handshake)
+MAX_CONNECTIONS = 8
 _LEN = struct.Struct("!Q")
 
 
@@ -166,6 +168,7 @@ class ChannelServer:
             self.cert, key = make_identity(f"msa-fed site {name}")
             self._ctx = _context(True, self.cert, key, offer.peer_cert)
         self._lock = threading.Lock()  # one call at a time into the worker
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._listener = socket.create_server((host, 0))
         self.host, self.port = self._listener.getsockname()[:2]
         self._closed = False
@@ -187,6 +190,9 @@ class ChannelServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # too many open connections: a stale or hostile peer, not ours
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
@@ -203,6 +209,7 @@ class ChannelServer:
         except (OSError, ssl.SSLError, ChannelError):
             pass  # the coordinator went away, or was not the pinned one
         finally:
+            self._slots.release()
             try:
                 conn.close()
             except OSError:

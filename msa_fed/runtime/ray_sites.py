@@ -39,8 +39,11 @@ SITE_RESOURCE_SHARE = 0.01
 LARGE_ARG_BYTES = 100 * 1024
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
-#: after a data channel could not be opened, the calls go through Ray for this long before a retry
+#: after a data channel could not be opened, the calls go through Ray for this long before a
+#: retry, doubling with each failure in a row up to CHANNEL_RETRY_MAX_S (a firewalled site
+#: costs a connect time-out per retry, not per round)
 CHANNEL_RETRY_S = 5.0
+CHANNEL_RETRY_MAX_S = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,7 @@ class _Endpoint:
         self.name, self.site, self.handle, self.rows = name, site, handle, rows
         self.channel: ChannelClient | None = None
         self.channel_retry_at = 0.0
+        self.channel_failures = 0  # failed opens in a row
 
     @property
     def helper(self) -> bool:
@@ -390,11 +394,15 @@ class RaySites:
                     raise ConfigError(f"site {e.name!r} runs on another node than the coordinator; a plaintext "
                                       "data channel is allowed only on loopback: use data_channel='tls'")
                 e.channel = ChannelClient(addr, self.data_channel, self._identity, timeout_s=self.retry_timeout_s)
+                e.channel_failures = 0
             except ConfigError:
                 raise
             except (OSError, MsaFedError) as exc:  # the Ray path works on, and reports a dead site itself
-                log.warning("cannot open the data channel to %s (%s); its calls go through Ray", e.name, exc)
-                e.channel_retry_at = time.monotonic() + CHANNEL_RETRY_S
+                pause = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2 ** e.channel_failures)
+                e.channel_failures += 1
+                log.warning("cannot open the data channel to %s (%s); its calls go through Ray (next try in %g s; "
+                            "data_channel='off' turns the channel off)", e.name, exc, pause)
+                e.channel_retry_at = time.monotonic() + pause
 
     def _gather_channel(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
         """:meth:`_gather` over the data channels; an endpoint whose channel fails (or whose
@@ -437,7 +445,7 @@ class RaySites:
         check_mode(mode)
         for e in self.sites + self.helpers:
             self._drop_channel(e)
-            e.channel_retry_at = 0.0
+            e.channel_retry_at, e.channel_failures = 0.0, 0
         self.data_channel = mode
 
     def channel_status(self) -> dict[str, bool]:

@@ -267,3 +267,25 @@ def test_oversized_frames_are_refused(served, coordinator_identity):
             client.receive("ping")  # the site drops the connection
     finally:
         client.close()
+
+
+def test_stray_connections_do_not_use_up_the_server(served, coordinator_identity):
+    """Connections that never finish a handshake take at most MAX_CONNECTIONS slots, given back
+    when they close; the pinned coordinator is served afterwards."""
+    strays = [socket.create_connection((served.host, served.port), timeout=5) for _ in range(2 * ch.MAX_CONNECTIONS)]
+    for s in strays:
+        s.close()
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client = ch.ChannelClient(served, "tls", coordinator_identity, timeout_s=5)
+            client.send("ping", None)
+            assert isinstance(client.receive("ping"), m.Ack)
+            client.close()
+            break
+        except (OSError, ssl.SSLError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -166,6 +166,38 @@ def test_per_round_calls_go_over_the_data_channel(warm, sites, monkeypatch):
         assert results[mode].domain_model.theta_.tobytes() == tls.domain_model.theta_.tobytes()
 
 
+def test_a_site_the_channel_cannot_reach_is_served_through_ray(warm, sites, monkeypatch, caplog):
+    """A site whose channel cannot be opened (say, a firewall) answers through Ray: same z, a
+    warning naming the site, and no new connect attempt on every round (back-off)."""
+    from msa_fed.runtime import ray_sites
+
+    warm.set_data_channel("tls")
+    real_client, opened = ray_sites.ChannelClient, []
+
+    def client(address, *args, **kwargs):
+        opened.append(address.port)
+        if len(opened) == 2:  # the second site's channel (site order a, b, c)
+            raise ConnectionRefusedError("connection refused (test)")
+        return real_client(address, *args, **kwargs)
+
+    through_ray = []
+    real_call = RaySites._call
+    monkeypatch.setattr(ray_sites, "ChannelClient", client)
+    monkeypatch.setattr(RaySites, "_call", lambda self, e, method, msg: through_ray.append((e.name, method))
+                        or real_call(self, e, method, msg))
+    try:
+        with caplog.at_level("WARNING", logger="msa_fed.runtime.ray_sites"):
+            model = _fit(warm, sites)
+        assert warm.channel_status() == {"a": True, "b": False, "c": True}
+        evals = [name for name, method in through_ray if method == "dc_evaluate"]
+        assert set(evals) == {"b"} and len(evals) == model.info["solver"]["n_evaluations"]
+        assert len(opened) == 3  # one failed attempt, then the back-off pause
+        assert any("cannot open the data channel to b" in r.getMessage() for r in caplog.records)
+        np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
+    finally:
+        warm.set_data_channel("tls")
+
+
 # ---------------------------------------------------------------------------- faults
 def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
     before = ray.get(warm.actors[1].ping.remote()).incarnation
