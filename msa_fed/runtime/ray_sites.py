@@ -193,12 +193,16 @@ class RaySites:
         resources = ray.cluster_resources()
         free_cpus = ray.available_resources().get("CPU", 0.0)
         pinned = any(k.startswith(SITE_RESOURCE_PREFIX) for k in resources)
-        node_cpus = {}
+        # a node may carry several sites' resources (the demo: one machine standing in for all);
+        # the CPU share is then split among this run's sites on that node
+        node_cpus, node_sites = {}, {}
+        ours = {SITE_RESOURCE_PREFIX + name for name in self.names}
         for node in ray.nodes():
             if node.get("Alive"):
-                for key in node.get("Resources", {}):
-                    if key.startswith(SITE_RESOURCE_PREFIX):
-                        node_cpus[key] = node["Resources"].get("CPU", 0.0)
+                keys = [k for k in node.get("Resources", {}) if k in ours]
+                for key in keys:
+                    node_cpus[key] = node["Resources"].get("CPU", 0.0)
+                    node_sites[key] = len(keys)
         out = []
         per_site = self.workers_per_site
         n_actors = len(self.names) * per_site
@@ -210,7 +214,7 @@ class RaySites:
                     raise SiteError(name, f"no Ray node carries the resource {key!r} (the cluster has site "
                                           "resources, so every site needs its node)")
                 opts["resources"] = {key: SITE_RESOURCE_SHARE}
-                share = 0.5 * node_cpus.get(key, 1.0) / per_site
+                share = 0.5 * node_cpus.get(key, 1.0) / (node_sites.get(key, 1) * per_site)
             else:
                 share = 0.5 * free_cpus / n_actors
             opts["num_cpus"] = self.num_cpus if self.num_cpus is not None else _cpu_share(share)
