@@ -154,9 +154,8 @@ def plot(results: dict, plot_dir, seed: int = 0) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sklearn.neighbors import KernelDensity
 
-    from msa_fed.core.density import select_bandwidth
+    from msa_fed.core.density import gaussian_kde_log_density, select_bandwidth
 
     plot_dir = Path(plot_dir)
     plot_dir.mkdir(parents=True, exist_ok=True)
@@ -164,14 +163,15 @@ def plot(results: dict, plot_dir, seed: int = 0) -> list[Path]:
     for i, dom in enumerate(DOMAINS):
         X, _ = sample(dom, 1000, np.random.default_rng([seed, 2, i]))
         # the same 5-fold CV bandwidth search as GMSA's density model
-        kdes[dom] = KernelDensity(bandwidth=select_bandwidth(X, random_state=seed)).fit(X)
+        kdes[dom] = (X, select_bandwidth(X, random_state=seed))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (lo, hi) in zip(axes, ((-45, 10), (-1.5, 1.5))):
         grid = np.linspace(lo, hi, 2000)
         for dom, color in zip(DOMAINS, ("tab:blue", "tab:orange")):
             ax.plot(grid, density(dom, grid), color=color, label=f"{dom} true")
-            ax.plot(grid, np.exp(kdes[dom].score_samples(grid[:, None])), "--", color=color,
-                    label=f"{dom} KDE (bandwidth {kdes[dom].bandwidth:.2g})")
+            sample_x, bw = kdes[dom]
+            ax.plot(grid, np.exp(gaussian_kde_log_density(grid[:, None], sample_x, bw)[:, 0]), "--", color=color,
+                    label=f"{dom} KDE (bandwidth {bw:.2g})")
         for a, b in ((-0.5, 0.5), (3.5, hi)):
             if b > lo and a < hi:
                 ax.axvspan(max(a, lo), min(b, hi), color="green", alpha=0.1)
