@@ -50,6 +50,8 @@ MODES = ("tls", "plain", "off")
 #: the largest frame either end accepts (a request or answer is O(p^2) or O(parameters))
 MAX_FRAME_BYTES = 1 << 28
 HANDSHAKE_TIMEOUT_S = 10.0
+#: on a site's node: "LOW-HIGH", the TCP ports its channel may listen on (default: any free port)
+PORTS_ENV = "MSA_FED_CHANNEL_PORTS"
 #: connections a site serves at once (the coordinator needs one; the rest wait in the handshake)
 MAX_CONNECTIONS = 8
 _LEN = struct.Struct("!Q")
@@ -169,7 +171,7 @@ class ChannelServer:
             self._ctx = _context(True, self.cert, key, offer.peer_cert)
         self._lock = threading.Lock()  # one call at a time into the worker
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._listener = socket.create_server((host, 0))
+        self._listener = _listen(host)
         self.host, self.port = self._listener.getsockname()[:2]
         self._closed = False
         threading.Thread(target=self._accept_loop, name=f"msa-fed-channel-{name}", daemon=True).start()
@@ -227,6 +229,34 @@ class ChannelServer:
             return wire.encode_error(type(exc).__name__, str(exc))
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which retries through Ray
             return wire.encode_error(type(exc).__name__, str(exc))
+
+
+def port_range() -> range | None:
+    """The ports of ``$MSA_FED_CHANNEL_PORTS`` ("LOW-HIGH", inclusive), or None when unset."""
+    spec = os.environ.get(PORTS_ENV, "").strip()
+    if not spec:
+        return None
+    low, sep, high = spec.partition("-")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        lo = hi = -1
+    if not (1 <= lo <= hi <= 65535):
+        raise ConfigError(f"{PORTS_ENV}={spec!r} on this node: expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
+    return range(lo, hi + 1)
+
+
+def _listen(host: str) -> socket.socket:
+    """A listening socket on ``host``: any free port, or the first free one of the node's range."""
+    ports = port_range()
+    if ports is None:
+        return socket.create_server((host, 0))
+    for port in ports:
+        try:
+            return socket.create_server((host, port))
+        except OSError:
+            continue
+    raise OSError(f"no free port for the data channel in {PORTS_ENV}={ports.start}-{ports.stop - 1}")
 
 
 def node_ip() -> str:

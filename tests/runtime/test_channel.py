@@ -289,3 +289,35 @@ def test_stray_connections_do_not_use_up_the_server(served, coordinator_identity
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_a_node_can_confine_the_channel_to_a_port_range(worker, coordinator_identity, monkeypatch):
+    """MSA_FED_CHANNEL_PORTS on a site's node: the channel listens in that range (for firewalls);
+    a full range is an OSError (the coordinator then goes through Ray); a bad value is a clear
+    ConfigError."""
+    with socket.socket() as probe:  # a free port to start the range at
+        probe.bind(("127.0.0.1", 0))
+        low = probe.getsockname()[1]
+    monkeypatch.setenv(ch.PORTS_ENV, f"{low}-{low + 3}")
+    offer = m.ChannelOffer(mode="tls", peer_cert=coordinator_identity[0])
+    servers = []
+    try:
+        address = worker.open_channel(offer)
+        assert low <= address.port <= low + 3
+        client = ch.ChannelClient(address, "tls", coordinator_identity, timeout_s=5)
+        client.send("ping", None)
+        assert isinstance(client.receive("ping"), m.Ack)
+        client.close()
+        taken = [ch.ChannelServer(worker, "x", offer, "127.0.0.1") for _ in range(3)]  # the rest of the range
+        servers.extend(taken)
+        assert sorted(s.port for s in taken + [worker._channel_server]) == list(range(low, low + 4))
+        with pytest.raises(OSError, match="no free port"):
+            ch.ChannelServer(worker, "x", offer, "127.0.0.1")
+        for bad in ("20000-10", "abc", "0-5", "70000"):
+            monkeypatch.setenv(ch.PORTS_ENV, bad)
+            with pytest.raises(ConfigError, match=ch.PORTS_ENV):
+                ch.ChannelServer(worker, "x", offer, "127.0.0.1")
+    finally:
+        for s in servers:
+            s.close()
+        worker._channel_server.close()
