@@ -1,0 +1,107 @@
+"""Benchmark of the Maxent domain classifier on CPU and on a CUDA GPU (``ClassifierConfig.device``).
+
+    python benchmarks/bench_classifier_device.py            # needs numpy, scipy, scikit-learn, torch
+    python benchmarks/bench_classifier_device.py --quick
+
+Trains ``train_domain_classifier`` (the in-process trainer that the sites' shards also run)
+on the same synthetic domains with device="cpu" and, when torch sees a GPU, device="cuda":
+L-BFGS (float32 products, float64 sums) and mini-batch SGD, and reports the time, the final
+objective, and the largest difference between the CPU and GPU models' probabilities on a
+probe set.  Prints a table; writes JSON (after every case, so a cut-off run keeps its rows).
+Only ``msa_fed.core`` is imported (no Ray, no gRPC): ``PYTHONPATH=.`` is enough.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
+from msa_fed.core.features import StandardFeatures  # noqa: E402
+
+
+def domains(n_total: int, d: int, p: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=0.3, size=(p, d))
+    return [rng.normal(size=(n_total // p, d)).astype(np.float64) + means[k] for k in range(p)]
+
+
+def run_case(samples, config: ClassifierConfig):
+    if config.device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    model = train_domain_classifier(samples, StandardFeatures(), config, random_state=0)
+    if config.device == "cuda":
+        torch.cuda.synchronize()
+    return model, time.perf_counter() - t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_classifier_device.json"))
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    devices = ["cpu"] + (["cuda"] if cuda else [])
+    p, d = 8, 100
+    sizes = [20_000] if args.quick else [100_000, 1_000_000, 4_000_000]
+    configs = [("lbfgs", ClassifierConfig(mu=1e-3)),
+               ("sgd", ClassifierConfig(mu=1e-3, optimizer="sgd", epochs=1 if args.quick else 3,
+                                        batch_size=1024, lr=0.05))]
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+           "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    print(json.dumps(env), flush=True)
+    rows = []
+    for n in sizes:
+        samples = domains(n, d, p)
+        probe = np.vstack([X[:2000] for X in samples])
+        for opt, base in configs:
+            if opt == "sgd" and n > 1_000_000:
+                continue  # SGD's per-step cost does not depend on n
+            models = {}
+            for dev in devices:
+                cfg = ClassifierConfig(**{**base.__dict__, "device": dev})
+                row = {"n": n, "d": d, "p": p, "optimizer": opt, "device": dev}
+                try:
+                    run_case([X[:1000] for X in samples], cfg)  # warm-up (CUDA context, kernels)
+                    model, secs = run_case(samples, cfg)
+                    models[dev] = model
+                    info = model.info_
+                    row.update(seconds=secs, objective=info.get("objective"), n_iter=info.get("n_iter"))
+                except Exception as exc:  # noqa: BLE001 - recorded, the other cases go on
+                    row.update(error=f"{type(exc).__name__}: {exc}")
+                rows.append(row)
+                print(f"  n={n} {opt} {dev}: " + (f"{row['seconds']:.2f} s, objective {row.get('objective')}"
+                                                   if "seconds" in row else row["error"]), flush=True)
+            if len(models) == 2:
+                diff = float(np.abs(models["cpu"].predict_proba(probe) - models["cuda"].predict_proba(probe)).max())
+                cpu_s = next(r["seconds"] for r in rows[-2:] if r["device"] == "cpu")
+                rows[-1].update(max_abs_dproba_vs_cpu=diff, speedup_vs_cpu=cpu_s / rows[-1]["seconds"])
+                print(f"    cuda vs cpu: {cpu_s / rows[-1]['seconds']:.1f}x, max |dQ| {diff:.1e}", flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"environment": env, "quick": args.quick, "rows": rows}, indent=2))
+    print("\n| n | optimizer | device | seconds | objective | iterations | vs CPU | max abs dQ vs CPU |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['n']} | {r['optimizer']} | {r['device']} | error: {r['error'][:80]} | | | | |")
+            continue
+        print(f"| {r['n']} | {r['optimizer']} | {r['device']} | {r['seconds']:.2f} | {r.get('objective')} | "
+              f"{r.get('n_iter')} | {r.get('speedup_vs_cpu', 1.0):.1f}x | {r.get('max_abs_dproba_vs_cpu', 0.0):.1e} |")
+    print(f"\nwritten {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
