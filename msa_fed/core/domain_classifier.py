@@ -70,6 +70,9 @@ SMALL_SHARD = 4_000_000
 #: Entries of Phi per block of rows in MaxentShard._loss_grad_impl (16 MiB in float32): large,
 #: since each torch call costs tens of microseconds; smaller blocks measured slower.
 BLOCK_ELEMENTS = 1 << 22
+#: The same on a GPU: whole shards in one block (each block costs kernel launches, and the
+#: block's intermediates are only rows x p; 1 GiB of float64 Phi at most per block).
+GPU_BLOCK_ELEMENTS = 1 << 27
 
 
 class MaxentShard:
@@ -123,7 +126,8 @@ class MaxentShard:
         loss = torch.zeros((), dtype=acc, device=self.device)
         gW = torch.zeros((p, D), dtype=acc, device=self.device)
         gb = torch.zeros(p, dtype=acc, device=self.device)
-        rows = max(256, BLOCK_ELEMENTS // max(D, 1))
+        block = BLOCK_ELEMENTS if Phi.device.type == "cpu" else GPU_BLOCK_ELEMENTS
+        rows = max(256, block // max(D, 1))
         for a in range(0, m, rows):
             P, Yc, sc = Phi[a:a + rows], Y[a:a + rows], s[a:a + rows]
             logits = torch.addmm(b, P, W.T)
