@@ -249,11 +249,12 @@ def port_range() -> range | None:
 def _listen(host: str) -> socket.socket:
     """A listening socket on ``host``: any free port, or the first free one of the node's range."""
     ports = port_range()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # a node's Ray IP may be IPv6
     if ports is None:
-        return socket.create_server((host, 0))
+        return socket.create_server((host, 0), family=family)
     for port in ports:
         try:
-            return socket.create_server((host, port))
+            return socket.create_server((host, port), family=family)
         except OSError:
             continue
     raise OSError(f"no free port for the data channel in {PORTS_ENV}={ports.start}-{ports.stop - 1}")

@@ -321,3 +321,19 @@ def test_a_node_can_confine_the_channel_to_a_port_range(worker, coordinator_iden
         for s in servers:
             s.close()
         worker._channel_server.close()
+
+
+def test_a_site_on_an_ipv6_address_is_served(worker, coordinator_identity):
+    if not socket.has_ipv6:
+        pytest.skip("this machine has no IPv6 stack")
+    try:
+        server = ch.ChannelServer(worker, "v6", m.ChannelOffer(mode="tls", peer_cert=coordinator_identity[0]), "::1")
+    except OSError as exc:  # IPv6 compiled in but no ::1 configured (some containers)
+        pytest.skip(f"::1 is not usable here: {exc}")
+    try:
+        client = ch.ChannelClient(server.address(), "tls", coordinator_identity, timeout_s=5)
+        client.send("ping", None)
+        assert client.receive("ping").incarnation == worker.incarnation
+        client.close()
+    finally:
+        server.close()
