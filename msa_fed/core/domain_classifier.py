@@ -53,6 +53,10 @@ class ClassifierConfig:
             raise ValueError(f"optimizer must be 'lbfgs' or 'sgd'; got {self.optimizer!r}")
         if self.dtype not in ("float64", "float32"):
             raise ValueError(f"dtype must be 'float64' or 'float32'; got {self.dtype!r}")
+        try:  # the string only: whether a GPU is there is checked where the shards live
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {self.device!r} is not a torch device: {exc}") from None
         return self
 
 
@@ -75,6 +79,18 @@ BLOCK_ELEMENTS = 1 << 22
 GPU_BLOCK_ELEMENTS = 1 << 27
 
 
+def _torch_device(device: str) -> "torch.device":
+    """``device`` as a torch device that this process can use; ValueError otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"classifier device {device!r} is not a torch device: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"classifier device {device!r}: torch {torch.__version__} on this machine sees no CUDA "
+                         "device (CPU build or no GPU); use device='cpu'")
+    return dev
+
+
 class MaxentShard:
     """One shard of the classifier's training set: features Phi (m, D) of points of one or
     more sites, their site indices k (m,) and per-point weights s (m,) = 1 / (p m_site)."""
@@ -82,7 +98,7 @@ class MaxentShard:
     def __init__(self, Phi: np.ndarray, k: np.ndarray, weight: np.ndarray, n_sources: int,
                  device: str = "cpu", dtype: str = "float64", seed: int = 0):
         tdtype = getattr(torch, dtype)
-        self.device = torch.device(device)
+        self.device = _torch_device(device)
         self.Phi = torch.as_tensor(np.ascontiguousarray(Phi), dtype=tdtype, device=self.device)
         self.k = torch.as_tensor(np.asarray(k, dtype=np.int64), device=self.device)
         self.s = torch.as_tensor(np.asarray(weight, dtype=np.float64), dtype=tdtype, device=self.device)

@@ -139,3 +139,17 @@ def test_config_errors_are_named():
         ClassifierConfig(optimizer="adam").validate()
     with pytest.raises(ValueError, match="dtype"):
         ClassifierConfig(dtype="float16").validate()
+
+
+def test_unusable_devices_are_clear_errors():
+    import torch
+
+    from msa_fed.core.domain_classifier import ClassifierConfig, MaxentShard
+
+    with pytest.raises(ValueError, match="is not a torch device"):
+        ClassifierConfig(device="gpu0").validate()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            MaxentShard(np.zeros((3, 2)), np.zeros(3, dtype=int), np.ones(3), 2, device="cuda")
+    else:  # pragma: no cover - GPU machines
+        assert MaxentShard(np.zeros((3, 2)), np.zeros(3, dtype=int), np.ones(3), 2, device="cuda").Phi.is_cuda
