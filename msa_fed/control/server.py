@@ -150,7 +150,8 @@ class RegistryServer:
                 ("grpc.keepalive_timeout_ms", 20_000),
             ],
         )
-        pb_grpc.add_RegistryServicer_to_server(RegistryServicer(self.registry), server)
+        self.servicer = RegistryServicer(self.registry)
+        pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

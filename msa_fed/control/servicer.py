@@ -104,6 +104,11 @@ class _UploadBudget:
         self._used = 0
         self._lock = threading.Lock()
 
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return self._used
+
     @contextlib.contextmanager
     def reserve(self, size: int):
         with self._lock:
@@ -132,6 +137,11 @@ class RegistryServicer(pb_grpc.RegistryServicer):
     def __init__(self, registry: Registry):
         self.registry = registry
         self._budget = _UploadBudget(registry.limits.max_upload_bytes_in_flight)
+
+    @property
+    def upload_bytes_in_flight(self) -> int:
+        """Bytes reserved by uploads being received now (bounded by the registry's limit)."""
+        return self._budget.used
 
     @_unary
     def RegisterSite(self, request, context):

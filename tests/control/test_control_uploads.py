@@ -271,17 +271,21 @@ def test_bytes_in_flight_are_bounded_and_released():
             slow = threading.Thread(target=lambda: pytest.raises(grpc.RpcError, stub.UploadSample, stalled(),
                                                                   metadata=md, timeout=30))
             slow.start()
+            # wait for the slow upload's reservation itself: a probe racing it for the budget
+            # could win and make the slow upload the one refused
             deadline = time.monotonic() + 20
-            while empty_probe(stub) != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            while server.servicer.upload_bytes_in_flight < len(data):
                 assert time.monotonic() < deadline, "the slow upload never reserved its bytes"
                 time.sleep(0.05)
+            assert empty_probe(stub) == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert code_of(lambda: client.upload_sample(X)) == "RESOURCE_EXHAUSTED"
             assert code_of(lambda: client.upload_sample(X[:1000])) == "OK"  # small uploads still fit
             release.set()
             slow.join(30)
             deadline = time.monotonic() + 20
-            while empty_probe(stub) != grpc.StatusCode.INVALID_ARGUMENT:  # the reservation is returned
+            while server.servicer.upload_bytes_in_flight != 0:  # the reservation is returned
                 assert time.monotonic() < deadline, "the aborted upload kept its reservation"
                 time.sleep(0.05)
+            assert empty_probe(stub) == grpc.StatusCode.INVALID_ARGUMENT
             assert client.upload_sample(X).sha256 == sha(data)
             channel.close()
