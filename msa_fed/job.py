@@ -31,6 +31,7 @@ from msa_fed.artifacts import load_predictor
 from msa_fed.core.domain_classifier import ClassifierConfig
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.model import CombinedModel, load_model
+from msa_fed.runtime.channel import MODES as CHANNEL_MODES
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.site import SiteWorker
 
@@ -104,8 +105,8 @@ class JobConfig:
             raise ConfigError(f"[model] task must be 'classification' or 'regression'; got {self.task!r}")
         if self.method not in ("dmsa", "gmsa"):
             raise ConfigError(f"[model] method must be 'dmsa' or 'gmsa'; got {self.method!r}")
-        if self.data_channel not in ("tls", "plain", "off"):
-            raise ConfigError(f"[run] data_channel must be 'tls', 'plain' or 'off'; got {self.data_channel!r}")
+        if self.data_channel not in CHANNEL_MODES:
+            raise ConfigError(f"[run] data_channel must be one of {list(CHANNEL_MODES)}; got {self.data_channel!r}")
         if "{site}" not in self.site_data:
             raise ConfigError(f"[run] site_data must contain '{{site}}'; got {self.site_data!r}")
         return self

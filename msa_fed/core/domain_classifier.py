@@ -53,10 +53,7 @@ class ClassifierConfig:
             raise ValueError(f"optimizer must be 'lbfgs' or 'sgd'; got {self.optimizer!r}")
         if self.dtype not in ("float64", "float32"):
             raise ValueError(f"dtype must be 'float64' or 'float32'; got {self.dtype!r}")
-        try:  # the string only: whether a GPU is there is checked where the shards live
-            torch.device(self.device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device {self.device!r} is not a torch device: {exc}") from None
+        _parse_device(self.device)  # the string only: whether a GPU is there is checked where the shards live
         return self
 
 
@@ -79,12 +76,16 @@ BLOCK_ELEMENTS = 1 << 22
 GPU_BLOCK_ELEMENTS = 1 << 27
 
 
+def _parse_device(device: str) -> "torch.device":
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
+
+
 def _torch_device(device: str) -> "torch.device":
     """``device`` as a torch device that this process can use; ValueError otherwise."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"classifier device {device!r} is not a torch device: {exc}") from None
+    dev = _parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"classifier device {device!r}: torch {torch.__version__} on this machine sees no CUDA "
                          "device (CPU build or no GPU); use device='cpu'")

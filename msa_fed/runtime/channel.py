@@ -38,9 +38,10 @@ import struct
 import tempfile
 import threading
 
-from msa_fed.errors import ConfigError, MsaFedError
+from msa_fed.errors import ConfigError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
+from msa_fed.runtime.site import current_node_id
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class ChannelServer:
         threading.Thread(target=self._accept_loop, name=f"msa-fed-channel-{name}", daemon=True).start()
 
     def address(self) -> m.ChannelAddress:
-        return m.ChannelAddress(host=str(self.host), port=int(self.port), cert=self.cert, node_id=node_id())
+        return m.ChannelAddress(host=str(self.host), port=int(self.port), cert=self.cert, node_id=current_node_id())
 
     def close(self):
         self._closed = True
@@ -225,9 +226,7 @@ class ChannelServer:
             with self._lock:
                 out = getattr(self.target, method)(msg)
             return wire.encode(method, out, wire.RESPONSES)
-        except MsaFedError as exc:
-            return wire.encode_error(type(exc).__name__, str(exc))
-        except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which retries through Ray
+        except Exception as exc:  # noqa: BLE001 - reported by type name; the coordinator retries through Ray
             return wire.encode_error(type(exc).__name__, str(exc))
 
 
@@ -272,18 +271,6 @@ def node_ip() -> str:
     return "127.0.0.1"
 
 
-def node_id() -> str:
-    """The Ray node this process runs on, or "" outside Ray."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001
-        pass
-    return ""
-
-
 def serve_channel(target, name: str, offer: m.ChannelOffer) -> m.ChannelAddress:
     """Open (or reopen) ``target``'s channel server; its address and certificate."""
     old = getattr(target, "_channel_server", None)
@@ -324,7 +311,7 @@ class ChannelClient:
             raise ValueError(f"{method!r} does not go over the data channel")
         try:
             _send_frame(self.sock, wire.encode(method, msg, wire.REQUESTS))
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError included
             raise ChannelError(f"send failed: {exc}") from None
 
     def receive(self, method: str):
@@ -333,9 +320,9 @@ class ChannelClient:
             got, out = wire.decode(_recv_frame(self.sock), wire.RESPONSES)
         except wire.WireError as exc:
             raise ChannelError(f"bad answer: {exc}") from None
-        except (OSError, ssl.SSLError) as exc:
-            if isinstance(exc, ChannelError):
-                raise
+        except ChannelError:
+            raise
+        except OSError as exc:  # ssl.SSLError and socket.timeout are OSErrors too
             raise ChannelError(f"receive failed: {type(exc).__name__}: {exc}") from None
         if isinstance(out, wire.RemoteError):
             raise out
