@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from msa_fed.artifacts import META_KIND, META_N_FEATURES  # noqa: E402
+from msa_fed.artifacts.predictors import META_KIND, META_N_FEATURES  # noqa: E402
 from msa_fed.control import Registry, RegistryClient, SqliteStore  # noqa: E402
 
 

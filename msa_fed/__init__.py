@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SiteData": "msa_fed.api", "fit_dmsa": "msa_fed.api", "fit_gmsa": "msa_fed.api",
-    "load_model": "msa_fed.model", "CombinedModel": "msa_fed.model",
+    "load_model": "msa_fed.artifacts.model", "CombinedModel": "msa_fed.artifacts.model",
 }
 __all__ = [*_LAZY, "__version__"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from msa_fed.core.domain_classifier import ClassifierConfig
 from msa_fed.errors import ConfigError
-from msa_fed.model import CombinedModel
+from msa_fed.artifacts.model import CombinedModel
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.messages import Recorder
 

@@ -18,7 +18,10 @@ from msa_fed.errors import MsaFedError
 _SUBSYSTEMS = (
     "msa_fed.experiments.cli",
     "msa_fed.control.cli",
-    "msa_fed.job_cli",
+    "msa_fed.jobs.cli",
+    "msa_fed.privacy.cli",       # site audit (the site's privacy policy and audit log)
+    "msa_fed.federation.cli",    # site serve / jobs / approve (federated topology)
+    "msa_fed.control.ops_cli",   # model, job and site administration against a registry
 )
 
 
@@ -33,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:  # subsystem not built in this checkout
-            if exc.name != name:
+            if not (exc.name and (name == exc.name or name.startswith(exc.name + "."))):
                 raise
             continue
         module.register(sub)

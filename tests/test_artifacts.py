@@ -18,8 +18,8 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-import msa_fed.artifacts as artifacts
-from msa_fed.artifacts import (
+import msa_fed.artifacts.predictors as artifacts
+from msa_fed.artifacts.predictors import (
     META_CLASSES,
     META_KIND,
     META_N_FEATURES,

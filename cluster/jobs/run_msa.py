@@ -30,9 +30,9 @@ def preload_msa_fed():
 def main(argv=None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    # torch (through msa_fed.job) must be loaded before Ray starts its threads: loaded after
+    # torch (through msa_fed.jobs.run) must be loaded before Ray starts its threads: loaded after
     # ray.init, its MKL fails with "Cannot load libtorch_cpu.so" (static TLS exhausted).
-    import msa_fed.job  # noqa: F401
+    import msa_fed.jobs.run  # noqa: F401
 
     preload_msa_fed()
     import ray

@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from msa_fed.clitools import command_group
 from msa_fed.errors import ConfigError
 
 ADMIN_NAME = "admin"
@@ -245,8 +246,7 @@ def _principal_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
-    reg = subparsers.add_parser("registry", help="run the control-plane registry")
-    reg_sub = reg.add_subparsers(dest="registry_command", metavar="COMMAND", required=True)
+    reg_sub = command_group(subparsers, "registry", "run the control-plane registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")
     serve.add_argument("--db", required=True, metavar="PATH", help="SQLite database (created if missing)")
     serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to bind (port 0: any free port)")
@@ -260,8 +260,7 @@ def register(subparsers) -> None:
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
 
-    admin = subparsers.add_parser("admin", help="manage tokens and inspect the registry database")
-    admin_sub = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    admin_sub = command_group(subparsers, "admin", "manage tokens, sites and the registry")
     issue = admin_sub.add_parser("issue-token", help="create a token (printed once) for a site or the admin")
     _principal_options(issue)
     issue.set_defaults(func=_issue_token)
@@ -273,8 +272,7 @@ def register(subparsers) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=_list_sites)
 
-    site = subparsers.add_parser("site", help="act as a site against a registry")
-    site_sub = site.add_subparsers(dest="site_command", metavar="COMMAND", required=True)
+    site_sub = command_group(subparsers, "site", "act as a site: register, publish, serve, audit")
     p = site_sub.add_parser("register", help="register this site")
     _connection_options(p)
     p.add_argument("--name", required=True, help="site name (must match the token)")

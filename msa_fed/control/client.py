@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from msa_fed.artifacts import OnnxPredictor, load_predictor, sha256_hex
+from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_hex
 from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from msa_fed.artifacts import load_predictor, sha256_hex
+from msa_fed.artifacts.predictors import load_predictor, sha256_hex
 from msa_fed.control import tokens
 from msa_fed.control.records import (
     KIND_PREDICTOR,

@@ -15,7 +15,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder
 
-from msa_fed.baselines import UniformCombination
+from msa_fed.experiments.baselines import UniformCombination
 from msa_fed.experiments.data import load_adult
 from msa_fed.experiments.report import summarise, uniform_mixtures
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from msa_fed.baselines import UniformCombination
+from msa_fed.experiments.baselines import UniformCombination
 from msa_fed.experiments import cnn
 from msa_fed.experiments.data import load_digits_domains
 from msa_fed.experiments.report import summarise, uniform_mixtures

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 from sklearn.svm import SVR
 
-from msa_fed.baselines import UniformCombination
+from msa_fed.experiments.baselines import UniformCombination
 from msa_fed.experiments.data import load_sentiment
 from msa_fed.experiments.report import summarise, uniform_mixtures
 

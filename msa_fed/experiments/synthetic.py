@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from msa_fed.baselines import UniformCombination
+from msa_fed.experiments.baselines import UniformCombination
 from msa_fed.experiments.report import summarise, uniform_mixtures
 
 COMPONENTS = {

@@ -23,7 +23,7 @@ from msa_fed.core.density import KDEDomainModel
 from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, fit_maxent
 from msa_fed.core.features import FEATURE_MAPS, feature_map_state, make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
-from msa_fed.model import CombinedModel
+from msa_fed.artifacts.model import CombinedModel
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.progress import Progress
 

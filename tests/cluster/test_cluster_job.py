@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from msa_fed.artifacts import export_sklearn
-from msa_fed.demo_data import make_federation
+from msa_fed.artifacts.predictors import export_sklearn
+from msa_fed.experiments.demo_data import make_federation
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -247,7 +247,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
         procs.stop_all()
 
     from msa_fed.control.client import RegistryClient
-    from msa_fed.job import model_from_bytes
+    from msa_fed.jobs.run import model_from_bytes
 
     with RegistryClient(f["address"], f["admin"], insecure=True) as admin:
         data, record = admin.download_combined_model()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from msa_fed.artifacts import META_CLASSES, META_KIND, META_N_FEATURES
+from msa_fed.artifacts.predictors import META_CLASSES, META_KIND, META_N_FEATURES
 
 
 def linear_onnx(weights, bias: float = 0.0, *, metadata: dict | None = None, padding: int = 0) -> bytes:

@@ -12,7 +12,7 @@ import pytest
 from control_helpers import linear_onnx, softmax_onnx
 from sklearn.linear_model import LinearRegression
 
-from msa_fed.artifacts import load_predictor
+from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.control import Limits, MemoryStore, Registry, RegistryClient, RegistryServer
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression, LogisticRegression
 
-from msa_fed.baselines import UniformCombination, fit_joint
+from msa_fed.experiments.baselines import UniformCombination, fit_joint
 
 
 def _data(seed, n=200, shift=0.0):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from msa_fed.artifacts import export_sklearn
+from msa_fed.artifacts.predictors import export_sklearn
 
 
 def _print(text: str = ""):
@@ -47,8 +47,8 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     from msa_fed.control.registry import Registry
     from msa_fed.control.server import RegistryServer
     from msa_fed.control.sqlite_store import SqliteStore
-    from msa_fed.demo_data import SITES, make_federation
-    from msa_fed.job import JobConfig, model_from_bytes, report, run_job
+    from msa_fed.experiments.demo_data import SITES, make_federation
+    from msa_fed.jobs.run import JobConfig, model_from_bytes, report, run_job
     from msa_fed.runtime.ray_sites import ensure_ray
 
     t0 = time.perf_counter()

@@ -27,10 +27,10 @@ from typing import Any, Callable
 import numpy as np
 
 from msa_fed import __version__
-from msa_fed.artifacts import load_predictor
+from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.domain_classifier import ClassifierConfig
 from msa_fed.errors import ArtifactError, ConfigError
-from msa_fed.model import CombinedModel, load_model
+from msa_fed.artifacts.model import CombinedModel, load_model
 from msa_fed.runtime.channel import MODES as CHANNEL_MODES
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.site import SiteWorker

@@ -5,7 +5,7 @@ import argparse
 
 
 def _run(args) -> int:
-    from msa_fed.job import JobConfig, read_token_file, report, run_job
+    from msa_fed.jobs.run import JobConfig, read_token_file, report, run_job
 
     if args.admin_token and args.admin_token_file:
         raise ValueError("give --admin-token or --admin-token-file, not both")
@@ -19,7 +19,7 @@ def _run(args) -> int:
 
 
 def _demo(args) -> int:
-    from msa_fed.demo import main_demo
+    from msa_fed.jobs.demo import main_demo
 
     return main_demo(args)
 

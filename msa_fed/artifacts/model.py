@@ -127,7 +127,7 @@ class CombinedModel:
 
     def save(self, path) -> Path:
         """Write the model to directory ``path`` (created; an existing model there is replaced)."""
-        from msa_fed.artifacts import to_onnx
+        from msa_fed.artifacts.predictors import to_onnx
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ class CombinedModel:
 
 def load_model(path) -> CombinedModel:
     """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
-    from msa_fed.artifacts import load_predictor
+    from msa_fed.artifacts.predictors import load_predictor
 
     path = Path(path)
     mf = path / "manifest.json"

@@ -1,0 +1,19 @@
+"""Building blocks shared by the subsystems' command-line modules.
+
+Each subsystem module exposes ``register(subparsers)``; several may add commands to the same
+group (``site``, ``admin``, ``model``, ...), so a group is created once and then reused.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """The sub-command table of group ``name`` (``msa-fed NAME COMMAND``), created on first use."""
+    existing = subparsers.choices.get(name)
+    if existing is not None:
+        return existing._msa_fed_commands  # type: ignore[attr-defined]
+    parser = subparsers.add_parser(name, help=help)
+    commands = parser.add_subparsers(dest=f"{name.replace('-', '_')}_command", metavar="COMMAND", required=True)
+    parser._msa_fed_commands = commands  # type: ignore[attr-defined]
+    return commands
