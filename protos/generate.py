@@ -2,16 +2,18 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python protos/generate.py            # writes msa_fed/control/proto/
-    .venv/bin/python protos/generate.py --out DIR  # writes DIR/ (used by the check test)
+    .venv/bin/python protos/generate.py            # writes msa_fed/control/proto/ and msa_fed/runtime/proto/
+    .venv/bin/python protos/generate.py --out DIR  # writes DIR/ and DIR/runtime_proto/ (used by the check test)
 
 The generated files are committed.  ``tests/control/test_proto_generated.py``
 regenerates them into a temporary folder and fails on any difference, so edit
 the ``.proto`` and rerun this script; never edit the output by hand.
 
 protoc names the modules after the proto path (``msa_fed/v1/registry_pb2.py``);
-this script moves them into the ``msa_fed.control.proto`` package and rewrites
-the one cross-module import the gRPC stub contains accordingly.
+this script moves them into their packages and rewrites the cross-module imports
+accordingly: ``boundary.proto`` (the messages that may cross a site's boundary,
+used by the runtime's codec) goes to ``msa_fed.runtime.proto``, the others (the
+registry and its relay, which import it) to ``msa_fed.control.proto``.
 """
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ from pathlib import Path
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
 DEFAULT_OUT = REPO_ROOT / "msa_fed" / "control" / "proto"
+DEFAULT_RUNTIME_OUT = REPO_ROOT / "msa_fed" / "runtime" / "proto"
 PROTO_PACKAGE_DIR = "msa_fed/v1"
 TARGET_PACKAGE = "msa_fed.control.proto"
+#: protos whose code goes to the runtime layer (below control: the runtime may not import control)
+RUNTIME_PROTOS = {"boundary": "msa_fed.runtime.proto"}
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -34,8 +39,15 @@ def proto_files() -> list[Path]:
     return sorted((PROTO_ROOT / PROTO_PACKAGE_DIR).glob("*.proto"))
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Compile every proto into ``out_dir``; return the files written."""
+def generate(out_dir: Path = DEFAULT_OUT, runtime_out: Path | None = None) -> list[Path]:
+    """Compile every proto; return the files written.
+
+    Control-plane modules go to ``out_dir``, those of :data:`RUNTIME_PROTOS` to ``runtime_out``
+    (default: ``msa_fed/runtime/proto`` with the default ``out_dir``, else ``out_dir/runtime_proto``).
+    """
+    if runtime_out is None:
+        runtime_out = DEFAULT_RUNTIME_OUT if Path(out_dir) == DEFAULT_OUT else Path(out_dir) / "runtime_proto"
+    runtime_out.mkdir(parents=True, exist_ok=True)
     from grpc_tools import protoc  # test-only dependency (grpcio-tools)
 
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
@@ -57,12 +69,17 @@ def generate(out_dir: Path) -> list[Path]:
             raise SystemExit(f"error: protoc failed with status {rc}")
         generated_pkg = Path(tmp) / PROTO_PACKAGE_DIR
         old_import = "from " + PROTO_PACKAGE_DIR.replace("/", ".") + " import "
-        new_import = f"from {TARGET_PACKAGE} import "
         for path in sorted(generated_pkg.iterdir()):
             if not path.name.endswith(SUFFIXES):
                 continue
-            text = path.read_text().replace(old_import, new_import)
-            target = out_dir / path.name
+            text = path.read_text()
+            for stem, package in RUNTIME_PROTOS.items():
+                text = text.replace(f"{old_import}{stem}_pb2", f"from {package} import {stem}_pb2")
+            text = text.replace(old_import, f"from {TARGET_PACKAGE} import ")
+            stem = path.name.split("_pb2")[0]
+            if stem in RUNTIME_PROTOS and path.name.endswith("_pb2_grpc.py"):
+                continue  # a schema without services: no stub module
+            target = (runtime_out if stem in RUNTIME_PROTOS else out_dir) / path.name
             target.write_text(text)
             written.append(target)
     return written

@@ -18,8 +18,9 @@ restarts them and carries their setup through Ray, and the hot calls
   the process that made them.
 - ``mode="plain"``: no TLS, only on loopback (the site binds 127.0.0.1 and the coordinator must
   run on the same node); an explicit choice for single-machine research runs.
-- messages are encoded by :mod:`msa_fed.runtime.wire` (JSON header + raw array bytes, never
-  pickle) and must be boundary messages of the allowed direction.
+- messages are encoded by :mod:`msa_fed.runtime.wire` (the protobuf schema of
+  ``protos/msa_fed/v1/boundary.proto``, one message per length-prefixed frame, never pickle) and
+  must be boundary messages of the allowed direction.
 
 Any failure of the channel (the actor restarted, a socket error, a time-out) falls back to the
 Ray call for that site and round, with Ray's restart and replay logic; the channel is reopened

@@ -95,6 +95,22 @@ class Message:
 
 # ------------------------------------------------------------------ coordinator -> site
 @dataclass(frozen=True)
+class JobSetup(Message):
+    """Join a job (federated topology): the job's sites in order, this site's index, the sha256
+    of every site's published predictor (the site fetches and checks them), the task, the loss,
+    the union of the predictors' classes and the least number of points to aggregate over."""
+
+    job_id: str
+    sites: tuple
+    index: int
+    predictor_sha256: tuple
+    task: str
+    loss: str
+    classes: np.ndarray | None = None
+    min_points: int = 20
+
+
+@dataclass(frozen=True)
 class DomainModelSpec(Message):
     """How to compute Q(k | x): a Maxent classifier (feature map + theta) or GMSA's KDEs.
 
@@ -217,7 +233,7 @@ class ChannelAddress(Message):
     node_id: str = ""
 
 
-REQUEST_TYPES = (DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest, ChannelOffer)
+REQUEST_TYPES = (JobSetup, DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest, ChannelOffer)
 RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack, ChannelAddress)
 
 

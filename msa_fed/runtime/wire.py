@@ -1,38 +1,66 @@
-"""A pickle-free byte encoding of the boundary messages, for the direct data channel.
+"""The one codec of the boundary messages: :mod:`msa_fed.runtime.messages` <-> protobuf.
 
-Ray moves messages between its own processes with pickle; the data channel
-(:mod:`msa_fed.runtime.channel`) carries them between the coordinator and a site's actor over
-a socket, and nothing received there is ever unpickled.  A message is encoded as
+The schema is ``protos/msa_fed/v1/boundary.proto`` (generated code in
+:mod:`msa_fed.runtime.proto`): ``SiteRequest`` is everything a coordinator may send a site,
+``SiteResponse`` everything a site may return.  Both topologies use it: the cluster topology's
+direct data channel (:mod:`msa_fed.runtime.channel`, one serialised message per frame) and the
+federated relay (``relay.proto`` embeds the same two messages).
 
-    u32 header length | JSON header | raw array bytes
-
-The header names the message type, which must be one of the boundary types of
-:mod:`msa_fed.runtime.messages` allowed in that direction, and gives each field as JSON: numbers,
-strings, booleans, None, tuples (``{"tu": [...]}``), the DC sums (``{"dc": {...}}``) and numeric
-arrays (``{"nd": [dtype, shape, offset, nbytes]}``, the bytes after the header).  Decoding
-checks every part (types, dtypes, sizes, offsets) and raises :class:`WireError` on anything else:
-a peer can make a call fail, never run code or allocate more than the frame it sent.
+- :func:`to_proto` / :func:`from_proto`: a message object <-> a ``SiteRequest`` /
+  ``SiteResponse``; :func:`encode` / :func:`decode`: the same as bytes.
+- ``allowed`` is :data:`REQUESTS` or :data:`RESPONSES`: a message of the other direction, or any
+  type not in the schema, is refused.
+- Decoding checks every part and raises :class:`WireError` on anything else: unparsable bytes,
+  a missing or unexpected body, a method name that is not an identifier, an array whose dtype is
+  not in :data:`DTYPES`, with more than 8 dimensions, a negative dimension or a byte count that
+  does not match its shape.  A peer can make a call fail, never run code (nothing is unpickled)
+  or make the receiver allocate more than the message it sent.
 """
 from __future__ import annotations
 
-import json
 import math
-import struct
+import re
 from dataclasses import fields
 
 import numpy as np
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from msa_fed.core.dc_terms import DCSums
 from msa_fed.runtime import messages as m
+from msa_fed.runtime.proto import boundary_pb2 as pb
 
-_U32 = struct.Struct("!I")
-#: numeric dtypes an array may have on the wire (no objects, no strings)
-_DTYPE_KINDS = "biuf"
-_MAX_DEPTH = 8
+#: the dtypes an array may have on the wire: booleans, integers, floats, either byte order
+DTYPES = frozenset(
+    np.dtype(t).newbyteorder(order).str
+    for t in ("b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8")
+    for order in "<>"
+)
+MAX_NDIM = 8
+_METHOD = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 class WireError(ValueError):
-    """A frame that is not a valid encoded boundary message."""
+    """Bytes or a message that are not a valid boundary message here."""
+
+
+class RemoteError(Exception):
+    """An error the other end reported: ``kind`` is the error type's name."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(f"{kind}: {text}")
+        self.kind, self.text = kind, text
+
+
+# the body field of SiteRequest / SiteResponse for each message type (None: no payload)
+_REQUEST_FIELDS = {
+    m.JobSetup: "job_setup", m.DomainModelSpec: "domain_model", m.ShardSetup: "shard_setup",
+    m.ThetaRequest: "theta", m.RowRange: "row_range", m.QhatBroadcast: "qhat", m.DCRequest: "dc",
+    m.ChannelOffer: "channel_offer",
+}
+_RESPONSE_FIELDS = {
+    m.SiteInfo: "info", m.UnlabeledSample: "sample", m.GradSum: "grad", m.QhatPartial: "qhat",
+    m.DCPartial: "dc", m.BoundMax: "bound", m.Ack: "ack", m.ChannelAddress: "channel_address",
+}
 
 
 def _types(classes) -> dict[str, type]:
@@ -43,128 +71,320 @@ REQUESTS = _types(m.REQUEST_TYPES)
 RESPONSES = _types(m.RESPONSE_TYPES)
 
 
-def _enc(v, blobs: list, offset: list[int], depth: int = 0):
-    if depth > _MAX_DEPTH:
-        raise WireError("message nested too deeply")
-    if v is None or isinstance(v, (bool, str)):
-        return v
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return f if math.isfinite(f) else {"fl": repr(f)}
+def _direction(allowed: dict[str, type]):
+    if allowed is REQUESTS or set(allowed.values()) <= set(_REQUEST_FIELDS):
+        return pb.SiteRequest, _REQUEST_FIELDS
+    if allowed is RESPONSES or set(allowed.values()) <= set(_RESPONSE_FIELDS):
+        return pb.SiteResponse, _RESPONSE_FIELDS
+    raise ValueError("allowed must be wire.REQUESTS or wire.RESPONSES (or a subset of one)")
+
+
+# ------------------------------------------------------------------ arrays and scalars
+def _put_array(out: pb.NdArray, v) -> None:
+    if not isinstance(v, np.ndarray):
+        raise WireError(f"expected an array, got {type(v).__name__}")
+    if v.dtype.str not in DTYPES:
+        raise WireError(f"cannot send an array of dtype {v.dtype}")
+    if v.ndim > MAX_NDIM:
+        raise WireError(f"cannot send an array of {v.ndim} dimensions")
+    out.dtype = v.dtype.str
+    out.shape.extend(int(s) for s in v.shape)
+    out.data = np.ascontiguousarray(v).tobytes()
+
+
+def _array(a: pb.NdArray, what: str) -> np.ndarray:
+    if a.dtype not in DTYPES:
+        raise WireError(f"{what}: array of dtype {a.dtype[:16]!r} not allowed")
+    shape = tuple(a.shape)
+    if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
+        raise WireError(f"{what}: array shape {shape[:MAX_NDIM + 1]} not allowed")
+    dtype = np.dtype(a.dtype)
+    if math.prod(shape) * dtype.itemsize != len(a.data):
+        raise WireError(f"{what}: array of shape {shape} and dtype {dtype} does not fill {len(a.data)} bytes")
+    return np.frombuffer(a.data, dtype=dtype).reshape(shape)
+
+
+def _opt_array(parent, name: str, what: str):
+    return _array(getattr(parent, name), f"{what}.{name}") if parent.HasField(name) else None
+
+
+def _put_scalar(out: pb.Scalar, v) -> None:
+    if v is None:
+        out.none = True
+    elif isinstance(v, (bool, np.bool_)):
+        out.flag = bool(v)
+    elif isinstance(v, (int, np.integer)):
+        out.integer = int(v)
+    elif isinstance(v, (float, np.floating)):
+        out.number = float(v)
+    elif isinstance(v, str):
+        out.text = v
+    else:
+        raise WireError(f"cannot send a parameter of type {type(v).__name__}")
+
+
+def _scalar(s: pb.Scalar):
+    kind = s.WhichOneof("kind")
+    if kind is None:
+        raise WireError("empty parameter")
+    return None if kind == "none" else getattr(s, kind)
+
+
+def _put_feature_map(out: pb.FeatureMap, state) -> None:
+    try:
+        name, params, arrays = state
+    except (TypeError, ValueError):
+        raise WireError("a feature map is sent as (name, params, arrays)") from None
+    out.name = str(name)
+    for k, v in dict(params).items():
+        _put_scalar(out.params[str(k)], v)
+    for k, v in dict(arrays).items():
+        _put_array(out.arrays[str(k)], v)
+
+
+def _feature_map(parent, what: str):
+    if not parent.HasField("feature_map"):
+        return None
+    f = parent.feature_map
+    return (f.name, {k: _scalar(v) for k, v in f.params.items()},
+            {k: _array(v, f"{what}.feature_map.{k}") for k, v in f.arrays.items()})
+
+
+def _no_custom(msg):
+    if getattr(msg, "custom_feature_map", None) is not None:
+        raise WireError("a custom feature map object exists only in-process; it cannot cross a boundary")
+
+
+def _put_numeric(out: pb.Numeric, v) -> None:
     if isinstance(v, np.ndarray):
-        if v.dtype.kind not in _DTYPE_KINDS:
-            raise WireError(f"cannot send an array of dtype {v.dtype}")
-        data = np.ascontiguousarray(v).tobytes()
-        spec = {"nd": [v.dtype.str, list(v.shape), offset[0], len(data)]}
-        blobs.append(data)
-        offset[0] += len(data)
-        return spec
-    if isinstance(v, DCSums):
-        return {"dc": {f.name: _enc(getattr(v, f.name), blobs, offset, depth + 1) for f in fields(v)}}
-    if isinstance(v, (tuple, list)):
-        return {"tu": [_enc(x, blobs, offset, depth + 1) for x in v]}
-    raise WireError(f"cannot send a value of type {type(v).__name__}")
+        _put_array(out.array, v)
+    elif isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        out.scalar = float(v)
+    else:
+        raise WireError(f"cannot send a DC sum of type {type(v).__name__}")
+
+
+def _numeric(parent, name: str):
+    if not parent.HasField(name):
+        return None
+    n = getattr(parent, name)
+    kind = n.WhichOneof("value")
+    if kind is None:
+        raise WireError(f"DC sum {name} is empty")
+    return _array(n.array, f"DC sum {name}") if kind == "array" else n.scalar
+
+
+# ------------------------------------------------------------------ message bodies
+def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the schema in code
+    if isinstance(msg, m.JobSetup):
+        body.job_id, body.index, body.task, body.loss = msg.job_id, int(msg.index), msg.task, msg.loss
+        body.sites.extend(msg.sites)
+        body.predictor_sha256.extend(msg.predictor_sha256)
+        body.min_points = int(msg.min_points)
+        if msg.classes is not None:
+            _put_array(body.classes, np.asarray(msg.classes))
+    elif isinstance(msg, m.DomainModelSpec):
+        _no_custom(msg)
+        body.kind, body.n_sources = msg.kind, int(msg.n_sources)
+        if msg.feature_map is not None:
+            _put_feature_map(body.feature_map, msg.feature_map)
+        if msg.theta is not None:
+            _put_array(body.theta, msg.theta)
+        if msg.bandwidths is not None:
+            _put_array(body.bandwidths, np.asarray(msg.bandwidths))
+        for X in msg.samples:
+            _put_array(body.samples.add(), np.asarray(X))
+    elif isinstance(msg, m.ShardSetup):
+        _no_custom(msg)
+        if msg.feature_map is not None:
+            _put_feature_map(body.feature_map, msg.feature_map)
+        body.n_sources, body.dtype, body.device = int(msg.n_sources), str(msg.dtype), str(msg.device)
+        body.seed, body.workers_per_site = int(msg.seed), int(msg.workers_per_site)
+    elif isinstance(msg, m.ThetaRequest):
+        _put_array(body.theta, msg.theta)
+        if msg.step is not None:
+            body.step = int(msg.step)
+        body.batch_size = int(msg.batch_size)
+    elif isinstance(msg, m.RowRange):
+        body.start, body.stop = int(msg.start), int(msg.stop)
+    elif isinstance(msg, m.QhatBroadcast):
+        _put_array(body.qhat, msg.qhat)
+        body.eta = float(msg.eta)
+    elif isinstance(msg, m.DCRequest):
+        _put_array(body.z, msg.z)
+        body.eta = float(msg.eta)
+        body.what.extend(str(w) for w in msg.what)
+        if msg.global_bound is not None:
+            body.global_bound = float(msg.global_bound)
+    elif isinstance(msg, m.ChannelOffer):
+        body.mode, body.peer_cert = msg.mode, msg.peer_cert
+    elif isinstance(msg, m.SiteInfo):
+        body.name, body.task = msg.name, msg.task
+        body.n_features, body.n_labeled, body.n_unlabeled = int(msg.n_features), int(msg.n_labeled), int(msg.n_unlabeled)
+        if msg.classes is not None:
+            _put_array(body.classes, np.asarray(msg.classes))
+    elif isinstance(msg, m.UnlabeledSample):
+        _put_array(body.X, msg.X)
+    elif isinstance(msg, m.GradSum):
+        body.loss, body.n = float(msg.loss), int(msg.n)
+        _put_array(body.grad, msg.grad)
+    elif isinstance(msg, m.QhatPartial):
+        _put_array(body.sums, msg.sums)
+        body.n = int(msg.n)
+    elif isinstance(msg, m.DCPartial):
+        s = msg.sums
+        if not isinstance(s, DCSums):
+            raise WireError("DCPartial.sums must be DCSums")
+        for f in fields(DCSums):
+            v = getattr(s, f.name)
+            if f.name == "n":
+                body.sums.n = int(v)
+            elif v is not None:
+                _put_numeric(getattr(body.sums, f.name), v)
+        body.sums.SetInParent()
+    elif isinstance(msg, m.BoundMax):
+        body.value = float(msg.value)
+    elif isinstance(msg, m.Ack):
+        body.incarnation, body.node_id = msg.incarnation, msg.node_id
+    elif isinstance(msg, m.ChannelAddress):
+        body.host, body.port, body.cert, body.node_id = msg.host, int(msg.port), msg.cert, msg.node_id
+    else:  # pragma: no cover - guarded by the type tables
+        raise WireError(f"{type(msg).__name__} is not a message that may cross here")
+
+
+def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
+    if cls is m.JobSetup:
+        return m.JobSetup(job_id=b.job_id, sites=tuple(b.sites), index=b.index,
+                          predictor_sha256=tuple(b.predictor_sha256), task=b.task, loss=b.loss,
+                          classes=_opt_array(b, "classes", what), min_points=b.min_points)
+    if cls is m.DomainModelSpec:
+        return m.DomainModelSpec(kind=b.kind, n_sources=b.n_sources, feature_map=_feature_map(b, what),
+                                 theta=_opt_array(b, "theta", what), bandwidths=_opt_array(b, "bandwidths", what),
+                                 samples=tuple(_array(a, f"{what}.samples") for a in b.samples))
+    if cls is m.ShardSetup:
+        return m.ShardSetup(feature_map=_feature_map(b, what), custom_feature_map=None, n_sources=b.n_sources,
+                            dtype=b.dtype, device=b.device, seed=b.seed, workers_per_site=b.workers_per_site)
+    if cls is m.ThetaRequest:
+        if not b.HasField("theta"):
+            raise WireError(f"{what}: theta is missing")
+        return m.ThetaRequest(theta=_array(b.theta, f"{what}.theta"), step=b.step if b.HasField("step") else None,
+                              batch_size=b.batch_size)
+    if cls is m.RowRange:
+        return m.RowRange(start=b.start, stop=b.stop)
+    if cls is m.QhatBroadcast:
+        if not b.HasField("qhat"):
+            raise WireError(f"{what}: qhat is missing")
+        return m.QhatBroadcast(qhat=_array(b.qhat, f"{what}.qhat"), eta=b.eta)
+    if cls is m.DCRequest:
+        if not b.HasField("z"):
+            raise WireError(f"{what}: z is missing")
+        return m.DCRequest(z=_array(b.z, f"{what}.z"), eta=b.eta, what=tuple(b.what),
+                           global_bound=b.global_bound if b.HasField("global_bound") else None)
+    if cls is m.ChannelOffer:
+        return m.ChannelOffer(mode=b.mode, peer_cert=b.peer_cert)
+    if cls is m.SiteInfo:
+        return m.SiteInfo(name=b.name, n_features=b.n_features, n_labeled=b.n_labeled, n_unlabeled=b.n_unlabeled,
+                          task=b.task, classes=_opt_array(b, "classes", what))
+    if cls is m.UnlabeledSample:
+        if not b.HasField("X"):
+            raise WireError(f"{what}: X is missing")
+        return m.UnlabeledSample(X=_array(b.X, f"{what}.X"))
+    if cls is m.GradSum:
+        if not b.HasField("grad"):
+            raise WireError(f"{what}: grad is missing")
+        return m.GradSum(loss=b.loss, grad=_array(b.grad, f"{what}.grad"), n=b.n)
+    if cls is m.QhatPartial:
+        if not b.HasField("sums"):
+            raise WireError(f"{what}: sums is missing")
+        return m.QhatPartial(sums=_array(b.sums, f"{what}.sums"), n=b.n)
+    if cls is m.DCPartial:
+        if not b.HasField("sums"):
+            raise WireError("malformed DC sums: missing")
+        s = b.sums
+        return m.DCPartial(sums=DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"},
+                                       n=s.n))
+    if cls is m.BoundMax:
+        return m.BoundMax(value=b.value)
+    if cls is m.Ack:
+        return m.Ack(incarnation=b.incarnation, node_id=b.node_id)
+    if cls is m.ChannelAddress:
+        return m.ChannelAddress(host=b.host, port=b.port, cert=b.cert, node_id=b.node_id)
+    raise WireError(f"{cls.__name__} is not a message that may cross here")  # pragma: no cover
+
+
+# ------------------------------------------------------------------ public API
+def to_proto(method: str, msg: m.Message | None, allowed: dict[str, type]):
+    """A ``SiteRequest`` (``allowed`` = :data:`REQUESTS`) or ``SiteResponse`` holding ``msg``."""
+    envelope_cls, table = _direction(allowed)
+    if not isinstance(method, str) or not _METHOD.match(method):
+        raise WireError(f"method name {str(method)[:80]!r} is not an identifier")
+    out = envelope_cls(method=method)
+    if msg is None:
+        out.empty.SetInParent()
+        return out
+    name = type(msg).__name__
+    if allowed.get(name) is not type(msg) or type(msg) not in table:
+        raise WireError(f"{name} is not a message that may cross here")
+    body = getattr(out, table[type(msg)])
+    _fill(body, msg)
+    body.SetInParent()
+    return out
+
+
+def error_proto(kind: str, text: str) -> pb.SiteResponse:
+    """A ``SiteResponse`` reporting an error: the error type's name and one line of text."""
+    out = pb.SiteResponse(method="error")
+    out.failure.kind = str(kind)[:128]
+    out.failure.text = " ".join(str(text).split())[:4000]
+    return out
+
+
+def from_proto(envelope, allowed: dict[str, type]):
+    """(method, message) of a ``SiteRequest``/``SiteResponse``; ("", RemoteError) for a failure."""
+    envelope_cls, table = _direction(allowed)
+    if not isinstance(envelope, envelope_cls):
+        raise WireError(f"expected a {envelope_cls.__name__}, got {type(envelope).__name__}")
+    body_name = envelope.WhichOneof("body")
+    if body_name is None:
+        raise WireError("message has no body")
+    if body_name == "failure":
+        return "", RemoteError(envelope.failure.kind or "Error", envelope.failure.text)
+    method = envelope.method
+    if not _METHOD.match(method):
+        raise WireError(f"message names no method (or not an identifier: {method[:80]!r})")
+    if body_name == "empty":
+        return method, None
+    by_field = {f: c for c, f in table.items() if c.__name__ in allowed and allowed[c.__name__] is c}
+    cls = by_field.get(body_name)
+    if cls is None:
+        raise WireError(f"{body_name!r} is not a message that may cross here")
+    try:
+        return method, _read(cls, getattr(envelope, body_name), cls.__name__)
+    except WireError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"{cls.__name__}: {exc}") from None
 
 
 def encode(method: str, msg: m.Message | None, allowed: dict[str, type]) -> bytes:
     """The bytes of (method, msg); msg must be one of ``allowed`` (or None)."""
-    blobs: list[bytes] = []
-    offset = [0]
-    if msg is None:
-        header = {"m": method, "t": None}
-    else:
-        name = type(msg).__name__
-        if allowed.get(name) is not type(msg):
-            raise WireError(f"{name} is not a message that may cross here")
-        header = {"m": method, "t": name,
-                  "f": {f.name: _enc(getattr(msg, f.name), blobs, offset) for f in fields(msg)}}
-    head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    return b"".join([_U32.pack(len(head)), head, *blobs])
+    return to_proto(method, msg, allowed).SerializeToString()
 
 
 def encode_error(kind: str, text: str) -> bytes:
     """An error answer: the library error type's name and its message."""
-    head = json.dumps({"err": str(kind), "msg": str(text)}, separators=(",", ":")).encode()
-    return _U32.pack(len(head)) + head
-
-
-def _dec(v, body: memoryview, depth: int = 0):
-    if depth > _MAX_DEPTH:
-        raise WireError("message nested too deeply")
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, dict) and len(v) == 1:
-        (key, val), = v.items()
-        if key == "tu" and isinstance(val, list):
-            return tuple(_dec(x, body, depth + 1) for x in val)
-        if key == "fl" and val in ("inf", "-inf", "nan"):
-            return float(val)
-        if key == "nd":
-            return _array(val, body)
-        if key == "dc" and isinstance(val, dict):
-            names = [f.name for f in fields(DCSums)]
-            if set(val) != set(names):
-                raise WireError("malformed DC sums")
-            return DCSums(*(_dec(val[n], body, depth + 1) for n in names))
-    raise WireError(f"unexpected value in a message: {str(v)[:80]!r}")
-
-
-def _array(spec, body: memoryview) -> np.ndarray:
-    try:
-        dtype_str, shape, start, nbytes = spec
-        dtype = np.dtype(dtype_str)
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError) as exc:
-        raise WireError(f"malformed array: {exc}") from None
-    if dtype.kind not in _DTYPE_KINDS or any(s < 0 for s in shape) or len(shape) > 8:
-        raise WireError(f"array of dtype {dtype} shape {shape} not allowed")
-    if not (isinstance(start, int) and isinstance(nbytes, int) and 0 <= start and start + nbytes <= len(body)):
-        raise WireError("array bytes outside the frame")
-    if math.prod(shape) * dtype.itemsize != nbytes:
-        raise WireError(f"array of shape {shape} and dtype {dtype} does not fill {nbytes} bytes")
-    return np.frombuffer(body[start:start + nbytes], dtype=dtype).reshape(shape)
+    return error_proto(kind, text).SerializeToString()
 
 
 def decode(frame: bytes, allowed: dict[str, type]):
-    """(method, message) of an encoded frame, or ("", WireRemoteError) for an error answer."""
-    view = memoryview(frame)
-    if len(view) < 4:
-        raise WireError("truncated frame")
-    (n,) = _U32.unpack(view[:4])
-    if n > len(view) - 4:
-        raise WireError("truncated frame header")
+    """(method, message) of encoded bytes, or ("", RemoteError) for an error answer."""
+    envelope_cls, _ = _direction(allowed)
+    envelope = envelope_cls()
     try:
-        header = json.loads(bytes(view[4:4 + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"frame header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise WireError("frame header is not an object")
-    body = view[4 + n:]
-    if "err" in header:
-        return "", RemoteError(str(header.get("err")), str(header.get("msg", "")))
-    method, name = header.get("m"), header.get("t")
-    if not isinstance(method, str):
-        raise WireError("frame names no method")
-    if name is None:
-        return method, None
-    cls = allowed.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise WireError(f"{str(name)[:80]!r} is not a message that may cross here")
-    raw = header.get("f")
-    names = [f.name for f in fields(cls)]
-    if not isinstance(raw, dict) or set(raw) != set(names):
-        raise WireError(f"{name}: fields {sorted(raw) if isinstance(raw, dict) else raw!r}, expected {names}")
-    try:
-        return method, cls(**{k: _dec(raw[k], body) for k in names})
-    except TypeError as exc:
-        raise WireError(f"{name}: {exc}") from None
-
-
-class RemoteError(Exception):
-    """An error the other end reported: ``kind`` is the error type's name."""
-
-    def __init__(self, kind: str, text: str):
-        super().__init__(f"{kind}: {text}")
-        self.kind, self.text = kind, text
+        envelope.ParseFromString(bytes(frame))
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin: any parse failure
+        raise WireError(f"not a {envelope_cls.__name__}: {type(exc).__name__}") from None
+    if len(UnknownFieldSet(envelope)):
+        raise WireError(f"not a message that may cross here: fields unknown to {envelope_cls.__name__} "
+                        "(a message of the other direction?)")
+    return from_proto(envelope, allowed)

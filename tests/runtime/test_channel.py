@@ -88,29 +88,54 @@ def test_wire_refuses_what_may_not_cross():
         wire.decode(pickle.dumps(m.BoundMax(1.0)), wire.RESPONSES)
 
 
-def _frame(header: str, body: bytes = b"") -> bytes:
-    head = header.encode()
-    return len(head).to_bytes(4, "big") + head + body
+def _response(**kw) -> bytes:
+    """A hand-built SiteResponse, as a hostile peer could send it."""
+    from msa_fed.runtime.proto import boundary_pb2 as pb
+
+    return pb.SiteResponse(**kw).SerializeToString()
+
+
+def _grad(dtype="<f8", shape=(2,), data=bytes(16)) -> dict:
+    from msa_fed.runtime.proto import boundary_pb2 as pb
+
+    return dict(method="x", grad=pb.GradSum(loss=1.0, n=1, grad=pb.NdArray(dtype=dtype, shape=shape, data=data)))
 
 
 @pytest.mark.parametrize("frame,match", [
-    (b"", "truncated"),
-    (b"\x00\x00\x00\x09{}", "truncated frame header"),
-    (_frame("[1]"), "not an object"),
-    (_frame("{nope"), "not JSON"),
-    (_frame('{"t":"BoundMax","f":{"value":1.0}}'), "names no method"),
-    (_frame('{"m":"max_bound","t":"Evil","f":{}}'), "not a message"),
-    (_frame('{"m":"max_bound","t":"BoundMax","f":{"value":1.0,"x":2}}'), "fields"),
-    (_frame('{"m":"max_bound","t":"BoundMax","f":{"value":{"py":"os.system"}}}'), "unexpected value"),
-    (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["|O",[1],0,8]}}}', bytes(8)), "not allowed"),
-    (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[2],0,16]}}}', bytes(8)), "outside"),
-    (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[3],0,16]}}}', bytes(16)), "fill"),
-    (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[2],-8,16]}}}', bytes(16)), "outside"),
-    (_frame('{"m":"x","t":"DCPartial","f":{"sums":{"dc":{"L":null}}}}'), "malformed DC sums"),
+    (b"", "no body"),
+    (b"\xff\xff\xff", "not a SiteResponse"),
+    (b"\x0a\x05ab", "not a SiteResponse"),  # a length running past the end
+    (_response(method="max_bound"), "no body"),
+    (_response(bound={"value": 1.0}), "names no method"),
+    (_response(method="Max Bound!", bound={"value": 1.0}), "names no method"),
+    (_response(**_grad(dtype="|O8")), "not allowed"),
+    (_response(**_grad(dtype="<U4")), "not allowed"),
+    (_response(**_grad(dtype="f8,i4")), "not allowed"),
+    (_response(**_grad(shape=(3,))), "fill"),
+    (_response(**_grad(shape=(-2, -1))), "not allowed"),
+    (_response(**_grad(shape=(1,) * 9, data=bytes(8))), "not allowed"),
+    (_response(**_grad(shape=(2**40, 2**40), data=bytes(16))), "fill"),
+    (_response(method="x", grad={"loss": 1.0}), "grad is missing"),
+    (_response(method="dc_evaluate", dc={}), "malformed DC sums"),
+    (_response(method="dc_evaluate", dc={"sums": {"L": {}}}), "empty"),
 ])
 def test_wire_rejects_malformed_frames(frame, match):
     with pytest.raises(wire.WireError, match=match):
         wire.decode(frame, wire.RESPONSES)
+
+
+def test_wire_refuses_a_custom_feature_map_object():
+    with pytest.raises(wire.WireError, match="only in-process"):
+        wire.encode("setup_shard", m.ShardSetup(feature_map=None, custom_feature_map=StandardFeatures(),
+                                                n_sources=2), wire.REQUESTS)
+
+
+def test_every_boundary_type_is_in_the_schema():
+    """Each request and response type of msa_fed.runtime.messages has its place in boundary.proto."""
+    for cls in m.REQUEST_TYPES:
+        assert cls in wire._REQUEST_FIELDS, cls
+    for cls in m.RESPONSE_TYPES:
+        assert cls in wire._RESPONSE_FIELDS, cls
 
 
 @settings(max_examples=300, deadline=None)
