@@ -50,6 +50,20 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
 }
 
 
+# The relay between jobs and site processes (msa_fed.control.relay; relay.proto).
+METHOD_ROLES.update({
+    f"/msa_fed.v1.Relay/{name}": roles
+    for name, roles in {
+        "Connect": SITE,
+        "FetchPredictor": SITE,
+        "OpenJob": ADMIN,
+        "Call": ADMIN,
+        "CloseJob": ADMIN,
+        "ListConnected": ADMIN,
+    }.items()
+})
+
+
 def bearer_token(metadata) -> str | None:
     """The token of an ``authorization: Bearer <token>`` entry, or None."""
     for key, value in metadata or ():

@@ -24,6 +24,7 @@ from msa_fed.control.auth import AuthInterceptor
 from msa_fed.control.proto import SERVICE_NAME
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
+from msa_fed.control.relay import add_relay
 from msa_fed.control.servicer import RegistryServicer
 from msa_fed.errors import ConfigError
 
@@ -152,6 +153,7 @@ class RegistryServer:
         )
         self.servicer = RegistryServicer(self.registry)
         pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
+        self.relay = add_relay(server, self.registry)  # jobs <-> site processes that dial out (relay.py)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -58,6 +58,8 @@ class JobConfig:
     output_version: str = ""
     ray_address: str | None = None
     data_channel: str = "tls"       # per-round calls: "tls" (direct mutual TLS), "plain" (loopback only), "off"
+    topology: str = "federated"     # "federated" (site processes dial out) or "cluster" (sites are Ray nodes)
+    site_timeout_s: float = 60.0    # a site unreachable (or an actor unplaceable) this long ends the job
 
     @classmethod
     def from_toml(cls, path, **overrides) -> "JobConfig":
@@ -71,7 +73,8 @@ class JobConfig:
         allowed = {"registry": {"address", "tls_ca", "insecure", "admin_token_file"},
                    "model": {"task", "method", "features", "mu", "eta", "random_state", "objective"},
                    "privacy": {"min_points"},
-                   "run": {"sites", "site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel"}}
+                   "run": {"sites", "site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel",
+                           "topology", "site_timeout_s"}}
         for table, keys in allowed.items():
             extra = sorted(set(doc.get(table, {})) - keys)
             if extra:
@@ -88,7 +91,8 @@ class JobConfig:
         flat["min_points"] = doc.get("privacy", {}).get("min_points", 20)
         run = doc.get("run", {})
         flat["sites"] = tuple(run.get("sites", ()))
-        for key in ("site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel"):
+        for key in ("site_data", "checkpoint_dir", "output_version", "ray_address", "data_channel", "topology",
+                    "site_timeout_s"):
             if key in run:
                 flat[key] = run[key]
         known = {"name", "registry", "model", "privacy", "run"}
@@ -107,6 +111,11 @@ class JobConfig:
             raise ConfigError(f"[model] method must be 'dmsa' or 'gmsa'; got {self.method!r}")
         if self.data_channel not in CHANNEL_MODES:
             raise ConfigError(f"[run] data_channel must be one of {list(CHANNEL_MODES)}; got {self.data_channel!r}")
+        if self.topology not in ("federated", "cluster"):
+            raise ConfigError(f"[run] topology must be 'federated' or 'cluster'; got {self.topology!r}")
+        if isinstance(self.site_timeout_s, bool) or not isinstance(self.site_timeout_s, (int, float)) \
+                or not self.site_timeout_s > 0:
+            raise ConfigError(f"[run] site_timeout_s must be a number of seconds > 0; got {self.site_timeout_s!r}")
         if "{site}" not in self.site_data:
             raise ConfigError(f"[run] site_data must contain '{{site}}'; got {self.site_data!r}")
         return self
@@ -176,28 +185,34 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
             artifacts.append((data, rec.sha256))
             log(f"  {n}: predictor sha256 {rec.sha256[:12]}..., {predictors[-1].n_features_in_} features")
 
-        ray = ensure_ray(config.ray_address, **(ray_init_kwargs or {}))
-        resources = ray.cluster_resources()
-        absent = [n for n in names if f"site:{n}" not in resources]
-        if absent:
-            raise ConfigError(
-                f"site(s) {absent} are registered but no Ray node carries the resource "
-                + ", ".join(f"'site:{n}'" for n in absent) + "; start each site's node with "
-                "ray start --resources='{\"site:<name>\": 1}'")
-
         classes = None
         if config.task == "classification":
             classes = np.unique(np.concatenate([np.asarray(p.classes_) for p in predictors]))
         loss = "cross_entropy" if config.task == "classification" else "squared"
-        site_kwargs = [dict(name=n, index=k, data_path=config.site_data.format(site=n),
-                            predictor_artifacts=artifacts, task=config.task, loss=loss, classes=classes,
-                            min_points=config.min_points) for k, n in enumerate(names)]
+        ray = ensure_ray(config.ray_address, **(ray_init_kwargs or {}))
+        if config.topology == "federated":  # the sites' own processes, through the registry's relay
+            from msa_fed.federation.job import federated_backend
+
+            backend = federated_backend(config, admin_token, client, names, records,
+                                        [sha for _, sha in artifacts], classes, loss, log=log)
+        else:
+            resources = ray.cluster_resources()
+            absent = [n for n in names if f"site:{n}" not in resources]
+            if absent:
+                raise ConfigError(
+                    f"site(s) {absent} are registered but no Ray node carries the resource "
+                    + ", ".join(f"'site:{n}'" for n in absent) + "; start each site's node with "
+                    "ray start --resources='{\"site:<name>\": 1}'")
+            site_kwargs = [dict(name=n, index=k, data_path=config.site_data.format(site=n),
+                                predictor_artifacts=artifacts, task=config.task, loss=loss, classes=classes,
+                                min_points=config.min_points) for k, n in enumerate(names)]
+            backend = RaySites(site_kwargs, worker_cls=JobSiteWorker, data_channel=config.data_channel,
+                               start_timeout_s=config.site_timeout_s, retry_timeout_s=config.site_timeout_s)
         run_config = RunConfig(task=config.task, method=config.method, features=config.features, eta=config.eta,
                                random_state=config.random_state, min_points=config.min_points,
                                classifier=ClassifierConfig(mu=config.mu),
                                solver={"objective": config.objective}, checkpoint_dir=config.checkpoint_dir,
                                verbose=verbose)
-        backend = RaySites(site_kwargs, worker_cls=JobSiteWorker, data_channel=config.data_channel)
         with Coordinator(backend, predictors, run_config) as coordinator:
             model = coordinator.fit()
 

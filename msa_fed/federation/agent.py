@@ -1,0 +1,340 @@
+"""The site agent: ``msa-fed site serve --config site.toml``.
+
+The site's process, on the site's own machine.  It holds the labelled data, the site's policy and
+its request log; it opens **no listening socket**.  It
+
+1. reads ``site.toml`` (:mod:`msa_fed.federation.config`), the data file and the predictor file,
+   and checks with the registry that the predictor and ``X_unlabeled`` are exactly what the site
+   published (sha256 of the ONNX bytes, and of the sample as little-endian float32, the form in
+   which it was published); it refuses to start otherwise;
+2. dials out to the registry (TLS; mutual TLS with ``tls_cert``/``tls_key``; plaintext only with
+   ``insecure = true`` towards loopback), authenticates with its site token and keeps the relay's
+   ``Connect`` stream open, with heartbeats; it reconnects after a network failure and stops for
+   good when the registry refuses the site (revoked token, deregistered, another process
+   connected as the site);
+3. answers the requests relayed on that stream by calling a
+   :class:`msa_fed.runtime.site.SiteWorker` per job, only for the methods of
+   :data:`msa_fed.runtime.federated.RELAY_METHODS` (aggregates over its points, counts), with
+   requests and answers decoded and encoded by :mod:`msa_fed.runtime.wire` (the boundary schema);
+4. decides which jobs it serves (``accept_jobs``: every job the registry's admin opens, or only
+   those approved with ``msa-fed site approve``), and writes every answer and refusal to its
+   request log (:mod:`msa_fed.federation.state`).
+
+Errors sent back carry the library's own message for the library's own errors (a refusal, a
+configuration mismatch) and only the error's type name for anything else.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from msa_fed import __version__
+from msa_fed.artifacts.predictors import load_predictor, sha256_hex
+from msa_fed.control.proto import relay_pb2 as pb
+from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
+from msa_fed.federation.config import SiteConfig
+from msa_fed.federation.relay_client import open_channel
+from msa_fed.federation.state import JobBook, RequestLog
+from msa_fed.runtime import messages as m
+from msa_fed.runtime import wire
+from msa_fed.runtime.federated import RELAY_METHODS
+from msa_fed.runtime.site import SiteStateLost, SiteWorker, load_site_data
+
+log = logging.getLogger(__name__)
+
+#: the least number of labelled points the site aggregates over, whatever the job asks
+DEFAULT_MIN_POINTS = 20
+#: the agent gives up on a silent stream after this many heartbeat intervals
+SILENCE_INTERVALS = 4
+RECONNECT_MAX_S = 30.0
+#: statuses after which reconnecting cannot help
+FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
+         grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.UNIMPLEMENTED}
+
+
+class SiteRefused(MsaFedError):
+    """The registry refused this site (or the site refused to start); reconnecting cannot help."""
+
+
+def sample_sha256(X: np.ndarray) -> str:
+    """The sha256 of an unlabelled sample as the registry stores it (little-endian float32, C order)."""
+    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------- policy integration point
+def load_site_policy(config: SiteConfig):
+    """The site's privacy policy, read by the site's own process from ``config.policy``.
+
+    This is the one place where the policy enters the site agent: the object returned here is
+    handed to every :class:`SiteWorker` the agent creates (:func:`worker_policy_kwargs`).  This
+    build has no policy engine (``msa_fed.privacy``): without a policy file the site uses its
+    defaults (at least :data:`DEFAULT_MIN_POINTS` points per aggregate), and a policy file it
+    cannot enforce is refused rather than ignored.
+    """
+    try:
+        import msa_fed.privacy as privacy  # noqa: F401
+    except ModuleNotFoundError:
+        privacy = None
+    if config.policy is None:
+        return None
+    if privacy is None:
+        raise ConfigError(f"site config: policy {config.policy!r} is given but this installation has no policy "
+                          "engine (msa_fed.privacy) to enforce it; remove the key to run with the defaults")
+    if not Path(config.policy).is_file():
+        raise ConfigError(f"site config: policy file {config.policy!r} not found")
+    loader = getattr(privacy, "load_policy", None)
+    if loader is None:
+        raise ConfigError("msa_fed.privacy has no load_policy(path); cannot read the site's policy")
+    return loader(config.policy)
+
+
+def worker_policy_kwargs(policy, job: m.JobSetup, audit_log: str) -> dict:
+    """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job."""
+    kwargs = {"min_points": max(int(job.min_points), DEFAULT_MIN_POINTS)}
+    if policy is not None:
+        kwargs.update(policy=policy, audit_log=audit_log)
+    return kwargs
+
+
+# ---------------------------------------------------------------------- the agent
+class SiteAgent:
+    """One site's process (see the module docstring).  ``serve()`` blocks until ``stop()``."""
+
+    def __init__(self, config: SiteConfig, *, echo=print):
+        self.config = config
+        self.name = config.name
+        self.echo = echo
+        self.token = config.read_token()
+        self.data = load_site_data(config.name, config.data)
+        p = Path(config.predictor)
+        if not p.is_file():
+            raise ConfigError(f"site config: predictor {config.predictor!r} not found")
+        self.predictor_bytes = p.read_bytes()
+        self.predictor_sha256 = sha256_hex(self.predictor_bytes)
+        self.sample_sha256 = sample_sha256(self.data["X_unlabeled"])
+        self.policy = load_site_policy(config)
+        self.book = JobBook(config.jobs_path)
+        self.audit = RequestLog(config.audit_log)
+        self.jobs: dict[str, SiteWorker] = {}
+        self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
+        self._stop = threading.Event()
+        self._call = None
+        self._stub = None
+
+    # ------------------------------------------------------------------ start-up checks
+    def check_published(self) -> None:
+        """Refuse to start unless the predictor and X_unlabeled are what the site published."""
+        from msa_fed.control.client import RegistryClient
+
+        with RegistryClient(self.config.registry, self.token, **self.config.channel_kwargs()) as client:
+            record = client.get_site("")
+        if record.name != self.name:
+            raise SiteRefused(f"the token belongs to site {record.name!r}, not {self.name!r}")
+        if record.predictor is None or record.sample is None:
+            raise SiteRefused(f"site {self.name!r} has not published both a predictor and an unlabelled sample; "
+                              "run 'msa-fed site publish' first")
+        if record.predictor.sha256 != self.predictor_sha256:
+            raise SiteRefused(f"predictor {self.config.predictor!r} (sha256 {self.predictor_sha256[:16]}...) is not "
+                              f"the predictor site {self.name!r} published ({record.predictor.sha256[:16]}...)")
+        X = self.data["X_unlabeled"]
+        if record.sample.sha256 != self.sample_sha256:
+            raise SiteRefused(f"X_unlabeled of {self.config.data!r} ({X.shape[0]} x {X.shape[1]}, sha256 "
+                              f"{self.sample_sha256[:16]}... as float32) is not the sample site {self.name!r} "
+                              f"published ({record.sample.meta.get('rows')} x {record.sample.meta.get('cols')}, "
+                              f"{record.sample.sha256[:16]}...)")
+
+    # ------------------------------------------------------------------ serving
+    def stop(self):
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def serve(self, check: bool = True) -> None:
+        """Check the published artifacts, then connect and answer until stopped or refused."""
+        if check:
+            self.check_published()
+        pause = 0.5
+        while not self._stop.is_set():
+            connected = self._session()
+            if self._stop.is_set():
+                break
+            pause = 0.5 if connected else min(RECONNECT_MAX_S, pause * 2)
+            self.echo(f"site {self.name}: reconnecting in {pause:.1f} s")
+            self._stop.wait(pause)
+
+    def _session(self) -> bool:
+        """One connection; True if it got as far as the registry's welcome."""
+        channel = open_channel(self.config.registry, **self.config.channel_kwargs())
+        out: queue.Queue = queue.Queue()
+        done = threading.Event()
+        state = {"last": time.monotonic(), "interval": 5.0, "welcomed": False}
+        out.put(pb.SiteToRelay(hello=pb.Hello(site=self.name, agent_version=__version__,
+                                              predictor_sha256=self.predictor_sha256,
+                                              sample_sha256=self.sample_sha256)))
+
+        def outgoing():
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                yield item
+
+        stub = pb_grpc.RelayStub(channel)
+        call = stub.Connect(outgoing(), metadata=(("authorization", f"Bearer {self.token}"),))
+        self._call, self._stub = call, stub
+
+        def heartbeat():
+            while not done.wait(state["interval"]):
+                out.put(pb.SiteToRelay(heartbeat=pb.Heartbeat(sent_at=time.time())))
+                if time.monotonic() - state["last"] > SILENCE_INTERVALS * state["interval"] + 5:
+                    log.warning("site %s: the registry has been silent; reconnecting", self.name)
+                    call.cancel()
+                    return
+
+        threading.Thread(target=heartbeat, name="site-heartbeat", daemon=True).start()
+        try:
+            for msg in call:
+                state["last"] = time.monotonic()
+                part = msg.WhichOneof("part")
+                if part == "welcome":
+                    state["interval"] = max(0.05, msg.welcome.heartbeat_interval_s or 5.0)
+                    state["welcomed"] = True
+                    self.echo(f"site {self.name}: connected to the registry {self.config.registry} "
+                              "(outgoing connection; no listening socket)")
+                elif part == "forward":
+                    response = self.handle(msg.forward)
+                    out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=response)))
+                elif part == "end_job":
+                    if self.jobs.pop(msg.end_job.job_id, None) is not None:
+                        self.audit.write(event="job_end", job=msg.end_job.job_id)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if self._stop.is_set() or code == grpc.StatusCode.CANCELLED:
+                return state["welcomed"]
+            if code in FATAL:
+                self.audit.write(event="cut_off", status=code.name, reason=exc.details() or "")
+                raise SiteRefused(f"the registry refused site {self.name!r}: {code.name}: {exc.details()}") from None
+            self.echo(f"site {self.name}: connection lost ({code.name}: {exc.details()})")
+        finally:
+            done.set()
+            out.put(None)
+            self._call = None
+            channel.close()
+        return state["welcomed"]
+
+    # ------------------------------------------------------------------ requests
+    def handle(self, fwd: pb.Forward):
+        """The SiteResponse to one relayed request (never raises)."""
+        job, admin, method = fwd.job_id, fwd.admin, fwd.request.method
+        try:
+            method, msg = wire.from_proto(fwd.request, wire.REQUESTS)
+            if method not in RELAY_METHODS:
+                raise PrivacyError(f"site {self.name!r} does not answer {method!r} from its process "
+                                   f"(it answers {sorted(RELAY_METHODS)})")
+            if method == "join_job":
+                if not isinstance(msg, m.JobSetup):
+                    raise wire.WireError("join_job takes a JobSetup")
+                out = self._join(job, admin, msg)
+            else:
+                worker = self.jobs.get(job)
+                if worker is None:
+                    raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
+                out = getattr(worker, method)(msg)
+            response = wire.to_proto(method, out, wire.RESPONSES)
+        except (MsaFedError, wire.WireError) as exc:
+            self.audit.write(event="request", job=job, admin=admin, method=method, decision="refused",
+                             reason=f"{type(exc).__name__}: {exc}")
+            return wire.error_proto(type(exc).__name__, str(exc))
+        except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
+            log.exception("site %s: %s for job %s failed", self.name, method, job)
+            self.audit.write(event="request", job=job, admin=admin, method=method, decision="failed",
+                             reason=f"{type(exc).__name__}: {exc}")
+            return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
+        self.audit.write(event="request", job=job, admin=admin, method=method, decision="answered",
+                         answer=_describe(out))
+        return response
+
+    def _join(self, job: str, admin: str, msg: m.JobSetup) -> m.SiteInfo:
+        sites = list(msg.sites)
+        if not (0 <= msg.index < len(sites)) or sites[msg.index] != self.name:
+            raise ConfigError(f"job {job!r} does not name site {self.name!r} at index {msg.index}")
+        if len(msg.predictor_sha256) != len(sites) or len(set(sites)) != len(sites):
+            raise ConfigError(f"job {job!r}: one predictor sha256 per site, each site once")
+        if msg.task not in ("classification", "regression"):
+            raise ConfigError(f"job {job!r}: unknown task {msg.task!r}")
+        want_loss = "cross_entropy" if msg.task == "classification" else "squared"
+        if msg.loss != want_loss:
+            raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
+        state = self.book.seen(job, admin, sites)
+        if self.config.accept_jobs == "approve" and state == "pending":
+            raise PrivacyError(f"site {self.name!r} serves only approved jobs; job {job!r} is pending: its operator "
+                               f"runs 'msa-fed site approve {job}'")
+        if msg.predictor_sha256[msg.index] != self.predictor_sha256:
+            raise ConfigError(f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
+                              f"{self.name!r}, which holds {self.predictor_sha256[:16]}...")
+        kind = "regression" if msg.task == "regression" else "probabilities"
+        predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
+        d = self.data
+        worker = SiteWorker(self.name, msg.index, d["X_labeled"], d["y_labeled"], d["X_unlabeled"],
+                            predictors=predictors, task=msg.task, loss=msg.loss, classes=msg.classes,
+                            **worker_policy_kwargs(self.policy, msg, self.config.audit_log))
+        info = worker.info()
+        self.jobs[job] = worker
+        self.book.set_state(job, "served")
+        self.audit.write(event="job_join", job=job, admin=admin, sites=sites)
+        return info
+
+    def _predictor(self, job: str, site: str, sha: str, kind: str):
+        key = f"{sha}:{kind}"
+        if key in self._predictors:
+            return self._predictors[key]
+        if sha == self.predictor_sha256:
+            data = self.predictor_bytes
+        else:
+            data = self._fetch(job, site)
+        loaded = load_predictor(data, expected_sha256=sha, kind=kind)
+        self._predictors[key] = loaded
+        return loaded
+
+    def _fetch(self, job: str, site: str) -> bytes:
+        parts, header = [], None
+        try:
+            for chunk in self._stub.FetchPredictor(pb.FetchPredictorRequest(job_id=job, site=site), timeout=120,
+                                                   metadata=(("authorization", f"Bearer {self.token}"),)):
+                which = chunk.WhichOneof("part")
+                if which == "artifact" and header is None:
+                    header = chunk.artifact
+                elif which == "chunk":
+                    parts.append(chunk.chunk)
+                    if sum(len(p) for p in parts) > 256 * 2**20:
+                        raise ConfigError(f"the predictor of site {site!r} is larger than 256 MiB")
+                else:
+                    raise ConfigError(f"fetching the predictor of site {site!r}: unexpected message")
+        except grpc.RpcError as exc:
+            raise ConfigError(f"cannot fetch the predictor of site {site!r}: {exc.code().name}: {exc.details()}") from None
+        return b"".join(parts)
+
+    def close(self):
+        self.book.close()
+
+
+def _describe(msg) -> str:
+    """A short description of an answer for the request log (sizes, never values)."""
+    if msg is None:
+        return ""
+    parts = []
+    for name, value in vars(msg).items():
+        if isinstance(value, np.ndarray):
+            parts.append(f"{name}{list(value.shape)}")
+        elif hasattr(value, "arrays"):
+            parts.append(f"{name}(" + ",".join(f"{k}{list(v.shape)}" for k, v in value.arrays().items()) + ")")
+    return f"{type(msg).__name__} " + " ".join(parts)

@@ -1,0 +1,49 @@
+"""The job's side of the federated topology: the backend of a job whose sites run their own process.
+
+:func:`federated_backend` is called by :func:`msa_fed.jobs.run.run_job` for ``[run] topology =
+"federated"``: it downloads every site's published unlabelled sample from the registry (pinned to
+the sha256 the registry recorded), and returns a :class:`msa_fed.runtime.federated.FederatedSites`
+talking to the sites through the registry's relay with the job's admin token.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from msa_fed.errors import ConfigError
+from msa_fed.federation.relay_client import RelayClient
+from msa_fed.runtime.federated import FederatedSites
+
+
+class _JobSites(FederatedSites):
+    """:class:`FederatedSites` that also closes its relay connection when the job ends."""
+
+    def shutdown(self):
+        try:
+            super().shutdown()
+        finally:
+            self.relay.close()
+
+
+def federated_backend(config, admin_token: str, client, names, records, predictor_sha256, classes, loss: str,
+                      log=print) -> FederatedSites:
+    """The backend of a federated job (see the module docstring).
+
+    config : the job's :class:`msa_fed.jobs.run.JobConfig` (registry, tls_ca, insecure, name,
+        task, min_points, site_timeout_s, data_channel, ray_address are used).
+    client : a :class:`msa_fed.control.client.RegistryClient` with the admin token.
+    records : {site name: SiteRecord} as listed by the registry.
+    """
+    samples = []
+    for name in names:
+        rec = records[name].sample
+        if rec is None:
+            raise ConfigError(f"site {name!r} has not published an unlabelled sample (msa-fed site publish "
+                              "--unlabeled ...); the federated topology trains the domain classifier on it")
+        X, _ = client.download_sample(name, expected_sha256=rec.sha256)
+        samples.append(np.asarray(X, dtype=np.float64))
+        log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
+    relay = RelayClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca)
+    return _JobSites(names, relay, samples, job_id=config.name, predictor_sha256=list(predictor_sha256),
+                     task=config.task, loss=loss, classes=classes, min_points=config.min_points,
+                     site_timeout_s=config.site_timeout_s, address=config.ray_address,
+                     data_channel=config.data_channel)

@@ -1,0 +1,162 @@
+"""A whole federation on one machine, with real processes: for the demo, tests and benchmarks.
+
+    with LocalFederation(workdir, sites) as fed:        # sites: {name: SiteFiles}
+        fed.wait_connected()
+        job = JobConfig(registry=fed.address, insecure=True, ...)
+        run_job(job, fed.admin_token)
+
+It starts a registry (gRPC on 127.0.0.1, plaintext by explicit choice, SQLite in ``workdir``)
+with its relay, issues an admin token and one token per site, registers each site and publishes
+its predictor and unlabelled sample over gRPC as the site's operator would, writes each site's
+``site.toml``, data file and token file into ``workdir/<site>/``, and starts one
+``msa-fed site serve --config site.toml`` subprocess per site.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class SiteFiles:
+    """What a site holds: labelled data, its unlabelled sample and its ONNX predictor (bytes)."""
+
+    X_labeled: np.ndarray
+    y_labeled: np.ndarray
+    X_unlabeled: np.ndarray
+    predictor: bytes
+
+
+def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: str | None = None) -> str:
+    lines = [f'name = "{name}"', f'registry = "{registry}"', 'token_file = "token.txt"', "insecure = true",
+             'data = "data.npz"', 'predictor = "predictor.onnx"', 'audit_log = "audit.jsonl"',
+             f'accept_jobs = "{accept_jobs}"']
+    if policy:
+        lines.append(f'policy = "{policy}"')
+    return "\n".join(lines) + "\n"
+
+
+class LocalFederation:
+    def __init__(self, workdir, sites: dict[str, SiteFiles], *, accept_jobs: str = "admin", start_sites: bool = True,
+                 max_workers: int = 64, heartbeat_interval_s: float = 1.0, silence_timeout_s: float = 10.0,
+                 env: dict | None = None):
+        self.workdir = Path(workdir)
+        self.sites = dict(sites)
+        self.accept_jobs = accept_jobs
+        self.start_sites = start_sites
+        self.max_workers = max_workers
+        self.relay_settings = dict(heartbeat_interval_s=heartbeat_interval_s, silence_timeout_s=silence_timeout_s)
+        self.env = env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.tokens: dict[str, str] = {}
+        self.server = None
+        self.store = None
+
+    # ------------------------------------------------------------------ set-up
+    def __enter__(self) -> "LocalFederation":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        from msa_fed.control.client import RegistryClient
+        from msa_fed.control.registry import Registry
+        from msa_fed.control.server import RegistryServer
+        from msa_fed.control.sqlite_store import SqliteStore
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.store = SqliteStore(self.workdir / "registry.db")
+        self.registry = Registry(self.store)
+        self.admin_token = self.registry.issue_token("admin", "operator")
+        self.server = RegistryServer(self.registry, "127.0.0.1:0", insecure=True, max_workers=self.max_workers).start()
+        for key, value in self.relay_settings.items():
+            setattr(self.server.relay, key, value)
+        self.address = self.server.address
+        for name, files in self.sites.items():
+            token = self.tokens[name] = self.registry.issue_token("site", name)
+            folder = self.workdir / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "token.txt").write_text(token + "\n")
+            os.chmod(folder / "token.txt", 0o600)
+            np.savez(folder / "data.npz", X_labeled=files.X_labeled, y_labeled=files.y_labeled,
+                     X_unlabeled=files.X_unlabeled)
+            (folder / "predictor.onnx").write_bytes(files.predictor)
+            (folder / "site.toml").write_text(site_toml(name, self.address, accept_jobs=self.accept_jobs))
+            with RegistryClient(self.address, token, insecure=True) as client:
+                client.register(name)
+                client.upload_predictor(files.predictor)
+                client.upload_sample(files.X_unlabeled)
+        if self.start_sites:
+            for name in self.sites:
+                self.spawn(name)
+        return self
+
+    def config_path(self, name: str) -> Path:
+        return self.workdir / name / "site.toml"
+
+    def spawn(self, name: str, config: Path | None = None) -> subprocess.Popen:
+        """Start ``msa-fed site serve`` for ``name`` (its output goes to ``<site>/serve.log``)."""
+        config = config or self.config_path(name)
+        out = open(self.workdir / name / "serve.log", "ab")
+        env = dict(os.environ if self.env is None else self.env)
+        proc = subprocess.Popen([sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(config)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(self.workdir / name))
+        out.close()
+        self.procs[name] = proc
+        return proc
+
+    def log_text(self, name: str) -> str:
+        p = self.workdir / name / "serve.log"
+        return p.read_text(errors="replace") if p.is_file() else ""
+
+    def connected(self) -> list[str]:
+        return sorted(self.server.relay.connected())
+
+    def wait_connected(self, names=None, timeout: float = 120.0) -> None:
+        names = sorted(self.sites if names is None else names)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(n in self.server.relay.connected() for n in names):
+                return
+            for n in names:
+                proc = self.procs.get(n)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"site {n}'s process exited ({proc.returncode}):\n{self.log_text(n)[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"sites {[n for n in names if n not in self.server.relay.connected()]} did not connect "
+                           f"within {timeout} s")
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+    def stop(self):
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                proc.terminate()
+        for name, proc in list(self.procs.items()):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self.server is not None:
+            self.server.stop(0.5)
+            self.server = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -1,0 +1,130 @@
+"""What a site process keeps on its own disk: the jobs it was asked to serve, and its request log.
+
+- :class:`JobBook` (SQLite): every job the site was asked to join, with its state ``pending``
+  (``accept_jobs = "approve"`` and not approved yet), ``approved`` (``msa-fed site approve``) or
+  ``served`` (joined).  The site's operator reads and changes it with ``msa-fed site jobs`` and
+  ``msa-fed site approve``; the site process reads it at every join.
+- :class:`RequestLog`: an append-only JSON-lines file, one line per request the site answered
+  or refused, each line carrying the sha256 of the previous one (a hash chain: an edited or
+  removed line breaks every hash after it; :func:`verify_log` checks it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from msa_fed.errors import ConfigError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    admin TEXT NOT NULL,
+    sites TEXT NOT NULL,
+    state TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    changed_at REAL NOT NULL
+)
+"""
+STATES = ("pending", "approved", "served")
+
+
+class JobBook:
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self):
+        self._db.close()
+
+    def seen(self, job_id: str, admin: str, sites) -> str:
+        """Record that ``job_id`` asked to be served; its state (new jobs are "pending")."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, 'pending', ?, ?)",
+                             (job_id, admin, json.dumps(list(sites)), now, now))
+            return self._db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
+
+    def set_state(self, job_id: str, state: str, *, create: bool = False) -> bool:
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}")
+        now = time.time()
+        with self._lock:
+            if create:
+                self._db.execute("INSERT OR IGNORE INTO jobs VALUES (?, '', '[]', ?, ?, ?)", (job_id, state, now, now))
+            cur = self._db.execute("UPDATE jobs SET state = ?, changed_at = ? WHERE job_id = ?", (state, now, job_id))
+            return cur.rowcount > 0
+
+    def jobs(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT job_id, admin, sites, state, first_seen, changed_at FROM jobs "
+                                    "ORDER BY first_seen").fetchall()
+        return [dict(job_id=r[0], admin=r[1], sites=json.loads(r[2]), state=r[3], first_seen=r[4], changed_at=r[5])
+                for r in rows]
+
+
+class RequestLog:
+    """Append-only, hash-chained JSON lines (see the module docstring)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._prev = "0" * 64
+        if self.path.is_file():
+            lines = self.path.read_text().splitlines()
+            if lines:
+                self._prev = hashlib.sha256(lines[-1].encode()).hexdigest()
+
+    def write(self, **entry) -> None:
+        with self._lock:
+            entry = {"time": round(time.time(), 6), **entry, "prev": self._prev}
+            line = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+            self._prev = hashlib.sha256(line.encode()).hexdigest()
+
+
+def read_log(path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def verify_log(path) -> int:
+    """The number of entries of a request log; ConfigError naming the first broken line."""
+    prev = "0" * 64
+    lines = Path(path).read_text().splitlines() if Path(path).is_file() else []
+    for k, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"request log {str(path)!r}: line {k} is not JSON") from None
+        if entry.get("prev") != prev:
+            raise ConfigError(f"request log {str(path)!r}: line {k} does not follow line {k - 1} (edited or removed)")
+        prev = hashlib.sha256(line.encode()).hexdigest()
+    return len(lines)
+
+
+def summarise(entries: list[dict]) -> dict:
+    """{"answered": {method: count}, "refused": {method: count}, "jobs": [...], "refusals": [reason, ...]}."""
+    out = {"answered": {}, "refused": {}, "jobs": [], "refusals": []}
+    for e in entries:
+        if e.get("event") != "request":
+            continue
+        bucket = out["answered"] if e.get("decision") == "answered" else out["refused"]
+        bucket[e.get("method", "?")] = bucket.get(e.get("method", "?"), 0) + 1
+        if e.get("job") and e["job"] not in out["jobs"]:
+            out["jobs"].append(e["job"])
+        if e.get("decision") != "answered" and e.get("reason") and e["reason"] not in out["refusals"]:
+            out["refusals"].append(e["reason"])
+    return out

@@ -1,0 +1,318 @@
+"""The federated runtime: site processes hold the labelled data; Ray actors stand in for them.
+
+In the federated topology each site runs its own process (``msa-fed site serve``) that dials
+out to the registry; the registry relays the job's requests on that connection.  In the
+coordinator's Ray cluster one actor per site stands for it (:class:`PublishedSample`): it holds
+the site's *published* unlabelled sample (downloaded from the registry and pinned to the sha256
+the registry recorded, by whoever builds this backend), and the actors train the Maxent domain
+classifier data-parallel among themselves.  Every request that needs labelled data (joining the
+job, Qhat partial sums, DC evaluations, the squared-loss bound) goes through the relay to the
+site process, which answers with aggregates only (:data:`RELAY_METHODS`).  No labelled point
+ever reaches the cluster.
+
+:class:`FederatedSites` is a coordinator backend with the same surface as
+:class:`msa_fed.runtime.local.LocalSites` and :class:`msa_fed.runtime.ray_sites.RaySites`:
+``start(coordinator) -> list[SiteInfo]``, ``call_one(i, method, msg, replay=True)``,
+``call_all(method, msgs)``, ``call_shards(method, msg)``, ``shutdown()``; of the coordinator it
+uses only ``record(direction, site, method, message)``.
+
+The relay is given as an object (the runtime layer has no gRPC client of its own; the one used by
+jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
+
+- ``open_job(job_id, sites) -> list[str]`` (the sites connected now),
+- ``call(job_id, calls, timeout_s) -> list``: ``calls`` are (site, method, message); each result
+  is the decoded response message, a :class:`msa_fed.runtime.wire.RemoteError` (the site's own
+  refusal or failure) or a :class:`SiteUnreachable` (the registry could not get an answer),
+- ``close_job(job_id)``.
+
+Liveness: a site the registry cannot reach (disconnected, silent, too slow) is retried until
+``site_timeout_s`` has passed since its first failure, then the run fails with a
+:class:`SiteError` naming it; with ``checkpoint_dir`` set the job resumes where it stopped once
+the site is back.  A site process that restarted within that time has lost the job's state: it
+answers ``SiteStateLost`` and this backend replays the job's setup to it (join, domain model,
+Qhat) and carries on.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from msa_fed.errors import ConfigError, MsaFedError, PrivacyError, SiteError
+from msa_fed.runtime import messages as m
+from msa_fed.runtime import wire
+from msa_fed.runtime.ray_sites import RaySites, _cpu_share
+from msa_fed.runtime.shards import split_rows
+from msa_fed.runtime.site import SiteStateLost, _loss_grad, _make_shard
+
+log = logging.getLogger(__name__)
+
+#: what the site process answers, through the relay (everything that touches labelled data)
+RELAY_METHODS = frozenset({"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "ping"})
+#: what the stand-in actors answer (the published unlabelled sample only)
+ACTOR_METHODS = frozenset({"unlabeled_sample", "unlabeled_rows", "setup_shard", "classifier_loss_grad"})
+#: a site's setup, replayed in this order after it restarted
+_SITE_SETUP = ("set_domain_model", "set_qhat")
+#: statuses of the relay that mean "not reachable now" (retried until site_timeout_s)
+TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ALREADY_EXISTS"})
+RETRY_PAUSE_S = 0.5
+_REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
+
+
+@dataclass(frozen=True)
+class SiteUnreachable:
+    """The relay's answer for a site it could not get a response from: a gRPC status name
+    (UNAVAILABLE, DEADLINE_EXCEEDED, PERMISSION_DENIED, ...) and the registry's one-line detail."""
+
+    status: str
+    detail: str
+
+
+class PublishedSample:
+    """A site's stand-in in the coordinator's cluster: its published unlabelled sample only.
+
+    Answers :data:`ACTOR_METHODS` (and ``info``/``ping`` for the Ray runtime's bookkeeping); it
+    has no labelled data and cannot answer anything that needs some.
+    """
+
+    def __init__(self, name: str, index: int, X_unlabeled, min_points: int = 20):
+        self.name, self.index = name, int(index)
+        self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
+        if self.X_unlabeled.ndim != 2:
+            raise ConfigError(f"site {name!r}: the published sample must be a matrix; got shape {self.X_unlabeled.shape}")
+        self.min_points = int(min_points)
+        self.incarnation = uuid.uuid4().hex
+        self._shard = None
+
+    def info(self, _=None) -> m.SiteInfo:
+        return m.SiteInfo(name=self.name, n_features=int(self.X_unlabeled.shape[1]), n_labeled=0,
+                          n_unlabeled=int(self.X_unlabeled.shape[0]), task="")
+
+    def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
+        return m.UnlabeledSample(X=self.X_unlabeled)
+
+    def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
+        return m.UnlabeledSample(X=self.X_unlabeled[msg.start:msg.stop])
+
+    def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
+        mk = self.X_unlabeled.shape[0]
+        if mk < self.min_points:
+            raise PrivacyError(f"site {self.name!r} published {mk} unlabelled points: fewer than min_points={self.min_points}")
+        start, stop = split_rows(mk, msg.workers_per_site)[0]
+        self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
+        return m.Ack(self.incarnation)
+
+    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
+        return _loss_grad(self._shard, self.name, msg)
+
+    def ping(self, _=None) -> m.Ack:
+        from msa_fed.runtime.site import current_node_id
+
+        return m.Ack(self.incarnation, node_id=current_node_id())
+
+    def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
+        from msa_fed.runtime.channel import serve_channel
+
+        return serve_channel(self, self.name, msg)
+
+
+class _StandIns(RaySites):
+    """The stand-in actors: anywhere in the coordinator's cluster (no ``site:<name>`` pinning:
+    they hold only published material)."""
+
+    def _placement(self, ray) -> list[dict]:
+        free = ray.available_resources().get("CPU", 0.0)
+        share = 0.5 * free / max(1, len(self.names) * self.workers_per_site)
+        cpus = self.num_cpus if self.num_cpus is not None else _cpu_share(share)
+        return [dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts, num_cpus=cpus)
+                for _ in self.names]
+
+
+class _ActorView:
+    """What the stand-ins' Ray backend needs of a coordinator: recording, and the replay of the
+    classifier setup to an actor that restarted."""
+
+    def __init__(self, owner: "FederatedSites"):
+        self.owner = owner
+
+    def record(self, direction, site, method, message):
+        self.owner._record(direction, site, method, message)
+
+    def replay_setup(self, i: int):
+        setup = self.owner._shard_setup
+        if setup is not None:
+            self.owner.stand_ins.call_one(i, "setup_shard", setup, replay=False)
+
+
+class FederatedSites:
+    """Coordinator backend of the federated topology (see the module docstring).
+
+    names : the job's sites, in order.
+    relay : the relay client (``open_job``, ``call``, ``close_job``).
+    samples : each site's published unlabelled sample (m_k, d), as downloaded from the registry.
+    job_id : the job's id at the relay (the sites see it, and may have to approve it).
+    predictor_sha256 : the sha256 of each site's published predictor, in site order.
+    task, loss, classes, min_points : as in :class:`msa_fed.runtime.site.SiteWorker`.
+    site_timeout_s : how long a site may stay unreachable before the run fails naming it.
+    workers_per_site, num_cpus, address, data_channel, init_kwargs, max_restarts : of the
+        stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).
+    """
+
+    def __init__(self, names, relay, samples, *, job_id: str, predictor_sha256, task: str = "classification",
+                 loss: str = "cross_entropy", classes=None, min_points: int = 20, site_timeout_s: float = 60.0,
+                 workers_per_site: int = 1, num_cpus: float | None = None, address: str | None = None,
+                 data_channel: str = "tls", init_kwargs: dict | None = None, max_restarts: int = 3):
+        self.names = [str(n) for n in names]
+        if len(samples) != len(self.names) or len(predictor_sha256) != len(self.names):
+            raise ValueError("samples and predictor_sha256 need one entry per site")
+        if not (site_timeout_s > 0):
+            raise ValueError(f"site_timeout_s must be > 0; got {site_timeout_s!r}")
+        self.relay = relay
+        self.samples = [np.asarray(X, dtype=np.float64) for X in samples]
+        self.job_id = str(job_id)
+        self.site_timeout_s = float(site_timeout_s)
+        self.join = [m.JobSetup(job_id=self.job_id, sites=tuple(self.names), index=i,
+                                predictor_sha256=tuple(predictor_sha256), task=task, loss=loss,
+                                classes=None if classes is None else np.asarray(classes), min_points=int(min_points))
+                     for i in range(len(self.names))]
+        self.stand_ins = _StandIns(
+            [dict(name=n, index=i, X_unlabeled=X, min_points=int(min_points))
+             for i, (n, X) in enumerate(zip(self.names, self.samples))],
+            worker_cls=PublishedSample, workers_per_site=workers_per_site, num_cpus=num_cpus, address=address,
+            data_channel=data_channel, init_kwargs=init_kwargs, max_restarts=max_restarts,
+            retry_timeout_s=self.site_timeout_s, start_timeout_s=self.site_timeout_s)
+        self.coordinator = None
+        self._held: dict[str, list] = {}      # the last setup message per site, per method
+        self._shard_setup = None
+        self._open = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def _record(self, direction, site, method, message):
+        if self.coordinator is not None:
+            self.coordinator.record(direction, site, method, message)
+
+    def start(self, coordinator):
+        self.coordinator = coordinator
+        connected = self.relay.open_job(self.job_id, self.names)
+        self._open = True
+        missing = [n for n in self.names if n not in connected]
+        if missing:
+            log.info("job %s: waiting up to %g s for site(s) %s to connect", self.job_id, self.site_timeout_s, missing)
+        infos = self._relay([(i, "join_job", self.join[i]) for i in range(len(self.names))])
+        for i, (info, X) in enumerate(zip(infos, self.samples)):
+            name = self.names[i]
+            if info.name != name:
+                raise SiteError(name, f"answered as site {info.name!r}")
+            if (info.n_unlabeled, info.n_features) != X.shape:
+                raise SiteError(name, f"holds {info.n_unlabeled} unlabelled points of width {info.n_features}, but its "
+                                      f"published sample has shape {X.shape}; republish it (the site's process "
+                                      "checks this at start too)")
+        self.stand_ins.start(_ActorView(self))
+        return infos
+
+    def shutdown(self):
+        try:
+            self.stand_ins.shutdown()
+        finally:
+            if self._open:
+                self._open = False
+                try:
+                    self.relay.close_job(self.job_id)
+                except Exception as exc:  # noqa: BLE001 - the job is over either way
+                    log.warning("job %s: closing it at the relay failed: %s", self.job_id, exc)
+
+    # ------------------------------------------------------------------ calls
+    def call_one(self, i: int, method: str, msg, replay: bool = True):
+        if method in ACTOR_METHODS:
+            return self._actor_call([i], method, [msg])[0]
+        return self._relay([(i, method, msg)], replay=replay)[0]
+
+    def call_all(self, method: str, msgs: list) -> list:
+        if method in ACTOR_METHODS:
+            return self._actor_call(list(range(len(self.names))), method, msgs)
+        if method in _SITE_SETUP:
+            self._held[method] = list(msgs)
+        return self._relay([(i, method, msg) for i, msg in enumerate(msgs)])
+
+    def call_shards(self, method: str, msg) -> list:
+        if method not in ACTOR_METHODS:
+            raise ValueError(f"{method!r} is not a classifier-training call")
+        if method == "setup_shard":
+            self._shard_setup = msg
+        return self.stand_ins.call_shards(method, msg)
+
+    def _actor_call(self, sites: list[int], method: str, msgs: list) -> list:
+        if method == "unlabeled_sample":  # the published samples are here already (same bytes)
+            out = []
+            for i in sites:
+                self._record("to_site", self.names[i], method, None)
+                out.append(m.UnlabeledSample(X=self.samples[i]))
+                self._record("from_site", self.names[i], method, out[-1])
+            return out
+        if method == "setup_shard":
+            self._shard_setup = msgs[0]
+        if len(sites) == len(self.names):
+            return self.stand_ins.call_all(method, msgs)
+        return [self.stand_ins.call_one(i, method, msg) for i, msg in zip(sites, msgs)]
+
+    def _relay(self, todo: list[tuple[int, str, object]], replay: bool = True) -> list:
+        """Send each (site, method, message) through the relay; the answers in order.
+
+        Unreachable sites are retried until site_timeout_s after their first failure; a site
+        that lost the job's state gets it replayed (when ``replay``)."""
+        for i, method, msg in todo:
+            if method not in RELAY_METHODS:
+                raise ValueError(f"{method!r} does not go to a site process")
+        outs: list = [None] * len(todo)
+        left = list(range(len(todo)))
+        first_failure: dict[int, float] = {}
+        for j in left:
+            i, method, msg = todo[j]
+            self._record("to_site", self.names[i], method, msg)
+        while left:
+            now = time.monotonic()
+            timeout = min(self.site_timeout_s - (now - first_failure[j]) if j in first_failure else self.site_timeout_s
+                          for j in left)
+            calls = [(self.names[todo[j][0]], todo[j][1], todo[j][2]) for j in left]
+            results = self.relay.call(self.job_id, calls, max(0.5, timeout))
+            retry = []
+            for j, res in zip(left, results):
+                i, method, msg = todo[j]
+                name = self.names[i]
+                if isinstance(res, SiteUnreachable):
+                    if res.status not in TRANSIENT:
+                        raise SiteError(name, f"the registry refused to relay {method}: {res.detail}")
+                    since = first_failure.setdefault(j, time.monotonic())
+                    if time.monotonic() - since >= self.site_timeout_s:
+                        raise SiteError(name, f"no answer through the registry for {self.site_timeout_s:g} s "
+                                              f"(site_timeout_s; {res.detail}); is its 'msa-fed site serve' "
+                                              "running? Once it is back, rerun the job: it resumes from "
+                                              "its checkpoint_dir")
+                    retry.append(j)
+                elif isinstance(res, wire.RemoteError):
+                    if res.kind == SiteStateLost.__name__ and replay and method != "join_job":
+                        self._rejoin(i)
+                        retry.append(j)
+                        continue
+                    cls = _REMOTE_ERRORS.get(res.kind)
+                    if cls is not None:
+                        raise cls(res.text)
+                    raise SiteError(name, f"{method} failed: {res.kind}: {res.text}")
+                else:
+                    outs[j] = res
+                    self._record("from_site", name, method, res)
+            if retry and len(retry) == len(left) and all(j in first_failure for j in retry):
+                time.sleep(RETRY_PAUSE_S)
+            left = retry
+        return outs
+
+    def _rejoin(self, i: int):
+        """Site i restarted and lost the job: join it again and replay its setup."""
+        log.warning("site %s restarted; replaying the job's setup to it", self.names[i])
+        self._relay([(i, "join_job", self.join[i])], replay=False)
+        for method in _SITE_SETUP:
+            if method in self._held:
+                self._relay([(i, method, self._held[method][i])], replay=False)
