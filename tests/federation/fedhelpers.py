@@ -1,0 +1,80 @@
+"""Data and checks shared by the federation tests."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed.artifacts.predictors import export_sklearn, load_predictor
+from msa_fed.federation.local import SiteFiles
+
+NAMES = ("north", "east", "west")
+CENTERS = {"north": (0.0, 2.0), "east": (2.0, 0.0), "west": (-2.0, 0.0)}
+#: labelled sizes distinct from every other dimension that crosses the boundary
+N_LABELED = {"north": 121, "east": 133, "west": 147}
+N_UNLABELED = {"north": 160, "east": 170, "west": 180}
+
+
+def site_files(names=NAMES, seed: int = 0) -> dict[str, SiteFiles]:
+    """Per site: labelled data, an unlabelled sample exactly representable in float32 (the
+    registry stores samples as float32, so the federated job sees the same numbers as the site's
+    file), and the ONNX export of a logistic regression trained on the site's own data."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in names:
+        c = np.asarray(CENTERS.get(name, (rng.normal(), rng.normal())))
+
+        def draw(n):
+            X = rng.normal(loc=c, size=(n, 2))
+            return X, (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+
+        Xtr, ytr = draw(400)
+        Xl, yl = draw(N_LABELED.get(name, 120))
+        Xu, _ = draw(N_UNLABELED.get(name, 150))
+        h = LogisticRegression().fit(Xtr, ytr)
+        out[name] = SiteFiles(Xl, yl, Xu.astype(np.float32).astype(np.float64), export_sklearn(h, n_features=2))
+    return out
+
+
+def local_kwargs(files: dict[str, SiteFiles], names, min_points: int = 20):
+    """SiteWorker keyword arguments for runtime="local" with the same ONNX predictors."""
+    preds = [load_predictor(files[n].predictor, kind="probabilities") for n in names]
+    classes = np.unique(np.concatenate([p.classes_ for p in preds]))
+    kw = [dict(name=n, index=k, X_labeled=files[n].X_labeled, y_labeled=files[n].y_labeled,
+               X_unlabeled=files[n].X_unlabeled, predictors=preds, task="classification", loss="cross_entropy",
+               classes=classes, min_points=min_points) for k, n in enumerate(names)]
+    return kw, preds, classes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[len("socket:["):-1])
+    return out
+
+
+def tcp_sockets(pid: int) -> list[tuple[str, str, str]]:
+    """(state, local address, remote address) of every TCP socket (IPv4 and IPv6) the process
+    holds, read from /proc: state "0A" is LISTEN, "01" ESTABLISHED."""
+    inodes = _socket_inodes(pid)
+    found = []
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split()
+            if len(cols) > 9 and cols[9] in inodes:
+                found.append((cols[3], cols[1], cols[2]))
+    return found
+
+
+def port_of(hex_address: str) -> int:
+    return int(hex_address.rsplit(":", 1)[1], 16)

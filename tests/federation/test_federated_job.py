@@ -1,0 +1,148 @@
+"""The federated topology end to end, with real processes on loopback: a registry (gRPC, SQLite),
+three `msa-fed site serve` subprocesses that dial out to it, and a local Ray.
+
+- the federated job's z equals runtime="local"'s and the cluster topology's (same ONNX
+  predictors, same data) to 1e-9, and the model stored in the registry loads and predicts;
+- what crossed the relay is only what boundary.proto allows, and the site's request log shows
+  every request it answered (hash-chained);
+- a site process holds no listening TCP socket, only its outgoing connection to the registry;
+- a site with accept_jobs = "approve" refuses a job until `msa-fed site approve` admits it.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fedhelpers import NAMES, local_kwargs, port_of, site_files, tcp_sockets  # noqa: E402
+from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from msa_fed.errors import PrivacyError  # noqa: E402
+from msa_fed.federation.local import LocalFederation  # noqa: E402
+from msa_fed.federation.state import read_log, summarise, verify_log  # noqa: E402
+from msa_fed.jobs.run import JobConfig, model_from_bytes, run_job  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.local import LocalSites  # noqa: E402
+
+ORDER = sorted(NAMES)  # a job takes the registered sites in name order
+
+
+@pytest.fixture(scope="module")
+def files():
+    return site_files()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={f"site:{n}": 1 for n in NAMES})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, files):
+    with LocalFederation(tmp_path_factory.mktemp("fed"), files) as fed:
+        fed.wait_connected(timeout=180)
+        yield fed
+
+
+def _job(fed, **kw) -> JobConfig:
+    return JobConfig(name=kw.pop("name", "fedjob"), registry=fed.address, insecure=True, data_channel="plain",
+                     **kw).validate()
+
+
+def _local_z(files):
+    kw, preds, _ = local_kwargs(files, ORDER)
+    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    with Coordinator(LocalSites(kw), preds, config) as c:
+        return c.fit()
+
+
+@pytest.fixture(scope="module")
+def federated(local_ray, federation):
+    return run_job(_job(federation), federation.admin_token, verbose=False, log=lambda *_: None)
+
+
+def test_federated_z_equals_local_and_cluster(federated, federation, files, local_ray):
+    record, model = federated
+    assert model.site_names == ORDER
+    local = _local_z(files)
+    np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(model.qhat, local.qhat, rtol=0, atol=1e-12)
+    # the cluster topology: site actors on the sites' Ray nodes, reading the same files
+    cluster_job = _job(federation, name="clusterjob", topology="cluster",
+                       site_data=str(federation.workdir / "{site}" / "data.npz"))
+    _, cluster = run_job(cluster_job, federation.admin_token, verbose=False, log=lambda *_: None)
+    np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
+
+    # the stored model loads from the registry's bytes and predicts as the job's model does
+    from msa_fed.control.client import RegistryClient
+
+    with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
+        data, rec = admin.download_combined_model(record.version)
+    stored = model_from_bytes(data)
+    X = np.vstack([files[n].X_labeled for n in ORDER])
+    np.testing.assert_array_equal(stored.predict(X), model.predict(X))
+    np.testing.assert_allclose(stored.predict_proba(X), model.predict_proba(X), atol=1e-12)
+    assert 0.5 < float(np.mean(stored.predict(X) == np.concatenate([files[n].y_labeled for n in ORDER])))
+
+
+def test_each_site_logged_what_it_answered(federated, federation):
+    for name in NAMES:
+        path = federation.workdir / name / "audit.jsonl"
+        assert verify_log(path) > 0
+        summary = summarise(read_log(path))
+        assert "fedjob" in summary["jobs"]
+        answered = summary["answered"]
+        # the labelled-data queries came to the site's process; classifier training never did
+        assert answered.get("join_job", 0) >= 1 and answered.get("set_domain_model") == 1
+        assert answered.get("dc_evaluate", 0) >= 1
+        assert "classifier_loss_grad" not in answered and "unlabeled_sample" not in answered
+    # an edited line breaks the chain
+    path = federation.workdir / "north" / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    tampered = federation.workdir / "tampered.jsonl"
+    tampered.write_text("\n".join(lines[:1] + [lines[1].replace("answered", "refused")] + lines[2:]) + "\n")
+    with pytest.raises(Exception, match="line 3 does not follow"):
+        verify_log(tampered)
+
+
+def test_site_processes_listen_on_no_socket(federated, federation):
+    own = tcp_sockets(__import__("os").getpid())
+    # positive control: this process runs the registry, and the check sees its listening socket
+    assert any(state == "0A" and port_of(local) == federation.server.port for state, local, _ in own)
+    for name in NAMES:
+        proc = federation.procs[name]
+        assert proc.poll() is None, federation.log_text(name)
+        sockets = tcp_sockets(proc.pid)
+        assert not [s for s in sockets if s[0] == "0A"], f"site {name} listens: {sockets}"
+        # and it does hold its outgoing connection to the registry
+        assert any(state == "01" and port_of(remote) == federation.server.port for state, _, remote in sockets)
+
+
+def test_a_site_may_require_approval(local_ray, tmp_path, files):
+    """accept_jobs = "approve": the job fails naming the pending job, `msa-fed site jobs` lists it,
+    `msa-fed site approve` admits it, and the same job then runs."""
+    two = {n: files[n] for n in ("east", "north")}
+    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
+        fed.wait_connected(timeout=180)
+        job = _job(fed, name="needs-approval", site_timeout_s=30)
+        with pytest.raises(PrivacyError, match="job 'needs-approval' is pending"):
+            run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+        cli = [sys.executable, "-m", "msa_fed.cli", "site"]
+        listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True,
+                                text=True, timeout=120)
+        assert listed.returncode == 0 and "needs-approval" in listed.stdout and "pending" in listed.stdout
+        for name in two:
+            done = subprocess.run(cli + ["approve", "needs-approval", "--config", str(fed.config_path(name))],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+        assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
+        listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert '"state": "served"' in listed.stdout
