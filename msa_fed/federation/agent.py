@@ -121,6 +121,10 @@ class SiteAgent:
         self.predictor_sha256 = sha256_hex(self.predictor_bytes)
         self.sample_sha256 = sample_sha256(self.data["X_unlabeled"])
         self.policy = load_site_policy(config)
+        # load the domain models' libraries (torch, scikit-learn) now, not in the first request:
+        # a request's time counts against the job's site_timeout_s
+        import msa_fed.core.density  # noqa: F401
+        import msa_fed.core.domain_classifier  # noqa: F401
         self.book = JobBook(config.jobs_path)
         self.audit = RequestLog(config.audit_log)
         self.jobs: dict[str, SiteWorker] = {}

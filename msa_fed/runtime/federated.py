@@ -59,6 +59,9 @@ _SITE_SETUP = ("set_domain_model", "set_qhat")
 #: statuses of the relay that mean "not reachable now" (retried until site_timeout_s)
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ALREADY_EXISTS"})
 RETRY_PAUSE_S = 0.5
+#: the one response type each relayed method may return
+ANSWER_TYPES = {"join_job": m.SiteInfo, "info": m.SiteInfo, "set_domain_model": m.QhatPartial, "set_qhat": m.Ack,
+                "dc_evaluate": m.DCPartial, "max_bound": m.BoundMax, "ping": m.Ack}
 _REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
 
 
@@ -277,6 +280,7 @@ class FederatedSites:
             timeout = min(self.site_timeout_s - (now - first_failure[j]) if j in first_failure else self.site_timeout_s
                           for j in left)
             calls = [(self.names[todo[j][0]], todo[j][1], todo[j][2]) for j in left]
+            started = time.monotonic()
             results = self.relay.call(self.job_id, calls, max(0.5, timeout))
             retry = []
             for j, res in zip(left, results):
@@ -285,7 +289,7 @@ class FederatedSites:
                 if isinstance(res, SiteUnreachable):
                     if res.status not in TRANSIENT:
                         raise SiteError(name, f"the registry refused to relay {method}: {res.detail}")
-                    since = first_failure.setdefault(j, time.monotonic())
+                    since = first_failure.setdefault(j, started)  # a hung site: counted from the call
                     if time.monotonic() - since >= self.site_timeout_s:
                         raise SiteError(name, f"no answer through the registry for {self.site_timeout_s:g} s "
                                               f"(site_timeout_s; {res.detail}); is its 'msa-fed site serve' "
@@ -302,6 +306,9 @@ class FederatedSites:
                         raise cls(res.text)
                     raise SiteError(name, f"{method} failed: {res.kind}: {res.text}")
                 else:
+                    why = _check_answer(method, res, len(self.names))
+                    if why:
+                        raise SiteError(name, f"sent an answer to {method} that is not allowed: {why}")
                     outs[j] = res
                     self._record("from_site", name, method, res)
             if retry and len(retry) == len(left) and all(j in first_failure for j in retry):
@@ -316,3 +323,35 @@ class FederatedSites:
         for method in _SITE_SETUP:
             if method in self._held:
                 self._relay([(i, method, self._held[method][i])], replay=False)
+
+
+def _finite(a, shape) -> bool:
+    return (isinstance(a, np.ndarray) and a.dtype.kind in "fiu" and a.shape == shape
+            and bool(np.all(np.isfinite(a))))
+
+
+def _check_answer(method: str, msg, p: int) -> str:
+    """"" when ``msg`` is an answer the coordinator accepts for ``method`` from a site process
+    (its type, and the shapes of its sums for a job of p sites), else what is wrong with it.
+    A site is another party: its answers are checked before any use."""
+    want = ANSWER_TYPES[method]
+    if type(msg) is not want:
+        return f"a {type(msg).__name__} where a {want.__name__} was expected"
+    if isinstance(msg, m.SiteInfo):
+        if min(msg.n_features, msg.n_labeled, msg.n_unlabeled) < 0:
+            return "negative counts"
+        if msg.classes is not None and (msg.classes.ndim != 1 or msg.classes.size > 1 << 16):
+            return "classes must be a short vector"
+    elif isinstance(msg, m.QhatPartial):
+        if not _finite(msg.sums, (p,)) or msg.n < 0:
+            return f"Qhat partial sums must be {p} finite numbers"
+    elif isinstance(msg, m.DCPartial):
+        for name in ("L", "dL", "u", "du", "v", "dv"):
+            v = getattr(msg.sums, name)
+            shape = (p,) if name in ("L", "u", "v") else (p, p)
+            if v is not None and not _finite(v, shape):
+                return f"DC sum {name} must be a finite array of shape {shape}"
+    elif isinstance(msg, m.BoundMax):
+        if not np.isfinite(msg.value):
+            return "the bound must be finite"
+    return ""

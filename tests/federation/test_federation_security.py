@@ -1,0 +1,324 @@
+"""Attacks on the federated topology, with real processes on loopback.
+
+- a process holding site A's token cannot serve as site B (raw gRPC client: refused at Hello;
+  the site agent itself refuses a token of another site); a site token cannot open jobs, send
+  requests or fetch predictors of a job that does not name it;
+- a revoked site is cut off mid-stream: its stream closes within the relay's sweep, its process
+  stops with one error line, relayed calls to it are refused, and a new job naming it fails
+  saying so; a deregistered site likewise;
+- a site process refuses to start when its predictor or X_unlabeled is not what it published;
+- a hostile "site" answering with malformed or unexpected messages makes the job fail naming it,
+  never run anything;
+- killing a site mid-solve ends the job within site_timeout_s with an error naming the site; the
+  job resumed from its checkpoint once the site is back gives the same z; a site that comes back
+  within site_timeout_s gets the job's state replayed and the job carries on to the same z.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fedhelpers import local_kwargs, site_files  # noqa: E402
+from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
+from msa_fed.control.proto import relay_pb2 as pb  # noqa: E402
+from msa_fed.control.proto import relay_pb2_grpc as pb_grpc  # noqa: E402
+from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from msa_fed.errors import RegistryError, SiteError  # noqa: E402
+from msa_fed.federation.local import LocalFederation  # noqa: E402
+from msa_fed.federation.relay_client import RelayClient  # noqa: E402
+from msa_fed.runtime import messages as m  # noqa: E402
+from msa_fed.runtime import wire  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.federated import FederatedSites, SiteUnreachable  # noqa: E402
+from msa_fed.runtime.local import LocalSites  # noqa: E402
+
+NAMES = ("east", "north", "west")
+DCA = {"objective": "gamma", "method": "dca"}
+
+
+@pytest.fixture(scope="module")
+def files():
+    return site_files(NAMES, seed=1)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def fed(tmp_path, files):
+    with LocalFederation(tmp_path, files, heartbeat_interval_s=0.5) as f:
+        f.wait_connected(timeout=180)
+        yield f
+
+
+def _stream(address: str, token: str, first: pb.SiteToRelay):
+    """A raw site stream (what an attacker holding ``token`` could open)."""
+    channel = grpc.insecure_channel(address)
+    out: queue.Queue = queue.Queue()
+    out.put(first)
+
+    def gen():
+        while True:
+            item = out.get()
+            if item is None:
+                return
+            yield item
+
+    call = pb_grpc.RelayStub(channel).Connect(gen(), metadata=(("authorization", f"Bearer {token}"),))
+    return channel, out, call
+
+
+def test_a_token_of_site_a_cannot_serve_as_b(fed):
+    channel, out, call = _stream(fed.address, fed.tokens["east"], pb.SiteToRelay(hello=pb.Hello(site="west")))
+    with pytest.raises(grpc.RpcError) as info:
+        next(call)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "may not serve as site 'west'" in info.value.details()
+    out.put(None)
+    channel.close()
+    # no Hello first: refused
+    channel, out, call = _stream(fed.address, fed.tokens["east"], pb.SiteToRelay(heartbeat=pb.Heartbeat()))
+    with pytest.raises(grpc.RpcError) as info:
+        next(call)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    out.put(None)
+    channel.close()
+    assert fed.connected() == sorted(NAMES)  # west still served by its own process
+    # the site agent with west's config but east's token refuses to start
+    cfg = fed.workdir / "west" / "site.toml"
+    shutil.copy(fed.workdir / "east" / "token.txt", fed.workdir / "west" / "east-token.txt")
+    bad = fed.workdir / "west" / "impostor.toml"
+    bad.write_text(cfg.read_text().replace('token_file = "token.txt"', 'token_file = "east-token.txt"'))
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1 and "error: the token belongs to site 'east', not 'west'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_site_tokens_cannot_drive_jobs(fed):
+    with RelayClient(fed.address, fed.tokens["east"], insecure=True) as as_site:
+        with pytest.raises(RegistryError, match="PERMISSION_DENIED"):
+            as_site.open_job("evil", ["east", "west"])
+        with pytest.raises(RegistryError, match="PERMISSION_DENIED"):
+            as_site.call("evil", [("west", "max_bound", None)], 5)
+    with RelayClient(fed.address, fed.admin_token, insecure=True) as admin:
+        admin.open_job("two", ["north", "west"])  # does not name east
+        # requests for a site the job does not name are refused by the registry
+        res = admin.call("two", [("east", "ping", None)], 5)
+        assert isinstance(res[0], SiteUnreachable) and res[0].status == "PERMISSION_DENIED"
+    # east may not fetch predictors through a job that does not name it
+    channel = grpc.insecure_channel(fed.address)
+    stub = pb_grpc.RelayStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.FetchPredictor(pb.FetchPredictorRequest(job_id="two", site="west"),
+                                 metadata=(("authorization", f"Bearer {fed.tokens['east']}"),), timeout=30))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    channel.close()
+
+
+def test_the_site_process_answers_only_its_methods(fed):
+    with RelayClient(fed.address, fed.admin_token, insecure=True) as admin:
+        admin.open_job("probe", list(NAMES))
+        # methods that would hand out the sample or run classifier steps are not served by the process
+        res = admin.call("probe", [("east", "max_bound", None)], 30)
+        assert isinstance(res[0], wire.RemoteError) and res[0].kind == "SiteStateLost"  # not joined yet
+        req = wire.to_proto("unlabeled_sample", None, wire.REQUESTS)
+        r = admin._stub.Call(pb.CallRequest(job_id="probe", timeout_s=30, calls=[pb.SiteCall(site="east", request=req)]),
+                             metadata=admin._metadata, timeout=60)
+        method, err = wire.from_proto(r.results[0].response, wire.RESPONSES)
+        assert isinstance(err, wire.RemoteError) and err.kind == "PrivacyError" and "does not answer" in err.text
+
+
+def test_a_revoked_site_is_cut_off_mid_stream(fed):
+    with RelayClient(fed.address, fed.admin_token, insecure=True) as admin:
+        admin.open_job("live", list(NAMES))
+        assert all(isinstance(r, wire.RemoteError) for r in admin.call("live", [(n, "ping", None) for n in NAMES], 30))
+        fed.registry.revoke_token("site", "west")  # as `msa-fed admin revoke-token` does
+        proc = fed.procs["west"]
+        proc.wait(60)  # cut off by the relay's sweep; the process stops for good
+        assert proc.returncode == 1
+        log = fed.log_text("west")
+        assert "error: the registry refused site 'west': PERMISSION_DENIED" in log and "Traceback" not in log
+        assert "west" not in fed.connected()
+        res = admin.call("live", [("west", "ping", None)], 5)
+        assert isinstance(res[0], SiteUnreachable) and res[0].status == "UNAVAILABLE"
+        with pytest.raises(RegistryError, match="site 'west' has no active token"):
+            admin.open_job("next", list(NAMES))
+        # a process with the revoked token cannot come back
+        channel, out, call = _stream(fed.address, fed.tokens["west"], pb.SiteToRelay(hello=pb.Hello(site="west")))
+        with pytest.raises(grpc.RpcError) as info:
+            next(call)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        out.put(None)
+        channel.close()
+        # deregistering a site cuts it off too
+        fed.registry.deregister(_admin(), "north")
+        fed.procs["north"].wait(60)
+        assert "north" not in fed.connected() and fed.procs["north"].returncode == 1
+
+
+def _admin():
+    from msa_fed.control.records import Principal
+
+    return Principal("admin", "operator")
+
+
+def test_a_site_refuses_to_start_on_unpublished_files(fed, files):
+    import subprocess
+    import sys
+
+    folder = fed.workdir / "east"
+    other = fed.workdir / "east-other"
+    other.mkdir()
+    for name in ("token.txt", "site.toml", "predictor.onnx"):
+        shutil.copy(folder / name, other / name)
+    d = files["east"]
+    X2 = d.X_unlabeled.copy()
+    X2[0, 0] += 1.0
+    np.savez(other / "data.npz", X_labeled=d.X_labeled, y_labeled=d.y_labeled, X_unlabeled=X2)
+    cli = [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(other / "site.toml")]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1 and "is not the sample site 'east' published" in done.stderr
+    np.savez(other / "data.npz", X_labeled=d.X_labeled, y_labeled=d.y_labeled, X_unlabeled=d.X_unlabeled)
+    (other / "predictor.onnx").write_bytes(files["west"].predictor)
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1 and "is not the predictor site 'east' published" in done.stderr
+
+
+def _hostile_site(address: str, token: str, name: str, answer):
+    """A fake site process: connects as ``name`` and answers every request with ``answer(forward)``."""
+    channel, out, call = _stream(address, token, pb.SiteToRelay(hello=pb.Hello(site=name)))
+
+    def serve():
+        try:
+            for msg in call:
+                if msg.WhichOneof("part") == "forward":
+                    out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=answer(msg.forward))))
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return channel, out
+
+
+@pytest.mark.parametrize("kind", ["wrong type", "bad array", "wrong method"])
+def test_a_hostile_site_makes_the_job_fail_naming_it(fed, files, kind):
+    from msa_fed.runtime.proto import boundary_pb2 as bpb
+
+    fed.kill("west")  # west's token is now held by a hostile process
+    fed.procs.pop("west")
+
+    def answer(fwd):
+        if kind == "wrong type":  # an unlabelled "sample" in place of the site's summary
+            return wire.to_proto(fwd.request.method, m.UnlabeledSample(X=np.zeros((3, 2))), wire.RESPONSES)
+        if kind == "bad array":
+            return bpb.SiteResponse(method=fwd.request.method, info=bpb.SiteSummary(
+                name="west", classes=bpb.NdArray(dtype="|O8", shape=[1], data=bytes(8))))
+        return wire.to_proto("dc_evaluate", m.BoundMax(1.0), wire.RESPONSES)
+
+    deadline = time.monotonic() + 60
+    while "west" in fed.connected() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    channel, out = _hostile_site(fed.address, fed.tokens["west"], "west", answer)
+    fed.wait_connected(["west"], timeout=60)
+    try:
+        with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
+            backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id="h-" + kind.replace(" ", "-"),
+                                     predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
+                                     classes=np.array([0, 1]), site_timeout_s=20, data_channel="plain")
+            with pytest.raises(SiteError) as info:
+                backend.start(_Recorder())
+            backend.shutdown()
+        assert info.value.site == "west"
+        assert {"wrong type": "UnlabeledSample where a SiteInfo", "bad array": "not allowed",
+                "wrong method": "answered"}[kind] in str(info.value)
+    finally:
+        out.put(None)
+        channel.close()
+
+
+class _Recorder:
+    def __init__(self):
+        self.records = []
+
+    def record(self, *args):
+        self.records.append(args)
+
+
+def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=5.0, job_id="solve"):
+    relay = RelayClient(fed.address, fed.admin_token, insecure=True)
+    backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id=job_id,
+                             predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES], classes=classes,
+                             site_timeout_s=timeout_s, data_channel="plain")
+    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA,
+                       checkpoint_dir=str(ckpt))
+    return relay, Coordinator(backend, preds, config, solver_callback=callback)
+
+
+def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(local_ray, fed, files, tmp_path):
+    kw, preds, classes = local_kwargs(files, NAMES)
+    full = Coordinator(LocalSites(kw), preds, RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
+                                                        solver=DCA)).start().fit()
+    killed_at = []
+
+    def kill_west(it, z, gamma):
+        if it == 2 and not killed_at:
+            fed.kill("west")
+            killed_at.append(time.monotonic())
+
+    timeout_s = 5.0
+    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt", kill_west, timeout_s)
+    with pytest.raises(SiteError) as info:
+        with coord:
+            coord.fit()
+    elapsed = time.monotonic() - killed_at[0]
+    relay.close()
+    assert info.value.site == "west" and "site_timeout_s" in str(info.value)
+    assert elapsed < 10 * timeout_s  # ended, not hung (the bound is loose: the machine is shared)
+    state = json.loads((tmp_path / "ckpt" / "dc_state.json").read_text())
+    assert state["iteration"] >= 2 and not state.get("done")
+
+    fed.spawn("west")
+    fed.wait_connected(["west"], timeout=180)
+    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt")
+    with coord:
+        resumed = coord.fit()
+    relay.close()
+    assert resumed.info["classifier"]["resumed"] is True
+    assert resumed.info["solver"]["n_iter"] < full.info["solver"]["n_iter"]
+    np.testing.assert_allclose(resumed.z, full.z, rtol=0, atol=1e-9)
+
+
+def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, files, tmp_path):
+    kw, preds, classes = local_kwargs(files, NAMES)
+    full = Coordinator(LocalSites(kw), preds, RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
+                                                        solver=DCA)).start().fit()
+
+    def restart_west(it, z, gamma):
+        if it == 1:
+            fed.kill("west")
+            fed.spawn("west")  # a new process: it has lost the job's state
+
+    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt", restart_west, timeout_s=120)
+    with coord:
+        model = coord.fit()
+    relay.close()
+    np.testing.assert_allclose(model.z, full.z, rtol=0, atol=1e-9)
+    log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
+    joins = [e for e in log if e.get("event") == "job_join" and e.get("job") == "solve"]
+    assert len(joins) == 2  # joined, restarted, joined again (replayed)
