@@ -57,9 +57,30 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, files):
+    with LocalFederation(tmp_path_factory.mktemp("fed"), files, heartbeat_interval_s=0.5) as f:
+        f.wait_connected(timeout=180)
+        yield f
+
+
 @pytest.fixture
-def fed(tmp_path, files):
-    with LocalFederation(tmp_path, files, heartbeat_interval_s=0.5) as f:
+def fed(shared):
+    """The module's federation, with all three site processes running (restarted if a test
+    stopped one)."""
+    for name in NAMES:
+        proc = shared.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            shared.spawn(name)
+    shared.wait_connected(timeout=180)
+    return shared
+
+
+@pytest.fixture
+def own_fed(tmp_path, files):
+    """A federation of its own, for a test that revokes and deregisters sites."""
+    two = {n: files[n] for n in ("north", "west")}
+    with LocalFederation(tmp_path, two, heartbeat_interval_s=0.5) as f:
         f.wait_connected(timeout=180)
         yield f
 
@@ -144,10 +165,12 @@ def test_the_site_process_answers_only_its_methods(fed):
         assert isinstance(err, wire.RemoteError) and err.kind == "PrivacyError" and "does not answer" in err.text
 
 
-def test_a_revoked_site_is_cut_off_mid_stream(fed):
+def test_a_revoked_site_is_cut_off_mid_stream(own_fed):
+    fed = own_fed
+    names = ["north", "west"]
     with RelayClient(fed.address, fed.admin_token, insecure=True) as admin:
-        admin.open_job("live", list(NAMES))
-        assert all(isinstance(r, wire.RemoteError) for r in admin.call("live", [(n, "ping", None) for n in NAMES], 30))
+        admin.open_job("live", names)
+        assert all(isinstance(r, wire.RemoteError) for r in admin.call("live", [(n, "ping", None) for n in names], 30))
         fed.registry.revoke_token("site", "west")  # as `msa-fed admin revoke-token` does
         proc = fed.procs["west"]
         proc.wait(60)  # cut off by the relay's sweep; the process stops for good
@@ -158,7 +181,7 @@ def test_a_revoked_site_is_cut_off_mid_stream(fed):
         res = admin.call("live", [("west", "ping", None)], 5)
         assert isinstance(res[0], SiteUnreachable) and res[0].status == "UNAVAILABLE"
         with pytest.raises(RegistryError, match="site 'west' has no active token"):
-            admin.open_job("next", list(NAMES))
+            admin.open_job("next", names)
         # a process with the revoked token cannot come back
         channel, out, call = _stream(fed.address, fed.tokens["west"], pb.SiteToRelay(hello=pb.Hello(site="west")))
         with pytest.raises(grpc.RpcError) as info:
@@ -314,11 +337,12 @@ def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, fi
             fed.kill("west")
             fed.spawn("west")  # a new process: it has lost the job's state
 
-    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt", restart_west, timeout_s=120)
+    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt", restart_west, timeout_s=120,
+                              job_id="replay")
     with coord:
         model = coord.fit()
     relay.close()
     np.testing.assert_allclose(model.z, full.z, rtol=0, atol=1e-9)
     log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
-    joins = [e for e in log if e.get("event") == "job_join" and e.get("job") == "solve"]
+    joins = [e for e in log if e.get("event") == "job_join" and e.get("job") == "replay"]
     assert len(joins) == 2  # joined, restarted, joined again (replayed)
