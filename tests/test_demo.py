@@ -1,6 +1,6 @@
-"""`make demo` end to end, as a user runs it: `msa-fed demo` in a fresh process (its own local
-Ray whose one node carries all three sites' resources, a registry on loopback gRPC, the job
-through the Ray runtime and the TLS data channel), checked on what it prints."""
+"""`make demo` end to end, as a user runs it: `msa-fed demo` in a fresh process (a registry on
+loopback gRPC with its relay, three `msa-fed site serve` processes that dial out to it, a local
+Ray whose actors stand in for the sites, the federated job), checked on what it prints."""
 from __future__ import annotations
 
 import os
@@ -18,9 +18,12 @@ def test_msa_fed_demo_runs_end_to_end():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "Traceback" not in out.stderr
-    for expected in ("registered over gRPC", "ray: local instance with resources site:north, site:east, site:west",
+    for expected in ("registered over gRPC", "ray: local instance", "run 'msa-fed site serve' and are connected",
                      "stored combined model version 1", "downloaded combined model version 1", "demo finished in"):
         assert expected in text, expected
+    for site in ("north", "east", "west"):  # each site's own account of what it answered
+        assert re.search(rf"^  {site}: answered dc_evaluate x\d+, join_job x1, set_domain_model x1, set_qhat x1; "
+                         r"refused nothing; \d+ log entries, hash chain intact$", text, re.M), text[-3000:]
     rows = {m.group(1): [float(x) for x in m.group(2).split()]
             for m in re.finditer(r"^(DMSA|GMSA|unif|h_\w+)\s+((?:[01]\.\d{3}\s*){4})$", text, re.M)}
     assert set(rows) == {"DMSA", "GMSA", "unif", "h_north", "h_east", "h_west"}, text[-2000:]

@@ -1,13 +1,17 @@
 """``msa-fed demo``: the whole federated flow on one machine, on built-in data.
 
-1. a registry on loopback (plaintext, loopback only) with a temporary SQLite database;
+1. a registry on loopback (plaintext, loopback only) with a temporary SQLite database and the
+   relay between jobs and site processes;
 2. an admin token and one token per site, issued as an operator would;
-3. three sites register over gRPC and publish an ONNX predictor and an unlabelled sample;
-4. each site's private data is written to "its node's disk" (a temporary folder) and a local
-   Ray starts with the custom resources ``site:<name>`` (one node standing in for three);
-5. the federated job runs (data-parallel classifier training, DC solve at the sites) and
-   stores the combined model in the registry;
-6. the model is downloaded again and evaluated against every baseline on target mixtures.
+3. three sites register over gRPC and publish an ONNX predictor and an unlabelled sample; each
+   site's private data goes to its own folder with its ``site.toml``;
+4. three ``msa-fed site serve`` processes start, one per site: each checks its files against
+   what it published and dials out to the registry (no listening socket);
+5. the federated job runs on a local Ray: one actor per site stands for it with its published
+   sample (data-parallel classifier training); every labelled-data query goes through the relay
+   to the site's process; the combined model is stored in the registry;
+6. each site's request log is summarised (what it answered and refused), and the model is
+   downloaded again and evaluated against every baseline on target mixtures.
 """
 from __future__ import annotations
 
@@ -41,54 +45,57 @@ def accuracy_table(fed: dict, names, columns: dict, log=_print):
     return rows
 
 
+def site_summary(path) -> str:
+    """One line on what a site answered and refused, from its request log (hash chain checked)."""
+    from msa_fed.federation.state import read_log, summarise, verify_log
+
+    n = verify_log(path)
+    s = summarise(read_log(path))
+    answered = ", ".join(f"{k} x{v}" for k, v in sorted(s["answered"].items())) or "nothing"
+    refused = ", ".join(f"{k} x{v}" for k, v in sorted(s["refused"].items())) or "nothing"
+    return f"answered {answered}; refused {refused}; {n} log entries, hash chain intact"
+
+
 def run_demo(random_state: int = 0, log=_print) -> dict:
     from msa_fed import SiteData, fit_gmsa
     from msa_fed.control.client import RegistryClient
-    from msa_fed.control.registry import Registry
-    from msa_fed.control.server import RegistryServer
-    from msa_fed.control.sqlite_store import SqliteStore
     from msa_fed.experiments.demo_data import SITES, make_federation
+    from msa_fed.federation.local import LocalFederation, SiteFiles
     from msa_fed.jobs.run import JobConfig, model_from_bytes, report, run_job
     from msa_fed.runtime.ray_sites import ensure_ray
 
     t0 = time.perf_counter()
     fed = make_federation(random_state=random_state)
+    predictors, files = {}, {}
+    for name in SITES:
+        d = fed[name]
+        h = LogisticRegression().fit(d["X_train"], d["y_train"])
+        predictors[name] = h
+        files[name] = SiteFiles(d["X_labeled"], d["y_labeled"], d["X_unlabeled"], export_sklearn(h, n_features=2))
     with tempfile.TemporaryDirectory(prefix="msa-fed-demo-") as tmp:
-        tmp = Path(tmp)
-        store = SqliteStore(tmp / "registry.db")
-        registry = Registry(store)
-        admin_token = registry.issue_token("admin", "operator")
-        with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-            log(f"registry: listening on {server.address} (loopback, plaintext by --insecure), "
-                f"SQLite at {tmp / 'registry.db'}")
-            predictors = {}
+        with LocalFederation(Path(tmp), files) as lf:
+            log(f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
+                f"SQLite at {Path(tmp) / 'registry.db'}")
             for name in SITES:
-                d = fed[name]
-                h = LogisticRegression().fit(d["X_train"], d["y_train"])
-                predictors[name] = h
-                token = registry.issue_token("site", name)
-                with RegistryClient(server.address, token, insecure=True) as site:
-                    site.register(name)
-                    art = site.upload_predictor(export_sklearn(h, n_features=2))
-                    site.upload_sample(d["X_unlabeled"])
-                    site.heartbeat()
-                np.savez(tmp / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"],
-                         X_unlabeled=d["X_unlabeled"])
-                log(f"site {name}: registered over gRPC, published predictor {art.sha256[:12]}... and "
-                    f"{len(d['X_unlabeled'])} unlabelled points; {len(d['y_labeled'])} labelled points stay "
-                    f"on the site")
-            ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in SITES})
-            log("ray: local instance with resources " + ", ".join(f"site:{n}" for n in SITES))
-            job = JobConfig(name="demo", registry=server.address, insecure=True,
-                            site_data=str(tmp / "{site}.npz"), output_version="demo-v1").validate()
-            record, model = run_job(job, admin_token, log=log, verbose=True)
+                log(f"site {name}: registered over gRPC, published predictor and {len(fed[name]['X_unlabeled'])} "
+                    f"unlabelled points; {len(fed[name]['y_labeled'])} labelled points stay in its folder")
+            ensure_ray(num_cpus=2)
+            log("ray: local instance (the coordinator's cluster; it holds no labelled data)")
+            lf.wait_connected(timeout=120)
+            log("sites: " + ", ".join(f"{n} (pid {lf.procs[n].pid})" for n in SITES)
+                + " run 'msa-fed site serve' and are connected to the registry (outgoing connections)")
+            job = JobConfig(name="demo", registry=lf.address, insecure=True, output_version="demo-v1").validate()
+            record, model = run_job(job, lf.admin_token, log=log, verbose=True)
             report(model, log)
-            with RegistryClient(server.address, admin_token, insecure=True) as admin:
+            with RegistryClient(lf.address, lf.admin_token, insecure=True) as admin:
                 data, rec = admin.download_combined_model(record.version)
                 stored = model_from_bytes(data)
                 log(f"downloaded combined model version {rec.version} from the registry and loaded it "
                     f"(predictors checked by sha256)")
-        store.close()
+            log("")
+            log("what each site's process answered (its own request log):")
+            for name in SITES:
+                log(f"  {name}: " + site_summary(lf.workdir / name / "audit.jsonl"))
 
     # Baselines for the table are computed here with the sites' data, which only the demo has.
     sites = [SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"], predictors[n])
