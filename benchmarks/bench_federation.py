@@ -1,0 +1,304 @@
+"""Federated topology benchmark: the relay's round latency, a full job, and a registry holding many sites.
+
+    .venv/bin/python benchmarks/bench_federation.py            # full run (several minutes)
+    .venv/bin/python benchmarks/bench_federation.py --quick    # smoke run
+
+Everything runs on this machine over loopback, with real processes: a registry (gRPC, SQLite)
+with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFederation`).
+
+1. **DC round through the relay** (p = ``--sites``): every site has joined a job and holds its
+   domain model and Qhat; one round is one relay ``Call`` carrying a ``dc_evaluate`` request to
+   each site and gathering the p answers (L, dL; cross-entropy).  Median and p90 over
+   ``--rounds`` rounds, against the same round with the sites as in-process objects
+   (``runtime="local"``: the sums alone, no transport).
+2. **Full job**: p = ``--sites`` sites, n = ``--n`` labelled points in all (n / p per site),
+   ``--m`` unlabelled points per site, DMSA with the default settings: the federated topology
+   (site processes + relay + Ray stand-ins training the classifier) against ``runtime="local"``
+   on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
+3. **A registry holding ``--many`` connected sites**: thin site clients (one stream each,
+   heartbeats every second) connect; time until all are connected, the registry process's CPU
+   share while they only heartbeat (``--hold`` s), and a fan-out ``ping`` to all of them in one
+   Call (median over rounds).
+
+Prints a table and writes JSON to ``benchmarks/results/federation.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+
+from msa_fed.artifacts.predictors import export_sklearn, load_predictor, sha256_hex  # noqa: E402
+from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from msa_fed.core.features import StandardFeatures, feature_map_state  # noqa: E402
+from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
+from msa_fed.federation.relay_client import RelayClient  # noqa: E402
+from msa_fed.runtime import messages as m  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.federated import FederatedSites  # noqa: E402
+from msa_fed.runtime.local import LocalSites  # noqa: E402
+from msa_fed.runtime.site import SiteWorker  # noqa: E402
+
+
+def make_sites(p: int, n_per_site: int, m_per_site: int, d: int = 4, seed: int = 0) -> dict[str, SiteFiles]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k in range(p):
+        mean = np.zeros(d)
+        mean[k % d] = 1.5 * (1 + k // d)
+        rule = rng.normal(size=d)
+
+        def draw(n):
+            X = rng.normal(size=(n, d)) + mean
+            return X, (X @ rule + 0.5 * rng.normal(size=n) > mean @ rule).astype(np.int64)
+
+        Xtr, ytr = draw(500)
+        Xl, yl = draw(n_per_site)
+        Xu, _ = draw(m_per_site)
+        h = LogisticRegression().fit(Xtr, ytr)
+        out[f"s{k:02d}"] = SiteFiles(Xl, yl, Xu.astype(np.float32).astype(np.float64), export_sklearn(h, n_features=d))
+    return out
+
+
+def _kwargs(files, names):
+    preds = [load_predictor(files[n].predictor, kind="probabilities") for n in names]
+    classes = np.unique(np.concatenate([p.classes_ for p in preds]))
+    kw = [dict(name=n, index=k, X_labeled=files[n].X_labeled, y_labeled=files[n].y_labeled,
+               X_unlabeled=files[n].X_unlabeled, predictors=preds, task="classification", loss="cross_entropy",
+               classes=classes, min_points=20) for k, n in enumerate(names)]
+    return kw, preds, classes
+
+
+def _pct(xs, q):
+    return float(np.percentile(xs, q))
+
+
+def bench_round(args, workdir: Path) -> dict:
+    p = args.sites
+    files = make_sites(p, 2000, 1000)
+    names = sorted(files)
+    kw, preds, classes = _kwargs(files, names)
+    fmap = StandardFeatures().fit(np.vstack([files[n].X_unlabeled for n in names]))
+    theta = np.random.default_rng(1).normal(size=p * (fmap.transform(files[names[0]].X_unlabeled[:1]).shape[1] + 1)) * 0.1
+    spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
+    local = [SiteWorker(**k) for k in kw]
+    parts = [w.set_domain_model(spec) for w in local]
+    qhat = np.sum([r.sums for r in parts], axis=0)
+    for w in local:
+        w.set_qhat(m.QhatBroadcast(qhat=qhat, eta=0.01))
+    rng = np.random.default_rng(2)
+    zs = [rng.dirichlet(np.ones(p)) for _ in range(args.rounds)]
+    t_local = []
+    for z in zs:
+        req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
+        t0 = time.perf_counter()
+        [w.dc_evaluate(req) for w in local]
+        t_local.append(time.perf_counter() - t0)
+
+    t_start = time.perf_counter()
+    with LocalFederation(workdir / "round", files) as fed:
+        fed.wait_connected(timeout=600)
+        connect_s = time.perf_counter() - t_start
+        with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
+            relay.open_job("bench", names)
+            shas = [sha256_hex(files[n].predictor) for n in names]
+            joins = [m.JobSetup(job_id="bench", sites=tuple(names), index=i, predictor_sha256=tuple(shas),
+                                task="classification", loss="cross_entropy", classes=classes, min_points=20)
+                     for i in range(p)]
+            relay.call("bench", [(n, "join_job", joins[i]) for i, n in enumerate(names)], 300)
+            got = relay.call("bench", [(n, "set_domain_model", spec) for n in names], 300)
+            assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
+            relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
+            for z in zs[:5]:  # warm-up
+                relay.call("bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60)
+            t_relay = []
+            for z in zs:
+                req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
+                t0 = time.perf_counter()
+                out = relay.call("bench", [(n, "dc_evaluate", req) for n in names], 60)
+                t_relay.append(time.perf_counter() - t0)
+            expect = [w.dc_evaluate(m.DCRequest(z=zs[-1], eta=0.01, what=("L", "dL"))) for w in local]
+            assert all(np.array_equal(a.sums.L, b.sums.L) for a, b in zip(out, expect))
+            relay.close_job("bench")
+    return {"p": p, "n_per_site": 2000, "rounds": args.rounds, "sites_connected_s": connect_s,
+            "relay_median_ms": 1e3 * statistics.median(t_relay), "relay_p90_ms": 1e3 * _pct(t_relay, 90),
+            "local_median_ms": 1e3 * statistics.median(t_local), "local_p90_ms": 1e3 * _pct(t_local, 90)}
+
+
+def bench_job(args, workdir: Path) -> dict:
+    from msa_fed.runtime.ray_sites import ensure_ray
+
+    p = args.sites
+    files = make_sites(p, args.n // p, args.m, seed=3)
+    names = sorted(files)
+    kw, preds, classes = _kwargs(files, names)
+    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    c = Coordinator(LocalSites(kw), preds, config).start()
+    t0 = time.perf_counter()
+    local = c.fit()
+    t_local = time.perf_counter() - t0
+    ensure_ray(num_cpus=os.cpu_count())
+    with LocalFederation(workdir / "job", files) as fed:
+        fed.wait_connected(timeout=600)
+        relay = RelayClient(fed.address, fed.admin_token, insecure=True)
+        backend = FederatedSites(names, relay, [files[n].X_unlabeled for n in names], job_id="benchjob",
+                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in names], classes=classes,
+                                 site_timeout_s=600, data_channel="plain")
+        t0 = time.perf_counter()
+        with Coordinator(backend, preds, config) as coord:
+            t_started = time.perf_counter()
+            model = coord.fit()
+        t_fed = time.perf_counter() - t_started
+        t_fed_with_start = time.perf_counter() - t0
+        relay.close()
+    import ray
+
+    ray.shutdown()
+    return {"p": p, "n": args.n, "m_per_site": args.m, "local_fit_s": t_local, "federated_fit_s": t_fed,
+            "federated_start_and_fit_s": t_fed_with_start, "ratio_fit": t_fed / t_local,
+            "ratio_start_and_fit": t_fed_with_start / t_local,
+            "max_abs_z_difference": float(np.max(np.abs(model.z - local.z))),
+            "n_evaluations": model.info["solver"]["n_evaluations"]}
+
+
+def bench_many(args, workdir: Path) -> dict:
+    import grpc
+
+    from msa_fed.control.proto import relay_pb2 as pb
+    from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+    from msa_fed.control.registry import Registry
+    from msa_fed.control.server import RegistryServer
+    from msa_fed.control.sqlite_store import SqliteStore
+    from msa_fed.runtime import wire
+
+    n = args.many
+    store = SqliteStore(workdir / "many.db")
+    registry = Registry(store)
+    admin = registry.issue_token("admin", "operator")
+    names = [f"site{k:03d}" for k in range(n)]
+    tokens = {}
+    for name in names:
+        tokens[name] = registry.issue_token("site", name)
+        store.register_site(name, {}, time.time())
+    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=n + 16).start()
+    stop = threading.Event()
+    ack = wire.to_proto("ping", m.Ack("bench"), wire.RESPONSES)
+
+    def thin_site(name):
+        channel = grpc.insecure_channel(server.address)
+        out: queue.Queue = queue.Queue()
+        out.put(pb.SiteToRelay(hello=pb.Hello(site=name)))
+
+        def gen():
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                yield item
+
+        def beat():
+            while not stop.wait(1.0):
+                out.put(pb.SiteToRelay(heartbeat=pb.Heartbeat(sent_at=time.time())))
+            out.put(None)
+
+        threading.Thread(target=beat, daemon=True).start()
+        call = pb_grpc.RelayStub(channel).Connect(gen(), metadata=(("authorization", f"Bearer {tokens[name]}"),))
+        try:
+            for msg in call:
+                if msg.WhichOneof("part") == "forward":
+                    resp = type(ack)()
+                    resp.CopyFrom(ack)
+                    resp.method = msg.forward.request.method
+                    out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=resp)))
+        except grpc.RpcError:
+            pass
+        channel.close()
+
+    t0 = time.perf_counter()
+    for name in names:
+        threading.Thread(target=thin_site, args=(name,), daemon=True).start()
+    while len(server.relay.connected()) < n:
+        time.sleep(0.05)
+        if time.perf_counter() - t0 > 300:
+            raise RuntimeError(f"only {len(server.relay.connected())} of {n} sites connected")
+    connect_s = time.perf_counter() - t0
+    cpu0, w0 = time.process_time(), time.perf_counter()
+    time.sleep(args.hold)
+    cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - w0)  # this process: registry + thin clients
+    beats = [s.last_heartbeat for s in store.list_sites()]
+    fresh = sum(1 for b in beats if b and time.time() - b < 5)
+    with RelayClient(server.address, admin, insecure=True) as relay:
+        relay.open_job("many", names)
+        times = []
+        for _ in range(args.many_rounds):
+            t = time.perf_counter()
+            res = relay.call("many", [(nm, "ping", None) for nm in names], 30)
+            times.append(time.perf_counter() - t)
+            assert all(isinstance(r, m.Ack) for r in res), res[:3]
+    stop.set()
+    server.stop(0.5)
+    store.close()
+    return {"sites": n, "connect_all_s": connect_s, "hold_s": args.hold, "process_cpu_share": cpu_share,
+            "sites_with_fresh_heartbeat": fresh, "fanout_ping_median_ms": 1e3 * statistics.median(times),
+            "fanout_ping_p90_ms": 1e3 * _pct(times, 90)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sites", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--m", type=int, default=2000)
+    ap.add_argument("--many", type=int, default=64)
+    ap.add_argument("--many-rounds", type=int, default=50)
+    ap.add_argument("--hold", type=float, default=20.0)
+    ap.add_argument("--only", choices=["round", "job", "many"], action="append")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sites, args.rounds, args.n, args.m, args.many, args.hold, args.many_rounds = 3, 30, 3000, 300, 16, 3, 10
+    out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
+           "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else "")}
+    todo = args.only or ["round", "job", "many"]
+    with tempfile.TemporaryDirectory(prefix="bench-fed-") as tmp:
+        if "round" in todo:
+            r = out["dc_round"] = bench_round(args, Path(tmp))
+            print(f"DC round through the relay, p={r['p']}: median {r['relay_median_ms']:.2f} ms "
+                  f"(p90 {r['relay_p90_ms']:.2f}); in-process sums alone {r['local_median_ms']:.2f} ms", flush=True)
+        if "job" in todo:
+            r = out["full_job"] = bench_job(args, Path(tmp))
+            print(f"full job p={r['p']} n={r['n']}: federated fit {r['federated_fit_s']:.1f} s "
+                  f"(with start {r['federated_start_and_fit_s']:.1f} s), local {r['local_fit_s']:.1f} s: "
+                  f"ratio {r['ratio_fit']:.2f} ({r['ratio_start_and_fit']:.2f} with start); "
+                  f"max |z - z_local| = {r['max_abs_z_difference']:.1e}", flush=True)
+        if "many" in todo:
+            r = out["many_sites"] = bench_many(args, Path(tmp))
+            print(f"{r['sites']} connected sites: all connected in {r['connect_all_s']:.1f} s; "
+                  f"{r['sites_with_fresh_heartbeat']} with a heartbeat in the last 5 s; CPU share of the "
+                  f"registry process (with the thin clients) {r['process_cpu_share']:.2f}; fan-out ping to all "
+                  f"{r['fanout_ping_median_ms']:.1f} ms median (p90 {r['fanout_ping_p90_ms']:.1f})", flush=True)
+    results = REPO / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    if not args.quick:
+        (results / "federation.json").write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
