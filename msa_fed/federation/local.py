@@ -5,7 +5,8 @@
         job = JobConfig(registry=fed.address, insecure=True, ...)
         run_job(job, fed.admin_token)
 
-It starts a registry (gRPC on 127.0.0.1, plaintext by explicit choice, SQLite in ``workdir``)
+It starts a registry (gRPC on 127.0.0.1, plaintext by explicit choice, or TLS on ``listen``; SQLite
+in ``workdir``)
 with its relay, issues an admin token and one token per site, registers each site and publishes
 its predictor and unlabelled sample over gRPC as the site's operator would, writes each site's
 ``site.toml``, data file and token file into ``workdir/<site>/``, and starts one
@@ -33,10 +34,17 @@ class SiteFiles:
     predictor: bytes
 
 
-def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: str | None = None) -> str:
-    lines = [f'name = "{name}"', f'registry = "{registry}"', 'token_file = "token.txt"', "insecure = true",
+def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: str | None = None,
+              tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None) -> str:
+    lines = [f'name = "{name}"', f'registry = "{registry}"', 'token_file = "token.txt"',
              'data = "data.npz"', 'predictor = "predictor.onnx"', 'audit_log = "audit.jsonl"',
              f'accept_jobs = "{accept_jobs}"']
+    if tls_ca is None:
+        lines.append("insecure = true")
+    else:
+        lines.append(f'tls_ca = "{tls_ca}"')
+    if tls_cert is not None:
+        lines += [f'tls_cert = "{tls_cert}"', f'tls_key = "{tls_key}"']
     if policy:
         lines.append(f'policy = "{policy}"')
     return "\n".join(lines) + "\n"
@@ -45,7 +53,16 @@ def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: s
 class LocalFederation:
     def __init__(self, workdir, sites: dict[str, SiteFiles], *, accept_jobs: str = "admin", start_sites: bool = True,
                  max_workers: int = 64, heartbeat_interval_s: float = 1.0, silence_timeout_s: float = 10.0,
-                 env: dict | None = None):
+                 env: dict | None = None, tls=None, tls_ca: str | None = None, listen: str = "127.0.0.1:0",
+                 site_host=None, client_certs: dict | None = None, launcher: dict | None = None):
+        """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
+        the CA file the sites and this process trust; site_host(name) : the registry host a site
+        dials (default 127.0.0.1); client_certs : {site: (cert path, key path)} for mutual TLS;
+        launcher : {site: command prefix} (e.g. ``ip netns exec NS``)."""
+        self.tls, self.tls_ca, self.listen = tls, tls_ca, listen
+        self.site_host = site_host or (lambda name: "127.0.0.1")
+        self.client_certs = client_certs or {}
+        self.launcher = launcher or {}
         self.workdir = Path(workdir)
         self.sites = dict(sites)
         self.accept_jobs = accept_jobs
@@ -80,10 +97,12 @@ class LocalFederation:
         self.store = SqliteStore(self.workdir / "registry.db")
         self.registry = Registry(self.store)
         self.admin_token = self.registry.issue_token("admin", "operator")
-        self.server = RegistryServer(self.registry, "127.0.0.1:0", insecure=True, max_workers=self.max_workers).start()
+        self.server = RegistryServer(self.registry, self.listen, insecure=self.tls is None, tls=self.tls,
+                                     max_workers=self.max_workers).start()
         for key, value in self.relay_settings.items():
             setattr(self.server.relay, key, value)
-        self.address = self.server.address
+        self.address = f"127.0.0.1:{self.server.port}"
+        secure = dict(insecure=True) if self.tls is None else dict(tls_ca=self.tls_ca)
         for name, files in self.sites.items():
             token = self.tokens[name] = self.registry.issue_token("site", name)
             folder = self.workdir / name
@@ -93,8 +112,11 @@ class LocalFederation:
             np.savez(folder / "data.npz", X_labeled=files.X_labeled, y_labeled=files.y_labeled,
                      X_unlabeled=files.X_unlabeled)
             (folder / "predictor.onnx").write_bytes(files.predictor)
-            (folder / "site.toml").write_text(site_toml(name, self.address, accept_jobs=self.accept_jobs))
-            with RegistryClient(self.address, token, insecure=True) as client:
+            cert, key = self.client_certs.get(name, (None, None))
+            (folder / "site.toml").write_text(site_toml(
+                name, f"{self.site_host(name)}:{self.server.port}", accept_jobs=self.accept_jobs, tls_ca=self.tls_ca,
+                tls_cert=cert, tls_key=key))
+            with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
                 client.register(name)
                 client.upload_predictor(files.predictor)
                 client.upload_sample(files.X_unlabeled)
@@ -111,7 +133,9 @@ class LocalFederation:
         config = config or self.config_path(name)
         out = open(self.workdir / name / "serve.log", "ab")
         env = dict(os.environ if self.env is None else self.env)
-        proc = subprocess.Popen([sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(config)],
+        cmd = list(self.launcher.get(name, ())) + [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config",
+                                                   str(config)]
+        proc = subprocess.Popen(cmd,
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(self.workdir / name))
         out.close()
         self.procs[name] = proc
