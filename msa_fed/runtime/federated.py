@@ -89,6 +89,8 @@ class PublishedSample:
         self.min_points = int(min_points)
         self.incarnation = uuid.uuid4().hex
         self._shard = None
+        # load the classifier's libraries (torch) while the actors start, not in the first step
+        import msa_fed.core.domain_classifier  # noqa: F401
 
     def info(self, _=None) -> m.SiteInfo:
         return m.SiteInfo(name=self.name, n_features=int(self.X_unlabeled.shape[1]), n_labeled=0,
