@@ -288,16 +288,22 @@ class RaySites:
             self._get(e, e.handle.setup_shard.remote(msg), lambda: e.handle.setup_shard.remote(msg),
                       "setup_shard", replay=False)
 
-    def _get(self, e: _Endpoint, ref, resubmit, method: str, replay: bool):
-        """The answer of ``ref``; ``resubmit()`` sends the same call again (after a restart)."""
+    def _get(self, e: _Endpoint, ref, resubmit, method: str, replay: bool, wait_s: float | None = None):
+        """The answer of ``ref``; ``resubmit()`` sends the same call again (after a restart).
+
+        wait_s : how long to wait at most (default ``retry_timeout_s``); then a SiteError."""
         import ray
-        from ray.exceptions import (ActorDiedError, ObjectLostError, RayActorError, RayTaskError,
+        from ray.exceptions import (ActorDiedError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError,
                                     UnserializableException)
 
-        deadline = time.monotonic() + self.retry_timeout_s
+        deadline = time.monotonic() + (self.retry_timeout_s if wait_s is None else max(0.0, wait_s))
         while True:
             try:
-                return ray.get(ref)
+                return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except GetTimeoutError:  # a node lost or stuck: Ray may wait for it for ever, the job does not
+                state, _ = actor_status(e.handle)
+                raise SiteError(e.name, f"no answer to {method} within {self.retry_timeout_s:g} s "
+                                        f"(site_timeout_s; the site's actor is {state or 'in an unknown state'})") from None
             except RayTaskError as exc:  # raised by the site's own code
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
                 if isinstance(cause, SiteStateLost) and replay and time.monotonic() < deadline:
@@ -356,11 +362,14 @@ class RaySites:
                     raise SiteError(e.name, f"Ray could not start the site's actor within {timeout:g} s (state "
                                             f"{state or 'unknown'}): the cluster lacks the CPUs or resources it "
                                             f"asks for ({self._asks(e)})")
+        from ray.exceptions import GetTimeoutError
+
         try:
-            outs = ray.get(refs)  # the common case: one wait for all
-        except Exception:  # noqa: BLE001 - sort out which call failed and why, one by one
-            outs = [self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True)
-                    for e, ref, msg in zip(endpoints, refs, msgs)]
+            outs = ray.get(refs, timeout=self.retry_timeout_s)  # the common case: one wait for all
+        except Exception as exc:  # noqa: BLE001 - sort out which call failed and why, one by one
+            wait = 0.0 if isinstance(exc, GetTimeoutError) else None  # timed out: name the site now
+            outs = [self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True,
+                              wait_s=wait) for e, ref, msg in zip(endpoints, refs, msgs)]
         for e, out in zip(endpoints, outs):
             c.record("from_site", e.name, method, out)
         return outs
@@ -413,6 +422,7 @@ class RaySites:
         site raised) is asked again through Ray, which restarts, replays and reports errors."""
         c = self.coordinator
         self._open_channels(endpoints)
+        started = time.monotonic()
         msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
         sent, refs = [], {}
         for j, (e, msg) in enumerate(zip(endpoints, msgs)):
@@ -438,7 +448,8 @@ class RaySites:
             refs[j] = self._call(e, method, msgs[j])
         for j, ref in refs.items():
             e, msg = endpoints[j], msgs[j]
-            outs[j] = self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True)
+            outs[j] = self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True,
+                                wait_s=started + self.retry_timeout_s - time.monotonic())
         for e, out in zip(endpoints, outs):
             c.record("from_site", e.name, method, out)
         return outs

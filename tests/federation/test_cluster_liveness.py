@@ -1,0 +1,106 @@
+"""The cluster topology never hangs on a lost site: on a real local Ray,
+
+- a site actor Ray cannot place ends the run within the start timeout with an error naming the
+  site and what it asks for;
+- a site actor that stops answering mid-solve (a lost or frozen node: Ray would wait for it for
+  ever) ends the run within site_timeout_s with an error naming the site, through the data
+  channel and through Ray actor calls alike.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fedhelpers import local_kwargs, site_files  # noqa: E402
+from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from msa_fed.errors import SiteError  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
+from msa_fed.runtime.site import SiteWorker  # noqa: E402
+
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"site:a": 1, "site:b": 1, "site:c": 1})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def files():
+    return site_files(NAMES, seed=4)
+
+
+import sys  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor class travels by value
+
+
+class FreezingSite(SiteWorker):
+    """A site whose node freezes once the file ``freeze_flag`` exists (checked in dc_evaluate)."""
+
+    def __init__(self, *args, freeze_flag: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.freeze_flag = freeze_flag
+
+    def dc_evaluate(self, msg):
+        if self.freeze_flag and os.path.exists(self.freeze_flag):
+            time.sleep(3600)
+        return super().dc_evaluate(msg)
+
+
+@ray.remote(num_cpus=0, resources={"site:c": 1})
+class Hog:
+    """Holds all of site c's resource: site c's actor can never be placed."""
+
+    def ready(self):
+        return True
+
+
+def test_an_actor_that_cannot_be_placed_ends_the_run_naming_the_site(local_ray, files):
+    hog = Hog.remote()
+    ray.get(hog.ready.remote())
+    kw, preds, _ = local_kwargs(files, NAMES)
+    backend = RaySites(kw, start_timeout_s=30)
+    try:
+        with pytest.raises(SiteError) as info:
+            Coordinator(backend, preds, RunConfig()).start()
+    finally:
+        backend.shutdown()
+        ray.kill(hog)
+    assert info.value.site == "c" and "could not start the site's actor within 30 s" in str(info.value)
+    assert "site:c" in str(info.value)
+
+
+@pytest.mark.parametrize("channel", ["plain", "off"])
+def test_a_site_frozen_mid_solve_ends_the_run_within_the_timeout(local_ray, files, tmp_path, channel):
+    kw, preds, _ = local_kwargs(files, ("a", "b"))
+    flag = tmp_path / "freeze"
+    kw[1]["freeze_flag"] = str(flag)
+    kw[0]["freeze_flag"] = ""
+    timeout_s = 30.0
+    backend = RaySites(kw, worker_cls=FreezingSite, retry_timeout_s=timeout_s, data_channel=channel, max_restarts=0)
+    frozen_at = []
+
+    def freeze(it, z, gamma):
+        if it == 1 and not frozen_at:
+            flag.write_text("frozen")
+            frozen_at.append(time.monotonic())
+
+    coord = Coordinator(backend, preds, RunConfig(classifier=ClassifierConfig(mu=1e-3),
+                                                  solver={"objective": "gamma", "method": "dca"}),
+                        solver_callback=freeze)
+    with pytest.raises(SiteError) as info:
+        with coord:
+            coord.fit()
+    assert frozen_at, f"failed before the freeze: {info.value}"
+    elapsed = time.monotonic() - frozen_at[0]
+    assert info.value.site == "b" and "within 30 s" in str(info.value)
+    assert elapsed < 10 * timeout_s  # ended, not hung (loose: the machine is shared)
