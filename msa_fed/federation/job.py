@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from msa_fed.control.relay import JOB_ID_PATTERN
 from msa_fed.errors import ConfigError
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
@@ -33,6 +34,9 @@ def federated_backend(config, admin_token: str, client, names, records, predicto
     client : a :class:`msa_fed.control.client.RegistryClient` with the admin token.
     records : {site name: SiteRecord} as listed by the registry.
     """
+    if not JOB_ID_PATTERN.match(config.name):
+        raise ConfigError(f"job name {config.name!r} is the job's id at the registry's relay (sites approve jobs by "
+                          "it): use 1-128 letters, digits, '_', '.', ':' or '-'")
     samples = []
     for name in names:
         rec = records[name].sample

@@ -1,0 +1,104 @@
+"""`msa-fed site serve | jobs | approve` and the job file's topology keys: clear one-line errors.
+
+Run in-process through msa_fed.cli.main (what the `msa-fed` command calls)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from msa_fed.cli import main
+from msa_fed.errors import ConfigError
+from msa_fed.federation.config import SiteConfig
+from msa_fed.jobs.run import JobConfig
+
+BASE = {"name": "east", "registry": "127.0.0.1:50051", "token_file": "token.txt", "insecure": True,
+        "data": "data.npz", "predictor": "predictor.onnx", "audit_log": "audit.jsonl"}
+
+
+def _toml(values: dict) -> str:
+    return "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+
+
+def _write(tmp_path, **changes):
+    values = {**BASE, **changes}
+    values = {k: v for k, v in values.items() if v is not None}
+    path = tmp_path / "site.toml"
+    path.write_text(_toml(values))
+    return path
+
+
+def _error(capsys, argv) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"colour": "blue"}, "unknown key(s) ['colour']"),
+    ({"registry": None}, "missing key(s) ['registry']"),
+    ({"registry": "10.1.2.3:50051"}, "insecure = true is allowed only towards a loopback registry"),
+    ({"accept_jobs": "anyone"}, "accept_jobs must be one of ['admin', 'approve']"),
+    ({"insecure": "yes"}, "insecure must be a bool"),
+    ({"tls_cert": "c.pem", "insecure": None}, "tls_cert and tls_key must be given together"),
+    ({"name": "no spaces"}, "is not a valid site name"),
+])
+def test_bad_site_config_is_one_error_line(tmp_path, capsys, changes, match):
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, **changes))])
+    assert match in err
+
+
+def test_missing_files_are_named(tmp_path, capsys):
+    err = _error(capsys, ["site", "serve", "--config", str(tmp_path / "nope.toml")])
+    assert "nope.toml" in err and "not found" in err
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    assert "token_file" in err and "not found" in err
+    (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    assert "data.npz" in err
+
+
+def test_a_policy_file_without_a_policy_engine_is_refused(tmp_path, capsys):
+    pytest.importorskip("numpy")
+    try:
+        import msa_fed.privacy  # noqa: F401
+        pytest.skip("this build has the policy engine; its own tests cover policy files")
+    except ModuleNotFoundError:
+        pass
+    (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", X_labeled=rng.normal(size=(30, 2)), y_labeled=np.zeros(30),
+             X_unlabeled=rng.normal(size=(30, 2)))
+    (tmp_path / "predictor.onnx").write_bytes(b"x")
+    (tmp_path / "policy.toml").write_text("min_points = 50\n")
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="policy.toml"))])
+    assert "no policy engine" in err
+
+
+def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
+    config = _write(tmp_path, accept_jobs="approve")
+    assert main(["site", "jobs", "--config", str(config)]) == 0
+    assert "no jobs yet (accepting: approve)" in capsys.readouterr().out
+    assert main(["site", "approve", "job-7", "--config", str(config)]) == 0
+    assert "approved in advance" in capsys.readouterr().out
+    assert main(["site", "jobs", "--config", str(config), "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)
+    assert job["job_id"] == "job-7" and job["state"] == "approved"
+    # relative paths are relative to the file's folder
+    assert SiteConfig.from_toml(config).jobs_path == tmp_path / "audit.jobs.db"
+
+
+def test_job_file_topology_keys(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "federated"\n'
+                    'site_timeout_s = 5\n')
+    job = JobConfig.from_toml(path)
+    assert job.topology == "federated" and job.site_timeout_s == 5
+    assert JobConfig(registry="127.0.0.1:1").topology == "federated"  # the default
+    for run, match in (('topology = "mesh"', "topology must be"), ("site_timeout_s = 0", "site_timeout_s must be"),
+                       ('site_timeout_s = "60"', "site_timeout_s must be")):
+        path.write_text(f'[registry]\naddress = "127.0.0.1:1"\n[run]\n{run}\n')
+        with pytest.raises(ConfigError, match=match):
+            JobConfig.from_toml(path)
