@@ -146,3 +146,32 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
         listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
                                 capture_output=True, text=True, timeout=120)
         assert '"state": "served"' in listed.stdout
+
+
+def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federation, files):
+    """The privacy audit of every message the coordinator exchanged in a federated run (the
+    runtime tests' audit): boundary types only, nothing of a site's labelled size, no labels;
+    labelled-data methods went to the site processes, classifier training to the stand-ins."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "runtime"))
+    from inspect_messages import audit
+
+    from msa_fed.artifacts.predictors import sha256_hex
+    from msa_fed.federation.relay_client import RelayClient
+    from msa_fed.runtime import messages as m
+    from msa_fed.runtime.federated import ACTOR_METHODS, RELAY_METHODS, FederatedSites
+
+    kw, preds, classes = local_kwargs(files, ORDER)
+    rec = m.Recorder()
+    with RelayClient(federation.address, federation.admin_token, insecure=True) as relay:
+        backend = FederatedSites(ORDER, relay, [files[n].X_unlabeled for n in ORDER], job_id="audited",
+                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in ORDER], classes=classes,
+                                 data_channel="plain")
+        config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+        with Coordinator(backend, preds, config, recorder=rec) as c:
+            model = c.fit()
+    assert np.isclose(model.z.sum(), 1.0)
+    assert audit(rec.records, {n: files[n].X_labeled.shape[0] for n in ORDER}) == []
+    methods = {method for _, _, method, _ in rec.records}
+    assert {"join_job", "set_domain_model", "set_qhat", "dc_evaluate"} <= methods
+    assert {"setup_shard", "classifier_loss_grad"} <= methods
+    assert methods <= RELAY_METHODS | ACTOR_METHODS | {"open_channel"}  # the stand-ins' data channel
