@@ -346,3 +346,38 @@ def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, fi
     log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
     joins = [e for e in log if e.get("event") == "job_join" and e.get("job") == "replay"]
     assert len(joins) == 2  # joined, restarted, joined again (replayed)
+
+
+def test_a_frozen_site_ends_the_job_within_the_timeout(fed, files):
+    """A site process that stops answering without closing its connection (SIGSTOP: a frozen
+    machine, a cut cable) ends the job within site_timeout_s naming it, and the relay drops its
+    silent stream."""
+    import os
+    import signal
+
+    timeout_s = 5.0
+    with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
+        relay.open_job("frozen", list(NAMES))
+        backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id="frozen",
+                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
+                                 classes=np.array([0, 1]), site_timeout_s=timeout_s, data_channel="plain")
+        backend.coordinator = _Recorder()
+        infos = backend._relay([(i, "join_job", backend.join[i]) for i in range(3)])
+        assert [i.name for i in infos] == list(NAMES)
+        pid = fed.procs["west"].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(SiteError) as info:
+                backend._relay([(i, "ping", None) for i in range(3)])
+            elapsed = time.monotonic() - t0
+            assert info.value.site == "west" and "site_timeout_s" in str(info.value)
+            assert elapsed < 10 * timeout_s
+            deadline = time.monotonic() + 120  # silence_timeout_s of the test federation is 10 s
+            while "west" in fed.connected() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "west" not in fed.connected()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        relay.close_job("frozen")
+    fed.wait_connected(["west"], timeout=120)  # the site reconnects by itself once it runs again
