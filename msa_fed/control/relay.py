@@ -24,7 +24,9 @@ Checks, on the registry's side:
   names the caller too (it needs every site's predictor on its own labelled points).
 
 Each connected site holds one of the server's worker threads for its stream (and one reader
-thread of its own): give ``RegistryServer(max_workers=...)`` more workers than sites.
+thread of its own): give ``RegistryServer(max_workers=...)`` more workers than sites.  The relay
+keeps ``max_streams`` (the server's workers less a reserve for every other RPC) and refuses a
+site stream beyond that with RESOURCE_EXHAUSTED, so that sites can never starve the registry.
 """
 from __future__ import annotations
 
@@ -139,8 +141,9 @@ class RelayServicer(pb_grpc.RelayServicer):
     """See the module docstring.  ``context.principal`` comes from the auth interceptor."""
 
     def __init__(self, registry: Registry, *, heartbeat_interval_s: float = 5.0, silence_timeout_s: float = 20.0,
-                 sweep_interval_s: float = 1.0, max_call_timeout_s: float = 3600.0):
+                 sweep_interval_s: float = 1.0, max_call_timeout_s: float = 3600.0, max_streams: int | None = None):
         self.registry = registry
+        self.max_streams = max_streams
         self.heartbeat_interval_s = float(heartbeat_interval_s)
         self.silence_timeout_s = float(silence_timeout_s)
         self.sweep_interval_s = float(sweep_interval_s)
@@ -215,7 +218,13 @@ class RelayServicer(pb_grpc.RelayServicer):
         conn = _Connection(name, token, context.peer())
         with self._lock:
             old = self._sites.get(name)
-            self._sites[name] = conn
+            full = self.max_streams is not None and old is None and len(self._sites) >= self.max_streams
+            if not full:
+                self._sites[name] = conn
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the registry serves at most {self.max_streams} site streams; start it with more workers "
+                          "(msa-fed registry serve --workers)")
         if old is not None:
             old.close("ALREADY_EXISTS", f"site {name!r} connected again from {conn.peer}")
         context.add_callback(lambda: conn.close("CANCELLED", "the stream ended"))

@@ -153,7 +153,7 @@ class RegistryServer:
         )
         self.servicer = RegistryServicer(self.registry)
         pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
-        self.relay = add_relay(server, self.registry)  # jobs <-> site processes that dial out (relay.py)
+        self.relay = add_relay(server, self.registry, max_streams=max(1, self.max_workers - 8))  # relay.py
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

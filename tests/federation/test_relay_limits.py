@@ -1,0 +1,123 @@
+"""The relay in-process (a real gRPC server on port 0, raw site streams, no site processes):
+it never lets site streams take every worker thread of the registry, heartbeats on the stream
+are recorded as the site's heartbeat, and a site cannot answer calls it was not sent."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+from msa_fed.control.proto import relay_pb2 as pb
+from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.control.registry import Registry
+from msa_fed.control.server import RegistryServer
+from msa_fed.control.sqlite_store import SqliteStore
+from msa_fed.federation.relay_client import RelayClient
+from msa_fed.runtime import messages as m
+from msa_fed.runtime import wire
+from msa_fed.runtime.federated import SiteUnreachable
+
+
+@pytest.fixture
+def registry(tmp_path):
+    store = SqliteStore(tmp_path / "r.db")
+    reg = Registry(store)
+    yield reg
+    store.close()
+
+
+class RawSite:
+    """A site stream opened by hand; ``answer(forward)`` gives the response (None: stay silent)."""
+
+    def __init__(self, address, token, name, answer=None):
+        self.channel = grpc.insecure_channel(address)
+        self.out: queue.Queue = queue.Queue()
+        self.out.put(pb.SiteToRelay(hello=pb.Hello(site=name)))
+        self.call = pb_grpc.RelayStub(self.channel).Connect(iter(self.out.get, None),
+                                                            metadata=(("authorization", f"Bearer {token}"),))
+        self.answer = answer
+        self.error = None
+        self.forwards = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            for msg in self.call:
+                if msg.WhichOneof("part") == "forward":
+                    self.forwards.append(msg.forward)
+                    if self.answer is not None:
+                        self.out.put(self.answer(msg.forward))
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def close(self):
+        self.out.put(None)
+        self.channel.close()
+
+
+def _wait(cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_site_streams_never_take_every_worker(registry):
+    names = ["a", "b", "c"]
+    tokens = {n: registry.issue_token("site", n) for n in names}
+    for n in names:
+        registry.store.register_site(n, {}, time.time())
+    admin = registry.issue_token("admin", "operator")
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=10) as server:
+        assert server.relay.max_streams == 2
+        server.relay.silence_timeout_s = 600
+        sites = [RawSite(server.address, tokens[n], n) for n in names]
+        try:
+            _wait(lambda: any(s.error is not None for s in sites))
+            (refused,) = [s for s in sites if s.error is not None]
+            assert refused.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--workers" in refused.error.details()
+            assert len(server.relay.connected()) == 2
+            # the registry still answers the job
+            with RelayClient(server.address, admin, insecure=True) as relay:
+                assert len(relay.list_connected()) == 2
+        finally:
+            for s in sites:
+                s.close()
+
+
+def test_stream_heartbeats_are_recorded_and_answers_must_match_a_call(registry):
+    tokens = {n: registry.issue_token("site", n) for n in ("a", "b")}
+    for n in tokens:
+        registry.store.register_site(n, {}, time.time())
+    admin = registry.issue_token("admin", "operator")
+    ack = wire.to_proto("ping", m.Ack("real"), wire.RESPONSES)
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        server.relay.heartbeat_interval_s = 0.2
+        # b answers every forward it gets, and also tries to answer a's calls by guessing ids
+        def b_answer(fwd):
+            for guess in range(max(1, fwd.call_id - 3), fwd.call_id + 4):
+                if guess == fwd.call_id:
+                    continue
+                b.out.put(pb.SiteToRelay(answer=pb.Answer(call_id=guess, response=wire.to_proto(
+                    "ping", m.Ack("forged"), wire.RESPONSES))))
+            return pb.SiteToRelay(answer=pb.Answer(call_id=fwd.call_id, response=ack))
+
+        a = RawSite(server.address, tokens["a"], "a")  # a stays silent
+        b = RawSite(server.address, tokens["b"], "b", b_answer)
+        try:
+            _wait(lambda: sorted(server.relay.connected()) == ["a", "b"])
+            before = registry.store.get_site("a").last_heartbeat or 0.0
+            time.sleep(0.3)
+            a.out.put(pb.SiteToRelay(heartbeat=pb.Heartbeat(sent_at=time.time())))
+            _wait(lambda: (registry.store.get_site("a").last_heartbeat or 0.0) > before)
+            with RelayClient(server.address, admin, insecure=True) as relay:
+                relay.open_job("j", ["a", "b"])
+                res = relay.call("j", [("a", "ping", None), ("b", "ping", None)], 2.0)
+            assert isinstance(res[0], SiteUnreachable) and res[0].status == "DEADLINE_EXCEEDED"
+            assert isinstance(res[1], m.Ack) and res[1].incarnation == "real"
+        finally:
+            a.close()
+            b.close()
