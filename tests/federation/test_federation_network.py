@@ -129,7 +129,6 @@ def _connect_from(ns: str, host: str, port: int) -> str:
 def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     ray = pytest.importorskip("ray")
     from msa_fed.core.domain_classifier import ClassifierConfig
-    from msa_fed.jobs.run import JobConfig, run_job
     from msa_fed.runtime.coordinator import Coordinator, RunConfig
     from msa_fed.runtime.local import LocalSites
 
@@ -137,6 +136,22 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     pki = make_pki(tmp_path / "pki", server_ips=["127.0.0.1"] + [namespaces[n][1] for n in names])
     tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"])
     launcher = {n: ["ip", "netns", "exec", namespaces[n][0]] for n in names}
+    # Ray first: it forks its processes before this process runs gRPC threads
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        model = _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher)
+    finally:
+        ray.shutdown()
+    kw, preds, _ = local_kwargs(files, names)
+    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    with Coordinator(LocalSites(kw), preds, config) as c:
+        local = c.fit()
+    np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)
+
+
+def _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher):
+    from msa_fed.jobs.run import JobConfig, run_job
+
     with LocalFederation(tmp_path / "fed", {n: files[n] for n in names}, tls=tls, tls_ca=pki["ca"],
                          listen="0.0.0.0:0", site_host=lambda n: namespaces[n][1], launcher=launcher) as fed:
         fed.wait_connected(timeout=180)
@@ -148,14 +163,6 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
             assert _connect_from(ns, other, port).startswith("OSError")  # another site's network: no route
             assert _connect_from(ns, "127.0.0.1", port).startswith("ConnectionRefusedError")  # its own loopback
             assert not [s for s in tcp_sockets(fed.procs[n].pid) if s[0] == "0A"]
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            job = JobConfig(name="netns", registry=fed.address, tls_ca=pki["ca"], data_channel="plain").validate()
-            _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
-        finally:
-            ray.shutdown()
-    kw, preds, _ = local_kwargs(files, names)
-    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
-    with Coordinator(LocalSites(kw), preds, config) as c:
-        local = c.fit()
-    np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)
+        job = JobConfig(name="netns", registry=fed.address, tls_ca=pki["ca"], data_channel="plain").validate()
+        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+        return model
