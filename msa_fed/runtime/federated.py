@@ -59,6 +59,8 @@ _SITE_SETUP = ("set_domain_model", "set_qhat")
 #: statuses of the relay that mean "not reachable now" (retried until site_timeout_s)
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ALREADY_EXISTS"})
 RETRY_PAUSE_S = 0.5
+#: a site that lost the job's state again right after it was replayed this often fails the run
+MAX_REJOINS = 3
 #: the one response type each relayed method may return
 ANSWER_TYPES = {"join_job": m.SiteInfo, "info": m.SiteInfo, "set_domain_model": m.QhatPartial, "set_qhat": m.Ack,
                 "dc_evaluate": m.DCPartial, "max_bound": m.BoundMax, "ping": m.Ack}
@@ -274,6 +276,7 @@ class FederatedSites:
         outs: list = [None] * len(todo)
         left = list(range(len(todo)))
         first_failure: dict[int, float] = {}
+        rejoined: dict[int, int] = {}
         for j in left:
             i, method, msg = todo[j]
             self._record("to_site", self.names[i], method, msg)
@@ -300,6 +303,9 @@ class FederatedSites:
                     retry.append(j)
                 elif isinstance(res, wire.RemoteError):
                     if res.kind == SiteStateLost.__name__ and replay and method != "join_job":
+                        rejoined[j] = rejoined.get(j, 0) + 1
+                        if rejoined[j] > MAX_REJOINS:
+                            raise SiteError(name, f"lost the job's state {MAX_REJOINS} times in a row during {method}")
                         self._rejoin(i)
                         retry.append(j)
                         continue
