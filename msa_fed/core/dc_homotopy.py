@@ -22,18 +22,22 @@ sqrt(p z_k), so that the coordinates that vanish along the path (y_k -> -inf) do
 short steps; the orientation is kept by the sign of det([J; t]), and a corrector that does not
 contract fast is refused (it may be jumping to another sheet near a fold).  Whenever Gamma on
 the path has dropped enough, an active-set Newton step on L_k(z) = c (k in the support),
-sum z = 1 tries to finish; it converges quadratically once the support is right.  Every evaluation is one oracle call (L and dL), so the method runs
-unchanged against sites.
+sum z = 1 tries to finish; it converges quadratically once the support is right.  Every
+evaluation is one oracle call (L and dL), so the method runs unchanged against sites.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from msa_fed.core.dc_steps import kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, gamma_from_losses
 
-Evaluator = Callable[[np.ndarray, tuple], DCSums]
+Evaluator = Callable[[np.ndarray, tuple[str, ...]], DCSums]
+
+#: step halvings of one polishing step before it counts as no progress
+POLISH_BACKTRACKS = 5
 
 
 def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int = 8,
@@ -44,7 +48,6 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
     halved until the spread of the support's losses decreases.  Returns (z, Gamma, L,
     Gamma <= tol); gives up (ok=False) as soon as a step makes no progress.
     """
-    p = z.size
     S = z >= support_tol * z.max()
     z = np.where(S, z, 0.0)
     z = z / z.sum()
@@ -59,25 +62,16 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
         if g <= tol:
             return z, g, s.L, True
         idx = np.flatnonzero(S)
-        m = idx.size
-        A = np.zeros((m + 1, m + 1))
-        A[:m, :m] = s.dL[np.ix_(idx, idx)]
-        A[:m, m] = -1.0
-        A[m, :m] = 1.0
-        rhs = np.append(-(s.L[idx] - z @ s.L), 1.0 - z[idx].sum())
         try:
-            sol = np.linalg.solve(A, rhs)
+            dz = kkt_step(s.dL, s.L[idx] - z @ s.L, z, idx)
         except np.linalg.LinAlgError:
             break
-        if not np.all(np.isfinite(sol)):
+        if not np.all(np.isfinite(dz)):
             break
-        dz = np.zeros(p)
-        dz[idx] = sol[:m]
-        neg = dz < 0
-        a_max = min(1.0, float(np.min(-z[neg] / dz[neg]))) if neg.any() else 1.0
+        a_max = max_step_in_simplex(z, dz)
         r0 = spread(s.L, z)
         a, accepted = a_max, False
-        for _ in range(5):
+        for _ in range(POLISH_BACKTRACKS):
             zn = np.maximum(z + a * dz, 0.0)
             zn /= zn.sum()
             sn = ev(zn, ("L", "dL"))

@@ -27,14 +27,15 @@ All record the history of Gamma and stop when Gamma <= ``tol``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
-from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.dc_homotopy import logit_path_run
+from msa_fed.core.dc_steps import KKT_RIDGE, epigraph_slsqp, kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
 from msa_fed.core.simplex import check_simplex, project_simplex
 
@@ -114,6 +115,24 @@ class _Counter:
 
 
 # ---------------------------------------------------------------------------- DCA
+#: SLSQP limits of one DCA step (the convex epigraph problem at z_t)
+DCA_SLSQP_MAXITER = 100
+DCA_SLSQP_FTOL = 1e-14
+
+
+def _convexified_terms(ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.ndarray
+                       ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """u_k(z) - [v_k(z_t) + grad v_k(z_t).(z - z_t)] and its Jacobian: the DCA step's constraints."""
+
+    def f(z: np.ndarray) -> np.ndarray:
+        return ev(z, ("u", "du")).u - (v0 + dv0 @ (z - zt))
+
+    def f_jac(z: np.ndarray) -> np.ndarray:
+        return ev(z, ("u", "du")).du - dv0
+
+    return f, f_jac
+
+
 def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
              callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     p = z0.size
@@ -127,34 +146,10 @@ def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         if gamma <= tol:
             return z, gamma, L, True, it - 1
         v0, dv0, zt = s.v, s.dv, z.copy()
-
-        def lin(zz):  # v_k(z_t) + grad v_k(z_t).(zz - z_t), (p,)
-            return v0 + dv0 @ (zz - zt)
-
-        def cons(x):
-            zz = x[:p]
-            su = ev(zz, ("u", "du"))
-            return x[p] - (su.u - lin(zz))
-
-        def cons_jac(x):
-            zz = x[:p]
-            su = ev(zz, ("u", "du"))
-            jac = np.empty((p, p + 1))
-            jac[:, :p] = -(su.du - dv0)
-            jac[:, p] = 1.0
-            return jac
-
         su0 = ev(zt, ("u", "du"))
         g0 = float(np.max(su0.u - v0))
-        x0 = np.append(zt, g0)
-        res = minimize(
-            lambda x: x[p], x0, jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
-            bounds=[(0.0, 1.0)] * p + [(None, None)],
-            constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
-                         {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
-                          "jac": lambda x: np.append(np.ones(p), 0.0)}],
-            options={"maxiter": 100, "ftol": 1e-14},
-        )
+        res = epigraph_slsqp(np.append(zt, g0), *_convexified_terms(ev, v0, dv0, zt),
+                             maxiter=DCA_SLSQP_MAXITER, ftol=DCA_SLSQP_FTOL)
         z_new = project_simplex(res.x[:p])
         s_new = ev(z_new, ("L", "v", "dv"))
         gamma_new = gamma_from_losses(s_new.L, z_new)
@@ -171,9 +166,13 @@ def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- Newton
+#: step halvings tried before a Newton step counts as a stall; stalls in a row that end the run
+NEWTON_BACKTRACKS = 30
+NEWTON_MAX_STALLS = 2
+
+
 def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
                 callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
-    p = z0.size
     z = z0.copy()
     s = ev(z, ("L", "dL"))
     gamma = gamma_from_losses(s.L, z)
@@ -189,26 +188,12 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         # a domain left out of the support but worse off than the support joins it
         active |= (~active) & (L > c_now)
         S = np.flatnonzero(active)
-        m = S.size
-        A = np.zeros((m + 1, m + 1))
-        A[:m, :m] = dL[np.ix_(S, S)]
-        A[:m, m] = -1.0
-        A[m, :m] = 1.0
-        rhs = np.concatenate([-L[S], [1.0 - z[S].sum()]])
-        try:
-            sol = np.linalg.solve(A + 1e-12 * np.eye(m + 1), rhs)
-        except np.linalg.LinAlgError:
-            sol = np.linalg.lstsq(A, rhs, rcond=None)[0]
-        # the solution of the linear system is (dz_S, c); c is not an increment
-        dz = np.zeros(p)
-        dz[S] = sol[:m]
+        dz = kkt_step(dL, L[S], z, S, ridge=KKT_RIDGE, lstsq_fallback=True)
         neg = dz < 0
-        alpha_max = 1.0
-        if neg.any():
-            alpha_max = min(1.0, float(np.min(-z[neg] / dz[neg])))
+        alpha_max = max_step_in_simplex(z, dz)
         alpha = alpha_max
         accepted = False
-        for _ in range(30):
+        for _ in range(NEWTON_BACKTRACKS):
             z_try = np.clip(z + alpha * dz, 0.0, None)
             z_try /= z_try.sum()
             s_try = ev(z_try, ("L", "dL"))
@@ -222,7 +207,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
             active &= ~blocking
         if not accepted:
             stalls += 1
-            if stalls >= 2:
+            if stalls >= NEWTON_MAX_STALLS:
                 history.append(gamma)
                 return z, gamma, s.L, False, it
             # drop the smallest active coordinate whose loss is below the top (it blocks progress)
@@ -252,6 +237,10 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- min-max
+#: smallest SLSQP ftol of the min-max solve (``tol`` below it is raised to it)
+MINMAX_FTOL_FLOOR = 1e-15
+
+
 def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
                 callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """min over the simplex of max_k L_k(z), epigraph form with SLSQP and analytic dL.
@@ -260,16 +249,6 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
     """
     p = z0.size
     it = [0]
-
-    def cons(x):
-        return x[p] - ev(x[:p], ("L", "dL")).L
-
-    def cons_jac(x):
-        s = ev(x[:p], ("L", "dL"))
-        jac = np.empty((p, p + 1))
-        jac[:, :p] = -s.dL
-        jac[:, p] = 1.0
-        return jac
 
     s0 = ev(z0, ("L", "dL"))
     history.append(float(s0.L.max()))
@@ -282,14 +261,9 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         if callback:
             callback(it[0], zz, val)
 
-    res = minimize(
-        lambda x: x[p], np.append(z0, s0.L.max()), jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
-        bounds=[(0.0, 1.0)] * p + [(None, None)], callback=cb,
-        constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
-                     {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
-                      "jac": lambda x: np.append(np.ones(p), 0.0)}],
-        options={"maxiter": max_iter, "ftol": max(tol, 1e-15)},
-    )
+    res = epigraph_slsqp(np.append(z0, s0.L.max()), lambda z: ev(z, ("L", "dL")).L,
+                         lambda z: ev(z, ("L", "dL")).dL, maxiter=max_iter, ftol=max(tol, MINMAX_FTOL_FLOOR),
+                         callback=cb)
     z = project_simplex(res.x[:p])
     s = ev(z, ("L", "dL"))
     if s.L.max() > s0.L.max():  # never return worse than the start
@@ -301,6 +275,8 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 METHODS = ("auto", "homotopy", "newton", "dca")
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
+#: Newton iterations from a checkpoint's z0 inside method="auto" before the path is followed
+AUTO_CHECKPOINT_NEWTON_ITER = 20
 
 
 def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
@@ -321,7 +297,8 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
     if method == "homotopy" or method == "auto":
         if method == "auto" and z0_given:  # a checkpoint: Newton from it may finish at once
             history: list[float] = []
-            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, 20), callback, history)
+            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, AUTO_CHECKPOINT_NEWTON_ITER), callback,
+                                          history)
             if keep(starts[0], z, g, L, ok, it, "newton", history):
                 return best, runs
         history = []

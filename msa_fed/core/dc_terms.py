@@ -47,7 +47,7 @@ class DCSums:
     dv: np.ndarray | None = None
     n: int = 0
 
-    def __add__(self, other: "DCSums") -> "DCSums":
+    def __add__(self, other: DCSums) -> DCSums:
         out = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)

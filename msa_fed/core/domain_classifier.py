@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -76,14 +76,14 @@ BLOCK_ELEMENTS = 1 << 22
 GPU_BLOCK_ELEMENTS = 1 << 27
 
 
-def _parse_device(device: str) -> "torch.device":
+def _parse_device(device: str) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
 
 
-def _torch_device(device: str) -> "torch.device":
+def _torch_device(device: str) -> torch.device:
     """``device`` as a torch device that this process can use; ValueError otherwise."""
     dev = _parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():

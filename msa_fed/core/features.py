@@ -189,7 +189,8 @@ def make_feature_map(spec, random_state=0):
             return clone(spec)
         except TypeError:
             return spec
-    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; got {spec!r}")
+    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; "
+                     f"got {spec!r}")
 
 
 def feature_map_state(fmap) -> tuple[str, dict, dict]:
