@@ -1,4 +1,4 @@
-"""Benchmark of msa_fed/core (issue 2): the DC solve and the domain classifier.
+"""Benchmark of msa_fed/core: the DC solve and the domain classifier.
 
     .venv/bin/python benchmarks/bench_core.py            # full run (about 25 minutes on the shared box)
     .venv/bin/python benchmarks/bench_core.py --quick    # small sizes, to check that it runs

@@ -1,4 +1,4 @@
-"""Benchmark of the Ray runtime (issue 3): DC round latency, DC solve, data-parallel SGD.
+"""Benchmark of the Ray runtime: DC round latency, DC solve, data-parallel SGD.
 
     .venv/bin/python benchmarks/bench_runtime.py            # full run, a few minutes
     .venv/bin/python benchmarks/bench_runtime.py --quick    # small sizes, to check it runs

@@ -44,7 +44,7 @@ class ClassifierConfig:
     device: str = "cpu"         # torch device for the shard computations
     dtype: str = "float32"      # products in float32, sums across row blocks in float64: final
     #                             objective within ~2e-9 relative of float64's, 1.6-2.1x faster
-    #                             per evaluation, half the memory (measured: BENCHMARKS_core.md)
+    #                             per evaluation, half the memory (measured: BENCHMARKS.md, core details)
 
     def validate(self):
         if not (self.mu >= 0 and math.isfinite(self.mu)):
