@@ -34,6 +34,7 @@ DATA_TESTS = {
     "experiments/test_data.py::test_adult_row_counts_and_domains",
     "experiments/test_data.py::test_sentiment_reviews_and_ratings",
     "experiments/test_data.py::test_digits_domains_shapes_and_counts",
+    "experiments/test_data_checksums.py::test_the_shared_sums_list_every_file_the_loaders_read",
 }
 #: fixtures that start a local Ray
 RAY_FIXTURES = {"local_ray"}
