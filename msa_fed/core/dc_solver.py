@@ -29,12 +29,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
-from msa_fed.core.dc_homotopy import logit_path_run
+from msa_fed.core.dc_homotopy import Callback, logit_path_run
 from msa_fed.core.dc_steps import KKT_RIDGE, epigraph_slsqp, kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
 from msa_fed.core.simplex import check_simplex, project_simplex
@@ -54,13 +54,14 @@ class LossOracle(Protocol):
 class LocalOracle:
     """Loss oracle over in-process :class:`PointSet` objects (e.g. one per site)."""
 
-    def __init__(self, point_sets: list[PointSet]):
+    def __init__(self, point_sets: list[PointSet]) -> None:
         if not point_sets:
             raise ValueError("LocalOracle needs at least one PointSet")
         self.point_sets = list(point_sets)
-        self.n_sources = point_sets[0].w.shape[1]
+        self.n_sources = int(point_sets[0].w.shape[1])
 
-    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...],
+                 global_bound: float | None = None) -> DCSums:
         return sum_all(ps.evaluate(z, eta, what=what, global_bound=global_bound)
                        for ps in self.point_sets)
 
@@ -87,7 +88,7 @@ class DCResult:
     n_iter: int
     n_evaluations: int
     method: str
-    restarts: list[dict] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
     objective: str = "gamma"
 
     @property
@@ -99,15 +100,15 @@ class DCResult:
 class _Counter:
     """Wraps an oracle, counting calls and caching the last evaluation."""
 
-    def __init__(self, oracle: LossOracle, eta: float, global_bound: float | None):
+    def __init__(self, oracle: LossOracle, eta: float, global_bound: float | None) -> None:
         self.oracle, self.eta, self.global_bound = oracle, eta, global_bound
         self.calls = 0
-        self._key = None
-        self._val = None
+        self._key: tuple[bytes, tuple[str, ...]] | None = None
+        self._val: DCSums | None = None
 
     def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
         key = (z.tobytes(), what)
-        if key != self._key:
+        if key != self._key or self._val is None:
             self.calls += 1
             self._val = self.oracle.evaluate(z, self.eta, what, self.global_bound)
             self._key = key
@@ -125,40 +126,42 @@ def _convexified_terms(ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.nda
     """u_k(z) - [v_k(z_t) + grad v_k(z_t).(z - z_t)] and its Jacobian: the DCA step's constraints."""
 
     def f(z: np.ndarray) -> np.ndarray:
-        return ev(z, ("u", "du")).u - (v0 + dv0 @ (z - zt))
+        value: np.ndarray = ev(z, ("u", "du")).array("u") - (v0 + dv0 @ (z - zt))
+        return value
 
     def f_jac(z: np.ndarray) -> np.ndarray:
-        return ev(z, ("u", "du")).du - dv0
+        jac: np.ndarray = ev(z, ("u", "du")).array("du") - dv0
+        return jac
 
     return f, f_jac
 
 
 def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-             callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+             callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     p = z0.size
     z = z0.copy()
     s = ev(z, ("L", "v", "dv"))
-    gamma = gamma_from_losses(s.L, z)
-    L = s.L
+    gamma = gamma_from_losses(s.array("L"), z)
+    L = s.array("L")
     history.append(gamma)
     it = 0
     for it in range(1, max_iter + 1):
         if gamma <= tol:
             return z, gamma, L, True, it - 1
-        v0, dv0, zt = s.v, s.dv, z.copy()
+        v0, dv0, zt = s.array("v"), s.array("dv"), z.copy()
         su0 = ev(zt, ("u", "du"))
-        g0 = float(np.max(su0.u - v0))
+        g0 = float(np.max(su0.array("u") - v0))
         res = epigraph_slsqp(np.append(zt, g0), *_convexified_terms(ev, v0, dv0, zt),
                              maxiter=DCA_SLSQP_MAXITER, ftol=DCA_SLSQP_FTOL)
         z_new = project_simplex(res.x[:p])
         s_new = ev(z_new, ("L", "v", "dv"))
-        gamma_new = gamma_from_losses(s_new.L, z_new)
+        gamma_new = gamma_from_losses(s_new.array("L"), z_new)
         if not gamma_new < gamma:  # DCA must not increase Gamma: stop at the current iterate
             history.append(gamma)
             if callback:
                 callback(it, z, gamma)
             return z, gamma, L, gamma <= tol, it
-        z, s, gamma, L = z_new, s_new, gamma_new, s_new.L
+        z, s, gamma, L = z_new, s_new, gamma_new, s_new.array("L")
         history.append(gamma)
         if callback:
             callback(it, z, gamma)
@@ -172,18 +175,18 @@ NEWTON_MAX_STALLS = 2
 
 
 def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     z = z0.copy()
     s = ev(z, ("L", "dL"))
-    gamma = gamma_from_losses(s.L, z)
+    gamma = gamma_from_losses(s.array("L"), z)
     history.append(gamma)
     active = z > 0
     stalls = 0
     it = 0
     for it in range(1, max_iter + 1):
         if gamma <= tol:
-            return z, gamma, s.L, True, it - 1
-        L, dL = s.L, s.dL
+            return z, gamma, s.array("L"), True, it - 1
+        L, dL = s.array("L"), s.array("dL")
         c_now = float(np.max(L[active])) if active.any() else float(np.max(L))
         # a domain left out of the support but worse off than the support joins it
         active |= (~active) & (L > c_now)
@@ -197,7 +200,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
             z_try = np.clip(z + alpha * dz, 0.0, None)
             z_try /= z_try.sum()
             s_try = ev(z_try, ("L", "dL"))
-            g_try = gamma_from_losses(s_try.L, z_try)
+            g_try = gamma_from_losses(s_try.array("L"), z_try)
             if g_try < gamma:
                 accepted = True
                 break
@@ -209,7 +212,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
             stalls += 1
             if stalls >= NEWTON_MAX_STALLS:
                 history.append(gamma)
-                return z, gamma, s.L, False, it
+                return z, gamma, s.array("L"), False, it
             # drop the smallest active coordinate whose loss is below the top (it blocks progress)
             cand = [k for k in S if L[k] < c_now]
             if cand:
@@ -219,7 +222,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
                 z_try[k] = 0.0
                 z_try /= z_try.sum()
                 s_try = ev(z_try, ("L", "dL"))
-                g_try = gamma_from_losses(s_try.L, z_try)
+                g_try = gamma_from_losses(s_try.array("L"), z_try)
                 if g_try >= gamma:
                     history.append(gamma)
                     continue
@@ -233,7 +236,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         history.append(gamma)
         if callback:
             callback(it, z, gamma)
-    return z, gamma, s.L, gamma <= tol, max_iter
+    return z, gamma, s.array("L"), gamma <= tol, max_iter
 
 
 # ---------------------------------------------------------------------------- min-max
@@ -242,7 +245,7 @@ MINMAX_FTOL_FLOOR = 1e-15
 
 
 def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """min over the simplex of max_k L_k(z), epigraph form with SLSQP and analytic dL.
 
     Returns like the other runs, but the value tracked in ``history`` is max_k L_k.
@@ -251,24 +254,24 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
     it = [0]
 
     s0 = ev(z0, ("L", "dL"))
-    history.append(float(s0.L.max()))
+    history.append(float(s0.array("L").max()))
 
-    def cb(x):
+    def cb(x: np.ndarray) -> None:
         it[0] += 1
         zz = project_simplex(x[:p])
-        val = float(ev(zz, ("L", "dL")).L.max())
+        val = float(ev(zz, ("L", "dL")).array("L").max())
         history.append(val)
         if callback:
             callback(it[0], zz, val)
 
-    res = epigraph_slsqp(np.append(z0, s0.L.max()), lambda z: ev(z, ("L", "dL")).L,
-                         lambda z: ev(z, ("L", "dL")).dL, maxiter=max_iter, ftol=max(tol, MINMAX_FTOL_FLOOR),
-                         callback=cb)
+    res = epigraph_slsqp(np.append(z0, s0.array("L").max()),
+                         lambda z: ev(z, ("L", "dL")).array("L"), lambda z: ev(z, ("L", "dL")).array("dL"),
+                         maxiter=max_iter, ftol=max(tol, MINMAX_FTOL_FLOOR), callback=cb)
     z = project_simplex(res.x[:p])
     s = ev(z, ("L", "dL"))
-    if s.L.max() > s0.L.max():  # never return worse than the start
+    if s.array("L").max() > s0.array("L").max():  # never return worse than the start
         z, s = z0, s0
-    return z, float(s.L.max()), s.L, bool(res.success), it[0]
+    return z, float(s.array("L").max()), s.array("L"), bool(res.success), it[0]
 
 
 # ---------------------------------------------------------------------------- driver
@@ -280,12 +283,13 @@ AUTO_CHECKPOINT_NEWTON_ITER = 20
 
 
 def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
-                max_iter: int, callback: Callable | None) -> tuple[DCResult, list[dict]]:
+                max_iter: int, callback: Callback | None) -> tuple[DCResult, list[dict[str, Any]]]:
     """Minimise Gamma with ``method``; returns the best result and a summary of every run."""
     best: DCResult | None = None
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
 
-    def keep(start, z, g, L, ok, it, used, history):
+    def keep(start: np.ndarray | None, z: np.ndarray, g: float, L: np.ndarray, ok: bool, it: int, used: str,
+             history: list[float]) -> bool:
         nonlocal best
         runs.append({"start": None if start is None else np.asarray(start).tolist(), "gamma": g,
                      "iterations": it, "method": used})
@@ -294,13 +298,17 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
                             n_iter=it, n_evaluations=0, method=used)
         return best.converged
 
+    def result() -> tuple[DCResult, list[dict[str, Any]]]:
+        assert best is not None  # keep() has run: there is at least one start or the path
+        return best, runs
+
     if method == "homotopy" or method == "auto":
         if method == "auto" and z0_given:  # a checkpoint: Newton from it may finish at once
             history: list[float] = []
             z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, AUTO_CHECKPOINT_NEWTON_ITER), callback,
                                           history)
             if keep(starts[0], z, g, L, ok, it, "newton", history):
-                return best, runs
+                return result()
         history = []
         z, g, L, ok, it = logit_path_run(ev, p, tol, max_iter, callback, history)
         used = "homotopy"
@@ -313,7 +321,7 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
                 it += it2
                 used = "homotopy+newton+dca"
         if keep(None, z, g, L, ok, it, used, history) or method == "homotopy":
-            return best, runs
+            return result()
         starts = starts[1:]  # auto: Newton from the random starts below
     for start in starts:
         history = []
@@ -325,12 +333,12 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
             used = "newton"
         if keep(start, z, g, L, ok, it, used, history):
             break
-    return best, runs
+    return result()
 
 
 def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
-             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
-             z0: np.ndarray | None = None, callback: Callable | None = None,
+             max_iter: int = 200, n_restarts: int = 4, random_state: int | np.random.Generator | None = 0,
+             bound: str = "pointwise", z0: np.ndarray | None = None, callback: Callback | None = None,
              warn: bool = True) -> DCResult:
     """Minimise Gamma over the simplex.
 
@@ -385,6 +393,7 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
                                 n_iter=it, n_evaluations=0, method="slsqp-minmax")
     else:
         best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)
+    assert best is not None  # there is at least one start
     best.n_evaluations = ev.calls
     best.restarts = runs
     best.objective = objective
@@ -399,4 +408,4 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
 def gamma_at(oracle: LossOracle, z: np.ndarray, eta: float) -> float:
     """Gamma(z) from one oracle call (for grids and tests)."""
     z = check_simplex(np.asarray(z, dtype=float), "z")
-    return gamma_from_losses(oracle.evaluate(z, eta, ("L",)).L, z)
+    return gamma_from_losses(oracle.evaluate(z, eta, ("L",)).array("L"), z)

@@ -77,7 +77,8 @@ def epigraph_slsqp(x0: np.ndarray, f: Callable[[np.ndarray], np.ndarray],
     p = x0.size - 1
 
     def cons(x: np.ndarray) -> np.ndarray:
-        return x[p] - f(x[:p])
+        slack: np.ndarray = x[p] - f(x[:p])
+        return slack
 
     def cons_jac(x: np.ndarray) -> np.ndarray:
         jac = np.empty((p, p + 1))
@@ -85,7 +86,7 @@ def epigraph_slsqp(x0: np.ndarray, f: Callable[[np.ndarray], np.ndarray],
         jac[:, p] = 1.0
         return jac
 
-    return minimize(
+    result: OptimizeResult = minimize(
         lambda x: x[p], x0, jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
         bounds=[(0.0, 1.0)] * p + [(None, None)], callback=callback,
         constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
@@ -93,3 +94,4 @@ def epigraph_slsqp(x0: np.ndarray, f: Callable[[np.ndarray], np.ndarray],
                       "jac": lambda x: np.append(np.ones(p), 0.0)}],
         options={"maxiter": maxiter, "ftol": ftol},
     )
+    return result
