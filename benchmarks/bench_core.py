@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "core"))
 
-from dc_problems import make_dc_problem  # noqa: E402
-from sklearn.exceptions import ConvergenceWarning  # noqa: E402
-from sklearn.linear_model import LogisticRegression  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
+from dc_problems import make_dc_problem
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from threadpoolctl import threadpool_limits
 
-from msa_fed.core.dc_homotopy import polish_active_set  # noqa: E402
-from msa_fed.core.dc_solver import LocalOracle, _Counter, solve_dc  # noqa: E402
-from msa_fed.core.domain_classifier import ClassifierConfig, balanced_shards, fit_maxent, sum_oracle, unpack  # noqa: E402
+from msa_fed.core.dc_homotopy import polish_active_set
+from msa_fed.core.dc_solver import LocalOracle, _Counter, solve_dc
+from msa_fed.core.domain_classifier import ClassifierConfig, balanced_shards, fit_maxent, sum_oracle, unpack
 
 ETA = 1e-2
 LOSSES = ("squared", "cross_entropy")
