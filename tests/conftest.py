@@ -38,6 +38,9 @@ DATA_TESTS = {
 }
 #: fixtures that start a local Ray
 RAY_FIXTURES = {"local_ray"}
+#: pytest-timeout limit of a slow test (the default, 300 s in pyproject.toml, is for the rest): an
+#: end-to-end run on a loaded two-core machine can take several times its idle duration
+SLOW_TIMEOUT_S = 900
 
 
 def markers_for(rel: str, name: str, fixtures: set[str]) -> set[str]:
@@ -59,8 +62,11 @@ def pytest_collection_modifyitems(config, items):
             rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
         except ValueError:
             continue
-        for mark in sorted(markers_for(rel, item.name, set(getattr(item, "fixturenames", ())))):
+        marks = markers_for(rel, item.name, set(getattr(item, "fixturenames", ())))
+        for mark in sorted(marks):
             item.add_marker(mark)
+        if ("slow" in marks or "cluster" in marks) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture(autouse=True, scope="module")
