@@ -28,6 +28,8 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "experiments/test_experiments_ray.py": ("ray", "data", "slow"),
     "experiments/test_experiments_quick.py": ("data", "slow"),
     "test_demo.py": ("ray", "slow"),
+    "experiments/test_cnn.py": ("slow",),            # trains small CNNs
+    "control/test_control_load.py": ("slow",),       # 200 concurrent clients
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
