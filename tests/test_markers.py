@@ -28,25 +28,23 @@ def test_markers_by_path_and_fixture():
     assert markers_for("core/test_core_api.py", "test_x", {"tmp_path"}) == set()
 
 
+def _test_modules() -> list[tuple[str, str]]:
+    """(path relative to tests/, source) of every test module but this one."""
+    return [(f.relative_to(TESTS).as_posix(), f.read_text()) for f in sorted(TESTS.rglob("test_*.py"))
+            if f.name != Path(__file__).name]
+
+
 def test_every_module_that_starts_ray_is_marked_ray():
-    unmarked = []
-    for f in sorted(TESTS.rglob("test_*.py")):
-        rel = f.relative_to(TESTS).as_posix()
-        if f.name == Path(__file__).name:
-            continue
-        if STARTS_RAY.search(f.read_text()) and "ray" not in markers_for(rel, "", set()):
-            unmarked.append(rel)
+    unmarked = [rel for rel, src in _test_modules()
+                if STARTS_RAY.search(src) and "ray" not in markers_for(rel, "", set())]
     assert unmarked == []
 
 
 def test_every_test_that_reads_the_data_sets_is_marked_data():
     unmarked = []
-    for f in sorted(TESTS.rglob("test_*.py")):
-        rel = f.relative_to(TESTS).as_posix()
-        if f.name == Path(__file__).name:
-            continue
+    for rel, src in _test_modules():
         # each test function's source: from its def to the next top-level def
-        for m in re.finditer(r"^def (test_\w+)\(.*?(?=^def |\Z)", f.read_text(), re.S | re.M):
+        for m in re.finditer(r"^def (test_\w+)\(.*?(?=^def |\Z)", src, re.S | re.M):
             body = m.group(0)
             if READS_DATA.search(body) and not OWN_DIRECTORY.search(body) \
                     and "data" not in markers_for(rel, m.group(1), set()):
