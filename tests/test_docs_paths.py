@@ -1,5 +1,6 @@
 """Every repository path that the docs and the code's comments name exists, and no doc points
 outside the repository."""
+
 from __future__ import annotations
 
 import io
@@ -10,8 +11,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "BENCHMARKS.md", "CHANGELOG.md", "cluster/README.md", "deploy/README.md",
-        *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+DOCS = [
+    "README.md",
+    "BENCHMARKS.md",
+    "CHANGELOG.md",
+    "cluster/README.md",
+    "deploy/README.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+]
 CODE_DIRS = ["msa_fed", "tests", "benchmarks", "protos", "cluster"]
 #: the repository's top-level folders and files: a path is checked when it starts with one
 TOP = ("msa_fed/", "tests/", "docs/", "benchmarks/", "cluster/", "deploy/", "protos/", ".ci/")
@@ -19,8 +26,11 @@ TOP_FILES = ("README.md", "BENCHMARKS.md", "CHANGELOG.md", "LICENSE", "Makefile"
 #: paths that name what a command writes, not a file of the repository: prefix -> the folder
 #: that must exist (benchmark results; TLS material made by deploy/secrets/README.md's commands;
 #: protoc's output names before protos/generate.py moves the modules)
-GENERATED = {"benchmarks/results/": "benchmarks/results", "deploy/secrets/": "deploy/secrets",
-             "msa_fed/v1/": "protos/msa_fed/v1"}
+GENERATED = {
+    "benchmarks/results/": "benchmarks/results",
+    "deploy/secrets/": "deploy/secrets",
+    "msa_fed/v1/": "protos/msa_fed/v1",
+}
 
 PATH_RE = re.compile(r"(?<![\w./:-])((?:\.\./)*(?:[\w.-]+/)*[\w.-]+(?:/|\.[A-Za-z]+))(?![\w/-])")
 
@@ -71,10 +81,11 @@ def code_files() -> list[Path]:
 
 
 def test_the_extractor_finds_paths_and_ignores_the_rest():
-    text = ("see `msa_fed/core/dc_solver.py`, docs/DESIGN.md section 3, ../shared/DESIGN.md, "
-            "https://example.org/docs/x.md, /etc/msa-fed/site.toml, README.md and 3.5 or e.g. x/y")
-    assert candidate_paths(text) == ["msa_fed/core/dc_solver.py", "docs/DESIGN.md", "../shared/DESIGN.md",
-                                     "README.md"]
+    text = (
+        "see `msa_fed/core/dc_solver.py`, docs/DESIGN.md section 3, ../shared/DESIGN.md, "
+        "https://example.org/docs/x.md, /etc/msa-fed/site.toml, README.md and 3.5 or e.g. x/y"
+    )
+    assert candidate_paths(text) == ["msa_fed/core/dc_solver.py", "docs/DESIGN.md", "../shared/DESIGN.md", "README.md"]
     assert not exists("tests/control/test_store.py", ROOT)
     assert exists("tests/control/test_control_store.py", ROOT)
     assert exists("DESIGN.md", ROOT / "msa_fed" / "core") and not exists("NO_SUCH.md", ROOT)

@@ -1,5 +1,6 @@
 """The markers of tests/conftest.py: what `make test-fast` leaves out, and no test that starts Ray or
 reads the data sets slips into the fast tier."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,13 +31,17 @@ def test_markers_by_path_and_fixture():
 
 def _test_modules() -> list[tuple[str, str]]:
     """(path relative to tests/, source) of every test module but this one."""
-    return [(f.relative_to(TESTS).as_posix(), f.read_text()) for f in sorted(TESTS.rglob("test_*.py"))
-            if f.name != Path(__file__).name]
+    return [
+        (f.relative_to(TESTS).as_posix(), f.read_text())
+        for f in sorted(TESTS.rglob("test_*.py"))
+        if f.name != Path(__file__).name
+    ]
 
 
 def test_every_module_that_starts_ray_is_marked_ray():
-    unmarked = [rel for rel, src in _test_modules()
-                if STARTS_RAY.search(src) and "ray" not in markers_for(rel, "", set())]
+    unmarked = [
+        rel for rel, src in _test_modules() if STARTS_RAY.search(src) and "ray" not in markers_for(rel, "", set())
+    ]
     assert unmarked == []
 
 
@@ -46,7 +51,10 @@ def test_every_test_that_reads_the_data_sets_is_marked_data():
         # each test function's source: from its def to the next top-level def
         for m in re.finditer(r"^def (test_\w+)\(.*?(?=^def |\Z)", src, re.S | re.M):
             body = m.group(0)
-            if READS_DATA.search(body) and not OWN_DIRECTORY.search(body) \
-                    and "data" not in markers_for(rel, m.group(1), set()):
+            if (
+                READS_DATA.search(body)
+                and not OWN_DIRECTORY.search(body)
+                and "data" not in markers_for(rel, m.group(1), set())
+            ):
                 unmarked.append(f"{rel}::{m.group(1)}")
     assert unmarked == []

@@ -13,6 +13,7 @@ Epigraph problem
     with the analytic Jacobian of f.  DCA solves it with f = the convexified Gamma terms at
     every iteration; ``objective="minmax"`` solves it once with f = L.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,8 +25,15 @@ from scipy.optimize import OptimizeResult, minimize
 KKT_RIDGE = 1e-12
 
 
-def kkt_step(dL: np.ndarray, residual: np.ndarray, z: np.ndarray, support: np.ndarray, *,
-             ridge: float = 0.0, lstsq_fallback: bool = False) -> np.ndarray:
+def kkt_step(
+    dL: np.ndarray,
+    residual: np.ndarray,
+    z: np.ndarray,
+    support: np.ndarray,
+    *,
+    ridge: float = 0.0,
+    lstsq_fallback: bool = False,
+) -> np.ndarray:
     """The Newton direction dz (p,) on ``support`` (zero elsewhere).
 
     Parameters
@@ -65,9 +73,15 @@ def max_step_in_simplex(z: np.ndarray, dz: np.ndarray) -> float:
     return min(1.0, float(np.min(-z[neg] / dz[neg])))
 
 
-def epigraph_slsqp(x0: np.ndarray, f: Callable[[np.ndarray], np.ndarray],
-                   f_jac: Callable[[np.ndarray], np.ndarray], *, maxiter: int, ftol: float,
-                   callback: Callable[[np.ndarray], object] | None = None) -> OptimizeResult:
+def epigraph_slsqp(
+    x0: np.ndarray,
+    f: Callable[[np.ndarray], np.ndarray],
+    f_jac: Callable[[np.ndarray], np.ndarray],
+    *,
+    maxiter: int,
+    ftol: float,
+    callback: Callable[[np.ndarray], object] | None = None,
+) -> OptimizeResult:
     """min t  s.t.  f(z) <= t componentwise,  z in the simplex;  x = (z, t) of shape (p + 1,).
 
     f(z) has shape (p,) and f_jac(z) shape (p, p).  ``x0`` is the start (z0, t0); ``callback``
@@ -87,11 +101,16 @@ def epigraph_slsqp(x0: np.ndarray, f: Callable[[np.ndarray], np.ndarray],
         return jac
 
     result: OptimizeResult = minimize(
-        lambda x: x[p], x0, jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
-        bounds=[(0.0, 1.0)] * p + [(None, None)], callback=callback,
-        constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
-                     {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
-                      "jac": lambda x: np.append(np.ones(p), 0.0)}],
+        lambda x: x[p],
+        x0,
+        jac=lambda x: np.eye(p + 1)[p],
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * p + [(None, None)],
+        callback=callback,
+        constraints=[
+            {"type": "ineq", "fun": cons, "jac": cons_jac},
+            {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0, "jac": lambda x: np.append(np.ones(p), 0.0)},
+        ],
         options={"maxiter": maxiter, "ftol": ftol},
     )
     return result

@@ -1,5 +1,6 @@
 """The data loaders check every file against the data directory's SHA256SUMS before reading it
 (a small Adult-format directory made here; the shared data sets are not needed)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -80,10 +81,16 @@ def test_the_shared_sums_list_every_file_the_loaders_read():
     """The shared directory's SHA256SUMS covers the files of every loader (paths only: no data read)."""
     sums = data._read_sums(data.data_dir())
     assert sums is not None, f"no {data.SUMS_FILE} in {data.data_dir()}"
-    needed = ["adult/adult.data", "adult/adult.test", "digits/usps.npz",
-              "digits/mnist_t10k/t10k-images-idx3-ubyte.gz", "digits/mnist_t10k/t10k-labels-idx1-ubyte.gz"]
-    needed += [f"sentiment_acl/{d}/{part}.review.gz" for d in data.SENTIMENT_DOMAINS
-               for part in ("positive", "negative")]
+    needed = [
+        "adult/adult.data",
+        "adult/adult.test",
+        "digits/usps.npz",
+        "digits/mnist_t10k/t10k-images-idx3-ubyte.gz",
+        "digits/mnist_t10k/t10k-labels-idx1-ubyte.gz",
+    ]
+    needed += [
+        f"sentiment_acl/{d}/{part}.review.gz" for d in data.SENTIMENT_DOMAINS for part in ("positive", "negative")
+    ]
     assert [n for n in needed if n not in sums] == []
     assert all(len(v) == 64 and int(v, 16) >= 0 for v in sums.values())
     assert np.all([k == k.strip() and not k.startswith("./") for k in sums])
