@@ -156,8 +156,8 @@ def main() -> int:
             verdict = {"ok": False, "code": exc.code, "args": exc.args_, "detail": exc.detail[:4000]}
         else:
             verdict = {"ok": False, "code": "probe_failed", "args": {}, "detail": f"{type(exc).__name__}: {exc}"[:4000]}
-        if "bad_alloc" in verdict["detail"] or "Failed to allocate" in verdict["detail"]:
-            verdict["code"] = "memory"
+        if any(sign in verdict["detail"] for sign in ("bad_alloc", "Failed to allocate", "alloc failed")):
+            verdict["code"] = "memory"  # onnxruntime's and protobuf's words for an allocation refused by RLIMIT_AS
     import resource
 
     verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
