@@ -138,6 +138,30 @@ def main() -> int:
     os.close(devnull)
     _set_limits(req)
     verdict: dict
+    if req.get("self_check"):
+        verdict = _self_check()
+    else:
+        verdict = _run_request(req)
+    import resource
+
+    verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    os.write(result_fd, json.dumps(verdict).encode() + b"\n")
+    os.close(result_fd)
+    return 0
+
+
+def _self_check() -> dict:
+    """What a model would find around it: working directory, environment, descriptors, limits."""
+    import resource
+
+    names = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
+    return {"ok": True, "cwd_entries": sorted(os.listdir(".")), "env": sorted(os.environ),
+            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+            "rlimits": {n: list(resource.getrlimit(getattr(resource, n))) for n in names},
+            "modules": sorted(m for m in ("numpy", "onnx", "onnxruntime") if m in sys.modules)}
+
+
+def _run_request(req: dict) -> dict:
     try:
         data = _read_exactly(0, int(req["model_bytes"]))
         sample = None
@@ -158,12 +182,7 @@ def main() -> int:
             verdict = {"ok": False, "code": "probe_failed", "args": {}, "detail": f"{type(exc).__name__}: {exc}"[:4000]}
         if any(sign in verdict["detail"] for sign in ("bad_alloc", "Failed to allocate", "alloc failed")):
             verdict["code"] = "memory"  # onnxruntime's and protobuf's words for an allocation refused by RLIMIT_AS
-    import resource
-
-    verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    os.write(result_fd, json.dumps(verdict).encode() + b"\n")
-    os.close(result_fd)
-    return 0
+    return verdict
 
 
 # --------------------------------------------------------------------------- parent
@@ -226,6 +245,13 @@ def _exchange(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple
         sel.close()
 
 
+def sandbox_self_check(limits: SandboxLimits | None = None) -> dict:
+    """Start a sandbox child and report what a model would find around it (no model is loaded):
+    ``cwd_entries``, ``env`` (names), ``fds`` (open descriptors), ``rlimits``, ``modules``
+    (heavy modules already imported when the limits were set: none)."""
+    return _spawn(b"", {"self_check": True, "model_bytes": 0}, limits or SandboxLimits())
+
+
 def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: int, sample=None,
                      limits: SandboxLimits | None = None) -> dict:
     """Run the checks and the probe of ``data`` in a sandboxed child; return its verdict dict.
@@ -243,19 +269,24 @@ def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: i
         sample = np.ascontiguousarray(sample, dtype="<f4")
         rows, cols = sample.shape
         payload += sample.tobytes()
-    req = {
-        "model_bytes": len(data), "sample_rows": rows, "sample_cols": cols, "kind": kind,
-        "n_features": n_features, "max_features": int(max_features),
-        "memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds, "max_files": limits.max_files,
-    }
+    req = {"model_bytes": len(data), "sample_rows": rows, "sample_cols": cols, "kind": kind,
+           "n_features": n_features, "max_features": int(max_features)}
+    return _spawn(payload, req, limits)
+
+
+def _spawn(payload: bytes, req: dict, limits: SandboxLimits) -> dict:
+    req = {**req, "memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds, "max_files": limits.max_files}
     env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="msa_fed_sandbox_") as cwd:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(req), _package_root()],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-            close_fds=True, start_new_session=True,
-        )
+    with tempfile.TemporaryDirectory(prefix="msa_fed_sandbox_", ignore_cleanup_errors=True) as cwd:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(req), _package_root()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
+                close_fds=True, start_new_session=True,
+            )
+        except OSError as exc:  # no process to be had (limits of this host): a refusal, logged
+            return {"ok": False, "code": "sandbox", "args": {}, "detail": f"cannot start the sandbox: {exc}"}
         try:
             out, timed_out = _exchange(proc, payload, limits.timeout_s)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import struct
 
@@ -21,6 +22,7 @@ from msa_fed.api import SiteData, fit_dmsa
 from msa_fed.artifacts.model import load_model
 from msa_fed.artifacts.predictors import (META_CLASSES, META_KIND, META_N_FEATURES, SANDBOX_MEMORY_BYTES,
                                           SandboxLimits, export_sklearn, load_predictor)
+from msa_fed.artifacts.sandbox import sandbox_self_check
 from msa_fed.artifacts.structure import REASONS
 from msa_fed.errors import ArtifactError, ConfigError
 
@@ -394,3 +396,25 @@ def test_a_lying_sandbox_verdict_is_refused(monkeypatch):
             load_predictor(nan_when(6.0, 6.001))
         assert "passwd" not in str(info.value) and json.dumps(verdict) not in str(info.value)
     loader.PROBE_CACHE.clear()
+
+
+def test_the_sandbox_gives_a_model_nothing_to_reach(tmp_path, monkeypatch):
+    """Empty working directory, minimal environment, no inherited descriptor, limits set before
+    numpy / onnx / onnxruntime are imported."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "admin.token").write_bytes(SECRET)
+    monkeypatch.setenv("MSA_FED_ADMIN_TOKEN", SECRET.decode())
+    leaked = open(tmp_path / "admin.token", "rb")  # an inheritable descriptor in this process
+    os.set_inheritable(leaked.fileno(), True)
+    try:
+        limits = SandboxLimits(memory_bytes=700 * 2**20, cpu_seconds=7, max_files=24)
+        report = sandbox_self_check(limits)
+    finally:
+        leaked.close()
+    assert report["ok"] is True
+    assert report["cwd_entries"] == []
+    assert set(report["env"]) <= {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_ALL", "LC_CTYPE"}
+    assert report["fds"] == [0, 1, 2, 3, 4]  # stdin, /dev/null as stdout, stderr, the verdict, the listing itself
+    assert report["rlimits"] == {"RLIMIT_AS": [700 * 2**20] * 2, "RLIMIT_CPU": [7, 8], "RLIMIT_FSIZE": [0, 0],
+                                 "RLIMIT_NOFILE": [24, 24], "RLIMIT_CORE": [0, 0]}
+    assert report["modules"] == []
