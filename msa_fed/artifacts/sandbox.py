@@ -34,7 +34,7 @@ SANDBOX_MEMORY_BYTES = 1 << 30
 SANDBOX_CPU_SECONDS = 30  # RLIMIT_CPU (soft; SIGKILL one second later at the hard limit)
 SANDBOX_TIMEOUT_S = 60.0  # wall clock, start-up included (the machine may be loaded)
 SANDBOX_MAX_FILES = 32  # RLIMIT_NOFILE: enough for the imports, nothing for a model
-MAX_VERDICT_BYTES = 1 << 20
+MAX_VERDICT_BYTES = 4 << 20  # room for MAX_CLASSES labels
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,16 @@ class SiteStateLost(MsaFedError):
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
     """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
-    naming ``who`` and the first offending row).
+    naming ``who``, never the offending rows: the message leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError)
+        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError)
+    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))

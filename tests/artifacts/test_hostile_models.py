@@ -341,6 +341,7 @@ def test_fit_refuses_a_predictor_that_outputs_nan_on_a_sites_points(where):
         fit_dmsa(sites, mu=0.1)
     msg = str(info.value)
     assert "site 'a'" in msg and "predictor 0" in msg and f"{where} points" in msg and "NaN" in msg
+    assert "row" not in msg  # which private rows fail is not said to the coordinator
 
 
 def test_the_combined_model_raises_instead_of_predicting_class_0(tmp_path):
