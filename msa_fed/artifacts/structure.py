@@ -51,7 +51,7 @@ REASONS = {
     "empty": "model is empty",
     "too_large": "model is {size} bytes; the limit is {limit}",
     "sha256": "model sha256 is {digest}; expected {expected}",
-    "foreign": "model is {what}, not an ONNX model; only ONNX is accepted because loading other formats can run code",
+    "foreign": "artifact is {what}, not an ONNX model; only ONNX is accepted because loading other formats can run code",
     "not_onnx": "model is not a valid ONNX model (truncated or corrupt)",
     "no_graph": "model is not a valid ONNX model: it has no graph",
     "external_data": "model uses external data; only self-contained models are accepted",
