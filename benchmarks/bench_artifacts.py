@@ -68,20 +68,20 @@ def main() -> None:
     for name, data in models().items():
         _evaluate(data, req, None)  # warm imports
 
-        def sandboxed():
+        def sandboxed(data=data):
             loader.PROBE_CACHE.clear()
             loader.load_predictor(data)
 
-        def first_predict():
+        def first_predict(data=data):
             p = loader.load_predictor(data)
             p._session = None
             p._ensure_session()
 
         row = {
             "model": name, "bytes": len(data),
-            "in_process_ms": median_ms(lambda: _evaluate(data, req, None), repeats),
+            "in_process_ms": median_ms(lambda data=data: _evaluate(data, req, None), repeats),
             "sandbox_ms": median_ms(sandboxed, repeats),
-            "cached_ms": median_ms(lambda: loader.load_predictor(data), repeats),
+            "cached_ms": median_ms(lambda data=data: loader.load_predictor(data), repeats),
             "first_predict_ms": median_ms(first_predict, repeats),
         }
         row["sandbox_overhead_ms"] = row["sandbox_ms"] - row["in_process_ms"]

@@ -18,7 +18,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-import msa_fed.artifacts.loader as loader
+from msa_fed.artifacts import loader
 from msa_fed.artifacts.predictors import (
     META_CLASSES,
     META_KIND,

@@ -12,8 +12,14 @@ import warnings
 
 import numpy as np
 
-from msa_fed.artifacts.structure import (KIND_PROBABILITIES, KIND_REGRESSION, KINDS, META_CLASSES, META_KIND,
-                                         META_N_FEATURES)
+from msa_fed.artifacts.structure import (
+    KIND_PROBABILITIES,
+    KIND_REGRESSION,
+    KINDS,
+    META_CLASSES,
+    META_KIND,
+    META_N_FEATURES,
+)
 from msa_fed.errors import ArtifactError, ConfigError
 
 
@@ -59,9 +65,9 @@ def export_sklearn(model, n_features: int) -> bytes:
         (shape (n, 1)).
     n_features : int, the input width d.
     """
-    from sklearn.base import is_classifier, is_regressor
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.base import is_classifier, is_regressor
 
     n_features = _check_n_features(n_features)
     fitted_width = getattr(model, "n_features_in_", None)

@@ -31,9 +31,19 @@ from typing import Any
 import numpy as np
 
 from msa_fed.artifacts.sandbox import SandboxLimits, probe_in_sandbox
-from msa_fed.artifacts.structure import (DEFAULT_MAX_FEATURES, FOREIGN_FORMATS, KIND_PROBABILITIES, KIND_REGRESSION, KINDS,
-                                         MAX_CLASSES, Refusal, _classes_ok, check_expectations,
-                                         check_structure, public_message)
+from msa_fed.artifacts.structure import (
+    DEFAULT_MAX_FEATURES,
+    FOREIGN_FORMATS,
+    KIND_PROBABILITIES,
+    KIND_REGRESSION,
+    KINDS,
+    MAX_CLASSES,
+    Refusal,
+    _classes_ok,
+    check_expectations,
+    check_structure,
+    public_message,
+)
 from msa_fed.errors import ArtifactError, ConfigError
 
 log = logging.getLogger("msa_fed.artifacts")

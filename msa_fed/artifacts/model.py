@@ -18,8 +18,7 @@ import numpy as np
 
 from msa_fed import __version__
 from msa_fed.artifacts.outputs import checked_proba, checked_values
-from msa_fed.core.combination import (combination_weights, combine_proba, combine_regression,
-                                      paper_z)
+from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
 from msa_fed.core.density import KDEDomainModel
 from msa_fed.core.domain_classifier import DomainClassifier
 from msa_fed.core.features import feature_map_from_state, feature_map_state

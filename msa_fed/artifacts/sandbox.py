@@ -85,9 +85,8 @@ def _read_exactly(fd: int, n: int) -> bytes:
 
 def _evaluate(data: bytes, req: dict, sample) -> dict:
     """Every check, in order; returns the success verdict or raises structure.Refusal."""
-    from google.protobuf.message import DecodeError
-
     import onnx
+    from google.protobuf.message import DecodeError
 
     from msa_fed.artifacts import structure as st
 

@@ -18,6 +18,7 @@ The declaration lives in the ONNX model's ``metadata_props``:
 from __future__ import annotations
 
 import json
+import math
 import re
 
 KIND_REGRESSION = "regression"
@@ -106,11 +107,7 @@ def _safe_args(args) -> dict:
     for key, value in (args or {}).items():
         if isinstance(value, bool) or not isinstance(key, str):
             continue
-        if isinstance(value, int) and abs(value) < 10**18:
-            out[key] = value
-        elif isinstance(value, float):
-            out[key] = value
-        elif isinstance(value, str) and (value in _WORDS or re.fullmatch(r"[0-9a-f]{64}", value)):
+        if (isinstance(value, int) and abs(value) < 10**18) or isinstance(value, float) or (isinstance(value, str) and (value in _WORDS or re.fullmatch(r"[0-9a-f]{64}", value))):
             out[key] = value
     return out
 
@@ -216,18 +213,13 @@ def check_structure(model) -> None:
 
 
 def _classes_ok(classes) -> bool:
+    """2 to MAX_CLASSES distinct labels, all str, all bool, or all finite numbers."""
     if not isinstance(classes, list) or not 2 <= len(classes) <= MAX_CLASSES:
         return False
-    if all(isinstance(c, str) and len(c) <= 256 for c in classes):
-        pass
-    elif all(isinstance(c, bool) for c in classes):
-        pass
-    elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in classes):
-        if not all(c == c and abs(c) != float("inf") for c in classes):
-            return False
-    else:
-        return False
-    return len(set(classes)) == len(classes)
+    strings = all(isinstance(c, str) and len(c) <= 256 for c in classes)
+    bools = all(isinstance(c, bool) for c in classes)
+    numbers = all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in classes)
+    return (strings or bools or numbers) and len(set(classes)) == len(classes)
 
 
 def read_declaration(model, kind, n_features, max_features: int) -> tuple[str, int, list | None]:

@@ -17,11 +17,18 @@ import pytest
 from google.protobuf.internal.encoder import _VarintBytes
 from onnx import TensorProto, helper, numpy_helper
 
-import msa_fed.artifacts.loader as loader
 from msa_fed.api import SiteData, fit_dmsa
+from msa_fed.artifacts import loader
 from msa_fed.artifacts.model import load_model
-from msa_fed.artifacts.predictors import (META_CLASSES, META_KIND, META_N_FEATURES, SANDBOX_MEMORY_BYTES,
-                                          SandboxLimits, export_sklearn, load_predictor)
+from msa_fed.artifacts.predictors import (
+    META_CLASSES,
+    META_KIND,
+    META_N_FEATURES,
+    SANDBOX_MEMORY_BYTES,
+    SandboxLimits,
+    export_sklearn,
+    load_predictor,
+)
 from msa_fed.artifacts.sandbox import sandbox_self_check
 from msa_fed.artifacts.structure import REASONS
 from msa_fed.errors import ArtifactError, ConfigError
@@ -405,13 +412,9 @@ def test_the_sandbox_gives_a_model_nothing_to_reach(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "admin.token").write_bytes(SECRET)
     monkeypatch.setenv("MSA_FED_ADMIN_TOKEN", SECRET.decode())
-    leaked = open(tmp_path / "admin.token", "rb")  # an inheritable descriptor in this process
-    os.set_inheritable(leaked.fileno(), True)
-    try:
-        limits = SandboxLimits(memory_bytes=700 * 2**20, cpu_seconds=7, max_files=24)
-        report = sandbox_self_check(limits)
-    finally:
-        leaked.close()
+    with open(tmp_path / "admin.token", "rb") as leaked:  # an inheritable descriptor in this process
+        os.set_inheritable(leaked.fileno(), True)
+        report = sandbox_self_check(SandboxLimits(memory_bytes=700 * 2**20, cpu_seconds=7, max_files=24))
     assert report["ok"] is True
     assert report["cwd_entries"] == []
     assert set(report["env"]) <= {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_ALL", "LC_CTYPE"}
