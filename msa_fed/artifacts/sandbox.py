@@ -130,7 +130,13 @@ def _evaluate(data: bytes, req: dict, sample) -> dict:
 
 def main() -> int:
     """Child entry point: ``argv[1]`` is the JSON request; model (and sample) bytes on stdin."""
-    req = json.loads(sys.argv[1])
+    return child(json.loads(sys.argv[1]))
+
+
+def child(req: dict) -> int:
+    """The sandboxed side of one load: fd 0 gives the request's bytes, the verdict goes to fd 1.
+
+    Sets the limits first (nothing of the model has been read yet), then evaluates."""
     result_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # whatever a library prints never mixes with the verdict
@@ -187,68 +193,91 @@ def _run_request(req: dict) -> dict:
 # --------------------------------------------------------------------------- parent
 
 _BOOT = "import sys; sys.path.insert(0, sys.argv[2]); from msa_fed.artifacts.sandbox import main; sys.exit(main())"
+#: "zygote": fork each sandbox from a pre-imported helper process (fast; see zygote.py);
+#: "spawn": start a fresh interpreter per load.  The zygote falls back to spawn if it cannot start.
+SANDBOX_START = "zygote"
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
 
 
-def _package_root() -> str:
+def package_root() -> str:
     import msa_fed
 
     return os.path.dirname(os.path.dirname(os.path.abspath(msa_fed.__file__)))
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill_group(pid: int | None) -> None:
+    if pid is None:
+        return
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _exchange(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple[bytes, bool]:
-    """Write ``payload`` to the child's stdin while reading its stdout (at most
-    MAX_VERDICT_BYTES); returns (stdout, timed_out).  Never blocks past the deadline."""
-    deadline = time.monotonic() + timeout_s
+def exchange(wfd: int, rfd: int, payload: bytes, deadline: float, close_write) -> tuple[bytes, bool]:
+    """Write ``payload`` to ``wfd`` (then ``close_write()``) while reading ``rfd`` to EOF, keeping
+    at most MAX_VERDICT_BYTES; returns (output, timed_out).  Never blocks past ``deadline``
+    (time.monotonic).  ``wfd`` and ``rfd`` may be the same socket."""
+    os.set_blocking(wfd, False)
+    os.set_blocking(rfd, False)
     sel = selectors.DefaultSelector()
-    os.set_blocking(proc.stdin.fileno(), False)
-    sel.register(proc.stdin, selectors.EVENT_WRITE)
-    sel.register(proc.stdout, selectors.EVENT_READ)
     view, out = memoryview(payload), bytearray()
+    want = {rfd: selectors.EVENT_READ}
+    want[wfd] = want.get(wfd, 0) | selectors.EVENT_WRITE
+    for fd, events in want.items():
+        sel.register(fd, events)
+    writing, reading = True, True
+
+    def done_writing():
+        nonlocal writing
+        writing = False
+        if wfd == rfd:
+            sel.modify(wfd, selectors.EVENT_READ)
+        else:
+            sel.unregister(wfd)
+        close_write()
+
     try:
-        while sel.get_map():
+        if not view:
+            done_writing()
+        while reading:
             left = deadline - time.monotonic()
             if left <= 0:
                 return bytes(out), True
-            for key, _ in sel.select(min(left, 1.0)):
-                if key.fileobj is proc.stdin:
+            for key, events in sel.select(min(left, 1.0)):
+                if writing and key.fd == wfd and events & selectors.EVENT_WRITE:
                     try:
-                        n = os.write(proc.stdin.fileno(), view[:1 << 16])
+                        n = os.write(wfd, view[:1 << 16])
                     except BlockingIOError:
-                        continue
-                    except (BrokenPipeError, OSError):
+                        n = 0
+                    except OSError:  # the child is gone or stopped reading: its verdict says why
                         n, view = 0, view[:0]
                     view = view[n:]
                     if not view:
-                        sel.unregister(proc.stdin)
-                        proc.stdin.close()
-                else:
-                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                        done_writing()
+                if reading and key.fd == rfd and events & selectors.EVENT_READ:
+                    try:
+                        chunk = os.read(rfd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
                     if not chunk:
-                        sel.unregister(proc.stdout)
-                    elif len(out) < MAX_VERDICT_BYTES:
+                        reading = False
+                        break
+                    if len(out) < MAX_VERDICT_BYTES:
                         out += chunk[: MAX_VERDICT_BYTES - len(out)]
-        left = deadline - time.monotonic()
-        try:
-            proc.wait(timeout=max(left, 0.01))
-        except subprocess.TimeoutExpired:
-            return bytes(out), True
         return bytes(out), False
     finally:
         sel.close()
 
 
-def sandbox_self_check(limits: SandboxLimits | None = None) -> dict:
+def sandbox_self_check(limits: SandboxLimits | None = None, start: str | None = None) -> dict:
     """Start a sandbox child and report what a model would find around it (no model is loaded):
-    ``cwd_entries``, ``env`` (names), ``fds`` (open descriptors), ``rlimits``, ``modules``
-    (heavy modules already imported when the limits were set: none)."""
-    return _spawn(b"", {"self_check": True, "model_bytes": 0}, limits or SandboxLimits())
+    ``cwd_entries``, ``env`` (names), ``fds`` (open descriptors), ``rlimits``, ``modules`` (of
+    numpy, onnx, onnxruntime: those imported before the limits were set; the zygote pre-imports
+    numpy and onnx, never onnxruntime)."""
+    return _launch(b"", {"self_check": True, "model_bytes": 0}, limits or SandboxLimits(), start)
 
 
 def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: int, sample=None,
@@ -270,36 +299,59 @@ def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: i
         payload += sample.tobytes()
     req = {"model_bytes": len(data), "sample_rows": rows, "sample_cols": cols, "kind": kind,
            "n_features": n_features, "max_features": int(max_features)}
-    return _spawn(payload, req, limits)
+    return _launch(payload, req, limits)
 
 
-def _spawn(payload: bytes, req: dict, limits: SandboxLimits) -> dict:
+def _launch(payload: bytes, req: dict, limits: SandboxLimits, start: str | None = None) -> dict:
     req = {**req, "memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds, "max_files": limits.max_files}
-    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
     started = time.monotonic()
+    deadline = started + limits.timeout_s
+    result = None
+    if (start or SANDBOX_START) == "zygote":
+        from msa_fed.artifacts.zygote import run_in_zygote
+
+        result = run_in_zygote(payload, req, deadline)  # None: no zygote to be had
+    if result is None:
+        result = _spawn(payload, req, deadline)
+    out, timed_out, rc = result
+    return _verdict(out, timed_out, rc, time.monotonic() - started, limits)
+
+
+def _spawn(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int | None]:
+    """One fresh interpreter for one load: (output, timed_out, exit status)."""
     with tempfile.TemporaryDirectory(prefix="msa_fed_sandbox_", ignore_cleanup_errors=True) as cwd:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(req), _package_root()],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-                close_fds=True, start_new_session=True,
+                [sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(req), package_root()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
+                env=dict(CHILD_ENV), close_fds=True, start_new_session=True,
             )
         except OSError as exc:  # no process to be had (limits of this host): a refusal, logged
-            return {"ok": False, "code": "sandbox", "args": {}, "detail": f"cannot start the sandbox: {exc}"}
+            return f"cannot start the sandbox: {exc}".encode(), False, None
         try:
-            out, timed_out = _exchange(proc, payload, limits.timeout_s)
+            out, timed_out = exchange(proc.stdin.fileno(), proc.stdout.fileno(), payload, deadline,
+                                      proc.stdin.close)
+            if not timed_out:
+                try:
+                    proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
         finally:
-            _kill(proc)  # the group: nothing the model started outlives the load
+            kill_group(proc.pid)  # the group: nothing the model started outlives the load
             proc.wait()
             for stream in (proc.stdin, proc.stdout):
                 try:
                     stream.close()
                 except OSError:
                     pass
-    elapsed = time.monotonic() - started
-    rc = proc.returncode
+    return out, timed_out, proc.returncode
+
+
+def _verdict(out: bytes, timed_out: bool, rc: int | None, elapsed: float, limits: SandboxLimits) -> dict:
     if timed_out:
         return {"ok": False, "code": "timeout", "args": {}, "detail": f"killed after {elapsed:.1f} s wall clock"}
+    if rc is None:
+        return {"ok": False, "code": "sandbox", "args": {}, "detail": out.decode("utf-8", "replace")[:500]}
     try:
         verdict = json.loads(out.decode("utf-8").strip() or "null")
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -406,19 +406,34 @@ def test_a_lying_sandbox_verdict_is_refused(monkeypatch):
     loader.PROBE_CACHE.clear()
 
 
-def test_the_sandbox_gives_a_model_nothing_to_reach(tmp_path, monkeypatch):
+@pytest.mark.parametrize("start", ["zygote", "spawn"])
+def test_the_sandbox_gives_a_model_nothing_to_reach(start, tmp_path, monkeypatch):
     """Empty working directory, minimal environment, no inherited descriptor, limits set before
-    numpy / onnx / onnxruntime are imported."""
+    onnxruntime is imported (and before numpy and onnx when the child is a fresh interpreter)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "admin.token").write_bytes(SECRET)
     monkeypatch.setenv("MSA_FED_ADMIN_TOKEN", SECRET.decode())
     with open(tmp_path / "admin.token", "rb") as leaked:  # an inheritable descriptor in this process
         os.set_inheritable(leaked.fileno(), True)
-        report = sandbox_self_check(SandboxLimits(memory_bytes=700 * 2**20, cpu_seconds=7, max_files=24))
+        report = sandbox_self_check(SandboxLimits(memory_bytes=700 * 2**20, cpu_seconds=7, max_files=24), start)
     assert report["ok"] is True
     assert report["cwd_entries"] == []
     assert set(report["env"]) <= {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_ALL", "LC_CTYPE"}
     assert report["fds"] == [0, 1, 2, 3, 4]  # stdin, /dev/null as stdout, stderr, the verdict, the listing itself
     assert report["rlimits"] == {"RLIMIT_AS": [700 * 2**20] * 2, "RLIMIT_CPU": [7, 8], "RLIMIT_FSIZE": [0, 0],
                                  "RLIMIT_NOFILE": [24, 24], "RLIMIT_CORE": [0, 0]}
-    assert report["modules"] == []
+    assert report["modules"] == (["numpy", "onnx"] if start == "zygote" else [])
+
+
+def test_loads_go_on_when_the_fork_helper_dies():
+    from msa_fed.artifacts import zygote
+
+    data = nan_when(6.0, 6.001)
+    loader.PROBE_CACHE.clear()
+    load_predictor(data)
+    helper_proc = zygote._zygote.proc
+    helper_proc.kill()
+    helper_proc.wait()
+    loader.PROBE_CACHE.clear()
+    assert load_predictor(data).kind == "probabilities"  # a new helper (or a fresh interpreter) took over
+    assert zygote._zygote is None or zygote._zygote.proc.pid != helper_proc.pid
