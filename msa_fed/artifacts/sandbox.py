@@ -1,20 +1,23 @@
 """Run the first load and the probe of an untrusted ONNX model in a separate, limited process.
 
-The parent (:func:`probe_in_sandbox`) starts ``python -I -B`` on this module with close_fds, a
-minimal environment, an empty temporary working directory and its own session (so that a
-wall-clock timeout kills the whole group).  The child sets its rlimits (address space, CPU
-time, open files, file size 0, no core file) before it reads a byte of the model or imports
-onnx / onnxruntime, then reads the model (and the optional probe sample) from stdin, runs every
-check of :mod:`msa_fed.artifacts.structure`, the ONNX checker, an onnxruntime session and the
-probe batch, and writes one JSON verdict on a private copy of its stdout (what onnxruntime or
-numpy may print goes to /dev/null).  Nothing crosses the boundary as pickle.
+Each load gets its own child process: forked from a helper that has imported numpy and onnx
+once (:mod:`msa_fed.artifacts.zygote`, the default), or a fresh ``python -I -B`` (the fallback,
+``SANDBOX_START = "spawn"``).  Either way the child runs with close_fds, a minimal
+environment, an empty temporary working directory and its own session (so that a wall-clock
+timeout kills the whole group).  It sets its rlimits (address space, CPU time, open files,
+file size 0, no core file) before it reads a byte of the model or imports onnxruntime, then
+reads the model (and the optional probe sample) from stdin, runs every check of
+:mod:`msa_fed.artifacts.structure`, the ONNX checker, an onnxruntime session and the probe
+batch, and writes one JSON verdict on a private copy of its stdout (what onnxruntime or numpy
+may print goes to /dev/null).  Nothing crosses the boundary as pickle.
 
 Verdict: ``{"ok": true, "kind", "n_features", "classes", "rows", "maxrss_kb"}`` or
 ``{"ok": false, "code", "args", "detail"}`` (``code`` is a key of structure.REASONS).
 
-Measured (2-core shared machine, onnxruntime 1.32): a sandboxed load costs about 0.3 s of
-start-up over the in-process checks; the child peaks near 210 MiB of address space for a
-small model, hence the 1 GiB default of :data:`SANDBOX_MEMORY_BYTES`.
+Measured (benchmarks/bench_artifacts.py, 2-core machine shared by other jobs, load average
+16-32): a sandboxed load costs 160-330 ms from the helper, 500-780 ms from a fresh interpreter,
+against 0.5-16 ms for the same checks in-process; a small model's child peaks near 210 MiB of
+address space, hence the 1 GiB default of :data:`SANDBOX_MEMORY_BYTES`.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ START_TIMEOUT_S = 60.0
 def zygote_main(ctl_fd: int) -> int:
     """The helper's loop: fork a sandbox child per request, report pids and exit statuses."""
     import numpy  # noqa: F401  - the expensive imports, once
-    import onnx  # noqa: F401
+    import onnx
     import onnx.checker  # noqa: F401
 
     import msa_fed.artifacts.structure  # noqa: F401
