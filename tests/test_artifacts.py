@@ -18,7 +18,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from msa_fed.artifacts import loader
+from msa_fed.artifacts import loader, sandbox
 from msa_fed.artifacts.predictors import (
     META_CLASSES,
     META_KIND,
@@ -252,7 +252,9 @@ def test_external_data_and_unknown_domains_are_refused(tmp_path, monkeypatch):
     errors_with(custom.SerializeToString(), "operator domain outside the allowed ones")
 
 
-def test_a_graph_that_never_ends_is_stopped():
+@pytest.mark.parametrize("start", ["zygote", "spawn"])
+def test_a_graph_that_never_ends_is_stopped(start, monkeypatch):
+    monkeypatch.setattr(sandbox, "SANDBOX_START", start)
     body = helper.make_graph(
         [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Add", ["a_in", "one"], ["a_out"])], "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),

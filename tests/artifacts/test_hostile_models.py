@@ -216,9 +216,11 @@ def test_a_huge_declared_width_costs_this_process_nothing():
     with pytest.raises(ArtifactError, match="exceeds the limit of 100000"):
         load_predictor(data, n_features=10_000_000)  # an expectation does not lift the bound
     # with the bound lifted, the probe array (~480 MB) is built in the sandbox, under its memory limit
+    limits = SandboxLimits(memory_bytes=400 * 2**20)
     with pytest.raises(ArtifactError) as info:
-        load_predictor(data, max_features=20_000_000, limits=SandboxLimits(memory_bytes=400 * 2**20))
+        load_predictor(data, max_features=20_000_000, limits=limits)
     assert info.value.public_message == REASONS["memory"]
+    assert load_predictor(wide_model(1000), limits=limits).n_features_in_ == 1000  # the same graph, narrow: fits
     assert vm_hwm_kb() - before < 16 * 1024  # this process's peak grew by less than 16 MiB
 
 
