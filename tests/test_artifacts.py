@@ -334,3 +334,25 @@ def test_load_predictor_file(tmp_path):
     assert load_predictor_file(path, n_features=3).sha256 == sha256_hex(data)
     with pytest.raises(ArtifactError, match="the limit is 10"):
         load_predictor_file(path, max_bytes=10)
+
+
+def test_concurrent_first_loads_each_get_their_own_verdict():
+    """Threads loading different models at once (as a registry does) each get their model's answer."""
+    good = [linear(d=d).SerializeToString() for d in range(2, 8)]
+    bad = [softmax_model(scale=0.5), b"\x80\x04not onnx"]
+    loader.PROBE_CACHE.clear()
+    results: dict = {}
+
+    def work(i, data):
+        try:
+            results[i] = load_predictor(data).n_features_in_
+        except ArtifactError as exc:
+            results[i] = exc.public_message
+
+    threads = [threading.Thread(target=work, args=(i, data)) for i, data in enumerate(good + bad)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(good))] == list(range(2, 8))
+    assert "do not sum to 1" in results[len(good)] and "Python pickle" in results[len(good) + 1]
