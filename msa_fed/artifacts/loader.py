@@ -57,8 +57,19 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def artifact_error(code: str, detail: str = "", **args) -> ArtifactError:
+MAX_DETAIL_CHARS = 4000
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line, control characters escaped (library text can carry a model's names
+    and terminal escapes: no forged log lines), at most MAX_DETAIL_CHARS characters."""
+    text = text[:MAX_DETAIL_CHARS]
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def artifact_error(code: str, detail: str = "", /, **args) -> ArtifactError:
     """An ArtifactError with the public reason ``code``; the detail is logged with its incident id."""
+    detail = _printable(detail) if isinstance(detail, str) else ""
     err = ArtifactError(public_message(code, args), detail=detail or None)
     log.warning("artifact refused [incident %s]: %s%s", err.incident_id, err.public_message,
                 f" | detail: {detail}" if detail else "")

@@ -95,7 +95,7 @@ _WORDS = frozenset(KINDS) | frozenset(FOREIGN_FORMATS)  # the only strings a rea
 class Refusal(Exception):
     """An artifact check failed: ``code`` (a key of REASONS), ``args`` and a log-only ``detail``."""
 
-    def __init__(self, code: str, detail: str = "", **args):
+    def __init__(self, code: str, detail: str = "", /, **args):
         super().__init__(code)
         self.code = code
         self.args_ = args

@@ -399,12 +399,14 @@ def test_a_lying_sandbox_verdict_is_refused(monkeypatch):
                     {"ok": True, "kind": "regression", "n_features": True},
                     {"ok": False, "code": "too_large", "args": {"size": "/etc/passwd contents", "limit": 1}},
                     {"ok": False, "code": "no such code", "detail": 5},
+                    {"ok": False, "code": "memory", "args": {"detail": 1, "code": "x"}, "detail": "a\nFORGED log line"},
                     ["not", "a", "dict"]):
         monkeypatch.setattr(loader, "probe_in_sandbox", lambda *a, v=verdict, **k: v)
         loader.PROBE_CACHE.clear()
         with pytest.raises(ArtifactError) as info:
             load_predictor(nan_when(6.0, 6.001))
         assert "passwd" not in str(info.value) and json.dumps(verdict) not in str(info.value)
+        assert "\n" not in (info.value.detail or "")  # one log line per incident
     loader.PROBE_CACHE.clear()
 
 
