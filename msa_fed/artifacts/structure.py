@@ -153,11 +153,18 @@ def _attribute_graphs(attr):
     yield from attr.graphs
 
 
+# Operators whose attributes name a file for an execution provider to read (EPContext's
+# ep_cache_context): refused like external data, whatever the providers in use.
+FILE_OPERATORS = frozenset({("com.microsoft", "EPContext")})
+
+
 def _walk_nodes(nodes, where: str, local_domains: set):
     """Check a list of NodeProto; yield the subgraphs they hold."""
     for node in nodes:
         if node.domain not in ALLOWED_DOMAINS and node.domain not in local_domains:
             raise Refusal("domain", f"node {_name(node.name)} in {where} uses domain {_name(node.domain)}")
+        if (node.domain, node.op_type) in FILE_OPERATORS:
+            raise Refusal("external_data", f"node {_name(node.name)} in {where} is a {node.op_type}")
         for attr in node.attribute:
             for t in _attribute_tensors(attr):
                 if _external(t):

@@ -132,7 +132,14 @@ def nested_leak(location):
                     functions=[f], opsets=(("", 17), ("org.local", 1)))
 
 
-ATTACKS = [main_graph_leak, indices_leak, subgraph_leak, function_leak, sparse_initializer_leak,
+def ep_context_leak(location):
+    """An EPContext node: its ep_cache_context names a file for an execution provider to read."""
+    node = helper.make_node("EPContext", ["X"], ["y"], domain="com.microsoft", embed_mode=0,
+                            ep_cache_context=location, source="CPUExecutionProvider")
+    return model_of([node], [X_IN], [Y_OUT], opsets=(("", 17), ("com.microsoft", 1)))
+
+
+ATTACKS = [ep_context_leak, main_graph_leak, indices_leak, subgraph_leak, function_leak, sparse_initializer_leak,
            dense_attribute_leak, function_default_leak, nested_leak]
 
 
