@@ -42,6 +42,7 @@ from msa_fed.control.tokens import parse_token
 from msa_fed.errors import ConfigError, RegistryError
 
 UPLOAD_CHUNK_BYTES = 1 << 20
+MAX_PEM_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,12 @@ def _pem(value, flag: str) -> bytes | None:
     path = Path(value)
     if not path.is_file():
         raise ConfigError(f"{flag} {str(path)!r} is not a readable file; expected a PEM file")
-    return path.read_bytes()
+    if path.stat().st_size > MAX_PEM_BYTES:
+        raise ConfigError(f"{flag} {str(path)!r} is larger than {MAX_PEM_BYTES} bytes; expected a PEM file")
+    data = path.read_bytes()
+    if b"-----BEGIN" not in data:
+        raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
+    return data
 
 
 def _one_line(text: str) -> str:
