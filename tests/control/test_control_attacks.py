@@ -473,3 +473,26 @@ def test_site_names_are_anchored(tmp_path, capsys, monkeypatch):
         with pytest.raises(RegistryError) as err:
             registry.authenticate(forged)
         assert err.value.message == "malformed token"
+
+
+def test_a_download_the_client_stops_reading_is_cut_off():
+    registry = Registry(MemoryStore(), Limits(transfer_idle_s=2.0))
+    token = registry.issue_token("site", "evil")
+    X = np.random.default_rng(0).normal(size=(2_000_000, 8)).astype(np.float32)  # 64 MB: more than any window
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        with RegistryClient(server.address, token, insecure=True, retries=0) as c:
+            c.register("evil")
+            c.upload_sample(X)
+        channel = grpc.insecure_channel(server.address, options=[("grpc.max_receive_message_length", 8 * 2**20)])
+        stub = pb_grpc.RegistryStub(channel)
+        try:
+            stream = stub.DownloadSample(pb.DownloadArtifactRequest(site="evil"), metadata=md(token), timeout=120)
+            assert next(stream).WhichOneof("part") == "artifact"  # then the client reads no more
+            wait_for(lambda: server.interceptor.slots.used == 1, "the download's slot")
+            wait_for(lambda: server.interceptor.slots.used == 0, "the stalled download to be cut off", timeout=60)
+            with pytest.raises(grpc.RpcError) as err:
+                for _ in stream:
+                    pass
+            assert err.value.code() == grpc.StatusCode.CANCELLED
+        finally:
+            channel.close()
