@@ -234,7 +234,7 @@ class RegistryClient:
         return site_from_pb(self._unary(self._stub.GetSite, pb.GetSiteRequest(name=name)))
 
     def list_sites(self) -> list[SiteRecord]:
-        """Every registered site (admin) or the caller's own record (site), with artifact sha256s."""
+        """Every registered site with artifact sha256s (admin token; a site reads its own record with :meth:`get_site`)."""
         return [site_from_pb(s) for s in self._unary(self._stub.ListSites, pb.ListSitesRequest()).sites]
 
     def deregister(self, name: str = "") -> bool:
