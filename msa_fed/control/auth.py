@@ -48,6 +48,8 @@ from msa_fed.errors import RegistryError
 log = logging.getLogger(__name__)
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_CHECK = HEALTH_PREFIX + "Check"
+ANONYMOUS = "anonymous"  # the caller of the health check, keyed by network address
 
 BOTH = frozenset({ROLE_SITE, ROLE_ADMIN})
 SITE = frozenset({ROLE_SITE})
@@ -132,9 +134,10 @@ class AuthenticatedContext:
 class TransferSlots:
     """Concurrent transfers per principal and in all; a refusal is immediate (never a wait)."""
 
-    def __init__(self, per_principal: int, total: int):
+    def __init__(self, per_principal: int, total: int, what: str = "uploads/downloads"):
         self.per_principal = per_principal
         self.total = total
+        self.what = what
         self._lock = threading.Lock()
         self._by_principal: dict[Principal, int] = {}
         self._used = 0
@@ -149,12 +152,12 @@ class TransferSlots:
             mine = self._by_principal.get(principal, 0)
             if mine >= self.per_principal:
                 raise Busy(
-                    f"{principal} already has {mine} uploads/downloads open; the limit per token is "
+                    f"{principal} already has {mine} {self.what} open; the limit per caller is "
                     f"{self.per_principal}; retry when one has finished",
                 )
             if self._used >= self.total:
                 raise Busy(
-                    f"the registry is serving {self._used} uploads/downloads, its limit; retry later",
+                    f"the registry is serving {self._used} {self.what}, its limit; retry later",
                 )
             self._by_principal[principal] = mine + 1
             self._used += 1
@@ -199,8 +202,9 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._stopped = False
 
-    def watch(self, context, what: str) -> _Ticket:
-        ticket = _Ticket(context, what, time.monotonic() + self.deadline_s, self.idle_s)
+    def watch(self, context, what: str, idle_s: float | None = None, deadline_s: float | None = None) -> _Ticket:
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        ticket = _Ticket(context, what, deadline, self.idle_s if idle_s is None else idle_s)
         with self._cond:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="registry-watchdog", daemon=True)
@@ -266,18 +270,27 @@ class AuthInterceptor(grpc.ServerInterceptor):
     """See the module docstring.
 
     ``bind_certificates``: under mutual TLS, a site token is accepted only with a
-    client certificate that names the site.
+    client certificate that names the site.  ``max_streams`` bounds concurrent
+    transfers; ``max_pending_reads`` the authenticated calls whose request
+    message is still awaited (a client may send the headers of a call and then
+    nothing), ``max_anonymous_reads`` the same for health checks (kept apart, so
+    that callers without a token never take the slots of those with one).
     """
 
     def __init__(
         self, registry: Registry, *, bind_certificates: bool = False, max_streams: int = 16,
-        rules: dict[str, MethodRule] | None = None,
+        max_pending_reads: int = 4, max_anonymous_reads: int = 4, rules: dict[str, MethodRule] | None = None,
     ):
         limits = registry.limits
         self._registry = registry
+        self._limits = limits
         self._bind = bind_certificates
         self._rules = METHOD_RULES if rules is None else rules
-        self.slots = TransferSlots(limits.max_streams_per_principal, max_streams)
+        self.slots = TransferSlots(limits.max_streams_per_principal, max_streams, "uploads/downloads")
+        self.reads = TransferSlots(limits.max_pending_reads_per_caller, max_pending_reads, "requests being received")
+        self.anonymous_reads = TransferSlots(
+            limits.max_pending_reads_per_caller, max_anonymous_reads, "health checks being received"
+        )
         self.watchdog = Watchdog(limits.transfer_idle_s, limits.transfer_deadline_s)
 
     def close(self) -> None:
@@ -309,69 +322,109 @@ class AuthInterceptor(grpc.ServerInterceptor):
             raise RegistryError("PERMISSION_DENIED", f"{needed} ({method.rsplit('/', 1)[-1]})")
         return principal
 
-    def _enter(self, context, method: str, rule: MethodRule | None):
-        """Authenticate, and for a transfer take a slot and a watchdog ticket: (authed context, ticket)."""
+    def _enter(self, context, method: str, rule: MethodRule | None, health: bool):
+        """(context for the handler, caller, transfer ticket or None): authenticated, a transfer slot taken."""
+        if health:  # no token; the caller is its network address
+            return context, Principal(ANONYMOUS, peer_host(context)), None
         principal = self._authenticate(context, method, rule)
         authed = AuthenticatedContext(context, principal)
         if not rule.transfer:
-            return authed, None
+            return authed, principal, None
         self.slots.acquire(principal)
-        return authed, self.watchdog.watch(context, f"{method.rsplit('/', 1)[-1]} of {principal}")
+        return authed, principal, self.watchdog.watch(context, f"{method.rsplit('/', 1)[-1]} of {principal}")
 
-    def _leave(self, authed, ticket) -> None:
+    def _read_one(self, requests, context, caller: Principal, ticket, method: str):
+        """The single request message of a unary-request call, awaited within a deadline and a slot."""
+        slots = self.anonymous_reads if caller.role == ANONYMOUS else self.reads
+        if ticket is None:  # a small call: the message is awaited under a short deadline of its own
+            slots.acquire(caller)
+            read_ticket = self.watchdog.watch(
+                context, f"the request of {method.rsplit('/', 1)[-1]} from {caller}",
+                idle_s=self._limits.request_read_s, deadline_s=self._limits.request_read_s,
+            )
+        else:
+            read_ticket = ticket
+        try:
+            message = next(requests, None)
+        finally:
+            if ticket is None:
+                read_ticket.done = True
+                slots.release(caller)
+        if message is None:
+            raise RegistryError("INVALID_ARGUMENT", "the call carries no request message")
+        read_ticket.touch()
+        return message
+
+    def _leave(self, caller, ticket) -> None:
         if ticket is not None:
             ticket.done = True
-            self.slots.release(authed.principal)
+            self.slots.release(caller)
 
     def _fail(self, context, authed, exc: Exception, method: str, ticket):
         """Re-raise what needs no mapping; else abort with the public status of ``exc``."""
-        if isinstance(exc, grpc.RpcError) or (authed is not None and authed.aborted):
+        if isinstance(exc, grpc.RpcError) or getattr(authed, "aborted", False):
             raise exc  # the client went away (or was cut off), or the handler chose its status
         if ticket is not None and ticket.cut:
             log.info("%s ended after being cut off: %s", method, type(exc).__name__)
             raise exc
-        abort_public(context, exc, method.rsplit("/", 1)[-1], authed.principal if authed else None)
+        abort_public(context, exc, method.rsplit("/", 1)[-1], getattr(authed, "principal", None))
 
     # wrapping ---------------------------------------------------------------
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
         handler = continuation(handler_call_details)
-        if handler is None or method.startswith(HEALTH_PREFIX):
+        if handler is None:
             return handler
-        return self._wrap(handler, method, self._rules.get(method))
+        health = method.startswith(HEALTH_PREFIX)
+        if health and method != HEALTH_CHECK:  # Watch would hold a worker thread per watcher
+            return grpc.stream_unary_rpc_method_handler(  # refused without reading the request
+                lambda requests, context: context.abort(
+                    grpc.StatusCode.UNIMPLEMENTED, "this registry answers grpc.health.v1.Health/Check only"
+                ),
+            )
+        return self._wrap(handler, method, self._rules.get(method), health)
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, rule: MethodRule | None):
-        enter, leave, fail = self._enter, self._leave, self._fail
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, rule: MethodRule | None, health: bool):
+        """The handler as a request-streaming one, so that nothing waits for a request before the checks."""
+        enter, read_one, leave, fail = self._enter, self._read_one, self._leave, self._fail
         kwargs = dict(
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
-        def unary_response(inner, watch_requests: bool):
-            def call(request, context):
-                authed = ticket = None
-                try:
-                    authed, ticket = enter(context, method, rule)
-                    if watch_requests and ticket is not None:
-                        request = _WatchedRequests(request, ticket)
-                    elif ticket is not None:
+        def prepare(requests, context, unary_request: bool):
+            authed, caller, ticket = enter(context, method, rule, health)
+            try:
+                if unary_request:
+                    request = read_one(requests, context, caller, ticket, method)
+                    if ticket is not None:
                         ticket.reading = False
+                else:
+                    request = _WatchedRequests(requests, ticket) if ticket is not None else requests
+            except BaseException:
+                leave(caller, ticket)
+                raise
+            return authed, caller, ticket, request
+
+        def unary_response(inner, unary_request: bool):
+            def call(requests, context):
+                authed = caller = ticket = None
+                try:
+                    authed, caller, ticket, request = prepare(requests, context, unary_request)
                     return inner(request, authed)
                 except Exception as exc:  # noqa: BLE001 - mapped to a public status in one place
                     fail(context, authed, exc, method, ticket)
                 finally:
-                    if authed is not None:
-                        leave(authed, ticket)
+                    if caller is not None:
+                        leave(caller, ticket)
 
             return call
 
-        def stream_response(inner, watch_requests: bool):
-            def call(request, context):
-                authed = ticket = None
+        def stream_response(inner, unary_request: bool):
+            def call(requests, context):
+                authed = caller = ticket = None
                 try:
-                    authed, ticket = enter(context, method, rule)
-                    if watch_requests and ticket is not None:
-                        request = _WatchedRequests(request, ticket)
+                    authed, caller, ticket, request = prepare(requests, context, unary_request)
                     for response in inner(request, authed):
                         if ticket is not None:
                             ticket.reading = True  # a client that stops reading stalls this yield
@@ -380,15 +433,21 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 except Exception as exc:  # noqa: BLE001
                     fail(context, authed, exc, method, ticket)
                 finally:
-                    if authed is not None:
-                        leave(authed, ticket)
+                    if caller is not None:
+                        leave(caller, ticket)
 
             return call
 
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(unary_response(handler.unary_unary, False), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(unary_response(handler.unary_unary, True), **kwargs)
         if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(unary_response(handler.stream_unary, True), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(unary_response(handler.stream_unary, False), **kwargs)
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(stream_response(handler.unary_stream, False), **kwargs)
-        return grpc.stream_stream_rpc_method_handler(stream_response(handler.stream_stream, True), **kwargs)
+            return grpc.stream_stream_rpc_method_handler(stream_response(handler.unary_stream, True), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(stream_response(handler.stream_stream, False), **kwargs)
+
+
+def peer_host(context: grpc.ServicerContext) -> str:
+    """The network address of the peer without its port ("ipv4:10.0.0.5:51234" -> "ipv4:10.0.0.5")."""
+    peer = context.peer() or "unknown"
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer

@@ -60,7 +60,9 @@ class Limits:
     token, at most ``max_streams`` in all (None: half the server's worker
     threads, so heartbeats and health checks always find a free worker), each cut
     off after ``transfer_idle_s`` without a message or ``transfer_deadline_s`` in
-    all.
+    all.  A call whose request message has not arrived holds a worker thread too:
+    at most ``max_pending_reads_per_caller`` such calls per token (per network
+    address for the health check), each cut off after ``request_read_s``.
     """
 
     max_predictor_bytes: int = 64 * 2**20  # matches artifacts.DEFAULT_MAX_BYTES
@@ -74,19 +76,22 @@ class Limits:
     max_streams: int | None = None
     transfer_idle_s: float = 30.0
     transfer_deadline_s: float = 900.0
+    max_pending_reads_per_caller: int = 2
+    request_read_s: float = 5.0
     max_labels: int = 32
     max_label_chars: int = 256
 
     def __post_init__(self):
         for name in ("max_predictor_bytes", "max_sample_bytes", "max_combined_bytes", "max_manifest_bytes",
                      "max_upload_bytes_in_flight", "max_n_features", "probe_memory_bytes",
-                     "max_streams_per_principal", "max_streams", "max_labels", "max_label_chars"):
+                     "max_streams_per_principal", "max_streams", "max_labels", "max_label_chars",
+                     "max_pending_reads_per_caller"):
             value = getattr(self, name)
             if value is None and name in ("max_upload_bytes_in_flight", "probe_memory_bytes", "max_streams"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive integer; got {value!r}")
-        for name in ("transfer_idle_s", "transfer_deadline_s"):
+        for name in ("transfer_idle_s", "transfer_deadline_s", "request_read_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive finite number of seconds; got {value!r}")

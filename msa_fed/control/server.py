@@ -128,10 +128,14 @@ class RegistryServer:
         self.max_workers = max_workers
         limits = registry.limits
         self.max_streams = limits.max_streams if limits.max_streams is not None else max(1, max_workers // 2)
-        if self.max_streams >= max_workers:
+        # calls whose request message has not arrived yet, with a token and without (health checks)
+        self.max_pending_reads = self.max_anonymous_reads = max(2, max_workers // 8)
+        held = self.max_streams + self.max_pending_reads + self.max_anonymous_reads
+        if held >= max_workers:
             raise ConfigError(
-                f"at most {self.max_streams} concurrent uploads/downloads would leave no worker thread for "
-                f"heartbeats and health checks; use more than {self.max_streams} workers"
+                f"{self.max_streams} concurrent uploads/downloads and {2 * self.max_pending_reads} requests being "
+                f"received would leave no worker thread for heartbeats and health checks; use more than {held} "
+                "workers (--workers)"
             )
         self.port: int | None = None
         self._server: grpc.Server | None = None
@@ -150,7 +154,8 @@ class RegistryServer:
 
         self.interceptor = AuthInterceptor(
             self.registry, bind_certificates=bool(self.tls is not None and self.tls.client_ca),
-            max_streams=self.max_streams,
+            max_streams=self.max_streams, max_pending_reads=self.max_pending_reads,
+            max_anonymous_reads=self.max_anonymous_reads,
         )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),

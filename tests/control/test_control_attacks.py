@@ -160,7 +160,7 @@ def test_concurrent_uploads_beyond_the_per_token_cap_are_resource_exhausted():
                         upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"))]),
                         metadata=md(tokens["evil"]), timeout=30)
                 assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "limit per token is 2" in err.value.details()
+                assert "limit per caller is 2" in err.value.details()
                 assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
             # a download is a stream too
             with pytest.raises(grpc.RpcError) as err:
@@ -494,5 +494,94 @@ def test_a_download_the_client_stops_reading_is_cut_off():
                 for _ in stream:
                     pass
             assert err.value.code() == grpc.StatusCode.CANCELLED
+        finally:
+            channel.close()
+
+
+def half_open_call(channel, method: str, metadata, release: threading.Event):
+    """A call that sends its headers and then no request message (gRPC waits for it on a worker thread)."""
+    call = channel.stream_unary(method, request_serializer=lambda m: m, response_deserializer=lambda b: b)
+
+    def nothing():
+        release.wait(120)
+        return
+        yield
+
+    return call.future(nothing(), metadata=metadata, timeout=120)
+
+
+def test_calls_that_never_send_their_request_do_not_hold_the_workers():
+    """Headers without a message, on unary methods: with and without a token, and on the health check."""
+    registry = Registry(MemoryStore(), Limits(request_read_s=2.0))
+    evil_token = registry.issue_token("site", "evil")
+    honest_token = registry.issue_token("site", "honest")
+    release, stop = threading.Event(), threading.Event()
+    latencies: dict[str, list[float]] = {"heartbeat": [], "health": []}
+    failures: list[str] = []
+    peak_reads = [0]
+    # the attacker comes from 127.0.0.1, the honest site from ::1 (the health check is keyed by address)
+    with RegistryServer(registry, "localhost:0", insecure=True, max_workers=32) as server:
+        honest = RegistryClient(f"[::1]:{server.port}", honest_token, insecure=True, retries=0, timeout=30,
+                                busy_wait=0)
+        honest.register("honest")
+
+        def keep_asking():
+            while not stop.is_set():
+                for name, fn in (("heartbeat", honest.heartbeat), ("health", honest.health)):
+                    t0 = time.perf_counter()
+                    try:
+                        fn()
+                    except Exception as exc:  # noqa: BLE001 - asserted below
+                        failures.append(f"{name}: {exc}")
+                    latencies[name].append(time.perf_counter() - t0)
+                peak_reads[0] = max(peak_reads[0],
+                                    server.interceptor.reads.used + server.interceptor.anonymous_reads.used)
+                time.sleep(0.02)
+
+        asker = threading.Thread(target=keep_asking)
+        asker.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        try:
+            calls = {
+                "site token": [half_open_call(channel, "/msa_fed.v1.Registry/Heartbeat", md(evil_token), release)
+                               for _ in range(40)],
+                "no token": [half_open_call(channel, "/msa_fed.v1.Registry/RegisterSite", (), release)
+                             for _ in range(40)],
+                "health": [half_open_call(channel, "/grpc.health.v1.Health/Check", (), release) for _ in range(40)],
+            }
+            everything = [f for group in calls.values() for f in group]
+            wait_for(lambda: all(f.done() for f in everything), "every half-open call to end", timeout=90)
+            codes = {name: sorted({future_code(f).name for f in group}) for name, group in calls.items()}
+            assert codes["no token"] == ["UNAUTHENTICATED"]  # refused on its headers, never awaited
+            for name in ("site token", "health"):  # a few awaited, then cut off; the rest refused at once
+                assert codes[name] == ["CANCELLED", "RESOURCE_EXHAUSTED"], (name, codes[name])
+                cut = sum(future_code(f) == grpc.StatusCode.CANCELLED for f in calls[name])
+                assert cut == registry.limits.max_pending_reads_per_caller, name
+            wait_for(lambda: server.interceptor.reads.used + server.interceptor.anonymous_reads.used == 0,
+                     "the read slots to be released", timeout=10)
+            time.sleep(0.5)
+        finally:
+            release.set()
+            stop.set()
+            asker.join(60)
+            channel.close()
+            honest.close()
+    assert failures == []
+    assert peak_reads[0] <= server.max_pending_reads + server.max_anonymous_reads
+    for name, values in latencies.items():
+        assert len(values) >= 10, name
+        assert max(values) < ANSWER_WITHIN_S, (name, sorted(values)[-5:])
+
+
+def test_health_watch_is_refused():
+    registry = Registry(MemoryStore())
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        channel = grpc.insecure_channel(server.address)
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                next(health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         finally:
             channel.close()

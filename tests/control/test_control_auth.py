@@ -165,7 +165,7 @@ def test_a_method_without_an_access_rule_is_refused(env):
             raise RuntimeError(code, details)
 
     with pytest.raises(RuntimeError) as err:
-        handler.unary_unary(None, Context())
+        handler.stream_unary(iter([None]), Context())
     assert err.value.args[0] == grpc.StatusCode.PERMISSION_DENIED
     interceptor.close()
 
