@@ -19,8 +19,9 @@ benchmark's client threads do not share a GIL.  For each transport
 - under attack: the heartbeat and health-check load again, while one hostile
   site (a separate process, one site token) keeps ``--attack-streams`` upload
   streams open that send a header and then nothing (re-opened as soon as they
-  are refused or cut off), and two threads that upload ``--upload-mb`` MB
-  samples back to back; the rows sit beside the calm ones.
+  are refused or cut off), two threads that upload ``--upload-mb`` MB samples
+  back to back, and ten threads that open heartbeat calls whose request never
+  comes; the rows sit beside the calm ones.
 
 Prints a table and writes JSON to ``benchmarks/results/control.json``.
 """
@@ -154,6 +155,22 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
                 count(f"stalled: {exc.code().name}")
                 time.sleep(0.01)
 
+    def half_open_calls():
+        """Heartbeats that send their headers and never their request message."""
+        call = channel.stream_unary("/msa_fed.v1.Registry/Heartbeat", request_serializer=lambda m: m,
+                                    response_deserializer=lambda b: b)
+        while not stop.is_set():
+            def nothing():
+                stop.wait()
+                return
+                yield
+            try:
+                call(nothing(), metadata=md, timeout=seconds + 30)
+                count("half-open: OK")
+            except grpc.RpcError as exc:
+                count(f"half-open: {exc.code().name}")
+                time.sleep(0.01)
+
     rows = max(1, int(upload_mb * 2**20 / (4 * 3)))
     data = np.random.default_rng(7).normal(size=(rows, 3)).astype("<f4").tobytes()
 
@@ -177,6 +194,7 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
 
     threads = [threading.Thread(target=stalled_stream) for _ in range(streams)]
     threads += [threading.Thread(target=big_uploads) for _ in range(2)]
+    threads += [threading.Thread(target=half_open_calls) for _ in range(10)]
     for t in threads:
         t.start()
     for t in threads:
