@@ -1,9 +1,10 @@
 """Authentication, authorisation, transfer limits and error mapping, as one gRPC server interceptor.
 
-Every method except the standard health service requires
-``authorization: Bearer <token>`` metadata.  The interceptor wraps the
-method's handler so that, on the worker thread and before the handler reads
-its request stream or writes a response:
+Every method except the standard health check requires
+``authorization: Bearer <token>`` metadata.  The interceptor serves every
+method as a request stream (gRPC would otherwise wait for a unary call's
+request message on a worker thread before any check ran), so that, on the
+worker thread and before a request message is awaited:
 
 1. the token is checked (UNAUTHENTICATED: missing, malformed, wrong or revoked);
 2. under mutual TLS, the client certificate must name the token's site
@@ -14,7 +15,12 @@ its request stream or writes a response:
    ``max_streams_per_principal`` per token and ``max_streams`` in all, else
    RESOURCE_EXHAUSTED at once; the stream is cut off (CANCELLED) after
    ``idle_s`` without a message or ``deadline_s`` in all, so a silent client
-   cannot hold a worker thread.
+   cannot hold a worker thread;
+5. the request message of a unary-request call is awaited in a slot (at most
+   ``max_pending_reads_per_caller`` per token, or per network address for the
+   health check, whose slots are a pool of their own) for ``request_read_s``.
+
+``grpc.health.v1.Health/Watch`` is refused (it would hold a worker per watcher).
 
 The handler then sees an :class:`AuthenticatedContext` whose ``principal``
 says who called.  Whatever the handler raises becomes a status through

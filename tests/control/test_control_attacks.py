@@ -585,3 +585,31 @@ def test_health_watch_is_refused():
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         finally:
             channel.close()
+
+
+class _LeakyStore(MemoryStore):
+    """A store whose failures carry text a client must not see."""
+
+    def heartbeat(self, name, now):
+        raise RuntimeError("disk I/O error reading /var/lib/msa-fed/registry.db: mft1.admin.admin.s3cr3t")
+
+    def get_site(self, name):
+        raise MemoryError("Unable to allocate 610. MiB for an array with shape (16, 10000000)")
+
+
+def test_internal_errors_reach_the_client_as_a_fixed_reason_and_an_incident_id(caplog):
+    registry = Registry(_LeakyStore())
+    token = registry.issue_token("site", "a")
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server, \
+            RegistryClient(server.address, token, insecure=True, retries=0) as client:
+        with pytest.raises(RegistryError) as err:
+            client.heartbeat()
+        assert err.value.code == "INTERNAL"
+        assert re.fullmatch(r"internal error \(incident [0-9a-f]{12}\)", err.value.message)
+        incident = err.value.message[-13:-1]
+        with pytest.raises(RegistryError) as err:
+            client.get_site()
+        assert err.value.code == "RESOURCE_EXHAUSTED" and "610" not in err.value.message
+        assert re.fullmatch(r".*\(incident [0-9a-f]{12}\)", err.value.message)
+    logged = [r for r in caplog.records if incident in r.getMessage()]
+    assert len(logged) == 1 and "s3cr3t" in logged[0].getMessage()  # the operator sees the detail
