@@ -249,7 +249,7 @@ def rpc_load(address, tokens, names, op: str, calls: int, client_kwargs) -> dict
         raise SystemExit(f"{op} failed: {errors[0]}")
     flat = [x for lat in latencies for x in lat]
     return {"calls": len(flat), "seconds": wall, "rpc_per_s": len(flat) / wall,
-            "p50_ms": 1e3 * percentile(flat, 50), "p99_ms": 1e3 * percentile(flat, 99)}
+            "p50_ms": 1e3 * percentile(flat, 50), "p99_ms": 1e3 * percentile(flat, 99), "max_ms": 1e3 * max(flat)}
 
 
 def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwargs) -> dict:
@@ -356,16 +356,18 @@ def main(argv=None) -> int:
     print(f"control plane, {args.clients} client threads ({args.calls} RPCs) or 1 client "
           f"({max(args.calls // 4, 100)} RPCs) per row, loopback, "
           f"{os.cpu_count()} CPUs (load average at start {results['machine']['loadavg_at_start'][0]:.1f})")
-    print(f"{'transport':<10} {'operation':<22} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'transport':<10} {'operation':<24} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for mode, run in results["runs"].items():
         for op in ("register", "heartbeat", "health", "register (1 client)", "heartbeat (1 client)",
                    "heartbeat (under attack)", "health (under attack)"):
             r = run[op]
-            print(f"{mode:<10} {op:<22} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}")
+            print(f"{mode:<10} {op:<24} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['max_ms']:>8.1f}")
         for kind in ("sample", "predictor"):
             u = run["upload"][kind]
             label = f"upload {kind} {u['mb']:.0f} MB"
-            print(f"{mode:<10} {label:<22} {u['mb_per_s']:>11.1f} MB/s")
+            print(f"{mode:<10} {label:<24} {u['mb_per_s']:>11.1f} MB/s")
+        print(f"{mode:<10} attacker's calls: {json.dumps(run['attack'], sort_keys=True)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
