@@ -21,7 +21,9 @@ benchmark's client threads do not share a GIL.  For each transport
   streams open that send a header and then nothing (re-opened as soon as they
   are refused or cut off), two threads that upload ``--upload-mb`` MB samples
   back to back, and ten threads that open heartbeat calls whose request never
-  comes; the rows sit beside the calm ones.
+  comes; then again while the site only uploads big samples back to back (two
+  at a time, its limit: each is received, checked and refused or stored).
+  The rows sit beside the calm ones.
 
 Prints a table and writes JSON to ``benchmarks/results/control.json``.
 """
@@ -118,8 +120,13 @@ def start_server(db: Path, tls: dict | None) -> tuple[subprocess.Popen, str]:
     raise SystemExit("registry did not start")
 
 
-def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None) -> dict:
-    """One hostile site for ``seconds``: ``streams`` stalled uploads kept open, and big uploads back to back."""
+def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
+             kind: str = "stalled") -> dict:
+    """One hostile site for ``seconds``.
+
+    ``kind`` "stalled": ``streams`` stalled uploads kept open, ten heartbeat calls whose request never comes, and
+    two threads of big uploads back to back; "big": only the big uploads (each one is received and checked).
+    """
     from msa_fed.control.proto import registry_pb2 as pb
     from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
     from msa_fed.control.server import MAX_MESSAGE_BYTES
@@ -192,9 +199,10 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
                 count(f"big: {exc.code().name}")
                 time.sleep(0.01)
 
-    threads = [threading.Thread(target=stalled_stream) for _ in range(streams)]
-    threads += [threading.Thread(target=big_uploads) for _ in range(2)]
-    threads += [threading.Thread(target=half_open_calls) for _ in range(10)]
+    threads = [threading.Thread(target=big_uploads) for _ in range(2)]
+    if kind == "stalled":
+        threads += [threading.Thread(target=stalled_stream) for _ in range(streams)]
+        threads += [threading.Thread(target=half_open_calls) for _ in range(10)]
     for t in threads:
         t.start()
     for t in threads:
@@ -203,9 +211,10 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
     return counts
 
 
-def start_attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None):
+def start_attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
+                   kind: str):
     cmd = [sys.executable, __file__, "--attacker", address, "--attacker-token", token, "--attack-seconds",
-           str(seconds), "--attack-streams", str(streams), "--upload-mb", str(upload_mb)]
+           str(seconds), "--attack-streams", str(streams), "--upload-mb", str(upload_mb), "--attack-kind", kind]
     if tls_ca:
         cmd += ["--attacker-tls-ca", tls_ca]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -279,25 +288,26 @@ def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwa
 
 
 def under_attack(address, tokens, names, evil_token, args, client_kwargs, tls_ca) -> dict:
-    """The heartbeat and health rows again while one site floods the registry with uploads."""
+    """The heartbeat and health rows again while one site floods the registry with uploads (two kinds of flood)."""
     with RegistryClient(address, evil_token, retries=0, **client_kwargs) as evil:
         evil.register("attacker")
-    seconds = 600.0
-    proc = start_attacker(address, evil_token, seconds, args.attack_streams, args.upload_mb, tls_ca)
-    try:
-        time.sleep(5.0)  # let the flood build up
-        if proc.poll() is not None:
-            raise SystemExit(f"the attacker exited with status {proc.returncode}")
-        out = {f"{op} (under attack)": rpc_load(address, tokens, names, op, args.calls, client_kwargs)
-               for op in ("heartbeat", "health")}
-    finally:
-        proc.terminate()
+    out = {}
+    for kind, label in (("stalled", "under attack"), ("big", "big uploads")):
+        proc = start_attacker(address, evil_token, 600.0, args.attack_streams, args.upload_mb, tls_ca, kind)
         try:
-            stdout, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, _ = proc.communicate()
-    out["attack"] = json.loads(stdout) if stdout.strip() else {"note": "the attacker was stopped before reporting"}
+            time.sleep(5.0)  # let the flood build up
+            if proc.poll() is not None:
+                raise SystemExit(f"the attacker exited with status {proc.returncode}")
+            for op in ("heartbeat", "health"):
+                out[f"{op} ({label})"] = rpc_load(address, tokens, names, op, args.calls, client_kwargs)
+        finally:
+            proc.terminate()
+            try:
+                stdout, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, _ = proc.communicate()
+        out[f"attack ({label})"] = json.loads(stdout) if stdout.strip() else {"note": "stopped before reporting"}
     return out
 
 
@@ -312,12 +322,13 @@ def main(argv=None) -> int:
     parser.add_argument("--attacker", metavar="ADDRESS", help=argparse.SUPPRESS)
     parser.add_argument("--attacker-token", help=argparse.SUPPRESS)
     parser.add_argument("--attacker-tls-ca", help=argparse.SUPPRESS)
+    parser.add_argument("--attack-kind", default="stalled", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "control.json"))
     args = parser.parse_args(argv)
     if args.attacker:  # the hostile site's process
         print(json.dumps(attacker(args.attacker, args.attacker_token, args.attack_seconds, args.attack_streams,
-                                  args.upload_mb, args.attacker_tls_ca)))
+                                  args.upload_mb, args.attacker_tls_ca, args.attack_kind)))
         return 0
     if args.quick:
         args.calls, args.upload_mb, args.repeats = 400, 4.0, 1
@@ -359,7 +370,8 @@ def main(argv=None) -> int:
     print(f"{'transport':<10} {'operation':<24} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for mode, run in results["runs"].items():
         for op in ("register", "heartbeat", "health", "register (1 client)", "heartbeat (1 client)",
-                   "heartbeat (under attack)", "health (under attack)"):
+                   "heartbeat (under attack)", "health (under attack)", "heartbeat (big uploads)",
+                   "health (big uploads)"):
             r = run[op]
             print(f"{mode:<10} {op:<24} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
                   f"{r['max_ms']:>8.1f}")
@@ -367,7 +379,8 @@ def main(argv=None) -> int:
             u = run["upload"][kind]
             label = f"upload {kind} {u['mb']:.0f} MB"
             print(f"{mode:<10} {label:<24} {u['mb_per_s']:>11.1f} MB/s")
-        print(f"{mode:<10} attacker's calls: {json.dumps(run['attack'], sort_keys=True)}")
+        for label in ("under attack", "big uploads"):
+            print(f"{mode:<10} attacker's calls ({label}): {json.dumps(run[f'attack ({label})'], sort_keys=True)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
