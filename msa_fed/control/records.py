@@ -17,9 +17,10 @@ ROLES = (ROLE_SITE, ROLE_ADMIN)
 KIND_PREDICTOR = "predictor"
 KIND_SAMPLE = "sample"
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # always used with fullmatch
-UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
-SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+# Anchored with \Z (``$`` would accept a trailing newline), and used with fullmatch.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def check_name(name: str, what: str = "site name") -> str:
