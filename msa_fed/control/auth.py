@@ -215,8 +215,10 @@ class Watchdog:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="registry-watchdog", daemon=True)
                 self._thread.start()
+            earliest = not self._heap or ticket.due() < self._heap[0][0]
             heapq.heappush(self._heap, (ticket.due(), next(self._seq), ticket))
-            self._cond.notify()
+            if earliest:  # the thread sleeps until the earliest due time; wake it only to sleep less
+                self._cond.notify()
         return ticket
 
     def stop(self) -> None:
