@@ -68,6 +68,8 @@ class MethodRule:
 
     roles: frozenset[str]
     transfer: bool = False
+    idle_s: float | None = None  # a transfer's own idle limit (None: Limits.transfer_idle_s), e.g. a long poll
+    deadline_s: float | None = None  # a transfer's own total limit (None: Limits.transfer_deadline_s)
 
 
 def service_rules(service: str, rules: dict[str, MethodRule]) -> dict[str, MethodRule]:
@@ -339,7 +341,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if not rule.transfer:
             return authed, principal, None
         self.slots.acquire(principal)
-        return authed, principal, self.watchdog.watch(context, f"{method.rsplit('/', 1)[-1]} of {principal}")
+        ticket = self.watchdog.watch(
+            context, f"{method.rsplit('/', 1)[-1]} of {principal}", idle_s=rule.idle_s, deadline_s=rule.deadline_s
+        )
+        return authed, principal, ticket
 
     def _read_one(self, requests, context, caller: Principal, ticket, method: str):
         """The single request message of a unary-request call, awaited within a deadline and a slot."""
