@@ -183,7 +183,7 @@ class TransferSlots:
 class _Ticket:
     """One watched transfer: cancelled by the watchdog when idle or past its deadline."""
 
-    __slots__ = ("context", "what", "deadline", "idle_s", "last", "reading", "done", "cut")
+    __slots__ = ("context", "cut", "deadline", "done", "idle_s", "last", "reading", "what")
 
     def __init__(self, context, what: str, deadline: float, idle_s: float):
         self.context, self.what, self.deadline, self.idle_s = context, what, deadline, idle_s

@@ -7,7 +7,6 @@ a library echo server files in its error text.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import select
@@ -26,7 +25,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 import msa_fed.cli as top_cli
 from msa_fed.artifacts.predictors import META_KIND, META_N_FEATURES
-from msa_fed.control import Limits, MemoryStore, Registry, RegistryClient, RegistryServer, SqliteStore, TlsConfig
+from msa_fed.control import (
+    Limits,
+    MemoryStore,
+    Registry,
+    RegistryClient,
+    RegistryServer,
+    SqliteStore,
+    TlsConfig,
+)
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.public import RETRY_AFTER_KEY
@@ -37,10 +44,6 @@ REPO = Path(__file__).resolve().parents[2]
 # Generous against a loaded machine: unhardened, the same calls waited past 5 s.
 ANSWER_WITHIN_S = 1.0
 SECRET = b"mft1.admin.admin.Zk9rT2xH3vQ8sN1pW4cY7uB0eJ6mD5aX"
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def md(token: str):
@@ -232,7 +235,7 @@ class ServerProcess:
     def __init__(self, workdir: Path, db: Path, *extra: str):
         self.log_path = workdir.parent / f"{workdir.name}.log"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(db), "--listen", "127.0.0.1:0",
              "--insecure", "--log-level", "INFO", *extra],
