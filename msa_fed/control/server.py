@@ -123,7 +123,20 @@ class RegistryServer:
         self.host, self._requested_port = check_transport(listen, tls, insecure)
         self.tls = tls
         self.insecure = insecure
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 2:
+            raise ConfigError(f"--workers must be an integer >= 2; got {max_workers!r}")
         self.max_workers = max_workers
+        limits = registry.limits
+        self.max_streams = limits.max_streams if limits.max_streams is not None else max(1, max_workers // 2)
+        # calls whose request message has not arrived yet, with a token and without (health checks)
+        self.max_pending_reads = self.max_anonymous_reads = max(2, max_workers // 8)
+        held = self.max_streams + self.max_pending_reads + self.max_anonymous_reads
+        if held >= max_workers:
+            raise ConfigError(
+                f"{self.max_streams} concurrent uploads/downloads and {2 * self.max_pending_reads} requests being "
+                f"received would leave no worker thread for heartbeats and health checks; use more than {held} "
+                "workers (--workers)"
+            )
         self.port: int | None = None
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
@@ -139,9 +152,14 @@ class RegistryServer:
         import onnx  # noqa: F401 - load the artifact checker's libraries now, not on the first upload
         import onnxruntime  # noqa: F401
 
+        self.interceptor = AuthInterceptor(
+            self.registry, bind_certificates=bool(self.tls is not None and self.tls.client_ca),
+            max_streams=self.max_streams, max_pending_reads=self.max_pending_reads,
+            max_anonymous_reads=self.max_anonymous_reads,
+        )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
-            interceptors=[AuthInterceptor(self.registry)],
+            interceptors=[self.interceptor],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -162,8 +180,10 @@ class RegistryServer:
             else:
                 port = server.add_secure_port(bind, server_credentials(self.tls))
         except RuntimeError as exc:
+            self.interceptor.close()
             raise ConfigError(f"--listen {bind!r}: cannot bind ({exc})") from None
         if not port:
+            self.interceptor.close()
             raise ConfigError(f"--listen {bind!r}: cannot bind (address in use or not local?)")
         server.start()
         for service in ("", SERVICE_NAME):
@@ -183,6 +203,7 @@ class RegistryServer:
             return
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        self.interceptor.close()
         self._server = None
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:

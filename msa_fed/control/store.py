@@ -53,6 +53,10 @@ class RegistryStore(abc.ABC):
     def token_states(self, role: str) -> dict[str, str]:
         """{principal: "active" | "revoked"} for every principal of ``role`` that ever had a token."""
 
+    @abc.abstractmethod
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        """The latest ``limit`` revoked (or replaced) tokens of (role, principal), newest first."""
+
     # sites --------------------------------------------------------------
     @abc.abstractmethod
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
@@ -119,6 +123,7 @@ class MemoryStore(RegistryStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokens: dict[tuple[str, str], TokenRecord | None] = {}  # None: revoked
+        self._revoked: dict[tuple[str, str], list[TokenRecord]] = {}  # newest first
         self._sites: dict[str, SiteRecord] = {}
         self._blobs: dict[str, bytes] = {}
         self._artifacts: list[ArtifactRecord] = []
@@ -126,7 +131,10 @@ class MemoryStore(RegistryStore):
 
     def put_token(self, record: TokenRecord) -> None:
         with self._lock:
-            self._tokens[(record.role, record.principal)] = record
+            key = (record.role, record.principal)
+            if self._tokens.get(key) is not None:
+                self._revoked.setdefault(key, []).insert(0, self._tokens[key])
+            self._tokens[key] = record
 
     def get_token(self, role: str, principal: str) -> TokenRecord | None:
         with self._lock:
@@ -134,10 +142,16 @@ class MemoryStore(RegistryStore):
 
     def revoke_tokens(self, role: str, principal: str, now: float) -> int:
         with self._lock:
-            active = self._tokens.get((role, principal)) is not None
+            current = self._tokens.get((role, principal))
+            if current is not None:
+                self._revoked.setdefault((role, principal), []).insert(0, current)
             if (role, principal) in self._tokens:
                 self._tokens[(role, principal)] = None
-            return int(active)
+            return int(current is not None)
+
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        with self._lock:
+            return list(self._revoked.get((role, principal), ())[:limit])
 
     def token_states(self, role: str) -> dict[str, str]:
         with self._lock:
