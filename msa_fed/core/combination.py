@@ -17,6 +17,11 @@ from scipy.special import logsumexp
 from msa_fed.core.dc_terms import PointSet
 
 
+def class_union(class_lists) -> np.ndarray:
+    """The sorted union of the predictors' classes (the columns of every probability output)."""
+    return np.unique(np.concatenate([np.asarray(c).reshape(-1) for c in class_lists]))
+
+
 def qhat_partial(Q: np.ndarray, n_sources: int) -> np.ndarray:
     """One site's share of Qhat(k): sum over its n_s points of pi_i Q(k | x_i), pi_i = 1/(p n_s).
 

@@ -36,6 +36,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.dc_homotopy import logit_path_run
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
+from msa_fed.core.options import Choice, Integer, Number, Optional, normalise, option
 from msa_fed.core.simplex import check_simplex, project_simplex
 
 
@@ -299,6 +300,56 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 # ---------------------------------------------------------------------------- driver
 METHODS = ("auto", "homotopy", "newton", "dca")
+OBJECTIVES = ("minmax", "gamma")
+#: the options that only the objective "gamma" uses (an error under "minmax")
+GAMMA_ONLY = ("method", "bound")
+
+
+class _Start(Optional):
+    """None, or a start point z0 (a sequence of numbers; checked against the simplex later)."""
+
+    def __init__(self):
+        self.expects = "a list of numbers on the simplex (or unset)"
+
+    def __call__(self, value):
+        if value is None:
+            return None
+        try:
+            z = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(self.expects) from None
+        if z.ndim != 1:
+            raise ValueError(self.expects)
+        return tuple(float(v) for v in z)
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """Options of the z solver (:func:`solve_dc`); each field's documentation is its ``doc``."""
+
+    objective: str = option("minmax", '"minmax": min over z of max_k L_k(z), the worst domain loss (SLSQP on the '
+                            'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming)', Choice(*OBJECTIVES))
+    method: str | None = option(None, 'objective "gamma" only: "auto" (default), "homotopy", "newton" or "dca"',
+                                Optional(Choice(*METHODS)))
+    tol: float = option(1e-9, "stop when Gamma(z) <= tol (a global optimality test)", Number(0.0))
+    max_iter: int = option(200, "iterations per run (a ConvergenceWarning when reached)", Integer(1))
+    n_restarts: int = option(4, "random simplex starts tried after the first one, only while not converged",
+                             Integer(0))
+    bound: str | None = option(None, 'objective "gamma", squared loss only: "pointwise" (default; M_i per point, '
+                               'tighter) or "global" (one M)', Optional(Choice("pointwise", "global")))
+    z0: tuple | None = option(None, "first start instead of the uniform point", _Start())
+
+    def validate(self) -> "SolverConfig":
+        """Every field checked; an option the objective does not use is a ValueError naming it."""
+        normalise(self)
+        if self.objective == "minmax":
+            given = [name for name in GAMMA_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{given[0]}={getattr(self, given[0])!r} applies only to objective='gamma'; "
+                                 "objective='minmax' solves by SLSQP on the epigraph")
+        return self
+
+
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
 
@@ -351,39 +402,38 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
     return best, runs
 
 
-def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
-             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
+def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", method: str | None = None,
+             tol: float = 1e-9, max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str | None = None,
              z0: np.ndarray | None = None, callback: Callable | None = None,
              warn: bool = True) -> DCResult:
-    """Minimise Gamma over the simplex.
+    """Solve for z over the simplex: min max_k L_k(z) (default) or min Gamma(z).
+
+    The options are those of :class:`SolverConfig` (same names, same checks).
 
     Parameters
     ----------
     oracle : LossOracle giving sums over all labelled points (local or distributed).
     eta : smoothing, >= 0.
-    objective : "gamma" (the paper: min Gamma) or "minmax" (min max_k L_k, the worst-case loss
-        over the domains, by SLSQP on the epigraph; ``method`` is ignored).
-    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it
-        fails: Newton then DCA from its best point, then Newton from random starts),
-        "homotopy", "newton" (active-set Newton from each start) or "dca" (the paper's
-        algorithm from each start).
+    objective : "minmax" (min max_k L_k, the worst-case loss over the domains, by SLSQP on
+        the epigraph) or "gamma" (the paper: min Gamma).
+    method : objective "gamma" only (an error under "minmax"): "auto" (default; the logit-path
+        homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it fails: Newton then DCA from its
+        best point, then Newton from random starts), "homotopy", "newton" (active-set Newton from
+        each start) or "dca" (the paper's algorithm from each start).
     tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
     max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
     n_restarts : random simplex starts tried after the first one, only while not converged.
-    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
+    bound : objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter)
+        or "global" (one M).
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
     callback : called as callback(iteration, z, gamma) after each accepted iterate.
     """
-    if objective not in ("gamma", "minmax"):
-        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    if bound not in ("pointwise", "global"):
-        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
+    cfg = SolverConfig(objective=objective, method=method, tol=tol, max_iter=max_iter, n_restarts=n_restarts,
+                       bound=bound, z0=None if z0 is None else z0).validate()
+    objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
+    method, bound = cfg.method or "auto", cfg.bound or "pointwise"
     if not (np.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
-        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}")
     p = int(oracle.n_sources)
     rng = np.random.default_rng(random_state)
     global_bound = oracle.max_bound() if bound == "global" else None

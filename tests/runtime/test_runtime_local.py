@@ -12,7 +12,8 @@ from msa_fed.core.domain_classifier import ClassifierConfig, MaxentShard, train_
 from msa_fed.core.features import StandardFeatures
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.runtime import messages as m
-from msa_fed.runtime.coordinator import Coordinator, RunConfig
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
 from msa_fed.runtime.shards import RowShard, minibatch_indices, split_rows
 from msa_fed.runtime.site import SiteWorker
@@ -73,7 +74,7 @@ def test_workers_per_site_equals_single_process(sites, options):
     """Data-parallel training over 3 workers per site = in-process training on the pooled sample."""
     ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
     ref = train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
-    cfg = RunConfig(classifier=ccfg)
+    cfg = FitConfig(classifier=ccfg)
     rec = m.Recorder()
     backend = LocalSites(site_kwargs(sites), workers_per_site=3)
     with Coordinator(backend, [s.predictor for s in sites], cfg, recorder=rec) as c:
@@ -93,7 +94,7 @@ def test_site_refuses_to_aggregate_below_its_minimum(sites):
     """The site itself enforces its minimum, whatever the coordinator is configured with."""
     kwargs = site_kwargs(sites)
     kwargs[1]["min_points"] = 60  # site 'b' has 53 labelled points
-    cfg = RunConfig(min_points=20)
+    cfg = FitConfig(min_points=20)
     with pytest.raises(PrivacyError, match=r"site 'b' refuses to aggregate over 53 labelled points.*minimum of 60"):
         with Coordinator(LocalSites(kwargs), [s.predictor for s in sites], cfg) as c:
             c.fit()
