@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from msa_fed.core.combination import PROBA_ATOL
 from msa_fed.errors import ArtifactError, ConfigError
 
 KIND_REGRESSION = "regression"
@@ -49,7 +50,6 @@ ALLOWED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 PROBE_ROWS = 16
 PROBE_SEED = 0
 PROBE_TIMEOUT_S = 10.0
-PROBA_ATOL = 1e-3  # float32 probabilities: rows sum to 1 within this
 
 
 def sha256_hex(data: bytes) -> str:

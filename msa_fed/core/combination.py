@@ -14,7 +14,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-from msa_fed.core.dc_terms import PointSet
+from msa_fed.core.dc_terms import PROB_FLOOR, PointSet
+
+
+#: how far a predictor's probabilities may be from a distribution: rows sum to 1 within this and
+#: no entry is below -PROBA_ATOL (float32 models, e.g. ONNX, round at about 1e-7 per entry)
+PROBA_ATOL = 1e-3
 
 
 def class_union(class_lists) -> np.ndarray:
@@ -66,8 +71,14 @@ def combine_regression(weights: np.ndarray, H: np.ndarray) -> np.ndarray:
 
 
 def combine_proba(weights: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c)."""
-    return np.einsum("nk,nkc->nc", weights, P)
+    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c).
+
+    Each h_k(x, y) is floored at :data:`msa_fed.core.dc_terms.PROB_FLOOR` first, as the losses
+    and the solver floor it (so the model's own log-loss is the loss the solver minimised), and
+    the rows are renormalised (the floor adds at most c * PROB_FLOOR to a row).
+    """
+    g = np.einsum("nk,nkc->nc", weights, np.maximum(P, PROB_FLOOR))
+    return g / g.sum(axis=1, keepdims=True)
 
 
 def paper_z(z: np.ndarray, qhat: np.ndarray) -> np.ndarray:
