@@ -186,3 +186,12 @@ def test_manifest_missing_a_key_is_an_artifact_error(sites, tmp_path):
     manifest["domain_model"]["kind"] = "maxent"
     (path / "manifest.json").write_text(json.dumps(manifest))
     assert isinstance(load_model(path), msa_fed.CombinedModel)
+
+
+def test_the_light_config_module_knows_the_feature_maps():
+    """core.config lists the feature maps without importing them (job files are checked
+    without torch or scikit-learn); the list is the real one."""
+    from msa_fed.core.config import FEATURE_NAMES
+    from msa_fed.core.features import FEATURE_MAPS
+
+    assert FEATURE_NAMES == tuple(FEATURE_MAPS)

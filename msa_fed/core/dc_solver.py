@@ -36,7 +36,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.dc_homotopy import logit_path_run
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
-from msa_fed.core.options import Choice, Integer, Number, Optional, normalise, option
+from msa_fed.core.config import METHODS, SolverConfig  # noqa: F401 - METHODS re-exported
 from msa_fed.core.simplex import check_simplex, project_simplex
 
 
@@ -299,57 +299,6 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- driver
-METHODS = ("auto", "homotopy", "newton", "dca")
-OBJECTIVES = ("minmax", "gamma")
-#: the options that only the objective "gamma" uses (an error under "minmax")
-GAMMA_ONLY = ("method", "bound")
-
-
-class _Start(Optional):
-    """None, or a start point z0 (a sequence of numbers; checked against the simplex later)."""
-
-    def __init__(self):
-        self.expects = "a list of numbers on the simplex (or unset)"
-
-    def __call__(self, value):
-        if value is None:
-            return None
-        try:
-            z = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(self.expects) from None
-        if z.ndim != 1:
-            raise ValueError(self.expects)
-        return tuple(float(v) for v in z)
-
-
-@dataclass(frozen=True)
-class SolverConfig:
-    """Options of the z solver (:func:`solve_dc`); each field's documentation is its ``doc``."""
-
-    objective: str = option("minmax", '"minmax": min over z of max_k L_k(z), the worst domain loss (SLSQP on the '
-                            'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming)', Choice(*OBJECTIVES))
-    method: str | None = option(None, 'objective "gamma" only: "auto" (default), "homotopy", "newton" or "dca"',
-                                Optional(Choice(*METHODS)))
-    tol: float = option(1e-9, "stop when Gamma(z) <= tol (a global optimality test)", Number(0.0))
-    max_iter: int = option(200, "iterations per run (a ConvergenceWarning when reached)", Integer(1))
-    n_restarts: int = option(4, "random simplex starts tried after the first one, only while not converged",
-                             Integer(0))
-    bound: str | None = option(None, 'objective "gamma", squared loss only: "pointwise" (default; M_i per point, '
-                               'tighter) or "global" (one M)', Optional(Choice("pointwise", "global")))
-    z0: tuple | None = option(None, "first start instead of the uniform point", _Start())
-
-    def validate(self) -> "SolverConfig":
-        """Every field checked; an option the objective does not use is a ValueError naming it."""
-        normalise(self)
-        if self.objective == "minmax":
-            given = [name for name in GAMMA_ONLY if getattr(self, name) is not None]
-            if given:
-                raise ValueError(f"{given[0]}={getattr(self, given[0])!r} applies only to objective='gamma'; "
-                                 "objective='minmax' solves by SLSQP on the epigraph")
-        return self
-
-
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -26,34 +25,8 @@ import torch
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
+from msa_fed.core.config import ClassifierConfig
 from msa_fed.core.dc_terms import one_blas_thread
-from msa_fed.core.options import Choice, Integer, Number, Text, normalise, option
-
-
-@dataclass(frozen=True)
-class ClassifierConfig:
-    """Hyper-parameters of the domain classifier; each field's documentation is its ``doc``."""
-
-    mu: float = option(1e-3, "L2 weight of the classifier (> 0); small: the domains are usually well separated",
-                       Number(0.0, open_low=True))
-    optimizer: str = option("lbfgs", '"lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples',
-                            Choice("lbfgs", "sgd"))
-    max_iter: int = option(1000, "L-BFGS iterations (rarely reached)", Integer(1))
-    tol: float = option(1e-9, "L-BFGS relative objective tolerance (ftol)", Number(0.0))
-    gtol: float = option(1e-7, "L-BFGS projected-gradient tolerance", Number(0.0))
-    epochs: int = option(20, "SGD epochs over the largest shard", Integer(1))
-    batch_size: int = option(256, "SGD mini-batch per shard", Integer(1))
-    lr: float = option(0.05, "SGD (Adam) initial learning rate, cosine-decayed to 0", Number(0.0, open_low=True))
-    device: str = option("cpu", "torch device for the shard computations", Text(nonempty=True))
-    #: products in float32, sums across row blocks in float64: final objective within ~2e-9
-    #: relative of float64's, 1.6-2.1x faster per evaluation, half the memory (benchmarks/bench_core.py)
-    dtype: str = option("float32", "precision of the shard products", Choice("float64", "float32"))
-
-    def validate(self) -> "ClassifierConfig":
-        """Every field checked (TypeError / ValueError naming it); returns self."""
-        normalise(self)
-        _parse_device(self.device)  # the string only: whether a GPU is there is checked where the shards live
-        return self
 
 
 def n_params(n_features: int, n_sources: int) -> int:

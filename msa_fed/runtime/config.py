@@ -20,9 +20,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from msa_fed.core.dc_solver import SolverConfig
-from msa_fed.core.domain_classifier import ClassifierConfig
-from msa_fed.core.features import FEATURE_MAPS
+from msa_fed.core.config import FEATURE_NAMES, ClassifierConfig, SolverConfig
 from msa_fed.core.options import (Check, Choice, Flag, Integer, Number, Optional, Text, check_value, normalise,
                                   option)
 
@@ -47,18 +45,18 @@ class _Features(Check):
     """A built-in feature map's name, a (name, {options}) pair, or a transformer object
     (fit/transform); None (raw inputs) only for GMSA (checked by FitConfig)."""
 
-    expects = (f"one of {', '.join(repr(n) for n in FEATURE_MAPS)}, a (name, options) pair or a "
+    expects = (f"one of {', '.join(repr(n) for n in FEATURE_NAMES)}, a (name, options) pair or a "
                "transformer with fit/transform")
 
     def __call__(self, value):
         if value is None or (isinstance(value, str) and value == "none"):
             return None
         if isinstance(value, str):
-            if value not in FEATURE_MAPS:
+            if value not in FEATURE_NAMES:
                 raise ValueError(self.expects)
             return value
         if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str):
-            if value[0] not in FEATURE_MAPS or not isinstance(value[1], Mapping):
+            if value[0] not in FEATURE_NAMES or not isinstance(value[1], Mapping):
                 raise ValueError(self.expects)
             return (value[0], dict(value[1]))
         if callable(getattr(value, "fit", None)) and callable(getattr(value, "transform", None)):
@@ -115,7 +113,7 @@ class RayConfig:
     """How the Ray runtime runs the sites (``runtime="ray"`` and the cluster topology)."""
 
     address: str | None = option(None, 'Ray cluster to attach to ("HOST:PORT", "ray://HOST:PORT"); unset: '
-                                 "RAY_ADDRESS if set, else a new local Ray bound to 127.0.0.1",
+                                 "RAY_ADDRESS if set, else a new local Ray",
                                  Optional(Text(nonempty=True)))
     num_cpus: float | None = option(None, "CPUs each actor reserves; unset: an even share of half the site's node, "
                                     "at most 1", Optional(Number(0.0)))
