@@ -154,8 +154,8 @@ def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", *, feature
     ``verbose``, ``bandwidth``, ``checkpoint_dir``); besides them:
 
     mu : L2 weight of the classifier (> 0), :attr:`ClassifierConfig.mu`.
-    classifier_options : the other fields of :class:`msa_fed.core.domain_classifier.ClassifierConfig`.
-    solver_options : fields of :class:`msa_fed.core.dc_solver.SolverConfig` (objective, method,
+    classifier_options : the other fields of :class:`msa_fed.core.config.ClassifierConfig`.
+    solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
         tol, max_iter, n_restarts, bound, z0).
     ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
     recorder : a :class:`msa_fed.runtime.messages.Recorder` capturing every boundary message.

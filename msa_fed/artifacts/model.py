@@ -29,6 +29,11 @@ MANIFEST_KEYS = ("method", "task", "sites", "n_features", "z", "eta", "qhat", "g
                  "classes", "info", "feature_map", "domain_model", "predictor_sha256")
 
 
+def predictor_kind(task: str) -> str:
+    """What the safe loader checks a frozen predictor's outputs as, for ``task``."""
+    return "regression" if task == "regression" else "probabilities"
+
+
 def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
     """X as a float64 (n, d) array, or a ValueError naming the problem."""
     X = np.asarray(X, dtype=np.float64)
@@ -207,7 +212,7 @@ def load_model(path) -> CombinedModel:
         data = (path / "predictors" / f"{k}.onnx").read_bytes()
         predictors.append(load_predictor(
             data, expected_sha256=manifest["predictor_sha256"][k], n_features=manifest["n_features"],
-            kind="regression" if task == "regression" else "probabilities"))
+            kind=predictor_kind(task)))
     return CombinedModel(
         method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,

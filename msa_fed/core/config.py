@@ -13,6 +13,17 @@ import numpy as np
 
 from msa_fed.core.options import Choice, Integer, Number, Optional, Text, normalise, option
 
+#: the two tasks: a probability model with the cross-entropy, a regression model with the squared loss
+TASKS = ("classification", "regression")
+
+
+def task_loss(task: str) -> str:
+    """The loss of ``task`` (a ValueError naming it for anything else)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(repr(t) for t in TASKS)}; got {task!r}")
+    return "cross_entropy" if task == "classification" else "squared"
+
+
 #: the built-in feature maps of the domain model (msa_fed.core.features.FEATURE_MAPS)
 FEATURE_NAMES = ("standard", "onehot", "threshold", "rff")
 

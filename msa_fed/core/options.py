@@ -1,7 +1,7 @@
 """Declared, checked option fields for the frozen configuration dataclasses.
 
-Each field of a configuration dataclass (:class:`msa_fed.core.domain_classifier.ClassifierConfig`,
-:class:`msa_fed.core.dc_solver.SolverConfig`, the runtime's and the job file's) is declared
+Each field of a configuration dataclass (:class:`msa_fed.core.config.ClassifierConfig`,
+:class:`msa_fed.core.config.SolverConfig`, the runtime's and the job file's) is declared
 with :func:`option`: its default, its one-line documentation and a check.  :func:`check_fields`
 runs every check (a wrong type is a ``TypeError``, a value out of range a ``ValueError``, each
 naming the field) and :func:`from_mapping` builds a config from a dict (API keyword options,

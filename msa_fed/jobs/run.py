@@ -27,18 +27,13 @@ from typing import Any, Callable
 import numpy as np
 
 from msa_fed import __version__
-from msa_fed.artifacts.model import CombinedModel, load_model
+from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.site import SiteWorker
-
-
-def predictor_kind(task: str) -> str:
-    """What the safe loader expects of a site's ONNX predictor for ``task``."""
-    return "regression" if task == "regression" else "probabilities"
 
 
 class JobSiteWorker(SiteWorker):

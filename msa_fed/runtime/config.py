@@ -1,8 +1,8 @@
 """The configuration tree of a fit, built once at the edge and validated in one place.
 
     FitConfig
-      classifier : msa_fed.core.domain_classifier.ClassifierConfig   (the domain classifier)
-      solver     : msa_fed.core.dc_solver.SolverConfig               (the z solver)
+      classifier : msa_fed.core.config.ClassifierConfig   (the domain classifier)
+      solver     : msa_fed.core.config.SolverConfig       (the z solver)
       ray        : RayConfig                                          (runtime="ray" / the cluster topology)
       task, method, features, eta, random_state, min_points, ...      (the run)
 
@@ -16,15 +16,13 @@ naming the key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from msa_fed.core.config import FEATURE_NAMES, ClassifierConfig, SolverConfig
-from msa_fed.core.options import (Check, Choice, Flag, Integer, Number, Optional, Text, check_value, normalise,
-                                  option)
+from msa_fed.core.config import FEATURE_NAMES, TASKS, ClassifierConfig, SolverConfig, task_loss
+from msa_fed.core.options import Check, Choice, Flag, Integer, Number, Optional, Text, normalise, option
 
-TASKS = ("classification", "regression")
 METHODS = ("dmsa", "gmsa")
 RUNTIMES = ("local", "ray")
 #: how the job reaches its sites: "federated" (each site runs its own agent process and
@@ -32,13 +30,6 @@ RUNTIMES = ("local", "ray")
 TOPOLOGIES = ("federated", "cluster")
 #: how the per-round calls of the Ray runtime travel (see msa_fed.runtime.channel)
 DATA_CHANNELS = ("tls", "plain", "off")
-
-
-def task_loss(task: str) -> str:
-    """The loss of a task: cross-entropy for classification, squared for regression."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(repr(t) for t in TASKS)}; got {task!r}")
-    return "cross_entropy" if task == "classification" else "squared"
 
 
 class _Features(Check):
@@ -193,8 +184,4 @@ class FitConfig:
         return self
 
 
-def field_names(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
-__all__ = ["FitConfig", "RayConfig", "ClassifierConfig", "SolverConfig", "task_loss", "check_value"]
+__all__ = ["FitConfig", "RayConfig", "ClassifierConfig", "SolverConfig", "task_loss"]

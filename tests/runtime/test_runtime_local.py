@@ -195,3 +195,84 @@ def test_messages_round_trip_through_their_compact_form(sites):
     assert pickle.loads(pickle.dumps(msgs[1])).sums.n == 41
     assert len(pickle.dumps(msgs[1])) < 600  # compact: no per-array pickle machinery
     assert SiteWorker(**site_kwargs(sites)[0]).ping().node_id == ""  # no Ray here
+
+
+def test_backends_implement_the_protocol_and_never_call_the_coordinator(sites):
+    """Both backends expose the methods of runtime.backend.Backend, and none of their code
+    refers to a coordinator: what they need (recorder, set-up log) is given at start."""
+    import ast
+    import inspect
+
+    from msa_fed.runtime import local, ray_actors, ray_sites
+    from msa_fed.runtime.backend import Backend
+    from msa_fed.runtime.ray_sites import RaySites
+
+    assert isinstance(LocalSites(site_kwargs(sites)), Backend)
+    assert isinstance(RaySites(site_kwargs(sites)), Backend)  # no Ray needed to build it
+    for module in (local, ray_sites, ray_actors):
+        tree = ast.parse(inspect.getsource(module))
+        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        assert not {"coordinator", "replay_setup", "Coordinator"} & names, module.__name__
+    with pytest.raises(ValueError, match=r"RaySites: unknown key\(s\) \['bogus'\]"):
+        RaySites(site_kwargs(sites), bogus=1)
+    with pytest.raises(ValueError, match="RaySites: max_restarts must be an integer >= 0; got -1"):
+        RaySites(site_kwargs(sites), max_restarts=-1)
+
+
+def test_setup_log_keeps_the_latest_message_per_method_in_order():
+    from msa_fed.runtime.backend import SetupLog
+
+    log = SetupLog()
+    log.add("setup_shard", 1)
+    log.add("set_domain_model", 2)
+    log.add("set_qhat", 3)
+    log.add("set_domain_model", 4)
+    assert log.entries() == [("setup_shard", 1), ("set_qhat", 3), ("set_domain_model", 4)]
+    assert log.get("set_qhat") == 3 and log.get("missing") is None
+    log.clear()
+    assert log.entries() == []
+
+
+def test_checkpoint_file_belongs_to_one_problem(tmp_path):
+    from msa_fed.runtime.checkpoint import FILE_NAME, Checkpoint
+
+    ck = Checkpoint(tmp_path / "new")
+    assert ck.bind("aaaa") == {}
+    ck.update(theta=[1.0, 2.0])
+    ck.update(z=[0.5, 0.5], iteration=3)
+    assert not (tmp_path / "new" / (FILE_NAME + ".tmp")).exists()
+    again = Checkpoint(tmp_path / "new")
+    assert again.bind("aaaa") == {"theta": [1.0, 2.0], "z": [0.5, 0.5], "iteration": 3}
+    assert Checkpoint(tmp_path / "new").bind("bbbb") == {}  # another problem's state is ignored
+    (tmp_path / "new" / FILE_NAME).write_text("{not json")
+    with pytest.raises(ConfigError, match=r"checkpoint .*dc_state.json' is unreadable"):
+        Checkpoint(tmp_path / "new").bind("aaaa")
+    off = Checkpoint(None)
+    assert off.bind("aaaa") == {} and off.update(z=[1.0]) is None and not off.enabled
+
+
+def test_local_run_resumes_from_its_checkpoint(sites, tmp_path):
+    first = msa_fed.fit_dmsa(sites, checkpoint_dir=tmp_path)
+    assert "resumed" not in first.info["classifier"]
+    again = msa_fed.fit_dmsa(sites, checkpoint_dir=tmp_path)
+    assert again.info["classifier"] == {"resumed": True}
+    np.testing.assert_allclose(again.domain_model.theta_, first.domain_model.theta_, rtol=0, atol=0)
+    np.testing.assert_allclose(again.z, first.z, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["dmsa", "gmsa"])
+def test_domain_models_cross_as_their_own_state(sites, method):
+    """The coordinator's message carries a domain model as its get_state; the site rebuilds it
+    with from_state and computes the same Q(k | x)."""
+    fit = msa_fed.fit_dmsa if method == "dmsa" else msa_fed.fit_gmsa
+    dm = fit(sites).domain_model
+    spec = m.domain_model_spec(dm, len(sites))
+    assert spec.kind == type(dm).kind
+    back = m.domain_model_from_spec(spec)
+    assert type(back) is type(dm)
+    X = np.vstack([s.X_labeled for s in sites])
+    np.testing.assert_array_equal(back.predict_proba(X), dm.predict_proba(X))
+    with pytest.raises(ValueError, match="unknown domain model kind 'tree'"):
+        m.domain_model_from_spec(m.DomainModelSpec(kind="tree", n_sources=3))
