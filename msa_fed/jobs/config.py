@@ -195,6 +195,7 @@ def from_document(doc: dict, **overrides) -> JobConfig:
         for key, value in content.items():
             target, name = keys[key]
             values[target][name] = _checked(target, name, value, f"[{table}] {key}")
+    _check_topology_keys(doc.get("run", {}), values[_FIT].get("topology", FitConfig().topology))
     origin = {}
     flags = {"registry": "--registry", "tls_ca": "--tls-ca", "insecure": "--insecure",
              "admin_token_file": "--admin-token-file"}
@@ -207,6 +208,16 @@ def from_document(doc: dict, **overrides) -> JobConfig:
     fit = FitConfig(runtime="ray", classifier=ClassifierConfig(**values[_CLASSIFIER]),
                     solver=SolverConfig(**values[_SOLVER]), ray=RayConfig(**values[_RAY]), **values[_FIT])
     return JobConfig(fit=fit, origin=origin, **values[_JOB]).validate()
+
+
+#: [run] keys that only one topology uses: giving one under the other is an error, not ignored
+TOPOLOGY_ONLY = {"ray_address": "cluster", "data_channel": "cluster", "site_timeout_s": "federated"}
+
+
+def _check_topology_keys(run: dict, topology: str) -> None:
+    for key, only in TOPOLOGY_ONLY.items():
+        if key in run and topology != only:
+            raise ConfigError(f"[run] {key} applies only to topology = {only!r}; this job's topology is {topology!r}")
 
 
 def _checked(target: str, name: str, value, label: str):
@@ -234,4 +245,16 @@ def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
         raise ConfigError(f"{what}: {path!r} is unreadable ({exc})") from None
     if not token:
         raise ConfigError(f"{what}: {path!r} is empty")
+    check_admin_token(token, what)
     return token
+
+
+def check_admin_token(token: str, what: str = "the admin token") -> None:
+    """A site's token given where the admin token belongs is named as such (the registry would
+    only answer that the sites are not visible to it)."""
+    from msa_fed.control.tokens import parse_token
+
+    parsed = parse_token(token)
+    if parsed is not None and parsed[0].role != "admin":
+        raise ConfigError(f"{what} holds a token of {parsed[0]}, not an admin token; the job needs the "
+                          "registry's admin token (msa-fed admin issue-token --admin)")

@@ -33,7 +33,6 @@ min_points = 5
 sites = ["a", "b"]
 site_data = "{{site}}.npz"
 topology = "cluster"
-site_timeout_s = 12.5
 ray_address = "127.0.0.1:6380"
 data_channel = "off"
 [classifier]
@@ -68,7 +67,7 @@ def test_every_table_reaches_the_config_tree(tmp_path):
     assert fit.classifier.mu == 0.01 and fit.classifier.optimizer == "sgd" and fit.classifier.epochs == 3
     assert fit.classifier.lr == 0.1
     assert fit.solver == SolverConfig(objective="gamma", method="dca", max_iter=50)
-    assert fit.min_points == 5 and fit.topology == "cluster" and fit.site_timeout_s == 12.5
+    assert fit.min_points == 5 and fit.topology == "cluster"
     assert fit.ray.address == "127.0.0.1:6380" and fit.ray.data_channel == "off"
 
 
@@ -77,6 +76,9 @@ def test_defaults(tmp_path):
     assert job.fit.topology == "federated" and job.fit.site_timeout_s == 60.0
     assert job.fit.solver.objective == "minmax" and job.fit.solver.method is None
     assert job.fit.classifier.mu == 1e-3 and job.fit.min_points == 20 and job.sites == ()
+    federated = JobConfig.from_toml(write(tmp_path, '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'
+                                                    '[run]\nsite_timeout_s = 12.5\n', "federated.toml"))
+    assert federated.fit.topology == "federated" and federated.fit.site_timeout_s == 12.5
 
 
 BAD = [
@@ -90,6 +92,10 @@ BAD = [
     ("[run]\nsite_timeout_s = 0", r"\[run\] site_timeout_s must be a number > 0; got 0"),
     ('[run]\ndata_channel = "udp"', r"\[run\] data_channel must be one of 'tls', 'plain', 'off'"),
     ("[run]\nray_address = 5", r"\[run\] ray_address must be a non-empty string"),
+    ('[run]\nray_address = "h:1"', r"\[run\] ray_address applies only to topology = 'cluster'; this job's topology "
+                                   r"is 'federated'"),
+    ('[run]\ntopology = "cluster"\nsite_timeout_s = 5', r"\[run\] site_timeout_s applies only to topology = "
+                                                        r"'federated'"),
     ("[model]\neta = -1.0", r"\[model\] eta must be a number >= 0; got -1.0"),
     ('[model]\nrandom_state = "x"', r"\[model\] random_state must be an integer >= 0; got 'x'"),
     ('[model]\ntask = "ranking"', r"\[model\] task must be one of 'classification', 'regression'"),
@@ -214,3 +220,21 @@ def test_example_job_files_are_valid_and_use_explicit_addresses(path):
     doc["registry"].pop("tls_ca", None)
     job = from_document(doc)
     assert job.fit.topology == "cluster" and job.fit.ray.address == doc["run"]["ray_address"]
+
+
+def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
+    from msa_fed.control.tokens import new_token
+
+    site_token, _ = new_token("site", "east", 0.0)
+    admin_token, _ = new_token("admin", "operator", 0.0)
+    f = tmp_path / "token"
+    f.write_text(site_token + "\n")
+    with pytest.raises(ConfigError, match=r"--admin-token-file holds a token of site 'east', not an admin token"):
+        read_token_file(str(f))
+    f.write_text(admin_token)
+    assert read_token_file(str(f)) == admin_token
+    job = write(tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n')
+    out = run_cli("run", "--job", str(job), "--admin-token", site_token)
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("error: --admin-token holds a token of site 'east', not an admin token; the job "
+                                  "needs the registry's admin token (msa-fed admin issue-token --admin)")
