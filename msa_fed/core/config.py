@@ -8,6 +8,7 @@ without loading either.  Each field is declared with its documentation and its c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,10 +67,10 @@ GAMMA_ONLY = ("method", "bound")
 class _Start(Optional):
     """None, or a start point z0 (a sequence of numbers; checked against the simplex later)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.expects = "a list of numbers on the simplex (or unset)"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if value is None:
             return None
         try:
@@ -95,7 +96,7 @@ class SolverConfig:
                              Integer(0))
     bound: str | None = option(None, 'objective "gamma", squared loss only: "pointwise" (default; M_i per point, '
                                'tighter) or "global" (one M)', Optional(Choice("pointwise", "global")))
-    z0: tuple | None = option(None, "first start instead of the uniform point", _Start())
+    z0: tuple[float, ...] | None = option(None, "first start instead of the uniform point", _Start())
 
     def validate(self) -> "SolverConfig":
         """Every field checked; an option the objective does not use is a ValueError naming it."""

@@ -10,6 +10,7 @@ the site itself all go through :func:`domain_model_state` / :func:`domain_model_
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 #: kind -> (module, class); imported on first use, so that a site loads only what its domain
 #: model needs (the Maxent classifier's module imports torch, the KDE's scikit-learn)
@@ -19,14 +20,14 @@ KINDS = {
 }
 
 
-def domain_model_class(kind: str):
+def domain_model_class(kind: str) -> Any:
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown domain model kind {kind!r}; expected one of {sorted(KINDS)}")
     module, name = KINDS[kind]
     return getattr(importlib.import_module(module), name)
 
 
-def domain_model_state(model) -> tuple[str, dict, dict]:
+def domain_model_state(model: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(kind, params, arrays) of a fitted domain model (its feature map is not included)."""
     kind = getattr(type(model), "kind", None)
     if kind not in KINDS or not callable(getattr(model, "get_state", None)):
@@ -35,6 +36,7 @@ def domain_model_state(model) -> tuple[str, dict, dict]:
     return kind, params, arrays
 
 
-def domain_model_from_state(kind: str, params: dict, arrays: dict, feature_map, n_sources: int):
+def domain_model_from_state(kind: str, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
+                            n_sources: int) -> Any:
     """The domain model written by :func:`domain_model_state`."""
     return domain_model_class(kind).from_state(params, arrays, feature_map, n_sources)

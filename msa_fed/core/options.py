@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import MISSING, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
+
+T = TypeVar("T")
 
 _CHECK, _DOC = "check", "doc"
 
@@ -24,11 +26,11 @@ class Check:
 
     expects = "a value"
 
-    def __call__(self, value):  # pragma: no cover - every subclass overrides it
+    def __call__(self, value: Any) -> Any:  # pragma: no cover - every subclass overrides it
         return value
 
 
-def _is_number(value) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -36,7 +38,7 @@ class Number(Check):
     """A finite real number, optionally bounded (``low``/``high``, ``open_low`` for > low)."""
 
     def __init__(self, low: float | None = None, high: float | None = None, *, open_low: bool = False,
-                 open_high: bool = False):
+                 open_high: bool = False) -> None:
         self.low, self.high, self.open_low, self.open_high = low, high, open_low, open_high
         parts = []
         if low is not None:
@@ -45,7 +47,7 @@ class Number(Check):
             parts.append(f"{'<' if open_high else '<='} {high:g}")
         self.expects = "a number" + (" " + " and ".join(parts) if parts else "")
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if not _is_number(value):
             raise TypeError(self.expects)
         value = float(value)
@@ -62,11 +64,11 @@ class Number(Check):
 class Integer(Check):
     """An int (not a bool, not a float), optionally >= ``low``."""
 
-    def __init__(self, low: int | None = None):
+    def __init__(self, low: int | None = None) -> None:
         self.low = low
         self.expects = "an integer" + (f" >= {low}" if low is not None else "")
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise TypeError(self.expects)
         value = int(value)
@@ -78,11 +80,11 @@ class Integer(Check):
 class Choice(Check):
     """One of a fixed set of strings."""
 
-    def __init__(self, *choices: str):
+    def __init__(self, *choices: str) -> None:
         self.choices = choices
         self.expects = "one of " + ", ".join(repr(c) for c in choices)
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if not isinstance(value, str):
             raise TypeError(self.expects)
         if value not in self.choices:
@@ -93,13 +95,13 @@ class Choice(Check):
 class Text(Check):
     """A string; ``nonempty`` refuses ""; ``contains`` must appear in it."""
 
-    def __init__(self, *, nonempty: bool = False, contains: str | None = None):
+    def __init__(self, *, nonempty: bool = False, contains: str | None = None) -> None:
         self.nonempty, self.contains = nonempty, contains
         self.expects = "a non-empty string" if nonempty else "a string"
         if contains:
             self.expects += f" containing {contains!r}"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if not isinstance(value, str):
             raise TypeError(self.expects)
         if (self.nonempty and not value) or (self.contains and self.contains not in value):
@@ -110,7 +112,7 @@ class Text(Check):
 class Flag(Check):
     expects = "true or false"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if not isinstance(value, bool):
             raise TypeError(self.expects)
         return value
@@ -122,7 +124,7 @@ class TextList(Check):
 
     expects = "a list of non-empty strings"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise TypeError(self.expects)
         if not all(isinstance(v, str) and v for v in value):
@@ -133,44 +135,44 @@ class TextList(Check):
 class Optional(Check):
     """None, or what ``inner`` accepts."""
 
-    def __init__(self, inner: Check):
+    def __init__(self, inner: Check) -> None:
         self.inner = inner
         self.expects = f"{inner.expects} (or unset)"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         return None if value is None else self.inner(value)
 
 
 class Any_(Check):
     """Anything (checked elsewhere, e.g. a feature-map object)."""
 
-    def __init__(self, expects: str = "a value"):
+    def __init__(self, expects: str = "a value") -> None:
         self.expects = expects
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         return value
 
 
 def option(default: Any = MISSING, doc: str = "", check: Check | None = None, *,
-           default_factory: Callable | None = None):
+           default_factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with its documentation and check (see the module docstring)."""
-    meta = {_DOC: doc, _CHECK: check or Any_()}
+    meta: dict[str, Any] = {_DOC: doc, _CHECK: check or Any_()}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def field_doc(cls, name: str) -> str:
+def field_doc(cls: type, name: str) -> str:
     """The one-line documentation of field ``name`` of config class ``cls``."""
-    return next(f.metadata.get(_DOC, "") for f in fields(cls) if f.name == name)
+    return str(next(f.metadata.get(_DOC, "") for f in fields(cls) if f.name == name))
 
 
-def expects(cls, name: str) -> str:
+def expects(cls: type, name: str) -> str:
     """What field ``name`` of ``cls`` accepts, in words ("a number > 0")."""
-    return next(f.metadata.get(_CHECK, Any_()).expects for f in fields(cls) if f.name == name)
+    return str(next(f.metadata.get(_CHECK, Any_()).expects for f in fields(cls) if f.name == name))
 
 
-def check_value(cls, name: str, value, where: str = "", label: str | None = None):
+def check_value(cls: type, name: str, value: Any, where: str = "", label: str | None = None) -> Any:
     """``value`` checked (and normalised) for field ``name`` of ``cls``; the message calls the
     field ``label`` (default: its name) after the ``where`` prefix."""
     check = next(f.metadata.get(_CHECK, Any_()) for f in fields(cls) if f.name == name)
@@ -180,7 +182,7 @@ def check_value(cls, name: str, value, where: str = "", label: str | None = None
         raise type(exc)(f"{where}{label or name} must be {exc}; got {value!r}") from None
 
 
-def check_fields(obj, where: str = "") -> dict[str, Any]:
+def check_fields(obj: Any, where: str = "") -> dict[str, Any]:
     """Every declared field of ``obj`` checked; returns {name: normalised value} for those whose
     normalised value differs (the caller sets them, e.g. with ``object.__setattr__``)."""
     changed = {}
@@ -194,14 +196,14 @@ def check_fields(obj, where: str = "") -> dict[str, Any]:
     return changed
 
 
-def normalise(obj, where: str = ""):
+def normalise(obj: T, where: str = "") -> T:
     """Check a frozen dataclass instance in place (normalised values set); returns it."""
     for name, value in check_fields(obj, where).items():
         object.__setattr__(obj, name, value)
     return obj
 
 
-def unknown_keys(cls, mapping: Mapping, where: str = "", exclude: tuple[str, ...] = ()) -> None:
+def unknown_keys(cls: type, mapping: Mapping[str, Any], where: str = "", exclude: tuple[str, ...] = ()) -> None:
     """ValueError naming the keys of ``mapping`` that are not fields of ``cls``."""
     allowed = sorted(f.name for f in fields(cls) if f.name not in exclude)
     extra = sorted(str(k) for k in mapping if k not in allowed)
@@ -209,7 +211,8 @@ def unknown_keys(cls, mapping: Mapping, where: str = "", exclude: tuple[str, ...
         raise ValueError(f"{where}unknown key(s) {extra}; expected some of {allowed}")
 
 
-def from_mapping(cls, mapping: Mapping | None, where: str = "", exclude: tuple[str, ...] = (), **base):
+def from_mapping(cls: type[T], mapping: Mapping[str, Any] | None, where: str = "",
+                 exclude: tuple[str, ...] = (), **base: Any) -> T:
     """``cls(**base, **mapping)`` with unknown keys refused and every field checked."""
     if mapping is None:
         mapping = {}
