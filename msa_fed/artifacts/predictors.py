@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from msa_fed.core.combination import PROBA_ATOL
+from msa_fed.core.dc_terms import PROBA_ATOL
 from msa_fed.errors import ArtifactError, ConfigError
 
 KIND_REGRESSION = "regression"

@@ -17,11 +17,6 @@ from scipy.special import logsumexp
 from msa_fed.core.dc_terms import PROB_FLOOR, PointSet
 
 
-#: how far a predictor's probabilities may be from a distribution: rows sum to 1 within this and
-#: no entry is below -PROBA_ATOL (float32 models, e.g. ONNX, round at about 1e-7 per entry)
-PROBA_ATOL = 1e-3
-
-
 def class_union(class_lists) -> np.ndarray:
     """The sorted union of the predictors' classes (the columns of every probability output)."""
     return np.unique(np.concatenate([np.asarray(c).reshape(-1) for c in class_lists]))

@@ -25,6 +25,9 @@ import numpy as np
 LOSSES = ("squared", "cross_entropy")
 #: Floor on probabilities given to the true label, so that -log stays finite.
 PROB_FLOOR = 1e-12
+#: how far a predictor's probabilities may be from a distribution: rows sum to 1 within this and
+#: no entry is below -PROBA_ATOL (float32 models, e.g. ONNX, round at about 1e-7 per entry)
+PROBA_ATOL = 1e-3
 
 
 @dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from msa_fed.core.combination import PROBA_ATOL, qhat_partial, site_point_set
+from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.dc_terms import PROBA_ATOL
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
