@@ -276,3 +276,20 @@ def test_domain_models_cross_as_their_own_state(sites, method):
     np.testing.assert_array_equal(back.predict_proba(X), dm.predict_proba(X))
     with pytest.raises(ValueError, match="unknown domain model kind 'tree'"):
         m.domain_model_from_spec(m.DomainModelSpec(kind="tree", n_sources=3))
+
+
+def test_no_import_cycle_between_site_and_channel_and_client_imports_no_server():
+    """runtime/channel.py takes the node id from runtime/node.py (site.py imports the channel
+    lazily), and the registry client takes its address helpers from control/transport.py."""
+    import ast
+    from pathlib import Path
+
+    root = Path(msa_fed.__file__).parent
+
+    def imports(rel):
+        tree = ast.parse((root / rel).read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    assert "msa_fed.runtime.site" not in imports("runtime/channel.py")
+    assert "msa_fed.control.server" not in imports("control/client.py")
+    assert "msa_fed.control.transport" in imports("control/client.py")
