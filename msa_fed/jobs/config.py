@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from msa_fed.control.transport import is_loopback, parse_address
-from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, normalise, option
+from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, option
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 
@@ -128,44 +128,27 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
     "solver": {f.name: (_SOLVER, f.name) for f in fields(SolverConfig) if f.name != "objective"},
 }
 TOP_LEVEL = {"name": (_JOB, "name")}
-#: the [model] keys whose values live in a sub-config: errors of that sub-config name them
-_MOVED = {(_CLASSIFIER, "mu"): "[model] mu", (_SOLVER, "objective"): "[model] objective"}
+#: (target config, field) -> its name in the job file, "[table] key"
+LABELS = {(target, name): f"[{table}] {key}" for table, keys in SCHEMA.items() for key, (target, name) in keys.items()}
 
 
 def _validate_fit(fit: FitConfig) -> None:
     """FitConfig.validate with each message naming the job file's table and key."""
-    parts = ((fit, "", None), (fit.classifier, "[classifier] ", ClassifierConfig),
-             (fit.solver, "[solver] ", SolverConfig), (fit.ray, "[run] ", RayConfig))
-    for obj, where, cls in parts:
+    parts = ((_CLASSIFIER, fit.classifier), (_SOLVER, fit.solver), (_RAY, fit.ray), (_FIT, fit))
+    for target, obj in parts:
         try:
-            if cls is None:
-                normalise(obj)
-            else:
-                obj.validate()
+            obj.validate()
         except (TypeError, ValueError) as exc:
-            raise ConfigError(_table_message(str(exc), where)) from None
-    try:
-        fit.validate()
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(_table_message(str(exc), "[model] ")) from None
+            raise ConfigError(_named(str(exc), target)) from None
 
 
-def _table_message(text: str, where: str) -> str:
-    """Name the job file's table and key in a config message that names the field."""
-    fit_tables = {"task": "model", "method": "model", "features": "model", "eta": "model", "random_state": "model",
-                  "min_points": "privacy", "checkpoint_dir": "run", "topology": "run", "site_timeout_s": "run",
-                  "bandwidth": "model"}
-    head = text.split(" ", 1)[0].split("=", 1)[0]
-    if where == "" or where == "[model] ":
-        table = fit_tables.get(head)
-        return f"[{table}] {text}" if table else text
-    if where == "[run] ":
-        return "[run] " + text.replace("address", "ray_address", 1) if head == "address" else "[run] " + text
-    if where == "[solver] " and head == "objective":
-        return "[model] " + text
-    if where == "[classifier] " and head == "mu":
-        return "[model] " + text
-    return where + text
+def _named(text: str, target: str) -> str:
+    """A config message that starts with a field's name ("method='dca' applies ...", "features
+    must ...") with the field's job-file name in its place ("[solver] method='dca' ...")."""
+    head, sep, rest = text.partition(" ")
+    name = head.split("=", 1)[0]
+    label = LABELS.get((target, name))
+    return text if label is None else label + head[len(name):] + sep + rest
 
 
 def from_document(doc: dict, **overrides) -> JobConfig:
