@@ -158,6 +158,15 @@ def test_registry_table_messages_name_the_file_not_the_flags(tmp_path):
         JobConfig.from_toml(write(tmp_path, "[model]\nmu = 0.1\n", "noreg.toml"))
 
 
+def test_job_file_path_errors(tmp_path):
+    with pytest.raises(ConfigError, match="is not a file"):
+        JobConfig.from_toml(tmp_path)
+    with pytest.raises(ConfigError, match="not found"):
+        JobConfig.from_toml(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        JobConfig.from_toml(write(tmp_path, "[model\n"))
+
+
 def test_token_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="is not a file"):
         read_token_file(str(tmp_path))
