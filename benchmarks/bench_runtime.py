@@ -1,4 +1,4 @@
-"""Benchmark of the Ray runtime (issue 3): DC round latency, DC solve, data-parallel SGD.
+"""Benchmark of the Ray runtime: DC round latency, DC solve, data-parallel SGD.
 
     .venv/bin/python benchmarks/bench_runtime.py            # full run, a few minutes
     .venv/bin/python benchmarks/bench_runtime.py --quick    # small sizes, to check it runs
@@ -45,7 +45,7 @@ from msa_fed.core.dc_terms import PointSet  # noqa: E402
 from msa_fed.core.density import KDEDomainModel  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
-from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.config import FitConfig  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 from msa_fed.runtime.progress import Progress  # noqa: E402

@@ -1,6 +1,7 @@
 """The API's configuration tree: every bad argument is a TypeError or ValueError naming it,
 raised before any work; the options reach the fit; the probability floor is applied the same
 way in the solver's losses and in the model's predict_proba."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def make_sites(sizes=(40, 50), d=2, seed=0):
         mean[k % d] = 3.0 if k % 2 == 0 else -3.0
         w = rng.normal(size=d)
 
-        def draw(m):
+        def draw(m, mean=mean, w=w):
             X = rng.normal(size=(m, d)) + mean
             return X, (X @ w + 0.3 * rng.normal(size=m) > mean @ w).astype(int)
 
@@ -37,41 +38,60 @@ def make_sites(sizes=(40, 50), d=2, seed=0):
     return sites
 
 
+#: the Ray runtime named in the config tests below: they build and check the configuration only
+RAY = "ray"
+
+
 @pytest.fixture(scope="module")
 def sites():
     return make_sites()
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"mu": "x"}, TypeError, "mu must be a number > 0; got 'x'"),
-    ({"mu": 0.0}, ValueError, "mu must be a number > 0; got 0.0"),
-    ({"mu": -1.0}, ValueError, "mu must be a number > 0; got -1.0"),
-    ({"mu": math.nan}, ValueError, "mu must be a number > 0; got nan"),
-    ({"random_state": "x"}, TypeError, "random_state must be an integer >= 0; got 'x'"),
-    ({"random_state": 1.5}, TypeError, "random_state must be an integer >= 0; got 1.5"),
-    ({"eta": -0.1}, ValueError, "eta must be a number >= 0; got -0.1"),
-    ({"eta": "0.1"}, TypeError, "eta must be a number >= 0; got '0.1'"),
-    ({"min_points": 0}, ValueError, "min_points must be an integer >= 1; got 0"),
-    ({"runtime": "spark"}, ValueError, "runtime must be one of 'local', 'ray'; got 'spark'"),
-    ({"features": "nope"}, ValueError, "features must be one of 'standard'"),
-    ({"verbose": "yes"}, TypeError, "verbose must be true or false; got 'yes'"),
-    ({"classifier_options": {"lr": math.nan}}, ValueError, "classifier_options: lr must be a number > 0; got nan"),
-    ({"classifier_options": {"epochs": -1}}, ValueError, "classifier_options: epochs must be an integer >= 1; got -1"),
-    ({"classifier_options": {"optimizer": "adam"}}, ValueError, "classifier_options: optimizer must be one of"),
-    ({"classifier_options": {"speed": 2}}, ValueError, r"classifier_options: unknown key\(s\) \['speed'\]"),
-    ({"classifier_options": {"mu": 0.1}}, ValueError, r"classifier_options: unknown key\(s\) \['mu'\]"),
-    ({"classifier_options": "lbfgs"}, TypeError, "classifier_options: must be a mapping"),
-    ({"solver_options": {"maxiter": 3}}, ValueError, r"solver_options: unknown key\(s\) \['maxiter'\]"),
-    ({"solver_options": {"max_iter": "3"}}, TypeError, "solver_options: max_iter must be an integer >= 1; got '3'"),
-    ({"solver_options": {"method": "dca"}}, ValueError, "method='dca' applies only to objective='gamma'"),
-    ({"solver_options": {"bound": "global"}}, ValueError, "bound='global' applies only to objective='gamma'"),
-    ({"solver_options": {"objective": "gamma", "method": "bfgs"}}, ValueError, "solver_options: method must be"),
-    ({"ray_options": {"workers_per_site": 2}}, ValueError, "ray_options apply only to runtime='ray'"),
-    ({"runtime": "ray", "ray_options": {"bogus": 1}}, ValueError, r"ray_options: unknown key\(s\) \['bogus'\]"),
-    ({"runtime": "ray", "ray_options": {"data_channel": "udp"}}, ValueError, "ray_options: data_channel must be one"),
-    ({"runtime": "ray", "ray_options": {"workers_per_site": 0}}, ValueError, "workers_per_site must be an integer >= 1"),
-    ({"bandwidth": 0.5}, ValueError, "bandwidth applies only to method 'gmsa'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"mu": "x"}, TypeError, "mu must be a number > 0; got 'x'"),
+        ({"mu": 0.0}, ValueError, "mu must be a number > 0; got 0.0"),
+        ({"mu": -1.0}, ValueError, "mu must be a number > 0; got -1.0"),
+        ({"mu": math.nan}, ValueError, "mu must be a number > 0; got nan"),
+        ({"random_state": "x"}, TypeError, "random_state must be an integer >= 0; got 'x'"),
+        ({"random_state": 1.5}, TypeError, "random_state must be an integer >= 0; got 1.5"),
+        ({"eta": -0.1}, ValueError, "eta must be a number >= 0; got -0.1"),
+        ({"eta": "0.1"}, TypeError, "eta must be a number >= 0; got '0.1'"),
+        ({"min_points": 0}, ValueError, "min_points must be an integer >= 1; got 0"),
+        ({"runtime": "spark"}, ValueError, "runtime must be one of 'local', 'ray'; got 'spark'"),
+        ({"features": "nope"}, ValueError, "features must be one of 'standard'"),
+        ({"verbose": "yes"}, TypeError, "verbose must be true or false; got 'yes'"),
+        ({"classifier_options": {"lr": math.nan}}, ValueError, "classifier_options: lr must be a number > 0; got nan"),
+        (
+            {"classifier_options": {"epochs": -1}},
+            ValueError,
+            "classifier_options: epochs must be an integer >= 1; got -1",
+        ),
+        ({"classifier_options": {"optimizer": "adam"}}, ValueError, "classifier_options: optimizer must be one of"),
+        ({"classifier_options": {"speed": 2}}, ValueError, r"classifier_options: unknown key\(s\) \['speed'\]"),
+        ({"classifier_options": {"mu": 0.1}}, ValueError, r"classifier_options: unknown key\(s\) \['mu'\]"),
+        ({"classifier_options": "lbfgs"}, TypeError, "classifier_options: must be a mapping"),
+        ({"solver_options": {"maxiter": 3}}, ValueError, r"solver_options: unknown key\(s\) \['maxiter'\]"),
+        ({"solver_options": {"max_iter": "3"}}, TypeError, "solver_options: max_iter must be an integer >= 1; got '3'"),
+        ({"solver_options": {"method": "dca"}}, ValueError, "method='dca' applies only to objective='gamma'"),
+        ({"solver_options": {"bound": "global"}}, ValueError, "bound='global' applies only to objective='gamma'"),
+        ({"solver_options": {"objective": "gamma", "method": "bfgs"}}, ValueError, "solver_options: method must be"),
+        ({"ray_options": {"workers_per_site": 2}}, ValueError, "ray_options apply only to runtime='ray'"),
+        ({"runtime": "ray", "ray_options": {"bogus": 1}}, ValueError, r"ray_options: unknown key\(s\) \['bogus'\]"),
+        (
+            {"runtime": "ray", "ray_options": {"data_channel": "udp"}},
+            ValueError,
+            "ray_options: data_channel must be one",
+        ),
+        (
+            {"runtime": "ray", "ray_options": {"workers_per_site": 0}},
+            ValueError,
+            "workers_per_site must be an integer >= 1",
+        ),
+        ({"bandwidth": 0.5}, ValueError, "bandwidth applies only to method 'gmsa'"),
+    ],
+)
 def test_bad_arguments_are_named_before_any_work(sites, kwargs, error, message):
     with pytest.raises(error, match=message) as info:
         fit_dmsa(sites, **kwargs)
@@ -108,9 +128,16 @@ def test_sites_must_be_a_list_of_site_data(sites):
 
 
 def test_the_options_reach_the_config_tree():
-    cfg = build_config("dmsa", "classification", mu=0.25, classifier_options={"optimizer": "sgd", "epochs": 3},
-                       solver_options={"objective": "gamma", "method": "dca", "max_iter": 7}, runtime="ray",
-                       ray_options={"workers_per_site": 2, "data_channel": "off"}, random_state=3)
+    cfg = build_config(
+        "dmsa",
+        "classification",
+        mu=0.25,
+        classifier_options={"optimizer": "sgd", "epochs": 3},
+        solver_options={"objective": "gamma", "method": "dca", "max_iter": 7},
+        runtime=RAY,  # builds the config only: no Ray starts
+        ray_options={"workers_per_site": 2, "data_channel": "off"},
+        random_state=3,
+    )
     assert isinstance(cfg, FitConfig)
     assert cfg.classifier == ClassifierConfig(mu=0.25, optimizer="sgd", epochs=3)
     assert cfg.solver == SolverConfig(objective="gamma", method="dca", max_iter=7)
@@ -120,7 +147,9 @@ def test_the_options_reach_the_config_tree():
     assert build_config("dmsa").solver.objective == SolverConfig().objective == "minmax"
     # ints are accepted where numbers are expected, and stored as floats
     assert build_config("dmsa", mu=1).classifier.mu == 1.0
-    with pytest.raises(Exception):  # frozen
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
         cfg.eta = 0.5
 
 
@@ -155,8 +184,10 @@ def test_reported_domain_losses_are_the_models_own_log_loss(sites):
     # site0's predictor is wrong everywhere, site1's where x_1 > 0: there g gives the true label
     # probability 0 and only the floor keeps the loss finite
     wrong = [lambda X: np.ones(len(X), bool), lambda X: X[:, 1] > 0]
-    bad = [SiteData(s.name, s.X_labeled, s.y_labeled, s.X_unlabeled, Wrong(s.predictor, wrong[k]))
-           for k, s in enumerate(sites)]
+    bad = [
+        SiteData(s.name, s.X_labeled, s.y_labeled, s.X_unlabeled, Wrong(s.predictor, wrong[k]))
+        for k, s in enumerate(sites)
+    ]
     model = fit_dmsa(bad, eta=0.0)
     X = np.vstack([s.X_labeled for s in bad])
     y = np.concatenate([s.y_labeled for s in bad])

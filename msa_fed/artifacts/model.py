@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed import __version__
-from msa_fed.core.combination import (combination_weights, combine_proba, combine_regression,
-                                      paper_z)
+from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
 from msa_fed.core.domain_models import domain_model_from_state, domain_model_state
 from msa_fed.core.features import feature_map_from_state, feature_map_state
 from msa_fed.errors import ArtifactError
@@ -93,9 +93,12 @@ class CombinedModel:
         X = check_X(X, self.n_features_in_)
         return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
 
+    def _who(self, k) -> str:
+        return f"predictor {k} (site {self.site_names[k]!r})" if k < len(self.site_names) else f"predictor {k}"
+
     def _proba_of(self, k, X) -> np.ndarray:
         h = self.predictors[k]
-        P = np.asarray(h.predict_proba(X), dtype=np.float64)
+        P = checked_proba(h.predict_proba(X), X.shape[0], len(h.classes_), self._who(k), ArtifactError)
         out = np.zeros((X.shape[0], self.classes_.size))
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
         return out
@@ -107,7 +110,7 @@ class CombinedModel:
         X = check_X(X, self.n_features_in_)
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
         P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
-        return combine_proba(a, P)
+        return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:
         """Regression: g(x).  Classification: the most probable class under g(x, .)."""
@@ -115,8 +118,9 @@ class CombinedModel:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         X = check_X(X, self.n_features_in_)
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        H = np.column_stack([np.asarray(h.predict(X), dtype=np.float64).reshape(-1) for h in self.predictors])
-        return combine_regression(a, H)
+        H = np.column_stack([checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
+                             for k, h in enumerate(self.predictors)])
+        return _finite(combine_regression(a, H), "the combined prediction")
 
     # ------------------------------------------------------------------ save / load
     def manifest(self) -> dict:
@@ -166,6 +170,15 @@ class CombinedModel:
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
         os.replace(tmp, path / "manifest.json")
         return path
+
+
+def _finite(out: np.ndarray, what: str) -> np.ndarray:
+    """``out`` unless some row holds NaN or inf (never argmax over NaN: it answers class 0)."""
+    ok = np.isfinite(out).reshape(out.shape[0], -1).all(axis=1)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        raise ArtifactError(f"{what} are NaN or inf for {bad.size} of {ok.size} rows (first row {int(bad[0])})")
+    return out
 
 
 def load_model(path) -> CombinedModel:

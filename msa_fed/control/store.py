@@ -2,7 +2,7 @@
 
 :class:`RegistryStore` is the whole persistence contract; :class:`MemoryStore`
 (here) and :class:`msa_fed.control.sqlite_store.SqliteStore` implement it, and
-one test suite (``tests/control/test_store.py``) runs against both.
+one test suite (``tests/control/test_control_store.py``) runs against both.
 
 Artifacts and combined models are stored content-addressed: the bytes live
 once under their sha256, records point at them.  A commit is atomic: the blob

@@ -1,4 +1,5 @@
 """Transport helpers shared by the registry's server and client: addresses and message sizes."""
+
 from __future__ import annotations
 
 import ipaddress

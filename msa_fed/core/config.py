@@ -5,6 +5,7 @@ Kept apart from the modules that use them (:mod:`msa_fed.core.domain_classifier`
 without loading either.  Each field is declared with its documentation and its check
 (:mod:`msa_fed.core.options`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,10 +34,14 @@ FEATURE_NAMES = ("standard", "onehot", "threshold", "rff")
 class ClassifierConfig:
     """Hyper-parameters of the domain classifier; each field's documentation is its ``doc``."""
 
-    mu: float = option(1e-3, "L2 weight of the classifier (> 0); small: the domains are usually well separated",
-                       Number(0.0, open_low=True))
-    optimizer: str = option("lbfgs", '"lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples',
-                            Choice("lbfgs", "sgd"))
+    mu: float = option(
+        1e-3,
+        "L2 weight of the classifier (> 0); small: the domains are usually well separated",
+        Number(0.0, open_low=True),
+    )
+    optimizer: str = option(
+        "lbfgs", '"lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples', Choice("lbfgs", "sgd")
+    )
     max_iter: int = option(1000, "L-BFGS iterations (rarely reached)", Integer(1))
     tol: float = option(1e-9, "L-BFGS relative objective tolerance (ftol)", Number(0.0))
     gtol: float = option(1e-7, "L-BFGS projected-gradient tolerance", Number(0.0))
@@ -48,7 +53,7 @@ class ClassifierConfig:
     #: relative of float64's, 1.6-2.1x faster per evaluation, half the memory (benchmarks/bench_core.py)
     dtype: str = option("float32", "precision of the shard products", Choice("float64", "float32"))
 
-    def validate(self) -> "ClassifierConfig":
+    def validate(self) -> ClassifierConfig:
         """Every field checked (TypeError / ValueError naming it); returns self."""
         normalise(self)
         if self.device != "cpu":  # the string only: whether a GPU is there is checked where the shards live
@@ -86,24 +91,33 @@ class _Start(Optional):
 class SolverConfig:
     """Options of the z solver (:func:`solve_dc`); each field's documentation is its ``doc``."""
 
-    objective: str = option("minmax", '"minmax": min over z of max_k L_k(z), the worst domain loss (SLSQP on the '
-                            'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming)', Choice(*OBJECTIVES))
-    method: str | None = option(None, 'objective "gamma" only: "auto" (default), "homotopy", "newton" or "dca"',
-                                Optional(Choice(*METHODS)))
+    objective: str = option(
+        "minmax",
+        '"minmax": min over z of max_k L_k(z), the worst domain loss (SLSQP on the '
+        'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming)',
+        Choice(*OBJECTIVES),
+    )
+    method: str | None = option(
+        None, 'objective "gamma" only: "auto" (default), "homotopy", "newton" or "dca"', Optional(Choice(*METHODS))
+    )
     tol: float = option(1e-9, "stop when Gamma(z) <= tol (a global optimality test)", Number(0.0))
     max_iter: int = option(200, "iterations per run (a ConvergenceWarning when reached)", Integer(1))
-    n_restarts: int = option(4, "random simplex starts tried after the first one, only while not converged",
-                             Integer(0))
-    bound: str | None = option(None, 'objective "gamma", squared loss only: "pointwise" (default; M_i per point, '
-                               'tighter) or "global" (one M)', Optional(Choice("pointwise", "global")))
+    n_restarts: int = option(4, "random simplex starts tried after the first one, only while not converged", Integer(0))
+    bound: str | None = option(
+        None,
+        'objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter) or "global" (one M)',
+        Optional(Choice("pointwise", "global")),
+    )
     z0: tuple[float, ...] | None = option(None, "first start instead of the uniform point", _Start())
 
-    def validate(self) -> "SolverConfig":
+    def validate(self) -> SolverConfig:
         """Every field checked; an option the objective does not use is a ValueError naming it."""
         normalise(self)
         if self.objective == "minmax":
             given = [name for name in GAMMA_ONLY if getattr(self, name) is not None]
             if given:
-                raise ValueError(f"{given[0]}={getattr(self, given[0])!r} applies only to objective='gamma'; "
-                                 "objective='minmax' solves by SLSQP on the epigraph")
+                raise ValueError(
+                    f"{given[0]}={getattr(self, given[0])!r} applies only to objective='gamma'; "
+                    "objective='minmax' solves by SLSQP on the epigraph"
+                )
         return self

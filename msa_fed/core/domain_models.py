@@ -7,6 +7,7 @@ with ``from_state(params, arrays, feature_map, n_sources)``; its feature map doe
 (:mod:`msa_fed.core.features`).  The saved model, the coordinator's message to the sites and
 the site itself all go through :func:`domain_model_state` / :func:`domain_model_from_state`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,7 +37,8 @@ def domain_model_state(model: Any) -> tuple[str, dict[str, Any], dict[str, Any]]
     return kind, params, arrays
 
 
-def domain_model_from_state(kind: str, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
-                            n_sources: int) -> Any:
+def domain_model_from_state(
+    kind: str, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any, n_sources: int
+) -> Any:
     """The domain model written by :func:`domain_model_state`."""
     return domain_model_class(kind).from_state(params, arrays, feature_map, n_sources)

@@ -8,12 +8,14 @@ naming the field) and :func:`from_mapping` builds a config from a dict (API keyw
 a TOML table), refusing unknown keys.  ``where`` prefixes every message ("[model] ",
 "classifier_options: ") so that the caller's own name for the field appears in it.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, field, fields
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -37,8 +39,9 @@ def _is_number(value: Any) -> bool:
 class Number(Check):
     """A finite real number, optionally bounded (``low``/``high``, ``open_low`` for > low)."""
 
-    def __init__(self, low: float | None = None, high: float | None = None, *, open_low: bool = False,
-                 open_high: bool = False) -> None:
+    def __init__(
+        self, low: float | None = None, high: float | None = None, *, open_low: bool = False, open_high: bool = False
+    ) -> None:
         self.low, self.high, self.open_low, self.open_high = low, high, open_low, open_high
         parts = []
         if low is not None:
@@ -153,8 +156,13 @@ class Any_(Check):
         return value
 
 
-def option(default: Any = MISSING, doc: str = "", check: Check | None = None, *,
-           default_factory: Callable[[], Any] | None = None) -> Any:
+def option(
+    default: Any = MISSING,
+    doc: str = "",
+    check: Check | None = None,
+    *,
+    default_factory: Callable[[], Any] | None = None,
+) -> Any:
     """A dataclass field with its documentation and check (see the module docstring)."""
     meta: dict[str, Any] = {_DOC: doc, _CHECK: check or Any_()}
     if default_factory is not None:
@@ -211,8 +219,9 @@ def unknown_keys(cls: type, mapping: Mapping[str, Any], where: str = "", exclude
         raise ValueError(f"{where}unknown key(s) {extra}; expected some of {allowed}")
 
 
-def from_mapping(cls: type[T], mapping: Mapping[str, Any] | None, where: str = "",
-                 exclude: tuple[str, ...] = (), **base: Any) -> T:
+def from_mapping(
+    cls: type[T], mapping: Mapping[str, Any] | None, where: str = "", exclude: tuple[str, ...] = (), **base: Any
+) -> T:
     """``cls(**base, **mapping)`` with unknown keys refused and every field checked."""
     if mapping is None:
         mapping = {}

@@ -7,12 +7,14 @@ table, each is a :class:`msa_fed.errors.ConfigError` whose message names the tab
 cluster/README.md ("Job file"); their checks are the fields' own
 (:mod:`msa_fed.runtime.config`, :class:`ClassifierConfig`, :class:`SolverConfig`).
 """
+
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from msa_fed.control.transport import is_loopback, parse_address
 from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, option
@@ -33,8 +35,9 @@ class JobConfig:
     insecure: bool = option(False, "plaintext gRPC to a loopback registry", Flag())
     admin_token_file: str | None = option(None, "file holding the admin token", Optional(Text(nonempty=True)))
     sites: tuple = option((), "registered sites to combine (empty: all)", TextList())
-    site_data: str = option("{site}.npz", "path template of each site's data on the site's node",
-                            Text(contains="{site}"))
+    site_data: str = option(
+        "{site}.npz", "path template of each site's data on the site's node", Text(contains="{site}")
+    )
     output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text())
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
@@ -61,13 +64,14 @@ class JobConfig:
         return self.origin.get(name, default)
 
     @classmethod
-    def from_toml(cls, path, **overrides) -> "JobConfig":
+    def from_toml(cls, path, **overrides) -> JobConfig:
         """Read and validate a job file; ``overrides`` (registry, tls_ca, insecure,
         admin_token_file: the command-line flags, None when not given) take precedence."""
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"job file {str(path)!r} not found" if not path.exists()
-                              else f"job file {str(path)!r} is not a file")
+            raise ConfigError(
+                f"job file {str(path)!r} not found" if not path.exists() else f"job file {str(path)!r} is not a file"
+            )
         try:
             doc = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -77,11 +81,18 @@ class JobConfig:
         except ConfigError as exc:
             raise ConfigError(f"job file {str(path)!r}: {exc}") from None
 
-    def validate(self) -> "JobConfig":
+    def validate(self) -> JobConfig:
         """Every field checked (ConfigError naming the table and key); no network."""
-        labels = {"registry": "[registry] address", "tls_ca": "[registry] tls_ca", "insecure": "[registry] insecure",
-                  "admin_token_file": "[registry] admin_token_file", "sites": "[run] sites",
-                  "site_data": "[run] site_data", "output_version": "[run] output_version", "name": "name"}
+        labels = {
+            "registry": "[registry] address",
+            "tls_ca": "[registry] tls_ca",
+            "insecure": "[registry] insecure",
+            "admin_token_file": "[registry] admin_token_file",
+            "sites": "[run] sites",
+            "site_data": "[run] site_data",
+            "output_version": "[run] output_version",
+            "name": "name",
+        }
         for f in fields(self):
             if f.name in labels:
                 label = self._label(f.name, labels[f.name])
@@ -100,29 +111,50 @@ class JobConfig:
         host, _ = parse_address(self.registry, self._label("registry", "[registry] address"))
         insecure = self._label("insecure", "[registry] insecure = true")
         if self.insecure and self.tls_ca is not None:
-            raise ConfigError(f"{insecure} and {self._label('tls_ca', '[registry] tls_ca')} are mutually exclusive "
-                              "(plaintext or TLS)")
+            raise ConfigError(
+                f"{insecure} and {self._label('tls_ca', '[registry] tls_ca')} are mutually exclusive (plaintext or TLS)"
+            )
         if self.insecure and not is_loopback(host):
-            raise ConfigError(f"{insecure} would send the admin token in plaintext to {host!r}; plaintext is only "
-                              "allowed towards a loopback registry (127.0.0.1, ::1 or localhost)")
+            raise ConfigError(
+                f"{insecure} would send the admin token in plaintext to {host!r}; plaintext is only "
+                "allowed towards a loopback registry (127.0.0.1, ::1 or localhost)"
+            )
         if self.tls_ca is not None and not Path(self.tls_ca).is_file():
-            raise ConfigError(f"{self._label('tls_ca', '[registry] tls_ca')} {self.tls_ca!r} is not a readable file; "
-                              "expected the registry's CA certificate (PEM)")
+            raise ConfigError(
+                f"{self._label('tls_ca', '[registry] tls_ca')} {self.tls_ca!r} is not a readable file; "
+                "expected the registry's CA certificate (PEM)"
+            )
         return self
 
 
 # table -> key -> (target config, field)
 SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
-    "registry": {"address": (_JOB, "registry"), "tls_ca": (_JOB, "tls_ca"), "insecure": (_JOB, "insecure"),
-                 "admin_token_file": (_JOB, "admin_token_file")},
-    "model": {"task": (_FIT, "task"), "method": (_FIT, "method"), "features": (_FIT, "features"),
-              "mu": (_CLASSIFIER, "mu"), "eta": (_FIT, "eta"), "random_state": (_FIT, "random_state"),
-              "objective": (_SOLVER, "objective")},
+    "registry": {
+        "address": (_JOB, "registry"),
+        "tls_ca": (_JOB, "tls_ca"),
+        "insecure": (_JOB, "insecure"),
+        "admin_token_file": (_JOB, "admin_token_file"),
+    },
+    "model": {
+        "task": (_FIT, "task"),
+        "method": (_FIT, "method"),
+        "features": (_FIT, "features"),
+        "mu": (_CLASSIFIER, "mu"),
+        "eta": (_FIT, "eta"),
+        "random_state": (_FIT, "random_state"),
+        "objective": (_SOLVER, "objective"),
+    },
     "privacy": {"min_points": (_FIT, "min_points")},
-    "run": {"sites": (_JOB, "sites"), "site_data": (_JOB, "site_data"), "checkpoint_dir": (_FIT, "checkpoint_dir"),
-            "output_version": (_JOB, "output_version"), "topology": (_FIT, "topology"),
-            "site_timeout_s": (_FIT, "site_timeout_s"), "ray_address": (_RAY, "address"),
-            "data_channel": (_RAY, "data_channel")},
+    "run": {
+        "sites": (_JOB, "sites"),
+        "site_data": (_JOB, "site_data"),
+        "checkpoint_dir": (_FIT, "checkpoint_dir"),
+        "output_version": (_JOB, "output_version"),
+        "topology": (_FIT, "topology"),
+        "site_timeout_s": (_FIT, "site_timeout_s"),
+        "ray_address": (_RAY, "address"),
+        "data_channel": (_RAY, "data_channel"),
+    },
     # every classifier and solver option, except the two the [model] table already holds
     "classifier": {f.name: (_CLASSIFIER, f.name) for f in fields(ClassifierConfig) if f.name != "mu"},
     "solver": {f.name: (_SOLVER, f.name) for f in fields(SolverConfig) if f.name != "objective"},
@@ -148,7 +180,7 @@ def _named(text: str, target: str) -> str:
     head, sep, rest = text.partition(" ")
     name = head.split("=", 1)[0]
     label = LABELS.get((target, name))
-    return text if label is None else label + head[len(name):] + sep + rest
+    return text if label is None else label + head[len(name) :] + sep + rest
 
 
 def from_document(doc: dict, **overrides) -> JobConfig:
@@ -180,16 +212,25 @@ def from_document(doc: dict, **overrides) -> JobConfig:
             values[target][name] = _checked(target, name, value, f"[{table}] {key}")
     _check_topology_keys(doc.get("run", {}), values[_FIT].get("topology", FitConfig().topology))
     origin = {}
-    flags = {"registry": "--registry", "tls_ca": "--tls-ca", "insecure": "--insecure",
-             "admin_token_file": "--admin-token-file"}
+    flags = {
+        "registry": "--registry",
+        "tls_ca": "--tls-ca",
+        "insecure": "--insecure",
+        "admin_token_file": "--admin-token-file",
+    }
     for name, value in overrides.items():
         if name not in flags:
             raise TypeError(f"unknown override {name!r}")
         if value is not None:
             values[_JOB][name] = value
             origin[name] = flags[name]
-    fit = FitConfig(runtime="ray", classifier=ClassifierConfig(**values[_CLASSIFIER]),
-                    solver=SolverConfig(**values[_SOLVER]), ray=RayConfig(**values[_RAY]), **values[_FIT])
+    fit = FitConfig(
+        runtime="ray",
+        classifier=ClassifierConfig(**values[_CLASSIFIER]),
+        solver=SolverConfig(**values[_SOLVER]),
+        ray=RayConfig(**values[_RAY]),
+        **values[_FIT],
+    )
     return JobConfig(fit=fit, origin=origin, **values[_JOB]).validate()
 
 
@@ -239,5 +280,7 @@ def check_admin_token(token: str, what: str = "the admin token") -> None:
 
     parsed = parse_token(token)
     if parsed is not None and parsed[0].role != "admin":
-        raise ConfigError(f"{what} holds a token of {parsed[0]}, not an admin token; the job needs the "
-                          "registry's admin token (msa-fed admin issue-token --admin)")
+        raise ConfigError(
+            f"{what} holds a token of {parsed[0]}, not an admin token; the job needs the "
+            "registry's admin token (msa-fed admin issue-token --admin)"
+        )

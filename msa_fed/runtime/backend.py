@@ -6,6 +6,7 @@ methods) and carries boundary messages (:mod:`msa_fed.runtime.messages`) to them
 what it needs at :meth:`Backend.start` (the recorder of every crossing, the set-up log to replay
 to a restarted site) and never calls back into the coordinator.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +28,7 @@ class SetupLog:
     state (a restarted actor) sends them again, in order (:meth:`entries`).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._entries: list[tuple[str, Any]] = []
 
     def add(self, method: str, msg) -> None:

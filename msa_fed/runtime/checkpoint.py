@@ -5,6 +5,7 @@ of the published samples) and the state (``theta``, ``z``, ``gamma``, ``iteratio
 ``done``).  A run with the same directory resumes from a state of the same problem and ignores
 any other.  The file is replaced atomically (write, then rename).
 """
+
 from __future__ import annotations
 
 import json

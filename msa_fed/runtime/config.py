@@ -13,12 +13,14 @@ once, with its documentation and its check (:mod:`msa_fed.core.options`): a wron
 ``TypeError``, a value out of range a ``ValueError``, an unknown key a ``ValueError``, each
 naming the key.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from msa_fed.core.config import FEATURE_NAMES, TASKS, ClassifierConfig, SolverConfig, task_loss
 from msa_fed.core.options import Check, Choice, Flag, Integer, Number, Optional, Text, normalise, option
@@ -36,8 +38,10 @@ class _Features(Check):
     """A built-in feature map's name, a (name, {options}) pair, or a transformer object
     (fit/transform); None (raw inputs) only for GMSA (checked by FitConfig)."""
 
-    expects = (f"one of {', '.join(repr(n) for n in FEATURE_NAMES)}, a (name, options) pair or a "
-               "transformer with fit/transform")
+    expects = (
+        f"one of {', '.join(repr(n) for n in FEATURE_NAMES)}, a (name, options) pair or a "
+        "transformer with fit/transform"
+    )
 
     def __call__(self, value):
         if value is None or (isinstance(value, str) and value == "none"):
@@ -103,28 +107,35 @@ class _Kwargs(Check):
 class RayConfig:
     """How the Ray runtime runs the sites (``runtime="ray"`` and the cluster topology)."""
 
-    address: str | None = option(None, 'Ray cluster to attach to ("HOST:PORT", "ray://HOST:PORT"); unset: '
-                                 "RAY_ADDRESS if set, else a new local Ray",
-                                 Optional(Text(nonempty=True)))
-    num_cpus: float | None = option(None, "CPUs each actor reserves; unset: an even share of half the site's node, "
-                                    "at most 1", Optional(Number(0.0)))
+    address: str | None = option(
+        None,
+        'Ray cluster to attach to ("HOST:PORT", "ray://HOST:PORT"); unset: RAY_ADDRESS if set, else a new local Ray',
+        Optional(Text(nonempty=True)),
+    )
+    num_cpus: float | None = option(
+        None, "CPUs each actor reserves; unset: an even share of half the site's node, at most 1", Optional(Number(0.0))
+    )
     max_restarts: int = option(3, "restarts of a crashed actor before the site is declared dead", Integer(0))
-    retry_timeout_s: float = option(120.0, "how long a call waits for a restarting actor (seconds)",
-                                    Number(0.0, open_low=True))
-    start_timeout_s: float = option(300.0, "how long start-up waits for Ray to place and start the actors (seconds)",
-                                    Number(0.0, open_low=True))
-    workers_per_site: int = option(1, "actors per site for classifier training (1: the site's own actor)",
-                                   Integer(1))
-    data_channel: str = option("tls", 'how the per-round calls travel: "tls" (direct mutual-TLS connection to each '
-                               'site actor), "plain" (no TLS; loopback only) or "off" (through Ray)',
-                               Choice(*DATA_CHANNELS))
+    retry_timeout_s: float = option(
+        120.0, "how long a call waits for a restarting actor (seconds)", Number(0.0, open_low=True)
+    )
+    start_timeout_s: float = option(
+        300.0, "how long start-up waits for Ray to place and start the actors (seconds)", Number(0.0, open_low=True)
+    )
+    workers_per_site: int = option(1, "actors per site for classifier training (1: the site's own actor)", Integer(1))
+    data_channel: str = option(
+        "tls",
+        'how the per-round calls travel: "tls" (direct mutual-TLS connection to each '
+        'site actor), "plain" (no TLS; loopback only) or "off" (through Ray)',
+        Choice(*DATA_CHANNELS),
+    )
     init_kwargs: dict = option(None, "extra keyword arguments of ray.init when a local Ray is started", _Kwargs())
 
     def __post_init__(self):
         if self.init_kwargs is None:
             object.__setattr__(self, "init_kwargs", {})
 
-    def validate(self, where: str = "") -> "RayConfig":
+    def validate(self, where: str = "") -> RayConfig:
         return normalise(self, where)
 
 
@@ -132,28 +143,45 @@ class RayConfig:
 class FitConfig:
     """Everything a fit needs besides the sites (see the module docstring)."""
 
-    task: str = option("classification", '"classification" (probability model, cross-entropy) or "regression" '
-                       "(squared loss)", Choice(*TASKS))
-    method: str = option("dmsa", '"dmsa" (conditional Maxent domain classifier) or "gmsa" (a kernel density '
-                         "estimate per domain)", Choice(*METHODS))
-    features: Any = option("standard", "feature map of the domain model: " + _Features.expects
-                           + "; unset (raw inputs) for GMSA only", _Features())
-    eta: float = option(1e-2, "smoothing of the combination's denominator (>= 0; a small positive number, as in "
-                        "the paper)", Number(0.0))
-    random_state: int = option(0, "seed of every random choice (classifier, SGD order, solver restarts)",
-                               Integer(0))
+    task: str = option(
+        "classification",
+        '"classification" (probability model, cross-entropy) or "regression" (squared loss)',
+        Choice(*TASKS),
+    )
+    method: str = option(
+        "dmsa",
+        '"dmsa" (conditional Maxent domain classifier) or "gmsa" (a kernel density estimate per domain)',
+        Choice(*METHODS),
+    )
+    features: Any = option(
+        "standard",
+        "feature map of the domain model: " + _Features.expects + "; unset (raw inputs) for GMSA only",
+        _Features(),
+    )
+    eta: float = option(
+        1e-2, "smoothing of the combination's denominator (>= 0; a small positive number, as in the paper)", Number(0.0)
+    )
+    random_state: int = option(0, "seed of every random choice (classifier, SGD order, solver restarts)", Integer(0))
     min_points: int = option(20, "a site never aggregates over fewer points (privacy contract)", Integer(1))
-    runtime: str = option("local", '"local" (sites as objects in this process) or "ray" (one actor per site)',
-                          Choice(*RUNTIMES))
-    topology: str = option("federated", 'job: how the coordinator reaches the sites: "federated" (each site runs '
-                           'its own agent and connects out) or "cluster" (one Ray cluster, a node per site)',
-                           Choice(*TOPOLOGIES))
-    site_timeout_s: float = option(60.0, "federated topology: how long a call waits for a site's answer (seconds)",
-                                   Number(0.0, open_low=True))
-    bandwidth: Any = option(None, "GMSA: KDE bandwidth(s); unset: 5-fold cross-validation per domain",
-                            _Bandwidth())
-    checkpoint_dir: str | None = option(None, "the solver state is written here after every iteration; a later run "
-                                        "with the same directory and data resumes from it", _Directory())
+    runtime: str = option(
+        "local", '"local" (sites as objects in this process) or "ray" (one actor per site)', Choice(*RUNTIMES)
+    )
+    topology: str = option(
+        "federated",
+        'job: how the coordinator reaches the sites: "federated" (each site runs '
+        'its own agent and connects out) or "cluster" (one Ray cluster, a node per site)',
+        Choice(*TOPOLOGIES),
+    )
+    site_timeout_s: float = option(
+        60.0, "federated topology: how long a call waits for a site's answer (seconds)", Number(0.0, open_low=True)
+    )
+    bandwidth: Any = option(None, "GMSA: KDE bandwidth(s); unset: 5-fold cross-validation per domain", _Bandwidth())
+    checkpoint_dir: str | None = option(
+        None,
+        "the solver state is written here after every iteration; a later run "
+        "with the same directory and data resumes from it",
+        _Directory(),
+    )
     verbose: bool = option(False, "progress bars and notes on stderr", Flag())
     classifier: ClassifierConfig = option(None, "domain classifier options (ClassifierConfig)")
     solver: SolverConfig = option(None, "z solver options (SolverConfig)")
@@ -168,7 +196,7 @@ class FitConfig:
     def loss(self) -> str:
         return task_loss(self.task)
 
-    def validate(self) -> "FitConfig":
+    def validate(self) -> FitConfig:
         """Every field of the tree checked; returns self (normalised values set)."""
         normalise(self)
         for name, cls in (("classifier", ClassifierConfig), ("solver", SolverConfig), ("ray", RayConfig)):

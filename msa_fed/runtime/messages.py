@@ -132,7 +132,7 @@ def feature_map_of(state: tuple | None, custom):
     return feature_map_from_state(*state)
 
 
-def domain_model_spec(model, n_sources: int) -> "DomainModelSpec":
+def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
     """The message that carries a fitted domain model to the sites (its own get_state)."""
     from msa_fed.core.domain_models import domain_model_state
 
@@ -143,7 +143,7 @@ def domain_model_spec(model, n_sources: int) -> "DomainModelSpec":
                            theta=arrays.get("theta"), bandwidths=arrays.get("bandwidths"), samples=samples)
 
 
-def domain_model_from_spec(spec: "DomainModelSpec"):
+def domain_model_from_spec(spec: DomainModelSpec):
     """The domain model a :class:`DomainModelSpec` carries (its class's from_state)."""
     from msa_fed.core.domain_models import domain_model_from_state
 

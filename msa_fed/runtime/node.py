@@ -1,4 +1,5 @@
 """Which Ray node this process runs on (a site's actor, its data channel, the coordinator)."""
+
 from __future__ import annotations
 
 

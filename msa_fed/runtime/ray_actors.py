@@ -6,10 +6,12 @@ leaves the institution.  Without any ``site:`` resource (a laptop, a test) actor
 with some, every site must have its node.  The per-round calls to the placed actors are
 :mod:`msa_fed.runtime.ray_sites`.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +35,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or "local"
-    kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     kwargs.update(init_kwargs)
     if address == "local" and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
@@ -75,8 +77,7 @@ def _cpu_share(share: float) -> float:
     return 0.0 if share < 0.01 else float(np.floor(share * 1e4) / 1e4)
 
 
-def placement(ray, names: list[str], workers_per_site: int, max_restarts: int,
-              num_cpus: float | None) -> list[dict]:
+def placement(ray, names: list[str], workers_per_site: int, max_restarts: int, num_cpus: float | None) -> list[dict]:
     """Actor options per site: the site's resource when pinned, and a CPU share."""
     resources = ray.cluster_resources()
     free_cpus = ray.available_resources().get("CPU", 0.0)
@@ -96,11 +97,14 @@ def placement(ray, names: list[str], workers_per_site: int, max_restarts: int,
     n_actors = len(names) * per_site
     for name in names:
         key = SITE_RESOURCE_PREFIX + name
-        opts = dict(max_restarts=max_restarts, max_task_retries=max_restarts)
+        opts: dict[str, Any] = dict(max_restarts=max_restarts, max_task_retries=max_restarts)
         if pinned:
             if key not in resources:
-                raise SiteError(name, f"no Ray node carries the resource {key!r} (the cluster has site "
-                                      "resources, so every site needs its node)")
+                raise SiteError(
+                    name,
+                    f"no Ray node carries the resource {key!r} (the cluster has site "
+                    "resources, so every site needs its node)",
+                )
             opts["resources"] = {key: SITE_RESOURCE_SHARE}
             share = 0.5 * node_cpus.get(key, 1.0) / (node_sites.get(key, 1) * per_site)
         else:
@@ -115,11 +119,16 @@ def original_error(site: str, text: str) -> str:
     found = ""
     for line in str(text).splitlines():
         head, sep, rest = line.strip().partition(": ")
-        if sep and head.replace(".", "").replace("_", "").isalnum() and head[:1].isalpha() \
-                and not head.startswith("ray.") and head.split(".")[-1][:1].isupper():
+        if (
+            sep
+            and head.replace(".", "").replace("_", "").isalnum()
+            and head[:1].isalpha()
+            and not head.startswith("ray.")
+            and head.split(".")[-1][:1].isupper()
+        ):
             found = f"{head.split('.')[-1]}: {rest}"
     prefix = f"SiteError: site {site!r}: "
-    return found[len(prefix):] if found.startswith(prefix) else (found or last_line(text))
+    return found[len(prefix) :] if found.startswith(prefix) else (found or last_line(text))
 
 
 def last_line(text: str) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
-from msa_fed.core.dc_terms import PROBA_ATOL
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
@@ -26,28 +26,17 @@ class SiteStateLost(MsaFedError):
 
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
-    """Validated outputs of a frozen predictor on X.
+    """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
+    naming ``who``, never the offending rows: the message leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        out = np.asarray(predictor.predict(X), dtype=np.float64).reshape(-1)
-        if out.shape[0] != X.shape[0]:
-            raise ConfigError(f"{who}: predict returned {out.shape[0]} values for {X.shape[0]} inputs")
-        if not np.all(np.isfinite(out)):
-            raise ConfigError(f"{who}: predict returned NaN or inf")
-        return out
-    P = np.asarray(predictor.predict_proba(X), dtype=np.float64)
+        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    if P.ndim != 2 or P.shape != (X.shape[0], own.size):
-        raise ConfigError(f"{who}: predict_proba returned shape {P.shape}; expected ({X.shape[0]}, {own.size})")
-    if not np.all(np.isfinite(P)) or P.min() < -PROBA_ATOL:
-        raise ConfigError(f"{who}: predict_proba returned NaN, inf or negative values")
-    dev = float(np.max(np.abs(P.sum(axis=1) - 1.0))) if P.size else 0.0
-    if dev > PROBA_ATOL:
-        raise ConfigError(f"{who}: predicted probabilities do not sum to 1 (max deviation {dev:.3g})")
+    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -182,8 +171,11 @@ class SiteWorker:
         if self._H is None:
             cols = []
             for k, h in enumerate(self.predictors):
+                # the unlabelled sample too: the combined model will be used on points like them
+                predictor_outputs(h, self.X_unlabeled, self.task, self.classes,
+                                  who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points")
                 out = predictor_outputs(h, self.X_labeled, self.task, self.classes,
-                                        who=f"site {self.name!r}, predictor {k}")
+                                        who=f"site {self.name!r}, predictor {k}, on the site's labelled points")
                 if self.task == "regression":
                     cols.append(out)
                 else:

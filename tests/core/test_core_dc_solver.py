@@ -60,7 +60,8 @@ def test_dca_never_increases_gamma(loss):
         oracle, _ = make(3, loss, "harsh", seed, n=150)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            res = solve_dc(oracle, ETA, objective="gamma", method="dca", max_iter=10, n_restarts=1, tol=1e-12, random_state=seed)
+            res = solve_dc(oracle, ETA, objective="gamma", method="dca", max_iter=10, n_restarts=1, tol=1e-12,
+                           random_state=seed)
         assert len(res.history) >= 2
         assert np.all(np.diff(res.history) <= 0.0), res.history
         assert res.history[-1] == pytest.approx(res.gamma)

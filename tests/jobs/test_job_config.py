@@ -1,6 +1,7 @@
 """The job file: every table and key checked before any network work, each mistake one
 ``error:`` line naming the table and the key (through the real ``msa-fed run`` process, with no
 registry listening), and every option reaching the fit's configuration tree."""
+
 from __future__ import annotations
 
 import os
@@ -76,13 +77,18 @@ def test_defaults(tmp_path):
     assert job.fit.topology == "federated" and job.fit.site_timeout_s == 60.0
     assert job.fit.solver.objective == "minmax" and job.fit.solver.method is None
     assert job.fit.classifier.mu == 1e-3 and job.fit.min_points == 20 and job.sites == ()
-    federated = JobConfig.from_toml(write(tmp_path, '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'
-                                                    '[run]\nsite_timeout_s = 12.5\n', "federated.toml"))
+    federated = JobConfig.from_toml(
+        write(
+            tmp_path,
+            '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\nsite_timeout_s = 12.5\n',
+            "federated.toml",
+        )
+    )
     assert federated.fit.topology == "federated" and federated.fit.site_timeout_s == 12.5
 
 
 BAD = [
-    ('[model]\nmu = "x"', r'\[model\] mu must be a number > 0; got \'x\''),
+    ('[model]\nmu = "x"', r"\[model\] mu must be a number > 0; got \'x\'"),
     ("[model]\nmu = 0.0", r"\[model\] mu must be a number > 0; got 0.0"),
     ('[run]\nsites = "cleveland"', r"\[run\] sites must be a list of non-empty strings; got 'cleveland'"),
     ('[run]\nsites = ["a", 3]', r"\[run\] sites must be a list of non-empty strings"),
@@ -92,10 +98,16 @@ BAD = [
     ("[run]\nsite_timeout_s = 0", r"\[run\] site_timeout_s must be a number > 0; got 0"),
     ('[run]\ndata_channel = "udp"', r"\[run\] data_channel must be one of 'tls', 'plain', 'off'"),
     ("[run]\nray_address = 5", r"\[run\] ray_address must be a non-empty string"),
-    ('[run]\nray_address = "h:1"', r"\[run\] ray_address applies only to topology = 'cluster'; this job's topology "
-                                   r"is 'federated'"),
-    ('[run]\ntopology = "cluster"\nsite_timeout_s = 5', r"\[run\] site_timeout_s applies only to topology = "
-                                                        r"'federated'"),
+    (
+        '[run]\nray_address = "h:1"',
+        r"\[run\] ray_address applies only to topology = 'cluster'; this job's topology "
+        r"is 'federated'",
+    ),
+    (
+        '[run]\ntopology = "cluster"\nsite_timeout_s = 5',
+        r"\[run\] site_timeout_s applies only to topology = "
+        r"'federated'",
+    ),
     ("[model]\neta = -1.0", r"\[model\] eta must be a number >= 0; got -1.0"),
     ('[model]\nrandom_state = "x"', r"\[model\] random_state must be an integer >= 0; got 'x'"),
     ('[model]\ntask = "ranking"', r"\[model\] task must be one of 'classification', 'regression'"),
@@ -138,8 +150,11 @@ def test_checkpoint_dir_naming_a_file(tmp_path):
 def test_registry_table_messages_name_the_file_not_the_flags(tmp_path):
     """insecure = true in the file is reported as the file's key; the flags as the flags."""
     remote = write(tmp_path, '[registry]\naddress = "registry.example.org:50051"\ninsecure = true\n')
-    with pytest.raises(ConfigError, match=r"\[registry\] insecure = true would send the admin token in plaintext "
-                                          r"to 'registry.example.org'") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"\[registry\] insecure = true would send the admin token in plaintext "
+        r"to 'registry.example.org'",
+    ) as info:
         JobConfig.from_toml(remote)
     assert "--insecure" not in str(info.value)
     tls = write(tmp_path, '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\ntls_ca = "/x/ca.pem"\n', "tls.toml")
@@ -176,23 +191,33 @@ def test_token_file_errors(tmp_path):
 
 
 def run_cli(*args, timeout=120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               RAY_ADDRESS="", GRPC_VERBOSITY="ERROR")
-    return subprocess.run([sys.executable, "-m", "msa_fed.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        RAY_ADDRESS="",
+        GRPC_VERBOSITY="ERROR",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[model]\nmu = "x"', "[model] mu must be a number > 0; got 'x'"),
-    ('[run]\nsites = "cleveland"', "[run] sites must be a list of non-empty strings; got 'cleveland'"),
-    ('[solver]\nmethod = "dca"', "[solver] method='dca' applies only to objective='gamma'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[model]\nmu = "x"', "[model] mu must be a number > 0; got 'x'"),
+        ('[run]\nsites = "cleveland"', "[run] sites must be a list of non-empty strings; got 'cleveland'"),
+        ('[solver]\nmethod = "dca"', "[solver] method='dca' applies only to objective='gamma'"),
+    ],
+)
 def test_msa_fed_run_prints_one_error_line_before_any_network_work(tmp_path, text, message):
     """Nothing listens on the registry's port: the job file's mistake is found first."""
     token = tmp_path / "admin_token"
     token.write_text("admin.operator.secret")
-    job = write(tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n'
-                          f'admin_token_file = "{token}"\n{text}\n')
+    job = write(
+        tmp_path,
+        f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\nadmin_token_file = "{token}"\n{text}\n',
+    )
     out = run_cli("run", "--job", str(job))
     assert out.returncode == 1, out
     lines = out.stderr.strip().splitlines()
@@ -209,8 +234,9 @@ def test_federated_topology_without_its_backend_is_one_error_line(tmp_path):
         pytest.skip("the federated backend is present; its own tests cover this topology")
     token = tmp_path / "admin_token"
     token.write_text("admin.operator.secret")
-    job = write(tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n'
-                          f'admin_token_file = "{token}"\n')
+    job = write(
+        tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\nadmin_token_file = "{token}"\n'
+    )
     out = run_cli("run", "--job", str(job))
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
@@ -245,5 +271,7 @@ def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
     job = write(tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n')
     out = run_cli("run", "--job", str(job), "--admin-token", site_token)
     assert out.returncode == 1
-    assert out.stderr.strip() == ("error: --admin-token holds a token of site 'east', not an admin token; the job "
-                                  "needs the registry's admin token (msa-fed admin issue-token --admin)")
+    assert out.stderr.strip() == (
+        "error: --admin-token holds a token of site 'east', not an admin token; the job "
+        "needs the registry's admin token (msa-fed admin issue-token --admin)"
+    )

@@ -22,6 +22,31 @@ from problems import make_sites, site_kwargs  # noqa: E402
 NAMES = ("a", "b", "c")
 
 
+#: tries at starting the three nodes, and how long the nodes may take to register: on a loaded
+#: machine a raylet can miss Ray's fixed 30 s start-up wait, or join long after it started
+START_TRIES = 3
+NODES_TIMEOUT_S = 180
+
+
+def start_cluster(node_args) -> Cluster:
+    """Three local nodes (127.0.0.1, see tests/conftest.py); retried from scratch when a node
+    does not come up."""
+    last: Exception | None = None
+    for _ in range(START_TRIES):
+        c = None
+        try:
+            c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
+            for n in NAMES[1:]:
+                c.add_node(wait=False, **node_args(n))
+            c.wait_for_nodes(timeout=NODES_TIMEOUT_S)
+            return c
+        except Exception as e:  # Ray raises a bare Exception when a node misses its start-up wait
+            last = e
+            if c is not None:
+                c.shutdown()
+    raise RuntimeError(f"a 3-node Ray cluster did not start in {START_TRIES} tries") from last
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("nodes")
@@ -30,12 +55,11 @@ def cluster(tmp_path_factory):
         d.mkdir()
 
     def node_args(n):
-        return dict(num_cpus=1, resources={SITE_RESOURCE_PREFIX + n: 1}, env_vars={"MSA_FED_SITE_DATA": str(dirs[n])})
+        # a slow dashboard agent must not make the raylet give up on it (Ray's default is short)
+        env = {"MSA_FED_SITE_DATA": str(dirs[n]), "RAY_agent_register_timeout_ms": "120000"}
+        return dict(num_cpus=1, resources={SITE_RESOURCE_PREFIX + n: 1}, env_vars=env)
 
-    c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
-    for n in NAMES[1:]:
-        c.add_node(**node_args(n))
-    c.wait_for_nodes()
+    c = start_cluster(node_args)
     ray.init(address=c.address, log_to_driver=False)
     yield dirs
     ray.shutdown()
