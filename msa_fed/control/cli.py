@@ -255,10 +255,7 @@ def register(subparsers) -> None:
     serve.add_argument("--tls-ca", metavar="F", help="CA (PEM) for client certificates: enables mutual TLS")
     serve.add_argument("--insecure", action="store_true", help="plaintext; refused unless HOST is loopback")
     serve.add_argument("--workers", type=int, default=32, help="RPC worker threads (default 32)")
-    from msa_fed.artifacts.predictors import DEFAULT_MAX_BYTES
-
-    serve.add_argument("--max-predictor-mb", type=float, default=DEFAULT_MAX_BYTES / 2**20,
-                       help=f"predictor size limit (default {DEFAULT_MAX_BYTES // 2**20} MiB)")
+    serve.add_argument("--max-predictor-mb", type=float, default=64.0, help="predictor size limit (default 64 MiB)")
     serve.add_argument("--max-sample-mb", type=float, default=256.0, help="sample size limit (default 256 MiB)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
