@@ -62,7 +62,7 @@ def solve_once(oracle, method, **kw):
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        res = solve_dc(oracle, ETA, method=method, **kw)
+        res = solve_dc(oracle, ETA, objective="gamma", method=method, **kw)
     return time.perf_counter() - t0, res
 
 

@@ -19,12 +19,19 @@ import numpy as np
 from msa_fed import __version__
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
-from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import DomainClassifier
+from msa_fed.core.domain_models import domain_model_from_state, domain_model_state
 from msa_fed.core.features import feature_map_from_state, feature_map_state
 from msa_fed.errors import ArtifactError
 
 FORMAT_VERSION = 1
+#: the manifest keys :func:`load_model` reads (a manifest without one is refused, naming it)
+MANIFEST_KEYS = ("method", "task", "sites", "n_features", "z", "eta", "qhat", "gamma", "domain_losses", "history",
+                 "classes", "info", "feature_map", "domain_model", "predictor_sha256")
+
+
+def predictor_kind(task: str) -> str:
+    """What the safe loader checks a frozen predictor's outputs as, for ``task``."""
+    return "regression" if task == "regression" else "probabilities"
 
 
 def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
@@ -146,16 +153,9 @@ class CombinedModel:
             arrays.update({f"feature_map.{k}": v for k, v in fa.items()})
         else:
             manifest["feature_map"] = None
-        if isinstance(dm, DomainClassifier):
-            manifest["domain_model"] = {"kind": "maxent", "mu": dm.mu}
-            arrays["theta"] = dm.theta_
-        elif isinstance(dm, KDEDomainModel):
-            manifest["domain_model"] = {"kind": "kde"}
-            arrays["bandwidths"] = dm.bandwidths_
-            for k, s in enumerate(dm.samples_):
-                arrays[f"kde_sample.{k}"] = s
-        else:
-            raise ValueError(f"cannot save a domain model of type {type(dm).__name__}")
+        kind, params, state = domain_model_state(dm)
+        manifest["domain_model"] = {"kind": kind, **params}
+        arrays.update(state)
         hashes = []
         for k, h in enumerate(self.predictors):
             data = to_onnx(h, self.n_features_in_)
@@ -193,7 +193,7 @@ def load_model(path) -> CombinedModel:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{mf}: manifest is not valid JSON ({exc})") from None
-    if manifest.get("format") != "msa_fed.combined_model":
+    if not isinstance(manifest, dict) or manifest.get("format") != "msa_fed.combined_model":
         raise ArtifactError(f"{mf}: not a msa_fed combined model")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
@@ -203,25 +203,29 @@ def load_model(path) -> CombinedModel:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{path / 'arrays.npz'}: cannot read arrays ({exc})") from None
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise ArtifactError(f"{mf}: manifest lacks the key(s) {missing}")
     p = len(manifest["sites"])
-    fmap = None
-    if manifest["feature_map"] is not None:
-        prefix = "feature_map."
-        fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
-    kind = manifest["domain_model"]["kind"]
-    if kind == "maxent":
-        dm = DomainClassifier(fmap, arrays["theta"], p, manifest["domain_model"]["mu"])
-    else:
-        dm = KDEDomainModel.from_state(arrays["bandwidths"], [arrays[f"kde_sample.{k}"] for k in range(p)],
-                                       feature_map=fmap)
+    try:
+        fmap = None
+        if manifest["feature_map"] is not None:
+            prefix = "feature_map."
+            fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
+        params = {k: v for k, v in manifest["domain_model"].items() if k != "kind"}
+        dm = domain_model_from_state(manifest["domain_model"]["kind"], params, arrays, fmap, p)
+    except KeyError as exc:
+        raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
     task = manifest["task"]
     predictors = []
     for k in range(p):
         data = (path / "predictors" / f"{k}.onnx").read_bytes()
         predictors.append(load_predictor(
             data, expected_sha256=manifest["predictor_sha256"][k], n_features=manifest["n_features"],
-            kind="regression" if task == "regression" else "probabilities"))
+            kind=predictor_kind(task)))
     return CombinedModel(
         method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,

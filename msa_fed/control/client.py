@@ -37,8 +37,8 @@ from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
-from msa_fed.control.server import MAX_MESSAGE_BYTES, is_loopback, parse_address
 from msa_fed.control.tokens import parse_token
+from msa_fed.control.transport import MAX_MESSAGE_BYTES, is_loopback, parse_address
 from msa_fed.errors import ConfigError, RegistryError
 
 UPLOAD_CHUNK_BYTES = 1 << 20

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from msa_fed.artifacts.predictors import META_N_FEATURES, load_predictor, sha256_hex
+from msa_fed.artifacts.predictors import DEFAULT_MAX_BYTES, META_N_FEATURES, load_predictor, sha256_hex
 from msa_fed.control import tokens
 from msa_fed.control.records import (
     KIND_PREDICTOR,
@@ -65,7 +65,7 @@ class Limits:
     address for the health check), each cut off after ``request_read_s``.
     """
 
-    max_predictor_bytes: int = 64 * 2**20  # matches artifacts.DEFAULT_MAX_BYTES
+    max_predictor_bytes: int = DEFAULT_MAX_BYTES
     max_sample_bytes: int = 256 * 2**20    # 67M float32 values: far above any unlabelled sample we use
     max_combined_bytes: int = 512 * 2**20  # p predictors of up to 64 MiB plus the domain classifier
     max_manifest_bytes: int = 2**20

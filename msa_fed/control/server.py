@@ -10,7 +10,6 @@ service (``grpc.health.v1``) and server reflection are registered too.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 from concurrent import futures
 from dataclasses import dataclass
@@ -25,11 +24,11 @@ from msa_fed.control.proto import SERVICE_NAME
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.servicer import RegistryServicer
+from msa_fed.control.transport import MAX_MESSAGE_BYTES, format_address, is_loopback, parse_address  # noqa: F401 - re-exported
 from msa_fed.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 2**20 + 2**16  # uploads arrive in chunks of at most 1 MiB
 
 
 @dataclass(frozen=True)
@@ -53,35 +52,6 @@ def _read_pem(path, flag: str) -> bytes:
     if b"-----BEGIN" not in data:
         raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
     return data
-
-
-def parse_address(address: str, flag: str = "--listen") -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into (host, port)."""
-    if not isinstance(address, str) or ":" not in address:
-        raise ConfigError(f"{flag} must be HOST:PORT; got {address!r}")
-    host, _, port_text = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not host or not 0 <= port <= 65535:
-        raise ConfigError(f"{flag} must be HOST:PORT with a port in 0..65535; got {address!r}")
-    return host, port
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback IP addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_transport(listen: str, tls: "TlsConfig | None", insecure: bool) -> tuple[str, int]:

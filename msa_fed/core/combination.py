@@ -11,10 +11,19 @@ space, so no underflow of Q(k | x) can give 0 / 0.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
-from msa_fed.core.dc_terms import PointSet
+from msa_fed.core.dc_terms import PROB_FLOOR, PointSet
+
+
+def class_union(class_lists: Iterable[ArrayLike]) -> np.ndarray:
+    """The sorted union of the predictors' classes (the columns of every probability output)."""
+    union: np.ndarray = np.unique(np.concatenate([np.asarray(c).reshape(-1) for c in class_lists]))
+    return union
 
 
 def qhat_partial(Q: np.ndarray, n_sources: int) -> np.ndarray:
@@ -64,9 +73,15 @@ def combine_regression(weights: np.ndarray, H: np.ndarray) -> np.ndarray:
 
 
 def combine_proba(weights: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c)."""
-    g: np.ndarray = np.einsum("nk,nkc->nc", weights, P)
-    return g
+    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c).
+
+    Each h_k(x, y) is floored at :data:`msa_fed.core.dc_terms.PROB_FLOOR` first, as the losses
+    and the solver floor it (so the model's own log-loss is the loss the solver minimised), and
+    the rows are renormalised (the floor adds at most c * PROB_FLOOR to a row).
+    """
+    g: np.ndarray = np.einsum("nk,nkc->nc", weights, np.maximum(P, PROB_FLOOR))
+    out: np.ndarray = g / g.sum(axis=1, keepdims=True)
+    return out
 
 
 def paper_z(z: np.ndarray, qhat: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from msa_fed.core.config import SolverConfig
 from msa_fed.core.dc_homotopy import Callback, logit_path_run
 from msa_fed.core.dc_steps import KKT_RIDGE, epigraph_slsqp, kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
@@ -275,7 +276,6 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- driver
-METHODS = ("auto", "homotopy", "newton", "dca")
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
 #: Newton iterations from a checkpoint's z0 inside method="auto" before the path is followed
@@ -336,39 +336,40 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
     return result()
 
 
-def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
-             max_iter: int = 200, n_restarts: int = 4, random_state: int | np.random.Generator | None = 0,
-             bound: str = "pointwise", z0: np.ndarray | None = None, callback: Callback | None = None,
+def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", method: str | None = None,
+             tol: float = 1e-9, max_iter: int = 200, n_restarts: int = 4,
+             random_state: int | np.random.Generator | None = 0, bound: str | None = None,
+             z0: np.ndarray | None = None, callback: Callback | None = None,
              warn: bool = True) -> DCResult:
-    """Minimise Gamma over the simplex.
+    """Solve for z over the simplex: min max_k L_k(z) (default) or min Gamma(z).
+
+    The options are those of :class:`SolverConfig` (same names, same checks).
 
     Parameters
     ----------
     oracle : LossOracle giving sums over all labelled points (local or distributed).
     eta : smoothing, >= 0.
-    objective : "gamma" (the paper: min Gamma) or "minmax" (min max_k L_k, the worst-case loss
-        over the domains, by SLSQP on the epigraph; ``method`` is ignored).
-    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it
-        fails: Newton then DCA from its best point, then Newton from random starts),
-        "homotopy", "newton" (active-set Newton from each start) or "dca" (the paper's
-        algorithm from each start).
+    objective : "minmax" (min max_k L_k, the worst-case loss over the domains, by SLSQP on
+        the epigraph) or "gamma" (the paper: min Gamma).
+    method : objective "gamma" only (an error under "minmax"): "auto" (default; the logit-path
+        homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it fails: Newton then DCA from its
+        best point, then Newton from random starts), "homotopy", "newton" (active-set Newton from
+        each start) or "dca" (the paper's algorithm from each start).
     tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
     max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
     n_restarts : random simplex starts tried after the first one, only while not converged.
-    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
+    bound : objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter)
+        or "global" (one M).
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
     callback : called as callback(iteration, z, gamma) after each accepted iterate.
     """
-    if objective not in ("gamma", "minmax"):
-        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    if bound not in ("pointwise", "global"):
-        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
+    cfg = SolverConfig(objective=objective, method=method, tol=tol, max_iter=max_iter, n_restarts=n_restarts,
+                       bound=bound, z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1))
+                       ).validate()
+    objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
+    method, bound = cfg.method or "auto", cfg.bound or "pointwise"
     if not (np.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
-        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}")
     p = int(oracle.n_sources)
     rng = np.random.default_rng(random_state)
     global_bound = oracle.max_bound() if bound == "global" else None

@@ -90,6 +90,8 @@ def select_bandwidth(X: ArrayLike, n_grid: int = 20, cv: int = 5, random_state: 
 class KDEDomainModel:
     """Per-domain Gaussian KDEs; ``predict_log_proba`` gives log D_k(x) - log sum_j D_j(x)."""
 
+    #: the name of this kind of domain model in saved models and messages (core.domain_models)
+    kind = "kde"
     n_sources: int
     bandwidths_: np.ndarray
     samples_: list[np.ndarray]
@@ -102,8 +104,7 @@ class KDEDomainModel:
 
     def fit(self, X_per_domain: Sequence[ArrayLike]) -> KDEDomainModel:
         if self.feature_map is not None:
-            pooled = np.vstack(X_per_domain)
-            self.feature_map.fit(pooled)
+            self.feature_map.fit(np.vstack(X_per_domain))
             X_per_domain = [self.feature_map.transform(X) for X in X_per_domain]
         self.n_sources = len(X_per_domain)
         if self.bandwidth is None:
@@ -140,12 +141,21 @@ class KDEDomainModel:
         proba: np.ndarray = np.exp(self.predict_log_proba(X))
         return proba
 
+    def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, arrays) without the feature map (saved beside it); see :meth:`from_state`."""
+        arrays: dict[str, Any] = {"bandwidths": self.bandwidths_}
+        arrays.update({f"kde_sample.{k}": s for k, s in enumerate(self.samples_)})
+        return {}, arrays
+
     @classmethod
-    def from_state(cls, bandwidths: ArrayLike, samples: Sequence[ArrayLike],
-                   feature_map: Any = None) -> KDEDomainModel:
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
+                   n_sources: int) -> KDEDomainModel:
+        missing = [key for key in ["bandwidths"] + [f"kde_sample.{k}" for k in range(n_sources)] if key not in arrays]
+        if missing:
+            raise ValueError(f"KDE domain model state lacks arrays {missing}")
         obj = cls(bandwidth=None, feature_map=feature_map)
-        obj.n_sources = len(samples)
-        obj.bandwidths_ = np.asarray(bandwidths, dtype=np.float64)
-        obj.samples_ = [np.asarray(s, dtype=np.float64) for s in samples]
+        obj.n_sources = n_sources
+        obj.bandwidths_ = np.asarray(arrays["bandwidths"], dtype=np.float64)
+        obj.samples_ = [np.asarray(arrays[f"kde_sample.{k}"], dtype=np.float64) for k in range(n_sources)]
         obj._build()
         return obj

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,40 +27,8 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
+from msa_fed.core.config import ClassifierConfig
 from msa_fed.core.dc_terms import one_blas_thread
-
-
-@dataclass(frozen=True)
-class ClassifierConfig:
-    """Hyper-parameters of the domain classifier (each default explained)."""
-
-    mu: float = 1e-3            # L2 weight; small: the domains are usually well separated
-    optimizer: str = "lbfgs"    # "lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples
-    max_iter: int = 1000        # L-BFGS iterations (rarely reached)
-    tol: float = 1e-9           # L-BFGS relative objective tolerance (ftol)
-    gtol: float = 1e-7          # L-BFGS projected-gradient tolerance
-    epochs: int = 20            # SGD epochs over the largest shard
-    batch_size: int = 256       # SGD mini-batch per shard
-    lr: float = 0.05            # SGD (Adam) initial learning rate, cosine-decayed to 0
-    device: str = "cpu"         # torch device for the shard computations
-    dtype: str = "float32"      # products in float32, sums across row blocks in float64: final
-    #                             objective within ~2e-9 relative of float64's, 1.6-2.1x faster
-    #                             per evaluation, half the memory (measured: BENCHMARKS.md, core details)
-
-    def validate(self) -> ClassifierConfig:
-        if not (self.mu >= 0 and math.isfinite(self.mu)):
-            raise ValueError(f"mu must be a finite number >= 0; got {self.mu!r}")
-        if self.optimizer not in ("lbfgs", "sgd"):
-            raise ValueError(f"optimizer must be 'lbfgs' or 'sgd'; got {self.optimizer!r}")
-        if self.dtype not in ("float64", "float32"):
-            raise ValueError(f"dtype must be 'float64' or 'float32'; got {self.dtype!r}")
-        _parse_device(self.device)  # the string only: whether a GPU is there is checked where the shards live
-        return self
-
-
-def shard_seed(seed: int, index: int) -> int:
-    """The mini-batch seed of shard ``index`` of a run seeded with ``seed`` (distinct per shard)."""
-    return seed * 1000 + index
 
 
 def n_params(n_features: int, n_sources: int) -> int:
@@ -307,6 +274,9 @@ class DomainClassifier:
     """Fitted Q(k | x): a feature map and softmax weights.  ``predict_proba`` columns follow
     site order.  Build with :func:`train_domain_classifier` or the runtime."""
 
+    #: the name of this kind of domain model in saved models and messages (core.domain_models)
+    kind = "maxent"
+
     def __init__(self, feature_map: Any, theta: np.ndarray, n_sources: int, mu: float,
                  info: dict[str, Any] | None = None) -> None:
         self.feature_map = feature_map
@@ -340,6 +310,41 @@ class DomainClassifier:
         q: np.ndarray = np.exp(self.predict_log_proba(X))
         return q
 
+    def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, arrays) without the feature map (saved beside it); see :meth:`from_state`."""
+        return {"mu": self.mu}, {"theta": self.theta_}
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
+                   n_sources: int) -> DomainClassifier:
+        return cls(feature_map, arrays["theta"], n_sources, params.get("mu", 0.0))
+
+
+def shard_seed(seed: int, index: int) -> int:
+    """The SGD mini-batch seed of site ``index``'s shard for the run seed ``seed``."""
+    return int(seed) * 1000 + int(index)
+
+
+def balanced_weights(X_unlabeled: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-point weights 1 / (p m_k) of the pooled unlabelled sample (each site weighs 1/p)."""
+    p = len(X_unlabeled)
+    weights: np.ndarray = np.concatenate([np.full(len(X), 1.0 / (p * len(X))) for X in X_unlabeled])
+    return weights
+
+
+def fit_with_weights(estimator: Any, X: np.ndarray, sample_weight: np.ndarray) -> Any:
+    """``estimator.fit(X, sample_weight=...)``, or ``fit(X)`` for one that takes no weights."""
+    try:
+        return estimator.fit(X, sample_weight=sample_weight)
+    except TypeError:
+        return estimator.fit(X)
+
+
+def fit_feature_map(feature_map: Any, X_unlabeled: Sequence[np.ndarray]) -> Any:
+    """Fit ``feature_map`` on the pooled unlabelled sample, each site weighing 1/p; returns it."""
+    fit_with_weights(feature_map, np.vstack(X_unlabeled), balanced_weights(X_unlabeled))
+    return feature_map
+
 
 def balanced_shards(Phis: Sequence[np.ndarray], config: ClassifierConfig, seed: int = 0) -> list[MaxentShard]:
     """One shard per site: site k's features with label k and weight 1 / (p m_k)."""
@@ -349,20 +354,30 @@ def balanced_shards(Phis: Sequence[np.ndarray], config: ClassifierConfig, seed: 
             for k, Phi in enumerate(Phis)]
 
 
+#: (gradient oracle, mini-batch oracle) of a fitted feature map, computed outside this process
+Oracles = Callable[[Any], tuple[GradientOracle, Callable[[np.ndarray, int], tuple[float, np.ndarray]]]]
+
+
 def train_domain_classifier(X_unlabeled: Sequence[np.ndarray], feature_map: Any, config: ClassifierConfig,
-                            random_state: int | None = 0, progress: Progress | None = None) -> DomainClassifier:
-    """Fit the feature map on the pooled unlabelled sample (balanced) and train in-process."""
+                            random_state: int | None = 0, progress: Progress | None = None, *,
+                            oracles: Oracles | None = None) -> DomainClassifier:
+    """Fit the feature map on the pooled unlabelled sample (balanced) and train the classifier.
+
+    oracles : None trains in this process on :func:`balanced_shards`; else ``oracles(feature_map)``
+        (called with the fitted map) returns (gradient oracle, mini-batch oracle) whose sums are
+        computed elsewhere (the runtime: at the sites).
+    """
     p = len(X_unlabeled)
-    pooled = np.vstack(X_unlabeled)
-    weights = np.concatenate([np.full(len(X), 1.0 / (p * len(X))) for X in X_unlabeled])
-    try:
-        feature_map.fit(pooled, sample_weight=weights)
-    except TypeError:
-        feature_map.fit(pooled)
-    Phis = [np.asarray(feature_map.transform(X), dtype=np.float64) for X in X_unlabeled]
-    shards = balanced_shards(Phis, config, seed=int(random_state) if random_state is not None else 0)
-    D = Phis[0].shape[1]
-    theta, info = fit_maxent(sum_oracle(shards), D, p, config,
-                             minibatch_oracle=sum_minibatch_oracle(shards, config.batch_size),
-                             n_points=max(Phi.shape[0] for Phi in Phis), progress=progress)
+    fit_feature_map(feature_map, X_unlabeled)
+    seed = int(random_state) if random_state is not None else 0
+    if oracles is None:
+        Phis = [np.asarray(feature_map.transform(X), dtype=np.float64) for X in X_unlabeled]
+        shards = balanced_shards(Phis, config, seed=seed)
+        oracle, minibatch = sum_oracle(shards), sum_minibatch_oracle(shards, config.batch_size)
+        D = Phis[0].shape[1]
+    else:
+        oracle, minibatch = oracles(feature_map)
+        D = int(np.asarray(feature_map.transform(X_unlabeled[0][:1])).shape[1])
+    theta, info = fit_maxent(oracle, D, p, config, minibatch_oracle=minibatch,
+                             n_points=max(len(X) for X in X_unlabeled), progress=progress)
     return DomainClassifier(feature_map, theta, p, config.mu, info)

@@ -18,6 +18,7 @@ from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
+from msa_fed.runtime.node import current_node_id
 
 
 class SiteStateLost(MsaFedError):
@@ -44,27 +45,11 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
-def _feature_map(state, custom):
-    if state is None:
-        return custom
-    from msa_fed.core.features import feature_map_from_state
-
-    return feature_map_from_state(*state)
-
-
 def build_domain_model(spec: m.DomainModelSpec):
-    # imported here, not at the top: a site loads only what its domain model needs (the Maxent
-    # classifier's module imports torch, the KDE's scikit-learn), which keeps actors light
-    fmap = _feature_map(spec.feature_map, spec.custom_feature_map)
-    if spec.kind == "maxent":
-        from msa_fed.core.domain_classifier import DomainClassifier
-
-        return DomainClassifier(fmap, spec.theta, spec.n_sources, mu=0.0)
-    if spec.kind == "kde":
-        from msa_fed.core.density import KDEDomainModel
-
-        return KDEDomainModel.from_state(spec.bandwidths, list(spec.samples), feature_map=fmap)
-    raise ConfigError(f"unknown domain model kind {spec.kind!r}")
+    try:
+        return m.domain_model_from_spec(spec)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"malformed domain model: {exc}") from None
 
 
 SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
@@ -113,22 +98,14 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
     return out
 
 
-def current_node_id() -> str:
-    """The Ray node this process runs on, or "" outside Ray."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return ""
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-
-
 def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
+    from msa_fed.core.domain_classifier import shard_seed
     from msa_fed.runtime.shards import RowShard
 
-    fmap = _feature_map(fmap_msg.feature_map, fmap_msg.custom_feature_map)
+    fmap = m.feature_map_of(fmap_msg.feature_map, fmap_msg.custom_feature_map)
     Phi = np.asarray(fmap.transform(X), dtype=np.float64)
     return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
-                    dtype=fmap_msg.dtype, seed=fmap_msg.seed * 1000 + index)
+                    dtype=fmap_msg.dtype, seed=shard_seed(fmap_msg.seed, index))
 
 
 class SiteWorker:

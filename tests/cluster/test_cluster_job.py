@@ -140,7 +140,7 @@ def write_job(tmp: Path, address: str, sites=(), name="job") -> Path:
         f'name = "{name}"\n[registry]\naddress = "{address}"\ninsecure = true\n'
         f'admin_token_file = "{tmp / "admin_token"}"\n'
         f'[model]\ntask = "classification"\nfeatures = "standard"\n'
-        f'[run]\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n')
+        f'[run]\ntopology = "cluster"\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n')
     return job
 
 

@@ -14,7 +14,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import msa_fed  # noqa: E402
 from msa_fed.errors import ConfigError, SiteError  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
@@ -81,7 +82,7 @@ def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
     assert len(set(node_of.values())) == 3
 
     backend = RaySites(kwargs)
-    with Coordinator(backend, [s.predictor for s in sites], RunConfig()) as coordinator:
+    with Coordinator(backend, [s.predictor for s in sites], FitConfig()) as coordinator:
         assert [a.node_id for a in coordinator.call_all("ping", None)] == [node_of[n] for n in NAMES]
         assert [(i.n_labeled, i.n_unlabeled) for i in coordinator.infos] == \
             [(len(s.y_labeled), len(s.X_unlabeled)) for s in sites]
@@ -93,14 +94,14 @@ def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
     # plaintext is for loopback only: sites on other nodes than the coordinator are refused
     plain = RaySites(kwargs, data_channel="plain")
     with pytest.raises(ConfigError, match="runs on another node than the coordinator"):
-        with Coordinator(plain, [s.predictor for s in sites], RunConfig()) as coordinator:
+        with Coordinator(plain, [s.predictor for s in sites], FitConfig()) as coordinator:
             coordinator.fit()
 
 
 def test_a_site_without_a_node_is_named(cluster):
     sites = make_sites(names=["a", "b", "zz"])
     with pytest.raises(SiteError, match=r"site 'zz': no Ray node carries the resource 'site:zz'"):
-        with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], RunConfig()):
+        with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], FitConfig()):
             pass
 
 
@@ -115,5 +116,5 @@ def test_a_missing_data_file_on_a_node_names_the_site(cluster):
         kw["data_path"] = "only-a.npz"
     node_b = re.escape(str(cluster["b"] / "only-a.npz"))
     with pytest.raises(ConfigError, match=rf"^site 'b': data file '{node_b}' not found on the site's node$"):
-        with Coordinator(RaySites(kwargs), [s.predictor for s in sites], RunConfig()):
+        with Coordinator(RaySites(kwargs), [s.predictor for s in sites], FitConfig()):
             pass
