@@ -281,7 +281,8 @@ def test_library_error_text_never_reaches_the_public_message(caplog):
         load_predictor(data)
     err = info.value
     assert err.public_message == REASONS["probe_failed"]
-    assert "ONNXRuntimeError" not in str(err) and "99" not in str(err)
+    public = str(err).replace(err.incident_id, "")  # the random hex id may itself contain "99"
+    assert "ONNXRuntimeError" not in public and "99" not in public
     assert "ONNXRuntimeError" in err.detail
     record = next(r for r in caplog.records if err.incident_id in r.getMessage())
     assert "ONNXRuntimeError" in record.getMessage()
