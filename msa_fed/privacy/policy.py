@@ -20,14 +20,14 @@ File layout (every section and key optional; unknown ones are errors naming them
     max_thresholds = 1000          # "threshold" map: at most this many thresholds
     max_components = 5000          # "rff" map: at most this many components
     rff_gamma_max = 100.0          # "rff" map: mean W^2 / 2 <= rff_gamma_max
-    kde_bandwidth_floor = 0.01     # KDE bandwidths >= floor * the site's feature std
+    kde_bandwidth_floor = 0.001    # KDE bandwidths >= floor * the site's feature std
     feature_maps = ["standard", "onehot", "threshold", "rff"]
     allow_custom_feature_map = true  # in-process callers only (same party); never under Ray
 
     [budget]
     domain_models_per_job = 3      # distinct domain models a job may set
     dc_evaluations_per_job = 5000
-    domain_models_per_day = 20     # rolling 24 hours, all jobs
+    domain_models_per_day = 10     # rolling 24 hours, all jobs
     dc_evaluations_per_day = 50000
     ledger = ""                    # SQLite file of the query ledger ("" = in memory)
     audit_log = ""                 # JSON-lines audit log ("" = kept in memory)
@@ -70,13 +70,13 @@ class SitePolicy:
     max_thresholds: int = 1000
     max_components: int = 5000
     rff_gamma_max: float = 100.0
-    kde_bandwidth_floor: float = 0.01
+    kde_bandwidth_floor: float = 1e-3
     feature_maps: tuple = FEATURE_MAPS
     allow_custom_feature_map: bool = True
     # [budget]
     domain_models_per_job: int = 3
     dc_evaluations_per_job: int = 5000
-    domain_models_per_day: int = 20
+    domain_models_per_day: int = 10
     dc_evaluations_per_day: int = 50000
     ledger: str = ""
     audit_log: str = ""
