@@ -71,15 +71,15 @@ class DPAccountant:
     def spend(self) -> dict:
         """Account one more Gaussian answer, or refuse when it would exceed a budget."""
         nm, pol = self.noise_multiplier, self.policy
+        after_life = epsilon_of(self.ledger.dp_events(None) + [(nm, 1)], pol.delta)
+        if after_life > pol.epsilon_lifetime * (1 + 1e-6):
+            raise PrivacyError("dp_budget", self.site, f"the request: the site's lifetime epsilon_lifetime="
+                                                       f"{pol.epsilon_lifetime:g} is spent")
         job = self.ledger.dp_events(self.job)
         after_job = epsilon_of(job + [(nm, 1)], pol.delta)
         if after_job > pol.epsilon_per_job * (1 + 1e-6):
             raise PrivacyError("dp_budget", self.site, f"the request: job {self.job!r} has spent its epsilon_per_job="
                                                        f"{pol.epsilon_per_job:g} (delta={pol.delta:g})")
-        after_life = epsilon_of(self.ledger.dp_events(None) + [(nm, 1)], pol.delta)
-        if after_life > pol.epsilon_lifetime * (1 + 1e-6):
-            raise PrivacyError("dp_budget", self.site, f"the request: the site's lifetime epsilon_lifetime="
-                                                       f"{pol.epsilon_lifetime:g} is spent")
         self.ledger.add_dp_event(self.job, nm, 1)
         return {"epsilon_job": after_job, "noise_multiplier": nm}
 
