@@ -51,7 +51,7 @@ class CombinedModel:
 
     def __init__(self, *, method, task, site_names, domain_model, qhat, z, eta, predictors,
                  n_features, classes=None, gamma=float("nan"), domain_losses=None, history=(),
-                 info=None):
+                 info=None, epsilon_by_site=None):
         self.method = method
         self.task = task
         self.site_names = list(site_names)
@@ -66,6 +66,8 @@ class CombinedModel:
         self.domain_losses = None if domain_losses is None else np.asarray(domain_losses, dtype=np.float64)
         self.history = [float(g) for g in history]
         self.info = dict(info or {})
+        # differential privacy: the epsilon each site spent on the run (0: answered without DP)
+        self.epsilon_by_site = {str(k): float(v) for k, v in (epsilon_by_site or {}).items()}
 
     @property
     def n_sources(self) -> int:
@@ -123,6 +125,7 @@ class CombinedModel:
             "history": self.history,
             "classes": None if self.classes_ is None else self.classes_.tolist(),
             "info": _jsonable(self.info),
+            "epsilon_by_site": self.epsilon_by_site,
         }
 
     def save(self, path) -> Path:
@@ -213,7 +216,8 @@ def load_model(path) -> CombinedModel:
         method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
         n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
-        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"])
+        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"],
+        epsilon_by_site=manifest.get("epsilon_by_site") or {})
 
 
 def _jsonable(obj):

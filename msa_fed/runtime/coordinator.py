@@ -82,6 +82,7 @@ class Coordinator:
         self._setup_log: list[tuple[str, Any]] = []
         self._sample_digest = ""
         self._ckpt: dict | None = None  # checkpoint state, loaded lazily (see _checkpoint)
+        self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -262,9 +263,20 @@ class Coordinator:
         """Send the domain model to the sites, gather Qhat (p,) from their partial sums, send it
         back; returns (qhat, the loss oracle whose sums the sites compute)."""
         parts = self._setup_all("set_domain_model", self._domain_spec(domain_model))
+        self.note_epsilon(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
+        if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
+            qhat = np.maximum(qhat, 1e-6)
+            qhat = qhat / qhat.sum()
         self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=self.config.eta))
         return qhat, DistributedOracle(self)
+
+    def note_epsilon(self, parts):
+        """Record the epsilon each site says it has spent (sites with DP off report 0)."""
+        for info, r in zip(self.infos, parts):
+            eps = float(getattr(r, "epsilon", 0.0) or 0.0)
+            if eps > 0:
+                self.epsilon[info.name] = max(eps, self.epsilon.get(info.name, 0.0))
 
     def fit(self) -> CombinedModel:
         cfg = self.config
@@ -293,7 +305,15 @@ class Coordinator:
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
-        res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
+        dp_evaluations = int(solver_opts.pop("dp_evaluations", 30))
+        if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
+            from msa_fed.privacy.solver import solve_noisy
+
+            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {dp_evaluations} noisy evaluations")
+            res = solve_noisy(oracle, cfg.eta, n_evaluations=dp_evaluations,
+                              random_state=solver_opts.get("random_state", 0), callback=callback)
+        else:
+            res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
         progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
                       f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
@@ -306,7 +326,8 @@ class Coordinator:
         return CombinedModel(method=cfg.method, task=cfg.task, site_names=[i.name for i in self.infos],
                              domain_model=dm, qhat=qhat, z=res.z, eta=cfg.eta, predictors=self.predictors,
                              n_features=self.n_features, classes=self._classes(), gamma=res.gamma,
-                             domain_losses=res.losses, history=res.history, info=info)
+                             domain_losses=res.losses, history=res.history, info=info,
+                             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos})
 
 
 class DistributedOracle:
@@ -320,6 +341,7 @@ class DistributedOracle:
         parts = self.coordinator.call_all(
             "dc_evaluate", m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
                                        global_bound=global_bound))
+        self.coordinator.note_epsilon(parts)
         return sum_all(r.sums for r in parts)
 
     def max_bound(self) -> float:

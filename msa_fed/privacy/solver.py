@@ -1,0 +1,81 @@
+"""Choosing z from a noisy loss oracle (sites answering with differential privacy).
+
+Every answer costs privacy, so the exact solvers (hundreds of evaluations, gradients) are out:
+with DP on, a site answers only the losses L_k(z), with Gaussian noise, and a fixed number of
+times per job.  :func:`solve_noisy` spends a small design of evaluations chosen up front (the
+vertices of the simplex, its centre, then random points), fits a smooth surrogate of each
+L_k(z) by ridge least squares (quadratic in z when there are enough points, else linear plus
+squares), which averages the noise over all answers, and returns the minimiser of
+max_k L_k over a dense candidate set of the simplex.  It always terminates with a point of
+the simplex: when a site refuses because its budget is spent, it stops evaluating and fits
+what it has.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from msa_fed.core.dc_solver import DCResult
+from msa_fed.errors import PrivacyError
+
+
+def _features(Z: np.ndarray, full: bool) -> np.ndarray:
+    n, p = Z.shape
+    cols = [np.ones(n), *Z.T]
+    if full:
+        cols += [Z[:, i] * Z[:, j] for i, j in itertools.combinations_with_replacement(range(p), 2)]
+    else:
+        cols += [Z[:, i] ** 2 for i in range(p)]
+    return np.column_stack(cols)
+
+
+def _design(p: int, n: int, rng) -> np.ndarray:
+    pts = [np.eye(p)[k] for k in range(p)] + [np.full(p, 1.0 / p)]
+    while len(pts) < n:
+        pts.append(rng.dirichlet(np.ones(p)))
+    return np.array(pts[:max(n, 1)])
+
+
+def _candidates(p: int, rng, n: int = 20000) -> np.ndarray:
+    if p == 2:
+        t = np.linspace(0.0, 1.0, 2001)
+        return np.column_stack([t, 1 - t])
+    return np.vstack([np.eye(p), np.full((1, p), 1.0 / p), rng.dirichlet(np.ones(p), size=n)])
+
+
+def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1e-6, random_state=0,
+                callback=None) -> DCResult:
+    """min over the simplex of max_k L_k(z) from at most ``n_evaluations`` noisy answers."""
+    p = int(oracle.n_sources)
+    rng = np.random.default_rng(random_state)
+    design = _design(p, int(n_evaluations), rng)
+    Z, Ls = [], []
+    for z in design:
+        try:
+            s = oracle.evaluate(z, eta, ("L",))
+        except PrivacyError as exc:
+            if exc.rule not in ("dp_budget", "budget"):
+                raise
+            break
+        Z.append(z)
+        Ls.append(np.asarray(s.L, dtype=np.float64))
+    if not Z:
+        z = np.full(p, 1.0 / p)
+        return DCResult(z=z, gamma=float("nan"), losses=np.full(p, np.nan), history=[], converged=False,
+                        n_iter=0, n_evaluations=0, method="dp-surrogate")
+    Z, Ls = np.array(Z), np.array(Ls)
+    full = Z.shape[0] >= 1 + p + p * (p + 1) // 2 + 2
+    F = _features(Z, full)
+    coef = np.linalg.solve(F.T @ F + ridge * np.eye(F.shape[1]), F.T @ Ls)   # (features, p)
+    C = _candidates(p, rng)
+    pred = _features(C, full) @ coef                                          # (candidates, p)
+    worst = pred.max(axis=1)
+    best = int(np.argmin(worst))
+    z = C[best] / C[best].sum()
+    losses = pred[best]
+    gamma = float(losses.max() - z @ losses)
+    if callback is not None:
+        callback(1, z, float(worst[best]))
+    return DCResult(z=z, gamma=gamma, losses=losses, history=[float(worst[best])], converged=True, n_iter=1,
+                    n_evaluations=int(Z.shape[0]), method="dp-surrogate")
