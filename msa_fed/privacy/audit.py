@@ -63,8 +63,7 @@ class AuditLog:
     def append(self, record: dict) -> str:
         """Write one record (``time`` and ``prev`` are added); returns the new head hash."""
         with self._lock:
-            rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e3) % 1000:03d}Z",
-                   **record, "prev": self.head}
+            rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
             line = json.dumps(rec, sort_keys=True, default=_json_default, allow_nan=False).encode()
             if self.path:
                 self._fh.write(line + b"\n")
@@ -115,6 +114,7 @@ def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, sour
             epsilon[job] = max(epsilon.get(job, 0.0), float(rec["epsilon_job"]))
         first = first or rec.get("time")
         last = rec.get("time")
+    first, last = (_iso(first), _iso(last))
     if anchor is not None:
         count, head = anchor
         if len(lines) < count:
@@ -124,6 +124,12 @@ def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, sour
             raise AuditError(f"{source}: line {count} does not match the ledger anchor (the log was rewritten)")
     return {"lines": len(lines), "head": prev, "requests": kinds, "refused": refused, "jobs": sorted(jobs),
             "epsilon_by_job": epsilon, "first": first, "last": last}
+
+
+def _iso(t):
+    if not isinstance(t, (int, float)):
+        return t
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def verify_log(path, anchor: tuple[int, str] | None = None) -> dict:

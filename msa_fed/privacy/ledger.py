@@ -11,11 +11,13 @@ import threading
 import time
 
 DAY_S = 86400.0
+HOUR_S = 3600.0
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS queries (job TEXT NOT NULL, kind TEXT NOT NULL, t REAL NOT NULL, n INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS queries_job ON queries (job, kind);
-CREATE INDEX IF NOT EXISTS queries_t ON queries (kind, t);
+CREATE TABLE IF NOT EXISTS job_queries (job TEXT NOT NULL, kind TEXT NOT NULL, n INTEGER NOT NULL,
+                                        PRIMARY KEY (job, kind));
+CREATE TABLE IF NOT EXISTS hourly_queries (kind TEXT NOT NULL, hour INTEGER NOT NULL, n INTEGER NOT NULL,
+                                           PRIMARY KEY (kind, hour));
 CREATE TABLE IF NOT EXISTS dp_events (job TEXT NOT NULL, t REAL NOT NULL, noise_multiplier REAL NOT NULL,
                                       count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit_anchor (log TEXT PRIMARY KEY, count INTEGER NOT NULL, head TEXT NOT NULL);
@@ -23,10 +25,18 @@ CREATE TABLE IF NOT EXISTS audit_anchor (log TEXT PRIMARY KEY, count INTEGER NOT
 
 
 class Ledger:
-    """Counts of answered and refused requests by job and kind; DP events; audit anchors."""
+    """Counts of answered and refused requests by job and kind; DP events; audit anchors.
+
+    ``path`` empty: kept in this process only (plain dicts, no SQLite; the in-process API).
+    """
+
+    def __new__(cls, path: str = ""):
+        if cls is Ledger and not path:
+            return super().__new__(MemoryLedger)
+        return super().__new__(cls)
 
     def __init__(self, path: str = ""):
-        self.path = path or ":memory:"
+        self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
@@ -39,20 +49,28 @@ class Ledger:
             self._db.close()
 
     def record(self, job: str, kind: str, n: int = 1, t: float | None = None):
+        """Count n queries of ``kind`` for ``job`` (per job, and per hour for the rolling day)."""
+        hour = int((time.time() if t is None else t) // HOUR_S)
         with self._lock:
-            self._db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)", (job, kind, time.time() if t is None else t, n))
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
+                             "n = n + excluded.n", (job, kind, int(n)))
+            self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE SET "
+                             "n = n + excluded.n", (kind, hour, int(n)))
+            self._db.execute("COMMIT")
 
     def job_count(self, job: str, kind: str) -> int:
         with self._lock:
-            row = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM queries WHERE job = ? AND kind = ?",
-                                   (job, kind)).fetchone()
-        return int(row[0])
+            row = self._db.execute("SELECT n FROM job_queries WHERE job = ? AND kind = ?", (job, kind)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def day_count(self, kind: str, now: float | None = None) -> int:
-        since = (time.time() if now is None else now) - DAY_S
+        """Queries of ``kind`` in the last 24 hours, counted by whole hours (the hour 24 hours ago
+        included, so the window is at least a day: stricter, never looser)."""
+        hour = int((time.time() if now is None else now) // HOUR_S)
         with self._lock:
-            row = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM queries WHERE kind = ? AND t > ?",
-                                   (kind, since)).fetchone()
+            row = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM hourly_queries WHERE kind = ? AND hour >= ?",
+                                   (kind, hour - 24)).fetchone()
         return int(row[0])
 
     # ------------------------------------------------------------------ DP
@@ -82,3 +100,50 @@ class Ledger:
         with self._lock:
             row = self._db.execute("SELECT count, head FROM audit_anchor WHERE log = ?", (log,)).fetchone()
         return None if row is None else (int(row[0]), str(row[1]))
+
+
+class MemoryLedger(Ledger):
+    """The ledger of a site without a ledger file: the same interface, in this process's memory."""
+
+    def __init__(self, path: str = ""):
+        self.path = ""
+        self._lock = threading.Lock()
+        self._jobs: dict = {}
+        self._hours: dict = {}
+        self._dp: list = []
+        self._anchors: dict = {}
+
+    def close(self):
+        pass
+
+    def record(self, job: str, kind: str, n: int = 1, t: float | None = None):
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
+            self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
+
+    def job_count(self, job: str, kind: str) -> int:
+        return self._jobs.get((job, kind), 0)
+
+    def day_count(self, kind: str, now: float | None = None) -> int:
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            return sum(v for (k, h), v in self._hours.items() if k == kind and h >= hour - 24)
+
+    def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
+        with self._lock:
+            self._dp.append((job, float(noise_multiplier), int(count)))
+
+    def dp_events(self, job: str | None = None) -> list[tuple[float, int]]:
+        out: dict = {}
+        with self._lock:
+            for j, nm, c in self._dp:
+                if job is None or j == job:
+                    out[nm] = out.get(nm, 0) + c
+        return sorted(out.items())
+
+    def set_anchor(self, log: str, count: int, head: str):
+        self._anchors[log] = (int(count), head)
+
+    def anchor(self, log: str) -> tuple[int, str] | None:
+        return self._anchors.get(log)
