@@ -5,8 +5,11 @@ with DP on, a site answers only the losses L_k(z), with Gaussian noise, and a fi
 times per job.  :func:`solve_noisy` spends a small design of evaluations chosen up front (the
 vertices of the simplex, its centre, then random points), fits a smooth surrogate of each
 L_k(z) by ridge least squares (quadratic in z when there are enough points, else linear plus
-squares), which averages the noise over all answers, and returns the minimiser of
-max_k L_k over a dense candidate set of the simplex.  It always terminates with a point of
+squares), which averages the noise over all answers, and returns the minimiser over a dense
+candidate set of the simplex of max_k of an upper confidence bound of L_k (the surrogate plus
+``ucb`` standard errors, the noise level estimated from the fit's residuals): where the answers
+are too noisy to tell the domains apart it stays near the design's centre instead of chasing
+noise into a corner.  It always terminates with a point of
 the simplex: when a site refuses because its budget is spent, it stops evaluating and fits
 what it has.
 """
@@ -44,9 +47,10 @@ def _candidates(p: int, rng, n: int = 20000) -> np.ndarray:
     return np.vstack([np.eye(p), np.full((1, p), 1.0 / p), rng.dirichlet(np.ones(p), size=n)])
 
 
-def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1e-6, random_state=0,
-                callback=None) -> DCResult:
-    """min over the simplex of max_k L_k(z) from at most ``n_evaluations`` noisy answers."""
+def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1e-6, ucb: float = 2.0,
+                random_state=0, callback=None) -> DCResult:
+    """min over the simplex of max_k (surrogate L_k(z) + ucb * its standard error), from at most
+    ``n_evaluations`` noisy answers."""
     p = int(oracle.n_sources)
     rng = np.random.default_rng(random_state)
     design = _design(p, int(n_evaluations), rng)
@@ -65,12 +69,20 @@ def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1
         return DCResult(z=z, gamma=float("nan"), losses=np.full(p, np.nan), history=[], converged=False,
                         n_iter=0, n_evaluations=0, method="dp-surrogate")
     Z, Ls = np.array(Z), np.array(Ls)
-    full = Z.shape[0] >= 1 + p + p * (p + 1) // 2 + 2
+    m = Z.shape[0]
+    full = m >= 1 + p + p * (p + 1) // 2 + 2
     F = _features(Z, full)
-    coef = np.linalg.solve(F.T @ F + ridge * np.eye(F.shape[1]), F.T @ Ls)   # (features, p)
+    A = np.linalg.inv(F.T @ F + ridge * np.eye(F.shape[1]))
+    coef = A @ F.T @ Ls                                                       # (features, p)
     C = _candidates(p, rng)
-    pred = _features(C, full) @ coef                                          # (candidates, p)
-    worst = pred.max(axis=1)
+    FC = _features(C, full)
+    pred = FC @ coef                                                          # (candidates, p)
+    # pessimistic choice: the upper confidence bound of each L_k (noise level estimated from the
+    # residuals), so that noise and extrapolation do not pull z to a corner of the simplex
+    dof = max(m - F.shape[1], 1)
+    sigma = np.sqrt(np.sum((Ls - F @ coef) ** 2, axis=0) / dof)               # (p,)
+    se = np.sqrt(np.maximum(np.einsum("cf,fg,cg->c", FC, A, FC), 0.0))        # (candidates,)
+    worst = (pred + ucb * se[:, None] * sigma[None, :]).max(axis=1)
     best = int(np.argmin(worst))
     z = C[best] / C[best].sum()
     losses = pred[best]
