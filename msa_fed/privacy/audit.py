@@ -7,6 +7,7 @@ off the end is detected too.  :func:`verify_log` checks both.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -55,26 +56,43 @@ class AuditLog:
             elif ledger is not None and ledger.anchor(self._key()) not in (None, (0, GENESIS)):
                 raise AuditError(f"audit log {self.path!r} is missing or empty but the ledger records "
                                  f"{ledger.anchor(self._key())[0]} lines")
-            self._fh = open(p, "ab")
+            self._fh = open(p, "a+b")
 
     def _key(self) -> str:
         return os.path.abspath(self.path)
 
     def append(self, record: dict) -> str:
-        """Write one record (``time`` and ``prev`` are added); returns the new head hash."""
+        """Write one record (``time`` and ``prev`` are added); returns the new head hash.
+
+        A log file may have several writers (two jobs' site workers on one node): each append
+        holds an exclusive lock on the file and chains to the line actually last in it.
+        """
         with self._lock:
-            rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
-            line = json.dumps(rec, sort_keys=True, default=_json_default, allow_nan=False).encode()
-            if self.path:
-                self._fh.write(line + b"\n")
-                self._fh.flush()
-            else:
-                self.lines.append(line)
-            self.count += 1
-            self.head = line_hash(line)
-            if self.ledger is not None and self.path:
-                self.ledger.set_anchor(self._key(), self.count, self.head)
-            return self.head
+            if not self.path:
+                return self._append(record, None)
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
+            try:
+                self.head = _last_line_hash(self._fh.fileno())
+                if self.ledger is not None:
+                    anchor = self.ledger.anchor(self._key())
+                    self.count = anchor[0] if anchor else self.count
+                return self._append(record, self._fh)
+            finally:
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+
+    def _append(self, record: dict, fh) -> str:
+        rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
+        line = json.dumps(rec, sort_keys=True, default=_json_default, allow_nan=False).encode()
+        if fh is not None:
+            fh.write(line + b"\n")
+            fh.flush()
+        else:
+            self.lines.append(line)
+        self.count += 1
+        self.head = line_hash(line)
+        if self.ledger is not None and fh is not None:
+            self.ledger.set_anchor(self._key(), self.count, self.head)
+        return self.head
 
     def records(self) -> list[dict]:
         if self.path:
@@ -84,6 +102,23 @@ class AuditLog:
     def close(self):
         if self.path and not self._fh.closed:
             self._fh.close()
+
+
+def _last_line_hash(fd: int) -> str:
+    """sha256 of the last line of the open file ``fd`` (GENESIS when empty)."""
+    end = os.lseek(fd, 0, os.SEEK_END)
+    if end == 0:
+        return GENESIS
+    chunk, pos, data = 4096, end, b""
+    while pos > 0:
+        step = min(chunk, pos)
+        pos -= step
+        data = os.pread(fd, step, pos) + data
+        body = data[:-1] if data.endswith(b"\n") else data
+        cut = body.rfind(b"\n")
+        if cut >= 0:
+            return line_hash(body[cut + 1:])
+    return line_hash(data[:-1] if data.endswith(b"\n") else data)
 
 
 def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, source: str = "audit log") -> dict:

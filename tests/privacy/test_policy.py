@@ -247,3 +247,15 @@ def test_concentration_refuses_an_isolated_point_and_passes_spread_weights():
     R[:5] = 0.3
     out = check_concentration(R, pol, "s", "w")
     assert out["w_share"] < pol.max_point_share and out["w_ess"] >= pol.min_effective_points
+
+
+def test_two_writers_share_one_audit_log(tmp_path):
+    """Two jobs' workers at one site append to the same log and ledger: the chain stays whole."""
+    pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"), audit_log=str(tmp_path / "a.jsonl"))
+    w1, X, y = A.victim(1, policy=pol, job_id="j1")
+    w2, _, _ = A.victim(1, policy=pol, job_id="j2")
+    for _ in range(3):
+        w1.set_domain_model(_honest_spec(X))
+        w2.set_domain_model(_honest_spec(X))
+    summary = verify_log(tmp_path / "a.jsonl", w1.guard.ledger.anchor(str(tmp_path / "a.jsonl")))
+    assert summary["lines"] == 6 and summary["jobs"] == ["j1", "j2"]
