@@ -61,7 +61,7 @@ class AuditLog:
     def _key(self) -> str:
         return os.path.abspath(self.path)
 
-    def append(self, record: dict) -> str:
+    def append(self, record: dict, counts=()) -> str:
         """Write one record (``time`` and ``prev`` are added); returns the new head hash.
 
         A log file may have several writers (two jobs' site workers on one node): each append
@@ -69,18 +69,21 @@ class AuditLog:
         """
         with self._lock:
             if not self.path:
-                return self._append(record, None)
+                head = self._append(record, None)
+                if self.ledger is not None and counts:
+                    self.ledger.commit(str(record.get("job", "")), counts)
+                return head
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
             try:
                 self.head = _last_line_hash(self._fh.fileno())
                 if self.ledger is not None:
                     anchor = self.ledger.anchor(self._key())
                     self.count = anchor[0] if anchor else self.count
-                return self._append(record, self._fh)
+                return self._append(record, self._fh, counts)
             finally:
                 fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
 
-    def _append(self, record: dict, fh) -> str:
+    def _append(self, record: dict, fh, counts=()) -> str:
         rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
         line = json.dumps(rec, sort_keys=True, default=_json_default, allow_nan=False).encode()
         if fh is not None:
@@ -90,8 +93,8 @@ class AuditLog:
             self.lines.append(line)
         self.count += 1
         self.head = line_hash(line)
-        if self.ledger is not None and fh is not None:
-            self.ledger.set_anchor(self._key(), self.count, self.head)
+        if self.ledger is not None and fh is not None:  # the line's counts and anchor, one transaction
+            self.ledger.commit(str(record.get("job", "")), counts, (self._key(), self.count, self.head))
         return self.head
 
     def records(self) -> list[dict]:

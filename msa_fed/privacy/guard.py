@@ -7,6 +7,7 @@ rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or 
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 
 from msa_fed.errors import PrivacyError
@@ -27,6 +28,7 @@ class SiteGuard:
         self.ledger = Ledger(policy.ledger)
         self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
         self._dp = None
+        self._pending = threading.local()  # counts charged by the request in progress (this thread)
 
     @property
     def dp(self):
@@ -42,7 +44,7 @@ class SiteGuard:
         per_job, per_day = (getattr(self.policy, f) for f in BUDGETS[kind])
         used_job = self.ledger.job_count(self.job, kind)
         used_day = self.ledger.day_count(kind)
-        self.ledger.record(self.job, kind, n)
+        self._pending.counts.append((kind, n))  # written with the request's audit line
         if used_job + n > per_job:
             raise PrivacyError("budget", self.site, f"the request: job {self.job!r} has used its {per_job} {kind.replace('_', ' ')}s "
                                                     f"({BUDGETS[kind][0]})")
@@ -56,6 +58,7 @@ class SiteGuard:
         """``with guard.request("dc_evaluate", p=3) as decisions:`` ... add measured values to
         ``decisions``; the audit record is written when the block ends (answered or refused)."""
         decisions: dict = {}
+        self._pending.counts = []
         try:
             yield decisions
         except PrivacyError as exc:
@@ -71,7 +74,8 @@ class SiteGuard:
                "outcome": outcome, **extra}
         if self._dp is not None:
             rec["epsilon_job"] = self._dp.epsilon_job()
-        self.audit.append(rec)
+        counts, self._pending.counts = list(getattr(self._pending, "counts", [])), []
+        self.audit.append(rec, counts)
 
     def epsilon_spent(self) -> float:
         return 0.0 if self._dp is None else self._dp.epsilon_job()

@@ -59,6 +59,22 @@ class Ledger:
                              "n = n + excluded.n", (kind, hour, int(n)))
             self._db.execute("COMMIT")
 
+    def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
+        """In one transaction: add ``counts`` [(kind, n)] for ``job`` and set an audit anchor
+        (log, line count, last hash).  The site calls this once per request, before it answers."""
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            self._db.execute("BEGIN")
+            for kind, n in counts:
+                self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
+                                 "n = n + excluded.n", (job, kind, int(n)))
+                self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE "
+                                 "SET n = n + excluded.n", (kind, hour, int(n)))
+            if anchor is not None:
+                self._db.execute("INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
+                                 "count = excluded.count, head = excluded.head", (anchor[0], int(anchor[1]), anchor[2]))
+            self._db.execute("COMMIT")
+
     def job_count(self, job: str, kind: str) -> int:
         with self._lock:
             row = self._db.execute("SELECT n FROM job_queries WHERE job = ? AND kind = ?", (job, kind)).fetchone()
@@ -121,6 +137,12 @@ class MemoryLedger(Ledger):
         with self._lock:
             self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
             self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
+
+    def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
+        for kind, n in counts:
+            self.record(job, kind, n, t)
+        if anchor is not None:
+            self.set_anchor(*anchor)
 
     def job_count(self, job: str, kind: str) -> int:
         return self._jobs.get((job, kind), 0)
