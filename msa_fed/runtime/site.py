@@ -175,6 +175,13 @@ class SiteWorker:
     The private data are given as arrays (in-process) or as ``data_path``, an .npz with
     X_labeled, y_labeled, X_unlabeled read on the node where the worker runs (relative paths
     under ``$MSA_FED_SITE_DATA``), lazily, so that a missing file is an ordinary error.
+
+    Every request is checked against the site's privacy policy before any aggregate leaves
+    (:mod:`msa_fed.privacy`, docs/DESIGN.md section 9), counted in its ledger and written to
+    its audit log.  ``policy``: the site's :class:`SitePolicy` (in-process callers; inside a
+    Ray actor the policy is read from ``$MSA_FED_SITE_POLICY`` on the node and a passed one
+    only tightens it); ``min_points`` and ``privacy`` (a dict of policy values) are the job's
+    requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
     def __init__(self, name: str, index: int, X_labeled=None, y_labeled=None, X_unlabeled=None,
