@@ -85,7 +85,7 @@ class AuditLog:
 
     def _append(self, record: dict, fh, counts=()) -> str:
         rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
-        line = json.dumps(rec, sort_keys=True, default=_json_default, allow_nan=False).encode()
+        line = json.dumps(rec, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
         if fh is not None:
             fh.write(line + b"\n")
             fh.flush()

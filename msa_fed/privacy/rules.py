@@ -49,17 +49,18 @@ def check_eta(eta, policy: SitePolicy, site: str) -> dict:
     return {"eta": eta}
 
 
-def check_z(z, eta, p: int, policy: SitePolicy, site: str) -> dict:
+def check_z(z, eta, p: int, policy: SitePolicy, site: str) -> None:
     """z: p non-negative finite numbers.  The solver may evaluate off the simplex (z scaled);
     g_z and the weights' shares depend on z and eta only through eta / sum(z), so that ratio
-    is what must respect eta_min."""
+    is what must respect eta_min.  (Plain Python on the p numbers: this runs every DC round.)"""
     z = np.asarray(z, dtype=np.float64)
-    if z.shape != (p,) or not np.all(np.isfinite(z)) or z.min() < -1e-9 or z.sum() <= 0:
+    zl = z.tolist() if z.shape == (p,) else None
+    total = sum(zl) if zl else float("nan")
+    if zl is None or not math.isfinite(total) or min(zl) < -1e-9 or total <= 0:
         _fail("z", site, f"z must be {p} non-negative numbers; got {np.array2string(z, precision=4)}")
-    eff = float(eta) / float(z.sum())
+    eff = float(eta) / total
     if eff < policy.eta_min * (1 - 1e-9):
         _fail("eta_min", site, f"eta / sum(z) = {eff:.3g} is below the site's eta_min={policy.eta_min:g}")
-    return {}
 
 
 def check_qhat(qhat, own_partial: np.ndarray, site: str) -> dict:

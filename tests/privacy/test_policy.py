@@ -121,7 +121,7 @@ def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     good = log.read_bytes()
     lines = good.splitlines(keepends=True)
     # edit one record (an answer's size): the next line no longer chains to it
-    log.write_bytes(b"".join(lines[:3]) + lines[3].replace(b'"n_labeled": 60', b'"n_labeled": 61') + lines[4])
+    log.write_bytes(b"".join(lines[:3]) + lines[3].replace(b'"n_labeled":60', b'"n_labeled":61') + lines[4])
     assert main(["site", "audit", "--log", str(log)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "line 5" in err[0]
