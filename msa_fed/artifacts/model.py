@@ -217,7 +217,17 @@ def load_model(path) -> CombinedModel:
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
         n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
         domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"],
-        epsilon_by_site=manifest.get("epsilon_by_site") or {})
+        epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf))
+
+
+def _epsilons(value, mf) -> dict:
+    """The manifest's epsilon per site: a mapping of site names to finite numbers >= 0."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in value.values()):
+        raise ArtifactError(f"{mf}: epsilon_by_site must map site names to numbers >= 0")
+    return value
 
 
 def _jsonable(obj):

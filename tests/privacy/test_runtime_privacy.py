@@ -44,6 +44,17 @@ def test_dp_run_ends_on_the_simplex_and_records_epsilon(sites, tmp_path):
     X = np.vstack([s.X_labeled for s in sites])
     P = back.predict_proba(X)
     assert np.allclose(P.sum(axis=1), 1.0)
+    import json
+
+    from msa_fed.errors import ArtifactError
+
+    mf = tmp_path / "m" / "manifest.json"
+    for bad in ("x", {"a": -1.0}, {"a": "1"}):
+        doc = json.loads(mf.read_text())
+        doc["epsilon_by_site"] = bad
+        mf.write_text(json.dumps(doc))
+        with pytest.raises(ArtifactError, match="epsilon_by_site"):
+            load_model(tmp_path / "m")
 
 
 def test_honest_run_without_dp_records_zero_epsilon(sites):
