@@ -27,11 +27,12 @@ import numpy as np
 
 
 def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
+    from sklearn.linear_model import LogisticRegression
+
     from msa_fed.core.features import StandardFeatures, feature_map_state
     from msa_fed.privacy.policy import SitePolicy
     from msa_fed.runtime import messages as m
     from msa_fed.runtime.site import SiteWorker
-    from sklearn.linear_model import LogisticRegression
 
     rng = np.random.default_rng(seed)
     d = 4
@@ -79,11 +80,12 @@ def _unchecked_cls():
 
 def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     """Median DC round on Ray site actors over the TLS channel: unchecked vs default policy."""
+    from sklearn.linear_model import LogisticRegression
+
     from msa_fed.core.density import KDEDomainModel
-    from msa_fed.runtime.coordinator import Coordinator, DistributedOracle, RunConfig
+    from msa_fed.runtime.coordinator import Coordinator, RunConfig
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
     from msa_fed.runtime.site import SiteWorker
-    from sklearn.linear_model import LogisticRegression
 
     ensure_ray(None, num_cpus=2, include_dashboard=False, log_to_driver=False)
     rng = np.random.default_rng(0)

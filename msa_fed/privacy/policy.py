@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from msa_fed.errors import ConfigError
 
@@ -253,5 +255,12 @@ def policy_fingerprint(policy: SitePolicy) -> dict:
     return policy.as_dict()
 
 
-__all__ = ["SitePolicy", "load_policy", "policy_from_env", "policy_from_mapping", "tighten", "POLICY_ENV",
-           "JOB_KEYS"]
+__all__ = [
+    "JOB_KEYS",
+    "POLICY_ENV",
+    "SitePolicy",
+    "load_policy",
+    "policy_from_env",
+    "policy_from_mapping",
+    "tighten",
+]

@@ -86,7 +86,7 @@ def test_point_isolation_1d_without_the_rules_recovers_every_label():
     loose = SitePolicy(min_effective_points=1e-9, max_point_share=1.0, mu_min=1e-12, eta_min=1e-300,
                        domain_models_per_job=10 ** 6, domain_models_per_day=10 ** 6)
     worker, X, y = A.victim(1, policy=loose)
-    c, decoded = _isolation_1d(worker, X, y, coef=200.0, eta=1e-300, qhat_mode="half", inside_logit=100.0)
+    _c, decoded = _isolation_1d(worker, X, y, coef=200.0, eta=1e-300, qhat_mode="half", inside_logit=100.0)
     assert A.score(decoded, y) == A.N
 
 
@@ -165,7 +165,7 @@ def test_differencing_2d_without_the_rules_recovers_labels():
     loose = SitePolicy(min_effective_points=1e-9, max_point_share=1.0, mu_min=1e-12, eta_min=1e-300,
                        domain_models_per_job=10 ** 6, domain_models_per_day=10 ** 6)
     worker, X, y = A.victim(2, policy=loose)
-    c, decoded = _differencing_2d(worker, X, y, scale_w=9e4, eta=1e-300)
+    _c, decoded = _differencing_2d(worker, X, y, scale_w=9e4, eta=1e-300)
     assert len(decoded) >= 25 and all(decoded[i] == y[i] for i in decoded)
 
 

@@ -76,7 +76,7 @@ def test_privacy_error_names_rule_and_site_and_pickles():
 def test_ledger_survives_a_restart(tmp_path):
     pol = SitePolicy(ledger=str(tmp_path / "ledger.sqlite"), domain_models_per_job=2, domain_models_per_day=3,
                      dc_evaluations_per_job=3)
-    w, X, y = A.victim(1, policy=pol, job_id="job-1")
+    w, X, _y = A.victim(1, policy=pol, job_id="job-1")
     spec = _honest_spec(X)
     w.set_domain_model(spec)
     w.set_domain_model(spec)  # a replay of the model in force is not a new query
@@ -102,7 +102,7 @@ def test_ledger_survives_a_restart(tmp_path):
 def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     log, ledger = tmp_path / "audit.jsonl", tmp_path / "ledger.sqlite"
     pol = SitePolicy(ledger=str(ledger), audit_log=str(log))
-    w, X, y = A.victim(1, policy=pol, job_id="job-a")
+    w, X, _y = A.victim(1, policy=pol, job_id="job-a")
     _honest_round(w, X)
     with pytest.raises(PrivacyError):
         w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.0))
@@ -156,8 +156,8 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
 
     pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=5,
                      ledger=str(tmp_path / "l.sqlite"))
-    w, X, y = A.victim(1, policy=pol, job_id="dp-job")
-    r, outs = _honest_round(w, X, n_eval=3)
+    w, X, _y = A.victim(1, policy=pol, job_id="dp-job")
+    _r, outs = _honest_round(w, X, n_eval=3)
     nm = w.guard.dp.noise_multiplier
     acc = rdp.RdpAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 4))
@@ -181,7 +181,7 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
 def test_dp_lifetime_budget_spans_jobs(tmp_path):
     pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, epsilon_lifetime=1.5, dp_dc_evaluations=2,
                      ledger=str(tmp_path / "l.sqlite"))
-    w, X, y = A.victim(1, policy=pol, job_id="j1")
+    w, X, _y = A.victim(1, policy=pol, job_id="j1")
     _honest_round(w, X, n_eval=2)
     w2, _, _ = A.victim(1, policy=pol, job_id="j2")
     w2.set_domain_model(_honest_spec(X))
@@ -194,7 +194,7 @@ def test_dp_lifetime_budget_spans_jobs(tmp_path):
 def test_domain_model_rules(tmp_path):
     from msa_fed.core.features import RandomFourierFeatures, feature_map_state
 
-    w, X, y = A.victim(2, policy=SitePolicy(domain_models_per_job=100, domain_models_per_day=100))
+    w, X, _y = A.victim(2, policy=SitePolicy(domain_models_per_job=100, domain_models_per_day=100))
     spec = _honest_spec(X)
     fm = spec.feature_map
     cases = {
@@ -219,7 +219,7 @@ def test_domain_model_rules(tmp_path):
 
 
 def test_qhat_must_be_consistent_with_the_sites_own_share():
-    w, X, y = A.victim(1)
+    w, X, _y = A.victim(1)
     r = w.set_domain_model(_honest_spec(X))
     own = r.sums
     for qhat, msg in (([1.0, 1.0], "sum to 1"), ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
@@ -252,7 +252,7 @@ def test_concentration_refuses_an_isolated_point_and_passes_spread_weights():
 def test_two_writers_share_one_audit_log(tmp_path):
     """Two jobs' workers at one site append to the same log and ledger: the chain stays whole."""
     pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"), audit_log=str(tmp_path / "a.jsonl"))
-    w1, X, y = A.victim(1, policy=pol, job_id="j1")
+    w1, X, _y = A.victim(1, policy=pol, job_id="j1")
     w2, _, _ = A.victim(1, policy=pol, job_id="j2")
     for _ in range(3):
         w1.set_domain_model(_honest_spec(X))

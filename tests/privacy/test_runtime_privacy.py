@@ -15,7 +15,7 @@ from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.local import LocalSites
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-from problems import make_sites, site_kwargs  # noqa: E402
+from problems import make_sites, site_kwargs
 
 
 @pytest.fixture(scope="module")
