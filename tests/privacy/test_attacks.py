@@ -54,11 +54,9 @@ def _isolation_1d(worker, X, y, *, coef, eta, qhat_mode, inside_logit, known_x=F
         r = c.ask("set_domain_model", A.threshold_spec(t, [-coef, coef], inside_logit - coef))
         if r is None:
             continue
-        spec = A.threshold_spec(t, [-coef, coef], inside_logit - coef)
         Q0 = 1 / (1 + np.exp(-(np.where(X[:, 0] <= t[1], coef, 0) - np.where(X[:, 0] <= t[0], coef, 0)
                                 + inside_logit - coef)))
-        own = r.sums
-        qhat = np.array([1.0, 1.0]) if qhat_mode == "ones" else np.array([0.5, 0.5]) + 0 * own
+        qhat = np.array([1.0, 1.0]) if qhat_mode == "ones" else np.array([0.5, 0.5])
         if c.ask("set_qhat", m.QhatBroadcast(qhat=qhat, eta=eta)) is None:
             continue
         out = c.ask("dc_evaluate", m.DCRequest(z=np.array([1.0, 0.0]), eta=eta, what=("L",)))
@@ -67,7 +65,6 @@ def _isolation_1d(worker, X, y, *, coef, eta, qhat_mode, inside_logit, known_x=F
         i = int(order[rank]) if known_x else int(np.argmin(np.abs(X[:, 0] - x)))  # attacker's point
         weights = (1 / (2 * n)) * Q0 / qhat[0]
         decoded[i] = A.decode(float(out.sums.L[0]), weights, i, X, h0, decoded)
-        del spec
     return c, decoded
 
 
