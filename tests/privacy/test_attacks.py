@@ -1,10 +1,13 @@
 """The three reconstruction attacks of a malicious coordinator, against a SiteWorker.
 
 Each attack sends only allowed request types.  Under the default policy (and with DP on at
-epsilon = 1) each is refused or recovers at most 60% of the 60 labels (chance: 50%).  The
-"policy-aware" variants are the strongest versions we could build: the attacker knows every
-labelled x (as if leaked), respects every smoothness rule at its limit, and hides the target
-in a small weight that passes the concentration rule; what stops them is the query budget.
+epsilon = 1) each of the three filed attacks is refused or recovers at most 60% of the 60
+labels (chance: 50%).  The "policy-aware" variants are the strongest versions we could build:
+the attacker knows every labelled x (as if leaked), respects every smoothness rule at its
+limit, and hides the target in a small weight that passes the concentration rule; what stops
+them is the query budget.  The multi-column variant (p = 21 coordinator-chosen sources, one
+point per column) is NOT stopped without DP: its test records that limit; with DP on it
+reads noise.
 """
 import math
 
@@ -209,3 +212,92 @@ def test_job_requests_only_tighten():
     assert w.policy.min_points == 40 and w.policy.mu_min == 1.0
     assert w.policy.eta_min == SitePolicy().eta_min
     assert w.policy.domain_models_per_job == SitePolicy().domain_models_per_job
+
+
+def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
+    """A coordinator that registers p sources: each of 20 columns of one domain model hides a
+    different point in a small bump (Q(k|x) ~ e^-5 there, e^-32 elsewhere; column 20 is a sink
+    taking the rest), so one DC answer carries 20 points' losses; three models cover 60."""
+    n = X.shape[0]
+    order = np.argsort(X[:, 0])
+    xs = X[order, 0]
+    preds = A.predictors(1)
+    worker = A.SiteWorker("victim", 0, X, y, X, predictors=[preds[0]] * (p - 1) + [preds[1]],
+                          task="classification", loss="cross_entropy", classes=np.array([0, 1]), **worker_kw)
+    c_ = A.Coordinator(worker)
+    h0 = preds[0]
+    P = h0.predict_proba(X)
+    decoded = {}
+    pi = 1.0 / (p * n)
+    for m_ in range(3):
+        ranks = list(range(m_, n, 3))[:p - 1]
+        t = []
+        for r in ranks:
+            lo = (xs[r - 1] + xs[r]) / 2 if r else xs[r] - 1.0
+            hi = (xs[r] + xs[r + 1]) / 2 if r + 1 < n else xs[r] + 1.0
+            t += [lo, hi]
+        t = np.array(t)
+        T = t.size
+        theta = np.zeros((p, T + 1))
+        for k in range(p - 1):
+            theta[k, 2 * k], theta[k, 2 * k + 1], theta[k, T] = -c, c, -(c + 5.0)
+        spec = m.DomainModelSpec(kind="maxent", n_sources=p,
+                                 feature_map=("threshold", {"n_thresholds": T}, {"thresholds": t}),
+                                 theta=theta.reshape(-1))
+        if c_.ask("set_domain_model", spec) is None:
+            continue
+        qhat = np.full(p, 0.04)
+        qhat[-1] = 1 - 0.04 * (p - 1)
+        eta = worker.policy.eta_min
+        if c_.ask("set_qhat", m.QhatBroadcast(qhat=qhat, eta=eta)) is None:
+            continue
+        z = np.full(p, 1.0 / (p - 1))
+        z[-1] = 0.0
+        out = c_.ask("dc_evaluate", m.DCRequest(z=z, eta=eta, what=("L",)))
+        if out is None:
+            continue
+        # the attacker's model of each target's loss under either label
+        F = (X[:, [0]] <= t[None, :]).astype(float)
+        f = F @ theta[:, :T].T + theta[:, T]
+        Q = np.exp(f - f.max(axis=1, keepdims=True))
+        Q /= Q.sum(axis=1, keepdims=True)
+        w = pi * Q / qhat
+        for k, r in enumerate(ranks):
+            i = int(order[r])
+            errs = []
+            for lab in (0, 1):
+                H = np.full(p, P[i, lab])
+                H[-1] = preds[1].predict_proba(X[[i]])[0, lab]
+                K = w[i] @ z + eta * pi
+                g = ((w[i] * H) @ z + eta * pi / p * H.sum()) / K
+                errs.append(abs(out.sums.L[k] - w[i, k] * -np.log(g)))
+            decoded[i] = int(np.argmin(errs))
+    return c_, decoded
+
+
+def test_multi_column_attack_without_dp_reads_every_label():
+    """The limit of the deterministic rules (docs/DESIGN.md section 9): with p coordinator-chosen
+    sources, one small-bump column per point passes every rule and the per-job budget."""
+    X, y, _ = A.victim_data(1)
+    c, decoded = _multi_column({"policy": SitePolicy()}, X, y)
+    assert not c.refusals
+    assert len(decoded) == A.N and A.score(decoded, y) == A.N
+
+
+def test_multi_column_attack_is_stopped_by_dp(monkeypatch):
+    """Same attack, DP on at epsilon = 1: every answer is read, and the labels are noise.  (The
+    site's noise generator is seeded here so that the count is reproducible; a site seeds it
+    from the OS.)"""
+    from msa_fed.privacy.dp import DPAccountant
+
+    init = DPAccountant.__init__
+
+    def seeded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.rng = np.random.default_rng(12345)
+
+    monkeypatch.setattr(DPAccountant, "__init__", seeded)
+    X, y, _ = A.victim_data(1)
+    c, decoded = _multi_column({"policy": SitePolicy(**DP1)}, X, y)
+    assert not c.refusals and len(decoded) == A.N
+    assert A.score(decoded, y) <= MAX_CORRECT
