@@ -12,6 +12,7 @@ reads noise.
 import math
 
 import numpy as np
+from scipy.special import expit
 import pytest
 
 from msa_fed.errors import PrivacyError
@@ -141,7 +142,7 @@ def _differencing_2d(worker, X, y, *, scale_w, eta, known=True):
         if out is None:
             prev = None
             continue
-        Q0 = 1 / (1 + np.exp(-(scale_w * (proj - cut))))
+        Q0 = expit(scale_w * (proj - cut))
         weights = (1 / (2 * n)) * Q0 / qhat[0]
         L = float(out.sums.L[0])
         if prev is not None:  # the point that entered between the two half-spaces
