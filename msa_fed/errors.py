@@ -37,7 +37,26 @@ class ArtifactError(MsaFedError, ValueError):
 
 
 class PrivacyError(MsaFedError):
-    """A request would make a site reveal more than the privacy contract allows."""
+    """A request would make a site reveal more than the privacy contract allows.
+
+    ``rule`` names the policy rule that refused (e.g. ``"concentration"``, ``"theta_norm"``);
+    ``site`` the refusing site ("" when not known); ``detail`` says what was measured.
+    ``PrivacyError(message)`` with one argument still works (rule "", site "").
+    """
+
+    def __init__(self, *args):
+        if len(args) == 3:
+            rule, site, detail = (str(a) for a in args)
+            text = f"site {site!r} refuses {detail} (rule: {rule})" if site else f"refused: {detail} (rule: {rule})"
+        else:
+            rule, site, detail = "", "", " ".join(str(a) for a in args)
+            text = detail
+        super().__init__(text)
+        self.rule, self.site, self.detail = rule, site, detail
+        self._args = args
+
+    def __reduce__(self):  # picklable with its arguments (Ray ships errors between processes)
+        return (type(self), tuple(self._args))
 
 
 class SiteError(MsaFedError):

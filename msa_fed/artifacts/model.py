@@ -58,7 +58,7 @@ class CombinedModel:
 
     def __init__(self, *, method, task, site_names, domain_model, qhat, z, eta, predictors,
                  n_features, classes=None, gamma=float("nan"), domain_losses=None, history=(),
-                 info=None):
+                 info=None, epsilon_by_site=None):
         self.method = method
         self.task = task
         self.site_names = list(site_names)
@@ -73,6 +73,8 @@ class CombinedModel:
         self.domain_losses = None if domain_losses is None else np.asarray(domain_losses, dtype=np.float64)
         self.history = [float(g) for g in history]
         self.info = dict(info or {})
+        # differential privacy: the epsilon each site spent on the run (0: answered without DP)
+        self.epsilon_by_site = {str(k): float(v) for k, v in (epsilon_by_site or {}).items()}
 
     @property
     def n_sources(self) -> int:
@@ -134,6 +136,7 @@ class CombinedModel:
             "history": self.history,
             "classes": None if self.classes_ is None else self.classes_.tolist(),
             "info": _jsonable(self.info),
+            "epsilon_by_site": self.epsilon_by_site,
         }
 
     def save(self, path) -> Path:
@@ -230,7 +233,18 @@ def load_model(path) -> CombinedModel:
         method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
         n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
-        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"])
+        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"],
+        epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf))
+
+
+def _epsilons(value, mf) -> dict:
+    """The manifest's epsilon per site: a mapping of site names to finite numbers >= 0."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in value.values()):
+        raise ArtifactError(f"{mf}: epsilon_by_site must map site names to numbers >= 0")
+    return value
 
 
 def _jsonable(obj):

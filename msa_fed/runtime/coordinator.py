@@ -29,6 +29,10 @@ from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.progress import Progress
 
 
+#: DC evaluations the noisy-oracle solver spends when a site answers with DP noise
+DP_EVALUATIONS = 30
+
+
 class Coordinator:
     """Owns the sites' lifecycle and runs one DMSA/GMSA fit.
 
@@ -49,6 +53,7 @@ class Coordinator:
         self.infos: list[m.SiteInfo] | None = None
         self.setup_log = SetupLog()
         self.checkpoint = Checkpoint(config.checkpoint_dir)
+        self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -176,9 +181,20 @@ class Coordinator:
         """Send the domain model to the sites, gather Qhat (p,) from their partial sums, send it
         back; returns (qhat, the loss oracle whose sums the sites compute)."""
         parts = self._setup_all("set_domain_model", m.domain_model_spec(domain_model, self.p))
+        self.note_epsilon(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
+        if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
+            qhat = np.maximum(qhat, 1e-6)
+            qhat = qhat / qhat.sum()
         self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=self.config.eta))
-        return qhat, DistributedOracle(self.backend, self.p)
+        return qhat, DistributedOracle(self.backend, self.p, on_parts=self.note_epsilon)
+
+    def note_epsilon(self, parts):
+        """Record the epsilon each site says it has spent (sites with DP off report 0)."""
+        for info, r in zip(self.infos, parts):
+            eps = float(getattr(r, "epsilon", 0.0) or 0.0)
+            if eps > 0:
+                self.epsilon[info.name] = max(eps, self.epsilon.get(info.name, 0.0))
 
     def fit(self) -> CombinedModel:
         cfg = self.config
@@ -208,7 +224,14 @@ class Coordinator:
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
-        res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
+        if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
+            from msa_fed.privacy.solver import solve_noisy
+
+            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
+            res = solve_noisy(oracle, cfg.eta, n_evaluations=DP_EVALUATIONS,
+                              random_state=solver_opts.get("random_state", 0), callback=callback)
+        else:
+            res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
         progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
                       f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
@@ -221,20 +244,25 @@ class Coordinator:
         return CombinedModel(method=cfg.method, task=cfg.task, site_names=[i.name for i in self.infos],
                              domain_model=dm, qhat=qhat, z=res.z, eta=cfg.eta, predictors=self.predictors,
                              n_features=self.n_features, classes=self._classes(), gamma=res.gamma,
-                             domain_losses=res.losses, history=res.history, info=info)
+                             domain_losses=res.losses, history=res.history, info=info,
+                             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos})
 
 
 class DistributedOracle:
     """The DC loss oracle whose sums are computed at the sites (through the backend) and added here."""
 
-    def __init__(self, backend: Backend, n_sources: int):
+    def __init__(self, backend: Backend, n_sources: int, on_parts=None):
         self.backend = backend
         self.n_sources = n_sources
+        self.on_parts = on_parts  # sees every round's partials (the coordinator notes DP epsilon)
 
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
         msg = m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
                           global_bound=global_bound)
-        return sum_all(r.sums for r in self.backend.call_all("dc_evaluate", [msg] * self.n_sources))
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
+        if self.on_parts is not None:
+            self.on_parts(parts)
+        return sum_all(r.sums for r in parts)
 
     def max_bound(self) -> float:
         return max(r.value for r in self.backend.call_all("max_bound", [None] * self.n_sources))

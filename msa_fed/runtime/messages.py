@@ -230,11 +230,13 @@ class GradSum(Message):
 class QhatPartial(Message):
     sums: np.ndarray  # (p,)
     n: int
+    epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
 
 
 @dataclass(frozen=True)
 class DCPartial(Message):
     sums: DCSums
+    epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
 
 
 @dataclass(frozen=True)
