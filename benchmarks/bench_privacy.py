@@ -83,7 +83,8 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from msa_fed.core.density import KDEDomainModel
-    from msa_fed.runtime.coordinator import Coordinator, RunConfig
+    from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
     from msa_fed.runtime.site import SiteWorker
 
@@ -104,7 +105,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     oracles = {}
     try:
         for name, be in backends.items():
-            c = Coordinator(be, preds, RunConfig(method="gmsa", features="standard", bandwidth=1.0)).start()
+            c = Coordinator(be, preds, FitConfig(method="gmsa", features="standard", bandwidth=1.0)).start()
             dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
             _, oracles[name] = c.prepare_dc(dm)
             times[name] = []

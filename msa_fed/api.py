@@ -45,6 +45,9 @@ class SiteData:
     X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier).
     predictor : the site's frozen h_k: ``predict`` (regression) or ``predict_proba`` and
         ``classes_`` (classification).
+    policy : the site's :class:`msa_fed.privacy.policy.SitePolicy` (None: the defaults, or the
+        file named by ``$MSA_FED_SITE_POLICY``).  In-process the caller is the site itself, so it
+        may set its own policy; a Ray site actor only lets it tighten its node's policy.
     """
 
     name: str
@@ -52,10 +55,17 @@ class SiteData:
     y_labeled: Any
     X_unlabeled: Any
     predictor: Any
+    policy: Any = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"site name must be a non-empty string; got {self.name!r}")
+        if self.policy is not None:
+            from msa_fed.privacy.policy import SitePolicy
+
+            if not isinstance(self.policy, SitePolicy):
+                raise TypeError(f"site {self.name!r}: policy must be a SitePolicy or None; "
+                                f"got {type(self.policy).__name__}")
         self.X_labeled = _as_2d(self.X_labeled, f"site {self.name!r}: X_labeled")
         self.X_unlabeled = _as_2d(self.X_unlabeled, f"site {self.name!r}: X_unlabeled")
         y = np.asarray(self.y_labeled)
@@ -121,7 +131,7 @@ def make_backend(sites: list[SiteData], config: FitConfig):
     classes = class_union(h.classes_ for h in predictors) if config.task == "classification" else None
     kwargs = [dict(name=s.name, index=k, X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
                    predictors=predictors, task=config.task, loss=config.loss, classes=classes,
-                   min_points=config.min_points)
+                   min_points=config.min_points, policy=s.policy)
               for k, s in enumerate(sites)]
     if config.runtime == "ray":
         from msa_fed.runtime.ray_sites import RaySites

@@ -17,10 +17,11 @@ from msa_fed.api import build_config
 from msa_fed.core.dc_solver import SolverConfig
 from msa_fed.core.domain_classifier import ClassifierConfig
 from msa_fed.errors import ArtifactError
+from msa_fed.privacy.policy import SitePolicy
 from msa_fed.runtime.config import FitConfig, RayConfig
 
 
-def make_sites(sizes=(40, 50), d=2, seed=0):
+def make_sites(sizes=(150, 180), d=2, seed=0):
     rng = np.random.default_rng(seed)
     sites = []
     for k, n in enumerate(sizes):
@@ -120,6 +121,8 @@ def test_object_dtype_inputs_are_refused(sites):
         SiteData("x", X, s.y_labeled, s.X_unlabeled, s.predictor)
     with pytest.raises(TypeError, match="X_unlabeled must be a numeric array"):
         SiteData("x", s.X_labeled, s.y_labeled, np.array([["1", "2"]] * 5), s.predictor)
+    with pytest.raises(TypeError, match="policy must be a SitePolicy"):
+        SiteData("x", s.X_labeled, s.y_labeled, s.X_unlabeled, s.predictor, policy={"eta_min": 0})
 
 
 def test_sites_must_be_a_list_of_site_data(sites):
@@ -184,11 +187,14 @@ def test_reported_domain_losses_are_the_models_own_log_loss(sites):
     # site0's predictor is wrong everywhere, site1's where x_1 > 0: there g gives the true label
     # probability 0 and only the floor keeps the loss finite
     wrong = [lambda X: np.ones(len(X), bool), lambda X: X[:, 1] > 0]
+    # eta ~ 0 (1e-9) is below the default policy's eta_min: in-process, the sites set their own
+    # policy; the true-label probabilities still fall far below the floor
+    own_policy = SitePolicy(eta_min=1e-9)
     bad = [
-        SiteData(s.name, s.X_labeled, s.y_labeled, s.X_unlabeled, Wrong(s.predictor, wrong[k]))
+        SiteData(s.name, s.X_labeled, s.y_labeled, s.X_unlabeled, Wrong(s.predictor, wrong[k]), policy=own_policy)
         for k, s in enumerate(sites)
     ]
-    model = fit_dmsa(bad, eta=0.0)
+    model = fit_dmsa(bad, eta=1e-9)
     X = np.vstack([s.X_labeled for s in bad])
     y = np.concatenate([s.y_labeled for s in bad])
     n = np.concatenate([np.full(len(s.X_labeled), len(s.X_labeled)) for s in bad])

@@ -77,8 +77,7 @@ def _fits(sites, task, options, seed, metric, loss_clip, epsilons=EPSILONS, runt
     with tempfile.TemporaryDirectory() as ckpt:
         for eps in sorted(epsilons, key=lambda e: -e):  # inf first: it writes the classifier checkpoint
             with site_policy(eps, loss_clip, float(len(sites))):
-                model = fit_dmsa(sites, task, random_state=seed, runtime=runtime, checkpoint_dir=ckpt,
-                                 solver_options={"dp_evaluations": DP_EVALUATIONS}, **options)
+                model = fit_dmsa(sites, task, random_state=seed, runtime=runtime, checkpoint_dir=ckpt, **options)
             out[method_name(eps)] = metric(model)
     return {method_name(e): out[method_name(e)] for e in epsilons}
 

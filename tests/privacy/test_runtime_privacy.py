@@ -11,7 +11,8 @@ import pytest
 from msa_fed.artifacts.model import load_model
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.policy import POLICY_ENV, SitePolicy
-from msa_fed.runtime.coordinator import Coordinator, RunConfig
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
@@ -27,13 +28,13 @@ def _fit(sites, policies, **config):
     kw = site_kwargs(sites)
     for k, pol in zip(kw, policies):
         k["policy"] = pol
-    with Coordinator(LocalSites(kw), [s.predictor for s in sites], RunConfig(**config)) as c:
+    with Coordinator(LocalSites(kw), [s.predictor for s in sites], FitConfig(**config)) as c:
         return c.fit()
 
 
 def test_dp_run_ends_on_the_simplex_and_records_epsilon(sites, tmp_path):
     pols = [SitePolicy(dp_enabled=True, epsilon_per_job=1.0, dp_dc_evaluations=12)] * len(sites)
-    model = _fit(sites, pols, solver={"dp_evaluations": 20})  # more than the sites allow: stops at 12
+    model = _fit(sites, pols)  # the solver would spend DP_EVALUATIONS (30); the sites allow 12
     assert model.z.shape == (3,) and model.z.min() >= 0 and model.z.sum() == pytest.approx(1.0)
     assert model.info["solver"]["method"] == "dp-surrogate" and model.info["solver"]["n_evaluations"] == 12
     assert set(model.epsilon_by_site) == {s.name for s in sites}
@@ -85,7 +86,7 @@ def test_ray_site_reads_its_policy_from_its_own_node(sites, tmp_path, monkeypatc
             k["policy"] = SitePolicy(min_points=1)  # the job tries to loosen: it can only tighten
         with pytest.raises(PrivacyError) as err:
             with Coordinator(RaySites(kw, data_channel="off"), [s.predictor for s in sites],
-                             RunConfig(min_points=1)) as c:
+                             FitConfig(min_points=1)) as c:
                 c.fit()
         assert err.value.rule == "min_points" and err.value.site == "a"
         assert "minimum of 50" in str(err.value) and "\n" not in str(err.value)
