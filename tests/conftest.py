@@ -25,6 +25,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "cluster/": ("cluster", "ray", "slow"),
     "runtime/test_ray_multinode.py": ("cluster", "ray"),
     "runtime/test_ray_runtime.py": ("ray",),
+    "privacy/test_runtime_privacy.py": ("ray",),    # one site actor on a local Ray
     "experiments/test_experiments_ray.py": ("ray", "data", "slow"),
     "experiments/test_experiments_quick.py": ("data", "slow"),
     "test_demo.py": ("ray", "slow"),

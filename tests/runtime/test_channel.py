@@ -106,7 +106,7 @@ def _frame(header: str, body: bytes = b"") -> bytes:
     (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[2],0,16]}}}', bytes(8)), "outside"),
     (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[3],0,16]}}}', bytes(16)), "fill"),
     (_frame('{"m":"x","t":"GradSum","f":{"loss":1.0,"n":1,"grad":{"nd":["<f8",[2],-8,16]}}}', bytes(16)), "outside"),
-    (_frame('{"m":"x","t":"DCPartial","f":{"sums":{"dc":{"L":null}}}}'), "malformed DC sums"),
+    (_frame('{"m":"x","t":"DCPartial","f":{"sums":{"dc":{"L":null}},"epsilon":0.0}}'), "malformed DC sums"),
 ])
 def test_wire_rejects_malformed_frames(frame, match):
     with pytest.raises(wire.WireError, match=match):
