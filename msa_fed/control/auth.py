@@ -16,7 +16,7 @@ import logging
 
 import grpc
 
-from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
 from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, Principal
 from msa_fed.control.registry import Registry
 from msa_fed.errors import RegistryError
@@ -48,6 +48,11 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
         "DownloadCombinedModel": BOTH,
     }.items()
 }
+METHOD_ROLES.update({  # the Operations service (msa_fed/control/ops_servicer.py) is admin-only
+    f"/{OPS_SERVICE_NAME}/{name}": ADMIN
+    for name in ("ListModels", "GetModel", "PromoteModel", "ListSiteStatus", "DeregisterSite", "StartJob",
+                 "FinishJob", "ListJobs", "GetJob")
+})
 
 
 def bearer_token(metadata) -> str | None:

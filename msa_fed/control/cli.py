@@ -38,6 +38,7 @@ def _iso(t: float | None) -> str:
 
 
 def _serve(args) -> int:
+    from msa_fed.control.ops_audit import AuditLog
     from msa_fed.control.registry import Limits, Registry
     from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
     from msa_fed.control.sqlite_store import SqliteStore
@@ -52,10 +53,12 @@ def _serve(args) -> int:
         max_predictor_bytes=int(args.max_predictor_mb * 2**20), max_sample_bytes=int(args.max_sample_mb * 2**20)
     )
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    audit_log = AuditLog(args.audit_log) if args.audit_log else None
     store = SqliteStore(args.db)
     try:
         server = RegistryServer(
-            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers
+            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers,
+            audit_log=audit_log,
         )
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -257,6 +260,7 @@ def register(subparsers) -> None:
     serve.add_argument("--workers", type=int, default=32, help="RPC worker threads (default 32)")
     serve.add_argument("--max-predictor-mb", type=float, default=64.0, help="predictor size limit (default 64 MiB)")
     serve.add_argument("--max-sample-mb", type=float, default=256.0, help="sample size limit (default 256 MiB)")
+    serve.add_argument("--audit-log", metavar="FILE", help="append one JSON line per RPC to FILE (docs/OPERATIONS.md)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
 

@@ -21,7 +21,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from msa_fed.control.auth import AuthInterceptor
-from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.ops import Operations
+from msa_fed.control.ops_audit import AuditInterceptor, AuditLog
+from msa_fed.control.ops_servicer import OperationsServicer
+from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
+from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.servicer import RegistryServicer
@@ -118,12 +122,14 @@ class RegistryServer:
         tls: TlsConfig | None = None,
         insecure: bool = False,
         max_workers: int = 32,
+        audit_log: AuditLog | None = None,
     ):
         self.registry = registry
         self.host, self._requested_port = check_transport(listen, tls, insecure)
         self.tls = tls
         self.insecure = insecure
         self.max_workers = max_workers
+        self.audit_log = audit_log
         self.port: int | None = None
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
@@ -141,7 +147,7 @@ class RegistryServer:
 
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
-            interceptors=[AuthInterceptor(self.registry)],
+            interceptors=[*([AuditInterceptor(self.audit_log)] if self.audit_log else []), AuthInterceptor(self.registry)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -152,9 +158,10 @@ class RegistryServer:
         )
         self.servicer = RegistryServicer(self.registry)
         pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
+        ops_grpc.add_OperationsServicer_to_server(OperationsServicer(Operations(self.registry)), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection((SERVICE_NAME, OPS_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         bind = format_address(self.host, self._requested_port)
         try:
             if self.insecure:
