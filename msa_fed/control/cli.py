@@ -116,25 +116,15 @@ def _artifact_summary(rec) -> str:
 
 
 def _list_sites(args) -> int:
+    from msa_fed.control.ops import Operations
+    from msa_fed.control.ops_cli import print_site_statuses
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
 
     with SqliteStore(args.db, create=False) as store:
-        rows = Registry(store).principals()
-    if args.json:
-        print(json.dumps([
-            {"name": r.name, "token": r.token, "site": asdict(r.site) if r.site else None} for r in rows
-        ], indent=2))
-        return 0
-    header = ("NAME", "TOKEN", "REGISTERED", "LAST HEARTBEAT", "PREDICTOR", "SAMPLE")
-    table = [header] + [
-        (r.name, r.token, _iso(r.site.registered_at) if r.site else "no", _iso(r.site.last_heartbeat) if r.site else "-",
-         _artifact_summary(r.site.predictor if r.site else None), _artifact_summary(r.site.sample if r.site else None))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        statuses = Operations(Registry(store)).site_statuses()
+        records = {s.name: s for s in store.list_sites()}
+    print_site_statuses(statuses, args.json, records)
     return 0
 
 

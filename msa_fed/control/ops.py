@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from msa_fed.control.ops_records import (
     JOB_END_STATES,
@@ -27,7 +27,12 @@ from msa_fed.control.ops_records import (
     check_job_id,
     one_line,
 )
-from msa_fed.control.records import ROLE_SITE, CombinedModelRecord, Principal, check_name
+from msa_fed.control.records import (
+    ROLE_SITE,
+    CombinedModelRecord,
+    Principal,
+    check_name,
+)
 from msa_fed.control.registry import Registry
 from msa_fed.errors import RegistryError
 
@@ -110,7 +115,8 @@ class Operations:
                 last_heartbeat=site.last_heartbeat if site else None,
                 deregistration=gone.get(name) if site is None else None,
                 connected=self.connected(name) if self.connected is not None else None,
-                has_predictor=bool(site and site.predictor), has_sample=bool(site and site.sample),
+                predictor_sha256=site.predictor.sha256 if site and site.predictor else None,
+                sample_sha256=site.sample.sha256 if site and site.sample else None,
             ))
         return out
 
@@ -158,9 +164,8 @@ class Operations:
         check_job_id(job_id)
         if status not in JOB_END_STATES:
             raise RegistryError("INVALID_ARGUMENT", f"job status must be one of {list(JOB_END_STATES)}; got {status!r}")
-        if model_version:
-            if self.store.get_combined_model(model_version) is None:
-                raise RegistryError("NOT_FOUND", f"no combined model version {model_version} is stored")
+        if model_version and self.store.get_combined_model(model_version) is None:
+            raise RegistryError("NOT_FOUND", f"no combined model version {model_version} is stored")
         record = self.store.finish_job(
             job_id, status, self.registry.clock(), model_version or None, one_line(error, MAX_ERROR_CHARS)
         )

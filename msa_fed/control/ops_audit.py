@@ -152,8 +152,8 @@ class AuditInterceptor(grpc.ServerInterceptor):
 
     def _wrap(self, handler, method: str):
         record = self._record
-        kwargs = dict(request_deserializer=handler.request_deserializer,
-                      response_serializer=handler.response_serializer)
+        kwargs = {"request_deserializer": handler.request_deserializer,
+                  "response_serializer": handler.response_serializer}
 
         def counted(iterator, traffic):
             for msg in iterator:

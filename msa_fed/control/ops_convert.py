@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 from msa_fed.control.convert import combined_from_pb, combined_to_pb
-from msa_fed.control.ops_records import DeregistrationRecord, JobRecord, PromotionRecord, SiteStatus
+from msa_fed.control.ops_records import (
+    DeregistrationRecord,
+    JobRecord,
+    PromotionRecord,
+    SiteStatus,
+)
 from msa_fed.control.proto import operations_pb2 as ops_pb
 from msa_fed.control.records import CombinedModelRecord
 
@@ -31,7 +36,7 @@ def site_status_to_pb(s: SiteStatus) -> ops_pb.SiteStatus:
     msg = ops_pb.SiteStatus(
         name=s.name, token=s.token, token_revoked_at=s.token_revoked_at or 0.0, registered=s.registered,
         registered_at=s.registered_at or 0.0, last_heartbeat=s.last_heartbeat or 0.0,
-        has_predictor=s.has_predictor, has_sample=s.has_sample,
+        predictor_sha256=s.predictor_sha256 or "", sample_sha256=s.sample_sha256 or "",
     )
     if s.deregistration is not None:
         msg.deregistered_at = s.deregistration.deregistered_at
@@ -50,7 +55,7 @@ def site_status_from_pb(msg: ops_pb.SiteStatus) -> SiteStatus:
         name=msg.name, token=msg.token, token_revoked_at=msg.token_revoked_at or None,
         registered_at=msg.registered_at if msg.registered else None, last_heartbeat=msg.last_heartbeat or None,
         deregistration=dereg, connected=msg.connected if msg.HasField("connected") else None,
-        has_predictor=msg.has_predictor, has_sample=msg.has_sample,
+        predictor_sha256=msg.predictor_sha256 or None, sample_sha256=msg.sample_sha256 or None,
     )
 
 

@@ -80,8 +80,8 @@ class SiteStatus:
     last_heartbeat: float | None
     deregistration: DeregistrationRecord | None  # set only while not registered again
     connected: bool | None = None   # None: unknown (filled by the federated topology)
-    has_predictor: bool = False
-    has_sample: bool = False
+    predictor_sha256: str | None = None
+    sample_sha256: str | None = None
 
     @property
     def registered(self) -> bool:

@@ -16,21 +16,22 @@ Steps, each failing with one clear line before any training when something is wr
 """
 from __future__ import annotations
 
-import io
-import tarfile
 import tempfile
 import tomllib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from msa_fed import __version__
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.domain_classifier import ClassifierConfig
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.artifacts.model import CombinedModel, load_model
+from msa_fed.control.ops_models import pack_model, unpack_model
+from msa_fed.jobs.operations import (DEFAULT_OUTPUT_ROOT, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
+                                     select_sites, site_lines, store_result, summary_lines, upload_command)
 from msa_fed.runtime.channel import MODES as CHANNEL_MODES
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.site import SiteWorker
@@ -126,35 +127,51 @@ class JobSiteWorker(SiteWorker):
 
 
 def model_to_bytes(model: CombinedModel) -> bytes:
-    """The saved model directory as an uncompressed tar (what the registry stores)."""
+    """The saved model directory as the registry stores it (msa_fed.control.ops_models)."""
     with tempfile.TemporaryDirectory() as tmp:
-        model.save(Path(tmp) / "model")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(Path(tmp) / "model", arcname="model")
-        return buf.getvalue()
+        return pack_model(model.save(Path(tmp) / "model"))
 
 
 def model_from_bytes(data: bytes) -> CombinedModel:
-    """Inverse of :func:`model_to_bytes`; extraction refuses links, absolute paths and '..'."""
+    """Inverse of :func:`model_to_bytes`, unpacked by the checked extractor (no links, fixed names, sizes)."""
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise ArtifactError(f"combined model archive is unreadable: {exc}") from None
-        return load_model(Path(tmp) / "model")
+        return load_model(unpack_model(data, Path(tmp) / "model"))
 
 
 def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] = print,
-            verbose: bool = True, ray_init_kwargs: dict | None = None) -> tuple[Any, CombinedModel]:
-    """Run the federated job; returns (registry record of the stored model, the model)."""
+            verbose: bool = True, ray_init_kwargs: dict | None = None, output_dir=None,
+            upload_retry_for: float = DEFAULT_UPLOAD_RETRY_S, job_id: str | None = None) -> tuple[Any, CombinedModel]:
+    """Run the federated job; returns (registry record of the stored model, the model).
+
+    The run is recorded in the registry (``msa-fed job show JOB_ID``).  The model is saved to
+    ``output_dir`` (default ``msa-fed-jobs/<job id>/model`` under the working directory) before
+    it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds."""
+    from msa_fed.control.client import RegistryClient
+
+    def connect():
+        return RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca, retries=0)
+
+    tracker = JobTracker(connect, job_id, name=config.name, topology="ray", log=log)
+    try:
+        record, model = _run_job(config, admin_token, tracker, connect, log=log, verbose=verbose,
+                                 ray_init_kwargs=ray_init_kwargs, output_dir=output_dir,
+                                 upload_retry_for=upload_retry_for)
+    except BaseException as exc:
+        tracker.failed(exc)
+        raise
+    tracker.succeeded(record.version)
+    return record, model
+
+
+def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, *, log, verbose, ray_init_kwargs,
+             output_dir, upload_retry_for) -> tuple[Any, CombinedModel]:
     from msa_fed.control.client import RegistryClient
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
 
     with RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca) as client:
         records = {r.name: r for r in client.list_sites()}
-        names = list(config.sites) or sorted(records)
+        tracker.start(client, list(config.sites) or sorted(records))
+        names = select_sites(client, list(config.sites), records, log)
         missing = [n for n in names if n not in records]
         if missing:
             raise ConfigError(f"site(s) {missing} named by the job are not registered")
@@ -199,12 +216,19 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
                                verbose=verbose)
         backend = RaySites(site_kwargs, worker_cls=JobSiteWorker, data_channel=config.data_channel)
         with Coordinator(backend, predictors, run_config) as coordinator:
+            coordinator.start()
+            for line in site_lines(names, config.data_channel):
+                log(line)
             model = coordinator.fit()
+            for line in channel_lines(backend, config.data_channel):
+                log(line)
 
-        manifest = model.manifest()
-        manifest.update(job=config.name, output_version=config.output_version,
-                        predictor_sha256=[sha for _, sha in artifacts], code_version=__version__)
-        record = client.upload_combined_model(model_to_bytes(model), manifest)
+        job = {"job": config.name, "job_id": tracker.job_id, "output_version": config.output_version}
+        output = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT_ROOT) / tracker.job_id / "model"
+        command = partial(upload_command, registry=config.registry, insecure=config.insecure, tls_ca=config.tls_ca,
+                          admin_token_file=config.admin_token_file)
+        record = store_result(model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command,
+                              log=log)
         log(f"stored combined model version {record.version} (sha256 {record.sha256[:12]}...)")
         return record, model
 
@@ -222,7 +246,7 @@ def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
 
 
 def report(model: CombinedModel, log: Callable[[str], None] = print):
-    log("z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(model.site_names, model.z)))
-    log(f"eta    = {model.eta:g}   Gamma = {model.gamma:.3g}   max_k L_k = {np.max(model.domain_losses):.4f}")
-    log("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(model.site_names, model.domain_losses)))
+    """The final summary: z, per-site L_k(z), the objective, epsilon spent when DP is on."""
+    for line in summary_lines(model):
+        log(line)
 

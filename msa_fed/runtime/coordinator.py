@@ -278,13 +278,12 @@ class Coordinator:
         solver_opts = dict(cfg.solver)
         solver_opts.setdefault("random_state", cfg.random_state)
         solver_opts.setdefault("objective", "minmax")
+        shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"  # what the solver minimises
         if "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
             progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
-                          f"Gamma={ckpt.get('gamma'):.3g}")
+                          f"{shown}={ckpt.get('gamma'):.3g}")
         bar = progress.bar("DC solver", unit="it", total=None)
-
-        shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"
 
         def callback(it, z, gamma):
             bar.update(1)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from msa_fed.control.proto import registry_pb2 as msa__fed_dot_v1_dot_registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmsa_fed/v1/operations.proto\x12\nmsa_fed.v1\x1a\x19msa_fed/v1/registry.proto\"V\n\tPromotion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bpromoted_at\x18\x02 \x01(\x01\x12\x13\n\x0bpromoted_by\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"w\n\x0bModelStatus\x12,\n\x05model\x18\x01 \x01(\x0b\x32\x1d.msa_fed.v1.CombinedModelInfo\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12)\n\npromotions\x18\x03 \x03(\x0b\x32\x15.msa_fed.v1.Promotion\"\x13\n\x11ListModelsRequest\"V\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.msa_fed.v1.ModelStatus\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\"\"\n\x0fGetModelRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"6\n\x13PromoteModelRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xa8\x02\n\nSiteStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x18\n\x10token_revoked_at\x18\x03 \x01(\x01\x12\x12\n\nregistered\x18\x04 \x01(\x08\x12\x15\n\rregistered_at\x18\x05 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x06 \x01(\x01\x12\x17\n\x0f\x64\x65registered_at\x18\x07 \x01(\x01\x12\x17\n\x0f\x64\x65registered_by\x18\x08 \x01(\t\x12\x1d\n\x15\x64\x65registration_reason\x18\t \x01(\t\x12\x16\n\tconnected\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x15\n\rhas_predictor\x18\x0b \x01(\x08\x12\x12\n\nhas_sample\x18\x0c \x01(\x08\x42\x0c\n\n_connected\"\x17\n\x15ListSiteStatusRequest\"?\n\x16ListSiteStatusResponse\x12%\n\x05sites\x18\x01 \x03(\x0b\x32\x16.msa_fed.v1.SiteStatus\"8\n\x18OpsDeregisterSiteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xb8\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08topology\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\x12\x12\n\nstarted_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x12\n\nstarted_by\x18\n \x01(\t\"P\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08topology\x18\x04 \x01(\t\"X\n\x10\x46inishJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"5\n\x10ListJobsResponse\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.msa_fed.v1.JobInfo\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t2\x8d\x05\n\nOperations\x12K\n\nListModels\x12\x1d.msa_fed.v1.ListModelsRequest\x1a\x1e.msa_fed.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1b.msa_fed.v1.GetModelRequest\x1a\x17.msa_fed.v1.ModelStatus\x12H\n\x0cPromoteModel\x12\x1f.msa_fed.v1.PromoteModelRequest\x1a\x17.msa_fed.v1.ModelStatus\x12W\n\x0eListSiteStatus\x12!.msa_fed.v1.ListSiteStatusRequest\x1a\".msa_fed.v1.ListSiteStatusResponse\x12N\n\x0e\x44\x65registerSite\x12$.msa_fed.v1.OpsDeregisterSiteRequest\x1a\x16.msa_fed.v1.SiteStatus\x12<\n\x08StartJob\x12\x1b.msa_fed.v1.StartJobRequest\x1a\x13.msa_fed.v1.JobInfo\x12>\n\tFinishJob\x12\x1c.msa_fed.v1.FinishJobRequest\x1a\x13.msa_fed.v1.JobInfo\x12\x45\n\x08ListJobs\x12\x1b.msa_fed.v1.ListJobsRequest\x1a\x1c.msa_fed.v1.ListJobsResponse\x12\x38\n\x06GetJob\x12\x19.msa_fed.v1.GetJobRequest\x1a\x13.msa_fed.v1.JobInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmsa_fed/v1/operations.proto\x12\nmsa_fed.v1\x1a\x19msa_fed/v1/registry.proto\"V\n\tPromotion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bpromoted_at\x18\x02 \x01(\x01\x12\x13\n\x0bpromoted_by\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"w\n\x0bModelStatus\x12,\n\x05model\x18\x01 \x01(\x0b\x32\x1d.msa_fed.v1.CombinedModelInfo\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12)\n\npromotions\x18\x03 \x03(\x0b\x32\x15.msa_fed.v1.Promotion\"\x13\n\x11ListModelsRequest\"V\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.msa_fed.v1.ModelStatus\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\"\"\n\x0fGetModelRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"6\n\x13PromoteModelRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xae\x02\n\nSiteStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x18\n\x10token_revoked_at\x18\x03 \x01(\x01\x12\x12\n\nregistered\x18\x04 \x01(\x08\x12\x15\n\rregistered_at\x18\x05 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x06 \x01(\x01\x12\x17\n\x0f\x64\x65registered_at\x18\x07 \x01(\x01\x12\x17\n\x0f\x64\x65registered_by\x18\x08 \x01(\t\x12\x1d\n\x15\x64\x65registration_reason\x18\t \x01(\t\x12\x16\n\tconnected\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x18\n\x10predictor_sha256\x18\x0b \x01(\t\x12\x15\n\rsample_sha256\x18\x0c \x01(\tB\x0c\n\n_connected\"\x17\n\x15ListSiteStatusRequest\"?\n\x16ListSiteStatusResponse\x12%\n\x05sites\x18\x01 \x03(\x0b\x32\x16.msa_fed.v1.SiteStatus\"8\n\x18OpsDeregisterSiteRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xb8\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08topology\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\x12\x12\n\nstarted_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x12\n\nstarted_by\x18\n \x01(\t\"P\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08topology\x18\x04 \x01(\t\"X\n\x10\x46inishJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"5\n\x10ListJobsResponse\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.msa_fed.v1.JobInfo\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t2\x8d\x05\n\nOperations\x12K\n\nListModels\x12\x1d.msa_fed.v1.ListModelsRequest\x1a\x1e.msa_fed.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1b.msa_fed.v1.GetModelRequest\x1a\x17.msa_fed.v1.ModelStatus\x12H\n\x0cPromoteModel\x12\x1f.msa_fed.v1.PromoteModelRequest\x1a\x17.msa_fed.v1.ModelStatus\x12W\n\x0eListSiteStatus\x12!.msa_fed.v1.ListSiteStatusRequest\x1a\".msa_fed.v1.ListSiteStatusResponse\x12N\n\x0e\x44\x65registerSite\x12$.msa_fed.v1.OpsDeregisterSiteRequest\x1a\x16.msa_fed.v1.SiteStatus\x12<\n\x08StartJob\x12\x1b.msa_fed.v1.StartJobRequest\x1a\x13.msa_fed.v1.JobInfo\x12>\n\tFinishJob\x12\x1c.msa_fed.v1.FinishJobRequest\x1a\x13.msa_fed.v1.JobInfo\x12\x45\n\x08ListJobs\x12\x1b.msa_fed.v1.ListJobsRequest\x1a\x1c.msa_fed.v1.ListJobsResponse\x12\x38\n\x06GetJob\x12\x19.msa_fed.v1.GetJobRequest\x1a\x13.msa_fed.v1.JobInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,25 +45,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMOTEMODELREQUEST']._serialized_start=424
   _globals['_PROMOTEMODELREQUEST']._serialized_end=478
   _globals['_SITESTATUS']._serialized_start=481
-  _globals['_SITESTATUS']._serialized_end=777
-  _globals['_LISTSITESTATUSREQUEST']._serialized_start=779
-  _globals['_LISTSITESTATUSREQUEST']._serialized_end=802
-  _globals['_LISTSITESTATUSRESPONSE']._serialized_start=804
-  _globals['_LISTSITESTATUSRESPONSE']._serialized_end=867
-  _globals['_OPSDEREGISTERSITEREQUEST']._serialized_start=869
-  _globals['_OPSDEREGISTERSITEREQUEST']._serialized_end=925
-  _globals['_JOBINFO']._serialized_start=928
-  _globals['_JOBINFO']._serialized_end=1112
-  _globals['_STARTJOBREQUEST']._serialized_start=1114
-  _globals['_STARTJOBREQUEST']._serialized_end=1194
-  _globals['_FINISHJOBREQUEST']._serialized_start=1196
-  _globals['_FINISHJOBREQUEST']._serialized_end=1284
-  _globals['_LISTJOBSREQUEST']._serialized_start=1286
-  _globals['_LISTJOBSREQUEST']._serialized_end=1318
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1320
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1373
-  _globals['_GETJOBREQUEST']._serialized_start=1375
-  _globals['_GETJOBREQUEST']._serialized_end=1406
-  _globals['_OPERATIONS']._serialized_start=1409
-  _globals['_OPERATIONS']._serialized_end=2062
+  _globals['_SITESTATUS']._serialized_end=783
+  _globals['_LISTSITESTATUSREQUEST']._serialized_start=785
+  _globals['_LISTSITESTATUSREQUEST']._serialized_end=808
+  _globals['_LISTSITESTATUSRESPONSE']._serialized_start=810
+  _globals['_LISTSITESTATUSRESPONSE']._serialized_end=873
+  _globals['_OPSDEREGISTERSITEREQUEST']._serialized_start=875
+  _globals['_OPSDEREGISTERSITEREQUEST']._serialized_end=931
+  _globals['_JOBINFO']._serialized_start=934
+  _globals['_JOBINFO']._serialized_end=1118
+  _globals['_STARTJOBREQUEST']._serialized_start=1120
+  _globals['_STARTJOBREQUEST']._serialized_end=1200
+  _globals['_FINISHJOBREQUEST']._serialized_start=1202
+  _globals['_FINISHJOBREQUEST']._serialized_end=1290
+  _globals['_LISTJOBSREQUEST']._serialized_start=1292
+  _globals['_LISTJOBSREQUEST']._serialized_end=1324
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1326
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1379
+  _globals['_GETJOBREQUEST']._serialized_start=1381
+  _globals['_GETJOBREQUEST']._serialized_end=1412
+  _globals['_OPERATIONS']._serialized_start=1415
+  _globals['_OPERATIONS']._serialized_end=2068
 # @@protoc_insertion_point(module_scope)

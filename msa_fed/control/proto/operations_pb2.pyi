@@ -56,7 +56,7 @@ class PromoteModelRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SiteStatus(_message.Message):
-    __slots__ = ("name", "token", "token_revoked_at", "registered", "registered_at", "last_heartbeat", "deregistered_at", "deregistered_by", "deregistration_reason", "connected", "has_predictor", "has_sample")
+    __slots__ = ("name", "token", "token_revoked_at", "registered", "registered_at", "last_heartbeat", "deregistered_at", "deregistered_by", "deregistration_reason", "connected", "predictor_sha256", "sample_sha256")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     TOKEN_REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -67,8 +67,8 @@ class SiteStatus(_message.Message):
     DEREGISTERED_BY_FIELD_NUMBER: _ClassVar[int]
     DEREGISTRATION_REASON_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
-    HAS_PREDICTOR_FIELD_NUMBER: _ClassVar[int]
-    HAS_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTOR_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SHA256_FIELD_NUMBER: _ClassVar[int]
     name: str
     token: str
     token_revoked_at: float
@@ -79,9 +79,9 @@ class SiteStatus(_message.Message):
     deregistered_by: str
     deregistration_reason: str
     connected: bool
-    has_predictor: bool
-    has_sample: bool
-    def __init__(self, name: _Optional[str] = ..., token: _Optional[str] = ..., token_revoked_at: _Optional[float] = ..., registered: _Optional[bool] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., deregistered_at: _Optional[float] = ..., deregistered_by: _Optional[str] = ..., deregistration_reason: _Optional[str] = ..., connected: _Optional[bool] = ..., has_predictor: _Optional[bool] = ..., has_sample: _Optional[bool] = ...) -> None: ...
+    predictor_sha256: str
+    sample_sha256: str
+    def __init__(self, name: _Optional[str] = ..., token: _Optional[str] = ..., token_revoked_at: _Optional[float] = ..., registered: _Optional[bool] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., deregistered_at: _Optional[float] = ..., deregistered_by: _Optional[str] = ..., deregistration_reason: _Optional[str] = ..., connected: _Optional[bool] = ..., predictor_sha256: _Optional[str] = ..., sample_sha256: _Optional[str] = ...) -> None: ...
 
 class ListSiteStatusRequest(_message.Message):
     __slots__ = ()
