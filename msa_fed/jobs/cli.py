@@ -43,3 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="the federated flow end to end on built-in data (local Ray, loopback gRPC)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+
+    from msa_fed.jobs.report import register_cli as register_report
+
+    register_report(sub)  # msa-fed model report

@@ -232,15 +232,19 @@ class Coordinator:
         bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
                            total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
 
+        curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
+
         def advance(i, _):
             bar.update(1)
             if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
                 shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
                 bar.set_postfix_str(f"loss={shown:.5g}")
+                curve.append(float(shown))
                 losses.clear()
 
         theta, info = fit_maxent(oracle, D, self.p, ccfg, minibatch_oracle=minibatch,
                                  n_points=max(len(X) for X in samples), progress=advance)
+        info = {**info, "history": curve}
         bar.close()
         progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
                       f"after {info['n_iter']} iterations")

@@ -1,0 +1,54 @@
+"""Progress output: one line per iteration off a terminal, tqdm bars on one."""
+from __future__ import annotations
+
+import io
+
+from msa_fed.runtime.progress import LineBar, Progress, use_bars
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_one_line_per_iteration_with_its_postfix():
+    out = io.StringIO()
+    bar = LineBar("DC solver", "it", stream=out)
+    for it, value in enumerate((0.5, 0.41, 0.4), start=1):
+        bar.update(1)
+        bar.set_postfix_str(f"max_k L_k={value}")
+    bar.close()
+    bar.close()  # idempotent
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == ["DC solver: iteration 1, max_k L_k=0.5", "DC solver: iteration 2, max_k L_k=0.41",
+                         "DC solver: iteration 3, max_k L_k=0.4"]
+    assert lines[3].startswith("DC solver: done after 3 iterations in ") and lines[3].endswith("max_k L_k=0.4")
+    assert len(lines) == 4 and "\r" not in out.getvalue()
+
+
+def test_epochs_without_postfix_and_with_total():
+    out = io.StringIO()
+    bar = LineBar("domain classifier", "epoch", total=2, stream=out)
+    bar.update(1)
+    bar.update(1)
+    bar.close()
+    assert out.getvalue().splitlines()[:2] == ["domain classifier: epoch 1/2", "domain classifier: epoch 2/2"]
+
+
+def test_style_follows_the_terminal_and_the_override(monkeypatch):
+    monkeypatch.delenv("MSA_FED_PROGRESS", raising=False)
+    assert use_bars(Tty()) and not use_bars(io.StringIO())
+    monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
+    assert not use_bars(Tty())
+    monkeypatch.setenv("MSA_FED_PROGRESS", "bars")
+    assert use_bars(io.StringIO())
+
+
+def test_progress_writes_lines_when_stderr_is_a_file(monkeypatch, capsys):
+    monkeypatch.delenv("MSA_FED_PROGRESS", raising=False)
+    p = Progress(verbose=True)
+    bar = p.bar("DC solver")
+    assert isinstance(bar, LineBar)
+    p.note("DC solver: resuming from checkpoint at iteration 3, max_k L_k=0.41")
+    assert capsys.readouterr().err == "DC solver: resuming from checkpoint at iteration 3, max_k L_k=0.41\n"
+    assert not hasattr(Progress(verbose=False).bar("x"), "n")
