@@ -285,14 +285,15 @@ class Coordinator:
         shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"  # what the solver minimises
         if "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
+            # "gamma" holds the value the solver last reported: its objective during the solve, Gamma at the end
             progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
-                          f"{shown}={ckpt.get('gamma'):.3g}")
+                          f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}")
         bar = progress.bar("DC solver", unit="it", total=None)
 
         def callback(it, z, gamma):
             bar.update(1)
             bar.set_postfix_str(f"{shown}={gamma:.4g}")
-            self._write_checkpoint(z=np.asarray(z).tolist(), gamma=float(gamma), iteration=int(it))
+            self._write_checkpoint(z=np.asarray(z).tolist(), gamma=float(gamma), gamma_name=shown, iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
@@ -300,7 +301,7 @@ class Coordinator:
         bar.close()
         progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
                       f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
-        self._write_checkpoint(z=res.z.tolist(), gamma=res.gamma, iteration=res.n_iter, done=True)
+        self._write_checkpoint(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
         info = {"solver": {"method": res.method, "n_iter": res.n_iter, "n_evaluations": res.n_evaluations,
                            "converged": res.converged, "restarts": res.restarts},
                 "classifier": getattr(dm, "info_", {}),

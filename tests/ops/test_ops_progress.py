@@ -52,3 +52,40 @@ def test_progress_writes_lines_when_stderr_is_a_file(monkeypatch, capsys):
     p.note("DC solver: resuming from checkpoint at iteration 3, max_k L_k=0.41")
     assert capsys.readouterr().err == "DC solver: resuming from checkpoint at iteration 3, max_k L_k=0.41\n"
     assert not hasattr(Progress(verbose=False).bar("x"), "n")
+
+
+def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch):
+    """An interrupted solve resumes printing the solver's objective (max_k L_k by default) under that
+    name; a finished one prints Gamma under the name Gamma."""
+    import pytest
+    from sklearn.linear_model import LogisticRegression
+
+    import msa_fed
+    import msa_fed.runtime.coordinator as coordinator
+    from msa_fed.experiments.demo_data import SITES, make_federation
+
+    monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
+    fed = make_federation(n_labeled=100, n_unlabeled=150, n_test=10, random_state=4)
+    sites = [msa_fed.SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"],
+                              LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"])) for n in SITES]
+    real_solve, seen = coordinator.solve_dc, []
+
+    def interrupted_solve(oracle, eta, callback=None, **kw):
+        def cb(it, z, value):
+            callback(it, z, value)
+            seen.append(value)
+            if len(seen) == 2:
+                raise KeyboardInterrupt
+        return real_solve(oracle, eta, callback=cb, **kw)
+
+    monkeypatch.setattr(coordinator, "solve_dc", interrupted_solve)
+    with pytest.raises(KeyboardInterrupt):
+        msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
+    monkeypatch.setattr(coordinator, "solve_dc", real_solve)
+    capsys.readouterr()
+    model = msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
+    resumed = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
+    assert resumed == [f"DC solver: resuming from checkpoint at iteration 2, max_k L_k={seen[1]:.3g}"]
+    msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
+    resumed = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
+    assert len(resumed) == 1 and resumed[0].endswith(f"Gamma={model.gamma:.3g}")
