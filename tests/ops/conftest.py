@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control import (
+    MemoryStore,
+    Registry,
+    RegistryClient,
+    RegistryServer,
+    SqliteStore,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

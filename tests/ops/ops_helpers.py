@@ -25,7 +25,7 @@ def env() -> dict:
 def cli(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
     """Run ``msa-fed ARGS`` in a new process; (exit status, stdout, stderr)."""
     proc = subprocess.run([sys.executable, "-m", "msa_fed.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env(), cwd=cwd)
+                          timeout=timeout, env=env(), cwd=cwd, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -69,7 +69,7 @@ class RegistryProcess:
         self.proc = None
         self.address = None
 
-    def start(self) -> "RegistryProcess":
+    def start(self) -> RegistryProcess:
         args = [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(self.db),
                 "--listen", f"127.0.0.1:{self.port}", "--insecure", "--workers", "8", "--log-level", "WARNING"]
         if self.audit_log:

@@ -47,22 +47,19 @@ def test_every_rpc_is_logged_with_principal_outcome_and_sha256(audited):
         site.upload_sample(X)
         with pytest.raises(RegistryError):
             site.upload_combined_model(b"x", {})                       # PERMISSION_DENIED (role)
-    with RegistryClient(server.address, other_token, insecure=True, retries=0) as other:
-        with pytest.raises(RegistryError):
-            other.get_site("a")                                         # PERMISSION_DENIED (domain rule)
+    with RegistryClient(server.address, other_token, insecure=True, retries=0) as other, pytest.raises(RegistryError):
+        other.get_site("a")                                         # PERMISSION_DENIED (domain rule)
     forged = site_token[:-3] + ("aaa" if not site_token.endswith("aaa") else "bbb")
-    with RegistryClient(server.address, forged, insecure=True, retries=0) as bad:
-        with pytest.raises(RegistryError):
-            bad.list_sites()                                            # UNAUTHENTICATED
+    with RegistryClient(server.address, forged, insecure=True, retries=0) as bad, pytest.raises(RegistryError):
+        bad.list_sites()                                            # UNAUTHENTICATED
     model = b"combined model bytes" * 1000
     with RegistryClient(server.address, admin_token, insecure=True, retries=0) as admin:
         admin.download_predictor("a")
         stored = admin.upload_combined_model(model, {"job": "t"})
         admin.download_combined_model(stored.version)
         OpsClient(admin).list_jobs()
-    with grpc.insecure_channel(server.address) as channel:               # no token at all
-        with pytest.raises(grpc.RpcError):
-            pb_grpc.RegistryStub(channel).ListSites(pb.ListSitesRequest(), timeout=30)
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError):  # no token at all
+        pb_grpc.RegistryStub(channel).ListSites(pb.ListSitesRequest(), timeout=30)
 
     entries = read_log(log_path)
     by = [(e["method"].rsplit("/", 1)[1], e["outcome"]) for e in entries]

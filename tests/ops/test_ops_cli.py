@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from ops_helpers import RegistryProcess, cli, issue_tokens
 from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 from msa_fed.control import RegistryClient
 from msa_fed.control.ops_client import OpsClient
-from ops_helpers import RegistryProcess, cli, issue_tokens
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,16 @@ import json
 import shlex
 
 import pytest
+from ops_helpers import (
+    RegistryProcess,
+    cli,
+    issue_tokens,
+    publish_sites,
+    start_job,
+    write_job,
+)
 
 import msa_fed
-from ops_helpers import RegistryProcess, cli, issue_tokens, publish_sites, start_job, write_job
 
 SITES = ("north", "east", "west")
 

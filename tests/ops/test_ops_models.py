@@ -7,12 +7,12 @@ import tarfile
 
 import numpy as np
 import pytest
+from ops_helpers import REPO
 from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
-from ops_helpers import REPO
 
 
 @pytest.fixture(scope="module")

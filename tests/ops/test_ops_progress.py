@@ -61,8 +61,8 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
     from sklearn.linear_model import LogisticRegression
 
     import msa_fed
-    import msa_fed.runtime.coordinator as coordinator
     from msa_fed.experiments.demo_data import SITES, make_federation
+    from msa_fed.runtime import coordinator
 
     monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
     fed = make_federation(n_labeled=100, n_unlabeled=150, n_test=10, random_state=4)
