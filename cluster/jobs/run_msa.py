@@ -4,8 +4,10 @@
     ray submit cluster/onprem.yaml cluster/jobs/run_msa.py -- --job JOB.toml --admin-token-file F
     ray job submit --working-dir . -- python cluster/jobs/run_msa.py --job JOB.toml --admin-token-file F
 
-Same flags as ``msa-fed run``; the only difference is that this script attaches to the cluster
-it runs in (``ray.init(address="auto")``, or ``RAY_ADDRESS``) instead of starting one.
+Same flags as ``msa-fed run``; the only difference is that this script attaches to a running
+cluster instead of starting one: ``RAY_ADDRESS`` if set, else the job file's ``[run]
+ray_address``, else ``"auto"`` (the cluster started last on this machine: give an explicit
+address where two clusters may run).
 
 Everything the job reads from the working directory is read BEFORE ``ray.init``: the job file,
 the admin token file and the registry's CA certificate (given as flags or named in the job
@@ -84,6 +86,19 @@ def snapshot_inputs(argv: list[str], folder: str) -> list[str]:
     return out
 
 
+def job_ray_address(argv: list[str]) -> str | None:
+    """The ``[run] ray_address`` of the (copied) job file in ``argv``, if any."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--job")
+    known, _ = parser.parse_known_args(argv)
+    try:
+        with open(known.job, "rb") as fh:
+            address = tomllib.load(fh).get("run", {}).get("ray_address")
+    except (OSError, TypeError, tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return address if isinstance(address, str) and address else None
+
+
 def preload_msa_fed():
     """Import every module of msa_fed now (see the module docstring)."""
     import importlib
@@ -112,7 +127,8 @@ def main(argv=None) -> int:
     from msa_fed.cli import main as cli_main
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False)
+        address = os.environ.get("RAY_ADDRESS") or job_ray_address(argv) or "auto"
+        ray.init(address=address, log_to_driver=False)
     return cli_main(["run", *argv])
 
 

@@ -64,3 +64,12 @@ def test_inputs_are_read_before_ray_init_and_survive_the_working_dir(run_msa, tm
 def test_missing_files_are_left_for_the_cli_to_report(run_msa, tmp_path):
     argv = ["--job", str(tmp_path / "nope.toml"), "--registry", "h:1"]
     assert run_msa.snapshot_inputs(argv, str(tmp_path)) == argv
+
+
+def test_ray_address_comes_from_the_job_file_unless_ray_address_is_set(run_msa, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[run]\nray_address = "127.0.0.1:27001"\n')
+    assert run_msa.job_ray_address(["--job", str(job)]) == "127.0.0.1:27001"
+    job.write_text('[run]\nsites = []\n')
+    assert run_msa.job_ray_address(["--job", str(job)]) is None
+    assert run_msa.job_ray_address(["--registry", "h:1"]) is None
