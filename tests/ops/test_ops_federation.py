@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from ops_helpers import REPO, env
 
 RAY_DEFAULT_PORTS = {6379, 8265, 10001}
