@@ -173,11 +173,11 @@ def test_ray_up_and_ray_submit_run_the_job(ssh_head):
             "file_mounts": {"~/msa-fed/jobs": str(tmp / "jobs")},
             "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
             "head_start_ray_commands": [
-                f"ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={ports[0]} "
+                (f"ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={ports[0]} "
                 f"--include-dashboard=false --dashboard-agent-listen-port={ports[1]} "
                 f"--dashboard-agent-grpc-port={ports[2]} --runtime-env-agent-port={ports[3]} "
                 f"--metrics-export-port={ports[4]} --num-cpus=2 --temp-dir={tmp / 'ray'} --disable-usage-stats "
-                "--resources='{\"site:north\": 1, \"site:east\": 1, \"site:west\": 1}'"],
+                "--resources='{\"site:north\": 1, \"site:east\": 1, \"site:west\": 1}'")],
             "worker_start_ray_commands": [],
         }
         (tmp / "cluster.json").write_text(json.dumps(config))  # YAML is a superset of JSON
