@@ -5,7 +5,9 @@ Transport-free like :class:`~msa_fed.control.registry.Registry`: the gRPC servic
 the caller's :class:`Principal`; every method is admin-only.
 
 ``connected`` is the hook of the federated topology: a callable ``name -> bool | None`` that
-says whether a site's agent holds a connection to the registry now (None: unknown).
+says whether a site's agent holds a connection to the registry now (None: unknown).  When it
+is not given, ``registry.site_connected`` is used if the registry has one, so the relay service
+can set that attribute on the :class:`Registry` it serves without touching this module.
 """
 from __future__ import annotations
 
@@ -66,7 +68,11 @@ class Operations:
     def __init__(self, registry: Registry, connected: Callable[[str], bool | None] | None = None):
         self.registry = registry
         self.store = registry.store
-        self.connected = connected
+        self._connected = connected
+
+    @property
+    def connected(self) -> Callable[[str], bool | None] | None:
+        return self._connected or getattr(self.registry, "site_connected", None)
 
     def _admin(self, principal: Principal, action: str) -> None:
         self.registry.require_admin(principal, action)

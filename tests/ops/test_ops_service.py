@@ -111,3 +111,11 @@ def test_every_operation_is_admin_only(method, registry, server):
                 stub(request_type(), metadata=metadata, timeout=30)
             assert err.value.code() == code
     assert OPS_SERVICE_NAME == "msa_fed.v1.Operations"
+
+
+def test_connected_column_comes_from_the_registry_hook(admin, registry, connect):
+    _, ops = admin
+    for name in ("a", "b"):
+        connect(registry.issue_token("site", name)).register(name)
+    registry.site_connected = {"a": True, "b": False}.get  # what the federated topology's relay sets
+    assert {s.name: s.connected for s in ops.site_statuses()} == {"a": True, "b": False}
