@@ -109,7 +109,7 @@ def unpack_model(data: bytes, out, *, max_total_bytes: int = MAX_TOTAL_BYTES) ->
                 if name.endswith(".json") and member.size > MAX_MANIFEST_BYTES:
                     raise ArtifactError(f"combined model archive: {name!r} exceeds {MAX_MANIFEST_BYTES} bytes")
                 fh = tar.extractfile(member)
-                content = fh.read(member.size + 1)
+                content = fh.read(member.size + 1) if fh is not None else b""
                 if len(content) != member.size:
                     raise ArtifactError(f"combined model archive: {name!r} is truncated")
                 files[name] = content

@@ -88,7 +88,8 @@ def select_sites(client, requested, registered: dict, log: Callable[[str], None]
     ones.  A site the job names explicitly and may not use stops the job with the reason."""
     statuses = {s.name: s for s in OpsClient(client).site_statuses()}
     if requested:
-        refused = [exclusion_reason(statuses[n]) for n in requested if n in statuses and exclusion_reason(statuses[n])]
+        reasons = [exclusion_reason(statuses[n]) for n in requested if n in statuses]
+        refused = [r for r in reasons if r is not None]
         if refused:
             raise ConfigError("the job names site(s) it may not use: " + "; ".join(refused))
         return list(requested)
@@ -106,7 +107,7 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
     """One line per site: the Ray node that carries its ``site:<name>`` resource, topology, channel."""
     import ray
 
-    nodes = {}
+    nodes: dict[str, list[str]] = {}
     for node in ray.nodes():
         if node.get("Alive"):
             for key in node.get("Resources", {}):
