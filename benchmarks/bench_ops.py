@@ -85,7 +85,7 @@ def main() -> int:
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
-        lines = sum(1 for _ in open(Path(tmp) / "audit.jsonl"))
+        lines = len((Path(tmp) / "audit.jsonl").read_text().splitlines())
     base, audited = results["no_audit"], results["audit"]
     results["ratio_audit_over_plain"] = {k: audited[k] / base[k] for k in base}
     results["audit_lines"] = lines
