@@ -156,6 +156,16 @@ def upload_command(saved: Path, registry: str, *, insecure: bool, tls_ca: str | 
     return shlex.join(parts)
 
 
+def check_output_dir(output_dir) -> None:
+    """Refuse an ``--output`` that already holds something (checked before the job does any work)."""
+    if output_dir is None:
+        return
+    path = Path(output_dir)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"--output {str(path)!r} already exists and is not an empty directory; "
+                          "the job never overwrites a result")
+
+
 def store_result(model, job: dict, connect: Callable, *, output_dir, retry_for: float, command: Callable[[Path], str],
                  log: Callable[[str], None] = print):
     """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries.
@@ -163,8 +173,7 @@ def store_result(model, job: dict, connect: Callable, *, output_dir, retry_for: 
     Returns the registry record; raises :class:`ResultNotStoredError` naming the saved directory
     and the command that stores it later."""
     saved = Path(output_dir)
-    if saved.exists() and any(saved.iterdir()):
-        raise ConfigError(f"--output {str(saved)!r} already exists and is not empty; the job never overwrites a result")
+    check_output_dir(saved)
     model.info = {**model.info, "job": dict(job)}
     model.save(saved)
     log(f"combined model saved to {saved.resolve()}")

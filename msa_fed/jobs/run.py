@@ -31,7 +31,8 @@ from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.artifacts.model import CombinedModel, load_model
 from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.jobs.operations import (DEFAULT_OUTPUT_ROOT, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
-                                     select_sites, site_lines, store_result, summary_lines, upload_command)
+                                     check_output_dir, select_sites, site_lines, store_result, summary_lines,
+                                     upload_command)
 from msa_fed.runtime.channel import MODES as CHANNEL_MODES
 from msa_fed.runtime.coordinator import Coordinator, RunConfig
 from msa_fed.runtime.site import SiteWorker
@@ -151,6 +152,7 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
     def connect():
         return RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca, retries=0)
 
+    check_output_dir(output_dir)  # before any work: a job never overwrites a result
     tracker = JobTracker(connect, job_id, name=config.name, topology="ray", log=log)
     try:
         record, model = _run_job(config, admin_token, tracker, connect, log=log, verbose=verbose,

@@ -136,3 +136,14 @@ def test_a_job_naming_a_deregistered_or_revoked_site_fails_with_the_reason(feder
     assert [j["status"] for j in jobs] == ["failed"] * 3
     assert "site 'east' was deregistered" in jobs[2]["error"] and jobs[2]["sites"] == ["north", "east"]
     assert "token was revoked" in jobs[1]["error"]
+
+
+def test_an_occupied_output_folder_stops_the_job_before_any_work(tmp_path):
+    (tmp_path / "result").mkdir()
+    (tmp_path / "result" / "manifest.json").write_text("{}")  # a previous result
+    (tmp_path / "token").write_text("mft1.admin.admin.x")
+    job = write_job(tmp_path / "job.toml", "127.0.0.1:1", tmp_path / "token", tmp_path)  # no registry there
+    rc, _, err = cli("run", "--job", job, "--output", tmp_path / "result")
+    assert rc == 1 and err.strip() == (f"error: --output {str(tmp_path / 'result')!r} already exists and is not an "
+                                       "empty directory; the job never overwrites a result")
+    assert (tmp_path / "result" / "manifest.json").read_text() == "{}"
