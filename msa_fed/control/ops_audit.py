@@ -10,16 +10,20 @@ Each line is a JSON object:
      "request": {"messages": 3, "bytes": 2097190, "content_bytes": 2097152, "content_sha256": "9f..."},
      "response": {"messages": 1, "bytes": 160, "content_bytes": 0, "content_sha256": null}}
 
-- ``principal`` is the one the bearer token names; ``verified`` is false when the call was
-  refused as UNAUTHENTICATED (the token did not prove it) and null when no token was sent.
-  The token itself is never written.
+- ``principal`` is the caller the authentication interceptor verified from the bearer token
+  (``verified`` true, also when the call was then refused for its role or certificate); when
+  the token proved nothing (refused as UNAUTHENTICATED, or a health check, which is not
+  authenticated) it is the principal the token claims, with ``verified`` false; null when no
+  token was sent.  The token itself is never written.
 - ``outcome`` is the gRPC status name: OK, or the refusal (UNAUTHENTICATED, PERMISSION_DENIED,
   INVALID_ARGUMENT, ...); ``details`` the status message the client saw (one line, cut).
 - ``request`` / ``response``: serialised sizes of the messages that moved, and for the chunked
   transfers (uploads, downloads) the size and sha256 of the content carried in ``chunk`` fields:
   the artifact's or model's bytes, so the log shows exactly what was stored or handed out.
 
-The interceptor sits outside the authentication interceptor, so refusals are logged too.
+The interceptor sits outside the authentication interceptor (``interceptors=[audit, auth]``),
+so refusals are logged too, with the status the client saw; the authentication interceptor
+tells it the verified principal through :meth:`_AuditedContext.note_principal`.
 Write failures are logged to the server's log and never fail an RPC.
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 import grpc
 
 from msa_fed.control.auth import bearer_token
+from msa_fed.control.records import Principal
 from msa_fed.control.tokens import parse_token
 
 log = logging.getLogger(__name__)
@@ -94,7 +99,10 @@ class _Traffic:
                 "content_sha256": self._sha.hexdigest() if self._sha is not None else None}
 
 
-def _principal(metadata) -> dict | None:
+def _principal(metadata, verified: Principal | None) -> dict | None:
+    """The verified principal; else the one the token claims (unverified); None without a token."""
+    if verified is not None:
+        return {"role": verified.role, "name": verified.name, "verified": True}
     token = bearer_token(metadata)
     if not token:
         return None
@@ -102,7 +110,21 @@ def _principal(metadata) -> dict | None:
     if parsed is None:
         return {"role": None, "name": None, "verified": False}
     principal, _ = parsed
-    return {"role": principal.role, "name": principal.name, "verified": True}
+    return {"role": principal.role, "name": principal.name, "verified": False}
+
+
+class _AuditedContext:
+    """The call's ``grpc.ServicerContext``, passed inwards, that the auth interceptor tells who called."""
+
+    def __init__(self, context: grpc.ServicerContext):
+        self._context = context
+        self.verified: Principal | None = None
+
+    def note_principal(self, principal: Principal) -> None:
+        self.verified = principal
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
 
 
 def _outcome(context, exc: BaseException | None) -> tuple[str, str]:
@@ -124,16 +146,16 @@ def _outcome(context, exc: BaseException | None) -> tuple[str, str]:
 
 
 class AuditInterceptor(grpc.ServerInterceptor):
-    """Logs every RPC to an :class:`AuditLog` (see the module docstring); put it before the auth interceptor."""
+    """Logs every RPC to an :class:`AuditLog` (see the module docstring); put it before (outside) the auth
+    interceptor: ``interceptors=[audit, auth]``."""
 
     def __init__(self, audit_log: AuditLog):
         self.audit_log = audit_log
 
-    def _record(self, method, context, started, request: _Traffic, response: _Traffic, exc) -> None:
+    def _record(self, method, context: _AuditedContext, started, request: _Traffic, response: _Traffic,
+                exc) -> None:
         outcome, details = _outcome(context, exc)
-        principal = _principal(context.invocation_metadata())
-        if principal is not None and outcome == "UNAUTHENTICATED":
-            principal["verified"] = False
+        principal = _principal(context.invocation_metadata(), context.verified)
         now = time.time()
         self.audit_log.write({
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
@@ -162,6 +184,7 @@ class AuditInterceptor(grpc.ServerInterceptor):
 
         def run_unary_response(inner, request_or_iterator, context, streaming_request: bool):
             started, req, resp, exc = time.perf_counter(), _Traffic(), _Traffic(), None
+            context = _AuditedContext(context)
             if streaming_request:
                 request_or_iterator = counted(request_or_iterator, req)
             else:
@@ -179,6 +202,7 @@ class AuditInterceptor(grpc.ServerInterceptor):
 
         def run_stream_response(inner, request_or_iterator, context, streaming_request: bool):
             started, req, resp, exc = time.perf_counter(), _Traffic(), _Traffic(), None
+            context = _AuditedContext(context)
             if streaming_request:
                 request_or_iterator = counted(request_or_iterator, req)
             else:

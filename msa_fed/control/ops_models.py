@@ -149,7 +149,7 @@ def registry_manifest(model_manifest: dict) -> dict:
     manifest = dict(model_manifest)
     job = (manifest.get("info") or {}).get("job") or {}
     if isinstance(job, dict):
-        for key in ("job", "job_id", "output_version"):
+        for key in ("job", "job_id", "output_version", "predictor_sha256"):
             if key in job:
                 manifest[key] = job[key]
     return manifest

@@ -208,6 +208,14 @@ class SqliteStore(RegistryStore):
         )
         return {p: ("active" if n else "revoked") for p, n in rows}
 
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        rows = self._read(
+            "SELECT salt, digest, created_at FROM tokens WHERE role = ? AND principal = ? AND revoked_at IS NOT NULL "
+            "ORDER BY revoked_at DESC, id DESC LIMIT ?",
+            (role, principal, int(limit)),
+        )
+        return [TokenRecord(role, principal, bytes(salt), bytes(digest), created_at) for salt, digest, created_at in rows]
+
     # sites --------------------------------------------------------------
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
         labels_json = json.dumps(dict(sorted(labels.items())))

@@ -2,7 +2,7 @@
 
 :class:`RegistryStore` is the whole persistence contract; :class:`MemoryStore`
 (here) and :class:`msa_fed.control.sqlite_store.SqliteStore` implement it, and
-one test suite (``tests/control/test_store.py``) runs against both.
+one test suite (``tests/control/test_control_store.py``) runs against both.
 
 Artifacts and combined models are stored content-addressed: the bytes live
 once under their sha256, records point at them.  A commit is atomic: the blob
@@ -59,6 +59,10 @@ class RegistryStore(abc.ABC):
     @abc.abstractmethod
     def token_states(self, role: str) -> dict[str, str]:
         """{principal: "active" | "revoked"} for every principal of ``role`` that ever had a token."""
+
+    @abc.abstractmethod
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        """The latest ``limit`` revoked (or replaced) tokens of (role, principal), newest first."""
 
     # sites --------------------------------------------------------------
     @abc.abstractmethod
@@ -178,6 +182,7 @@ class MemoryStore(RegistryStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokens: dict[tuple[str, str], TokenRecord | None] = {}  # None: revoked
+        self._revoked: dict[tuple[str, str], list[TokenRecord]] = {}  # newest first
         self._sites: dict[str, SiteRecord] = {}
         self._blobs: dict[str, bytes] = {}
         self._artifacts: list[ArtifactRecord] = []
@@ -189,7 +194,10 @@ class MemoryStore(RegistryStore):
 
     def put_token(self, record: TokenRecord) -> None:
         with self._lock:
-            self._tokens[(record.role, record.principal)] = record
+            key = (record.role, record.principal)
+            if self._tokens.get(key) is not None:
+                self._revoked.setdefault(key, []).insert(0, self._tokens[key])
+            self._tokens[key] = record
 
     def get_token(self, role: str, principal: str) -> TokenRecord | None:
         with self._lock:
@@ -197,12 +205,18 @@ class MemoryStore(RegistryStore):
 
     def revoke_tokens(self, role: str, principal: str, now: float) -> int:
         with self._lock:
-            active = self._tokens.get((role, principal)) is not None
+            current = self._tokens.get((role, principal))
+            if current is not None:
+                self._revoked.setdefault((role, principal), []).insert(0, current)
             if (role, principal) in self._tokens:
                 self._tokens[(role, principal)] = None
-            if active:
+            if current is not None:
                 self._revoked_at[(role, principal)] = now
-            return int(active)
+            return int(current is not None)
+
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        with self._lock:
+            return list(self._revoked.get((role, principal), ())[:limit])
 
     def token_states(self, role: str) -> dict[str, str]:
         with self._lock:

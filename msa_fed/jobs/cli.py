@@ -5,14 +5,19 @@ import argparse
 
 
 def _run(args) -> int:
-    from msa_fed.jobs.run import JobConfig, read_token_file, report, run_job
+    from msa_fed.jobs.config import JobConfig, check_admin_token, read_token_file
 
     if args.admin_token and args.admin_token_file:
         raise ValueError("give --admin-token or --admin-token-file, not both")
+    # the whole job file is checked before any network work (and before the heavy imports)
     config = JobConfig.from_toml(args.job, registry=args.registry, tls_ca=args.tls_ca,
                                  insecure=True if args.insecure else None,
                                  admin_token_file=args.admin_token_file)
+    if args.admin_token:
+        check_admin_token(args.admin_token, "--admin-token")
     token = args.admin_token or read_token_file(config.admin_token_file)
+    from msa_fed.jobs.run import report, run_job
+
     _, model = run_job(config, token, verbose=not args.quiet, output_dir=args.output,
                        upload_retry_for=args.upload_retry_for)
     report(model)

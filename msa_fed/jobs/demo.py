@@ -48,7 +48,9 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     from msa_fed.control.server import RegistryServer
     from msa_fed.control.sqlite_store import SqliteStore
     from msa_fed.experiments.demo_data import SITES, make_federation
-    from msa_fed.jobs.run import JobConfig, model_from_bytes, report, run_job
+    from msa_fed.jobs.config import JobConfig
+    from msa_fed.jobs.run import model_from_bytes, report, run_job
+    from msa_fed.runtime.config import FitConfig
     from msa_fed.runtime.ray_sites import ensure_ray
 
     t0 = time.perf_counter()
@@ -80,7 +82,8 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
             ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in SITES})
             log("ray: local instance with resources " + ", ".join(f"site:{n}" for n in SITES))
             job = JobConfig(name="demo", registry=server.address, insecure=True,
-                            site_data=str(tmp / "{site}.npz"), output_version="demo-v1").validate()
+                            site_data=str(tmp / "{site}.npz"), output_version="demo-v1",
+                            fit=FitConfig(runtime="ray", topology="cluster")).validate()
             record, model = run_job(job, admin_token, log=log, verbose=True, output_dir=tmp / "job-output")
             report(model, log)
             with RegistryClient(server.address, admin_token, insecure=True) as admin:

@@ -41,7 +41,7 @@ import threading
 from msa_fed.errors import ConfigError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
-from msa_fed.runtime.site import current_node_id
+from msa_fed.runtime.node import current_node_id
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.runtime import messages as m
-
-PROBA_ATOL = 1e-4
+from msa_fed.runtime.node import current_node_id
 
 
 class SiteStateLost(MsaFedError):
@@ -26,28 +26,17 @@ class SiteStateLost(MsaFedError):
 
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
-    """Validated outputs of a frozen predictor on X.
+    """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
+    naming ``who``, never the offending rows: the message leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        out = np.asarray(predictor.predict(X), dtype=np.float64).reshape(-1)
-        if out.shape[0] != X.shape[0]:
-            raise ConfigError(f"{who}: predict returned {out.shape[0]} values for {X.shape[0]} inputs")
-        if not np.all(np.isfinite(out)):
-            raise ConfigError(f"{who}: predict returned NaN or inf")
-        return out
-    P = np.asarray(predictor.predict_proba(X), dtype=np.float64)
+        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    if P.ndim != 2 or P.shape != (X.shape[0], own.size):
-        raise ConfigError(f"{who}: predict_proba returned shape {P.shape}; expected ({X.shape[0]}, {own.size})")
-    if not np.all(np.isfinite(P)) or P.min() < -PROBA_ATOL:
-        raise ConfigError(f"{who}: predict_proba returned NaN, inf or negative values")
-    dev = float(np.max(np.abs(P.sum(axis=1) - 1.0))) if P.size else 0.0
-    if dev > PROBA_ATOL:
-        raise ConfigError(f"{who}: predicted probabilities do not sum to 1 (max deviation {dev:.3g})")
+    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -56,27 +45,11 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
-def _feature_map(state, custom):
-    if state is None:
-        return custom
-    from msa_fed.core.features import feature_map_from_state
-
-    return feature_map_from_state(*state)
-
-
 def build_domain_model(spec: m.DomainModelSpec):
-    # imported here, not at the top: a site loads only what its domain model needs (the Maxent
-    # classifier's module imports torch, the KDE's scikit-learn), which keeps actors light
-    fmap = _feature_map(spec.feature_map, spec.custom_feature_map)
-    if spec.kind == "maxent":
-        from msa_fed.core.domain_classifier import DomainClassifier
-
-        return DomainClassifier(fmap, spec.theta, spec.n_sources, mu=0.0)
-    if spec.kind == "kde":
-        from msa_fed.core.density import KDEDomainModel
-
-        return KDEDomainModel.from_state(spec.bandwidths, list(spec.samples), feature_map=fmap)
-    raise ConfigError(f"unknown domain model kind {spec.kind!r}")
+    try:
+        return m.domain_model_from_spec(spec)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"malformed domain model: {exc}") from None
 
 
 SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
@@ -125,22 +98,14 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
     return out
 
 
-def current_node_id() -> str:
-    """The Ray node this process runs on, or "" outside Ray."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return ""
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-
-
 def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
+    from msa_fed.core.domain_classifier import shard_seed
     from msa_fed.runtime.shards import RowShard
 
-    fmap = _feature_map(fmap_msg.feature_map, fmap_msg.custom_feature_map)
+    fmap = m.feature_map_of(fmap_msg.feature_map, fmap_msg.custom_feature_map)
     Phi = np.asarray(fmap.transform(X), dtype=np.float64)
     return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
-                    dtype=fmap_msg.dtype, seed=fmap_msg.seed * 1000 + index)
+                    dtype=fmap_msg.dtype, seed=shard_seed(fmap_msg.seed, index))
 
 
 class SiteWorker:
@@ -206,8 +171,11 @@ class SiteWorker:
         if self._H is None:
             cols = []
             for k, h in enumerate(self.predictors):
+                # the unlabelled sample too: the combined model will be used on points like them
+                predictor_outputs(h, self.X_unlabeled, self.task, self.classes,
+                                  who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points")
                 out = predictor_outputs(h, self.X_labeled, self.task, self.classes,
-                                        who=f"site {self.name!r}, predictor {k}")
+                                        who=f"site {self.name!r}, predictor {k}, on the site's labelled points")
                 if self.task == "regression":
                     cols.append(out)
                 else:
