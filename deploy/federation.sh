@@ -120,6 +120,7 @@ admin_token_file = "$WORK/admin_token"
 [run]
 sites = ["north", "east", "west"]
 site_data = "{site}.npz"
+topology = "cluster"
 ray_address = "127.0.0.1:$GCS_PORT"
 output_version = "walkthrough-v1"
 TOMLEOF

@@ -26,7 +26,7 @@ def registry(store):
 
 @pytest.fixture
 def server(registry):
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=8) as srv:
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=16) as srv:
         yield srv
 
 

@@ -71,7 +71,7 @@ class RegistryProcess:
 
     def start(self) -> RegistryProcess:
         args = [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(self.db),
-                "--listen", f"127.0.0.1:{self.port}", "--insecure", "--workers", "8", "--log-level", "WARNING"]
+                "--listen", f"127.0.0.1:{self.port}", "--insecure", "--workers", "16", "--log-level", "WARNING"]
         if self.audit_log:
             args += ["--audit-log", str(self.audit_log)]
         deadline = time.monotonic() + 120
@@ -154,6 +154,7 @@ admin_token_file = "{token_file}"
 [run]
 sites = [{site_list}]
 site_data = "{data_dir}/{{site}}.npz"
+topology = "cluster"
 data_channel = "plain"
 ''')
     return path

@@ -28,7 +28,7 @@ def audited(tmp_path):
     registry = Registry(store)
     log_path = tmp_path / "audit.jsonl"
     audit = AuditLog(log_path)
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=8, audit_log=audit) as server:
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=16, audit_log=audit) as server:
         yield registry, server, log_path
     audit.close()
     store.close()

@@ -162,7 +162,7 @@ def test_ray_up_and_ray_submit_run_the_job(ssh_head):
         (tmp / "jobs" / "job.toml").write_text(
             f'name = "ray-up"\n[registry]\naddress = "{reg.address}"\ninsecure = true\n'
             f'admin_token_file = "{token_file}"\n[run]\nsite_data = "{tmp}/site-data/{{site}}.npz"\n'
-            f'ray_address = "127.0.0.1:{gcs}"\ndata_channel = "tls"\n')
+            f'topology = "cluster"\nray_address = "127.0.0.1:{gcs}"\ndata_channel = "tls"\n')
         name = f"msafed-test-{secrets.token_hex(3)}"
         config = {
             "cluster_name": name,
