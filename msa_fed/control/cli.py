@@ -150,10 +150,9 @@ def _principal(args) -> tuple[str, str]:
 
 
 def _issue_token(args) -> int:
+    from msa_fed.control.records import check_name
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
-
-    from msa_fed.control.records import check_name
 
     role, name = _principal(args)
     try:

@@ -83,20 +83,26 @@ class Operations:
         self._admin(principal, "list combined models")
         return self.store.list_combined_models(), self.store.current_model_version(), self.store.promotions()
 
-    def get_model(self, principal: Principal, version: int = 0) -> tuple[CombinedModelRecord, int | None, list[PromotionRecord]]:
+    def get_model(
+        self, principal: Principal, version: int = 0
+    ) -> tuple[CombinedModelRecord, int | None, list[PromotionRecord]]:
         self._admin(principal, "read a combined model's record")
         if version < 0:
             raise RegistryError("INVALID_ARGUMENT", f"version must be >= 0 (0 = current); got {version}")
         record = self.store.get_combined_model(version or None)
         if record is None:
-            raise RegistryError("NOT_FOUND", f"no combined model version {version}" if version else "no combined model stored")
+            raise RegistryError(
+                "NOT_FOUND", f"no combined model version {version}" if version else "no combined model stored"
+            )
         return record, self.store.current_model_version(), self.store.promotions()
 
     def promote(self, principal: Principal, version: int, reason: str = "") -> PromotionRecord:
         self._admin(principal, "promote a combined model")
         if version < 1:
             raise RegistryError("INVALID_ARGUMENT", f"version must be >= 1; got {version}")
-        rec = self.store.promote_model(version, self.registry.clock(), principal.name, one_line(reason, MAX_REASON_CHARS))
+        rec = self.store.promote_model(
+            version, self.registry.clock(), principal.name, one_line(reason, MAX_REASON_CHARS)
+        )
         log.info("combined model version %d promoted to current by %s", version, principal)
         return rec
 
@@ -131,7 +137,9 @@ class Operations:
         for status in self.site_statuses(principal):
             if status.name == name:
                 return status
-        raise RegistryError("NOT_FOUND", f"site {name!r} is unknown to the registry (no token, registration or deregistration)")
+        raise RegistryError(
+            "NOT_FOUND", f"site {name!r} is unknown to the registry (no token, registration or deregistration)"
+        )
 
     def deregister(self, principal: Principal | None, name: str, reason: str = "") -> SiteStatus:
         """Revoke the site's token, remove its registration and artifacts, and record why."""
@@ -145,7 +153,8 @@ class Operations:
         if not revoked and not removed:
             raise RegistryError("NOT_FOUND", f"site {name!r} has neither an active token nor a registration")
         self.store.record_deregistration(DeregistrationRecord(name, now, by, one_line(reason, MAX_REASON_CHARS)))
-        log.info("site %r deregistered by %s (token revoked: %s, registration removed: %s)", name, by, bool(revoked), removed)
+        log.info("site %r deregistered by %s (token revoked: %s, registration removed: %s)",
+                 name, by, bool(revoked), removed)
         return self.site_status(None, name)
 
     # jobs -------------------------------------------------------------------
@@ -165,7 +174,9 @@ class Operations:
         stored, _ = self.store.start_job(record)
         return stored
 
-    def finish_job(self, principal: Principal, job_id: str, status: str, model_version: int = 0, error: str = "") -> JobRecord:
+    def finish_job(
+        self, principal: Principal, job_id: str, status: str, model_version: int = 0, error: str = ""
+    ) -> JobRecord:
         self._admin(principal, "record a job")
         check_job_id(job_id)
         if status not in JOB_END_STATES:

@@ -130,7 +130,8 @@ def _model_show(args) -> int:
     print(f"version         {r.version}{'  (current: what latest resolves to)' if m['current'] else ''}")
     print(f"created         {iso(r.created_at)} by {r.created_by}")
     print(f"sha256          {r.sha256}  ({r.size} bytes)")
-    print(f"job             {man.get('job', '-')}  id {man.get('job_id', '-')}  output_version {man.get('output_version') or '-'}")
+    print(f"job             {man.get('job', '-')}  id {man.get('job_id', '-')}  "
+          f"output_version {man.get('output_version') or '-'}")
     print(f"method          {man.get('method', '-')} / {man.get('task', '-')}, eta={man.get('eta', '-')}")
     for label, values in (("z", man.get("z")), ("L_k(z)", man.get("domain_losses"))):
         if values:

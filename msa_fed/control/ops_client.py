@@ -37,14 +37,16 @@ class OpsClient:
         return model_status_from_pb(self._unary("GetModel", ops_pb.GetModelRequest(version=version)))
 
     def promote(self, version: int, reason: str = "") -> dict:
-        return model_status_from_pb(self._unary("PromoteModel", ops_pb.PromoteModelRequest(version=version, reason=reason)))
+        request = ops_pb.PromoteModelRequest(version=version, reason=reason)
+        return model_status_from_pb(self._unary("PromoteModel", request))
 
     # sites
     def site_statuses(self) -> list[SiteStatus]:
         return [site_status_from_pb(s) for s in self._unary("ListSiteStatus", ops_pb.ListSiteStatusRequest()).sites]
 
     def deregister(self, name: str, reason: str = "") -> SiteStatus:
-        return site_status_from_pb(self._unary("DeregisterSite", ops_pb.OpsDeregisterSiteRequest(name=name, reason=reason)))
+        request = ops_pb.OpsDeregisterSiteRequest(name=name, reason=reason)
+        return site_status_from_pb(self._unary("DeregisterSite", request))
 
     # jobs
     def start_job(self, job_id: str, name: str, sites, topology: str) -> JobRecord:

@@ -23,7 +23,8 @@ MAX_JOB_SITES = 1000
 def check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id):
         raise RegistryError(
-            "INVALID_ARGUMENT", f"job id must be 1-64 characters of letters, digits, '_', '.', ':' or '-'; got {job_id!r}"
+            "INVALID_ARGUMENT",
+            f"job id must be 1-64 characters of letters, digits, '_', '.', ':' or '-'; got {job_id!r}",
         )
     return job_id
 

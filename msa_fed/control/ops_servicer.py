@@ -59,7 +59,8 @@ class OperationsServicer(ops_grpc.OperationsServicer):
 
     @_unary
     def ListJobs(self, request, context):
-        return ops_pb.ListJobsResponse(jobs=[job_to_pb(j) for j in self.ops.list_jobs(context.principal, request.limit)])
+        jobs = self.ops.list_jobs(context.principal, request.limit)
+        return ops_pb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])
 
     @_unary
     def GetJob(self, request, context):

@@ -15,17 +15,17 @@ import abc
 import dataclasses
 import threading
 
-from msa_fed.control.records import (
-    ArtifactRecord,
-    CombinedModelRecord,
-    SiteRecord,
-    TokenRecord,
-)
 from msa_fed.control.ops_records import (
     DeregistrationRecord,
     JobRecord,
     PromotionRecord,
     current_version,
+)
+from msa_fed.control.records import (
+    ArtifactRecord,
+    CombinedModelRecord,
+    SiteRecord,
+    TokenRecord,
 )
 from msa_fed.errors import RegistryError
 

@@ -112,7 +112,8 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
         if node.get("Alive"):
             for key in node.get("Resources", {}):
                 if key.startswith("site:"):
-                    nodes.setdefault(key[5:], []).append(f"{node.get('NodeManagerAddress')} ({node.get('NodeID', '')[:8]})")
+                    where = f"{node.get('NodeManagerAddress')} ({node.get('NodeID', '')[:8]})"
+                    nodes.setdefault(key[5:], []).append(where)
     channel = {"tls": "direct mutual-TLS data channel", "plain": "direct plaintext data channel (loopback)",
                "off": "Ray actor calls"}.get(data_channel, data_channel)
     return [f"site {n}: node {', '.join(nodes.get(n, ['(any)']))}, topology {topology}, per-round calls over {channel}"

@@ -107,7 +107,8 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
         ("classifier", (f"{classifier.get('optimizer', '?')}, {classifier.get('n_iter', '?')} iterations, objective "
                        f"{classifier.get('objective', float('nan')):.6g}")),
         ("classes", json.dumps(manifest.get("classes"))),
-        ("job", f"{job.get('job', '-')} (id {job.get('job_id', '-')}, output version {job.get('output_version') or '-'})"),
+        ("job", f"{job.get('job', '-')} (id {job.get('job_id', '-')}, "
+                f"output version {job.get('output_version') or '-'})"),
         ("code version", manifest.get("code_version", "-")),
     ]
     epsilon = (info.get("privacy") or {}).get("epsilon")

@@ -53,7 +53,9 @@ class Lines:
                         return line
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"no line with {text!r} within {timeout} s; got:\n" + "\n".join(self.lines[-40:]))
+                    raise AssertionError(
+                        f"no line with {text!r} within {timeout} s; got:\n" + "\n".join(self.lines[-40:])
+                    )
                 self._cond.wait(min(left, 1.0))
 
     def text(self) -> str:

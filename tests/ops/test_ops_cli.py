@@ -137,7 +137,8 @@ def test_job_list_and_show(served):
 def test_admin_commands_need_the_admin_token(served, tmp_path):
     reg, tokens, _ = served
     (tmp_path / "site_token").write_text(tokens["a"])
-    rc, _, err = cli("model", "list", "--registry", reg.address, "--insecure", "--admin-token-file", tmp_path / "site_token")
+    rc, _, err = cli("model", "list", "--registry", reg.address, "--insecure",
+                     "--admin-token-file", tmp_path / "site_token")
     assert rc == 1 and err.startswith("error: PERMISSION_DENIED")
     rc, _, err = cli("model", "list", "--registry", reg.address, "--insecure", "--admin-token-file", tmp_path / "none")
     assert rc == 1 and err.strip() == f"error: --admin-token-file {str(tmp_path / 'none')!r} not found"

@@ -14,7 +14,7 @@ class Tty(io.StringIO):
 def test_one_line_per_iteration_with_its_postfix():
     out = io.StringIO()
     bar = LineBar("DC solver", "it", stream=out)
-    for it, value in enumerate((0.5, 0.41, 0.4), start=1):
+    for value in (0.5, 0.41, 0.4):
         bar.update(1)
         bar.set_postfix_str(f"max_k L_k={value}")
     bar.close()

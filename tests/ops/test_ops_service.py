@@ -102,7 +102,8 @@ def test_job_records(admin):
 def test_every_operation_is_admin_only(method, registry, server):
     """A site's token is refused (PERMISSION_DENIED) and no token is UNAUTHENTICATED, on every method."""
     site_token = registry.issue_token("site", "a")
-    request_type = getattr(ops_pb, ops_pb.DESCRIPTOR.services_by_name["Operations"].methods_by_name[method].input_type.name)
+    descriptor = ops_pb.DESCRIPTOR.services_by_name["Operations"].methods_by_name[method]
+    request_type = getattr(ops_pb, descriptor.input_type.name)
     with grpc.insecure_channel(server.address) as channel:
         stub = getattr(ops_grpc.OperationsStub(channel), method)
         for metadata, code in ((((("authorization", f"Bearer {site_token}"),)), grpc.StatusCode.PERMISSION_DENIED),

@@ -34,7 +34,8 @@ def test_latest_is_newest_until_an_older_version_is_promoted(store):
     assert store.get_combined_model().version == 4
     store.promote_model(2, 11.0, "admin", "")
     assert store.get_combined_model().version == 2
-    assert [(p.version, p.after_version, p.reason) for p in store.promotions()] == [(1, 3, "v3 is poisoned"), (2, 4, "")]
+    promotions = [(p.version, p.after_version, p.reason) for p in store.promotions()]
+    assert promotions == [(1, 3, "v3 is poisoned"), (2, 4, "")]
 
 
 def test_promoting_a_missing_version_is_not_found(store):
@@ -73,7 +74,9 @@ def test_jobs_start_idempotent_finish_and_list_newest_first(store):
     assert [j.job_id for j in store.list_jobs()] == ["j2", "j1"]
     assert [j.job_id for j in store.list_jobs(limit=1)] == ["j2"]
     done = store.finish_job("j1", "failed", 5.0, None, "site 'b' was deregistered")
-    assert (done.status, done.ended_at, done.model_version, done.error) == ("failed", 5.0, None, "site 'b' was deregistered")
+    assert (done.status, done.ended_at, done.model_version, done.error) == (
+        "failed", 5.0, None, "site 'b' was deregistered"
+    )
     assert store.get_job("j1") == done
     assert store.get_job("j1").sites == ("a", "b")
     assert store.finish_job("missing", "failed", 5.0, None, "") is None
