@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo lint typecheck test test-fast bench proto clean
+.PHONY: setup demo federation lint typecheck test test-fast bench proto clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/msa-fed demo
+
+# registry, three sites, Ray (non-default ports), job, model list/download: deploy/federation.sh
+federation: setup
+	PY=$(abspath $(BIN))/python deploy/federation.sh
 
 # `make test` = lint + type check + the whole suite (what CI runs).  `make lint` also checks the
 # formatting, which becomes part of `make test` once the tree has been formatted.

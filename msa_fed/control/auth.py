@@ -23,7 +23,10 @@ worker thread and before a request message is awaited:
 ``grpc.health.v1.Health/Watch`` is refused (it would hold a worker per watcher).
 
 The handler then sees an :class:`AuthenticatedContext` whose ``principal``
-says who called.  Whatever the handler raises becomes a status through
+says who called.  An interceptor outside this one learns it too, refusals
+included, when the context it passes in has a ``note_principal(principal)``
+method (the audit log, :mod:`msa_fed.control.ops_audit`): it is called as soon
+as the token is verified, before the certificate and role checks.  Whatever the handler raises becomes a status through
 :func:`msa_fed.control.public.public_status` (library text never reaches the
 client).
 
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
 from msa_fed.control.public import Busy, abort_public
 from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, Principal
 from msa_fed.control.registry import ADMIN_TOKEN_NEEDED, SITE_TOKEN_NEEDED, Registry
@@ -96,6 +99,12 @@ METHOD_RULES: dict[str, MethodRule] = {
     # a reflection stream can stay open: it is a transfer
     **{f"/{service}/ServerReflectionInfo": MethodRule(BOTH, transfer=True)
        for service in ("grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection")},
+    # the Operations service (msa_fed/control/ops_servicer.py): admin only, small unary calls
+    **service_rules(OPS_SERVICE_NAME, {
+        name: MethodRule(ADMIN)
+        for name in ("ListModels", "GetModel", "PromoteModel", "ListSiteStatus", "DeregisterSite", "StartJob",
+                     "FinishJob", "ListJobs", "GetJob")
+    }),
 }
 
 # for compatibility: method -> roles
@@ -313,6 +322,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         except RegistryError as exc:
             log.warning("refused %s from %s: %s", method, context.peer(), exc)
             raise
+        note = getattr(context, "note_principal", None)
+        if callable(note):  # an interceptor outside this one (the audit log) records who the token proved
+            note(principal)
         if rule is None:
             log.warning("refused %s for %s: the method has no access rule", method, principal)
             raise RegistryError("PERMISSION_DENIED", f"{method} is not open to any caller")

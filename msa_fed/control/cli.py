@@ -91,6 +91,7 @@ def _iso(t: float | None) -> str:
 
 
 def _serve(args) -> int:
+    from msa_fed.control.ops_audit import AuditLog
     from msa_fed.control.registry import Limits, Registry
     from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
     from msa_fed.control.sqlite_store import SqliteStore
@@ -114,10 +115,12 @@ def _serve(args) -> int:
     if os.path.isdir(args.db):
         raise ConfigError(f"--db {args.db!r} is a directory; expected a database file")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    audit_log = AuditLog(args.audit_log) if args.audit_log else None
     store = SqliteStore(args.db)
     try:
         server = RegistryServer(
-            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers
+            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers,
+            audit_log=audit_log,
         )
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -147,10 +150,9 @@ def _principal(args) -> tuple[str, str]:
 
 
 def _issue_token(args) -> int:
+    from msa_fed.control.records import check_name
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
-
-    from msa_fed.control.records import check_name
 
     role, name = _principal(args)
     try:
@@ -188,26 +190,16 @@ def _artifact_summary(rec) -> str:
 
 
 def _list_sites(args) -> int:
+    from msa_fed.control.ops import Operations
+    from msa_fed.control.ops_cli import print_site_statuses
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
 
     _db_path(args.db)
     with SqliteStore(args.db, create=False) as store:
-        rows = Registry(store).principals()
-    if args.json:
-        print(json.dumps([
-            {"name": r.name, "token": r.token, "site": asdict(r.site) if r.site else None} for r in rows
-        ], indent=2))
-        return 0
-    header = ("NAME", "TOKEN", "REGISTERED", "LAST HEARTBEAT", "PREDICTOR", "SAMPLE")
-    table = [header] + [
-        (r.name, r.token, _iso(r.site.registered_at) if r.site else "no", _iso(r.site.last_heartbeat) if r.site else "-",
-         _artifact_summary(r.site.predictor if r.site else None), _artifact_summary(r.site.sample if r.site else None))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        statuses = Operations(Registry(store)).site_statuses()
+        records = {s.name: s for s in store.list_sites()}
+    print_site_statuses(statuses, args.json, records)
     return 0
 
 
@@ -405,6 +397,7 @@ def register(subparsers) -> None:
                        help="concurrent uploads/downloads per token (default 2)")
     serve.add_argument("--transfer-idle-s", type=float, default=30.0,
                        help="cut off an upload/download idle this long (default 30 s)")
+    serve.add_argument("--audit-log", metavar="FILE", help="append one JSON line per RPC to FILE (docs/OPERATIONS.md)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
 

@@ -20,7 +20,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from msa_fed.control.auth import AuthInterceptor
-from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.ops import Operations
+from msa_fed.control.ops_audit import AuditInterceptor, AuditLog
+from msa_fed.control.ops_servicer import OperationsServicer
+from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
+from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.servicer import RegistryServicer
@@ -88,6 +92,7 @@ class RegistryServer:
         tls: TlsConfig | None = None,
         insecure: bool = False,
         max_workers: int = 32,
+        audit_log: AuditLog | None = None,
     ):
         self.registry = registry
         self.host, self._requested_port = check_transport(listen, tls, insecure)
@@ -96,6 +101,7 @@ class RegistryServer:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 2:
             raise ConfigError(f"--workers must be an integer >= 2; got {max_workers!r}")
         self.max_workers = max_workers
+        self.audit_log = audit_log
         limits = registry.limits
         self.max_streams = limits.max_streams if limits.max_streams is not None else max(1, max_workers // 2)
         # calls whose request message has not arrived yet, with a token and without (health checks)
@@ -129,7 +135,7 @@ class RegistryServer:
         )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
-            interceptors=[self.interceptor],
+            interceptors=[*([AuditInterceptor(self.audit_log)] if self.audit_log else []), self.interceptor],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -140,9 +146,10 @@ class RegistryServer:
         )
         self.servicer = RegistryServicer(self.registry)
         pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
+        ops_grpc.add_OperationsServicer_to_server(OperationsServicer(Operations(self.registry)), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection((SERVICE_NAME, OPS_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         bind = format_address(self.host, self._requested_port)
         try:
             if self.insecure:

@@ -84,7 +84,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
             job = JobConfig(name="demo", registry=server.address, insecure=True,
                             site_data=str(tmp / "{site}.npz"), output_version="demo-v1",
                             fit=FitConfig(runtime="ray", topology="cluster")).validate()
-            record, model = run_job(job, admin_token, log=log, verbose=True)
+            record, model = run_job(job, admin_token, log=log, verbose=True, output_dir=tmp / "job-output")
             report(model, log)
             with RegistryClient(server.address, admin_token, insecure=True) as admin:
                 data, rec = admin.download_combined_model(record.version)

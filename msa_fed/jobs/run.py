@@ -4,7 +4,8 @@
     python cluster/jobs/run_msa.py ...            (the same, for `ray submit` / `ray job submit`)
 
 Steps, each failing with one clear line before any training when something is wrong:
-0. the job file is validated fully (:mod:`msa_fed.jobs.config`) before any network work;
+0. the job file is validated fully (:mod:`msa_fed.jobs.config`) before any network work, and an
+   occupied ``--output`` directory stops the job;
 1. list the registered sites (admin token), keep those named by the job (default: all);
 2. download every site's ONNX predictor, pinned to the sha256 the registry recorded, and load
    it through the safe loader (a corrupted or mismatched artifact stops the job here);
@@ -12,26 +13,27 @@ Steps, each failing with one clear line before any training when something is wr
 4. start one actor per site on its node; the actor reads the site's private data from that
    node's disk (``site_data`` path template), never from the driver;
 5. train the domain classifier (data-parallel over the sites), solve for z with the sites
-   computing the sums, and store the combined model as a new registry version with its
-   manifest (sites, artifact hashes, z, eta, Gamma, losses, code version).
+   computing the sums, save the combined model to the output directory and store it as a new
+   registry version with its manifest (sites, artifact hashes, z, eta, Gamma, losses, code
+   version, job id), retrying an unreachable registry; the run is recorded as a job.
 """
 from __future__ import annotations
 
-import io
-import tarfile
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
-from msa_fed import __version__
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
+from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
+from msa_fed.jobs.operations import (DEFAULT_OUTPUT_ROOT, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
+                                     check_output_dir, select_sites, site_lines, store_result, summary_lines,
+                                     upload_command)
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.site import SiteWorker
 
@@ -50,42 +52,57 @@ class JobSiteWorker(SiteWorker):
 
 
 def model_to_bytes(model: CombinedModel) -> bytes:
-    """The saved model directory as an uncompressed tar (what the registry stores)."""
+    """The saved model directory as the registry stores it (msa_fed.control.ops_models)."""
     with tempfile.TemporaryDirectory() as tmp:
-        model.save(Path(tmp) / "model")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(Path(tmp) / "model", arcname="model")
-        return buf.getvalue()
+        return pack_model(model.save(Path(tmp) / "model"))
 
 
 def model_from_bytes(data: bytes) -> CombinedModel:
-    """Inverse of :func:`model_to_bytes`; extraction refuses links, absolute paths and '..'."""
+    """Inverse of :func:`model_to_bytes`, unpacked by the checked extractor (no links, fixed names, sizes)."""
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise ArtifactError(f"combined model archive is unreadable: {exc}") from None
-        return load_model(Path(tmp) / "model")
+        return load_model(unpack_model(data, Path(tmp) / "model"))
 
 
 def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] = print,
-            verbose: bool = True, ray_init_kwargs: dict | None = None) -> tuple[Any, CombinedModel]:
+            verbose: bool = True, ray_init_kwargs: dict | None = None, output_dir=None,
+            upload_retry_for: float = DEFAULT_UPLOAD_RETRY_S, job_id: str | None = None) -> tuple[Any, CombinedModel]:
     """Run the federated job; returns (registry record of the stored model, the model).
 
-    ``config`` is validated again here, before any network work."""
+    The run is recorded in the registry (``msa-fed job show JOB_ID``).  The model is saved to
+    ``output_dir`` (default ``msa-fed-jobs/<job id>/model`` under the working directory) before
+    it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds."""
+    from msa_fed.control.client import RegistryClient
+
+    def connect():
+        return RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca, retries=0)
+
+    config = config.validate()  # before any network work
+    if config.fit.topology != "cluster":
+        raise ConfigError(f"[run] topology = {config.fit.topology!r} needs the federated backend, which this "
+                          "installation lacks; run the job on a Ray cluster with [run] topology = \"cluster\"")
+    check_output_dir(output_dir)  # before any work: a job never overwrites a result
+    tracker = JobTracker(connect, job_id, name=config.name, topology="ray", log=log)
+    try:
+        record, model = _run_job(config, admin_token, tracker, connect, log=log, verbose=verbose,
+                                 ray_init_kwargs=ray_init_kwargs, output_dir=output_dir,
+                                 upload_retry_for=upload_retry_for)
+    except BaseException as exc:
+        tracker.failed(exc)
+        raise
+    tracker.succeeded(record.version)
+    return record, model
+
+
+def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, *, log, verbose, ray_init_kwargs,
+             output_dir, upload_retry_for) -> tuple[Any, CombinedModel]:
     from msa_fed.control.client import RegistryClient
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
 
-    config = config.validate()
     fit = config.fit
-    if fit.topology != "cluster":
-        raise ConfigError(f"[run] topology = {fit.topology!r} needs the federated backend, which this installation "
-                          "lacks; run the job on a Ray cluster with [run] topology = \"cluster\"")
     with RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca) as client:
         records = {r.name: r for r in client.list_sites()}
-        names = list(config.sites) or sorted(records)
+        tracker.start(client, list(config.sites) or sorted(records))
+        names = select_sites(client, list(config.sites), records, log)
         missing = [n for n in names if n not in records]
         if missing:
             raise ConfigError(f"site(s) {missing} named by the job are not registered")
@@ -119,20 +136,29 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
         site_kwargs = [dict(name=n, index=k, data_path=config.site_data.format(site=n),
                             predictor_artifacts=artifacts, task=fit.task, loss=fit.loss, classes=classes,
                             min_points=fit.min_points) for k, n in enumerate(names)]
+        data_channel = fit.ray.data_channel
         backend = RaySites(site_kwargs, fit.ray, worker_cls=JobSiteWorker)
         with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:
+            coordinator.start()
+            for line in site_lines(names, data_channel):
+                log(line)
             model = coordinator.fit()
+            for line in channel_lines(backend, data_channel):
+                log(line)
 
-        manifest = model.manifest()
-        manifest.update(job=config.name, output_version=config.output_version,
-                        predictor_sha256=[sha for _, sha in artifacts], code_version=__version__)
-        record = client.upload_combined_model(model_to_bytes(model), manifest)
+        job = {"job": config.name, "job_id": tracker.job_id, "output_version": config.output_version,
+               "predictor_sha256": [sha for _, sha in artifacts]}
+        output = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT_ROOT) / tracker.job_id / "model"
+        command = partial(upload_command, registry=config.registry, insecure=config.insecure, tls_ca=config.tls_ca,
+                          admin_token_file=config.admin_token_file)
+        record = store_result(model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command,
+                              log=log)
         log(f"stored combined model version {record.version} (sha256 {record.sha256[:12]}...)")
         return record, model
 
 
 def report(model: CombinedModel, log: Callable[[str], None] = print):
-    log("z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(model.site_names, model.z)))
-    log(f"eta    = {model.eta:g}   Gamma = {model.gamma:.3g}   max_k L_k = {np.max(model.domain_losses):.4f}")
-    log("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(model.site_names, model.domain_losses)))
+    """The final summary: z, per-site L_k(z), the objective, epsilon spent when DP is on."""
+    for line in summary_lines(model):
+        log(line)
 

@@ -1,9 +1,9 @@
 """The run's checkpoint: the classifier and solver state, written after every iteration.
 
 ``directory/dc_state.json`` holds a fingerprint of the problem (sites, sizes, options, a digest
-of the published samples) and the state (``theta``, ``z``, ``gamma``, ``iteration``,
-``done``).  A run with the same directory resumes from a state of the same problem and ignores
-any other.  The file is replaced atomically (write, then rename).
+of the published samples) and the state (``theta``, ``z``, ``gamma``, ``gamma_name``: the
+objective ``gamma`` holds, ``iteration``, ``done``).  A run with the same directory resumes
+from a state of the same problem and ignores any other.  The file is replaced atomically (write, then rename).
 """
 
 from __future__ import annotations

@@ -161,15 +161,19 @@ class Coordinator:
         bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
                            total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
 
+        curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
+
         def advance(i, _):
             bar.update(1)
             if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
                 shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
                 bar.set_postfix_str(f"loss={shown:.5g}")
+                curve.append(float(shown))
                 losses.clear()
 
         model = train_domain_classifier(samples, make_feature_map(cfg.features, cfg.random_state), ccfg,
                                         random_state=cfg.random_state, progress=advance, oracles=oracles)
+        model.info_ = {**model.info_, "history": curve}
         bar.close()
         info = model.info_
         progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
@@ -209,18 +213,18 @@ class Coordinator:
         solver_opts = dict(objective=solver.objective, method=solver.method, tol=solver.tol,
                            max_iter=solver.max_iter, n_restarts=solver.n_restarts, bound=solver.bound,
                            z0=None if solver.z0 is None else np.asarray(solver.z0), random_state=cfg.random_state)
+        shown = "max_k L_k" if solver.objective == "minmax" else "Gamma"  # what the solver minimises
         if "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
+            # "gamma" holds the value the solver last reported: its objective during the solve, Gamma at the end
             progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
-                          f"Gamma={ckpt.get('gamma'):.3g}")
+                          f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}")
         bar = progress.bar("DC solver", unit="it", total=None)
-
-        shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"
 
         def callback(it, z, gamma):
             bar.update(1)
             bar.set_postfix_str(f"{shown}={gamma:.4g}")
-            self.checkpoint.update(z=np.asarray(z).tolist(), gamma=float(gamma), iteration=int(it))
+            self.checkpoint.update(z=np.asarray(z).tolist(), gamma=float(gamma), gamma_name=shown, iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
@@ -235,7 +239,8 @@ class Coordinator:
         bar.close()
         progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
                       f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
-        self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, iteration=res.n_iter, done=True)
+        self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter,
+                               done=True)
         info = {"solver": {"method": res.method, "n_iter": res.n_iter, "n_evaluations": res.n_evaluations,
                            "converged": res.converged, "restarts": res.restarts},
                 "classifier": getattr(dm, "info_", {}),
