@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench proto clean
+.PHONY: setup demo federation lint typecheck test test-fast bench proto clean
 
 setup: $(STAMP)
 
@@ -19,11 +19,26 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/msa-fed demo
 
-test: setup
+# registry, three sites, Ray (non-default ports), job, model list/download: deploy/federation.sh
+federation: setup
+	PY=$(abspath $(BIN))/python deploy/federation.sh
+
+# `make test` = lint + type check + the whole suite (what CI runs).  `make lint` also checks the
+# formatting, which becomes part of `make test` once the tree has been formatted.
+lint: setup typecheck
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup typecheck
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra --durations=15
 
+# core, control, the in-process API, local runtime, artifacts: no Ray, no data sets, no long runs
 test-fast: setup
-	$(BIN)/python -m pytest -q -x -m "not slow"
+	$(BIN)/python -m pytest -q -x -m "not slow and not ray and not cluster and not data"
 
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py

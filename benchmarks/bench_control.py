@@ -15,7 +15,15 @@ benchmark's client threads do not share a GIL.  For each transport
 - upload: one client publishes an unlabelled sample of ``--upload-mb`` MB and
   an ONNX predictor of about ``--upload-mb / 2`` MB (validated by the server
   with onnxruntime), ``--repeats`` times each with fresh content; MB/s counts
-  payload bytes over the whole RPC, validation and commit included.
+  payload bytes over the whole RPC, validation and commit included;
+- under attack: the heartbeat and health-check load again, while one hostile
+  site (a separate process, one site token) keeps ``--attack-streams`` upload
+  streams open that send a header and then nothing (re-opened as soon as they
+  are refused or cut off), two threads that upload ``--upload-mb`` MB samples
+  back to back, and ten threads that open heartbeat calls whose request never
+  comes; then again while the site only uploads big samples back to back (two
+  at a time, its limit: each is received, checked and refused or stored).
+  The rows sit beside the calm ones.
 
 Prints a table and writes JSON to ``benchmarks/results/control.json``.
 """
@@ -27,6 +35,7 @@ import os
 import platform
 import re
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,6 +120,106 @@ def start_server(db: Path, tls: dict | None) -> tuple[subprocess.Popen, str]:
     raise SystemExit("registry did not start")
 
 
+def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
+             kind: str = "stalled") -> dict:
+    """One hostile site for ``seconds``.
+
+    ``kind`` "stalled": ``streams`` stalled uploads kept open, ten heartbeat calls whose request never comes, and
+    two threads of big uploads back to back; "big": only the big uploads (each one is received and checked).
+    """
+    from msa_fed.control.proto import registry_pb2 as pb
+    from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+    from msa_fed.control.server import MAX_MESSAGE_BYTES
+
+    options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    if tls_ca:
+        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()), options)
+    else:
+        channel = grpc.insecure_channel(address, options)
+    stub = pb_grpc.RegistryStub(channel)
+    md = (("authorization", f"Bearer {token}"),)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Timer(seconds, stop.set).start()
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def count(key: str):
+        with lock:
+            counts[key] = counts.get(key, 0) + 1
+
+    def stalled_stream():
+        while not stop.is_set():
+            header = pb.PredictorHeader(upload_id=os.urandom(8).hex(), sha256="0" * 64, size=2**20)
+
+            def messages():
+                yield pb.UploadPredictorRequest(header=header)
+                stop.wait()
+            try:
+                stub.UploadPredictor(messages(), metadata=md, timeout=seconds + 30)
+                count("stalled: OK")
+            except grpc.RpcError as exc:
+                count(f"stalled: {exc.code().name}")
+                time.sleep(0.01)
+
+    def half_open_calls():
+        """Heartbeats that send their headers and never their request message."""
+        call = channel.stream_unary("/msa_fed.v1.Registry/Heartbeat", request_serializer=lambda m: m,
+                                    response_deserializer=lambda b: b)
+        while not stop.is_set():
+            def nothing():
+                stop.wait()
+                return
+                yield
+            try:
+                call(nothing(), metadata=md, timeout=seconds + 30)
+                count("half-open: OK")
+            except grpc.RpcError as exc:
+                count(f"half-open: {exc.code().name}")
+                time.sleep(0.01)
+
+    rows = max(1, int(upload_mb * 2**20 / (4 * 3)))
+    data = np.random.default_rng(7).normal(size=(rows, 3)).astype("<f4").tobytes()
+
+    def big_uploads():
+        import hashlib
+
+        digest = hashlib.sha256(data).hexdigest()
+        while not stop.is_set():
+            header = pb.SampleHeader(upload_id=os.urandom(8).hex(), sha256=digest, rows=rows, cols=3, dtype="float32")
+
+            def messages():
+                yield pb.UploadSampleRequest(header=header)
+                for start in range(0, len(data), 2**20):
+                    yield pb.UploadSampleRequest(chunk=data[start:start + 2**20])
+            try:
+                stub.UploadSample(messages(), metadata=md, timeout=seconds + 30)
+                count("big: OK")
+            except grpc.RpcError as exc:
+                count(f"big: {exc.code().name}")
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=big_uploads) for _ in range(2)]
+    if kind == "stalled":
+        threads += [threading.Thread(target=stalled_stream) for _ in range(streams)]
+        threads += [threading.Thread(target=half_open_calls) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channel.close()
+    return counts
+
+
+def start_attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
+                   kind: str):
+    cmd = [sys.executable, __file__, "--attacker", address, "--attacker-token", token, "--attack-seconds",
+           str(seconds), "--attack-streams", str(streams), "--upload-mb", str(upload_mb), "--attack-kind", kind]
+    if tls_ca:
+        cmd += ["--attacker-tls-ca", tls_ca]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
@@ -126,7 +235,8 @@ def rpc_load(address, tokens, names, op: str, calls: int, client_kwargs) -> dict
         try:
             with RegistryClient(address, tokens[i], retries=0, **client_kwargs) as client:
                 client.register(names[i])  # connect (and handshake) before timing
-                fn = (lambda: client.register(names[i])) if op == "register" else client.heartbeat
+                fn = {"register": lambda: client.register(names[i]), "heartbeat": client.heartbeat,
+                      "health": client.health}[op]
                 barrier.wait()
                 for _ in range(per_thread):
                     t0 = time.perf_counter()
@@ -148,7 +258,7 @@ def rpc_load(address, tokens, names, op: str, calls: int, client_kwargs) -> dict
         raise SystemExit(f"{op} failed: {errors[0]}")
     flat = [x for lat in latencies for x in lat]
     return {"calls": len(flat), "seconds": wall, "rpc_per_s": len(flat) / wall,
-            "p50_ms": 1e3 * percentile(flat, 50), "p99_ms": 1e3 * percentile(flat, 99)}
+            "p50_ms": 1e3 * percentile(flat, 50), "p99_ms": 1e3 * percentile(flat, 99), "max_ms": 1e3 * max(flat)}
 
 
 def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwargs) -> dict:
@@ -177,15 +287,49 @@ def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwa
     return out
 
 
+def under_attack(address, tokens, names, evil_token, args, client_kwargs, tls_ca) -> dict:
+    """The heartbeat and health rows again while one site floods the registry with uploads (two kinds of flood)."""
+    with RegistryClient(address, evil_token, retries=0, **client_kwargs) as evil:
+        evil.register("attacker")
+    out = {}
+    for kind, label in (("stalled", "under attack"), ("big", "big uploads")):
+        proc = start_attacker(address, evil_token, 600.0, args.attack_streams, args.upload_mb, tls_ca, kind)
+        try:
+            time.sleep(5.0)  # let the flood build up
+            if proc.poll() is not None:
+                raise SystemExit(f"the attacker exited with status {proc.returncode}")
+            for op in ("heartbeat", "health"):
+                out[f"{op} ({label})"] = rpc_load(address, tokens, names, op, args.calls, client_kwargs)
+        finally:
+            proc.terminate()
+            try:
+                stdout, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, _ = proc.communicate()
+        out[f"attack ({label})"] = json.loads(stdout) if stdout.strip() else {"note": "stopped before reporting"}
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8, help="concurrent client threads (default 8)")
     parser.add_argument("--calls", type=int, default=4000, help="RPCs per measurement (default 4000)")
     parser.add_argument("--upload-mb", type=float, default=32.0, help="sample size in MB (default 32)")
     parser.add_argument("--repeats", type=int, default=3, help="uploads per kind (default 3)")
+    parser.add_argument("--attack-streams", type=int, default=40, help="stalled upload streams of the attacker")
+    parser.add_argument("--attack-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--attacker", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--attacker-token", help=argparse.SUPPRESS)
+    parser.add_argument("--attacker-tls-ca", help=argparse.SUPPRESS)
+    parser.add_argument("--attack-kind", default="stalled", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "control.json"))
     args = parser.parse_args(argv)
+    if args.attacker:  # the hostile site's process
+        print(json.dumps(attacker(args.attacker, args.attacker_token, args.attack_seconds, args.attack_streams,
+                                  args.upload_mb, args.attacker_tls_ca, args.attack_kind)))
+        return 0
     if args.quick:
         args.calls, args.upload_mb, args.repeats = 400, 4.0, 1
 
@@ -203,15 +347,18 @@ def main(argv=None) -> int:
                 reg = Registry(store)
                 names = [f"bench-{i}" for i in range(args.clients)] + ["uploader"]
                 tokens = [reg.issue_token("site", n) for n in names]
+                evil_token = reg.issue_token("site", "attacker")
             client_kwargs = {"insecure": True} if mode == "plaintext" else {"tls_ca": pki["ca"]}
             proc, address = start_server(db, pki if mode == "tls" else None)
             try:
                 run = {op: rpc_load(address, tokens[:-1], names[:-1], op, args.calls, client_kwargs)
-                       for op in ("register", "heartbeat")}
+                       for op in ("register", "heartbeat", "health")}
                 for op in ("register", "heartbeat"):  # one client alone: latency without queueing
                     run[f"{op} (1 client)"] = rpc_load(address, tokens[:1], names[:1], op,
                                                        max(args.calls // 4, 100), client_kwargs)
                 run["upload"] = upload_load(address, tokens[-1], names[-1], args.upload_mb, args.repeats, client_kwargs)
+                run.update(under_attack(address, tokens[:-1], names[:-1], evil_token, args, client_kwargs,
+                                        pki["ca"] if mode == "tls" else None))
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -220,15 +367,20 @@ def main(argv=None) -> int:
     print(f"control plane, {args.clients} client threads ({args.calls} RPCs) or 1 client "
           f"({max(args.calls // 4, 100)} RPCs) per row, loopback, "
           f"{os.cpu_count()} CPUs (load average at start {results['machine']['loadavg_at_start'][0]:.1f})")
-    print(f"{'transport':<10} {'operation':<22} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'transport':<10} {'operation':<24} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for mode, run in results["runs"].items():
-        for op in ("register", "heartbeat", "register (1 client)", "heartbeat (1 client)"):
+        for op in ("register", "heartbeat", "health", "register (1 client)", "heartbeat (1 client)",
+                   "heartbeat (under attack)", "health (under attack)", "heartbeat (big uploads)",
+                   "health (big uploads)"):
             r = run[op]
-            print(f"{mode:<10} {op:<22} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}")
+            print(f"{mode:<10} {op:<24} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['max_ms']:>8.1f}")
         for kind in ("sample", "predictor"):
             u = run["upload"][kind]
             label = f"upload {kind} {u['mb']:.0f} MB"
-            print(f"{mode:<10} {label:<22} {u['mb_per_s']:>11.1f} MB/s")
+            print(f"{mode:<10} {label:<24} {u['mb_per_s']:>11.1f} MB/s")
+        for label in ("under attack", "big uploads"):
+            print(f"{mode:<10} attacker's calls ({label}): {json.dumps(run[f'attack ({label})'], sort_keys=True)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

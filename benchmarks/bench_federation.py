@@ -45,12 +45,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor, sha256_hex  # noqa: E402
-from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from msa_fed.core.config import ClassifierConfig, SolverConfig  # noqa: E402
 from msa_fed.core.features import StandardFeatures, feature_map_state  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.config import FitConfig  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 from msa_fed.runtime.site import SiteWorker  # noqa: E402
@@ -148,7 +149,7 @@ def bench_job(args, workdir: Path) -> dict:
     files = make_sites(p, args.n // p, args.m, seed=3)
     names = sorted(files)
     kw, preds, classes = _kwargs(files, names)
-    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    config = FitConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax"))
     c = Coordinator(LocalSites(kw), preds, config).start()
     t0 = time.perf_counter()
     local = c.fit()
@@ -196,7 +197,7 @@ def bench_many(args, workdir: Path) -> dict:
     for name in names:
         tokens[name] = registry.issue_token("site", name)
         store.register_site(name, {}, time.time())
-    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=n + 16).start()
+    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=2 * n + 32).start()  # a stream slot per site: half the workers
     stop = threading.Event()
     ack = wire.to_proto("ping", m.Ack("bench"), wire.RESPONSES)
 

@@ -1,4 +1,4 @@
-"""Benchmark of the Ray runtime (issue 3): DC round latency, DC solve, data-parallel SGD.
+"""Benchmark of the Ray runtime: DC round latency, DC solve, data-parallel SGD.
 
     .venv/bin/python benchmarks/bench_runtime.py            # full run, a few minutes
     .venv/bin/python benchmarks/bench_runtime.py --quick    # small sizes, to check it runs
@@ -45,7 +45,8 @@ from msa_fed.core.dc_terms import PointSet  # noqa: E402
 from msa_fed.core.density import KDEDomainModel  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.config import FitConfig  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 from msa_fed.runtime.progress import Progress  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites, ensure_ray  # noqa: E402
@@ -82,7 +83,7 @@ def domain_model(kwargs: list[dict], seed: int = 1) -> DomainClassifier:
 
 
 def coordinator_for(backend, kwargs, **config) -> Coordinator:
-    return Coordinator(backend, kwargs[0]["predictors"], RunConfig(**config)).start()
+    return Coordinator(backend, kwargs[0]["predictors"], FitConfig(**config)).start()
 
 
 def actor_memory_mb(backend) -> float:

@@ -9,23 +9,24 @@ the same model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from msa_fed.core.domain_classifier import ClassifierConfig
-from msa_fed.errors import ConfigError
 from msa_fed.artifacts.model import CombinedModel
-from msa_fed.runtime.coordinator import Coordinator, RunConfig
+from msa_fed.core.combination import class_union
+from msa_fed.core.options import check_value, from_mapping
+from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
+from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.messages import Recorder
 
 
 def _as_2d(X, name: str) -> np.ndarray:
-    try:
-        X = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a numeric array") from None
+    raw = np.asarray(X)
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a numeric array (bool, int or float); got dtype {raw.dtype}")
+    X = raw.astype(np.float64, copy=False)
     if X.ndim == 1:
         X = X[:, None]
     if X.ndim != 2:
@@ -44,6 +45,9 @@ class SiteData:
     X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier).
     predictor : the site's frozen h_k: ``predict`` (regression) or ``predict_proba`` and
         ``classes_`` (classification).
+    policy : the site's :class:`msa_fed.privacy.policy.SitePolicy` (None: the defaults, or the
+        file named by ``$MSA_FED_SITE_POLICY``).  In-process the caller is the site itself, so it
+        may set its own policy; a Ray site actor only lets it tighten its node's policy.
     """
 
     name: str
@@ -51,10 +55,17 @@ class SiteData:
     y_labeled: Any
     X_unlabeled: Any
     predictor: Any
+    policy: Any = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"site name must be a non-empty string; got {self.name!r}")
+        if self.policy is not None:
+            from msa_fed.privacy.policy import SitePolicy
+
+            if not isinstance(self.policy, SitePolicy):
+                raise TypeError(f"site {self.name!r}: policy must be a SitePolicy or None; "
+                                f"got {type(self.policy).__name__}")
         self.X_labeled = _as_2d(self.X_labeled, f"site {self.name!r}: X_labeled")
         self.X_unlabeled = _as_2d(self.X_unlabeled, f"site {self.name!r}: X_unlabeled")
         y = np.asarray(self.y_labeled)
@@ -73,9 +84,9 @@ class SiteData:
                              f"X_labeled has {self.X_labeled.shape[1]}")
 
 
-def _check_sites(sites: Sequence[SiteData], task: str):
-    if task not in ("classification", "regression"):
-        raise ValueError(f"task must be 'classification' or 'regression'; got {task!r}")
+def _check_sites(sites: Sequence[SiteData], task: str) -> list[SiteData]:
+    if isinstance(sites, (str, bytes, SiteData)) or not isinstance(sites, Sequence):
+        raise TypeError(f"sites must be a list of SiteData; got {type(sites).__name__}")
     sites = list(sites)
     if len(sites) < 2:
         raise ValueError(f"multiple-source adaptation needs at least two sites; got {len(sites)}")
@@ -97,51 +108,44 @@ def _check_sites(sites: Sequence[SiteData], task: str):
     return sites
 
 
-def _classes_union(sites, task):
-    if task != "classification":
-        return None
-    return np.unique(np.concatenate([np.asarray(s.predictor.classes_) for s in sites]))
+def build_config(method: str, task: str = "classification", *, features="standard", mu: float = 1e-3,
+                 eta: float = 1e-2, random_state: int = 0, runtime: str = "local", min_points: int = 20,
+                 verbose: bool = False, classifier_options: dict | None = None, solver_options: dict | None = None,
+                 bandwidth=None, checkpoint_dir=None, ray_options: dict | None = None) -> FitConfig:
+    """The :class:`msa_fed.runtime.config.FitConfig` of :func:`fit_dmsa` / :func:`fit_gmsa`'s
+    keyword arguments: every value checked (TypeError / ValueError naming the argument)."""
+    if ray_options and runtime != "ray":
+        raise ValueError(f"ray_options apply only to runtime='ray'; got runtime={runtime!r}")
+    mu = check_value(ClassifierConfig, "mu", mu)
+    classifier = from_mapping(ClassifierConfig, classifier_options, "classifier_options: ", exclude=("mu",), mu=mu)
+    solver = from_mapping(SolverConfig, solver_options, "solver_options: ")
+    ray = from_mapping(RayConfig, ray_options, "ray_options: ")
+    return FitConfig(task=task, method=method, features=features, eta=eta, random_state=random_state,
+                     min_points=min_points, runtime=runtime, verbose=verbose, classifier=classifier, solver=solver,
+                     ray=ray, bandwidth=bandwidth, checkpoint_dir=checkpoint_dir).validate()
 
 
-def make_backend(sites: list[SiteData], task: str, runtime: str, min_points: int, ray_options: dict | None):
+def make_backend(sites: list[SiteData], config: FitConfig):
+    """The sites' backend for ``config.runtime``: in-process workers or Ray actors."""
     predictors = [s.predictor for s in sites]
-    classes = _classes_union(sites, task)
-    loss = "cross_entropy" if task == "classification" else "squared"
+    classes = class_union(h.classes_ for h in predictors) if config.task == "classification" else None
     kwargs = [dict(name=s.name, index=k, X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
-                   predictors=predictors, task=task, loss=loss, classes=classes, min_points=min_points)
+                   predictors=predictors, task=config.task, loss=config.loss, classes=classes,
+                   min_points=config.min_points, policy=s.policy)
               for k, s in enumerate(sites)]
-    if runtime == "local":
-        from msa_fed.runtime.local import LocalSites
-        return LocalSites(kwargs)
-    if runtime == "ray":
-        import inspect
-
+    if config.runtime == "ray":
         from msa_fed.runtime.ray_sites import RaySites
-        allowed = set(inspect.signature(RaySites).parameters) - {"site_kwargs", "worker_cls"}
-        unknown = sorted(set(ray_options or {}) - allowed)
-        if unknown:
-            raise ValueError(f"ray_options: unknown key(s) {unknown}; expected some of {sorted(allowed)}")
-        return RaySites(kwargs, **(ray_options or {}))
-    raise ValueError(f"runtime must be 'local' or 'ray'; got {runtime!r}")
+
+        return RaySites(kwargs, config.ray)
+    from msa_fed.runtime.local import LocalSites
+
+    return LocalSites(kwargs)
 
 
-def _fit(sites, task, method, *, features, mu, eta, random_state, runtime, min_points, verbose,
-         classifier_options, solver_options, bandwidth, checkpoint_dir, recorder, ray_options,
-         solver_callback) -> CombinedModel:
-    sites = _check_sites(sites, task)
-    try:
-        ccfg = replace(ClassifierConfig(mu=mu), **(classifier_options or {}))
-    except TypeError as exc:
-        raise ValueError(f"classifier_options: {exc}") from None
-    config = RunConfig(task=task, method=method, features=features, eta=eta, random_state=random_state,
-                       min_points=min_points, classifier=ccfg, solver=dict(solver_options or {}),
-                       bandwidth=bandwidth, checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-                       verbose=verbose)
-    try:
-        config.validate()
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    backend = make_backend(sites, task, runtime, min_points, ray_options)
+def _fit(sites, task, method, *, recorder, solver_callback, **options) -> CombinedModel:
+    config = build_config(method, task, **options)
+    sites = _check_sites(sites, config.task)
+    backend = make_backend(sites, config)
     with Coordinator(backend, [s.predictor for s in sites], config, recorder=recorder,
                      solver_callback=solver_callback) as coordinator:
         return coordinator.fit()
@@ -155,25 +159,21 @@ def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", *, feature
              solver_callback: Callable | None = None) -> CombinedModel:
     """Discriminative MSA: conditional-Maxent domain classifier + DC solve for z.
 
-    features : domain-classifier feature map: "standard", "onehot", "threshold", "rff",
-        ("rff", {"n_components": 1000, "gamma": 0.1}) or a scikit-learn transformer.
-    mu : L2 weight of the classifier (paper eq. LogisticRegression).
-    eta : smoothing added to the combination's denominator (>= 0).
-    runtime : "local" (in-process sites) or "ray" (one actor per site).
-    min_points : a site refuses to aggregate over fewer points (privacy contract).
-    classifier_options : fields of :class:`msa_fed.core.domain_classifier.ClassifierConfig`.
-    solver_options : keyword arguments of :func:`msa_fed.core.dc_solver.solve_dc`
-        (method, tol, max_iter, n_restarts, bound).
-    checkpoint_dir : write the DC state after every iteration; a later run with the same
-        directory and data resumes from it.
+    The keyword arguments are the fields of :class:`msa_fed.runtime.config.FitConfig`, each
+    documented there once (``features``, ``eta``, ``random_state``, ``runtime``, ``min_points``,
+    ``verbose``, ``bandwidth``, ``checkpoint_dir``); besides them:
+
+    mu : L2 weight of the classifier (> 0), :attr:`ClassifierConfig.mu`.
+    classifier_options : the other fields of :class:`msa_fed.core.config.ClassifierConfig`.
+    solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
+        tol, max_iter, n_restarts, bound, z0).
+    ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
     recorder : a :class:`msa_fed.runtime.messages.Recorder` capturing every boundary message.
-    ray_options : for runtime="ray", keyword arguments of
-        :class:`msa_fed.runtime.ray_sites.RaySites`: ``address`` (else ``RAY_ADDRESS``, else a new
-        local Ray), ``num_cpus`` per site actor, ``max_restarts``, ``retry_timeout_s``,
-        ``start_timeout_s``, ``workers_per_site`` (actors per site for classifier training),
-        ``data_channel`` ("tls" default: the per-round calls go over a direct mutual-TLS
-        connection to each site actor; "plain": loopback only; "off": through Ray) and
-        ``init_kwargs`` (of ``ray.init``).  An unknown key is a ValueError.
+    solver_callback : called as callback(iteration, z, value) after each solver iteration.
+
+    A wrong type is a TypeError and a value out of range, an unknown option key or an option
+    that does not apply (``ray_options`` with runtime="local", ``solver_options={"method":
+    "dca"}`` under the default objective "minmax") a ValueError, each naming the argument.
     """
     return _fit(sites, task, "dmsa", features=features, mu=mu, eta=eta, random_state=random_state,
                 runtime=runtime, min_points=min_points, verbose=verbose, classifier_options=classifier_options,

@@ -15,11 +15,48 @@ class ConfigError(MsaFedError, ValueError):
 
 
 class ArtifactError(MsaFedError, ValueError):
-    """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares."""
+    """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares.
+
+    ``public_message`` is a fixed reason written by msa_fed (never a library's error text, never
+    bytes read from a file), safe to return to the party that sent the artifact;
+    ``incident_id`` names the server-side log record that holds ``detail`` (library text,
+    offsets, ...).  ``str(exc)`` is the public message followed by the incident id.  A server
+    returns ``public_message`` and ``incident_id`` only; ``detail`` stays in its log.
+    """
+
+    def __init__(self, message: str, incident_id: str | None = None, detail: str | None = None):
+        import secrets
+
+        self.public_message = str(message)
+        self.incident_id = incident_id or secrets.token_hex(6)
+        self.detail = detail
+        super().__init__(f"{self.public_message} [incident {self.incident_id}]")
+
+    def __reduce__(self):  # picklable with its three fields (Ray ships errors between processes)
+        return (type(self), (self.public_message, self.incident_id, self.detail))
 
 
 class PrivacyError(MsaFedError):
-    """A request would make a site reveal more than the privacy contract allows."""
+    """A request would make a site reveal more than the privacy contract allows.
+
+    ``rule`` names the policy rule that refused (e.g. ``"concentration"``, ``"theta_norm"``);
+    ``site`` the refusing site ("" when not known); ``detail`` says what was measured.
+    ``PrivacyError(message)`` with one argument still works (rule "", site "").
+    """
+
+    def __init__(self, *args):
+        if len(args) == 3:
+            rule, site, detail = (str(a) for a in args)
+            text = f"site {site!r} refuses {detail} (rule: {rule})" if site else f"refused: {detail} (rule: {rule})"
+        else:
+            rule, site, detail = "", "", " ".join(str(a) for a in args)
+            text = detail
+        super().__init__(text)
+        self.rule, self.site, self.detail = rule, site, detail
+        self._args = args
+
+    def __reduce__(self):  # picklable with its arguments (Ray ships errors between processes)
+        return (type(self), tuple(self._args))
 
 
 class SiteError(MsaFedError):

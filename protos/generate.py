@@ -5,7 +5,7 @@ Usage (from the repository root)::
     .venv/bin/python protos/generate.py            # writes msa_fed/control/proto/ and msa_fed/runtime/proto/
     .venv/bin/python protos/generate.py --out DIR  # writes DIR/ and DIR/runtime_proto/ (used by the check test)
 
-The generated files are committed.  ``tests/control/test_proto_generated.py``
+The generated files are committed.  ``tests/control/test_control_proto.py``
 regenerates them into a temporary folder and fails on any difference, so edit
 the ``.proto`` and rerun this script; never edit the output by hand.
 

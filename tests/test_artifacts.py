@@ -18,12 +18,13 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-import msa_fed.artifacts.predictors as artifacts
+from msa_fed.artifacts import loader, sandbox
 from msa_fed.artifacts.predictors import (
     META_CLASSES,
     META_KIND,
     META_N_FEATURES,
     OnnxPredictor,
+    SandboxLimits,
     export_sklearn,
     export_torch,
     load_predictor,
@@ -160,7 +161,9 @@ def test_pickles_zips_and_foreign_files_are_refused():
 def test_every_truncation_is_refused():
     for data in (linear().SerializeToString(), export_sklearn(LogisticRegression().fit(X, Y_CLASS), 4)):
         load_predictor(data)  # the whole file is fine
-        for cut in range(len(data)):
+        # each refusal costs a sandbox start-up: 24 cuts spread over the file, and its last bytes
+        cuts = sorted(set(np.linspace(0, len(data) - 1, 24).astype(int)) | set(range(len(data) - 4, len(data))))
+        for cut in cuts:
             with pytest.raises(ArtifactError):
                 load_predictor(data[:cut])
 
@@ -177,7 +180,7 @@ def test_checksum_size_and_expectations():
 def test_declaration_must_match_the_graph():
     errors_with(linear(props={META_KIND: "regression", META_N_FEATURES: "3"}, width=5).SerializeToString(), "input width is 5")
     errors_with(linear(props={META_KIND: "regression", META_N_FEATURES: "x"}).SerializeToString(), "positive integer")
-    errors_with(linear(props={META_KIND: "logits", META_N_FEATURES: "3"}).SerializeToString(), "expected one of")
+    errors_with(linear(props={META_KIND: "logits", META_N_FEATURES: "3"}).SerializeToString(), "other than .regression")
     errors_with(linear(props={META_KIND: "regression"}).SerializeToString(), "declares no msa_fed.n_features")
     errors_with(linear(out_cols=2).SerializeToString(), r"must output shape \(n,\) or \(n, 1\)")
     errors_with(linear(dtype=TensorProto.DOUBLE).SerializeToString(), "input must be float32")
@@ -206,7 +209,7 @@ def test_probabilities_are_checked_on_a_probe_batch():
     assert load_predictor(softmax_model()).kind == "probabilities"
     errors_with(softmax_model(softmax=False), "(outside \\[0, 1\\]|do not sum to 1)")
     errors_with(softmax_model(scale=0.9), "do not sum to 1")
-    errors_with(softmax_model(c=1), "at least 2 scalar labels")
+    errors_with(softmax_model(c=1), "list of 2 to 10000 distinct scalar labels")
     errors_with(softmax_model(classes=["a", "b", "c"]), "declares 3 classes but outputs 2")
     errors_with(softmax_model(classes=None), "no msa_fed.classes")
     errors_with(softmax_model(classes=[[1], [2]]), "scalar labels")
@@ -237,7 +240,7 @@ def test_external_data_and_unknown_domains_are_refused(tmp_path, monkeypatch):
     tensor.data_location = TensorProto.EXTERNAL
     tensor.external_data.add(key="location", value="weights.bin")
     (tmp_path / "weights.bin").write_bytes(np.ones(3, np.float32).tobytes())  # would be read if allowed
-    with pytest.raises(ArtifactError, match="refers to external data"):
+    with pytest.raises(ArtifactError, match="model uses external data"):
         load_predictor(model.SerializeToString())
     custom = graph_model(
         [helper.make_node("Evil", ["X"], ["y"], domain="org.attacker")],
@@ -246,11 +249,12 @@ def test_external_data_and_unknown_domains_are_refused(tmp_path, monkeypatch):
         props={META_KIND: "regression", META_N_FEATURES: "3"},
     )
     custom.opset_import.append(helper.make_opsetid("org.attacker", 1))
-    errors_with(custom.SerializeToString(), "operator domain 'org.attacker'")
+    errors_with(custom.SerializeToString(), "operator domain outside the allowed ones")
 
 
-def test_a_graph_that_never_ends_is_stopped(monkeypatch):
-    monkeypatch.setattr(artifacts, "PROBE_TIMEOUT_S", 0.3)
+@pytest.mark.parametrize("start", ["zygote", "spawn"])
+def test_a_graph_that_never_ends_is_stopped(start, monkeypatch):
+    monkeypatch.setattr(sandbox, "SANDBOX_START", start)
     body = helper.make_graph(
         [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Add", ["a_in", "one"], ["a_out"])], "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
@@ -266,10 +270,13 @@ def test_a_graph_that_never_ends_is_stopped(monkeypatch):
          numpy_helper.from_array(np.array([1], np.int64), "axes")],
         {META_KIND: "regression", META_N_FEATURES: "2"},
     )
-    errors_with(looping.SerializeToString(), "did not finish a probe batch")
+    # the sandbox's CPU-time limit ends it (the wall clock is far away)
+    errors_with(looping.SerializeToString(), "CPU-time limit", limits=SandboxLimits(cpu_seconds=2, timeout_s=120))
+    # the wall clock ends it when the CPU limit is far away
+    errors_with(looping.SerializeToString(), "sandbox time limit", limits=SandboxLimits(cpu_seconds=600, timeout_s=3))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=20, deadline=None)  # each example starts a sandbox
 @given(st.binary(max_size=2048))
 def test_random_bytes_raise_only_artifact_error(data):
     with pytest.raises(ArtifactError):
@@ -287,7 +294,7 @@ def test_pickling_keeps_only_bytes_and_reverifies():
     tampered = bytearray(p.data)
     tampered[-1] ^= 1
     with pytest.raises(ArtifactError, match="sha256"):
-        artifacts._restore(bytes(tampered), p.sha256, 1)
+        loader._restore(bytes(tampered), p.sha256, 1)
 
 
 def test_input_validation_and_empty_batches():
@@ -327,3 +334,25 @@ def test_load_predictor_file(tmp_path):
     assert load_predictor_file(path, n_features=3).sha256 == sha256_hex(data)
     with pytest.raises(ArtifactError, match="the limit is 10"):
         load_predictor_file(path, max_bytes=10)
+
+
+def test_concurrent_first_loads_each_get_their_own_verdict():
+    """Threads loading different models at once (as a registry does) each get their model's answer."""
+    good = [linear(d=d).SerializeToString() for d in range(2, 8)]
+    bad = [softmax_model(scale=0.5), b"\x80\x04not onnx"]
+    loader.PROBE_CACHE.clear()
+    results: dict = {}
+
+    def work(i, data):
+        try:
+            results[i] = load_predictor(data).n_features_in_
+        except ArtifactError as exc:
+            results[i] = exc.public_message
+
+    threads = [threading.Thread(target=work, args=(i, data)) for i, data in enumerate(good + bad)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(good))] == list(range(2, 8))
+    assert "do not sum to 1" in results[len(good)] and "Python pickle" in results[len(good) + 1]

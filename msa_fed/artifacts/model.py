@@ -17,14 +17,21 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed import __version__
-from msa_fed.core.combination import (combination_weights, combine_proba, combine_regression,
-                                      paper_z)
-from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import DomainClassifier
+from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
+from msa_fed.core.domain_models import domain_model_from_state, domain_model_state
 from msa_fed.core.features import feature_map_from_state, feature_map_state
 from msa_fed.errors import ArtifactError
 
 FORMAT_VERSION = 1
+#: the manifest keys :func:`load_model` reads (a manifest without one is refused, naming it)
+MANIFEST_KEYS = ("method", "task", "sites", "n_features", "z", "eta", "qhat", "gamma", "domain_losses", "history",
+                 "classes", "info", "feature_map", "domain_model", "predictor_sha256")
+
+
+def predictor_kind(task: str) -> str:
+    """What the safe loader checks a frozen predictor's outputs as, for ``task``."""
+    return "regression" if task == "regression" else "probabilities"
 
 
 def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
@@ -51,7 +58,7 @@ class CombinedModel:
 
     def __init__(self, *, method, task, site_names, domain_model, qhat, z, eta, predictors,
                  n_features, classes=None, gamma=float("nan"), domain_losses=None, history=(),
-                 info=None):
+                 info=None, epsilon_by_site=None):
         self.method = method
         self.task = task
         self.site_names = list(site_names)
@@ -66,6 +73,8 @@ class CombinedModel:
         self.domain_losses = None if domain_losses is None else np.asarray(domain_losses, dtype=np.float64)
         self.history = [float(g) for g in history]
         self.info = dict(info or {})
+        # differential privacy: the epsilon each site spent on the run (0: answered without DP)
+        self.epsilon_by_site = {str(k): float(v) for k, v in (epsilon_by_site or {}).items()}
 
     @property
     def n_sources(self) -> int:
@@ -86,9 +95,12 @@ class CombinedModel:
         X = check_X(X, self.n_features_in_)
         return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
 
+    def _who(self, k) -> str:
+        return f"predictor {k} (site {self.site_names[k]!r})" if k < len(self.site_names) else f"predictor {k}"
+
     def _proba_of(self, k, X) -> np.ndarray:
         h = self.predictors[k]
-        P = np.asarray(h.predict_proba(X), dtype=np.float64)
+        P = checked_proba(h.predict_proba(X), X.shape[0], len(h.classes_), self._who(k), ArtifactError)
         out = np.zeros((X.shape[0], self.classes_.size))
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
         return out
@@ -100,7 +112,7 @@ class CombinedModel:
         X = check_X(X, self.n_features_in_)
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
         P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
-        return combine_proba(a, P)
+        return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:
         """Regression: g(x).  Classification: the most probable class under g(x, .)."""
@@ -108,8 +120,9 @@ class CombinedModel:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         X = check_X(X, self.n_features_in_)
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        H = np.column_stack([np.asarray(h.predict(X), dtype=np.float64).reshape(-1) for h in self.predictors])
-        return combine_regression(a, H)
+        H = np.column_stack([checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
+                             for k, h in enumerate(self.predictors)])
+        return _finite(combine_regression(a, H), "the combined prediction")
 
     # ------------------------------------------------------------------ save / load
     def manifest(self) -> dict:
@@ -123,6 +136,7 @@ class CombinedModel:
             "history": self.history,
             "classes": None if self.classes_ is None else self.classes_.tolist(),
             "info": _jsonable(self.info),
+            "epsilon_by_site": self.epsilon_by_site,
         }
 
     def save(self, path) -> Path:
@@ -142,16 +156,9 @@ class CombinedModel:
             arrays.update({f"feature_map.{k}": v for k, v in fa.items()})
         else:
             manifest["feature_map"] = None
-        if isinstance(dm, DomainClassifier):
-            manifest["domain_model"] = {"kind": "maxent", "mu": dm.mu}
-            arrays["theta"] = dm.theta_
-        elif isinstance(dm, KDEDomainModel):
-            manifest["domain_model"] = {"kind": "kde"}
-            arrays["bandwidths"] = dm.bandwidths_
-            for k, s in enumerate(dm.samples_):
-                arrays[f"kde_sample.{k}"] = s
-        else:
-            raise ValueError(f"cannot save a domain model of type {type(dm).__name__}")
+        kind, params, state = domain_model_state(dm)
+        manifest["domain_model"] = {"kind": kind, **params}
+        arrays.update(state)
         hashes = []
         for k, h in enumerate(self.predictors):
             data = to_onnx(h, self.n_features_in_)
@@ -168,6 +175,15 @@ class CombinedModel:
         return path
 
 
+def _finite(out: np.ndarray, what: str) -> np.ndarray:
+    """``out`` unless some row holds NaN or inf (never argmax over NaN: it answers class 0)."""
+    ok = np.isfinite(out).reshape(out.shape[0], -1).all(axis=1)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        raise ArtifactError(f"{what} are NaN or inf for {bad.size} of {ok.size} rows (first row {int(bad[0])})")
+    return out
+
+
 def load_model(path) -> CombinedModel:
     """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
     from msa_fed.artifacts.predictors import load_predictor
@@ -180,7 +196,7 @@ def load_model(path) -> CombinedModel:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{mf}: manifest is not valid JSON ({exc})") from None
-    if manifest.get("format") != "msa_fed.combined_model":
+    if not isinstance(manifest, dict) or manifest.get("format") != "msa_fed.combined_model":
         raise ArtifactError(f"{mf}: not a msa_fed combined model")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
@@ -190,30 +206,45 @@ def load_model(path) -> CombinedModel:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{path / 'arrays.npz'}: cannot read arrays ({exc})") from None
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise ArtifactError(f"{mf}: manifest lacks the key(s) {missing}")
     p = len(manifest["sites"])
-    fmap = None
-    if manifest["feature_map"] is not None:
-        prefix = "feature_map."
-        fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
-    kind = manifest["domain_model"]["kind"]
-    if kind == "maxent":
-        dm = DomainClassifier(fmap, arrays["theta"], p, manifest["domain_model"]["mu"])
-    else:
-        dm = KDEDomainModel.from_state(arrays["bandwidths"], [arrays[f"kde_sample.{k}"] for k in range(p)],
-                                       feature_map=fmap)
+    try:
+        fmap = None
+        if manifest["feature_map"] is not None:
+            prefix = "feature_map."
+            fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
+        params = {k: v for k, v in manifest["domain_model"].items() if k != "kind"}
+        dm = domain_model_from_state(manifest["domain_model"]["kind"], params, arrays, fmap, p)
+    except KeyError as exc:
+        raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
     task = manifest["task"]
     predictors = []
     for k in range(p):
         data = (path / "predictors" / f"{k}.onnx").read_bytes()
         predictors.append(load_predictor(
             data, expected_sha256=manifest["predictor_sha256"][k], n_features=manifest["n_features"],
-            kind="regression" if task == "regression" else "probabilities"))
+            kind=predictor_kind(task)))
     return CombinedModel(
         method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
         qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
         n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
-        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"])
+        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"],
+        epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf))
+
+
+def _epsilons(value, mf) -> dict:
+    """The manifest's epsilon per site: a mapping of site names to finite numbers >= 0."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in value.values()):
+        raise ArtifactError(f"{mf}: epsilon_by_site must map site names to numbers >= 0")
+    return value
 
 
 def _jsonable(obj):

@@ -17,17 +17,70 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import signal
+import stat
 import sys
 import threading
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from msa_fed.clitools import command_group
 from msa_fed.errors import ConfigError
 
 ADMIN_NAME = "admin"
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def _positive(value, flag: str, *, integer: bool = False, zero: bool = False):
+    """``value`` if it is a finite positive number (or 0 when ``zero``), else ConfigError naming ``flag``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if zero else value > 0) and (not integer or float(value).is_integer())
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(f"{flag} must be {kind} {'>= 0' if zero else '> 0'}; got {value!r}")
+    return value
+
+
+def _mib(value, flag: str) -> int:
+    """``value`` MiB as bytes: finite, positive and at most 1 TiB."""
+    _positive(value, flag)
+    if value > 2**20:
+        raise ConfigError(f"{flag} must be at most {2**20} (1 TiB); got {value!r}")
+    size = int(value * 2**20)
+    if size < 1:
+        raise ConfigError(f"{flag} is below one byte; got {value!r}")
+    return size
+
+
+def _regular_file(path, flag: str, max_bytes: int) -> int:
+    """Size of the regular file ``path``, checked with stat (never read) against ``max_bytes``."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{flag} {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ConfigError(f"{flag} {str(path)!r} is {what}; expected a file")
+    if info.st_size > max_bytes:
+        raise ConfigError(f"{flag} {str(path)!r} is {info.st_size} bytes; the limit is {max_bytes}")
+    return info.st_size
+
+
+def _read_file(path, flag: str, max_bytes: int) -> bytes:
+    """The bytes of ``path`` after :func:`_regular_file`; reads at most ``max_bytes + 1``."""
+    _regular_file(path, flag, max_bytes)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be read ({exc.strerror})") from None
+    if len(data) > max_bytes:  # it grew since the stat
+        raise ConfigError(f"{flag} {str(path)!r} is larger than the limit of {max_bytes} bytes")
+    return data
 
 
 def _iso(t: float | None) -> str:
@@ -38,6 +91,7 @@ def _iso(t: float | None) -> str:
 
 
 def _serve(args) -> int:
+    from msa_fed.control.ops_audit import AuditLog
     from msa_fed.control.registry import Limits, Registry
     from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
     from msa_fed.control.sqlite_store import SqliteStore
@@ -48,14 +102,25 @@ def _serve(args) -> int:
         raise ConfigError("--tls-cert and --tls-key must be given together")
     tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     check_transport(args.listen, tls, args.insecure)  # before the database file is created
+    _positive(args.workers, "--workers", integer=True)
     limits = Limits(
-        max_predictor_bytes=int(args.max_predictor_mb * 2**20), max_sample_bytes=int(args.max_sample_mb * 2**20)
+        max_predictor_bytes=_mib(args.max_predictor_mb, "--max-predictor-mb"),
+        max_sample_bytes=_mib(args.max_sample_mb, "--max-sample-mb"),
+        max_n_features=_positive(args.max_features, "--max-features", integer=True),
+        max_streams_per_principal=_positive(args.max_streams_per_token, "--max-streams-per-token", integer=True),
+        transfer_idle_s=_positive(args.transfer_idle_s, "--transfer-idle-s"),
     )
+    if args.workers < 2:
+        raise ConfigError(f"--workers must be at least 2; got {args.workers}")
+    if os.path.isdir(args.db):
+        raise ConfigError(f"--db {args.db!r} is a directory; expected a database file")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    audit_log = AuditLog(args.audit_log) if args.audit_log else None
     store = SqliteStore(args.db)
     try:
         server = RegistryServer(
-            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers
+            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers,
+            audit_log=audit_log,
         )
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -75,15 +140,26 @@ def _serve(args) -> int:
 # --------------------------------------------------------------------------- admin
 
 
+def _db_path(path) -> None:
+    if os.path.isdir(path):
+        raise ConfigError(f"--db {str(path)!r} is a directory; expected a database file")
+
+
 def _principal(args) -> tuple[str, str]:
     return ("admin", ADMIN_NAME) if args.admin else ("site", args.site)
 
 
 def _issue_token(args) -> int:
+    from msa_fed.control.records import check_name
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
 
     role, name = _principal(args)
+    try:
+        check_name(name, "--site")
+    except Exception as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1]) from None
+    _db_path(args.db)
     with SqliteStore(args.db) as store:
         token = Registry(store).issue_token(role, name)
     print(token)
@@ -96,6 +172,7 @@ def _revoke_token(args) -> int:
     from msa_fed.control.sqlite_store import SqliteStore
 
     role, name = _principal(args)
+    _db_path(args.db)
     with SqliteStore(args.db, create=False) as store:
         revoked = Registry(store).revoke_token(role, name)
     if not revoked:
@@ -113,25 +190,16 @@ def _artifact_summary(rec) -> str:
 
 
 def _list_sites(args) -> int:
+    from msa_fed.control.ops import Operations
+    from msa_fed.control.ops_cli import print_site_statuses
     from msa_fed.control.registry import Registry
     from msa_fed.control.sqlite_store import SqliteStore
 
+    _db_path(args.db)
     with SqliteStore(args.db, create=False) as store:
-        rows = Registry(store).principals()
-    if args.json:
-        print(json.dumps([
-            {"name": r.name, "token": r.token, "site": asdict(r.site) if r.site else None} for r in rows
-        ], indent=2))
-        return 0
-    header = ("NAME", "TOKEN", "REGISTERED", "LAST HEARTBEAT", "PREDICTOR", "SAMPLE")
-    table = [header] + [
-        (r.name, r.token, _iso(r.site.registered_at) if r.site else "no", _iso(r.site.last_heartbeat) if r.site else "-",
-         _artifact_summary(r.site.predictor if r.site else None), _artifact_summary(r.site.sample if r.site else None))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        statuses = Operations(Registry(store)).site_statuses()
+        records = {s.name: s for s in store.list_sites()}
+    print_site_statuses(statuses, args.json, records)
     return 0
 
 
@@ -142,10 +210,17 @@ def _client(args):
     from msa_fed.control.client import RegistryClient
 
     token = args.token
+    if args.token and args.token_file:
+        raise ConfigError("give --token or --token-file, not both")
     if args.token_file:
-        token = Path(args.token_file).read_text().strip()
+        raw = _read_file(args.token_file, "--token-file", MAX_TOKEN_FILE_BYTES)
+        try:
+            token = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise ConfigError(f"--token-file {args.token_file!r} does not hold a token (not ASCII text)") from None
     if not token:
         raise ConfigError("a token is required: --token T or --token-file F")
+    _positive(args.timeout, "--timeout")
     return RegistryClient(
         args.registry, token, insecure=args.insecure, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
         tls_key=args.tls_key, server_name=args.server_name, timeout=args.timeout,
@@ -153,6 +228,12 @@ def _client(args):
 
 
 def _register(args) -> int:
+    from msa_fed.control.records import check_name
+
+    try:
+        check_name(args.name, "--name")
+    except Exception as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1]) from None
     labels = {}
     for item in args.label or ():
         key, sep, value = item.partition("=")
@@ -165,25 +246,77 @@ def _register(args) -> int:
     return 0
 
 
-def _load_sample(path: str):
-    import numpy as np
+def _load_sample(path: str, max_bytes: int):
+    """The 2-D numeric array of the .npy file ``path``; its header is checked before anything is allocated.
 
+    The declared shape and dtype must describe exactly the bytes the file holds,
+    and the sample as float32 (what is sent) must fit in ``max_bytes``.
+    """
+    import numpy as np
+    from numpy.lib import format as npy
+
+    flag = "--unlabeled"
+    size = _regular_file(path, flag, 2**62)
+    try:
+        with open(path, "rb") as f:
+            version = npy.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = npy.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+            offset = f.tell()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path!r} cannot be read ({exc.strerror})") from None
+    except (ValueError, TypeError, SyntaxError) as exc:
+        raise ConfigError(f"{flag} {path!r} is not a .npy array file ({' '.join(str(exc).split())[:200]})") from None
+    if dtype.hasobject or dtype.kind not in "fiub" or dtype.fields is not None:
+        raise ConfigError(f"{flag} {path!r} must hold a numeric array; its dtype is {dtype}")
+    if len(shape) != 2:
+        raise ConfigError(f"{flag} {path!r} must hold a 2-D array (m, d); its shape is {shape}")
+    rows, cols = (int(n) for n in shape)
+    if rows < 1 or cols < 1:
+        raise ConfigError(f"{flag} {path!r} is empty (shape {shape})")
+    if rows * cols * dtype.itemsize != size - offset:
+        raise ConfigError(
+            f"{flag} {path!r} declares shape {shape} of {dtype} ({rows * cols * dtype.itemsize} bytes) but holds "
+            f"{size - offset} bytes of data"
+        )
+    if rows * cols * 4 > max_bytes:
+        raise ConfigError(
+            f"{flag} {path!r} of shape {shape} is {rows * cols * 4} bytes as float32; the limit is {max_bytes} "
+            "(--max-sample-mb)"
+        )
     try:
         X = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise ConfigError(f"--unlabeled {path!r} is not a numeric .npy array ({exc})") from None
-    except OSError as exc:
-        raise ConfigError(f"--unlabeled {path!r} cannot be read as .npy ({exc})") from None
-    if not hasattr(X, "ndim") or X.ndim != 2 or X.dtype.kind not in "fiub":
-        raise ConfigError(f"--unlabeled {path!r} must hold a 2-D numeric array (m, d); got {getattr(X, 'shape', '?')}")
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{flag} {path!r} cannot be read as .npy ({' '.join(str(exc).split())[:200]})") from None
     return X
+
+
+def _load_predictor_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of ``path`` (size checked with stat first), verified here with the loader the registry uses.
+
+    The registry answers a refused predictor with a fixed reason and an incident
+    id; checking locally first tells the site the loader's own reason.
+    """
+    from msa_fed.artifacts.predictors import load_predictor
+    from msa_fed.errors import ArtifactError
+
+    data = _read_file(path, "--predictor", max_bytes)
+    try:
+        load_predictor(data, max_bytes=max_bytes)
+    except ArtifactError as exc:
+        raise ConfigError(f"--predictor {path!r}: {' '.join(str(exc).split())}") from None
+    return data
 
 
 def _publish(args) -> int:
     if not args.predictor and not args.unlabeled:
         raise ConfigError("give --predictor MODEL.onnx and/or --unlabeled SAMPLE.npy")
-    data = Path(args.predictor).read_bytes() if args.predictor else None
-    X = _load_sample(args.unlabeled) if args.unlabeled else None
+    data = _load_predictor_file(args.predictor, _mib(args.max_predictor_mb, "--max-predictor-mb")) if args.predictor else None
+    X = _load_sample(args.unlabeled, _mib(args.max_sample_mb, "--max-sample-mb")) if args.unlabeled else None
     with _client(args) as client:
         if data is not None:
             rec = client.upload_predictor(data)
@@ -213,6 +346,7 @@ def _status(args) -> int:
 
 
 def _heartbeat(args) -> int:
+    _positive(args.interval, "--interval", zero=True)
     with _client(args) as client:
         while True:
             beat = client.heartbeat()
@@ -257,6 +391,13 @@ def register(subparsers) -> None:
     serve.add_argument("--workers", type=int, default=32, help="RPC worker threads (default 32)")
     serve.add_argument("--max-predictor-mb", type=float, default=64.0, help="predictor size limit (default 64 MiB)")
     serve.add_argument("--max-sample-mb", type=float, default=256.0, help="sample size limit (default 256 MiB)")
+    serve.add_argument("--max-features", type=int, default=1_000_000,
+                       help="largest declared predictor input width (default 1000000)")
+    serve.add_argument("--max-streams-per-token", type=int, default=2,
+                       help="concurrent uploads/downloads per token (default 2)")
+    serve.add_argument("--transfer-idle-s", type=float, default=30.0,
+                       help="cut off an upload/download idle this long (default 30 s)")
+    serve.add_argument("--audit-log", metavar="FILE", help="append one JSON line per RPC to FILE (docs/OPERATIONS.md)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
 
@@ -282,6 +423,9 @@ def register(subparsers) -> None:
     _connection_options(p)
     p.add_argument("--predictor", metavar="MODEL.onnx", help="ONNX predictor (msa_fed.artifacts export)")
     p.add_argument("--unlabeled", metavar="SAMPLE.npy", help="unlabelled inputs, a 2-D numeric .npy array")
+    p.add_argument("--max-predictor-mb", type=float, default=64.0, help="refuse a larger predictor file (default 64)")
+    p.add_argument("--max-sample-mb", type=float, default=256.0,
+                   help="refuse a larger sample, counted as float32 (default 256)")
     p.set_defaults(func=_publish)
     p = site_sub.add_parser("status", help="this site's record in the registry")
     _connection_options(p)

@@ -14,11 +14,14 @@
 
 Every failure raises :class:`msa_fed.errors.RegistryError` whose ``code`` is
 the gRPC status name and whose message is one line.  Idempotent calls
-(uploads keep their ``upload_id`` across attempts) are retried on UNAVAILABLE.
+(uploads keep their ``upload_id`` across attempts) are retried on UNAVAILABLE,
+and on a RESOURCE_EXHAUSTED the registry marks as temporary (its transfer
+slots or in-flight budget are taken) for up to ``busy_wait`` seconds.
 """
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,12 +35,14 @@ from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_h
 from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
-from msa_fed.control.server import MAX_MESSAGE_BYTES, is_loopback, parse_address
 from msa_fed.control.tokens import parse_token
+from msa_fed.control.transport import MAX_MESSAGE_BYTES, is_loopback, parse_address
 from msa_fed.errors import ConfigError, RegistryError
 
 UPLOAD_CHUNK_BYTES = 1 << 20
+MAX_PEM_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,12 @@ def _pem(value, flag: str) -> bytes | None:
     path = Path(value)
     if not path.is_file():
         raise ConfigError(f"{flag} {str(path)!r} is not a readable file; expected a PEM file")
-    return path.read_bytes()
+    if path.stat().st_size > MAX_PEM_BYTES:
+        raise ConfigError(f"{flag} {str(path)!r} is larger than {MAX_PEM_BYTES} bytes; expected a PEM file")
+    data = path.read_bytes()
+    if b"-----BEGIN" not in data:
+        raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
+    return data
 
 
 def _one_line(text: str) -> str:
@@ -67,6 +77,16 @@ def _error(exc: grpc.RpcError) -> RegistryError:
     name = code.name if code is not None else "UNKNOWN"
     details = exc.details() if hasattr(exc, "details") else str(exc)
     return RegistryError(name, _one_line(details) or name.lower())
+
+
+def _busy_retry_after_ms(exc: grpc.RpcError) -> int | None:
+    """The registry's retry hint of a temporary RESOURCE_EXHAUSTED, or None."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            return min(int(value), 5000)
+    return None
 
 
 class RegistryClient:
@@ -84,12 +104,13 @@ class RegistryClient:
         from the host in ``address``.
     timeout : seconds per unary call; ``transfer_timeout`` per upload/download.
     retries : extra attempts after UNAVAILABLE.
+    busy_wait : seconds to keep retrying a transfer the registry refused as busy (0: never).
     """
 
     def __init__(
         self, address: str, token: str | None, *, insecure: bool = False, tls_ca=None, tls_cert=None,
         tls_key=None, server_name: str | None = None, timeout: float = 30.0, transfer_timeout: float = 600.0,
-        retries: int = 2,
+        retries: int = 2, busy_wait: float = 120.0,
     ):
         host, _ = parse_address(address, "--registry")
         if token is not None and (not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token)):
@@ -101,6 +122,7 @@ class RegistryClient:
         self.timeout = timeout
         self.transfer_timeout = transfer_timeout
         self.retries = retries
+        self.busy_wait = busy_wait
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -139,15 +161,22 @@ class RegistryClient:
         self.close()
 
     def _call(self, fn, *, retry: bool = True):
-        """Run ``fn()`` translating gRPC errors; retry UNAVAILABLE with backoff."""
+        """Run ``fn()`` translating gRPC errors; retry UNAVAILABLE, and a busy registry, with backoff."""
         attempts = 1 + (self.retries if retry else 0)
-        for attempt in range(attempts):
+        attempt, busy_until, busy_sleep = 0, time.monotonic() + self.busy_wait, 0.0
+        while True:
             try:
                 return fn()
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
+                busy_ms = _busy_retry_after_ms(exc) if retry else None
+                if busy_ms is not None and time.monotonic() < busy_until:
+                    busy_sleep = min(max(busy_sleep * 2, busy_ms / 1000), 2.0)
+                    time.sleep(busy_sleep * random.uniform(0.5, 1.5))
+                    continue
+                attempt += 1
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= attempts:
                     raise _error(exc) from None
-                time.sleep(0.2 * 2**attempt)
+                time.sleep(0.2 * 2 ** (attempt - 1))
 
     def _unary(self, method, request, retry: bool = True):
         return self._call(lambda: method(request, metadata=self._metadata, timeout=self.timeout), retry=retry)
@@ -205,7 +234,7 @@ class RegistryClient:
         return site_from_pb(self._unary(self._stub.GetSite, pb.GetSiteRequest(name=name)))
 
     def list_sites(self) -> list[SiteRecord]:
-        """Every registered site (admin) or the caller's own record (site), with artifact sha256s."""
+        """Every registered site with artifact sha256s (admin token; a site reads its own record with :meth:`get_site`)."""
         return [site_from_pb(s) for s in self._unary(self._stub.ListSites, pb.ListSitesRequest()).sites]
 
     def deregister(self, name: str = "") -> bool:

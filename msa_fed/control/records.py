@@ -17,14 +17,15 @@ ROLES = (ROLE_SITE, ROLE_ADMIN)
 KIND_PREDICTOR = "predictor"
 KIND_SAMPLE = "sample"
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-UPLOAD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+# Anchored with \Z (``$`` would accept a trailing newline), and used with fullmatch.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def check_name(name: str, what: str = "site name") -> str:
     """Return ``name`` if it is a valid principal name, else raise INVALID_ARGUMENT."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise RegistryError(
             "INVALID_ARGUMENT",
             f"{what} must be 1-64 characters of letters, digits, '_' or '-' (starting with a letter or digit); got {name!r}",
@@ -33,7 +34,7 @@ def check_name(name: str, what: str = "site name") -> str:
 
 
 def check_upload_id(upload_id: str) -> str:
-    if not isinstance(upload_id, str) or not UPLOAD_ID_PATTERN.match(upload_id):
+    if not isinstance(upload_id, str) or not UPLOAD_ID_PATTERN.fullmatch(upload_id):
         raise RegistryError(
             "INVALID_ARGUMENT",
             f"upload_id must be 1-128 characters of letters, digits, '_', '.', ':' or '-'; got {upload_id!r}",
@@ -42,7 +43,7 @@ def check_upload_id(upload_id: str) -> str:
 
 
 def check_sha256(value: str, what: str = "sha256") -> str:
-    if not isinstance(value, str) or not SHA256_PATTERN.match(value):
+    if not isinstance(value, str) or not SHA256_PATTERN.fullmatch(value):
         raise RegistryError("INVALID_ARGUMENT", f"{what} must be 64 lowercase hex characters; got {value!r}")
     return value
 

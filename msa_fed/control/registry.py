@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from msa_fed.artifacts.predictors import load_predictor, sha256_hex
+from msa_fed.artifacts.predictors import DEFAULT_MAX_BYTES, META_N_FEATURES, load_predictor, sha256_hex
 from msa_fed.control import tokens
 from msa_fed.control.records import (
     KIND_PREDICTOR,
@@ -43,19 +44,90 @@ from msa_fed.errors import ArtifactError, RegistryError
 log = logging.getLogger(__name__)
 
 SAMPLE_DTYPE = "float32"
+DEFAULT_PROBE_MEMORY_BYTES = 2**30  # when the loader names no sandbox limit of its own
+ADMIN_TOKEN_NEEDED = "this RPC needs the admin token; a site token was given"
+SITE_TOKEN_NEEDED = "this RPC needs a site token; the admin token was given"
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits enforced by the registry (bytes unless said otherwise)."""
+    """Resource limits enforced by the registry (bytes unless said otherwise).
 
-    max_predictor_bytes: int = 64 * 2**20  # matches artifacts.DEFAULT_MAX_BYTES
+    Everything an upload will use is charged before the upload is read: its
+    declared size, and for a predictor also the memory its probe may take
+    (``probe_memory_bytes``; None: the loader's sandbox limit).  Uploads and
+    downloads are *transfers*: at most ``max_streams_per_principal`` at once per
+    token, at most ``max_streams`` in all (None: half the server's worker
+    threads, so heartbeats and health checks always find a free worker), each cut
+    off after ``transfer_idle_s`` without a message or ``transfer_deadline_s`` in
+    all.  A call whose request message has not arrived holds a worker thread too:
+    at most ``max_pending_reads_per_caller`` such calls per token (per network
+    address for the health check), each cut off after ``request_read_s``.
+    """
+
+    max_predictor_bytes: int = DEFAULT_MAX_BYTES
     max_sample_bytes: int = 256 * 2**20    # 67M float32 values: far above any unlabelled sample we use
     max_combined_bytes: int = 512 * 2**20  # p predictors of up to 64 MiB plus the domain classifier
     max_manifest_bytes: int = 2**20
-    max_upload_bytes_in_flight: int = 2**30  # uploads are held in memory until verified: bound the total
+    max_upload_bytes_in_flight: int | None = None  # None: max(2 GiB, twice one largest predictor upload)
+    max_n_features: int = 1_000_000  # declared predictor input width
+    probe_memory_bytes: int | None = None
+    max_streams_per_principal: int = 2
+    max_streams: int | None = None
+    transfer_idle_s: float = 30.0
+    transfer_deadline_s: float = 900.0
+    max_pending_reads_per_caller: int = 2
+    request_read_s: float = 5.0
     max_labels: int = 32
     max_label_chars: int = 256
+
+    def __post_init__(self):
+        for name in ("max_predictor_bytes", "max_sample_bytes", "max_combined_bytes", "max_manifest_bytes",
+                     "max_upload_bytes_in_flight", "max_n_features", "probe_memory_bytes",
+                     "max_streams_per_principal", "max_streams", "max_labels", "max_label_chars",
+                     "max_pending_reads_per_caller"):
+            value = getattr(self, name)
+            if value is None and name in ("max_upload_bytes_in_flight", "probe_memory_bytes", "max_streams"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive integer; got {value!r}")
+        for name in ("transfer_idle_s", "transfer_deadline_s", "request_read_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive finite number of seconds; got {value!r}")
+
+    @property
+    def probe_charge(self) -> int:
+        """Bytes charged to the in-flight budget for one predictor's probe."""
+        if self.probe_memory_bytes is not None:
+            return self.probe_memory_bytes
+        from msa_fed.artifacts import predictors
+
+        return int(getattr(predictors, "SANDBOX_MEMORY_BYTES", DEFAULT_PROBE_MEMORY_BYTES))
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """The in-flight budget: bytes of uploads being received plus their probes' memory."""
+        if self.max_upload_bytes_in_flight is not None:
+            return self.max_upload_bytes_in_flight
+        return max(2 * 2**30, 2 * (self.max_predictor_bytes + self.probe_charge))
+
+
+def declared_n_features(data: bytes) -> int | None:
+    """The ``msa_fed.n_features`` an ONNX model declares, or None (unparsable or absent: the loader decides)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError):
+        return None
+    for prop in model.metadata_props:
+        if prop.key == META_N_FEATURES:
+            text = prop.value.strip()
+            return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+    return None
 
 
 class Registry:
@@ -99,6 +171,11 @@ class Registry:
         principal, secret = parsed
         record = self.store.get_token(principal.role, principal.name)
         if not tokens.verify_secret(record, secret):
+            if any(tokens.verify_secret(old, secret) for old in self.store.revoked_tokens(principal.role, principal.name)):
+                raise RegistryError(
+                    "UNAUTHENTICATED",
+                    f"the token of {principal.role} {principal.name!r} was revoked (or replaced by a newer one)",
+                )
             raise RegistryError("UNAUTHENTICATED", f"invalid token for {principal.role} {principal.name!r}")
         return principal
 
@@ -106,12 +183,12 @@ class Registry:
     @staticmethod
     def require_site(principal: Principal, action: str) -> None:
         if principal.role != ROLE_SITE:
-            raise RegistryError("PERMISSION_DENIED", f"only a site may {action}; the caller is {principal}")
+            raise RegistryError("PERMISSION_DENIED", f"{SITE_TOKEN_NEEDED} (to {action})")
 
     @staticmethod
     def require_admin(principal: Principal, action: str) -> None:
         if principal.role != ROLE_ADMIN:
-            raise RegistryError("PERMISSION_DENIED", f"only an admin may {action}; the caller is {principal}")
+            raise RegistryError("PERMISSION_DENIED", f"{ADMIN_TOKEN_NEEDED} (to {action})")
 
     @staticmethod
     def _own_or_admin(principal: Principal, name: str) -> str:
@@ -161,10 +238,9 @@ class Registry:
         return self._registered(self._own_or_admin(principal, name))
 
     def list_sites(self, principal: Principal) -> list[SiteRecord]:
-        if principal.role == ROLE_ADMIN:
-            return self.store.list_sites()
-        site = self.store.get_site(principal.name)
-        return [site] if site is not None else []
+        """Every registered site (admin only: a site reads its own record with :meth:`get_site`)."""
+        self.require_admin(principal, "list the sites")
+        return self.store.list_sites()
 
     def deregister(self, principal: Principal, name: str) -> bool:
         name = self._own_or_admin(principal, name)
@@ -183,6 +259,8 @@ class Registry:
         check_upload_id(upload_id)
         check_sha256(sha256)
         site = self._registered_for_upload(principal.name)
+        self.check_n_features(n_features)
+        self.check_n_features(declared_n_features(data))
         predictor = load_predictor(
             data, expected_sha256=sha256, n_features=n_features or None, kind=output_kind or None,
             max_bytes=self.limits.max_predictor_bytes,
@@ -223,6 +301,14 @@ class Registry:
         meta = {"rows": int(rows), "cols": int(cols), "dtype": SAMPLE_DTYPE}
         record = ArtifactRecord(principal.name, upload_id, KIND_SAMPLE, sha256, len(data), meta, self.clock())
         return self.store.commit_artifact(record, data)
+
+    def check_n_features(self, n_features: int | None) -> None:
+        """Refuse a declared predictor width above ``limits.max_n_features`` (before any probe is built)."""
+        if n_features is not None and n_features > self.limits.max_n_features:
+            raise RegistryError(
+                "INVALID_ARGUMENT",
+                f"the predictor declares n_features={n_features}; this registry accepts at most {self.limits.max_n_features}",
+            )
 
     def check_sample_shape(self, rows: int, cols: int, dtype: str) -> int:
         """Validate a declared sample shape; return its size in bytes."""
@@ -267,8 +353,8 @@ class Registry:
             raise RegistryError("RESOURCE_EXHAUSTED", f"manifest is larger than {self.limits.max_manifest_bytes} bytes")
         try:
             manifest = json.loads(manifest_json)
-        except ValueError as exc:
-            raise RegistryError("INVALID_ARGUMENT", f"manifest_json is not valid JSON: {exc}") from None
+        except (ValueError, RecursionError):
+            raise RegistryError("INVALID_ARGUMENT", "manifest_json is not valid JSON (or nests too deeply)") from None
         if not isinstance(manifest, dict):
             raise RegistryError("INVALID_ARGUMENT", f"manifest_json must be a JSON object; got {type(manifest).__name__}")
         return self.store.commit_combined_model(upload_id, sha256, data, manifest_json, principal.name, self.clock())

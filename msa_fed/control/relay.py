@@ -24,9 +24,11 @@ Checks, on the registry's side:
   names the caller too (it needs every site's predictor on its own labelled points).
 
 Each connected site holds one of the server's worker threads for its stream (and one reader
-thread of its own): give ``RegistryServer(max_workers=...)`` more workers than sites.  The relay
-keeps ``max_streams`` (the server's workers less a reserve for every other RPC) and refuses a
-site stream beyond that with RESOURCE_EXHAUSTED, so that sites can never starve the registry.
+thread of its own) and one of its stream slots (half its workers, shared with uploads and
+downloads): give ``RegistryServer(max_workers=...)`` more than twice as many workers as sites.  The
+relay keeps ``max_streams`` (the server's stream slots, at most its workers less a reserve for
+every other RPC) and refuses a site stream beyond that with RESOURCE_EXHAUSTED, so that sites can
+never starve the registry.
 """
 from __future__ import annotations
 
@@ -166,6 +168,12 @@ class RelayServicer(pb_grpc.RelayServicer):
         if self.registry.store.get_site(name) is None:
             return f"site {name!r} is no longer registered"
         return ""
+
+    def is_connected(self, name: str) -> bool:
+        """Whether site ``name`` holds an open stream now."""
+        with self._lock:
+            conn = self._sites.get(name)
+        return conn is not None and conn.closed is None
 
     def connected(self) -> dict[str, _Connection]:
         with self._lock:

@@ -10,7 +10,6 @@ service (``grpc.health.v1``) and server reflection are registered too.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 from concurrent import futures
 from dataclasses import dataclass
@@ -21,16 +20,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from msa_fed.control.auth import AuthInterceptor
-from msa_fed.control.proto import SERVICE_NAME
+from msa_fed.control.ops import Operations
+from msa_fed.control.ops_audit import AuditInterceptor, AuditLog
+from msa_fed.control.ops_servicer import OperationsServicer
+from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
+from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.relay import add_relay
 from msa_fed.control.servicer import RegistryServicer
+from msa_fed.control.transport import MAX_MESSAGE_BYTES, format_address, is_loopback, parse_address  # noqa: F401 - re-exported
 from msa_fed.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 2**20 + 2**16  # uploads arrive in chunks of at most 1 MiB
 
 
 @dataclass(frozen=True)
@@ -54,35 +57,6 @@ def _read_pem(path, flag: str) -> bytes:
     if b"-----BEGIN" not in data:
         raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
     return data
-
-
-def parse_address(address: str, flag: str = "--listen") -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into (host, port)."""
-    if not isinstance(address, str) or ":" not in address:
-        raise ConfigError(f"{flag} must be HOST:PORT; got {address!r}")
-    host, _, port_text = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not host or not 0 <= port <= 65535:
-        raise ConfigError(f"{flag} must be HOST:PORT with a port in 0..65535; got {address!r}")
-    return host, port
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback IP addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_transport(listen: str, tls: "TlsConfig | None", insecure: bool) -> tuple[str, int]:
@@ -119,12 +93,27 @@ class RegistryServer:
         tls: TlsConfig | None = None,
         insecure: bool = False,
         max_workers: int = 32,
+        audit_log: AuditLog | None = None,
     ):
         self.registry = registry
         self.host, self._requested_port = check_transport(listen, tls, insecure)
         self.tls = tls
         self.insecure = insecure
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 2:
+            raise ConfigError(f"--workers must be an integer >= 2; got {max_workers!r}")
         self.max_workers = max_workers
+        self.audit_log = audit_log
+        limits = registry.limits
+        self.max_streams = limits.max_streams if limits.max_streams is not None else max(1, max_workers // 2)
+        # calls whose request message has not arrived yet, with a token and without (health checks)
+        self.max_pending_reads = self.max_anonymous_reads = max(2, max_workers // 8)
+        held = self.max_streams + self.max_pending_reads + self.max_anonymous_reads
+        if held >= max_workers:
+            raise ConfigError(
+                f"{self.max_streams} concurrent uploads/downloads and {2 * self.max_pending_reads} requests being "
+                f"received would leave no worker thread for heartbeats and health checks; use more than {held} "
+                "workers (--workers)"
+            )
         self.port: int | None = None
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
@@ -140,9 +129,14 @@ class RegistryServer:
         import onnx  # noqa: F401 - load the artifact checker's libraries now, not on the first upload
         import onnxruntime  # noqa: F401
 
+        self.interceptor = AuthInterceptor(
+            self.registry, bind_certificates=bool(self.tls is not None and self.tls.client_ca),
+            max_streams=self.max_streams, max_pending_reads=self.max_pending_reads,
+            max_anonymous_reads=self.max_anonymous_reads,
+        )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="registry"),
-            interceptors=[AuthInterceptor(self.registry)],
+            interceptors=[*([AuditInterceptor(self.audit_log)] if self.audit_log else []), self.interceptor],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -153,10 +147,13 @@ class RegistryServer:
         )
         self.servicer = RegistryServicer(self.registry)
         pb_grpc.add_RegistryServicer_to_server(self.servicer, server)
-        self.relay = add_relay(server, self.registry, max_streams=max(1, self.max_workers - 8))  # relay.py
+        # the relay (relay.py): each site stream holds a worker thread and a stream slot
+        self.relay = add_relay(server, self.registry, max_streams=max(1, min(self.max_streams, self.max_workers - 8)))
+        self.registry.site_connected = self.relay.is_connected  # the CONNECTED column of admin list-sites
+        ops_grpc.add_OperationsServicer_to_server(OperationsServicer(Operations(self.registry)), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection((SERVICE_NAME, OPS_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         bind = format_address(self.host, self._requested_port)
         try:
             if self.insecure:
@@ -164,8 +161,10 @@ class RegistryServer:
             else:
                 port = server.add_secure_port(bind, server_credentials(self.tls))
         except RuntimeError as exc:
+            self.interceptor.close()
             raise ConfigError(f"--listen {bind!r}: cannot bind ({exc})") from None
         if not port:
+            self.interceptor.close()
             raise ConfigError(f"--listen {bind!r}: cannot bind (address in use or not local?)")
         server.start()
         for service in ("", SERVICE_NAME):
@@ -185,6 +184,7 @@ class RegistryServer:
             return
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        self.interceptor.close()
         self._server = None
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:

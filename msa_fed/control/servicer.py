@@ -1,9 +1,16 @@
 """The ``msa_fed.v1.Registry`` servicer: parse, call the domain layer, serialise.
 
-Domain exceptions become status codes in one place (:func:`_abort`):
-:class:`RegistryError` carries its code, :class:`ArtifactError` and other
-input errors are INVALID_ARGUMENT, and anything unexpected is logged and
-returned as INTERNAL without details.
+Exceptions become status codes in one place,
+:func:`msa_fed.control.public.public_status`: a :class:`RegistryError`
+carries its code and the registry's own message; anything else (an artifact
+the loader refused, a library error, a bug) is a fixed public reason with an
+incident id that the registry logs with the detail.  The auth interceptor
+applies the same mapping to every service; the decorators here make the
+servicer safe on its own too.
+
+Resources are charged before they are used: an upload's declared size (and
+for a predictor the memory of its probe) is reserved from the in-flight budget
+before its first chunk is read.
 """
 from __future__ import annotations
 
@@ -17,29 +24,22 @@ import grpc
 from msa_fed.control.convert import artifact_to_pb, combined_to_pb, site_to_pb
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.public import Busy, abort_public
 from msa_fed.control.records import KIND_PREDICTOR, KIND_SAMPLE
 from msa_fed.control.registry import Registry
-from msa_fed.errors import MsaFedError, RegistryError
+from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20  # download chunk; well under the 4 MiB gRPC message limit
 
 
-def _abort(context, exc: Exception) -> None:
-    if isinstance(exc, RegistryError):
-        code = grpc.StatusCode.__members__.get(exc.code, grpc.StatusCode.UNKNOWN)
-        message = str(exc).split(": ", 1)[-1]
-    elif isinstance(exc, (MsaFedError, ValueError)):
-        code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-    else:
-        log.exception("internal error in %s", type(exc).__name__)
-        code, message = grpc.StatusCode.INTERNAL, "internal error (see the registry's log)"
-    context.abort(code, message)
+def _principal(context):
+    return getattr(context, "principal", None)
 
 
 def _unary(fn):
-    """Map exceptions of a unary-response handler to status codes."""
+    """Map exceptions of a unary-response handler to public statuses."""
 
     @functools.wraps(fn)
     def wrapper(self, request, context):
@@ -48,13 +48,13 @@ def _unary(fn):
         except grpc.RpcError:  # the client went away while we read its stream
             raise
         except Exception as exc:  # noqa: BLE001 - mapped to a status code in one place
-            _abort(context, exc)
+            abort_public(context, exc, fn.__name__, _principal(context))
 
     return wrapper
 
 
 def _streaming(fn):
-    """Map exceptions of a streaming-response handler to status codes."""
+    """Map exceptions of a streaming-response handler to public statuses."""
 
     @functools.wraps(fn)
     def wrapper(self, request, context):
@@ -63,7 +63,7 @@ def _streaming(fn):
         except grpc.RpcError:
             raise
         except Exception as exc:  # noqa: BLE001
-            _abort(context, exc)
+            abort_public(context, exc, fn.__name__, _principal(context))
 
     return wrapper
 
@@ -97,7 +97,7 @@ def _body(request_iterator, size: int, what: str) -> bytes:
 
 
 class _UploadBudget:
-    """Bytes of uploads being received; each upload is held in memory until verified and committed."""
+    """Bytes of uploads being received and checked: their bodies, held in memory until committed, and probes."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -112,9 +112,14 @@ class _UploadBudget:
     @contextlib.contextmanager
     def reserve(self, size: int):
         with self._lock:
-            if self._used + size > self.limit:
+            if size > self.limit:
                 raise RegistryError(
                     "RESOURCE_EXHAUSTED",
+                    f"this upload needs {size} bytes (its size, plus the probe's memory for a predictor); the "
+                    f"registry's in-flight limit is {self.limit}",
+                )
+            if self._used + size > self.limit:
+                raise Busy(
                     f"the registry is already receiving {self._used} bytes; {size} more would exceed its "
                     f"in-flight limit of {self.limit}; retry later",
                 )
@@ -136,7 +141,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
 
     def __init__(self, registry: Registry):
         self.registry = registry
-        self._budget = _UploadBudget(registry.limits.max_upload_bytes_in_flight)
+        self._budget = _UploadBudget(registry.limits.in_flight_bytes)
 
     @property
     def upload_bytes_in_flight(self) -> int:
@@ -170,7 +175,8 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         header = _header(request_iterator, "UploadPredictor")
         self.registry.require_site(context.principal, "publish a predictor")
         _check_declared_size(header.size, self.registry.limits.max_predictor_bytes, "predictor")
-        with self._budget.reserve(header.size):
+        self.registry.check_n_features(header.n_features or None)
+        with self._budget.reserve(header.size + self.registry.limits.probe_charge):
             data = _body(request_iterator, header.size, "UploadPredictor")
             record, _ = self.registry.put_predictor(
                 context.principal, header.upload_id, data, header.sha256, header.output_kind, header.n_features

@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from msa_fed.control.ops_records import DeregistrationRecord, JobRecord, PromotionRecord, current_version
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, SiteRecord, TokenRecord
 from msa_fed.control.store import RegistryStore, not_registered, upload_conflict
 from msa_fed.errors import ConfigError, RegistryError
@@ -68,6 +69,39 @@ CREATE TABLE combined_models (
 );
 """
 
+# Operations tables (jobs, promotions, deregistrations): created when missing on every open, so
+# a database written before they existed gains them without a schema-version change.
+_OPS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS model_promotions (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    version        INTEGER NOT NULL REFERENCES combined_models(version),
+    after_version  INTEGER NOT NULL,
+    promoted_at    REAL NOT NULL,
+    promoted_by    TEXT NOT NULL,
+    reason         TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS deregistrations (
+    seq              INTEGER PRIMARY KEY AUTOINCREMENT,
+    name             TEXT NOT NULL,
+    deregistered_at  REAL NOT NULL,
+    deregistered_by  TEXT NOT NULL,
+    reason           TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id         TEXT NOT NULL UNIQUE,
+    name           TEXT NOT NULL,
+    sites_json     TEXT NOT NULL,
+    topology       TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    started_at     REAL NOT NULL,
+    started_by     TEXT NOT NULL,
+    ended_at       REAL,
+    model_version  INTEGER,
+    error          TEXT NOT NULL
+);
+"""
+
 
 class SqliteStore(RegistryStore):
     """Registry state in the SQLite file ``path``.
@@ -114,6 +148,7 @@ class SqliteStore(RegistryStore):
                 except BaseException:
                     self._conn.execute("ROLLBACK")
                     raise
+            self._write(lambda c: [c.execute(s) for s in _OPS_SCHEMA.split(";") if s.strip()])
 
     def _write(self, fn):
         """Run ``fn(conn)`` in one IMMEDIATE transaction and return its result."""
@@ -172,6 +207,14 @@ class SqliteStore(RegistryStore):
             "SELECT principal, SUM(revoked_at IS NULL) FROM tokens WHERE role = ? GROUP BY principal", (role,)
         )
         return {p: ("active" if n else "revoked") for p, n in rows}
+
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        rows = self._read(
+            "SELECT salt, digest, created_at FROM tokens WHERE role = ? AND principal = ? AND revoked_at IS NOT NULL "
+            "ORDER BY revoked_at DESC, id DESC LIMIT ?",
+            (role, principal, int(limit)),
+        )
+        return [TokenRecord(role, principal, bytes(salt), bytes(digest), created_at) for salt, digest, created_at in rows]
 
     # sites --------------------------------------------------------------
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
@@ -311,8 +354,103 @@ class SqliteStore(RegistryStore):
         return self._write(fn)
 
     def get_combined_model(self, version: int | None = None) -> CombinedModelRecord | None:
-        if version is None:
-            rows = self._read(f"SELECT {self._COMBINED_COLUMNS} FROM combined_models ORDER BY version DESC LIMIT 1")
-        else:
+        with self._lock:
+            if version is None:
+                version = self.current_model_version()
+                if version is None:
+                    return None
             rows = self._read(f"SELECT {self._COMBINED_COLUMNS} FROM combined_models WHERE version = ?", (version,))
-        return CombinedModelRecord(*rows[0]) if rows else None
+            return CombinedModelRecord(*rows[0]) if rows else None
+
+    # operations -----------------------------------------------------------
+    def list_combined_models(self) -> list[CombinedModelRecord]:
+        rows = self._read(f"SELECT {self._COMBINED_COLUMNS} FROM combined_models ORDER BY version")
+        return [CombinedModelRecord(*r) for r in rows]
+
+    def max_model_version(self) -> int | None:
+        return self._read("SELECT MAX(version) FROM combined_models")[0][0]
+
+    def promote_model(self, version: int, now: float, by: str, reason: str) -> PromotionRecord:
+        def fn(c):
+            if c.execute("SELECT 1 FROM combined_models WHERE version = ?", (version,)).fetchone() is None:
+                raise RegistryError("NOT_FOUND", f"no combined model version {version} is stored")
+            newest = c.execute("SELECT MAX(version) FROM combined_models").fetchone()[0]
+            c.execute(
+                "INSERT INTO model_promotions (version, after_version, promoted_at, promoted_by, reason) "
+                "VALUES (?, ?, ?, ?, ?)", (version, newest, now, by, reason),
+            )
+            return PromotionRecord(version, newest, now, by, reason)
+
+        return self._write(fn)
+
+    def promotions(self) -> list[PromotionRecord]:
+        rows = self._read(
+            "SELECT version, after_version, promoted_at, promoted_by, reason FROM model_promotions ORDER BY seq"
+        )
+        return [PromotionRecord(*r) for r in rows]
+
+    def current_model_version(self) -> int | None:
+        with self._lock:
+            return current_version(self.max_model_version(), self.promotions())
+
+    def token_revoked_at(self, role: str, principal: str) -> float | None:
+        rows = self._read(
+            "SELECT SUM(revoked_at IS NULL), MAX(revoked_at) FROM tokens WHERE role = ? AND principal = ?",
+            (role, principal),
+        )
+        active, revoked_at = rows[0]
+        return None if active else revoked_at
+
+    def record_deregistration(self, record: DeregistrationRecord) -> None:
+        self._write(lambda c: c.execute(
+            "INSERT INTO deregistrations (name, deregistered_at, deregistered_by, reason) VALUES (?, ?, ?, ?)",
+            (record.name, record.deregistered_at, record.deregistered_by, record.reason),
+        ))
+
+    def deregistrations(self) -> dict[str, DeregistrationRecord]:
+        rows = self._read("SELECT name, deregistered_at, deregistered_by, reason FROM deregistrations ORDER BY seq")
+        return {r[0]: DeregistrationRecord(*r) for r in rows}
+
+    _JOB_COLUMNS = "job_id, name, sites_json, topology, status, started_at, started_by, ended_at, model_version, error"
+
+    @staticmethod
+    def _job(row) -> JobRecord:
+        job_id, name, sites_json, topology, status, started_at, started_by, ended_at, model_version, error = row
+        return JobRecord(job_id, name, tuple(json.loads(sites_json)), topology, status, started_at, started_by,
+                         ended_at, model_version, error)
+
+    def start_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        def fn(c):
+            row = c.execute(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id = ?", (record.job_id,)).fetchone()
+            if row is not None:
+                return self._job(row), False
+            c.execute(
+                f"INSERT INTO jobs ({self._JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.job_id, record.name, json.dumps(list(record.sites)), record.topology, record.status,
+                 record.started_at, record.started_by, record.ended_at, record.model_version, record.error),
+            )
+            return record, True
+
+        return self._write(fn)
+
+    def finish_job(self, job_id, status, ended_at, model_version, error) -> JobRecord | None:
+        def fn(c):
+            n = c.execute(
+                "UPDATE jobs SET status = ?, ended_at = ?, model_version = ?, error = ? WHERE job_id = ?",
+                (status, ended_at, model_version, error, job_id),
+            ).rowcount
+            if not n:
+                return None
+            return self._job(c.execute(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone())
+
+        return self._write(fn)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        rows = self._read(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
+        return self._job(rows[0]) if rows else None
+
+    def list_jobs(self, limit: int = 100) -> list[JobRecord]:
+        rows = self._read(
+            f"SELECT {self._JOB_COLUMNS} FROM jobs ORDER BY started_at DESC, seq DESC LIMIT ?", (int(limit),)
+        )
+        return [self._job(r) for r in rows]

@@ -2,7 +2,7 @@
 
 :class:`RegistryStore` is the whole persistence contract; :class:`MemoryStore`
 (here) and :class:`msa_fed.control.sqlite_store.SqliteStore` implement it, and
-one test suite (``tests/control/test_store.py``) runs against both.
+one test suite (``tests/control/test_control_store.py``) runs against both.
 
 Artifacts and combined models are stored content-addressed: the bytes live
 once under their sha256, records point at them.  A commit is atomic: the blob
@@ -12,8 +12,15 @@ idempotency key of an artifact upload, ``upload_id`` that of a combined model.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import threading
 
+from msa_fed.control.ops_records import (
+    DeregistrationRecord,
+    JobRecord,
+    PromotionRecord,
+    current_version,
+)
 from msa_fed.control.records import (
     ArtifactRecord,
     CombinedModelRecord,
@@ -52,6 +59,10 @@ class RegistryStore(abc.ABC):
     @abc.abstractmethod
     def token_states(self, role: str) -> dict[str, str]:
         """{principal: "active" | "revoked"} for every principal of ``role`` that ever had a token."""
+
+    @abc.abstractmethod
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        """The latest ``limit`` revoked (or replaced) tokens of (role, principal), newest first."""
 
     # sites --------------------------------------------------------------
     @abc.abstractmethod
@@ -101,7 +112,59 @@ class RegistryStore(abc.ABC):
 
     @abc.abstractmethod
     def get_combined_model(self, version: int | None = None) -> CombinedModelRecord | None:
-        """Version ``version`` (None: the latest), or None."""
+        """Version ``version`` (None: the current one, see :meth:`current_model_version`), or None."""
+
+    # operations: model promotion, deregistrations, jobs ------------------
+    @abc.abstractmethod
+    def list_combined_models(self) -> list[CombinedModelRecord]:
+        """Every stored combined model, oldest first."""
+
+    @abc.abstractmethod
+    def promote_model(self, version: int, now: float, by: str, reason: str) -> PromotionRecord:
+        """Make ``version`` the current model (NOT_FOUND when it is not stored)."""
+
+    @abc.abstractmethod
+    def promotions(self) -> list[PromotionRecord]:
+        """Every promotion, oldest first."""
+
+    def current_model_version(self) -> int | None:
+        """The version "latest" resolves to: the newest stored unless an older one was promoted since."""
+        newest = self.max_model_version()
+        return current_version(newest, self.promotions())
+
+    @abc.abstractmethod
+    def max_model_version(self) -> int | None:
+        """The highest stored version, or None."""
+
+    @abc.abstractmethod
+    def token_revoked_at(self, role: str, principal: str) -> float | None:
+        """When the last token of (role, principal) was revoked, if it has no active token; else None."""
+
+    @abc.abstractmethod
+    def record_deregistration(self, record: DeregistrationRecord) -> None:
+        """Remember that a site was deregistered (kept after the site's own records are gone)."""
+
+    @abc.abstractmethod
+    def deregistrations(self) -> dict[str, DeregistrationRecord]:
+        """The latest deregistration of every site that was ever deregistered."""
+
+    @abc.abstractmethod
+    def start_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        """Store a running job; idempotent on ``job_id`` (returns the stored record and created)."""
+
+    @abc.abstractmethod
+    def finish_job(
+        self, job_id: str, status: str, ended_at: float, model_version: int | None, error: str
+    ) -> JobRecord | None:
+        """Record a job's end (a later call overwrites: an upload done later completes a failed job); None when unknown."""
+
+    @abc.abstractmethod
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The job ``job_id``, or None."""
+
+    @abc.abstractmethod
+    def list_jobs(self, limit: int = 100) -> list[JobRecord]:
+        """The ``limit`` most recently started jobs, newest first."""
 
     def close(self) -> None:
         """Release resources; the default does nothing."""
@@ -119,14 +182,22 @@ class MemoryStore(RegistryStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokens: dict[tuple[str, str], TokenRecord | None] = {}  # None: revoked
+        self._revoked: dict[tuple[str, str], list[TokenRecord]] = {}  # newest first
         self._sites: dict[str, SiteRecord] = {}
         self._blobs: dict[str, bytes] = {}
         self._artifacts: list[ArtifactRecord] = []
         self._combined: list[CombinedModelRecord] = []
+        self._revoked_at: dict[tuple[str, str], float] = {}
+        self._promotions: list[PromotionRecord] = []
+        self._deregistrations: dict[str, DeregistrationRecord] = {}
+        self._jobs: dict[str, JobRecord] = {}
 
     def put_token(self, record: TokenRecord) -> None:
         with self._lock:
-            self._tokens[(record.role, record.principal)] = record
+            key = (record.role, record.principal)
+            if self._tokens.get(key) is not None:
+                self._revoked.setdefault(key, []).insert(0, self._tokens[key])
+            self._tokens[key] = record
 
     def get_token(self, role: str, principal: str) -> TokenRecord | None:
         with self._lock:
@@ -134,10 +205,18 @@ class MemoryStore(RegistryStore):
 
     def revoke_tokens(self, role: str, principal: str, now: float) -> int:
         with self._lock:
-            active = self._tokens.get((role, principal)) is not None
+            current = self._tokens.get((role, principal))
+            if current is not None:
+                self._revoked.setdefault((role, principal), []).insert(0, current)
             if (role, principal) in self._tokens:
                 self._tokens[(role, principal)] = None
-            return int(active)
+            if current is not None:
+                self._revoked_at[(role, principal)] = now
+            return int(current is not None)
+
+    def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
+        with self._lock:
+            return list(self._revoked.get((role, principal), ())[:limit])
 
     def token_states(self, role: str) -> dict[str, str]:
         with self._lock:
@@ -239,5 +318,66 @@ class MemoryStore(RegistryStore):
             if not self._combined:
                 return None
             if version is None:
-                return self._combined[-1]
+                version = current_version(self._combined[-1].version, self._promotions)
             return next((c for c in self._combined if c.version == version), None)
+
+    def list_combined_models(self) -> list[CombinedModelRecord]:
+        with self._lock:
+            return list(self._combined)
+
+    def max_model_version(self) -> int | None:
+        with self._lock:
+            return self._combined[-1].version if self._combined else None
+
+    def promote_model(self, version: int, now: float, by: str, reason: str) -> PromotionRecord:
+        with self._lock:
+            if not any(c.version == version for c in self._combined):
+                raise RegistryError("NOT_FOUND", f"no combined model version {version} is stored")
+            rec = PromotionRecord(version, self._combined[-1].version, now, by, reason)
+            self._promotions.append(rec)
+            return rec
+
+    def promotions(self) -> list[PromotionRecord]:
+        with self._lock:
+            return list(self._promotions)
+
+    def token_revoked_at(self, role: str, principal: str) -> float | None:
+        with self._lock:
+            if self._tokens.get((role, principal)) is not None:
+                return None
+            return self._revoked_at.get((role, principal))
+
+    def record_deregistration(self, record: DeregistrationRecord) -> None:
+        with self._lock:
+            self._deregistrations[record.name] = record
+
+    def deregistrations(self) -> dict[str, DeregistrationRecord]:
+        with self._lock:
+            return dict(self._deregistrations)
+
+    def start_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        with self._lock:
+            old = self._jobs.get(record.job_id)
+            if old is not None:
+                return old, False
+            self._jobs[record.job_id] = record
+            return record, True
+
+    def finish_job(self, job_id, status, ended_at, model_version, error) -> JobRecord | None:
+        with self._lock:
+            old = self._jobs.get(job_id)
+            if old is None:
+                return None
+            rec = dataclasses.replace(old, status=status, ended_at=ended_at, model_version=model_version, error=error)
+            self._jobs[job_id] = rec
+            return rec
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def list_jobs(self, limit: int = 100) -> list[JobRecord]:
+        with self._lock:
+            jobs = sorted(self._jobs.values(), key=lambda j: j.started_at)  # stable: ties in start order
+            jobs.reverse()
+            return jobs[:limit]

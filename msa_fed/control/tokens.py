@@ -32,7 +32,7 @@ def new_token(role: str, name: str, now: float) -> tuple[str, TokenRecord]:
     """Create a token for ``role``/``name``; return (plaintext token, record to store)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}; got {role!r}")
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise ValueError(f"invalid principal name {name!r}")
     secret = base64.urlsafe_b64encode(secrets.token_bytes(SECRET_BYTES)).rstrip(b"=").decode("ascii")
     salt = secrets.token_bytes(SALT_BYTES)
@@ -47,7 +47,7 @@ def parse_token(token: str) -> tuple[Principal, str] | None:
     parts = token.split(".")
     if len(parts) != 4 or parts[0] != TOKEN_PREFIX or parts[1] not in ROLES:
         return None
-    if not NAME_PATTERN.match(parts[2]) or not parts[3]:
+    if not NAME_PATTERN.fullmatch(parts[2]) or not parts[3]:
         return None
     return Principal(role=parts[1], name=parts[2]), parts[3]
 

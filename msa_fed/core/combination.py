@@ -11,10 +11,19 @@ space, so no underflow of Q(k | x) can give 0 / 0.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
-from msa_fed.core.dc_terms import PointSet
+from msa_fed.core.dc_terms import PROB_FLOOR, PointSet
+
+
+def class_union(class_lists: Iterable[ArrayLike]) -> np.ndarray:
+    """The sorted union of the predictors' classes (the columns of every probability output)."""
+    union: np.ndarray = np.unique(np.concatenate([np.asarray(c).reshape(-1) for c in class_lists]))
+    return union
 
 
 def qhat_partial(Q: np.ndarray, n_sources: int) -> np.ndarray:
@@ -23,7 +32,8 @@ def qhat_partial(Q: np.ndarray, n_sources: int) -> np.ndarray:
     Q : ndarray (n_s, p).  Returns ndarray (p,); the sites' shares add up to Qhat.
     """
     Q = np.asarray(Q, dtype=np.float64)
-    return Q.sum(axis=0) / (n_sources * Q.shape[0])
+    share: np.ndarray = Q.sum(axis=0) / (n_sources * Q.shape[0])
+    return share
 
 
 def site_point_set(Q: np.ndarray, qhat: np.ndarray, H: np.ndarray, loss: str,
@@ -52,21 +62,31 @@ def combination_weights(log_Q: np.ndarray, log_qhat: np.ndarray, z: np.ndarray, 
     else:
         log_num = log_zq
         log_den = logsumexp(log_zq, axis=1)
-    return np.exp(log_num - log_den[:, None])
+    weights: np.ndarray = np.exp(log_num - log_den[:, None])
+    return weights
 
 
 def combine_regression(weights: np.ndarray, H: np.ndarray) -> np.ndarray:
     """g(x) = sum_k a_k(x) h_k(x).  weights, H : (n, p) -> (n,)."""
-    return np.einsum("nk,nk->n", weights, H)
+    g: np.ndarray = np.einsum("nk,nk->n", weights, H)
+    return g
 
 
 def combine_proba(weights: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c)."""
-    return np.einsum("nk,nkc->nc", weights, P)
+    """g(x, .) = sum_k a_k(x) h_k(x, .).  weights (n, p), P (n, p, c) -> (n, c).
+
+    Each h_k(x, y) is floored at :data:`msa_fed.core.dc_terms.PROB_FLOOR` first, as the losses
+    and the solver floor it (so the model's own log-loss is the loss the solver minimised), and
+    the rows are renormalised (the floor adds at most c * PROB_FLOOR to a row).
+    """
+    g: np.ndarray = np.einsum("nk,nkc->nc", weights, np.maximum(P, PROB_FLOOR))
+    out: np.ndarray = g / g.sum(axis=1, keepdims=True)
+    return out
 
 
 def paper_z(z: np.ndarray, qhat: np.ndarray) -> np.ndarray:
     """Proposition 1: z'_k = (z_k / Qhat(k)) / sum_j z_j / Qhat(j), the weight of the paper's
     g_{z'}(x) = sum_k z'_k Q(k|x) h_k / sum_j z'_j Q(j|x), equal to g above with eta = 0."""
     r = np.asarray(z, dtype=np.float64) / np.asarray(qhat, dtype=np.float64)
-    return r / r.sum()
+    z_paper: np.ndarray = r / r.sum()
+    return z_paper

@@ -22,18 +22,24 @@ sqrt(p z_k), so that the coordinates that vanish along the path (y_k -> -inf) do
 short steps; the orientation is kept by the sign of det([J; t]), and a corrector that does not
 contract fast is refused (it may be jumping to another sheet near a fold).  Whenever Gamma on
 the path has dropped enough, an active-set Newton step on L_k(z) = c (k in the support),
-sum z = 1 tries to finish; it converges quadratically once the support is right.  Every evaluation is one oracle call (L and dL), so the method runs
-unchanged against sites.
+sum z = 1 tries to finish; it converges quadratically once the support is right.  Every
+evaluation is one oracle call (L and dL), so the method runs unchanged against sites.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from msa_fed.core.dc_steps import kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, gamma_from_losses
 
-Evaluator = Callable[[np.ndarray, tuple], DCSums]
+Evaluator = Callable[[np.ndarray, tuple[str, ...]], DCSums]
+#: callback(iteration, z, value) after each accepted iterate
+Callback = Callable[[int, np.ndarray, float], object]
+
+#: step halvings of one polishing step before it counts as no progress
+POLISH_BACKTRACKS = 5
 
 
 def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int = 8,
@@ -44,45 +50,36 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
     halved until the spread of the support's losses decreases.  Returns (z, Gamma, L,
     Gamma <= tol); gives up (ok=False) as soon as a step makes no progress.
     """
-    p = z.size
     S = z >= support_tol * z.max()
     z = np.where(S, z, 0.0)
     z = z / z.sum()
     s = ev(z, ("L", "dL"))
-    g = gamma_from_losses(s.L, z)
+    g = gamma_from_losses(s.array("L"), z)
 
-    def spread(L, zz):
+    def spread(L: np.ndarray, zz: np.ndarray) -> float:
         on = zz > 0
         return float(np.linalg.norm(L[on] - zz[on] @ L[on]))
 
     for _ in range(max_iter):
         if g <= tol:
-            return z, g, s.L, True
+            return z, g, s.array("L"), True
         idx = np.flatnonzero(S)
-        m = idx.size
-        A = np.zeros((m + 1, m + 1))
-        A[:m, :m] = s.dL[np.ix_(idx, idx)]
-        A[:m, m] = -1.0
-        A[m, :m] = 1.0
-        rhs = np.append(-(s.L[idx] - z @ s.L), 1.0 - z[idx].sum())
         try:
-            sol = np.linalg.solve(A, rhs)
+            L = s.array("L")
+            dz = kkt_step(s.array("dL"), L[idx] - z @ L, z, idx)
         except np.linalg.LinAlgError:
             break
-        if not np.all(np.isfinite(sol)):
+        if not np.all(np.isfinite(dz)):
             break
-        dz = np.zeros(p)
-        dz[idx] = sol[:m]
-        neg = dz < 0
-        a_max = min(1.0, float(np.min(-z[neg] / dz[neg]))) if neg.any() else 1.0
-        r0 = spread(s.L, z)
+        a_max = max_step_in_simplex(z, dz)
+        r0 = spread(s.array("L"), z)
         a, accepted = a_max, False
-        for _ in range(5):
+        for _ in range(POLISH_BACKTRACKS):
             zn = np.maximum(z + a * dz, 0.0)
             zn /= zn.sum()
             sn = ev(zn, ("L", "dL"))
-            gn = gamma_from_losses(sn.L, zn)
-            if gn <= tol or spread(sn.L, zn) < (1.0 - 1e-4 * a) * r0:
+            gn = gamma_from_losses(sn.array("L"), zn)
+            if gn <= tol or spread(sn.array("L"), zn) < (1.0 - 1e-4 * a) * r0:
                 accepted = True
                 break
             a *= 0.5
@@ -91,10 +88,10 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
         if a == a_max and a_max < 1.0:
             S &= zn > 0
         z, s, g = zn, sn, gn
-    return z, g, s.L, g <= tol
+    return z, g, s.array("L"), g <= tol
 
 
-def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, callback: Callable | None,
+def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, callback: Callback | None,
                    history: list[float], *, corrector_tol: float = 1e-3, max_step: float = 5.0,
                    polish_rel: float = 1e-2, wmin: float = 1e-6
                    ) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
@@ -110,27 +107,28 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
     """
     p = int(n_sources)
 
-    def system(u):
+    def system(u: np.ndarray) -> tuple[np.ndarray, np.ndarray, DCSums, np.ndarray]:
         """H(u) (p+1,), its Jacobian (p+1, p+2), the sums and z at u."""
         y, m, lam = u[:p], u[p], np.exp(u[p + 1])
         z = np.exp(y)
         s = ev(z, ("L", "dL"))
-        H = np.append(lam * (s.L - m) - y, z.sum() - 1.0)
+        H = np.append(lam * (s.array("L") - m) - y, z.sum() - 1.0)
         J = np.zeros((p + 1, p + 2))
-        J[:p, :p] = lam * s.dL * z[None, :] - np.eye(p)
+        J[:p, :p] = lam * s.array("dL") * z[None, :] - np.eye(p)
         J[:p, p] = -lam
-        J[:p, p + 1] = lam * (s.L - m)
+        J[:p, p + 1] = lam * (s.array("L") - m)
         J[p, :p] = z
         return H, J, s, z
 
-    def weights(u):
+    def weights(u: np.ndarray) -> np.ndarray:
         """Weights of the step-length norm: y_k counts with sqrt(p z_k) (a coordinate that
         vanishes along the path, y_k -> -inf linearly in lam, must not shorten the steps)."""
         w = np.ones(p + 2)
         w[:p] = np.clip(np.sqrt(p * np.exp(u[:p])), wmin, 1.0)
         return w
 
-    def correct(u, w, fix=None, max_newton=4, h=None):
+    def correct(u: np.ndarray, w: np.ndarray, fix: np.ndarray | None = None, max_newton: int = 4,
+                h: float | None = None) -> tuple[np.ndarray, bool, int, np.ndarray, DCSums, np.ndarray]:
         """Newton back onto the path, each step of least weighted norm; ``fix`` adds the row
         fix.du = 0.  After a predictor step of length h the corrector must stay close (first
         correction <= h / 2) and contract (each correction <= half the previous one): otherwise
@@ -159,7 +157,7 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
                 return u, False, i, J, s, z
         return u, False, max_newton, J, s, z
 
-    def tangent(J, w, sign=None):
+    def tangent(J: np.ndarray, w: np.ndarray, sign: float | None = None) -> tuple[np.ndarray, float]:
         """Null vector t of J (weighted norm 1) and the sign of det([J; t]).  With ``sign``, t is
         oriented so that the determinant keeps it: the orientation of a regular path never
         changes, however sharp its turns.  Without, t points towards larger lam."""
@@ -173,16 +171,17 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
 
     z0 = np.full(p, 1.0 / p)
     s0 = ev(z0, ("L", "dL"))
-    g0 = gamma_from_losses(s0.L, z0)
+    g0 = gamma_from_losses(s0.array("L"), z0)
     history.append(g0)
-    best = (g0, z0, s0.L)
+    best = (g0, z0, s0.array("L"))
     if g0 <= tol:
-        return z0, g0, s0.L, True, 0
+        return z0, g0, s0.array("L"), True, 0
     # start where z is still uniform to 1%: lam0 (max L - min L) = 1e-2
-    spread = max(float(np.ptp(s0.L)), 1e-3 * float(np.max(np.abs(s0.L))), 1e-300)
+    L0 = s0.array("L")
+    spread = max(float(np.ptp(L0)), 1e-3 * float(np.max(np.abs(L0))), 1e-300)
     lam0 = 1e-2 / spread
     # on the path y_k = lam (L_k - m); at the uniform point m = mean L + log(p) / lam
-    u = np.concatenate([np.log(z0), [s0.L.mean() + np.log(p) / lam0], [np.log(lam0)]])
+    u = np.concatenate([np.log(z0), [L0.mean() + np.log(p) / lam0], [np.log(lam0)]])
     fix = np.zeros(p + 2)
     fix[p + 1] = 1.0
     u, ok, _, J, s, z = correct(u, weights(u), fix=fix, max_newton=10)
@@ -214,15 +213,15 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
             break
         h = min(h_eff * (2.0 if nit <= 1 else 1.5 if nit == 2 else 1.0 if nit == 3 else 0.6), max_step)
         zz = z / z.sum()
-        g = gamma_from_losses(s.L, zz)
+        g = gamma_from_losses(s.array("L"), zz)
         history.append(g)
         if g < best[0]:
-            best = (g, zz, s.L)
+            best = (g, zz, s.array("L"))
         if callback is not None:
             callback(steps, zz, g)
         if g <= tol:
-            return zz, g, s.L, True, steps
-        if g < polish_rel * float(np.max(np.abs(s.L))) and g < 0.3 * last_polish:
+            return zz, g, s.array("L"), True, steps
+        if g < polish_rel * float(np.max(np.abs(s.array("L")))) and g < 0.3 * last_polish:
             last_polish = g
             zf, gf, Lf, okf = polish_active_set(ev, zz, tol)
             history.append(gf)

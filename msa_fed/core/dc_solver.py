@@ -27,14 +27,16 @@ All record the history of Gamma and stop when Gamma <= ``tol``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
-from msa_fed.core.dc_homotopy import logit_path_run
+from msa_fed.core.config import SolverConfig
+from msa_fed.core.dc_homotopy import Callback, logit_path_run
+from msa_fed.core.dc_steps import KKT_RIDGE, epigraph_slsqp, kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
 from msa_fed.core.simplex import check_simplex, project_simplex
 
@@ -53,13 +55,14 @@ class LossOracle(Protocol):
 class LocalOracle:
     """Loss oracle over in-process :class:`PointSet` objects (e.g. one per site)."""
 
-    def __init__(self, point_sets: list[PointSet]):
+    def __init__(self, point_sets: list[PointSet]) -> None:
         if not point_sets:
             raise ValueError("LocalOracle needs at least one PointSet")
         self.point_sets = list(point_sets)
-        self.n_sources = point_sets[0].w.shape[1]
+        self.n_sources = int(point_sets[0].w.shape[1])
 
-    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...],
+                 global_bound: float | None = None) -> DCSums:
         return sum_all(ps.evaluate(z, eta, what=what, global_bound=global_bound)
                        for ps in self.point_sets)
 
@@ -86,7 +89,7 @@ class DCResult:
     n_iter: int
     n_evaluations: int
     method: str
-    restarts: list[dict] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
     objective: str = "gamma"
 
     @property
@@ -98,15 +101,15 @@ class DCResult:
 class _Counter:
     """Wraps an oracle, counting calls and caching the last evaluation."""
 
-    def __init__(self, oracle: LossOracle, eta: float, global_bound: float | None):
+    def __init__(self, oracle: LossOracle, eta: float, global_bound: float | None) -> None:
         self.oracle, self.eta, self.global_bound = oracle, eta, global_bound
         self.calls = 0
-        self._key = None
-        self._val = None
+        self._key: tuple[bytes, tuple[str, ...]] | None = None
+        self._val: DCSums | None = None
 
     def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
         key = (z.tobytes(), what)
-        if key != self._key:
+        if key != self._key or self._val is None:
             self.calls += 1
             self._val = self.oracle.evaluate(z, self.eta, what, self.global_bound)
             self._key = key
@@ -114,56 +117,52 @@ class _Counter:
 
 
 # ---------------------------------------------------------------------------- DCA
+#: SLSQP limits of one DCA step (the convex epigraph problem at z_t)
+DCA_SLSQP_MAXITER = 100
+DCA_SLSQP_FTOL = 1e-14
+
+
+def _convexified_terms(ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.ndarray
+                       ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """u_k(z) - [v_k(z_t) + grad v_k(z_t).(z - z_t)] and its Jacobian: the DCA step's constraints."""
+
+    def f(z: np.ndarray) -> np.ndarray:
+        value: np.ndarray = ev(z, ("u", "du")).array("u") - (v0 + dv0 @ (z - zt))
+        return value
+
+    def f_jac(z: np.ndarray) -> np.ndarray:
+        jac: np.ndarray = ev(z, ("u", "du")).array("du") - dv0
+        return jac
+
+    return f, f_jac
+
+
 def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-             callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+             callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     p = z0.size
     z = z0.copy()
     s = ev(z, ("L", "v", "dv"))
-    gamma = gamma_from_losses(s.L, z)
-    L = s.L
+    gamma = gamma_from_losses(s.array("L"), z)
+    L = s.array("L")
     history.append(gamma)
     it = 0
     for it in range(1, max_iter + 1):
         if gamma <= tol:
             return z, gamma, L, True, it - 1
-        v0, dv0, zt = s.v, s.dv, z.copy()
-
-        def lin(zz):  # v_k(z_t) + grad v_k(z_t).(zz - z_t), (p,)
-            return v0 + dv0 @ (zz - zt)
-
-        def cons(x):
-            zz = x[:p]
-            su = ev(zz, ("u", "du"))
-            return x[p] - (su.u - lin(zz))
-
-        def cons_jac(x):
-            zz = x[:p]
-            su = ev(zz, ("u", "du"))
-            jac = np.empty((p, p + 1))
-            jac[:, :p] = -(su.du - dv0)
-            jac[:, p] = 1.0
-            return jac
-
+        v0, dv0, zt = s.array("v"), s.array("dv"), z.copy()
         su0 = ev(zt, ("u", "du"))
-        g0 = float(np.max(su0.u - v0))
-        x0 = np.append(zt, g0)
-        res = minimize(
-            lambda x: x[p], x0, jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
-            bounds=[(0.0, 1.0)] * p + [(None, None)],
-            constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
-                         {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
-                          "jac": lambda x: np.append(np.ones(p), 0.0)}],
-            options={"maxiter": 100, "ftol": 1e-14},
-        )
+        g0 = float(np.max(su0.array("u") - v0))
+        res = epigraph_slsqp(np.append(zt, g0), *_convexified_terms(ev, v0, dv0, zt),
+                             maxiter=DCA_SLSQP_MAXITER, ftol=DCA_SLSQP_FTOL)
         z_new = project_simplex(res.x[:p])
         s_new = ev(z_new, ("L", "v", "dv"))
-        gamma_new = gamma_from_losses(s_new.L, z_new)
+        gamma_new = gamma_from_losses(s_new.array("L"), z_new)
         if not gamma_new < gamma:  # DCA must not increase Gamma: stop at the current iterate
             history.append(gamma)
             if callback:
                 callback(it, z, gamma)
             return z, gamma, L, gamma <= tol, it
-        z, s, gamma, L = z_new, s_new, gamma_new, s_new.L
+        z, s, gamma, L = z_new, s_new, gamma_new, s_new.array("L")
         history.append(gamma)
         if callback:
             callback(it, z, gamma)
@@ -171,48 +170,38 @@ def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 
 
 # ---------------------------------------------------------------------------- Newton
+#: step halvings tried before a Newton step counts as a stall; stalls in a row that end the run
+NEWTON_BACKTRACKS = 30
+NEWTON_MAX_STALLS = 2
+
+
 def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
-    p = z0.size
+                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     z = z0.copy()
     s = ev(z, ("L", "dL"))
-    gamma = gamma_from_losses(s.L, z)
+    gamma = gamma_from_losses(s.array("L"), z)
     history.append(gamma)
     active = z > 0
     stalls = 0
     it = 0
     for it in range(1, max_iter + 1):
         if gamma <= tol:
-            return z, gamma, s.L, True, it - 1
-        L, dL = s.L, s.dL
+            return z, gamma, s.array("L"), True, it - 1
+        L, dL = s.array("L"), s.array("dL")
         c_now = float(np.max(L[active])) if active.any() else float(np.max(L))
         # a domain left out of the support but worse off than the support joins it
         active |= (~active) & (L > c_now)
         S = np.flatnonzero(active)
-        m = S.size
-        A = np.zeros((m + 1, m + 1))
-        A[:m, :m] = dL[np.ix_(S, S)]
-        A[:m, m] = -1.0
-        A[m, :m] = 1.0
-        rhs = np.concatenate([-L[S], [1.0 - z[S].sum()]])
-        try:
-            sol = np.linalg.solve(A + 1e-12 * np.eye(m + 1), rhs)
-        except np.linalg.LinAlgError:
-            sol = np.linalg.lstsq(A, rhs, rcond=None)[0]
-        # the solution of the linear system is (dz_S, c); c is not an increment
-        dz = np.zeros(p)
-        dz[S] = sol[:m]
+        dz = kkt_step(dL, L[S], z, S, ridge=KKT_RIDGE, lstsq_fallback=True)
         neg = dz < 0
-        alpha_max = 1.0
-        if neg.any():
-            alpha_max = min(1.0, float(np.min(-z[neg] / dz[neg])))
+        alpha_max = max_step_in_simplex(z, dz)
         alpha = alpha_max
         accepted = False
-        for _ in range(30):
+        for _ in range(NEWTON_BACKTRACKS):
             z_try = np.clip(z + alpha * dz, 0.0, None)
             z_try /= z_try.sum()
             s_try = ev(z_try, ("L", "dL"))
-            g_try = gamma_from_losses(s_try.L, z_try)
+            g_try = gamma_from_losses(s_try.array("L"), z_try)
             if g_try < gamma:
                 accepted = True
                 break
@@ -222,9 +211,9 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
             active &= ~blocking
         if not accepted:
             stalls += 1
-            if stalls >= 2:
+            if stalls >= NEWTON_MAX_STALLS:
                 history.append(gamma)
-                return z, gamma, s.L, False, it
+                return z, gamma, s.array("L"), False, it
             # drop the smallest active coordinate whose loss is below the top (it blocks progress)
             cand = [k for k in S if L[k] < c_now]
             if cand:
@@ -234,7 +223,7 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
                 z_try[k] = 0.0
                 z_try /= z_try.sum()
                 s_try = ev(z_try, ("L", "dL"))
-                g_try = gamma_from_losses(s_try.L, z_try)
+                g_try = gamma_from_losses(s_try.array("L"), z_try)
                 if g_try >= gamma:
                     history.append(gamma)
                     continue
@@ -248,12 +237,16 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         history.append(gamma)
         if callback:
             callback(it, z, gamma)
-    return z, gamma, s.L, gamma <= tol, max_iter
+    return z, gamma, s.array("L"), gamma <= tol, max_iter
 
 
 # ---------------------------------------------------------------------------- min-max
+#: smallest SLSQP ftol of the min-max solve (``tol`` below it is raised to it)
+MINMAX_FTOL_FLOOR = 1e-15
+
+
 def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callable | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """min over the simplex of max_k L_k(z), epigraph form with SLSQP and analytic dL.
 
     Returns like the other runs, but the value tracked in ``history`` is max_k L_k.
@@ -261,55 +254,42 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
     p = z0.size
     it = [0]
 
-    def cons(x):
-        return x[p] - ev(x[:p], ("L", "dL")).L
-
-    def cons_jac(x):
-        s = ev(x[:p], ("L", "dL"))
-        jac = np.empty((p, p + 1))
-        jac[:, :p] = -s.dL
-        jac[:, p] = 1.0
-        return jac
-
     s0 = ev(z0, ("L", "dL"))
-    history.append(float(s0.L.max()))
+    history.append(float(s0.array("L").max()))
 
-    def cb(x):
+    def cb(x: np.ndarray) -> None:
         it[0] += 1
         zz = project_simplex(x[:p])
-        val = float(ev(zz, ("L", "dL")).L.max())
+        val = float(ev(zz, ("L", "dL")).array("L").max())
         history.append(val)
         if callback:
             callback(it[0], zz, val)
 
-    res = minimize(
-        lambda x: x[p], np.append(z0, s0.L.max()), jac=lambda x: np.eye(p + 1)[p], method="SLSQP",
-        bounds=[(0.0, 1.0)] * p + [(None, None)], callback=cb,
-        constraints=[{"type": "ineq", "fun": cons, "jac": cons_jac},
-                     {"type": "eq", "fun": lambda x: x[:p].sum() - 1.0,
-                      "jac": lambda x: np.append(np.ones(p), 0.0)}],
-        options={"maxiter": max_iter, "ftol": max(tol, 1e-15)},
-    )
+    res = epigraph_slsqp(np.append(z0, s0.array("L").max()),
+                         lambda z: ev(z, ("L", "dL")).array("L"), lambda z: ev(z, ("L", "dL")).array("dL"),
+                         maxiter=max_iter, ftol=max(tol, MINMAX_FTOL_FLOOR), callback=cb)
     z = project_simplex(res.x[:p])
     s = ev(z, ("L", "dL"))
-    if s.L.max() > s0.L.max():  # never return worse than the start
+    if s.array("L").max() > s0.array("L").max():  # never return worse than the start
         z, s = z0, s0
-    return z, float(s.L.max()), s.L, bool(res.success), it[0]
+    return z, float(s.array("L").max()), s.array("L"), bool(res.success), it[0]
 
 
 # ---------------------------------------------------------------------------- driver
-METHODS = ("auto", "homotopy", "newton", "dca")
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
+#: Newton iterations from a checkpoint's z0 inside method="auto" before the path is followed
+AUTO_CHECKPOINT_NEWTON_ITER = 20
 
 
 def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
-                max_iter: int, callback: Callable | None) -> tuple[DCResult, list[dict]]:
+                max_iter: int, callback: Callback | None) -> tuple[DCResult, list[dict[str, Any]]]:
     """Minimise Gamma with ``method``; returns the best result and a summary of every run."""
     best: DCResult | None = None
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
 
-    def keep(start, z, g, L, ok, it, used, history):
+    def keep(start: np.ndarray | None, z: np.ndarray, g: float, L: np.ndarray, ok: bool, it: int, used: str,
+             history: list[float]) -> bool:
         nonlocal best
         runs.append({"start": None if start is None else np.asarray(start).tolist(), "gamma": g,
                      "iterations": it, "method": used})
@@ -318,12 +298,17 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
                             n_iter=it, n_evaluations=0, method=used)
         return best.converged
 
+    def result() -> tuple[DCResult, list[dict[str, Any]]]:
+        assert best is not None  # keep() has run: there is at least one start or the path
+        return best, runs
+
     if method == "homotopy" or method == "auto":
         if method == "auto" and z0_given:  # a checkpoint: Newton from it may finish at once
             history: list[float] = []
-            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, 20), callback, history)
+            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, AUTO_CHECKPOINT_NEWTON_ITER), callback,
+                                          history)
             if keep(starts[0], z, g, L, ok, it, "newton", history):
-                return best, runs
+                return result()
         history = []
         z, g, L, ok, it = logit_path_run(ev, p, tol, max_iter, callback, history)
         used = "homotopy"
@@ -336,7 +321,7 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
                 it += it2
                 used = "homotopy+newton+dca"
         if keep(None, z, g, L, ok, it, used, history) or method == "homotopy":
-            return best, runs
+            return result()
         starts = starts[1:]  # auto: Newton from the random starts below
     for start in starts:
         history = []
@@ -348,42 +333,43 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
             used = "newton"
         if keep(start, z, g, L, ok, it, used, history):
             break
-    return best, runs
+    return result()
 
 
-def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method: str = "auto", tol: float = 1e-9,
-             max_iter: int = 200, n_restarts: int = 4, random_state=0, bound: str = "pointwise",
-             z0: np.ndarray | None = None, callback: Callable | None = None,
+def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", method: str | None = None,
+             tol: float = 1e-9, max_iter: int = 200, n_restarts: int = 4,
+             random_state: int | np.random.Generator | None = 0, bound: str | None = None,
+             z0: np.ndarray | None = None, callback: Callback | None = None,
              warn: bool = True) -> DCResult:
-    """Minimise Gamma over the simplex.
+    """Solve for z over the simplex: min max_k L_k(z) (default) or min Gamma(z).
+
+    The options are those of :class:`SolverConfig` (same names, same checks).
 
     Parameters
     ----------
     oracle : LossOracle giving sums over all labelled points (local or distributed).
     eta : smoothing, >= 0.
-    objective : "gamma" (the paper: min Gamma) or "minmax" (min max_k L_k, the worst-case loss
-        over the domains, by SLSQP on the epigraph; ``method`` is ignored).
-    method : "auto" (the logit-path homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it
-        fails: Newton then DCA from its best point, then Newton from random starts),
-        "homotopy", "newton" (active-set Newton from each start) or "dca" (the paper's
-        algorithm from each start).
+    objective : "minmax" (min max_k L_k, the worst-case loss over the domains, by SLSQP on
+        the epigraph) or "gamma" (the paper: min Gamma).
+    method : objective "gamma" only (an error under "minmax"): "auto" (default; the logit-path
+        homotopy of :mod:`msa_fed.core.dc_homotopy`; only if it fails: Newton then DCA from its
+        best point, then Newton from random starts), "homotopy", "newton" (active-set Newton from
+        each start) or "dca" (the paper's algorithm from each start).
     tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
     max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
     n_restarts : random simplex starts tried after the first one, only while not converged.
-    bound : squared loss only: "pointwise" (M_i per point, tighter) or "global" (one M).
+    bound : objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter)
+        or "global" (one M).
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
     callback : called as callback(iteration, z, gamma) after each accepted iterate.
     """
-    if objective not in ("gamma", "minmax"):
-        raise ValueError(f"objective must be 'gamma' or 'minmax'; got {objective!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    if bound not in ("pointwise", "global"):
-        raise ValueError(f"bound must be 'pointwise' or 'global'; got {bound!r}")
+    cfg = SolverConfig(objective=objective, method=method, tol=tol, max_iter=max_iter, n_restarts=n_restarts,
+                       bound=bound, z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1))
+                       ).validate()
+    objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
+    method, bound = cfg.method or "auto", cfg.bound or "pointwise"
     if not (np.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
-        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}")
     p = int(oracle.n_sources)
     rng = np.random.default_rng(random_state)
     global_bound = oracle.max_bound() if bound == "global" else None
@@ -408,6 +394,7 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
                                 n_iter=it, n_evaluations=0, method="slsqp-minmax")
     else:
         best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)
+    assert best is not None  # there is at least one start
     best.n_evaluations = ev.calls
     best.restarts = runs
     best.objective = objective
@@ -422,4 +409,4 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "gamma", method
 def gamma_at(oracle: LossOracle, z: np.ndarray, eta: float) -> float:
     """Gamma(z) from one oracle call (for grids and tests)."""
     z = check_simplex(np.asarray(z, dtype=float), "z")
-    return gamma_from_losses(oracle.evaluate(z, eta, ("L",)).L, z)
+    return gamma_from_losses(oracle.evaluate(z, eta, ("L",)).array("L"), z)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -47,8 +50,8 @@ class DCSums:
     dv: np.ndarray | None = None
     n: int = 0
 
-    def __add__(self, other: "DCSums") -> "DCSums":
-        out = {}
+    def __add__(self, other: DCSums) -> DCSums:
+        out: dict[str, Any] = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
             if f.name == "n":
@@ -61,13 +64,20 @@ class DCSums:
                 out[f.name] = a + b
         return DCSums(**out)
 
+    def array(self, name: str) -> np.ndarray:
+        """The array ``name`` (one of ``WHAT``); a ValueError if it was not asked for."""
+        value = getattr(self, name) if name in WHAT else None
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"DCSums has no {name!r}: ask for it in `what`")
+        return value
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The present arrays by name (for messages crossing a site boundary)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name != "n" and getattr(self, f.name) is not None}
 
 
-def sum_all(parts) -> DCSums:
+def sum_all(parts: Iterable[DCSums]) -> DCSums:
     """Add a non-empty iterable of :class:`DCSums`."""
     parts = list(parts)
     if not parts:
@@ -82,10 +92,11 @@ WHAT = ("L", "dL", "u", "du", "v", "dv")
 #: Rows per block in :meth:`PointSet.evaluate`: temporaries of BLOCK_ELEMENTS floats stay in cache.
 BLOCK_ELEMENTS = 1 << 16
 
-_BLAS = {}  # the threadpoolctl controller, keyed by which BLAS-carrying packages were loaded
+#: the threadpoolctl controller, keyed by which BLAS-carrying packages were loaded
+_BLAS: dict[tuple[bool, ...], Any] = {}
 
 
-def one_blas_thread():
+def one_blas_thread() -> AbstractContextManager[object]:
     """Context manager: numpy's and scipy's BLAS on one thread inside (torch's pool untouched).
 
     On a loaded machine the BLAS workers of a second thread spin on a busy core; the small
@@ -105,7 +116,8 @@ def one_blas_thread():
     controller = _BLAS[key]
     if controller is None:  # pragma: no cover
         return contextlib.nullcontext()
-    return controller.limit(limits=1, user_api="blas")
+    limit: AbstractContextManager[object] = controller.limit(limits=1, user_api="blas")
+    return limit
 
 
 @dataclass
@@ -123,7 +135,7 @@ class PointSet:
     y: np.ndarray | None = None
     bound: np.ndarray | None = field(default=None, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}; got {self.loss!r}")
         self.w = np.ascontiguousarray(self.w, dtype=np.float64)
@@ -150,11 +162,13 @@ class PointSet:
 
     @property
     def n_points(self) -> int:
-        return self.w.shape[0]
+        return int(self.w.shape[0])
 
     def max_bound(self) -> float:
         """max_i M_i over this set (for the global-M variant of the squared-loss DC)."""
-        return float(self.bound.max()) if self.loss == "squared" and self.n_points else 0.0
+        if self.loss != "squared" or self.bound is None or not self.n_points:
+            return 0.0
+        return float(self.bound.max())
 
     # ------------------------------------------------------------------ core evaluation
     def evaluate(self, z: np.ndarray, eta: float, *, what: tuple[str, ...] = ("L",),
@@ -175,11 +189,9 @@ class PointSet:
         n, p = self.w.shape
         if z.shape != (p,):
             raise ValueError(f"z must have shape ({p},); got {z.shape}")
-        out = DCSums(n=n)
-        for name in what:
-            setattr(out, name, np.zeros((p, p)) if name.startswith("d") else np.zeros(p))
+        out = {name: np.zeros((p, p)) if name.startswith("d") else np.zeros(p) for name in what}
         if n == 0:
-            return out
+            return DCSums(n=n, **out)
         rows = max(256, BLOCK_ELEMENTS // p)
         if n * p < 4096:  # tiny: BLAS stays on one thread anyway, skip the 0.1 ms switch
             self._block(slice(0, n), z, float(eta), what, global_bound, out)
@@ -188,11 +200,12 @@ class PointSet:
                 for a in range(0, n, rows):
                     self._block(slice(a, min(n, a + rows)), z, float(eta), what, global_bound, out)
         if "dv" in what and self.loss == "cross_entropy":
-            out.dv += self._wsum[None, :]
-        return out
+            out["dv"] += self._wsum[None, :]
+        return DCSums(n=n, **out)
 
-    def _block(self, sl: slice, z, eta, what, global_bound, out: DCSums) -> None:
-        """Add the sums over rows ``sl`` to ``out`` (formulas of DESIGN.md section 3)."""
+    def _block(self, sl: slice, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None,
+               out: dict[str, np.ndarray]) -> None:
+        """Add the sums over rows ``sl`` to the arrays of ``out`` (formulas of DESIGN.md section 3)."""
         w, pi, WH = self.w[sl], self.pi[sl], self._WH[sl]
         p = w.shape[1]
         K = w @ z + eta * pi                       # K_z(i)
@@ -203,12 +216,13 @@ class PointSet:
             # dg/dz_j = w_j (H_j - g) / K = Gn / K[:, None]
             Gn = WH - w * g[:, None]
         if self.loss == "squared":
+            assert self.y is not None and self.bound is not None  # set for the squared loss in __post_init__
             r = g - self.y[sl]
             loss = r * r
             if "L" in what:
-                out.L += w.T @ loss
+                out["L"] += w.T @ loss
             if "dL" in what:
-                out.dL += (w * (2.0 * r / K)[:, None]).T @ Gn
+                out["dL"] += (w * (2.0 * r / K)[:, None]).T @ Gn
             if not ("u" in what or "du" in what or "v" in what or "dv" in what):
                 return
             M = self.bound[sl] if global_bound is None else np.full(K.shape, float(global_bound))
@@ -217,37 +231,37 @@ class PointSet:
             # C.T @ x with C = w + eta pi 1^T (c_k(i) = w_k(i) + eta pi_i), without forming C
             if "u" in what:
                 x = loss - 2.0 * M * logK
-                out.u += w.T @ x + eta * (pi @ x)
+                out["u"] += w.T @ x + eta * (pi @ x)
             if "du" in what:
                 X = Gn * (2.0 * r / K)[:, None] - w * (2.0 * MK)[:, None]
-                out.du += w.T @ X + eta * (pi @ X)[None, :]
+                out["du"] += w.T @ X + eta * (pi @ X)[None, :]
             if "v" in what:
                 x = M * logK
-                out.v += (K @ loss) - 2.0 * (w.T @ x + eta * (pi @ x))
+                out["v"] += (K @ loss) - 2.0 * (w.T @ x + eta * (pi @ x))
             if "dv" in what:
                 row = w.T @ loss + (2.0 * r) @ Gn  # d/dz_j sum_i K r^2
                 X = w * MK[:, None]
-                out.dv += row[None, :] - 2.0 * (w.T @ X + eta * (pi @ X)[None, :])
+                out["dv"] += row[None, :] - 2.0 * (w.T @ X + eta * (pi @ X)[None, :])
         else:
             if "L" in what:
-                out.L -= w.T @ np.log(g)
+                out["L"] -= w.T @ np.log(g)
             if "dL" in what:
-                out.dL -= (w / J[:, None]).T @ Gn     # dloss/dg = -1/g, Dg = Gn / K
+                out["dL"] -= (w / J[:, None]).T @ Gn     # dloss/dg = -1/g, Dg = Gn / K
             if not ("u" in what or "du" in what or "v" in what or "dv" in what):
                 return
             logK, logJ = np.log(K), np.log(J)
             if "u" in what:
-                out.u -= w.T @ logJ + eta * (pi @ logJ)
+                out["u"] -= w.T @ logJ + eta * (pi @ logJ)
             if "du" in what:
                 X = WH / J[:, None]
-                out.du -= w.T @ X + eta * (pi @ X)[None, :]
+                out["du"] -= w.T @ X + eta * (pi @ X)[None, :]
             if "v" in what:
-                out.v += K @ (logK - logJ) - (w.T @ logK + eta * (pi @ logK))
+                out["v"] += K @ (logK - logJ) - (w.T @ logK + eta * (pi @ logK))
             if "dv" in what:
                 # row_j = sum_i w_j (logK - logJ) + w_j (1 - H_j / g); the sum of w_j is added once
                 row = w.T @ (logK - logJ) - WH.T @ (1.0 / g)
                 X = w / K[:, None]
-                out.dv += row[None, :] - (w.T @ X + eta * (pi @ X)[None, :])
+                out["dv"] += row[None, :] - (w.T @ X + eta * (pi @ X)[None, :])
 
 
 def gamma_from_losses(L: np.ndarray, z: np.ndarray) -> float:

@@ -17,7 +17,11 @@ the KDE's definition term by term and with scikit-learn's bandwidth choice.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 from sklearn.model_selection import KFold
 
@@ -26,10 +30,11 @@ _BLOCK_BYTES = 32 * 1024 * 1024
 
 
 def _sq_norms(A: np.ndarray) -> np.ndarray:
-    return np.einsum("ij,ij->i", A, A)
+    norms: np.ndarray = np.einsum("ij,ij->i", A, A)
+    return norms
 
 
-def gaussian_kde_log_density(X_query, X_sample, bandwidths) -> np.ndarray:
+def gaussian_kde_log_density(X_query: ArrayLike, X_sample: ArrayLike, bandwidths: ArrayLike) -> np.ndarray:
     """log of the Gaussian KDE of ``X_sample`` at each query point, for each bandwidth.
 
     Returns (n_query, n_bandwidths): log( (1/n) sum_j N(x; x_j, h^2 I) ), computed in log space
@@ -60,7 +65,7 @@ def gaussian_kde_log_density(X_query, X_sample, bandwidths) -> np.ndarray:
     return out
 
 
-def select_bandwidth(X: np.ndarray, n_grid: int = 20, cv: int = 5, random_state=0) -> float:
+def select_bandwidth(X: ArrayLike, n_grid: int = 20, cv: int = 5, random_state: int | None = 0) -> float:
     """Bandwidth maximising the 5-fold held-out log-likelihood of a Gaussian KDE.
 
     The grid is logarithmic, scaled to the data's mean standard deviation; the folds are
@@ -85,15 +90,21 @@ def select_bandwidth(X: np.ndarray, n_grid: int = 20, cv: int = 5, random_state=
 class KDEDomainModel:
     """Per-domain Gaussian KDEs; ``predict_log_proba`` gives log D_k(x) - log sum_j D_j(x)."""
 
-    def __init__(self, bandwidth=None, feature_map=None, random_state=0):
+    #: the name of this kind of domain model in saved models and messages (core.domain_models)
+    kind = "kde"
+    n_sources: int
+    bandwidths_: np.ndarray
+    samples_: list[np.ndarray]
+
+    def __init__(self, bandwidth: ArrayLike | None = None, feature_map: Any = None,
+                 random_state: int | None = 0) -> None:
         self.bandwidth = bandwidth
         self.feature_map = feature_map
         self.random_state = random_state
 
-    def fit(self, X_per_domain):
+    def fit(self, X_per_domain: Sequence[ArrayLike]) -> KDEDomainModel:
         if self.feature_map is not None:
-            pooled = np.vstack(X_per_domain)
-            self.feature_map.fit(pooled)
+            self.feature_map.fit(np.vstack(X_per_domain))
             X_per_domain = [self.feature_map.transform(X) for X in X_per_domain]
         self.n_sources = len(X_per_domain)
         if self.bandwidth is None:
@@ -108,12 +119,12 @@ class KDEDomainModel:
         self._build()
         return self
 
-    def _build(self):
+    def _build(self) -> None:
         for X in self.samples_:
             if X.ndim != 2 or X.shape[0] == 0:
                 raise ValueError(f"each domain's KDE sample must be a non-empty (n, d) array; got {X.shape}")
 
-    def log_density(self, X) -> np.ndarray:
+    def log_density(self, X: ArrayLike) -> np.ndarray:
         """log D_k(x), ndarray (n, p)."""
         if self.feature_map is not None:
             X = self.feature_map.transform(X)
@@ -121,18 +132,30 @@ class KDEDomainModel:
         return np.column_stack([gaussian_kde_log_density(X, S, h)[:, 0]
                                 for S, h in zip(self.samples_, self.bandwidths_)])
 
-    def predict_log_proba(self, X) -> np.ndarray:
+    def predict_log_proba(self, X: ArrayLike) -> np.ndarray:
         logd = self.log_density(X)
-        return logd - logsumexp(logd, axis=1, keepdims=True)
+        log_post: np.ndarray = logd - logsumexp(logd, axis=1, keepdims=True)
+        return log_post
 
-    def predict_proba(self, X) -> np.ndarray:
-        return np.exp(self.predict_log_proba(X))
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
+        proba: np.ndarray = np.exp(self.predict_log_proba(X))
+        return proba
+
+    def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, arrays) without the feature map (saved beside it); see :meth:`from_state`."""
+        arrays: dict[str, Any] = {"bandwidths": self.bandwidths_}
+        arrays.update({f"kde_sample.{k}": s for k, s in enumerate(self.samples_)})
+        return {}, arrays
 
     @classmethod
-    def from_state(cls, bandwidths, samples, feature_map=None):
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
+                   n_sources: int) -> KDEDomainModel:
+        missing = [key for key in ["bandwidths"] + [f"kde_sample.{k}" for k in range(n_sources)] if key not in arrays]
+        if missing:
+            raise ValueError(f"KDE domain model state lacks arrays {missing}")
         obj = cls(bandwidth=None, feature_map=feature_map)
-        obj.n_sources = len(samples)
-        obj.bandwidths_ = np.asarray(bandwidths, dtype=np.float64)
-        obj.samples_ = [np.asarray(s, dtype=np.float64) for s in samples]
+        obj.n_sources = n_sources
+        obj.bandwidths_ = np.asarray(arrays["bandwidths"], dtype=np.float64)
+        obj.samples_ = [np.asarray(arrays[f"kde_sample.{k}"], dtype=np.float64) for k in range(n_sources)]
         obj._build()
         return obj

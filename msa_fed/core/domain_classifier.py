@@ -18,43 +18,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
+from msa_fed.core.config import ClassifierConfig
 from msa_fed.core.dc_terms import one_blas_thread
-
-
-@dataclass(frozen=True)
-class ClassifierConfig:
-    """Hyper-parameters of the domain classifier (each default explained)."""
-
-    mu: float = 1e-3            # L2 weight; small: the domains are usually well separated
-    optimizer: str = "lbfgs"    # "lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples
-    max_iter: int = 1000        # L-BFGS iterations (rarely reached)
-    tol: float = 1e-9           # L-BFGS relative objective tolerance (ftol)
-    gtol: float = 1e-7          # L-BFGS projected-gradient tolerance
-    epochs: int = 20            # SGD epochs over the largest shard
-    batch_size: int = 256       # SGD mini-batch per shard
-    lr: float = 0.05            # SGD (Adam) initial learning rate, cosine-decayed to 0
-    device: str = "cpu"         # torch device for the shard computations
-    dtype: str = "float32"      # products in float32, sums across row blocks in float64: final
-    #                             objective within ~2e-9 relative of float64's, 1.6-2.1x faster
-    #                             per evaluation, half the memory (measured: BENCHMARKS_core.md)
-
-    def validate(self):
-        if not (self.mu >= 0 and math.isfinite(self.mu)):
-            raise ValueError(f"mu must be a finite number >= 0; got {self.mu!r}")
-        if self.optimizer not in ("lbfgs", "sgd"):
-            raise ValueError(f"optimizer must be 'lbfgs' or 'sgd'; got {self.optimizer!r}")
-        if self.dtype not in ("float64", "float32"):
-            raise ValueError(f"dtype must be 'float64' or 'float32'; got {self.dtype!r}")
-        _parse_device(self.device)  # the string only: whether a GPU is there is checked where the shards live
-        return self
 
 
 def n_params(n_features: int, n_sources: int) -> int:
@@ -76,14 +50,14 @@ BLOCK_ELEMENTS = 1 << 22
 GPU_BLOCK_ELEMENTS = 1 << 27
 
 
-def _parse_device(device: str) -> "torch.device":
+def _parse_device(device: str) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
 
 
-def _torch_device(device: str) -> "torch.device":
+def _torch_device(device: str) -> torch.device:
     """``device`` as a torch device that this process can use; ValueError otherwise."""
     dev = _parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -97,7 +71,7 @@ class MaxentShard:
     more sites, their site indices k (m,) and per-point weights s (m,) = 1 / (p m_site)."""
 
     def __init__(self, Phi: np.ndarray, k: np.ndarray, weight: np.ndarray, n_sources: int,
-                 device: str = "cpu", dtype: str = "float64", seed: int = 0):
+                 device: str = "cpu", dtype: str = "float64", seed: int = 0) -> None:
         tdtype = getattr(torch, dtype)
         self.device = _torch_device(device)
         self.Phi = torch.as_tensor(np.ascontiguousarray(Phi), dtype=tdtype, device=self.device)
@@ -112,7 +86,8 @@ class MaxentShard:
     def n_points(self) -> int:
         return int(self.Phi.shape[0])
 
-    def _loss_grad(self, theta: np.ndarray, Phi, Y, s, scale: float = 1.0) -> tuple[float, np.ndarray]:
+    def _loss_grad(self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor,
+                   scale: float = 1.0) -> tuple[float, np.ndarray]:
         # Small shards run faster on one thread: intra-op threading costs more than it saves
         # below a few million entries (measured: 15x slower with 2 threads on a loaded 2-core box).
         if Phi.numel() < SMALL_SHARD and Phi.device.type == "cpu":
@@ -124,7 +99,8 @@ class MaxentShard:
                 torch.set_num_threads(saved)
         return self._loss_grad_impl(theta, Phi, Y, s, scale)
 
-    def _loss_grad_impl(self, theta, Phi, Y, s, scale):
+    def _loss_grad_impl(self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor,
+                        scale: float) -> tuple[float, np.ndarray]:
         """Loss sum and gradient over the rows of Phi, in blocks of rows.
 
         The products run in the shard's dtype; every sum across blocks of rows (the loss, the
@@ -157,7 +133,8 @@ class MaxentShard:
             gW += (R.T @ P).to(acc)
             gb += R.sum(0, dtype=acc)
         grad = torch.cat([gW, gb[:, None]], dim=1).reshape(-1)
-        return float(loss) * scale, grad.cpu().numpy() * scale
+        grad_np: np.ndarray = grad.cpu().numpy() * scale
+        return float(loss) * scale, grad_np
 
     def loss_grad(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         """Weighted loss sum and its gradient over the whole shard (no regulariser)."""
@@ -177,13 +154,19 @@ class MaxentShard:
         D = self.Phi.shape[1]
         Wb = torch.as_tensor(np.asarray(theta).reshape(self.n_sources, D + 1), dtype=self.dtype, device=self.device)
         logits = torch.addmm(Wb[:, D], self.Phi, Wb[:, :D].T)
-        return torch.log_softmax(logits, dim=1).double().cpu().numpy()
+        log_q: np.ndarray = torch.log_softmax(logits, dim=1).double().cpu().numpy()
+        return log_q
 
 
+#: theta -> (loss sum, gradient sum) over all shards
 GradientOracle = Callable[[np.ndarray], tuple[float, np.ndarray]]
+#: (theta, step) -> the same, estimated on one mini-batch per shard
+MinibatchOracle = Callable[[np.ndarray, int], tuple[float, np.ndarray]]
+#: progress(epoch or iteration, objective or None)
+Progress = Callable[[int, float | None], object]
 
 
-def _regularise(theta, mu, n_features, n_sources):
+def _regularise(theta: np.ndarray, mu: float, n_features: int, n_sources: int) -> tuple[float, np.ndarray]:
     W, _ = unpack(theta, n_features, n_sources)
     reg = mu * float(np.sum(W * W))
     g = np.zeros_like(theta).reshape(n_sources, n_features + 1)
@@ -192,9 +175,9 @@ def _regularise(theta, mu, n_features, n_sources):
 
 
 def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
-               config: ClassifierConfig, *, minibatch_oracle: Callable | None = None,
+               config: ClassifierConfig, *, minibatch_oracle: MinibatchOracle | None = None,
                n_points: int | None = None, theta0: np.ndarray | None = None,
-               progress: Callable | None = None) -> tuple[np.ndarray, dict]:
+               progress: Progress | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Minimise F over theta = vec([W b]) with the given oracle; returns (theta, info).
 
     gradient_oracle(theta) -> (loss sum, gradient sum) over all shards (no regulariser).
@@ -205,9 +188,9 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
     size = n_params(n_features, n_sources)
     theta = np.zeros(size) if theta0 is None else np.asarray(theta0, dtype=np.float64).copy()
     mu = config.mu
-    info: dict = {"optimizer": config.optimizer}
+    info: dict[str, Any] = {"optimizer": config.optimizer}
 
-    def objective(th):
+    def objective(th: np.ndarray) -> tuple[float, np.ndarray]:
         loss, grad = gradient_oracle(th)
         reg, greg = _regularise(th, mu, n_features, n_sources)
         return loss + reg, grad + greg
@@ -215,7 +198,7 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
     if config.optimizer == "lbfgs":
         it = [0]
 
-        def cb(th):
+        def cb(th: np.ndarray) -> None:
             it[0] += 1
             if progress is not None:
                 progress(it[0], None)
@@ -226,7 +209,7 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
             res = minimize(objective, theta, jac=True, method="L-BFGS-B", callback=cb,
                            options={"maxiter": config.max_iter, "ftol": config.tol, "gtol": config.gtol,
                                     "maxcor": 20})
-        theta = res.x
+        theta = np.asarray(res.x)
         info.update(objective=float(res.fun), n_iter=int(res.nit), converged=bool(res.success),
                     message=str(res.message))
         if not res.success and res.nit >= config.max_iter:
@@ -263,34 +246,39 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
 def sum_oracle(shards: Sequence[MaxentShard]) -> GradientOracle:
     """The in-process gradient oracle over shards (the pooled objective)."""
 
-    def oracle(theta):
-        total, grad = 0.0, np.zeros_like(theta)
-        for sh in shards:
-            loss, g = sh.loss_grad(theta)
-            total += loss
-            grad += g
-        return total, grad
+    def oracle(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        return _add_up([sh.loss_grad(theta) for sh in shards], theta)
 
     return oracle
 
 
-def sum_minibatch_oracle(shards: Sequence[MaxentShard], batch_size: int):
-    def oracle(theta, step):
-        total, grad = 0.0, np.zeros_like(theta)
-        for sh in shards:
-            loss, g = sh.minibatch_loss_grad(theta, step, batch_size)
-            total += loss
-            grad += g
-        return total, grad
+def sum_minibatch_oracle(shards: Sequence[MaxentShard], batch_size: int) -> MinibatchOracle:
+    """The in-process mini-batch oracle over shards."""
+
+    def oracle(theta: np.ndarray, step: int) -> tuple[float, np.ndarray]:
+        return _add_up([sh.minibatch_loss_grad(theta, step, batch_size) for sh in shards], theta)
 
     return oracle
+
+
+def _add_up(parts: Sequence[tuple[float, np.ndarray]], theta: np.ndarray) -> tuple[float, np.ndarray]:
+    """Sum of (loss, gradient) pairs, added in order (from 0 and zeros like theta)."""
+    total, grad = 0.0, np.zeros_like(theta)
+    for loss, g in parts:
+        total += loss
+        grad += g
+    return total, grad
 
 
 class DomainClassifier:
     """Fitted Q(k | x): a feature map and softmax weights.  ``predict_proba`` columns follow
     site order.  Build with :func:`train_domain_classifier` or the runtime."""
 
-    def __init__(self, feature_map, theta: np.ndarray, n_sources: int, mu: float, info: dict | None = None):
+    #: the name of this kind of domain model in saved models and messages (core.domain_models)
+    kind = "maxent"
+
+    def __init__(self, feature_map: Any, theta: np.ndarray, n_sources: int, mu: float,
+                 info: dict[str, Any] | None = None) -> None:
         self.feature_map = feature_map
         self.n_sources = n_sources
         self.theta_ = np.asarray(theta, dtype=np.float64)
@@ -299,49 +287,97 @@ class DomainClassifier:
         self.info_ = info or {}
 
     @property
-    def coef_(self):
+    def coef_(self) -> np.ndarray:
         return unpack(self.theta_, self.n_features_, self.n_sources)[0]
 
     @property
-    def intercept_(self):
+    def intercept_(self) -> np.ndarray:
         return unpack(self.theta_, self.n_features_, self.n_sources)[1]
 
-    def decision_function(self, X) -> np.ndarray:
+    def decision_function(self, X: ArrayLike) -> np.ndarray:
         Phi = self.feature_map.transform(X)
-        return Phi @ self.coef_.T + self.intercept_
+        scores: np.ndarray = Phi @ self.coef_.T + self.intercept_
+        return scores
 
-    def predict_log_proba(self, X) -> np.ndarray:
+    def predict_log_proba(self, X: ArrayLike) -> np.ndarray:
         """log Q(k | x), ndarray (n, p)."""
         z = self.decision_function(X)
         z = z - z.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        log_q: np.ndarray = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return log_q
 
-    def predict_proba(self, X) -> np.ndarray:
-        return np.exp(self.predict_log_proba(X))
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
+        q: np.ndarray = np.exp(self.predict_log_proba(X))
+        return q
+
+    def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(params, arrays) without the feature map (saved beside it); see :meth:`from_state`."""
+        return {"mu": self.mu}, {"theta": self.theta_}
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
+                   n_sources: int) -> DomainClassifier:
+        return cls(feature_map, arrays["theta"], n_sources, params.get("mu", 0.0))
+
+
+def shard_seed(seed: int, index: int) -> int:
+    """The SGD mini-batch seed of site ``index``'s shard for the run seed ``seed``."""
+    return int(seed) * 1000 + int(index)
+
+
+def balanced_weights(X_unlabeled: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-point weights 1 / (p m_k) of the pooled unlabelled sample (each site weighs 1/p)."""
+    p = len(X_unlabeled)
+    weights: np.ndarray = np.concatenate([np.full(len(X), 1.0 / (p * len(X))) for X in X_unlabeled])
+    return weights
+
+
+def fit_with_weights(estimator: Any, X: np.ndarray, sample_weight: np.ndarray) -> Any:
+    """``estimator.fit(X, sample_weight=...)``, or ``fit(X)`` for one that takes no weights."""
+    try:
+        return estimator.fit(X, sample_weight=sample_weight)
+    except TypeError:
+        return estimator.fit(X)
+
+
+def fit_feature_map(feature_map: Any, X_unlabeled: Sequence[np.ndarray]) -> Any:
+    """Fit ``feature_map`` on the pooled unlabelled sample, each site weighing 1/p; returns it."""
+    fit_with_weights(feature_map, np.vstack(X_unlabeled), balanced_weights(X_unlabeled))
+    return feature_map
 
 
 def balanced_shards(Phis: Sequence[np.ndarray], config: ClassifierConfig, seed: int = 0) -> list[MaxentShard]:
     """One shard per site: site k's features with label k and weight 1 / (p m_k)."""
     p = len(Phis)
     return [MaxentShard(Phi, np.full(Phi.shape[0], k), np.full(Phi.shape[0], 1.0 / (p * Phi.shape[0])),
-                        p, device=config.device, dtype=config.dtype, seed=seed * 1000 + k)
+                        p, device=config.device, dtype=config.dtype, seed=shard_seed(seed, k))
             for k, Phi in enumerate(Phis)]
 
 
-def train_domain_classifier(X_unlabeled: Sequence[np.ndarray], feature_map, config: ClassifierConfig,
-                            random_state=0, progress: Callable | None = None) -> DomainClassifier:
-    """Fit the feature map on the pooled unlabelled sample (balanced) and train in-process."""
+#: (gradient oracle, mini-batch oracle) of a fitted feature map, computed outside this process
+Oracles = Callable[[Any], tuple[GradientOracle, Callable[[np.ndarray, int], tuple[float, np.ndarray]]]]
+
+
+def train_domain_classifier(X_unlabeled: Sequence[np.ndarray], feature_map: Any, config: ClassifierConfig,
+                            random_state: int | None = 0, progress: Progress | None = None, *,
+                            oracles: Oracles | None = None) -> DomainClassifier:
+    """Fit the feature map on the pooled unlabelled sample (balanced) and train the classifier.
+
+    oracles : None trains in this process on :func:`balanced_shards`; else ``oracles(feature_map)``
+        (called with the fitted map) returns (gradient oracle, mini-batch oracle) whose sums are
+        computed elsewhere (the runtime: at the sites).
+    """
     p = len(X_unlabeled)
-    pooled = np.vstack(X_unlabeled)
-    weights = np.concatenate([np.full(len(X), 1.0 / (p * len(X))) for X in X_unlabeled])
-    try:
-        feature_map.fit(pooled, sample_weight=weights)
-    except TypeError:
-        feature_map.fit(pooled)
-    Phis = [np.asarray(feature_map.transform(X), dtype=np.float64) for X in X_unlabeled]
-    shards = balanced_shards(Phis, config, seed=int(random_state) if random_state is not None else 0)
-    D = Phis[0].shape[1]
-    theta, info = fit_maxent(sum_oracle(shards), D, p, config,
-                             minibatch_oracle=sum_minibatch_oracle(shards, config.batch_size),
-                             n_points=max(Phi.shape[0] for Phi in Phis), progress=progress)
+    fit_feature_map(feature_map, X_unlabeled)
+    seed = int(random_state) if random_state is not None else 0
+    if oracles is None:
+        Phis = [np.asarray(feature_map.transform(X), dtype=np.float64) for X in X_unlabeled]
+        shards = balanced_shards(Phis, config, seed=seed)
+        oracle, minibatch = sum_oracle(shards), sum_minibatch_oracle(shards, config.batch_size)
+        D = Phis[0].shape[1]
+    else:
+        oracle, minibatch = oracles(feature_map)
+        D = int(np.asarray(feature_map.transform(X_unlabeled[0][:1])).shape[1])
+    theta, info = fit_maxent(oracle, D, p, config, minibatch_oracle=minibatch,
+                             n_points=max(len(X) for X in X_unlabeled), progress=progress)
     return DomainClassifier(feature_map, theta, p, config.mu, info)

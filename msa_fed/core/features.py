@@ -12,15 +12,41 @@ that a saved model never needs pickle.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
+#: (params, arrays) of a fitted map: JSON-able parameters and named arrays
+State = tuple[dict[str, Any], dict[str, np.ndarray]]
 
-class StandardFeatures(TransformerMixin, BaseEstimator):
+
+class FeatureMap(TransformerMixin, BaseEstimator):
+    """A feature map that is written as plain parameters and arrays, never pickled."""
+
+    def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> FeatureMap:
+        raise NotImplementedError
+
+    def transform(self, X: ArrayLike) -> np.ndarray:
+        raise NotImplementedError
+
+    def get_state(self) -> State:
+        raise NotImplementedError
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> FeatureMap:
+        raise NotImplementedError
+
+
+class StandardFeatures(FeatureMap):
     """(x - mean_) / scale_ with a floor on the scale of constant columns."""
 
-    def fit(self, X, y=None, sample_weight=None):
+    mean_: np.ndarray
+    scale_: np.ndarray
+
+    def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> StandardFeatures:
         X = np.asarray(X, dtype=np.float64)
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         self.mean_ = np.average(X, axis=0, weights=w)
@@ -30,28 +56,31 @@ class StandardFeatures(TransformerMixin, BaseEstimator):
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X):
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self, "mean_")
-        return (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
+        Z: np.ndarray = (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
+        return Z
 
-    def get_state(self):
+    def get_state(self) -> State:
         return {}, {"mean": self.mean_, "scale": self.scale_}
 
     @classmethod
-    def from_state(cls, params, arrays):
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> StandardFeatures:
         obj = cls()
         obj.mean_, obj.scale_ = arrays["mean"], arrays["scale"]
         obj.n_features_in_ = obj.mean_.size
         return obj
 
 
-class OneHotFeatures(TransformerMixin, BaseEstimator):
+class OneHotFeatures(FeatureMap):
     """One-hot encoding of every column (values are compared exactly; unseen values give zeros)."""
 
-    def __init__(self, max_categories: int = 256):
+    categories_: list[np.ndarray]
+
+    def __init__(self, max_categories: int = 256) -> None:
         self.max_categories = max_categories
 
-    def fit(self, X, y=None, sample_weight=None):
+    def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> OneHotFeatures:
         X = np.asarray(X, dtype=np.float64)
         self.categories_ = []
         for j in range(X.shape[1]):
@@ -64,19 +93,19 @@ class OneHotFeatures(TransformerMixin, BaseEstimator):
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X):
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self, "categories_")
         X = np.asarray(X, dtype=np.float64)
         blocks = [(X[:, [j]] == cats[None, :]).astype(np.float64) for j, cats in enumerate(self.categories_)]
         return np.hstack(blocks)
 
-    def get_state(self):
+    def get_state(self) -> State:
         sizes = np.array([c.size for c in self.categories_], dtype=np.int64)
         return {"max_categories": self.max_categories}, {
             "sizes": sizes, "values": np.concatenate(self.categories_)}
 
     @classmethod
-    def from_state(cls, params, arrays):
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> OneHotFeatures:
         obj = cls(max_categories=params["max_categories"])
         bounds = np.cumsum(np.concatenate([[0], arrays["sizes"]]))
         obj.categories_ = [arrays["values"][a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -84,17 +113,19 @@ class OneHotFeatures(TransformerMixin, BaseEstimator):
         return obj
 
 
-class ThresholdFeatures(TransformerMixin, BaseEstimator):
+class ThresholdFeatures(FeatureMap):
     """For 1-D x: the indicators 1[x <= t_j] at ``n_thresholds`` quantiles of the sample.
 
     A linear model on these features is a weighted sum of threshold functions, so conditional
     Maxent on them can select thresholds between domains (the paper's synthetic experiment).
     """
 
-    def __init__(self, n_thresholds: int = 200):
+    thresholds_: np.ndarray
+
+    def __init__(self, n_thresholds: int = 200) -> None:
         self.n_thresholds = n_thresholds
 
-    def fit(self, X, y=None, sample_weight=None):
+    def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> ThresholdFeatures:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != 1:
             raise ValueError(f"threshold features need 1-D inputs (shape (n, 1)); got shape {X.shape}")
@@ -103,34 +134,39 @@ class ThresholdFeatures(TransformerMixin, BaseEstimator):
         self.n_features_in_ = 1
         return self
 
-    def transform(self, X):
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self, "thresholds_")
         X = np.asarray(X, dtype=np.float64)
         return (X[:, [0]] <= self.thresholds_[None, :]).astype(np.float64)
 
-    def get_state(self):
+    def get_state(self) -> State:
         return {"n_thresholds": self.n_thresholds}, {"thresholds": self.thresholds_}
 
     @classmethod
-    def from_state(cls, params, arrays):
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> ThresholdFeatures:
         obj = cls(n_thresholds=params["n_thresholds"])
         obj.thresholds_ = arrays["thresholds"]
         obj.n_features_in_ = 1
         return obj
 
 
-class RandomFourierFeatures(TransformerMixin, BaseEstimator):
+class RandomFourierFeatures(FeatureMap):
     """sqrt(2/D) cos(W x_std + b), W ~ N(0, 2 gamma I), b ~ U[0, 2 pi], on standardised x.
 
     gamma=None uses 1 / n_features (the median-heuristic scale for standardised data).
     """
 
-    def __init__(self, n_components: int = 500, gamma: float | None = None, random_state=0):
+    standard_: StandardFeatures
+    weights_: np.ndarray
+    offset_: np.ndarray
+
+    def __init__(self, n_components: int = 500, gamma: float | None = None,
+                 random_state: int | np.random.Generator | None = 0) -> None:
         self.n_components = n_components
         self.gamma = gamma
         self.random_state = random_state
 
-    def fit(self, X, y=None, sample_weight=None):
+    def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> RandomFourierFeatures:
         X = np.asarray(X, dtype=np.float64)
         self.standard_ = StandardFeatures().fit(X, sample_weight=sample_weight)
         d = X.shape[1]
@@ -141,18 +177,19 @@ class RandomFourierFeatures(TransformerMixin, BaseEstimator):
         self.n_features_in_ = d
         return self
 
-    def transform(self, X):
+    def transform(self, X: ArrayLike) -> np.ndarray:
         check_is_fitted(self, "weights_")
         Z = self.standard_.transform(X) @ self.weights_ + self.offset_
-        return np.sqrt(2.0 / self.n_components) * np.cos(Z)
+        features: np.ndarray = np.sqrt(2.0 / self.n_components) * np.cos(Z)
+        return features
 
-    def get_state(self):
+    def get_state(self) -> State:
         return ({"n_components": self.n_components, "gamma": self.gamma},
                 {"mean": self.standard_.mean_, "scale": self.standard_.scale_,
                  "weights": self.weights_, "offset": self.offset_})
 
     @classmethod
-    def from_state(cls, params, arrays):
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> RandomFourierFeatures:
         obj = cls(n_components=params["n_components"], gamma=params["gamma"])
         obj.standard_ = StandardFeatures.from_state({}, arrays)
         obj.weights_, obj.offset_ = arrays["weights"], arrays["offset"]
@@ -160,7 +197,7 @@ class RandomFourierFeatures(TransformerMixin, BaseEstimator):
         return obj
 
 
-FEATURE_MAPS = {
+FEATURE_MAPS: dict[str, type[FeatureMap]] = {
     "standard": StandardFeatures,
     "onehot": OneHotFeatures,
     "threshold": ThresholdFeatures,
@@ -168,13 +205,13 @@ FEATURE_MAPS = {
 }
 
 
-def make_feature_map(spec, random_state=0):
+def make_feature_map(spec: Any, random_state: int | np.random.Generator | None = 0) -> Any:
     """A fresh, unfitted feature map from a name, a (name, kwargs) pair or a transformer object."""
     if isinstance(spec, str):
         if spec not in FEATURE_MAPS:
             raise ValueError(f"features must be one of {sorted(FEATURE_MAPS)} or a transformer; got {spec!r}")
         cls = FEATURE_MAPS[spec]
-        return cls(random_state=random_state) if cls is RandomFourierFeatures else cls()
+        return RandomFourierFeatures(random_state=random_state) if cls is RandomFourierFeatures else cls()
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
         name, kwargs = spec
         if name not in FEATURE_MAPS:
@@ -189,13 +226,14 @@ def make_feature_map(spec, random_state=0):
             return clone(spec)
         except TypeError:
             return spec
-    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; got {spec!r}")
+    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; "
+                     f"got {spec!r}")
 
 
-def feature_map_state(fmap) -> tuple[str, dict, dict]:
+def feature_map_state(fmap: object) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
     """(name, params, arrays) of a built-in fitted map; ValueError for custom transformers."""
     for name, cls in FEATURE_MAPS.items():
-        if type(fmap) is cls:
+        if type(fmap) is cls and isinstance(fmap, FeatureMap):
             params, arrays = fmap.get_state()
             return name, params, arrays
     raise ValueError(
@@ -203,7 +241,7 @@ def feature_map_state(fmap) -> tuple[str, dict, dict]:
         f"maps {sorted(FEATURE_MAPS)} are stored without pickle")
 
 
-def feature_map_from_state(name: str, params: dict, arrays: dict):
+def feature_map_from_state(name: str, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> FeatureMap:
     if name not in FEATURE_MAPS:
         raise ValueError(f"unknown feature map {name!r} in saved model")
     return FEATURE_MAPS[name].from_state(params, arrays)

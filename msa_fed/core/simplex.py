@@ -1,6 +1,8 @@
 """Helpers for points of the probability simplex."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 SIMPLEX_ATOL = 1e-6
@@ -18,7 +20,8 @@ def check_simplex(z: np.ndarray, name: str = "z", atol: float = SIMPLEX_ATOL) ->
     if abs(z.sum() - 1.0) > atol:
         raise ValueError(f"{name} must lie on the simplex; got sum={z.sum():.6g}")
     z = np.clip(z, 0.0, None)
-    return z / z.sum()
+    out: np.ndarray = z / z.sum()
+    return out
 
 
 def project_simplex(v: np.ndarray) -> np.ndarray:
@@ -29,7 +32,8 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
     idx = np.arange(1, v.size + 1)
     rho = np.nonzero(u - css / idx > 0)[0][-1]
     theta = css[rho] / (rho + 1.0)
-    return np.maximum(v - theta, 0.0)
+    out: np.ndarray = np.maximum(v - theta, 0.0)
+    return out
 
 
 def simplex_grid(p: int, step: float) -> np.ndarray:
@@ -38,7 +42,7 @@ def simplex_grid(p: int, step: float) -> np.ndarray:
     if abs(n * step - 1.0) > 1e-9:
         raise ValueError(f"step must divide 1; got {step}")
 
-    def rec(k, left):
+    def rec(k: int, left: int) -> Iterator[tuple[int, ...]]:
         if k == 1:
             yield (left,)
             return

@@ -11,6 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from msa_fed.core.config import task_loss
+
 
 class UniformCombination:
     """The fixed combination (1/p) sum_k h_k of p frozen predictors.
@@ -23,8 +25,7 @@ class UniformCombination:
     """
 
     def __init__(self, predictors: Sequence, task: str = "classification"):
-        if task not in ("classification", "regression"):
-            raise ValueError(f"task must be 'classification' or 'regression'; got {task!r}")
+        task_loss(task)  # validates
         predictors = list(predictors)
         if not predictors:
             raise ValueError("predictors must hold at least one predictor; got 0")

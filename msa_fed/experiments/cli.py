@@ -30,6 +30,8 @@ EXPERIMENTS = {
     "adult": Experiment("adult", "UCI Adult, Doc vs NDoc (paper Table 3)", 100, 3, True, 1),
     "sentiment": Experiment("sentiment", "Sentiment regression, test MSE (paper Table 1)", 10, 1, False, 2),
     "digits": Experiment("digits", "Digits (paper Table 2; optdigits in place of SVHN)", 3, 1, True, 1),
+    "privacy": Experiment("privacy", "DMSA with differential privacy at the sites, against epsilon per job",
+                          10, 1, False, 3),
 }
 
 
@@ -84,7 +86,7 @@ def run_experiment(args) -> int:
                        decimals=exp.decimals, notes=notes))
     if "by_size" in results:
         print()
-        print(_by_size_table(results["by_size"], exp))
+        print(_by_size_table(results["by_size"], exp, getattr(module, "BY_SIZE_METHODS", None)))
     if args.json:
         write_json(args.json, results)
         print(f"wrote {args.json}")
@@ -94,12 +96,12 @@ def run_experiment(args) -> int:
     return 0
 
 
-def _by_size_table(by_size: dict, exp: Experiment) -> str:
-    """DMSA vs GMSA against the adaptation sample size (the last target column of each)."""
+def _by_size_table(by_size: dict, exp: Experiment, methods=None) -> str:
+    """DMSA vs GMSA (or the module's ``BY_SIZE_METHODS``) against the adaptation sample size."""
     sizes = sorted(by_size, key=int)
     first = by_size[sizes[0]]
-    targets = list(first["DMSA"])
-    methods = [m for m in ("GMSA", "DMSA", "DMSA-threshold") if m in first]
+    methods = [m for m in (methods or ("GMSA", "DMSA", "DMSA-threshold")) if m in first]
+    targets = list(first[methods[-1]])
     rows = {f"{m} n={n}": by_size[n][m] for n in sizes for m in methods}
     return format_table("By adaptation sample size per domain", rows, targets, percent=exp.percent,
                         decimals=exp.decimals)

@@ -3,12 +3,16 @@
 The data directory is ``$MSA_FED_DATA`` when set, else ``../shared/data``
 relative to the repository root (see ``shared/data/README.md`` for what each
 folder holds).  This module is the one place that reads those environment
-variables.  A missing file raises :class:`~msa_fed.errors.ConfigError` naming
-the file, never a traceback from deep inside numpy.
+variables.  When the directory has a ``SHA256SUMS`` file (``sha256sum`` format,
+paths relative to the directory; the shared one has), every file is checked
+against it before it is read.  A missing, unlisted or altered file raises
+:class:`~msa_fed.errors.ConfigError` naming the file, never a traceback from
+deep inside numpy.
 """
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import re
 import struct
@@ -20,6 +24,8 @@ import numpy as np
 from msa_fed.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: the checksum file of a data directory
+SUMS_FILE = "SHA256SUMS"
 
 #: Image side every digits domain is brought to.
 DIGIT_SIZE = 16
@@ -56,12 +62,55 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "msa_fed"
 
 
-def _require(path: Path) -> Path:
+def _read_sums(root: Path) -> dict[str, str] | None:
+    """``{relative path: sha256}`` from ``root / SHA256SUMS``; None when there is no such file."""
+    sums_path = root / SUMS_FILE
+    if not sums_path.is_file():
+        return None
+    sums = {}
+    for n, line in enumerate(sums_path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
+        if m is None:
+            raise ConfigError(f"{sums_path}:{n}: not a sha256sum line")
+        sums[m.group(2).removeprefix("./")] = m.group(1).lower()
+    return sums
+
+
+#: sha256 of files already checked, by (path, size, mtime): each file is hashed once per process
+_CHECKED: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _CHECKED[key] = h.hexdigest()
+    return _CHECKED[key]
+
+
+def _require(path: Path, root: Path) -> Path:
+    """``path`` (a file under the data directory ``root``) if it exists and matches ``root``'s
+    SHA256SUMS; a ConfigError naming it otherwise."""
     if not path.is_file():
         raise ConfigError(
             f"data file not found: {path} (set MSA_FED_DATA to the directory described "
             "in shared/data/README.md)"
         )
+    sums = _read_sums(root)
+    if sums is not None:
+        rel = path.relative_to(root).as_posix()
+        if rel not in sums:
+            raise ConfigError(f"data file {path} is not listed in {root / SUMS_FILE}")
+        actual = _sha256(path)
+        if actual != sums[rel]:
+            raise ConfigError(f"data file {path} does not match its sha256 in {root / SUMS_FILE} "
+                              f"(expected {sums[rel]}, got {actual})")
     return path
 
 
@@ -87,9 +136,9 @@ class AdultData:
     categories: tuple
 
 
-def _read_adult_rows(path: Path) -> list[list[str]]:
+def _read_adult_rows(path: Path, root: Path) -> list[list[str]]:
     rows = []
-    with open(_require(path), encoding="utf-8") as fh:
+    with open(_require(path, root), encoding="utf-8") as fh:
         for line in fh:
             line = line.strip()
             if not line or line.startswith("|"):
@@ -103,9 +152,9 @@ def _read_adult_rows(path: Path) -> list[list[str]]:
 
 def load_adult(path: str | os.PathLike | None = None) -> AdultData:
     """Read ``adult/adult.data`` and ``adult/adult.test`` (labels of the test file end in '.')."""
-    root = data_dir(path) / "adult"
-    train = _read_adult_rows(root / "adult.data")
-    test = _read_adult_rows(root / "adult.test")
+    top = data_dir(path)
+    train = _read_adult_rows(top / "adult" / "adult.data", top)
+    test = _read_adult_rows(top / "adult" / "adult.test", top)
     cols = [ADULT_COLUMNS.index(c) for c in ADULT_CATEGORICAL]
     categories = tuple(
         tuple(sorted({r[j] for r in train} | {r[j] for r in test})) for j in cols
@@ -138,12 +187,12 @@ def load_sentiment(path: str | os.PathLike | None = None) -> dict[str, tuple[lis
     float64 array of shape (2000,) with values in {1, 2, 4, 5}.  The files are
     pseudo-XML with bare ``&`` and stray bytes, so they are parsed with a tolerant regex.
     """
-    root = data_dir(path) / "sentiment_acl"
+    top = data_dir(path)
     out = {}
     for dom in SENTIMENT_DOMAINS:
         texts, ratings = [], []
         for part in ("positive", "negative"):
-            f = _require(root / dom / f"{part}.review.gz")
+            f = _require(top / "sentiment_acl" / dom / f"{part}.review.gz", top)
             with gzip.open(f, "rb") as fh:
                 raw = fh.read().decode("utf-8", errors="replace")
             for block in _REVIEW.findall(raw):
@@ -184,8 +233,8 @@ def _resize(images: np.ndarray, size: int = DIGIT_SIZE) -> np.ndarray:
     return out[:, 0].clamp_(0.0, 1.0).numpy()
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(_require(path), "rb") as fh:
+def _read_idx(path: Path, root: Path) -> np.ndarray:
+    with gzip.open(_require(path, root), "rb") as fh:
         raw = fh.read()
     magic, = struct.unpack(">I", raw[:4])
     ndim = magic & 0xFF
@@ -206,10 +255,11 @@ def load_digits_domains(path: str | os.PathLike | None = None) -> dict[str, Digi
     """
     from sklearn.datasets import load_digits
 
-    root = data_dir(path) / "digits"
-    mx = _read_idx(root / "mnist_t10k" / "t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0
-    my = _read_idx(root / "mnist_t10k" / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
-    with np.load(_require(root / "usps.npz"), allow_pickle=False) as z:
+    top = data_dir(path)
+    root = top / "digits"
+    mx = _read_idx(root / "mnist_t10k" / "t10k-images-idx3-ubyte.gz", top).astype(np.float32) / 255.0
+    my = _read_idx(root / "mnist_t10k" / "t10k-labels-idx1-ubyte.gz", top).astype(np.int64)
+    with np.load(_require(root / "usps.npz", top), allow_pickle=False) as z:
         ux = np.concatenate([z["train_data"], z["test_data"]]).astype(np.float32).reshape(-1, 16, 16)
         uy = np.concatenate([z["train_target"], z["test_target"]]).astype(np.int64)
         n_usps_train = len(z["train_target"])

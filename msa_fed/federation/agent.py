@@ -16,9 +16,10 @@ its request log; it opens **no listening socket**.  It
    :class:`msa_fed.runtime.site.SiteWorker` per job, only for the methods of
    :data:`msa_fed.runtime.federated.RELAY_METHODS` (aggregates over its points, counts), with
    requests and answers decoded and encoded by :mod:`msa_fed.runtime.wire` (the boundary schema);
-4. decides which jobs it serves (``accept_jobs``: every job the registry's admin opens, or only
-   those approved with ``msa-fed site approve``), and writes every answer and refusal to its
-   request log (:mod:`msa_fed.federation.state`).
+4. applies its own privacy policy (``policy`` in site.toml, :mod:`msa_fed.privacy`) inside each
+   job's worker, decides which jobs it serves (``accept_jobs``: every job the registry's admin
+   opens, or only those approved with ``msa-fed site approve``), and writes every answer and
+   refusal to its one hash-chained audit log (:func:`load_site_policy`).
 
 Errors sent back carry the library's own message for the library's own errors (a refusal, a
 configuration mismatch) and only the error's type name for anything else.
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import queue
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -42,7 +45,10 @@ from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.relay_client import open_channel
-from msa_fed.federation.state import JobBook, RequestLog
+from msa_fed.federation.state import JobBook
+from msa_fed.privacy.audit import AuditLog
+from msa_fed.privacy.ledger import Ledger
+from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
 from msa_fed.runtime.federated import RELAY_METHODS
@@ -50,8 +56,6 @@ from msa_fed.runtime.site import SiteStateLost, SiteWorker, load_site_data
 
 log = logging.getLogger(__name__)
 
-#: the least number of labelled points the site aggregates over, whatever the job asks
-DEFAULT_MIN_POINTS = 20
 #: the agent gives up on a silent stream after this many heartbeat intervals
 SILENCE_INTERVALS = 4
 RECONNECT_MAX_S = 30.0
@@ -69,39 +73,39 @@ def sample_sha256(X: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").tobytes()).hexdigest()
 
 
-# ---------------------------------------------------------------------- policy integration point
-def load_site_policy(config: SiteConfig):
-    """The site's privacy policy, read by the site's own process from ``config.policy``.
+# ---------------------------------------------------------------------- the site's policy
+def load_site_policy(config: SiteConfig) -> SitePolicy:
+    """The site's privacy policy, read by the site's own process: ``config.policy``
+    (:func:`msa_fed.privacy.policy.load_policy`), the defaults when absent.
 
-    This is the one place where the policy enters the site agent: the object returned here is
-    handed to every :class:`SiteWorker` the agent creates (:func:`worker_policy_kwargs`).  This
-    build has no policy engine (``msa_fed.privacy``): without a policy file the site uses its
-    defaults (at least :data:`DEFAULT_MIN_POINTS` points per aggregate), and a policy file it
-    cannot enforce is refused rather than ignored.
+    The site keeps one audit log, ``config.audit_log``: the policy's hash-chained log
+    (:class:`msa_fed.privacy.audit.AuditLog`; ``msa-fed site audit --log F --ledger L`` verifies
+    it), written by the policy's checks inside each job's :class:`SiteWorker` and by the agent
+    (jobs joined and ended, refusals before the policy's checks).  Its ledger (budgets, epsilon
+    spent, the log's length) is a file too, ``config.ledger_path`` (next to the audit log unless
+    site.toml or the policy names one), so that budgets survive a restart.  A policy file that
+    names another audit log than site.toml is refused: one site, one log.
     """
-    try:
-        import msa_fed.privacy as privacy  # noqa: F401
-    except ModuleNotFoundError:
-        privacy = None
-    if config.policy is None:
-        return None
-    if privacy is None:
-        raise ConfigError(f"site config: policy {config.policy!r} is given but this installation has no policy "
-                          "engine (msa_fed.privacy) to enforce it; remove the key to run with the defaults")
-    if not Path(config.policy).is_file():
-        raise ConfigError(f"site config: policy file {config.policy!r} not found")
-    loader = getattr(privacy, "load_policy", None)
-    if loader is None:
-        raise ConfigError("msa_fed.privacy has no load_policy(path); cannot read the site's policy")
-    return loader(config.policy)
+    policy = load_policy(config.policy) if config.policy is not None else SitePolicy()
+    audit = os.path.abspath(config.audit_log)
+    if policy.audit_log and os.path.abspath(policy.audit_log) != audit:
+        raise ConfigError(f"site config: the policy's [budget] audit_log {policy.audit_log!r} is not site.toml's "
+                          f"audit_log {config.audit_log!r}; a site keeps one audit log (remove one of the two)")
+    ledger = os.path.abspath(config.ledger_path)
+    if policy.ledger and config.ledger and os.path.abspath(policy.ledger) != ledger:
+        raise ConfigError(f"site config: the policy's [budget] ledger {policy.ledger!r} is not site.toml's "
+                          f"ledger {config.ledger!r} (remove one of the two)")
+    if policy.ledger and not config.ledger:
+        ledger = os.path.abspath(policy.ledger)
+    Path(audit).parent.mkdir(parents=True, exist_ok=True)
+    Path(ledger).parent.mkdir(parents=True, exist_ok=True)
+    return replace(policy, audit_log=audit, ledger=ledger)
 
 
-def worker_policy_kwargs(policy, job: m.JobSetup, audit_log: str) -> dict:
-    """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job."""
-    kwargs = {"min_points": max(int(job.min_points), DEFAULT_MIN_POINTS)}
-    if policy is not None:
-        kwargs.update(policy=policy, audit_log=audit_log)
-    return kwargs
+def worker_policy_kwargs(policy: SitePolicy, job: m.JobSetup, job_id: str) -> dict:
+    """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job: the
+    job's min_points can only tighten the policy's (the worker applies the stricter)."""
+    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id}
 
 
 # ---------------------------------------------------------------------- the agent
@@ -126,7 +130,8 @@ class SiteAgent:
         import msa_fed.core.density  # noqa: F401
         import msa_fed.core.domain_classifier  # noqa: F401
         self.book = JobBook(config.jobs_path)
-        self.audit = RequestLog(config.audit_log)
+        self.ledger = Ledger(self.policy.ledger)
+        self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
         self.jobs: dict[str, SiteWorker] = {}
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
         self._stop = threading.Event()
@@ -218,14 +223,16 @@ class SiteAgent:
                     response = self.handle(msg.forward)
                     out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=response)))
                 elif part == "end_job":
-                    if self.jobs.pop(msg.end_job.job_id, None) is not None:
-                        self.audit.write(event="job_end", job=msg.end_job.job_id)
+                    worker = self.jobs.pop(msg.end_job.job_id, None)
+                    if worker is not None:
+                        self._record(msg.end_job.job_id, "", "end_job", "noted")
+                        _close_guard(worker)
         except grpc.RpcError as exc:
             code = exc.code()
             if self._stop.is_set() or code == grpc.StatusCode.CANCELLED:
                 return state["welcomed"]
             if code in FATAL:
-                self.audit.write(event="cut_off", status=code.name, reason=exc.details() or "")
+                self._record("", "", "connect", "cut_off", rule=code.name, detail=exc.details() or "")
                 raise SiteRefused(f"the registry refused site {self.name!r}: {code.name}: {exc.details()}") from None
             self.echo(f"site {self.name}: connection lost ({code.name}: {exc.details()})")
         finally:
@@ -239,11 +246,12 @@ class SiteAgent:
     def handle(self, fwd: pb.Forward):
         """The SiteResponse to one relayed request (never raises)."""
         job, admin, method = fwd.job_id, fwd.admin, fwd.request.method
+        worker, before = None, 0
         try:
             method, msg = wire.from_proto(fwd.request, wire.REQUESTS)
             if method not in RELAY_METHODS:
-                raise PrivacyError(f"site {self.name!r} does not answer {method!r} from its process "
-                                   f"(it answers {sorted(RELAY_METHODS)})")
+                raise PrivacyError("relay_methods", self.name, f"{method!r}: it does not answer it from its process "
+                                                               f"(it answers {sorted(RELAY_METHODS)})")
             if method == "join_job":
                 if not isinstance(msg, m.JobSetup):
                     raise wire.WireError("join_job takes a JobSetup")
@@ -252,20 +260,27 @@ class SiteAgent:
                 worker = self.jobs.get(job)
                 if worker is None:
                     raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
+                before = worker.guard.audit.count
                 out = getattr(worker, method)(msg)
             response = wire.to_proto(method, out, wire.RESPONSES)
         except (MsaFedError, wire.WireError) as exc:
-            self.audit.write(event="request", job=job, admin=admin, method=method, decision="refused",
-                             reason=f"{type(exc).__name__}: {exc}")
-            return wire.error_proto(type(exc).__name__, str(exc))
+            if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
+                rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
+                self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
+            return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
         except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
             log.exception("site %s: %s for job %s failed", self.name, method, job)
-            self.audit.write(event="request", job=job, admin=admin, method=method, decision="failed",
-                             reason=f"{type(exc).__name__}: {exc}")
+            if not _guard_wrote(worker, before):
+                self._record(job, admin, method, "error", detail=type(exc).__name__)
             return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
-        self.audit.write(event="request", job=job, admin=admin, method=method, decision="answered",
-                         answer=_describe(out))
+        if not _guard_wrote(worker, before):  # join_job, info, ping: not the policy's requests
+            self._record(job, admin, method, "answered", answer=_describe(out))
         return response
+
+    def _record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:
+        """One record of the site's audit log, in the policy's format (``msa-fed site audit`` reads it)."""
+        self.audit.append({"site": self.name, "job": job, "admin": admin, "request": request, "outcome": outcome,
+                           **extra})
 
     def _join(self, job: str, admin: str, msg: m.JobSetup) -> m.SiteInfo:
         sites = list(msg.sites)
@@ -280,8 +295,8 @@ class SiteAgent:
             raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
         state = self.book.seen(job, admin, sites)
         if self.config.accept_jobs == "approve" and state == "pending":
-            raise PrivacyError(f"site {self.name!r} serves only approved jobs; job {job!r} is pending: its operator "
-                               f"runs 'msa-fed site approve {job}'")
+            raise PrivacyError("accept_jobs", self.name, f"job {job!r}: it serves only approved jobs and job {job!r} "
+                                                         f"is pending: its operator runs 'msa-fed site approve {job}'")
         if msg.predictor_sha256[msg.index] != self.predictor_sha256:
             raise ConfigError(f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
                               f"{self.name!r}, which holds {self.predictor_sha256[:16]}...")
@@ -290,11 +305,13 @@ class SiteAgent:
         d = self.data
         worker = SiteWorker(self.name, msg.index, d["X_labeled"], d["y_labeled"], d["X_unlabeled"],
                             predictors=predictors, task=msg.task, loss=msg.loss, classes=msg.classes,
-                            **worker_policy_kwargs(self.policy, msg, self.config.audit_log))
+                            **worker_policy_kwargs(self.policy, msg, job))
         info = worker.info()
+        old = self.jobs.pop(job, None)
+        if old is not None:  # joined again (the job restarted): the new worker replaces it
+            _close_guard(old)
         self.jobs[job] = worker
         self.book.set_state(job, "served")
-        self.audit.write(event="job_join", job=job, admin=admin, sites=sites)
         return info
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
@@ -328,7 +345,23 @@ class SiteAgent:
         return b"".join(parts)
 
     def close(self):
+        for worker in self.jobs.values():
+            _close_guard(worker)
+        self.jobs.clear()
         self.book.close()
+        self.audit.close()
+        self.ledger.close()
+
+
+def _guard_wrote(worker, before: int) -> bool:
+    """Whether the worker's policy guard wrote an audit record since its count was ``before``."""
+    return worker is not None and worker.guard.audit.count > before
+
+
+def _close_guard(worker) -> None:
+    """Close the files of a finished job's policy guard (its audit log and ledger handles)."""
+    worker.guard.audit.close()
+    worker.guard.ledger.close()
 
 
 def _describe(msg) -> str:

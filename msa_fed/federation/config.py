@@ -14,6 +14,7 @@
     accept_jobs = "admin"                  # "admin": every job the registry's admin issues;
                                            # "approve": only jobs approved with `msa-fed site approve`
     # jobs_db = "jobs.db"                  # pending/approved jobs (default: next to audit_log)
+    # ledger = "ledger.db"                 # the policy's query/epsilon ledger (default: next to audit_log)
 
 Relative paths are relative to the folder of ``site.toml``.
 """
@@ -27,8 +28,9 @@ from msa_fed.errors import ConfigError
 
 ACCEPT_JOBS = ("admin", "approve")
 _REQUIRED = ("name", "registry", "token_file", "data", "predictor", "audit_log")
-_PATHS = ("token_file", "tls_ca", "tls_cert", "tls_key", "data", "predictor", "policy", "audit_log", "jobs_db")
-_OPTIONAL = ("tls_ca", "tls_cert", "tls_key", "server_name", "insecure", "policy", "accept_jobs", "jobs_db")
+_PATHS = ("token_file", "tls_ca", "tls_cert", "tls_key", "data", "predictor", "policy", "audit_log", "jobs_db",
+          "ledger")
+_OPTIONAL = ("tls_ca", "tls_cert", "tls_key", "server_name", "insecure", "policy", "accept_jobs", "jobs_db", "ledger")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class SiteConfig:
     policy: str | None = None
     accept_jobs: str = "admin"
     jobs_db: str | None = None
+    ledger: str | None = None
 
     @classmethod
     def from_toml(cls, path) -> "SiteConfig":
@@ -95,6 +98,14 @@ class SiteConfig:
             return Path(self.jobs_db)
         audit = Path(self.audit_log)
         return audit.with_name(audit.stem + ".jobs.db")
+
+    @property
+    def ledger_path(self) -> Path:
+        """The site's ledger (budgets and epsilon spent, anchor of the audit log): it survives restarts."""
+        if self.ledger:
+            return Path(self.ledger)
+        audit = Path(self.audit_log)
+        return audit.with_name(audit.stem + ".ledger.db")
 
     def channel_kwargs(self) -> dict:
         return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,

@@ -25,18 +25,23 @@ class _JobSites(FederatedSites):
             self.relay.close()
 
 
+def check_job_name(name: str) -> None:
+    """A federated job's name is its id at the registry's relay: a ConfigError unless it is one."""
+    if not JOB_ID_PATTERN.match(name):
+        raise ConfigError(f"job name {name!r} is the job's id at the registry's relay (sites approve jobs by "
+                          "it): use 1-128 letters, digits, '_', '.', ':' or '-'")
+
+
 def federated_backend(config, admin_token: str, client, names, records, predictor_sha256, classes, loss: str,
                       log=print) -> FederatedSites:
     """The backend of a federated job (see the module docstring).
 
-    config : the job's :class:`msa_fed.jobs.run.JobConfig` (registry, tls_ca, insecure, name,
-        task, min_points, site_timeout_s, data_channel, ray_address are used).
+    config : the job's :class:`msa_fed.jobs.config.JobConfig` (registry, tls_ca, insecure, name, and
+        of its fit: task, min_points, site_timeout_s and the Ray options of the stand-in actors).
     client : a :class:`msa_fed.control.client.RegistryClient` with the admin token.
     records : {site name: SiteRecord} as listed by the registry.
     """
-    if not JOB_ID_PATTERN.match(config.name):
-        raise ConfigError(f"job name {config.name!r} is the job's id at the registry's relay (sites approve jobs by "
-                          "it): use 1-128 letters, digits, '_', '.', ':' or '-'")
+    check_job_name(config.name)
     samples = []
     for name in names:
         rec = records[name].sample
@@ -47,7 +52,10 @@ def federated_backend(config, admin_token: str, client, names, records, predicto
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
     relay = RelayClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca)
+    fit = config.fit
     return _JobSites(names, relay, samples, job_id=config.name, predictor_sha256=list(predictor_sha256),
-                     task=config.task, loss=loss, classes=classes, min_points=config.min_points,
-                     site_timeout_s=config.site_timeout_s, address=config.ray_address,
-                     data_channel=config.data_channel)
+                     task=fit.task, loss=loss, classes=classes, min_points=fit.min_points,
+                     site_timeout_s=fit.site_timeout_s, address=fit.ray.address,
+                     data_channel=fit.ray.data_channel, workers_per_site=fit.ray.workers_per_site,
+                     num_cpus=fit.ray.num_cpus, init_kwargs=dict(fit.ray.init_kwargs),
+                     max_restarts=fit.ray.max_restarts)

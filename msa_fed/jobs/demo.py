@@ -61,7 +61,9 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     from msa_fed.control.client import RegistryClient
     from msa_fed.experiments.demo_data import SITES, make_federation
     from msa_fed.federation.local import LocalFederation, SiteFiles
-    from msa_fed.jobs.run import JobConfig, model_from_bytes, report, run_job
+    from msa_fed.jobs.config import JobConfig
+    from msa_fed.jobs.run import model_from_bytes, report, run_job
+    from msa_fed.runtime.config import FitConfig
     from msa_fed.runtime.ray_sites import ensure_ray
 
     t0 = time.perf_counter()
@@ -84,8 +86,9 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
             lf.wait_connected(timeout=120)
             log("sites: " + ", ".join(f"{n} (pid {lf.procs[n].pid})" for n in SITES)
                 + " run 'msa-fed site serve' and are connected to the registry (outgoing connections)")
-            job = JobConfig(name="demo", registry=lf.address, insecure=True, output_version="demo-v1").validate()
-            record, model = run_job(job, lf.admin_token, log=log, verbose=True)
+            job = JobConfig(name="demo", registry=lf.address, insecure=True, output_version="demo-v1",
+                            fit=FitConfig(runtime="ray", topology="federated")).validate()
+            record, model = run_job(job, lf.admin_token, log=log, verbose=True, output_dir=Path(tmp) / "job-output")
             report(model, log)
             with RegistryClient(lf.address, lf.admin_token, insecure=True) as admin:
                 data, rec = admin.download_combined_model(record.version)

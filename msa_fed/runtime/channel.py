@@ -42,7 +42,7 @@ import threading
 from msa_fed.errors import ConfigError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
-from msa_fed.runtime.site import current_node_id
+from msa_fed.runtime.node import current_node_id
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class ChannelServer:
                 out = getattr(self.target, method)(msg)
             return wire.encode(method, out, wire.RESPONSES)
         except Exception as exc:  # noqa: BLE001 - reported by type name; the coordinator retries through Ray
-            return wire.encode_error(type(exc).__name__, str(exc))
+            return wire.encode_failure(exc)
 
 
 def port_range() -> range | None:

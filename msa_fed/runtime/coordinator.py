@@ -1,8 +1,8 @@
 """The coordinator: trains the domain model, gathers Qhat and solves for z with the sites.
 
-One code path for both runtimes.  The coordinator talks to its sites only through
-``call_all(method, message)``: with ``runtime="local"`` the sites are :class:`SiteWorker`
-objects in this process, with ``runtime="ray"`` they are Ray actors (see
+One code path for every runtime.  The coordinator talks to its sites only through a backend
+(:class:`msa_fed.runtime.backend.Backend`): with ``runtime="local"`` the sites are
+:class:`SiteWorker` objects in this process, with ``runtime="ray"`` they are Ray actors (see
 :mod:`msa_fed.runtime.ray_sites`).  Every message that crosses is one of
 :mod:`msa_fed.runtime.messages` and can be recorded.
 """
@@ -10,82 +10,54 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
+from msa_fed.artifacts.model import CombinedModel
+from msa_fed.core.combination import class_union
 from msa_fed.core.dc_solver import solve_dc
 from msa_fed.core.dc_terms import DCSums, sum_all
 from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import ClassifierConfig, DomainClassifier, fit_maxent
-from msa_fed.core.features import FEATURE_MAPS, feature_map_state, make_feature_map
+from msa_fed.core.domain_classifier import DomainClassifier, fit_feature_map, train_domain_classifier
+from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
-from msa_fed.artifacts.model import CombinedModel
 from msa_fed.runtime import messages as m
+from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
+from msa_fed.runtime.checkpoint import Checkpoint
+from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.progress import Progress
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything a run needs besides the sites; built once at the edge (API, CLI, job file)."""
-
-    task: str = "classification"
-    method: str = "dmsa"                  # "dmsa" (Maxent classifier) or "gmsa" (KDEs)
-    features: Any = "standard"            # domain-classifier feature map (see msa_fed.core.features)
-    eta: float = 1e-2                     # smoothing: a small positive number, as in the paper
-    random_state: int = 0
-    min_points: int = 20                  # a site never aggregates over fewer points (privacy)
-    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    solver: dict = field(default_factory=dict)   # options of msa_fed.core.dc_solver.solve_dc
-    bandwidth: Any = None                 # GMSA: None = 5-fold CV per domain
-    checkpoint_dir: str | None = None     # DC state written after every iteration; resumed from
-    verbose: bool = False
-
-    @property
-    def loss(self) -> str:
-        return "cross_entropy" if self.task == "classification" else "squared"
-
-    def validate(self) -> "RunConfig":
-        if self.task not in ("classification", "regression"):
-            raise ConfigError(f"task must be 'classification' or 'regression'; got {self.task!r}")
-        if self.method not in ("dmsa", "gmsa"):
-            raise ConfigError(f"method must be 'dmsa' or 'gmsa'; got {self.method!r}")
-        if not (np.isfinite(self.eta) and self.eta >= 0):
-            raise ConfigError(f"eta must be a finite number >= 0; got {self.eta!r}")
-        if int(self.min_points) < 1:
-            raise ConfigError(f"min_points must be >= 1; got {self.min_points!r}")
-        self.classifier.validate()
-        return self
+#: DC evaluations the noisy-oracle solver spends when a site answers with DP noise
+DP_EVALUATIONS = 30
 
 
 class Coordinator:
     """Owns the sites' lifecycle and runs one DMSA/GMSA fit.
 
-    ``backend`` is an object with ``start(coordinator) -> list[SiteInfo]``,
-    ``call_all(method, msgs)`` (one message per site), ``call_one(i, method, msg, replay)``,
-    ``call_shards(method, msg)`` (every holder of classifier rows: the sites and their helpers)
-    and ``shutdown()``: :class:`msa_fed.runtime.local.LocalSites` or
-    :class:`msa_fed.runtime.ray_sites.RaySites`.
+    backend : a :class:`msa_fed.runtime.backend.Backend`; config : the run's validated
+    :class:`msa_fed.runtime.config.FitConfig`; recorder : gets every boundary crossing;
+    solver_callback : called as callback(iteration, z, value) after each solver iteration.
     """
 
-    def __init__(self, backend, predictors: list, config: RunConfig, recorder: m.Recorder | None = None,
+    def __init__(self, backend: Backend, predictors: list, config: FitConfig, recorder: m.Recorder | None = None,
                  solver_callback: Callable | None = None):
+        if not isinstance(config, FitConfig):
+            raise TypeError(f"config must be a FitConfig; got {type(config).__name__}")
         self.backend = backend
         self.predictors = list(predictors)
         self.config = config.validate()
-        self.recorder = recorder
+        self.recorder = recorder if recorder is not None else NullRecorder()
         self.solver_callback = solver_callback
         self.infos: list[m.SiteInfo] | None = None
-        self._setup_log: list[tuple[str, Any]] = []
-        self._sample_digest = ""
-        self._ckpt: dict | None = None  # checkpoint state, loaded lazily (see _checkpoint)
+        self.setup_log = SetupLog()
+        self.checkpoint = Checkpoint(config.checkpoint_dir)
+        self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
-        self.infos = self.backend.start(self)
+        self.infos = self.backend.start(self.recorder, self.setup_log)
         widths = {i.n_features for i in self.infos}
         if len(widths) != 1:
             detail = ", ".join(f"{i.name}: {i.n_features}" for i in self.infos)
@@ -122,18 +94,9 @@ class Coordinator:
         msgs = msg if isinstance(msg, list) else [msg] * len(self.infos)
         return self.backend.call_all(method, msgs)
 
-    def record(self, direction, site, method, message):
-        """Hand one crossing to the recorder (``message`` None: a request without payload)."""
-        if self.recorder is not None:
-            self.recorder.record(direction, site, method, message)
-
-    def replay_setup(self, site_index: int):
-        """After a site restarted: resend the state it had been given, in order."""
-        for method, msg in self._setup_log:
-            self.backend.call_one(site_index, method, msg, replay=False)
-
     def _setup_all(self, method: str, msg) -> list:
-        self._setup_log = [(mm, x) for mm, x in self._setup_log if mm != method] + [(method, msg)]
+        """A set-up message: logged (a restarted site gets it again), then sent to every site."""
+        self.setup_log.add(method, msg)
         return self.call_all(method, msg)
 
     # ------------------------------------------------------------------ steps
@@ -148,41 +111,17 @@ class Coordinator:
     def _classes(self):
         if self.config.task != "classification":
             return None
-        return np.unique(np.concatenate([np.asarray(i.classes) for i in self.infos]))
+        return class_union(i.classes for i in self.infos)
 
-    def _fingerprint(self) -> str:
+    def _fingerprint(self, sample_digest: str) -> str:
         cfg = self.config
         key = json.dumps({
             "sites": [(i.name, i.n_labeled, i.n_unlabeled, i.n_features) for i in self.infos],
             "task": cfg.task, "method": cfg.method, "features": repr(cfg.features), "eta": cfg.eta,
             "classifier": repr(cfg.classifier), "seed": cfg.random_state,
-            "samples": self._sample_digest,
+            "samples": sample_digest,
         }, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-    def _checkpoint(self) -> dict:
-        """The checkpoint of this problem (same fingerprint), read from disk once per run and
-        then kept in memory: the solver writes after every iteration and must not re-read it."""
-        d = self.config.checkpoint_dir
-        if d is None:
-            return {}
-        if self._ckpt is None:
-            f = Path(d) / "dc_state.json"
-            state = json.loads(f.read_text()) if f.is_file() else {}
-            fingerprint = self._fingerprint()
-            self._ckpt = state if state.get("fingerprint") == fingerprint else {"fingerprint": fingerprint}
-        return {k: v for k, v in self._ckpt.items() if k != "fingerprint"}
-
-    def _write_checkpoint(self, **state):
-        d = self.config.checkpoint_dir
-        if d is None:
-            return
-        self._checkpoint()  # make sure the cache holds this problem's state
-        self._ckpt.update(state)
-        Path(d).mkdir(parents=True, exist_ok=True)
-        tmp = Path(d) / "dc_state.json.tmp"
-        tmp.write_text(json.dumps(self._ckpt))
-        os.replace(tmp, Path(d) / "dc_state.json")
 
     def train_domain_model(self, progress: Progress):
         cfg = self.config
@@ -190,114 +129,118 @@ class Coordinator:
         digest = hashlib.sha256()
         for X in samples:
             digest.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
-        self._sample_digest = digest.hexdigest()
+        ckpt = self.checkpoint.bind(self._fingerprint(digest.hexdigest()))
         if cfg.method == "gmsa":
-            fmap = None if cfg.features in (None, "none") else make_feature_map(cfg.features, cfg.random_state)
+            fmap = None if cfg.features is None else make_feature_map(cfg.features, cfg.random_state)
             progress.note("GMSA: fitting one kernel density estimate per domain (5-fold CV bandwidth)")
             return KDEDomainModel(bandwidth=cfg.bandwidth, feature_map=fmap, random_state=cfg.random_state).fit(samples)
-        fmap = make_feature_map(cfg.features, cfg.random_state)
-        weights = np.concatenate([np.full(len(X), 1.0 / (self.p * len(X))) for X in samples])
-        try:
-            fmap.fit(np.vstack(samples), sample_weight=weights)
-        except TypeError:
-            fmap.fit(np.vstack(samples))
-        builtin = any(type(fmap) is c for c in FEATURE_MAPS.values())
-        state = feature_map_state(fmap) if builtin else None
         ccfg = cfg.classifier
-        setup = m.ShardSetup(feature_map=state, custom_feature_map=None if builtin else fmap,
-                             n_sources=self.p, dtype=ccfg.dtype, device=ccfg.device, seed=cfg.random_state)
-        self._setup_log = [(mm, x) for mm, x in self._setup_log if mm != "setup_shard"] + [("setup_shard", setup)]
-        self.backend.call_shards("setup_shard", setup)
-        D = int(np.asarray(fmap.transform(samples[0][:1])).shape[1])
-        ckpt = self._checkpoint()
         if "theta" in ckpt:
             progress.note("domain classifier: resumed from checkpoint")
+            fmap = fit_feature_map(make_feature_map(cfg.features, cfg.random_state), samples)
             return DomainClassifier(fmap, np.asarray(ckpt["theta"]), self.p, ccfg.mu, {"resumed": True})
 
         # synchronous data-parallel training: every step's loss and gradient are the sums of the
         # shard holders' answers (sites and helpers), equal to the pooled computation
         losses = []
 
-        def oracle(theta):
-            parts = self.backend.call_shards("classifier_loss_grad", m.ThetaRequest(theta=theta))
+        def gather(request):
+            parts = self.backend.call_shards("classifier_loss_grad", request)
             losses.append(sum(r.loss for r in parts))
             return losses[-1], sum(r.grad for r in parts)
 
-        def minibatch(theta, step):
-            parts = self.backend.call_shards("classifier_loss_grad", m.ThetaRequest(
-                theta=theta, step=step, batch_size=ccfg.batch_size))
-            losses.append(sum(r.loss for r in parts))
-            return losses[-1], sum(r.grad for r in parts)
+        def oracles(fmap):
+            state, custom = m.feature_map_fields(fmap)
+            setup = m.ShardSetup(feature_map=state, custom_feature_map=custom, n_sources=self.p,
+                                 dtype=ccfg.dtype, device=ccfg.device, seed=cfg.random_state)
+            self.setup_log.add("setup_shard", setup)
+            self.backend.call_shards("setup_shard", setup)
+            return (lambda theta: gather(m.ThetaRequest(theta=theta)),
+                    lambda theta, step: gather(m.ThetaRequest(theta=theta, step=step, batch_size=ccfg.batch_size)))
 
         bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
                            total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
+
+        curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
 
         def advance(i, _):
             bar.update(1)
             if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
                 shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
                 bar.set_postfix_str(f"loss={shown:.5g}")
+                curve.append(float(shown))
                 losses.clear()
 
-        theta, info = fit_maxent(oracle, D, self.p, ccfg, minibatch_oracle=minibatch,
-                                 n_points=max(len(X) for X in samples), progress=advance)
+        model = train_domain_classifier(samples, make_feature_map(cfg.features, cfg.random_state), ccfg,
+                                        random_state=cfg.random_state, progress=advance, oracles=oracles)
+        model.info_ = {**model.info_, "history": curve}
         bar.close()
+        info = model.info_
         progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
                       f"after {info['n_iter']} iterations")
-        self._write_checkpoint(theta=theta.tolist())
-        return DomainClassifier(fmap, theta, self.p, ccfg.mu, info)
-
-    def _domain_spec(self, dm) -> m.DomainModelSpec:
-        fmap = dm.feature_map
-        builtin = fmap is not None and any(type(fmap) is c for c in FEATURE_MAPS.values())
-        state = feature_map_state(fmap) if builtin else None
-        custom = None if (builtin or fmap is None) else fmap
-        if isinstance(dm, DomainClassifier):
-            return m.DomainModelSpec(kind="maxent", n_sources=self.p, feature_map=state,
-                                     custom_feature_map=custom, theta=dm.theta_)
-        return m.DomainModelSpec(kind="kde", n_sources=self.p, feature_map=state, custom_feature_map=custom,
-                                 bandwidths=dm.bandwidths_, samples=tuple(dm.samples_))
+        self.checkpoint.update(theta=model.theta_.tolist())
+        return model
 
     def prepare_dc(self, domain_model) -> tuple[np.ndarray, "DistributedOracle"]:
         """Send the domain model to the sites, gather Qhat (p,) from their partial sums, send it
         back; returns (qhat, the loss oracle whose sums the sites compute)."""
-        parts = self._setup_all("set_domain_model", self._domain_spec(domain_model))
+        parts = self._setup_all("set_domain_model", m.domain_model_spec(domain_model, self.p))
+        self.note_epsilon(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
+        if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
+            qhat = np.maximum(qhat, 1e-6)
+            qhat = qhat / qhat.sum()
         self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=self.config.eta))
-        return qhat, DistributedOracle(self)
+        return qhat, DistributedOracle(self.backend, self.p, on_parts=self.note_epsilon)
+
+    def note_epsilon(self, parts):
+        """Record the epsilon each site says it has spent (sites with DP off report 0)."""
+        for info, r in zip(self.infos, parts):
+            eps = float(getattr(r, "epsilon", 0.0) or 0.0)
+            if eps > 0:
+                self.epsilon[info.name] = max(eps, self.epsilon.get(info.name, 0.0))
 
     def fit(self) -> CombinedModel:
         cfg = self.config
         if self.infos is None:
             self.start()
         progress = Progress(cfg.verbose)
-        self._setup_log = []
+        self.setup_log.clear()
         dm = self.train_domain_model(progress)
         qhat, oracle = self.prepare_dc(dm)
-        ckpt = self._checkpoint()
-        solver_opts = dict(cfg.solver)
-        solver_opts.setdefault("random_state", cfg.random_state)
-        solver_opts.setdefault("objective", "minmax")
+        ckpt = self.checkpoint.state
+        solver = cfg.solver
+        solver_opts = dict(objective=solver.objective, method=solver.method, tol=solver.tol,
+                           max_iter=solver.max_iter, n_restarts=solver.n_restarts, bound=solver.bound,
+                           z0=None if solver.z0 is None else np.asarray(solver.z0), random_state=cfg.random_state)
+        shown = "max_k L_k" if solver.objective == "minmax" else "Gamma"  # what the solver minimises
         if "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
+            # "gamma" holds the value the solver last reported: its objective during the solve, Gamma at the end
             progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
-                          f"Gamma={ckpt.get('gamma'):.3g}")
+                          f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}")
         bar = progress.bar("DC solver", unit="it", total=None)
-
-        shown = "max_k L_k" if solver_opts["objective"] == "minmax" else "Gamma"
 
         def callback(it, z, gamma):
             bar.update(1)
             bar.set_postfix_str(f"{shown}={gamma:.4g}")
-            self._write_checkpoint(z=np.asarray(z).tolist(), gamma=float(gamma), iteration=int(it))
+            self.checkpoint.update(z=np.asarray(z).tolist(), gamma=float(gamma), gamma_name=shown, iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
-        res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
+        if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
+            from msa_fed.privacy.solver import solve_noisy
+
+            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
+            res = solve_noisy(oracle, cfg.eta, n_evaluations=DP_EVALUATIONS,
+                              random_state=solver_opts.get("random_state", 0), callback=callback)
+        else:
+            res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
         progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
                       f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
-        self._write_checkpoint(z=res.z.tolist(), gamma=res.gamma, iteration=res.n_iter, done=True)
+        self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter,
+                               done=True)
         info = {"solver": {"method": res.method, "n_iter": res.n_iter, "n_evaluations": res.n_evaluations,
                            "converged": res.converged, "restarts": res.restarts},
                 "classifier": getattr(dm, "info_", {}),
@@ -306,21 +249,25 @@ class Coordinator:
         return CombinedModel(method=cfg.method, task=cfg.task, site_names=[i.name for i in self.infos],
                              domain_model=dm, qhat=qhat, z=res.z, eta=cfg.eta, predictors=self.predictors,
                              n_features=self.n_features, classes=self._classes(), gamma=res.gamma,
-                             domain_losses=res.losses, history=res.history, info=info)
+                             domain_losses=res.losses, history=res.history, info=info,
+                             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos})
 
 
 class DistributedOracle:
-    """The DC loss oracle whose sums are computed at the sites and added here."""
+    """The DC loss oracle whose sums are computed at the sites (through the backend) and added here."""
 
-    def __init__(self, coordinator: Coordinator):
-        self.coordinator = coordinator
-        self.n_sources = coordinator.p
+    def __init__(self, backend: Backend, n_sources: int, on_parts=None):
+        self.backend = backend
+        self.n_sources = n_sources
+        self.on_parts = on_parts  # sees every round's partials (the coordinator notes DP epsilon)
 
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
-        parts = self.coordinator.call_all(
-            "dc_evaluate", m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
-                                       global_bound=global_bound))
+        msg = m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
+                          global_bound=global_bound)
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
+        if self.on_parts is not None:
+            self.on_parts(parts)
         return sum_all(r.sums for r in parts)
 
     def max_bound(self) -> float:
-        return max(r.value for r in self.coordinator.call_all("max_bound", None))
+        return max(r.value for r in self.backend.call_all("max_bound", [None] * self.n_sources))

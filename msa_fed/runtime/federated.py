@@ -12,9 +12,11 @@ ever reaches the cluster.
 
 :class:`FederatedSites` is a coordinator backend with the same surface as
 :class:`msa_fed.runtime.local.LocalSites` and :class:`msa_fed.runtime.ray_sites.RaySites`:
-``start(coordinator) -> list[SiteInfo]``, ``call_one(i, method, msg, replay=True)``,
-``call_all(method, msgs)``, ``call_shards(method, msg)``, ``shutdown()``; of the coordinator it
-uses only ``record(direction, site, method, message)``.
+(:class:`msa_fed.runtime.backend.Backend`): ``start(recorder, setup_log) -> list[SiteInfo]``,
+``call_one(i, method, msg, replay=True)``, ``call_all(method, msgs)``, ``call_shards(method,
+msg)``, ``shutdown()``.  It never calls back into the coordinator: every crossing goes to the
+recorder, and a site (or stand-in actor) that lost its state is given the set-up messages of the
+:class:`msa_fed.runtime.backend.SetupLog` again.
 
 The relay is given as an object (the runtime layer has no gRPC client of its own; the one used by
 jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
@@ -22,7 +24,7 @@ jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
 - ``open_job(job_id, sites) -> list[str]`` (the sites connected now),
 - ``call(job_id, calls, timeout_s) -> list``: ``calls`` are (site, method, message); each result
   is the decoded response message, a :class:`msa_fed.runtime.wire.RemoteError` (the site's own
-  refusal or failure) or a :class:`SiteUnreachable` (the registry could not get an answer),
+  refusal or failure; a ``PrivacyError`` keeps its rule and site) or a :class:`SiteUnreachable` (the registry could not get an answer),
 - ``close_job(job_id)``.
 
 Liveness: a site the registry cannot reach (disconnected, silent, too slow) is retried until
@@ -44,7 +46,9 @@ import numpy as np
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError, SiteError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
-from msa_fed.runtime.ray_sites import RaySites, _cpu_share
+from msa_fed.runtime.backend import NullRecorder, SetupLog
+from msa_fed.runtime.ray_actors import _cpu_share
+from msa_fed.runtime.ray_sites import RaySites
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import SiteStateLost, _loss_grad, _make_shard
 
@@ -116,7 +120,7 @@ class PublishedSample:
         return _loss_grad(self._shard, self.name, msg)
 
     def ping(self, _=None) -> m.Ack:
-        from msa_fed.runtime.site import current_node_id
+        from msa_fed.runtime.node import current_node_id
 
         return m.Ack(self.incarnation, node_id=current_node_id())
 
@@ -138,20 +142,25 @@ class _StandIns(RaySites):
                 for _ in self.names]
 
 
-class _ActorView:
-    """What the stand-ins' Ray backend needs of a coordinator: recording, and the replay of the
-    classifier setup to an actor that restarted."""
+class _ActorSetupLog(SetupLog):
+    """The stand-in actors' view of the run's set-up log: only what they answer (the classifier
+    shard set-up); the sites' own set-up (domain model, Qhat) goes to the site processes."""
 
-    def __init__(self, owner: "FederatedSites"):
-        self.owner = owner
+    def __init__(self, log: SetupLog):
+        super().__init__()
+        self.log = log
 
-    def record(self, direction, site, method, message):
-        self.owner._record(direction, site, method, message)
+    def add(self, method: str, msg) -> None:
+        self.log.add(method, msg)
 
-    def replay_setup(self, i: int):
-        setup = self.owner._shard_setup
-        if setup is not None:
-            self.owner.stand_ins.call_one(i, "setup_shard", setup, replay=False)
+    def get(self, method: str):
+        return self.log.get(method) if method in ACTOR_METHODS else None
+
+    def entries(self) -> list:
+        return [(mm, x) for mm, x in self.log.entries() if mm in ACTOR_METHODS]
+
+    def clear(self) -> None:
+        self.log.clear()
 
 
 class FederatedSites:
@@ -191,18 +200,18 @@ class FederatedSites:
             worker_cls=PublishedSample, workers_per_site=workers_per_site, num_cpus=num_cpus, address=address,
             data_channel=data_channel, init_kwargs=init_kwargs, max_restarts=max_restarts,
             retry_timeout_s=self.site_timeout_s, start_timeout_s=self.site_timeout_s)
-        self.coordinator = None
-        self._held: dict[str, list] = {}      # the last setup message per site, per method
-        self._shard_setup = None
+        self.recorder = NullRecorder()
+        self.setup_log = SetupLog()
         self._open = False
 
     # ------------------------------------------------------------------ lifecycle
     def _record(self, direction, site, method, message):
-        if self.coordinator is not None:
-            self.coordinator.record(direction, site, method, message)
+        self.recorder.record(direction, site, method, message)
 
-    def start(self, coordinator):
-        self.coordinator = coordinator
+    def start(self, recorder=None, setup_log: SetupLog | None = None):
+        """Open the job at the relay, have every site join it, start the stand-in actors."""
+        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.setup_log = setup_log if setup_log is not None else SetupLog()
         connected = self.relay.open_job(self.job_id, self.names)
         self._open = True
         missing = [n for n in self.names if n not in connected]
@@ -217,7 +226,7 @@ class FederatedSites:
                 raise SiteError(name, f"holds {info.n_unlabeled} unlabelled points of width {info.n_features}, but its "
                                       f"published sample has shape {X.shape}; republish it (the site's process "
                                       "checks this at start too)")
-        self.stand_ins.start(_ActorView(self))
+        self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
         return infos
 
     def shutdown(self):
@@ -240,15 +249,11 @@ class FederatedSites:
     def call_all(self, method: str, msgs: list) -> list:
         if method in ACTOR_METHODS:
             return self._actor_call(list(range(len(self.names))), method, msgs)
-        if method in _SITE_SETUP:
-            self._held[method] = list(msgs)
         return self._relay([(i, method, msg) for i, msg in enumerate(msgs)])
 
     def call_shards(self, method: str, msg) -> list:
         if method not in ACTOR_METHODS:
             raise ValueError(f"{method!r} is not a classifier-training call")
-        if method == "setup_shard":
-            self._shard_setup = msg
         return self.stand_ins.call_shards(method, msg)
 
     def _actor_call(self, sites: list[int], method: str, msgs: list) -> list:
@@ -259,8 +264,6 @@ class FederatedSites:
                 out.append(m.UnlabeledSample(X=self.samples[i]))
                 self._record("from_site", self.names[i], method, out[-1])
             return out
-        if method == "setup_shard":
-            self._shard_setup = msgs[0]
         if len(sites) == len(self.names):
             return self.stand_ins.call_all(method, msgs)
         return [self.stand_ins.call_one(i, method, msg) for i, msg in zip(sites, msgs)]
@@ -309,6 +312,8 @@ class FederatedSites:
                         self._rejoin(i)
                         retry.append(j)
                         continue
+                    if res.kind == PrivacyError.__name__ and res.rule:  # a policy's refusal, typed
+                        raise PrivacyError(res.rule, res.site or name, res.detail)
                     cls = _REMOTE_ERRORS.get(res.kind)
                     if cls is not None:
                         raise cls(res.text)
@@ -328,9 +333,9 @@ class FederatedSites:
         """Site i restarted and lost the job: join it again and replay its setup."""
         log.warning("site %s restarted; replaying the job's setup to it", self.names[i])
         self._relay([(i, "join_job", self.join[i])], replay=False)
-        for method in _SITE_SETUP:
-            if method in self._held:
-                self._relay([(i, method, self._held[method][i])], replay=False)
+        for method, msg in self.setup_log.entries():
+            if method in _SITE_SETUP:
+                self._relay([(i, method, msg)], replay=False)
 
 
 def _finite(a, shape) -> bool:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from msa_fed.runtime import messages as m
+from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import ShardWorker, SiteWorker
 
 
 class LocalSites:
-    """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with in-process sites."""
+    """A :class:`msa_fed.runtime.backend.Backend` with in-process sites."""
 
     def __init__(self, site_kwargs: list[dict], *, workers_per_site: int = 1, worker_cls=SiteWorker):
         split_rows(0, workers_per_site)  # validates
@@ -24,10 +25,10 @@ class LocalSites:
         self.worker_cls = worker_cls
         self.workers: list = []
         self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
-        self.coordinator = None
+        self.recorder = NullRecorder()
 
-    def start(self, coordinator):
-        self.coordinator = coordinator
+    def start(self, recorder=None, setup_log: SetupLog | None = None):
+        self.recorder = recorder if recorder is not None else NullRecorder()
         self.workers = [self.worker_cls(**kw) for kw in self.site_kwargs]
         infos = [self.call_one(i, "info", None) for i in range(len(self.workers))]
         self.helpers = []
@@ -38,15 +39,16 @@ class LocalSites:
                 self.helpers.append((i, helper))
         return infos
 
+    def _call(self, worker, method: str, msg):
+        self.recorder.record("to_site", worker.name, method, msg)
+        out = getattr(worker, method)(msg)
+        self.recorder.record("from_site", worker.name, method, out)
+        return out
+
     def call_one(self, i: int, method: str, msg, replay: bool = True):
-        worker = self.workers[i]
-        c = self.coordinator
         if method == "setup_shard":  # the site keeps only its first row block
             msg = replace(msg, workers_per_site=self.workers_per_site)
-        c.record("to_site", worker.name, method, msg)
-        out = getattr(worker, method)(msg)
-        c.record("from_site", worker.name, method, out)
-        return out
+        return self._call(self.workers[i], method, msg)
 
     def call_all(self, method: str, msgs: list):
         return [self.call_one(i, method, msg) for i, msg in enumerate(msgs)]
@@ -54,12 +56,7 @@ class LocalSites:
     def call_shards(self, method: str, msg) -> list:
         """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""
         outs = self.call_all(method, [msg] * len(self.workers))
-        c = self.coordinator
-        for i, helper in self.helpers:
-            c.record("to_site", helper.name, method, msg)
-            out = getattr(helper, method)(msg)
-            c.record("from_site", helper.name, method, out)
-            outs.append(out)
+        outs += [self._call(helper, method, msg) for _, helper in self.helpers]
         return outs
 
     def shutdown(self):

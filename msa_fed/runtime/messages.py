@@ -127,6 +127,49 @@ class DomainModelSpec(Message):
     samples: tuple = ()  # the published unlabelled samples (KDE only)
 
 
+def feature_map_fields(fmap) -> tuple[tuple | None, Any]:
+    """(feature_map, custom_feature_map) message fields of a feature map: the state of a built-in
+    map (name, params, arrays), or the object itself for a custom one (in-process API only)."""
+    from msa_fed.core.features import FEATURE_MAPS, feature_map_state
+
+    if fmap is None:
+        return None, None
+    if any(type(fmap) is cls for cls in FEATURE_MAPS.values()):
+        return feature_map_state(fmap), None
+    return None, fmap
+
+
+def feature_map_of(state: tuple | None, custom):
+    """Inverse of :func:`feature_map_fields`."""
+    if state is None:
+        return custom
+    from msa_fed.core.features import feature_map_from_state
+
+    return feature_map_from_state(*state)
+
+
+def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
+    """The message that carries a fitted domain model to the sites (its own get_state)."""
+    from msa_fed.core.domain_models import domain_model_state
+
+    kind, _, arrays = domain_model_state(model)
+    state, custom = feature_map_fields(model.feature_map)
+    samples = tuple(arrays[f"kde_sample.{k}"] for k in range(n_sources) if f"kde_sample.{k}" in arrays)
+    return DomainModelSpec(kind=kind, n_sources=n_sources, feature_map=state, custom_feature_map=custom,
+                           theta=arrays.get("theta"), bandwidths=arrays.get("bandwidths"), samples=samples)
+
+
+def domain_model_from_spec(spec: DomainModelSpec):
+    """The domain model a :class:`DomainModelSpec` carries (its class's from_state)."""
+    from msa_fed.core.domain_models import domain_model_from_state
+
+    arrays = {"theta": spec.theta, "bandwidths": spec.bandwidths}
+    arrays.update({f"kde_sample.{k}": s for k, s in enumerate(spec.samples)})
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    fmap = feature_map_of(spec.feature_map, spec.custom_feature_map)
+    return domain_model_from_state(spec.kind, {}, arrays, fmap, spec.n_sources)
+
+
 @dataclass(frozen=True)
 class ShardSetup(Message):
     feature_map: tuple | None
@@ -203,11 +246,13 @@ class GradSum(Message):
 class QhatPartial(Message):
     sums: np.ndarray  # (p,)
     n: int
+    epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
 
 
 @dataclass(frozen=True)
 class DCPartial(Message):
     sums: DCSums
+    epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,23 @@
-"""Progress reporting for long steps: tqdm bars on stderr when verbose, silent otherwise."""
+"""Progress reporting for long steps, for people and for log files.
+
+On a terminal (stderr is a TTY) a step is a tqdm bar redrawn in place.  Anywhere else (a file,
+``ray job logs``, a systemd journal) a bar would become hundreds of carriage-return fragments,
+so each step writes one plain line per iteration instead::
+
+    DC solver: iteration 3, max_k L_k=0.4127
+    DC solver: done after 7 iterations, max_k L_k=0.4102
+
+Silent when not verbose.  ``MSA_FED_PROGRESS=bars|lines`` forces one style.
+"""
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from tqdm.auto import tqdm
+
+STYLE_ENV = "MSA_FED_PROGRESS"
 
 
 class _Null:
@@ -17,6 +31,64 @@ class _Null:
         pass
 
 
+class LineBar:
+    """The tqdm calls the coordinator uses, written as one line per iteration to ``stream``.
+
+    ``update`` then ``set_postfix_str`` is one iteration; its line is written once its postfix is
+    known (or at the next update/close when none comes)."""
+
+    def __init__(self, desc: str, unit: str = "it", total=None, stream=None):
+        self.desc, self.unit, self.total = desc, unit, total
+        self.stream = stream if stream is not None else sys.stderr
+        self.n = 0
+        self.postfix = ""
+        self._pending = False
+        self._t0 = time.perf_counter()
+        self._closed = False
+
+    def _word(self) -> str:
+        return {"it": "iteration", "epoch": "epoch"}.get(self.unit, self.unit)
+
+    def _emit(self, text: str) -> None:
+        print(f"{self.desc}: {text}", file=self.stream, flush=True)
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            of = f"/{self.total}" if self.total else ""
+            self._emit(f"{self._word()} {self.n}{of}" + (f", {self.postfix}" if self.postfix else ""))
+            self._pending = False
+
+    def update(self, n=1):
+        self._flush_pending()
+        self.n += n
+        self._pending = True
+
+    def set_postfix_str(self, s):
+        self.postfix = str(s)
+        self._flush_pending()
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._flush_pending()
+        plural = "s" if self.n != 1 else ""
+        self._emit(f"done after {self.n} {self._word()}{plural} in {time.perf_counter() - self._t0:.1f} s"
+                   + (f", {self.postfix}" if self.postfix else ""))
+
+
+def use_bars(stream=None) -> bool:
+    """Bars on a terminal, lines elsewhere (``MSA_FED_PROGRESS`` overrides)."""
+    forced = os.environ.get(STYLE_ENV, "").strip().lower()
+    if forced in ("bars", "lines"):
+        return forced == "bars"
+    stream = stream if stream is not None else sys.stderr
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class Progress:
     def __init__(self, verbose: bool):
         self.verbose = verbose
@@ -24,8 +96,13 @@ class Progress:
     def bar(self, desc: str, unit: str = "it", total=None):
         if not self.verbose:
             return _Null()
-        return tqdm(desc=desc, unit=unit, total=total, file=sys.stderr, leave=True, dynamic_ncols=True)
+        if use_bars():
+            return tqdm(desc=desc, unit=unit, total=total, file=sys.stderr, leave=True, dynamic_ncols=True)
+        return LineBar(desc, unit, total)
 
     def note(self, text: str):
         if self.verbose:
-            tqdm.write(text, file=sys.stderr)
+            if use_bars():
+                tqdm.write(text, file=sys.stderr)
+            else:
+                print(text, file=sys.stderr, flush=True)

@@ -1,9 +1,7 @@
 """The Ray runtime: one actor per site, pinned to the site's node when the cluster has one.
 
-A node that carries the custom resource ``site:<name>`` is that site's machine; the site's
-actor asks for a sliver of that resource, so Ray can only place it there and the data never
-leaves the institution.  Without any ``site:`` resource (a laptop, a test) actors go anywhere;
-with some, every site must have its node.  ``workers_per_site > 1`` adds helper actors
+Placement, attaching to Ray and reading an actor's state are :mod:`msa_fed.runtime.ray_actors`;
+this module is the per-round calls.  ``workers_per_site > 1`` adds helper actors
 (:class:`msa_fed.runtime.site.ShardWorker`) on each site's node, each holding a block of the
 site's unlabelled rows for data-parallel classifier training.
 
@@ -11,15 +9,14 @@ Failures are translated once, here, from Ray 2.x's exception types
 (``ray/exceptions.py``): an error raised by the site's own code (``RayTaskError``) is re-raised
 as the library error it is, anything else becomes a :class:`SiteError` naming the site;
 ``ActorUnavailableError`` means the actor is restarting (Ray: "temporarily unavailable"), so
-the call is retried and, once the restarted worker reports that it lost its state, the
-coordinator replays the setup; ``ActorDiedError`` (or any ``RayActorError``) is final when the
+the call is retried and, once the restarted worker reports that it lost its state, the backend
+replays the set-up log; ``ActorDiedError`` (or any ``RayActorError``) is final when the
 GCS actor table says the actor is ``DEAD`` (killed with ``no_restart``, restarts exhausted,
 constructor failed): the run fails with a :class:`SiteError` naming the site and Ray's cause.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import replace
 
@@ -29,14 +26,13 @@ from msa_fed.errors import ConfigError, MsaFedError, SiteError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
 from msa_fed.runtime.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
+from msa_fed.core.options import from_mapping
+from msa_fed.runtime.backend import NullRecorder, SetupLog
+from msa_fed.runtime.config import RayConfig
+from msa_fed.runtime.ray_actors import (LARGE_ARG_BYTES, SITE_RESOURCE_PREFIX, SITE_RESOURCE_SHARE,  # noqa: F401 - re-exported
+                                        actor_status, ensure_ray, last_line, original_error, placement)
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
-
-SITE_RESOURCE_PREFIX = "site:"
-#: the share of a site node's ``site:<name>`` resource one actor takes (several may share it)
-SITE_RESOURCE_SHARE = 0.01
-#: constructor arrays above this size are put in the object store once (Ray inlines smaller ones)
-LARGE_ARG_BYTES = 100 * 1024
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
 #: after a data channel could not be opened, the calls go through Ray for this long before a
@@ -46,76 +42,6 @@ CHANNEL_RETRY_S = 5.0
 CHANNEL_RETRY_MAX_S = 600.0
 
 log = logging.getLogger(__name__)
-
-
-def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs):
-    """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a new local Ray (once).
-
-    ``address="local"`` is passed explicitly in the second case: a bare ``ray.init()`` would
-    attach to any Ray that happens to run on this machine (it reads /tmp/ray).
-    """
-    import ray
-
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS") or "local"
-    kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    kwargs.update(init_kwargs)
-    if address == "local" and num_cpus is not None:
-        kwargs["num_cpus"] = num_cpus
-    ray.init(address=address, **kwargs)
-    return ray
-
-
-def actor_status(handle) -> tuple[str | None, str]:
-    """(state, death cause) of an actor from the GCS actor table; (None, "") if unknown.
-
-    state is one of DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD.  The GCS
-    table is read directly (``ray._private.state``), which needs no dashboard.
-    """
-    try:
-        from ray._private import state as ray_state
-
-        info = ray_state.actors(actor_id=handle._actor_id.hex())
-    except Exception:  # noqa: BLE001 - any failure here just means "unknown"
-        return None, ""
-    if not info:
-        return None, ""
-    cause = ""
-    try:
-        death = info.get("DeathCause")
-        for fld in ("actor_died_error_context", "creation_task_failure_context"):
-            if death is not None and death.HasField(fld):
-                ctx = getattr(death, fld)
-                cause = getattr(ctx, "error_message", "") or getattr(ctx, "formatted_exception_string", "")
-                break
-    except Exception:  # noqa: BLE001
-        pass
-    return info.get("State"), _last_line(cause)
-
-
-def _cpu_share(share: float) -> float:
-    """A CPU reservation Ray can always honour: at most 1, at most ``share`` (half of what is
-    free, so a second backend never waits for a warm first one), 0 when that is a crumb."""
-    share = min(1.0, float(share))
-    return 0.0 if share < 0.01 else float(np.floor(share * 1e4) / 1e4)
-
-
-def _original_error(site: str, text: str) -> str:
-    """The last "pkg.ErrorType: message" line of a remote traceback, for a SiteError message."""
-    found = ""
-    for line in str(text).splitlines():
-        head, sep, rest = line.strip().partition(": ")
-        if sep and head.replace(".", "").replace("_", "").isalnum() and head[:1].isalpha() \
-                and not head.startswith("ray.") and head.split(".")[-1][:1].isupper():
-            found = f"{head.split('.')[-1]}: {rest}"
-    prefix = f"SiteError: site {site!r}: "
-    return found[len(prefix):] if found.startswith(prefix) else (found or _last_line(text))
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
 
 
 class _Endpoint:
@@ -133,48 +59,36 @@ class _Endpoint:
 
 
 class RaySites:
-    """Backend of :class:`msa_fed.runtime.coordinator.Coordinator` with Ray actors.
+    """A :class:`msa_fed.runtime.backend.Backend` with Ray actors.
 
-    num_cpus : CPUs each actor reserves; None: an even share of half the site's node (or of
-        half the local machine's free CPUs), at most 1, so that actors of a second backend never
-        wait for a warm first one (Ray gives actors with fractional CPUs one BLAS/torch thread).
-    max_restarts : restarts of a crashed actor before the site is declared dead.
-    retry_timeout_s : how long a call waits for a restarting actor.
-    start_timeout_s : how long start-up waits for Ray to place and start the actors.
-    workers_per_site : actors per site for classifier training (1: the site's own actor).
+    config : a :class:`msa_fed.runtime.config.RayConfig` (each option documented there), or its
+        fields as keyword arguments.
     worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
-    data_channel : how the per-round calls (DC evaluations, SGD steps) travel
-        (:mod:`msa_fed.runtime.channel`): "tls" (default; a direct mutual-TLS connection to each
-        site actor, certificates exchanged through Ray), "plain" (no TLS; only when every actor
-        runs on the coordinator's node, over loopback) or "off" (every call through Ray).
-    init_kwargs : extra keyword arguments of ``ray.init`` when a local Ray is started.
     """
 
-    def __init__(self, site_kwargs: list[dict], *, num_cpus: float | None = None, max_restarts: int = 3,
-                 address: str | None = None, retry_timeout_s: float = 120.0, start_timeout_s: float = 300.0,
-                 workers_per_site: int = 1, worker_cls=SiteWorker, init_kwargs: dict | None = None,
-                 data_channel: str = "tls"):
-        split_rows(0, workers_per_site)  # validates
-        self.data_channel = check_mode(data_channel)
+    def __init__(self, site_kwargs: list[dict], config: RayConfig | None = None, *, worker_cls=SiteWorker,
+                 **options):
+        if config is None:
+            config = from_mapping(RayConfig, options, "RaySites: ")
+        elif options:
+            raise TypeError("give RaySites a RayConfig or its fields as keyword arguments, not both")
+        self.config = config.validate()
+        self.data_channel = check_mode(config.data_channel)
         self._identity = None  # the coordinator's ephemeral (certificate, key) for the channel
-        if num_cpus is not None and not num_cpus >= 0:
-            raise ValueError(f"num_cpus must be a number >= 0 or None; got {num_cpus!r}")
-        if int(max_restarts) < 0:
-            raise ValueError(f"max_restarts must be >= 0; got {max_restarts!r}")
         self.site_kwargs = site_kwargs
-        self.num_cpus = num_cpus
-        self.max_restarts = int(max_restarts)
-        self.address = address
-        self.retry_timeout_s = float(retry_timeout_s)
-        self.start_timeout_s = float(start_timeout_s)
-        self.workers_per_site = int(workers_per_site)
+        self.num_cpus = config.num_cpus
+        self.max_restarts = config.max_restarts
+        self.address = config.address
+        self.retry_timeout_s = config.retry_timeout_s
+        self.start_timeout_s = config.start_timeout_s
+        self.workers_per_site = config.workers_per_site
         self.worker_cls = worker_cls
-        self.init_kwargs = init_kwargs or {}
+        self.init_kwargs = dict(config.init_kwargs)
         self.names = [kw["name"] for kw in site_kwargs]
         self.sites: list[_Endpoint] = []
         self.helpers: list[_Endpoint] = []
-        self.coordinator = None
-        self._helper_setup = None      # the last ShardSetup, replayed to a restarted helper
+        self.recorder = NullRecorder()
+        self.setup_log = SetupLog()
         self._placement_cache = None   # actor options per site
         self._arg_refs: list[dict] = []
 
@@ -188,53 +102,21 @@ class RaySites:
         return [e.handle for e in self.helpers]
 
     # ------------------------------------------------------------------ lifecycle
-    def _placement(self, ray) -> list[dict]:
-        """Actor options per site: the site's resource when pinned, and a CPU share."""
-        resources = ray.cluster_resources()
-        free_cpus = ray.available_resources().get("CPU", 0.0)
-        pinned = any(k.startswith(SITE_RESOURCE_PREFIX) for k in resources)
-        # a node may carry several sites' resources (the demo: one machine standing in for all);
-        # the CPU share is then split among this run's sites on that node
-        node_cpus, node_sites = {}, {}
-        ours = {SITE_RESOURCE_PREFIX + name for name in self.names}
-        for node in ray.nodes():
-            if node.get("Alive"):
-                keys = [k for k in node.get("Resources", {}) if k in ours]
-                for key in keys:
-                    node_cpus[key] = node["Resources"].get("CPU", 0.0)
-                    node_sites[key] = len(keys)
-        out = []
-        per_site = self.workers_per_site
-        n_actors = len(self.names) * per_site
-        for name in self.names:
-            key = SITE_RESOURCE_PREFIX + name
-            opts = dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts)
-            if pinned:
-                if key not in resources:
-                    raise SiteError(name, f"no Ray node carries the resource {key!r} (the cluster has site "
-                                          "resources, so every site needs its node)")
-                opts["resources"] = {key: SITE_RESOURCE_SHARE}
-                share = 0.5 * node_cpus.get(key, 1.0) / (node_sites.get(key, 1) * per_site)
-            else:
-                share = 0.5 * free_cpus / n_actors
-            opts["num_cpus"] = self.num_cpus if self.num_cpus is not None else _cpu_share(share)
-            out.append(opts)
-        return out
-
-    def start(self, coordinator):
-        """Start the actors, or, when they run already (a warm backend), serve a new coordinator."""
-        self.coordinator = coordinator
+    def start(self, recorder=None, setup_log: SetupLog | None = None):
+        """Start the actors, or, when they run already (a warm backend), serve a new run."""
+        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.setup_log = setup_log if setup_log is not None else SetupLog()
         if self.sites:
             return self.call_all("info", [None] * len(self.sites))
         ray = ensure_ray(self.address, **self.init_kwargs)
-        placement = self._placement_cache = self._placement(ray)
+        placement_opts = self._placement_cache = self._placement(ray)
         site_cls = ray.remote(self.worker_cls)
         # large constructor arguments (in-process data) go to the object store; holding their
         # references for the backend's life keeps them there for actor restarts
         self._arg_refs = [{k: ray.put(v) if isinstance(v, np.ndarray) and v.nbytes > LARGE_ARG_BYTES else v
                            for k, v in kw.items()} for kw in self.site_kwargs]
         self.sites = [_Endpoint(name, i, site_cls.options(**opts).remote(**kw))
-                      for i, (name, kw, opts) in enumerate(zip(self.names, self._arg_refs, placement))]
+                      for i, (name, kw, opts) in enumerate(zip(self.names, self._arg_refs, placement_opts))]
         self.helpers = []
         try:
             infos = self._gather(self.sites, "info", [None] * len(self.sites), timeout=self.start_timeout_s)
@@ -242,7 +124,8 @@ class RaySites:
                 helper_cls = ray.remote(ShardWorker)
                 for i, info in enumerate(infos):
                     for start, stop in split_rows(info.n_unlabeled, self.workers_per_site)[1:]:
-                        handle = helper_cls.options(**placement[i]).remote(info.name, i, start, stop, info.n_unlabeled)
+                        handle = helper_cls.options(**placement_opts[i]).remote(info.name, i, start, stop,
+                                                                                 info.n_unlabeled)
                         self.helpers.append(_Endpoint(info.name, i, handle, rows=(start, stop)))
                 for e, ref in [(e, self._load_rows(e)) for e in self.helpers]:
                     self._get(e, ref, lambda e=e: self._load_rows(e), "load_rows", replay=False)
@@ -251,11 +134,15 @@ class RaySites:
             raise
         return infos
 
+    def _placement(self, ray) -> list[dict]:
+        """Actor options per site (:func:`msa_fed.runtime.ray_actors.placement`)."""
+        return placement(ray, self.names, self.workers_per_site, self.max_restarts, self.num_cpus)
+
     def _load_rows(self, e: _Endpoint):
         """Have site e.site send helper e its rows, by reference: they go from the site's actor
         to the helper on the same node, never through the coordinator."""
         req = m.RowRange(*e.rows)
-        self.coordinator.record("to_site", e.name, "unlabeled_rows", req)
+        self.recorder.record("to_site", e.name, "unlabeled_rows", req)
         return e.handle.load_rows.remote(self.sites[e.site].handle.unlabeled_rows.remote(req))
 
     def shutdown(self):
@@ -280,11 +167,12 @@ class RaySites:
     def _recover(self, e: _Endpoint, method: str):
         """Give a restarted actor back the state it lost."""
         if not e.helper:
-            self.coordinator.replay_setup(e.site)
+            for setup_method, msg in self.setup_log.entries():
+                self.call_one(e.site, setup_method, msg, replay=False)
             return
         self._get(e, self._load_rows(e), lambda: self._load_rows(e), "load_rows", replay=False)
-        if method != "setup_shard" and self._helper_setup is not None:
-            msg = self._helper_setup
+        msg = self.setup_log.get("setup_shard")
+        if method != "setup_shard" and msg is not None:
             self._get(e, e.handle.setup_shard.remote(msg), lambda: e.handle.setup_shard.remote(msg),
                       "setup_shard", replay=False)
 
@@ -314,15 +202,15 @@ class RaySites:
                     raise cause from None
                 raise SiteError(e.name, f"{method} failed: {type(cause).__name__}: {cause}") from None
             except UnserializableException as exc:  # an exception class Ray could not rebuild here
-                raise SiteError(e.name, _original_error(e.name, str(exc))) from None
+                raise SiteError(e.name, original_error(e.name, str(exc))) from None
             except (RayActorError, ObjectLostError) as exc:
                 state, why = actor_status(e.handle)
                 init_failed = isinstance(exc, RayActorError) and exc.actor_init_failed
                 if init_failed or state == "DEAD" or (state is None and isinstance(exc, ActorDiedError)):
                     if init_failed:
                         raise SiteError(e.name, "the site's actor failed to start: "
-                                                + _original_error(e.name, why or str(exc))) from None
-                    detail = why or _last_line(str(exc)) or type(exc).__name__
+                                                + original_error(e.name, why or str(exc))) from None
+                    detail = why or last_line(str(exc)) or type(exc).__name__
                     raise SiteError(e.name, f"the site's actor died and will not be restarted: {detail}") from None
                 if time.monotonic() > deadline:
                     raise SiteError(e.name, f"the site's actor did not come back within {self.retry_timeout_s:g} s "
@@ -347,7 +235,7 @@ class RaySites:
 
         if self.data_channel != "off" and method in CHANNEL_METHODS and timeout is None:
             return self._gather_channel(endpoints, method, msgs)
-        c = self.coordinator
+        c = self.recorder
         msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
         refs = []
         for e, msg in zip(endpoints, msgs):
@@ -394,7 +282,7 @@ class RaySites:
             self._identity = make_identity("msa-fed coordinator")
         offer = m.ChannelOffer(mode=self.data_channel, peer_cert=self._identity[0] if self._identity else "")
         here = ray.get_runtime_context().get_node_id()
-        c = self.coordinator
+        c = self.recorder
         refs = []
         for e in todo:
             c.record("to_site", e.name, "open_channel", offer)
@@ -420,7 +308,7 @@ class RaySites:
     def _gather_channel(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
         """:meth:`_gather` over the data channels; an endpoint whose channel fails (or whose
         site raised) is asked again through Ray, which restarts, replays and reports errors."""
-        c = self.coordinator
+        c = self.recorder
         self._open_channels(endpoints)
         started = time.monotonic()
         msgs = [self._outgoing(e, method, msg) for e, msg in zip(endpoints, msgs)]
@@ -472,7 +360,7 @@ class RaySites:
 
     def call_one(self, i: int, method: str, msg, replay: bool = True):
         e = self.sites[i]
-        c = self.coordinator
+        c = self.recorder
         msg = self._outgoing(e, method, msg)
         c.record("to_site", e.name, method, msg)
         out = self._get(e, self._call(e, method, msg), lambda: self._call(e, method, msg), method, replay)
@@ -484,7 +372,5 @@ class RaySites:
 
     def call_shards(self, method: str, msg) -> list:
         """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""
-        if method == "setup_shard":
-            self._helper_setup = msg
         endpoints = self.sites + self.helpers
         return self._gather(endpoints, method, [msg] * len(endpoints))

@@ -29,7 +29,7 @@ def minibatch_indices(seed: int, step: int, n_total: int, batch_size: int):
     """The mini-batch of a whole site shard at ``step``: a torch LongTensor of row indices.
 
     Mirrors :meth:`msa_fed.core.domain_classifier.MaxentShard.minibatch_loss_grad` (same
-    generator seed, same permutation); ``tests/runtime/test_shards.py`` checks they agree.
+    generator seed, same permutation); ``tests/runtime/test_runtime_local.py`` checks they agree.
     """
     import torch
 

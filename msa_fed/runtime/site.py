@@ -14,11 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
+from msa_fed.privacy import rules
+from msa_fed.privacy.guard import SiteGuard
+from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
 from msa_fed.runtime import messages as m
-
-PROBA_ATOL = 1e-4
+from msa_fed.runtime.node import current_node_id
 
 
 class SiteStateLost(MsaFedError):
@@ -26,28 +29,17 @@ class SiteStateLost(MsaFedError):
 
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
-    """Validated outputs of a frozen predictor on X.
+    """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
+    naming ``who``, never the offending rows: the message leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        out = np.asarray(predictor.predict(X), dtype=np.float64).reshape(-1)
-        if out.shape[0] != X.shape[0]:
-            raise ConfigError(f"{who}: predict returned {out.shape[0]} values for {X.shape[0]} inputs")
-        if not np.all(np.isfinite(out)):
-            raise ConfigError(f"{who}: predict returned NaN or inf")
-        return out
-    P = np.asarray(predictor.predict_proba(X), dtype=np.float64)
+        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    if P.ndim != 2 or P.shape != (X.shape[0], own.size):
-        raise ConfigError(f"{who}: predict_proba returned shape {P.shape}; expected ({X.shape[0]}, {own.size})")
-    if not np.all(np.isfinite(P)) or P.min() < -PROBA_ATOL:
-        raise ConfigError(f"{who}: predict_proba returned NaN, inf or negative values")
-    dev = float(np.max(np.abs(P.sum(axis=1) - 1.0))) if P.size else 0.0
-    if dev > PROBA_ATOL:
-        raise ConfigError(f"{who}: predicted probabilities do not sum to 1 (max deviation {dev:.3g})")
+    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -56,27 +48,11 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
-def _feature_map(state, custom):
-    if state is None:
-        return custom
-    from msa_fed.core.features import feature_map_from_state
-
-    return feature_map_from_state(*state)
-
-
 def build_domain_model(spec: m.DomainModelSpec):
-    # imported here, not at the top: a site loads only what its domain model needs (the Maxent
-    # classifier's module imports torch, the KDE's scikit-learn), which keeps actors light
-    fmap = _feature_map(spec.feature_map, spec.custom_feature_map)
-    if spec.kind == "maxent":
-        from msa_fed.core.domain_classifier import DomainClassifier
-
-        return DomainClassifier(fmap, spec.theta, spec.n_sources, mu=0.0)
-    if spec.kind == "kde":
-        from msa_fed.core.density import KDEDomainModel
-
-        return KDEDomainModel.from_state(spec.bandwidths, list(spec.samples), feature_map=fmap)
-    raise ConfigError(f"unknown domain model kind {spec.kind!r}")
+    try:
+        return m.domain_model_from_spec(spec)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"malformed domain model: {exc}") from None
 
 
 SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
@@ -125,22 +101,37 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
     return out
 
 
-def current_node_id() -> str:
-    """The Ray node this process runs on, or "" outside Ray."""
+def in_ray_actor() -> bool:
+    """True inside a Ray actor (a process that receives its arguments from another party)."""
     try:
         import ray
     except ImportError:  # pragma: no cover - ray is a dependency
-        return ""
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return False
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+def site_policy(given: SitePolicy | None, job_request=None) -> SitePolicy:
+    """The policy a site enforces.  In-process, the caller is the site itself and may pass its
+    policy; inside a Ray actor the arguments come from the job, so the policy is the one named
+    by ``$MSA_FED_SITE_POLICY`` on this node (else the defaults) and a passed policy can only
+    tighten it.  ``job_request`` (the job's own values, e.g. min_points) only tightens."""
+    if given is not None and not isinstance(given, SitePolicy):
+        raise ConfigError(f"policy must be a SitePolicy; got {type(given).__name__}")
+    if in_ray_actor():
+        base = tighten(policy_from_env(), given)
+    else:
+        base = given if given is not None else policy_from_env()
+    return tighten(base, job_request)
 
 
 def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
+    from msa_fed.core.domain_classifier import shard_seed
     from msa_fed.runtime.shards import RowShard
 
-    fmap = _feature_map(fmap_msg.feature_map, fmap_msg.custom_feature_map)
+    fmap = m.feature_map_of(fmap_msg.feature_map, fmap_msg.custom_feature_map)
     Phi = np.asarray(fmap.transform(X), dtype=np.float64)
     return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
-                    dtype=fmap_msg.dtype, seed=fmap_msg.seed * 1000 + index)
+                    dtype=fmap_msg.dtype, seed=shard_seed(fmap_msg.seed, index))
 
 
 class SiteWorker:
@@ -149,11 +140,19 @@ class SiteWorker:
     The private data are given as arrays (in-process) or as ``data_path``, an .npz with
     X_labeled, y_labeled, X_unlabeled read on the node where the worker runs (relative paths
     under ``$MSA_FED_SITE_DATA``), lazily, so that a missing file is an ordinary error.
+
+    Every request is checked against the site's privacy policy before any aggregate leaves
+    (:mod:`msa_fed.privacy`, docs/DESIGN.md section 9), counted in its ledger and written to
+    its audit log.  ``policy``: the site's :class:`SitePolicy` (in-process callers; inside a
+    Ray actor the policy is read from ``$MSA_FED_SITE_POLICY`` on the node and a passed one
+    only tightens it); ``min_points`` and ``privacy`` (a dict of policy values) are the job's
+    requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
     def __init__(self, name: str, index: int, X_labeled=None, y_labeled=None, X_unlabeled=None,
                  predictors=(), task: str = "classification", loss: str = "cross_entropy", classes=None,
-                 min_points: int = 20, data_path=None):
+                 min_points: int = 20, data_path=None, policy: SitePolicy | None = None, job_id: str = "",
+                 privacy: dict | None = None):
         self.name = name
         self.index = index
         self.data_path = None if data_path is None else str(data_path)
@@ -167,19 +166,25 @@ class SiteWorker:
         self.task = task
         self.loss = loss
         self.classes = None if classes is None else np.asarray(classes)
-        self.min_points = int(min_points)
+        # the site's own policy; the job's min_points and privacy requests can only tighten it
+        self.policy = site_policy(policy, {**(privacy or {}), "min_points": int(min_points)})
+        self.min_points = self.policy.min_points
+        self.guard = SiteGuard(name, self.policy, job_id)
         self.incarnation = uuid.uuid4().hex
         self._H = None
         self._Q = None
         self._points = None
         self._shard = None
+        self._spec_key = None      # digest of the domain model in force (replays are not new models)
+        self._own_partial = None   # this site's exact Qhat partial for that model
+        self._checked_eta: dict = {}
 
     @classmethod
     def from_path(cls, name: str, index: int, data_path, predictors, task: str, loss: str, classes=None,
-                  min_points: int = 20) -> "SiteWorker":
+                  min_points: int = 20, policy: SitePolicy | None = None, job_id: str = "") -> "SiteWorker":
         """A site whose data are read from ``data_path`` on this node."""
         worker = cls(name, index, predictors=predictors, task=task, loss=loss, classes=classes,
-                     min_points=min_points, data_path=data_path)
+                     min_points=min_points, data_path=data_path, policy=policy, job_id=job_id)
         worker._data()
         return worker
 
@@ -195,10 +200,7 @@ class SiteWorker:
             self._set_data(d["X_labeled"], d["y_labeled"], d["X_unlabeled"])
 
     def _require(self, count: int, what: str):
-        if count < self.min_points:
-            raise PrivacyError(
-                f"site {self.name!r} refuses to aggregate over {count} {what} points: fewer than "
-                f"the configured minimum of {self.min_points}")
+        return rules.check_min_points(count, self.policy, self.name, what)
 
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
@@ -206,8 +208,11 @@ class SiteWorker:
         if self._H is None:
             cols = []
             for k, h in enumerate(self.predictors):
+                # the unlabelled sample too: the combined model will be used on points like them
+                predictor_outputs(h, self.X_unlabeled, self.task, self.classes,
+                                  who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points")
                 out = predictor_outputs(h, self.X_labeled, self.task, self.classes,
-                                        who=f"site {self.name!r}, predictor {k}")
+                                        who=f"site {self.name!r}, predictor {k}, on the site's labelled points")
                 if self.task == "regression":
                     cols.append(out)
                 else:
@@ -240,7 +245,9 @@ class SiteWorker:
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
         self._data()
         mk = self.X_unlabeled.shape[0]
-        self._require(mk, "unlabelled")
+        with self.guard.request("setup_shard", n_unlabeled=mk) as dec:
+            dec.update(self._require(mk, "unlabelled"))
+            self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_unlabeled, dec)
         from msa_fed.runtime.shards import split_rows
 
         start, stop = split_rows(mk, msg.workers_per_site)[0]
@@ -250,33 +257,114 @@ class SiteWorker:
     def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
         return _loss_grad(self._shard, self.name, msg)
 
+    def _check_fmap(self, state, custom, X, dec: dict):
+        if state is None and custom is None:
+            return
+        if state is None:
+            if not (self.policy.allow_custom_feature_map and not in_ray_actor()):
+                raise PrivacyError("feature_map", self.name, "the request: custom feature maps are accepted only from an "
+                                                             "in-process caller (the site's own process)")
+            dec["feature_map"] = "custom (in-process)"
+            return
+        dec.update(rules.check_feature_map(state, X, self.policy, self.name))
+
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
         self._data()
-        self._require(self.X_labeled.shape[0], "labelled")
-        model = build_domain_model(msg)
-        self._Q = model.predict_proba(self.X_labeled)
-        self._points = None
-        return m.QhatPartial(sums=qhat_partial(self._Q, msg.n_sources), n=int(self._Q.shape[0]))
+        n = int(self.X_labeled.shape[0])
+        with self.guard.request("set_domain_model", n_labeled=n, n_sources=int(msg.n_sources),
+                                model=str(msg.kind)) as dec:
+            dec.update(self._require(n, "labelled"))
+            key = _spec_digest(msg)
+            if key != self._spec_key:  # a replay of the model in force is not a new query
+                dec.update(self.guard.charge("domain_model"))
+            self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_labeled, dec)
+            if msg.kind == "maxent":
+                dec.update(rules.check_theta(msg.theta, msg.n_sources, self.policy, self.name))
+            model = build_domain_model(msg)
+            if msg.kind == "kde":
+                Phi = self.X_labeled if model.feature_map is None else np.asarray(model.feature_map.transform(self.X_labeled))
+                dec.update(rules.check_kde(msg.bandwidths, msg.samples, Phi, msg.n_sources, self.policy, self.name))
+            Q = model.predict_proba(self.X_labeled)
+            self._Q = self._points = self._own_partial = self._spec_key = None
+            self._checked_eta = {}
+            dec.update(rules.check_concentration(Q, self.policy, self.name, "qhat"))
+            sums = qhat_partial(Q, msg.n_sources)
+            self._Q, self._own_partial, self._spec_key = Q, sums, key
+            dp = self.guard.dp
+            if dp is not None:
+                from msa_fed.privacy.dp import qhat_sensitivity
+
+                dec.update(dp.spend())
+                sums = sums + dp.noise(sums.shape, qhat_sensitivity(n, int(msg.n_sources)))
+        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent())
+
+    def _check_c(self, eta: float, dec: dict):
+        """Concentration of the u_k / v_k weights c_k(i) = w_k(i) + eta pi_i (ratio q_k + eta)."""
+        if eta not in self._checked_eta:
+            pts = self._points
+            self._checked_eta[eta] = rules.check_concentration(pts.w / pts.pi[:, None] + eta, self.policy,
+                                                               self.name, "c")
+        dec.update(self._checked_eta[eta])
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
         if self._Q is None:
             raise SiteStateLost(self.name)
-        y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
-        self._points = site_point_set(self._Q, msg.qhat, self._outputs(), self.loss, y=y)
+        with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
+            dec.update(rules.check_eta(msg.eta, self.policy, self.name))
+            if self.guard.dp is None:
+                dec.update(rules.check_qhat(msg.qhat, self._own_partial, self.name))
+            else:  # the partials were noisy: a probability vector; the weights are clipped (dp.py)
+                dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+            self._points = None
+            self._checked_eta = {}
+            y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
+            points = site_point_set(self._Q, msg.qhat, self._outputs(), self.loss, y=y)
+            dec.update(rules.check_concentration(points.w / points.pi[:, None], self.policy, self.name, "w"))
+            self._points = points
+            self._check_c(float(msg.eta), dec)
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
         if self._points is None:
             raise SiteStateLost(self.name)
-        self._require(self._points.n_points, "labelled")
-        sums = self._points.evaluate(msg.z, msg.eta, what=tuple(msg.what), global_bound=msg.global_bound)
-        return m.DCPartial(sums=sums)
+        pts = self._points
+        what = tuple(msg.what)
+        with self.guard.request("dc_evaluate", n_labeled=pts.n_points, what=list(what)) as dec:
+            self._require(pts.n_points, "labelled")
+            dec.update(self.guard.charge("dc_evaluation"))
+            eta = float(msg.eta)
+            rules.check_eta(eta, self.policy, self.name)
+            rules.check_z(msg.z, eta, pts.w.shape[1], self.policy, self.name)
+            if msg.global_bound is not None and not (np.isfinite(msg.global_bound) and msg.global_bound >= 0):
+                raise PrivacyError("global_bound", self.name, "the request: global_bound must be a finite number >= 0")
+            if any(x in what for x in ("u", "du", "v", "dv")):
+                self._check_c(eta, dec)
+            dp = self.guard.dp
+            if dp is None:
+                sums = pts.evaluate(msg.z, eta, what=what, global_bound=msg.global_bound)
+            else:
+                from msa_fed.core.dc_terms import DCSums
+                from msa_fed.privacy.dp import clipped_losses
+
+                if what != ("L",):
+                    raise PrivacyError("dp_what", self.name, f"the request: with differential privacy on, the site answers the "
+                                                             f"losses L only; asked for {list(what)}")
+                dec.update(dp.spend())
+                L, sens = clipped_losses(pts, msg.z, eta, self.policy)
+                sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
+        return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:
         if self._points is None:
             raise SiteStateLost(self.name)
-        return m.BoundMax(self._points.max_bound())
+        with self.guard.request("max_bound", n_labeled=self._points.n_points) as dec:
+            if self.guard.dp is not None:
+                raise PrivacyError("dp_what", self.name, "the request: with differential privacy on, the site does not answer "
+                                                         "the largest per-point bound")
+            dec.update(self.guard.charge("dc_evaluation"))
+            value = self._points.max_bound()
+        return m.BoundMax(value)
 
     def ping(self, _=None) -> m.Ack:
         return m.Ack(self.incarnation, node_id=current_node_id())
@@ -286,6 +374,36 @@ class SiteWorker:
         from msa_fed.runtime.channel import serve_channel
 
         return serve_channel(self, self.name, msg)
+
+
+def _spec_digest(msg: m.DomainModelSpec) -> str:
+    """A digest of a domain model's content (equal specs: the same model, e.g. a replay)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((msg.kind, msg.n_sources)).encode())
+
+    def feed(v):
+        if isinstance(v, np.ndarray):
+            h.update(str((v.dtype.str, v.shape)).encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                h.update(repr(k).encode())
+                feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            h.update(b"(")
+            for x in v:
+                feed(x)
+            h.update(b")")
+        else:
+            h.update(repr(v).encode())
+
+    feed(msg.feature_map)
+    feed(None if msg.theta is None else np.asarray(msg.theta))
+    feed(None if msg.bandwidths is None else np.asarray(msg.bandwidths))
+    feed([np.asarray(x) for x in msg.samples])
+    h.update(str(id(msg.custom_feature_map) if msg.custom_feature_map is not None else "").encode())
+    return h.hexdigest()
 
 
 def _loss_grad(shard, name: str, msg: m.ThetaRequest) -> m.GradSum:

@@ -26,6 +26,7 @@ import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from msa_fed.core.dc_terms import DCSums
+from msa_fed.errors import PrivacyError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.proto import boundary_pb2 as pb
 
@@ -44,11 +45,20 @@ class WireError(ValueError):
 
 
 class RemoteError(Exception):
-    """An error the other end reported: ``kind`` is the error type's name."""
+    """An error the other end reported: ``kind`` is the error type's name; for a privacy policy's
+    refusal (``kind == "PrivacyError"``) ``rule``, ``site`` and ``detail`` as the site gave them."""
 
-    def __init__(self, kind: str, text: str):
+    def __init__(self, kind: str, text: str, rule: str = "", site: str = "", detail: str = ""):
         super().__init__(f"{kind}: {text}")
         self.kind, self.text = kind, text
+        self.rule, self.site, self.detail = rule, site, detail
+
+    def exception(self) -> Exception:
+        """The library error this stands for: a typed :class:`PrivacyError` for a policy's refusal
+        (rule and site kept), else this RemoteError itself."""
+        if self.kind == PrivacyError.__name__:
+            return PrivacyError(self.rule, self.site, self.detail) if self.rule else PrivacyError(self.text)
+        return self
 
 
 # the body field of SiteRequest / SiteResponse for each message type (None: no payload)
@@ -90,6 +100,13 @@ def _put_array(out: pb.NdArray, v) -> None:
     out.dtype = v.dtype.str
     out.shape.extend(int(s) for s in v.shape)
     out.data = np.ascontiguousarray(v).tobytes()
+
+
+def _epsilon(v: float, what: str) -> float:
+    """A site's epsilon spent: a finite number >= 0."""
+    if not (math.isfinite(v) and v >= 0):
+        raise WireError(f"{what}: epsilon must be a finite number >= 0")
+    return float(v)
 
 
 def _array(a: pb.NdArray, what: str) -> np.ndarray:
@@ -231,6 +248,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
     elif isinstance(msg, m.QhatPartial):
         _put_array(body.sums, msg.sums)
         body.n = int(msg.n)
+        body.epsilon = float(msg.epsilon)
     elif isinstance(msg, m.DCPartial):
         s = msg.sums
         if not isinstance(s, DCSums):
@@ -242,6 +260,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
             elif v is not None:
                 _put_numeric(getattr(body.sums, f.name), v)
         body.sums.SetInParent()
+        body.epsilon = float(msg.epsilon)
     elif isinstance(msg, m.BoundMax):
         body.value = float(msg.value)
     elif isinstance(msg, m.Ack):
@@ -296,13 +315,13 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
     if cls is m.QhatPartial:
         if not b.HasField("sums"):
             raise WireError(f"{what}: sums is missing")
-        return m.QhatPartial(sums=_array(b.sums, f"{what}.sums"), n=b.n)
+        return m.QhatPartial(sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what))
     if cls is m.DCPartial:
         if not b.HasField("sums"):
             raise WireError("malformed DC sums: missing")
         s = b.sums
         return m.DCPartial(sums=DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"},
-                                       n=s.n))
+                                       n=s.n), epsilon=_epsilon(b.epsilon, what))
     if cls is m.BoundMax:
         return m.BoundMax(value=b.value)
     if cls is m.Ack:
@@ -348,7 +367,8 @@ def from_proto(envelope, allowed: dict[str, type]):
     if body_name is None:
         raise WireError("message has no body")
     if body_name == "failure":
-        return "", RemoteError(envelope.failure.kind or "Error", envelope.failure.text)
+        f = envelope.failure
+        return "", RemoteError(f.kind or "Error", f.text, rule=f.rule[:128], site=f.site[:128], detail=f.detail[:4000])
     method = envelope.method
     if not _METHOD.match(method):
         raise WireError(f"message names no method (or not an identifier: {method[:80]!r})")
@@ -374,6 +394,21 @@ def encode(method: str, msg: m.Message | None, allowed: dict[str, type]) -> byte
 def encode_error(kind: str, text: str) -> bytes:
     """An error answer: the library error type's name and its message."""
     return error_proto(kind, text).SerializeToString()
+
+
+def failure_proto(exc: BaseException):
+    """The ``SiteResponse`` reporting ``exc``; a :class:`PrivacyError` keeps its rule, site and detail."""
+    out = error_proto(type(exc).__name__, str(exc))
+    if isinstance(exc, PrivacyError) and exc.rule:
+        out.failure.rule = str(exc.rule)[:128]
+        out.failure.site = str(exc.site)[:128]
+        out.failure.detail = " ".join(str(exc.detail).split())[:4000]
+    return out
+
+
+def encode_failure(exc: BaseException) -> bytes:
+    """An error answer for ``exc`` (:func:`failure_proto`), as bytes."""
+    return failure_proto(exc).SerializeToString()
 
 
 def decode(frame: bytes, allowed: dict[str, type]):

@@ -140,7 +140,7 @@ def write_job(tmp: Path, address: str, sites=(), name="job") -> Path:
         f'name = "{name}"\n[registry]\naddress = "{address}"\ninsecure = true\n'
         f'admin_token_file = "{tmp / "admin_token"}"\n'
         f'[model]\ntask = "classification"\nfeatures = "standard"\n'
-        f'[run]\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\ntopology = "cluster"\n')
+        f'[run]\ntopology = "cluster"\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n')
     return job
 
 
@@ -204,6 +204,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
                # default wait for it is short and kills the node
                RAY_agent_register_timeout_ms="120000")
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")
     try:
         procs.start([ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=1", "--object-store-memory=200000000",

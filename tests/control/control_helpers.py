@@ -4,12 +4,17 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from msa_fed.artifacts.predictors import META_CLASSES, META_KIND, META_N_FEATURES
+from msa_fed.control.public import ARTIFACT_REFUSED
+
+# all a client may learn about a refused artifact: the fixed reason and an incident id
+ARTIFACT_REFUSED_DETAILS = re.compile(re.escape(ARTIFACT_REFUSED) + r" \(incident [0-9a-f]{12}\)")
 
 
 def linear_onnx(weights, bias: float = 0.0, *, metadata: dict | None = None, padding: int = 0) -> bytes:
@@ -65,6 +70,16 @@ class Pki:
     server_key: bytes
     client_cert: bytes
     client_key: bytes
+    ca_key: bytes = b""
+
+    def client(self, common_name: str, dns_names=()) -> tuple[bytes, bytes]:
+        """(certificate, key) PEM of another client certificate signed by this CA."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        ca = x509.load_pem_x509_certificate(self.ca)
+        ca_key = serialization.load_pem_private_key(self.ca_key, None)
+        return _leaf(ca, ca_key, common_name, "client", [x509.DNSName(n) for n in dns_names])
 
     def write(self, folder) -> dict:
         paths = {}
@@ -80,17 +95,12 @@ def make_pki(common_name: str = "msa-fed test CA") -> Pki:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import NameOID
 
     now = datetime.datetime.now(datetime.timezone.utc)
 
     def name(cn):
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def pem_key(key):
-        return key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
@@ -104,23 +114,39 @@ def make_pki(common_name: str = "msa-fed test CA") -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(cn, usage, san):
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
-
-    server_cert, server_key = leaf(
-        "localhost", ExtendedKeyUsageOID.SERVER_AUTH,
+    server_cert, server_key = _leaf(
+        ca_cert, ca_key, "localhost", "server",
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
-    client_cert, client_key = leaf("site-a", ExtendedKeyUsageOID.CLIENT_AUTH, None)
-    return Pki(ca_cert.public_bytes(serialization.Encoding.PEM), server_cert, server_key, client_cert, client_key)
+    client_cert, client_key = _leaf(ca_cert, ca_key, "site-a", "client", None)
+    return Pki(ca_cert.public_bytes(serialization.Encoding.PEM), server_cert, server_key, client_cert, client_key,
+               _pem_key(ca_key))
+
+
+def _pem_key(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def _leaf(ca_cert, ca_key, cn: str, usage: str, san) -> tuple[bytes, bytes]:
+    """A certificate for ``cn`` (usage "server" or "client") with subjectAltNames ``san``, signed by the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH if usage == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    )
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)

@@ -28,7 +28,7 @@ CALLS = {
     "DownloadCombinedModel": lambda c: c.download_combined_model(),
 }
 SITE_ONLY = {"RegisterSite", "Heartbeat", "UploadPredictor", "UploadSample"}
-ADMIN_ONLY = {"UploadCombinedModel"}
+ADMIN_ONLY = {"UploadCombinedModel", "ListSites"}
 NAMES_A_SITE = {"RegisterSite", "Heartbeat", "GetSite", "DeregisterSite", "DownloadPredictor", "DownloadSample"}
 
 
@@ -107,13 +107,67 @@ def env_site(server, tok, name):
     return token
 
 
-def test_site_lists_only_itself(env):
+def test_a_site_token_in_place_of_the_admin_token_says_so(env):
+    """A job run with a site token is told it used the wrong token (it once read "sites not registered")."""
     server, tok = env
+    for method in sorted(ADMIN_ONLY):
+        with pytest.raises(RegistryError) as err:
+            call(server, tok["b"], method)
+        assert err.value.code == "PERMISSION_DENIED"
+        assert "this RPC needs the admin token; a site token was given" in str(err.value), method
     with RegistryClient(server.address, tok["b"], insecure=True) as b:
-        assert [s.name for s in b.list_sites()] == ["b"]
+        assert b.get_site().name == "b"  # a site reads its own record
     with RegistryClient(server.address, tok["admin"], insecure=True) as admin:
         names = {s.name for s in admin.list_sites()}
     assert {"a", "b"} <= names
+    for method in sorted(SITE_ONLY):
+        with pytest.raises(RegistryError) as err:
+            call(server, tok["admin"], method)
+        assert "this RPC needs a site token; the admin token was given" in str(err.value), method
+
+
+def test_revoked_and_replaced_tokens_are_reported_as_revoked(env):
+    server, tok = env
+    with pytest.raises(RegistryError) as err:
+        call(server, tok["revoked"], "Heartbeat")
+    assert str(err.value) == "UNAUTHENTICATED: the token of site 'revoked' was revoked (or replaced by a newer one)"
+    old = server.registry.issue_token("site", "rotated")
+    server.registry.issue_token("site", "rotated")  # replaces the first
+    with pytest.raises(RegistryError) as err:
+        call(server, old, "GetSite")
+    assert "was revoked" in str(err.value)
+    # a wrong secret for a principal with revoked tokens is still just invalid
+    with pytest.raises(RegistryError) as err:
+        call(server, wrong_secret(tok["revoked"]), "Heartbeat")
+    assert str(err.value) == "UNAUTHENTICATED: invalid token for site 'revoked'"
+
+
+def test_a_method_without_an_access_rule_is_refused(env):
+    """A service added without rules is not reachable: the table fails closed."""
+    from msa_fed.control.auth import METHOD_RULES, AuthInterceptor
+
+    server, tok = env
+    rules = {m: r for m, r in METHOD_RULES.items() if not m.endswith("/GetSite")}
+    interceptor = AuthInterceptor(server.registry, rules=rules)
+    handler = interceptor.intercept_service(
+        lambda details: grpc.unary_unary_rpc_method_handler(lambda req, ctx: "reached"),
+        type("Details", (), {"method": "/msa_fed.v1.Registry/GetSite"})(),
+    )
+
+    class Context:
+        def invocation_metadata(self):
+            return (("authorization", f"Bearer {tok['admin']}"),)
+
+        def peer(self):
+            return "test"
+
+        def abort(self, code, details):
+            raise RuntimeError(code, details)
+
+    with pytest.raises(RuntimeError) as err:
+        handler.stream_unary(iter([None]), Context())
+    assert err.value.args[0] == grpc.StatusCode.PERMISSION_DENIED
+    interceptor.close()
 
 
 def test_health_needs_no_token_but_reflection_does(env):

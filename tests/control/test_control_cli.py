@@ -114,7 +114,7 @@ def test_auth_errors_are_one_clear_line(run, db, served):
     rc, out, _ = run("admin", "revoke-token", "--db", db, "--site", "a")
     assert rc == 0 and "revoked" in out
     rc, _, err = run("site", "register", "--registry", addr, "--token", token, "--name", "a", "--insecure")
-    assert_one_line_error(rc, err, "UNAUTHENTICATED: invalid token for site 'a'")
+    assert_one_line_error(rc, err, "UNAUTHENTICATED: the token of site 'a' was revoked (or replaced by a newer one)")
     rc, _, err = run("admin", "revoke-token", "--db", db, "--site", "a")
     assert_one_line_error(rc, err, "site 'a' has no active token")
     # a new token replaces the revoked one
@@ -131,7 +131,8 @@ def test_input_errors_are_one_clear_line(run, db, served, tmp_path):
     disguised.write_bytes(pickle.dumps({"not": "a model"}))
     rc, _, err = run("site", "publish", "--registry", addr, "--token", token, "--insecure", "--predictor", disguised)
     assert_one_line_error(rc, err)
-    assert err.startswith("error: INVALID_ARGUMENT: artifact is a Python pickle")
+    assert err.startswith("error: --predictor")
+    assert "artifact is a Python pickle" in err  # checked locally, where the site may see the loader's reason
     objects = tmp_path / "objects.npy"
     np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     rc, _, err = run("site", "publish", "--registry", addr, "--token", token, "--insecure", "--unlabeled", objects)
@@ -169,8 +170,8 @@ def free_port() -> int:
 
 
 def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
-    paths = make_pki().write(tmp_path)
-    token = issue(run, db, "--site", "a")
+    paths = make_pki().write(tmp_path)  # the client certificate names site-a
+    token = issue(run, db, "--site", "site-a")
     address = f"127.0.0.1:{free_port()}"
     outcome = {}
 
@@ -181,7 +182,7 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
                 try:
                     with RegistryClient(address, token, tls_ca=paths["ca"], tls_cert=paths["client_cert"],
                                         tls_key=paths["client_key"], retries=0, timeout=5) as client:
-                        outcome["site"] = client.register("a").name
+                        outcome["site"] = client.register("site-a").name
                         break
                 except Exception as exc:
                     if time.monotonic() > deadline:
@@ -198,7 +199,7 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
                        "--tls-key", paths["server_key"], "--tls-ca", paths["ca"], "--log-level", "ERROR")
     helper.join(30)
     assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored
-    assert outcome == {"site": "a"}, outcome
+    assert outcome == {"site": "site-a"}, outcome
     assert rc == 0 and f"registry listening on {address} (mutual TLS)" in out and "registry stopping" in out
     # and the same site through the CLI, over TLS, against a server from the API
     with SqliteStore(db) as store:
@@ -207,9 +208,9 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
         tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"])
         with RegistryServer(Registry(store), "127.0.0.1:0", tls=tls) as server:
             rc, out, err = run("site", "register", "--registry", f"localhost:{server.port}", "--token", token,
-                               "--name", "a", "--tls-ca", paths["ca"])
+                               "--name", "site-a", "--tls-ca", paths["ca"])
             assert rc == 0, err
             rc, _, err = run("site", "register", "--registry", f"localhost:{server.port}", "--token", token,
-                             "--name", "a", "--insecure", "--timeout", "5")
+                             "--name", "site-a", "--insecure", "--timeout", "5")
             assert_one_line_error(rc, err)
             assert err.startswith("error: UNAVAILABLE")

@@ -50,14 +50,14 @@ def test_tls_end_to_end(registry, pki, other_pki):
 
 
 def test_mutual_tls(registry, pki, other_pki, tmp_path):
-    token = registry.issue_token("site", "a")
+    token = registry.issue_token("site", "site-a")  # the client certificate's CN
     paths = pki.write(tmp_path)
     tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"], paths["ca"])
     with RegistryServer(registry, "127.0.0.1:0", tls=tls) as server:
         assert server.mode == "mutual TLS"
         with RegistryClient(server.address, token, tls_ca=paths["ca"], tls_cert=paths["client_cert"],
                             tls_key=paths["client_key"], retries=0) as client:
-            assert client.register("a").name == "a"
+            assert client.register("site-a").name == "site-a"
         # no client certificate
         with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0, timeout=5) as client:
             expect_code(lambda: client.heartbeat(), "UNAVAILABLE")

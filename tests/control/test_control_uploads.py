@@ -9,7 +9,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from control_helpers import linear_onnx, softmax_onnx
+from control_helpers import ARTIFACT_REFUSED_DETAILS, linear_onnx, softmax_onnx
 from sklearn.linear_model import LinearRegression
 
 from msa_fed.artifacts.predictors import load_predictor
@@ -159,7 +159,7 @@ def test_size_limits():
             channel.close()
 
 
-def test_disguised_and_bad_predictors_are_invalid_argument(site_a, store):
+def test_disguised_and_bad_predictors_are_invalid_argument(site_a, store, caplog):
     fitted = LinearRegression().fit(X3, X3[:, 0])
     valid = linear_onnx([1.0, 2.0, 3.0])
     bad = {
@@ -173,8 +173,12 @@ def test_disguised_and_bad_predictors_are_invalid_argument(site_a, store):
         with pytest.raises(RegistryError) as err:
             site_a.upload_predictor(data)
         assert err.value.code == "INVALID_ARGUMENT", name
+        assert ARTIFACT_REFUSED_DETAILS.fullmatch(err.value.message), name  # the fixed reason and an incident id
+        incident = err.value.message.rsplit(" ", 1)[-1].rstrip(")")
+        logged = [r.getMessage() for r in caplog.records if incident in r.getMessage()]
+        assert len(logged) == 1, name  # the registry logs the loader's reason under that id
         if name == "pickle":
-            assert "pickle" in str(err.value)
+            assert "pickle" in logged[0]
     # a valid model whose declaration contradicts the header's expectations
     assert code_of(lambda: site_a.upload_predictor(valid, kind="probabilities")) == "INVALID_ARGUMENT"
     assert code_of(lambda: site_a.upload_predictor(valid, n_features=5)) == "INVALID_ARGUMENT"
@@ -265,7 +269,7 @@ def test_bytes_in_flight_are_bounded_and_released():
             return exc.code()
 
     with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        with RegistryClient(server.address, token, insecure=True, retries=0) as client:
+        with RegistryClient(server.address, token, insecure=True, retries=0, busy_wait=0) as client:
             client.register("a")
             channel, stub = raw_stub(server)
             slow = threading.Thread(target=lambda: pytest.raises(grpc.RpcError, stub.UploadSample, stalled(),

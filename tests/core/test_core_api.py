@@ -21,7 +21,7 @@ def make_sites(task="classification", sizes=(50, 70), d=2, seed=0):
         mean[k % d] = 3.0 * (1 if k % 2 == 0 else -1)
         w = rng.normal(size=d)
 
-        def draw(m):
+        def draw(m, mean=mean, w=w):
             X = rng.normal(size=(m, d)) + mean
             if task == "classification":
                 return X, (X @ w + 0.3 * rng.normal(size=m) > mean @ w).astype(int)

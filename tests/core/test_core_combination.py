@@ -5,8 +5,14 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from msa_fed.core.combination import (combination_weights, combine_proba, combine_regression, paper_z,
-                                      qhat_partial, site_point_set)
+from msa_fed.core.combination import (
+    combination_weights,
+    combine_proba,
+    combine_regression,
+    paper_z,
+    qhat_partial,
+    site_point_set,
+)
 
 rng = np.random.default_rng(0)
 

@@ -9,7 +9,7 @@ from dc_problems import make_dc_problem
 from reference import gamma_on_grid, losses_on_grid, pooled
 from sklearn.exceptions import ConvergenceWarning
 
-from msa_fed.core.dc_solver import LocalOracle, gamma_at, solve_dc
+from msa_fed.core.dc_solver import LocalOracle, SolverConfig, gamma_at, solve_dc
 from msa_fed.core.dc_terms import gamma_from_losses
 from msa_fed.core.simplex import check_simplex, project_simplex, simplex_grid
 
@@ -43,7 +43,7 @@ def test_gamma_no_worse_than_the_grid(case, method, grids):
     grid_best = float(gamma_on_grid(whole, grids[p], ETA).min())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        res = solve_dc(oracle, ETA, method=method, max_iter=60)
+        res = solve_dc(oracle, ETA, objective="gamma", method=method, max_iter=60)
     check_simplex(res.z)
     # the reported Gamma and losses are those of the returned z (recomputed independently)
     L = losses_on_grid(whole, res.z[None, :], ETA)[0]
@@ -60,7 +60,8 @@ def test_dca_never_increases_gamma(loss):
         oracle, _ = make(3, loss, "harsh", seed, n=150)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            res = solve_dc(oracle, ETA, method="dca", max_iter=10, n_restarts=1, tol=1e-12, random_state=seed)
+            res = solve_dc(oracle, ETA, objective="gamma", method="dca", max_iter=10, n_restarts=1, tol=1e-12,
+                           random_state=seed)
         assert len(res.history) >= 2
         assert np.all(np.diff(res.history) <= 0.0), res.history
         assert res.history[-1] == pytest.approx(res.gamma)
@@ -90,14 +91,14 @@ def test_dca_majoriser_lies_above_gamma(loss, bound):
 def test_iteration_cap_gives_warning_and_flag(method):
     oracle, _ = make(4, "squared", "coupled", 4, n=300)
     with pytest.warns(ConvergenceWarning, match="without converging"):
-        res = solve_dc(oracle, ETA, method=method, max_iter=1, n_restarts=0, tol=1e-14)
+        res = solve_dc(oracle, ETA, objective="gamma", method=method, max_iter=1, n_restarts=0, tol=1e-14)
     assert res.converged is False
     # auto: one homotopy step, then one Newton and one DCA iteration from its best point
     assert res.n_iter <= (3 if method == "auto" else 1)
     # and no warning when it converges
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        res = solve_dc(oracle, ETA, method="auto")
+        res = solve_dc(oracle, ETA, objective="gamma", method="auto")
     assert res.converged
 
 
@@ -117,15 +118,15 @@ def test_larger_problems_reach_gamma_zero(loss):
     """p = 4, 8 and eta = 0 (no smoothing) on both generators: the default method converges."""
     for p, kind, eta in ((4, "coupled", 0.0), (8, "harsh", 0.0), (8, "coupled", ETA)):
         oracle, _ = make(p, loss, kind, 6, n=800)
-        res = solve_dc(oracle, eta)
+        res = solve_dc(oracle, eta, objective="gamma")
         assert res.converged and res.gamma <= 1e-9, (p, kind, eta, res.gamma, res.restarts)
         assert gamma_at(oracle, res.z, eta) == pytest.approx(res.gamma, abs=1e-12)
 
 
 def test_z0_checkpoint_restarts_at_once():
     oracle, _ = make(3, "squared", "coupled", 7, n=300)
-    first = solve_dc(oracle, ETA)
-    again = solve_dc(oracle, ETA, z0=first.z)
+    first = solve_dc(oracle, ETA, objective="gamma")
+    again = solve_dc(oracle, ETA, objective="gamma", z0=first.z)
     assert again.converged and again.n_evaluations <= 2
     np.testing.assert_allclose(again.z, first.z, atol=1e-12)
 
@@ -133,21 +134,38 @@ def test_z0_checkpoint_restarts_at_once():
 def test_bad_arguments_are_named():
     oracle, _ = make(3, "cross_entropy", "coupled", 8, n=100)
     with pytest.raises(ValueError, match="z0 must lie on the simplex; got sum=1.2"):
-        solve_dc(oracle, ETA, z0=[0.5, 0.4, 0.3])
+        solve_dc(oracle, ETA, objective="gamma", z0=[0.5, 0.4, 0.3])
     with pytest.raises(ValueError, match="z0 must lie on the simplex; got a negative entry"):
-        solve_dc(oracle, ETA, z0=[1.5, -0.5, 0.0])
+        solve_dc(oracle, ETA, objective="gamma", z0=[1.5, -0.5, 0.0])
     with pytest.raises(ValueError, match="z0 must have 3 entries"):
-        solve_dc(oracle, ETA, z0=[0.5, 0.5])
+        solve_dc(oracle, ETA, objective="gamma", z0=[0.5, 0.5])
     with pytest.raises(ValueError, match="z must lie on the simplex"):
         gamma_at(oracle, np.array([0.2, 0.2, 0.2]), ETA)
     with pytest.raises(ValueError, match="method"):
-        solve_dc(oracle, ETA, method="bfgs")
+        solve_dc(oracle, ETA, objective="gamma", method="bfgs")
     with pytest.raises(ValueError, match="objective"):
         solve_dc(oracle, ETA, objective="mean")
     with pytest.raises(ValueError, match="eta"):
         solve_dc(oracle, -1.0)
     with pytest.raises(ValueError, match="max_iter"):
-        solve_dc(oracle, ETA, max_iter=0)
+        solve_dc(oracle, ETA, objective="gamma", max_iter=0)
+
+
+def test_default_objective_is_minmax_and_gamma_options_are_refused_under_it():
+    """The solver's default objective is the coordinator's ("minmax"); an option that only the
+    objective "gamma" uses is an error under "minmax" instead of being ignored."""
+    oracle, _ = make(3, "cross_entropy", "coupled", 8, n=100)
+    assert solve_dc(oracle, ETA, n_restarts=0).objective == "minmax"
+    assert SolverConfig().objective == "minmax"
+    for option in ({"method": "dca"}, {"method": "auto"}, {"bound": "global"}):
+        with pytest.raises(ValueError, match=f"{next(iter(option))}=.* applies only to objective='gamma'"):
+            solve_dc(oracle, ETA, **option)
+        with pytest.raises(ValueError, match="applies only to objective='gamma'"):
+            SolverConfig(**option).validate()
+    with pytest.raises(TypeError, match="max_iter must be an integer >= 1; got 'x'"):
+        SolverConfig(max_iter="x").validate()
+    with pytest.raises(ValueError, match="tol must be a number >= 0; got -1"):
+        SolverConfig(tol=-1).validate()
 
 
 def test_simplex_helpers():

@@ -6,8 +6,15 @@ import pytest
 from numpy.testing import assert_allclose
 from sklearn.linear_model import LogisticRegression
 
-from msa_fed.core.domain_classifier import (ClassifierConfig, MaxentShard, balanced_shards, fit_maxent,
-                                            sum_oracle, train_domain_classifier, unpack)
+from msa_fed.core.domain_classifier import (
+    ClassifierConfig,
+    MaxentShard,
+    balanced_shards,
+    fit_maxent,
+    sum_oracle,
+    train_domain_classifier,
+    unpack,
+)
 from msa_fed.core.features import StandardFeatures
 
 MU = 1e-2

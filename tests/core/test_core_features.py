@@ -5,9 +5,16 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from msa_fed.core.features import (FEATURE_MAPS, OneHotFeatures, RandomFourierFeatures, StandardFeatures,
-                                   ThresholdFeatures, feature_map_from_state, feature_map_state,
-                                   make_feature_map)
+from msa_fed.core.features import (
+    FEATURE_MAPS,
+    OneHotFeatures,
+    RandomFourierFeatures,
+    StandardFeatures,
+    ThresholdFeatures,
+    feature_map_from_state,
+    feature_map_state,
+    make_feature_map,
+)
 
 rng = np.random.default_rng(0)
 X_NUM = rng.normal(size=(300, 4)) * [1.0, 10.0, 0.1, 3.0] + [0.0, 5.0, -2.0, 1.0]

@@ -132,3 +132,34 @@ def make_pki(folder: Path, server_ips=("127.0.0.1",), clients=()) -> dict[str, s
     for client in clients:
         leaf(client, client, ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName(client)])
     return out
+
+
+def fit_config(solver=None, **kw):
+    """A FitConfig for the coordinator in tests (``solver`` may be a dict of SolverConfig fields)."""
+    from msa_fed.core.config import SolverConfig
+    from msa_fed.runtime.config import FitConfig
+
+    if isinstance(solver, dict):
+        solver = SolverConfig(**solver)
+    return FitConfig(solver=solver, **kw)
+
+
+def job_config(name: str, registry: str, *, topology: str = "federated", data_channel: str = "plain",
+               site_timeout_s: float | None = None, checkpoint_dir=None, **job):
+    """A validated JobConfig of a test job (the fit's topology and the Ray options set here)."""
+    from msa_fed.jobs.config import JobConfig
+    from msa_fed.runtime.config import FitConfig, RayConfig
+
+    fit = dict(runtime="ray", topology=topology, ray=RayConfig(data_channel=data_channel))
+    if site_timeout_s is not None:
+        fit["site_timeout_s"] = site_timeout_s
+    if checkpoint_dir is not None:
+        fit["checkpoint_dir"] = str(checkpoint_dir)
+    return JobConfig(name=name, registry=registry, fit=FitConfig(**fit), **job).validate()
+
+
+def output_dir(root) -> Path:
+    """A fresh output directory for one run_job under ``root`` (a job never overwrites a result)."""
+    import uuid
+
+    return Path(root) / f"job-output-{uuid.uuid4().hex[:8]}"

@@ -15,10 +15,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import local_kwargs, site_files  # noqa: E402
+from fedhelpers import local_kwargs, site_files, fit_config  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import SiteError  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
 from msa_fed.runtime.site import SiteWorker  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_an_actor_that_cannot_be_placed_ends_the_run_naming_the_site(local_ray, 
     backend = RaySites(kw, start_timeout_s=30)
     try:
         with pytest.raises(SiteError) as info:
-            Coordinator(backend, preds, RunConfig()).start()
+            Coordinator(backend, preds, fit_config()).start()
     finally:
         backend.shutdown()
         ray.kill(hog)
@@ -94,7 +94,7 @@ def test_a_site_frozen_mid_solve_ends_the_run_within_the_timeout(local_ray, file
             flag.write_text("frozen")
             frozen_at.append(time.monotonic())
 
-    coord = Coordinator(backend, preds, RunConfig(classifier=ClassifierConfig(mu=1e-3),
+    coord = Coordinator(backend, preds, fit_config(classifier=ClassifierConfig(mu=1e-3),
                                                   solver={"objective": "gamma", "method": "dca"}),
                         solver_callback=freeze)
     with pytest.raises(SiteError) as info:

@@ -18,13 +18,14 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import NAMES, local_kwargs, port_of, site_files, tcp_sockets  # noqa: E402
-from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
+from fedhelpers import NAMES, fit_config, job_config, local_kwargs, output_dir, port_of, site_files, tcp_sockets  # noqa: E402,E501
+from msa_fed.core.config import ClassifierConfig  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402
-from msa_fed.federation.state import read_log, summarise, verify_log  # noqa: E402
-from msa_fed.jobs.run import JobConfig, model_from_bytes, run_job  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.jobs.config import JobConfig  # noqa: E402
+from msa_fed.jobs.run import model_from_bytes, run_job  # noqa: E402
+from msa_fed.privacy.audit import AuditError, verify_log  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 
 ORDER = sorted(NAMES)  # a job takes the registered sites in name order
@@ -51,20 +52,23 @@ def federation(tmp_path_factory, files):
 
 
 def _job(fed, **kw) -> JobConfig:
-    return JobConfig(name=kw.pop("name", "fedjob"), registry=fed.address, insecure=True, data_channel="plain",
-                     **kw).validate()
+    return job_config(kw.pop("name", "fedjob"), fed.address, insecure=True, **kw)
+
+
+def _run(job, fed):
+    return run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
 
 
 def _local_z(files):
     kw, preds, _ = local_kwargs(files, ORDER)
-    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
     with Coordinator(LocalSites(kw), preds, config) as c:
         return c.fit()
 
 
 @pytest.fixture(scope="module")
 def federated(local_ray, federation):
-    return run_job(_job(federation), federation.admin_token, verbose=False, log=lambda *_: None)
+    return _run(_job(federation), federation)
 
 
 def test_federated_z_equals_local_and_cluster(federated, federation, files, local_ray):
@@ -76,7 +80,7 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
     # the cluster topology: site actors on the sites' Ray nodes, reading the same files
     cluster_job = _job(federation, name="clusterjob", topology="cluster",
                        site_data=str(federation.workdir / "{site}" / "data.npz"))
-    _, cluster = run_job(cluster_job, federation.admin_token, verbose=False, log=lambda *_: None)
+    _, cluster = _run(cluster_job, federation)
     np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
 
     # the stored model loads from the registry's bytes and predicts as the job's model does
@@ -92,22 +96,47 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
 
 
 def test_each_site_logged_what_it_answered(federated, federation):
+    """One audit log per site: the policy's hash-chained log, its length anchored in the site's
+    ledger (next to the log by default), holding the policy's checks and the agent's records."""
+    import json
+    import subprocess
+
+    from msa_fed.privacy.ledger import Ledger
+
     for name in NAMES:
         path = federation.workdir / name / "audit.jsonl"
-        assert verify_log(path) > 0
-        summary = summarise(read_log(path))
+        ledger_path = federation.workdir / name / "audit.ledger.db"
+        assert ledger_path.is_file()  # budgets and the log's anchor survive a restart of the site process
+        ledger = Ledger(str(ledger_path))
+        try:
+            anchor = ledger.anchor(str(path.resolve()))
+        finally:
+            ledger.close()
+        summary = verify_log(path, anchor)
+        assert summary["lines"] > 0 and anchor is not None and anchor[0] == summary["lines"]
         assert "fedjob" in summary["jobs"]
-        answered = summary["answered"]
+        records = [json.loads(x) for x in path.read_text().splitlines()]
+        answered = {}
+        for r in records:
+            if r.get("job") == "fedjob" and r.get("outcome") == "answered":
+                answered[r["request"]] = answered.get(r["request"], 0) + 1
         # the labelled-data queries came to the site's process; classifier training never did
         assert answered.get("join_job", 0) >= 1 and answered.get("set_domain_model") == 1
         assert answered.get("dc_evaluate", 0) >= 1
         assert "classifier_loss_grad" not in answered and "unlabeled_sample" not in answered
+        # the policy's own checks wrote their decisions (e.g. the concentration of the domain model)
+        (model_rec,) = [r for r in records if r.get("job") == "fedjob" and r.get("request") == "set_domain_model"]
+        assert model_rec["decisions"] and model_rec["site"] == name
+        # `msa-fed site audit` verifies the same log against the same ledger
+        out = subprocess.run([sys.executable, "-m", "msa_fed.cli", "site", "audit", "--log", str(path), "--ledger",
+                              str(ledger_path)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "chain intact" in out.stdout and "matches the ledger" in out.stdout, out
     # an edited line breaks the chain
     path = federation.workdir / "north" / "audit.jsonl"
     lines = path.read_text().splitlines()
     tampered = federation.workdir / "tampered.jsonl"
     tampered.write_text("\n".join(lines[:1] + [lines[1].replace("answered", "refused")] + lines[2:]) + "\n")
-    with pytest.raises(Exception, match="line 3 does not follow"):
+    with pytest.raises(AuditError, match="line 3 does not chain"):
         verify_log(tampered)
 
 
@@ -132,7 +161,7 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
         fed.wait_connected(timeout=180)
         job = _job(fed, name="needs-approval", site_timeout_s=30)
         with pytest.raises(PrivacyError, match="job 'needs-approval' is pending"):
-            run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+            _run(job, fed)
         cli = [sys.executable, "-m", "msa_fed.cli", "site"]
         listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True,
                                 text=True, timeout=120)
@@ -141,7 +170,7 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
             done = subprocess.run(cli + ["approve", "needs-approval", "--config", str(fed.config_path(name))],
                                   capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
-        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+        _, model = _run(job, fed)
         assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
         listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
                                 capture_output=True, text=True, timeout=120)
@@ -166,7 +195,7 @@ def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federatio
         backend = FederatedSites(ORDER, relay, [files[n].X_unlabeled for n in ORDER], job_id="audited",
                                  predictor_sha256=[sha256_hex(files[n].predictor) for n in ORDER], classes=classes,
                                  data_channel="plain")
-        config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+        config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
         with Coordinator(backend, preds, config, recorder=rec) as c:
             model = c.fit()
     assert np.isclose(model.z.sum(), 1.0)

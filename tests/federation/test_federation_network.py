@@ -129,7 +129,8 @@ def _connect_from(ns: str, host: str, port: int) -> str:
 def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     ray = pytest.importorskip("ray")
     from msa_fed.core.domain_classifier import ClassifierConfig
-    from msa_fed.runtime.coordinator import Coordinator, RunConfig
+    from fedhelpers import fit_config
+    from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.local import LocalSites
 
     names = sorted(namespaces)
@@ -143,7 +144,7 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     finally:
         ray.shutdown()
     kw, preds, _ = local_kwargs(files, names)
-    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
     with Coordinator(LocalSites(kw), preds, config) as c:
         local = c.fit()
     np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)

@@ -27,7 +27,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import local_kwargs, site_files  # noqa: E402
+from fedhelpers import local_kwargs, site_files, fit_config  # noqa: E402
 from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
 from msa_fed.control.proto import relay_pb2 as pb  # noqa: E402
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc  # noqa: E402
@@ -37,7 +37,7 @@ from msa_fed.federation.local import LocalFederation  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
 from msa_fed.runtime import wire  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites, SiteUnreachable  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 
@@ -288,14 +288,14 @@ def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0,
     backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id=job_id,
                              predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES], classes=classes,
                              site_timeout_s=timeout_s, data_channel="plain")
-    config = RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA,
+    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA,
                        checkpoint_dir=str(ckpt))
     return relay, Coordinator(backend, preds, config, solver_callback=callback)
 
 
 def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(local_ray, fed, files, tmp_path):
     kw, preds, classes = local_kwargs(files, NAMES)
-    full = Coordinator(LocalSites(kw), preds, RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
+    full = Coordinator(LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3),
                                                         solver=DCA)).start().fit()
     killed_at = []
     timeout_s = 5.0
@@ -333,7 +333,7 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
 
 def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, files, tmp_path):
     kw, preds, classes = local_kwargs(files, NAMES)
-    full = Coordinator(LocalSites(kw), preds, RunConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
+    full = Coordinator(LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3),
                                                         solver=DCA)).start().fit()
 
     def restart_west(it, z, gamma):

@@ -5,6 +5,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.api import SiteData
+from msa_fed.core.combination import class_union
 
 #: labelled sizes chosen distinct from every other dimension that crosses a site boundary
 #: (unlabelled sizes, d = 4, p = 3, classes = 2, classifier parameters p (d + 1) = 15)
@@ -42,7 +43,7 @@ def make_sites(n_labeled=N_LABELED, n_unlabeled=N_UNLABELED, d: int = N_FEATURES
 def site_kwargs(sites: list[SiteData], min_points: int = 20) -> list[dict]:
     """SiteWorker keyword arguments, as :func:`msa_fed.api.make_backend` builds them."""
     predictors = [s.predictor for s in sites]
-    classes = np.unique(np.concatenate([s.predictor.classes_ for s in sites]))
+    classes = class_union(s.predictor.classes_ for s in sites)
     return [dict(name=s.name, index=k, X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
                  predictors=predictors, task="classification", loss="cross_entropy", classes=classes,
                  min_points=min_points) for k, s in enumerate(sites)]

@@ -14,11 +14,37 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import msa_fed  # noqa: E402
 from msa_fed.errors import ConfigError, SiteError  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
 NAMES = ("a", "b", "c")
+
+
+#: tries at starting the three nodes, and how long the nodes may take to register: on a loaded
+#: machine a raylet can miss Ray's fixed 30 s start-up wait, or join long after it started
+START_TRIES = 3
+NODES_TIMEOUT_S = 180
+
+
+def start_cluster(node_args) -> Cluster:
+    """Three local nodes (127.0.0.1, see tests/conftest.py); retried from scratch when a node
+    does not come up."""
+    last: Exception | None = None
+    for _ in range(START_TRIES):
+        c = None
+        try:
+            c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
+            for n in NAMES[1:]:
+                c.add_node(wait=False, **node_args(n))
+            c.wait_for_nodes(timeout=NODES_TIMEOUT_S)
+            return c
+        except Exception as e:  # Ray raises a bare Exception when a node misses its start-up wait
+            last = e
+            if c is not None:
+                c.shutdown()
+    raise RuntimeError(f"a 3-node Ray cluster did not start in {START_TRIES} tries") from last
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +55,11 @@ def cluster(tmp_path_factory):
         d.mkdir()
 
     def node_args(n):
-        return dict(num_cpus=1, resources={SITE_RESOURCE_PREFIX + n: 1}, env_vars={"MSA_FED_SITE_DATA": str(dirs[n])})
+        # a slow dashboard agent must not make the raylet give up on it (Ray's default is short)
+        env = {"MSA_FED_SITE_DATA": str(dirs[n]), "RAY_agent_register_timeout_ms": "120000"}
+        return dict(num_cpus=1, resources={SITE_RESOURCE_PREFIX + n: 1}, env_vars=env)
 
-    c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
-    for n in NAMES[1:]:
-        c.add_node(**node_args(n))
-    c.wait_for_nodes()
+    c = start_cluster(node_args)
     ray.init(address=c.address, log_to_driver=False)
     yield dirs
     ray.shutdown()
@@ -57,7 +82,7 @@ def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
     assert len(set(node_of.values())) == 3
 
     backend = RaySites(kwargs)
-    with Coordinator(backend, [s.predictor for s in sites], RunConfig()) as coordinator:
+    with Coordinator(backend, [s.predictor for s in sites], FitConfig()) as coordinator:
         assert [a.node_id for a in coordinator.call_all("ping", None)] == [node_of[n] for n in NAMES]
         assert [(i.n_labeled, i.n_unlabeled) for i in coordinator.infos] == \
             [(len(s.y_labeled), len(s.X_unlabeled)) for s in sites]
@@ -69,14 +94,14 @@ def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
     # plaintext is for loopback only: sites on other nodes than the coordinator are refused
     plain = RaySites(kwargs, data_channel="plain")
     with pytest.raises(ConfigError, match="runs on another node than the coordinator"):
-        with Coordinator(plain, [s.predictor for s in sites], RunConfig()) as coordinator:
+        with Coordinator(plain, [s.predictor for s in sites], FitConfig()) as coordinator:
             coordinator.fit()
 
 
 def test_a_site_without_a_node_is_named(cluster):
     sites = make_sites(names=["a", "b", "zz"])
     with pytest.raises(SiteError, match=r"site 'zz': no Ray node carries the resource 'site:zz'"):
-        with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], RunConfig()):
+        with Coordinator(RaySites(site_kwargs(sites)), [s.predictor for s in sites], FitConfig()):
             pass
 
 
@@ -91,5 +116,5 @@ def test_a_missing_data_file_on_a_node_names_the_site(cluster):
         kw["data_path"] = "only-a.npz"
     node_b = re.escape(str(cluster["b"] / "only-a.npz"))
     with pytest.raises(ConfigError, match=rf"^site 'b': data file '{node_b}' not found on the site's node$"):
-        with Coordinator(RaySites(kwargs), [s.predictor for s in sites], RunConfig()):
+        with Coordinator(RaySites(kwargs), [s.predictor for s in sites], FitConfig()):
             pass

@@ -18,7 +18,8 @@ from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classi
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator, RunConfig  # noqa: E402
+from msa_fed.runtime.config import FitConfig, SolverConfig
+from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites, actor_status  # noqa: E402
 from inspect_messages import audit  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
@@ -49,7 +50,7 @@ def warm(local_ray, sites):
 
 
 def _coordinator(backend, sites, recorder=None, callback=None, **config):
-    return Coordinator(backend, [s.predictor for s in sites], RunConfig(**config), recorder=recorder,
+    return Coordinator(backend, [s.predictor for s in sites], FitConfig(**config), recorder=recorder,
                        solver_callback=callback).start()
 
 
@@ -227,10 +228,10 @@ def test_stopped_run_resumes_from_its_checkpoint(warm, sites, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        _coordinator(warm, sites, callback=stop_after_2, solver=DCA, checkpoint_dir=str(tmp_path)).fit()
+        _coordinator(warm, sites, callback=stop_after_2, solver=SolverConfig(**DCA), checkpoint_dir=str(tmp_path)).fit()
     state = json.loads((tmp_path / "dc_state.json").read_text())
     assert state["iteration"] == 2 and "theta" in state and not state.get("done")
-    resumed = _fit(warm, sites, solver=DCA, checkpoint_dir=str(tmp_path))
+    resumed = _fit(warm, sites, solver=SolverConfig(**DCA), checkpoint_dir=str(tmp_path))
     full = msa_fed.fit_dmsa(sites, solver_options=DCA)  # uninterrupted, in-process
     assert resumed.info["classifier"]["resumed"] is True
     assert resumed.info["solver"]["n_iter"] == full.info["solver"]["n_iter"] - 2

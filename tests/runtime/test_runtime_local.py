@@ -12,7 +12,8 @@ from msa_fed.core.domain_classifier import ClassifierConfig, MaxentShard, train_
 from msa_fed.core.features import StandardFeatures
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.runtime import messages as m
-from msa_fed.runtime.coordinator import Coordinator, RunConfig
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
 from msa_fed.runtime.shards import RowShard, minibatch_indices, split_rows
 from msa_fed.runtime.site import SiteWorker
@@ -73,7 +74,7 @@ def test_workers_per_site_equals_single_process(sites, options):
     """Data-parallel training over 3 workers per site = in-process training on the pooled sample."""
     ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
     ref = train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
-    cfg = RunConfig(classifier=ccfg)
+    cfg = FitConfig(classifier=ccfg)
     rec = m.Recorder()
     backend = LocalSites(site_kwargs(sites), workers_per_site=3)
     with Coordinator(backend, [s.predictor for s in sites], cfg, recorder=rec) as c:
@@ -93,7 +94,7 @@ def test_site_refuses_to_aggregate_below_its_minimum(sites):
     """The site itself enforces its minimum, whatever the coordinator is configured with."""
     kwargs = site_kwargs(sites)
     kwargs[1]["min_points"] = 60  # site 'b' has 53 labelled points
-    cfg = RunConfig(min_points=20)
+    cfg = FitConfig(min_points=20)
     with pytest.raises(PrivacyError, match=r"site 'b' refuses to aggregate over 53 labelled points.*minimum of 60"):
         with Coordinator(LocalSites(kwargs), [s.predictor for s in sites], cfg) as c:
             c.fit()
@@ -194,3 +195,101 @@ def test_messages_round_trip_through_their_compact_form(sites):
     assert pickle.loads(pickle.dumps(msgs[1])).sums.n == 41
     assert len(pickle.dumps(msgs[1])) < 600  # compact: no per-array pickle machinery
     assert SiteWorker(**site_kwargs(sites)[0]).ping().node_id == ""  # no Ray here
+
+
+def test_backends_implement_the_protocol_and_never_call_the_coordinator(sites):
+    """Both backends expose the methods of runtime.backend.Backend, and none of their code
+    refers to a coordinator: what they need (recorder, set-up log) is given at start."""
+    import ast
+    import inspect
+
+    from msa_fed.runtime import local, ray_actors, ray_sites
+    from msa_fed.runtime.backend import Backend
+    from msa_fed.runtime.ray_sites import RaySites as Ray  # built, never started: no Ray here
+
+    assert isinstance(LocalSites(site_kwargs(sites)), Backend)
+    assert isinstance(Ray(site_kwargs(sites)), Backend)
+    for module in (local, ray_sites, ray_actors):
+        tree = ast.parse(inspect.getsource(module))
+        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        assert not {"coordinator", "replay_setup", "Coordinator"} & names, module.__name__
+    with pytest.raises(ValueError, match=r"RaySites: unknown key\(s\) \['bogus'\]"):
+        Ray(site_kwargs(sites), bogus=1)
+    with pytest.raises(ValueError, match="RaySites: max_restarts must be an integer >= 0; got -1"):
+        Ray(site_kwargs(sites), max_restarts=-1)
+
+
+def test_setup_log_keeps_the_latest_message_per_method_in_order():
+    from msa_fed.runtime.backend import SetupLog
+
+    log = SetupLog()
+    log.add("setup_shard", 1)
+    log.add("set_domain_model", 2)
+    log.add("set_qhat", 3)
+    log.add("set_domain_model", 4)
+    assert log.entries() == [("setup_shard", 1), ("set_qhat", 3), ("set_domain_model", 4)]
+    assert log.get("set_qhat") == 3 and log.get("missing") is None
+    log.clear()
+    assert log.entries() == []
+
+
+def test_checkpoint_file_belongs_to_one_problem(tmp_path):
+    from msa_fed.runtime.checkpoint import FILE_NAME, Checkpoint
+
+    ck = Checkpoint(tmp_path / "new")
+    assert ck.bind("aaaa") == {}
+    ck.update(theta=[1.0, 2.0])
+    ck.update(z=[0.5, 0.5], iteration=3)
+    assert not (tmp_path / "new" / (FILE_NAME + ".tmp")).exists()
+    again = Checkpoint(tmp_path / "new")
+    assert again.bind("aaaa") == {"theta": [1.0, 2.0], "z": [0.5, 0.5], "iteration": 3}
+    assert Checkpoint(tmp_path / "new").bind("bbbb") == {}  # another problem's state is ignored
+    (tmp_path / "new" / FILE_NAME).write_text("{not json")
+    with pytest.raises(ConfigError, match=r"checkpoint .*dc_state.json' is unreadable"):
+        Checkpoint(tmp_path / "new").bind("aaaa")
+    off = Checkpoint(None)
+    assert off.bind("aaaa") == {} and off.update(z=[1.0]) is None and not off.enabled
+
+
+def test_local_run_resumes_from_its_checkpoint(sites, tmp_path):
+    first = msa_fed.fit_dmsa(sites, checkpoint_dir=tmp_path)
+    assert "resumed" not in first.info["classifier"]
+    again = msa_fed.fit_dmsa(sites, checkpoint_dir=tmp_path)
+    assert again.info["classifier"] == {"resumed": True}
+    np.testing.assert_allclose(again.domain_model.theta_, first.domain_model.theta_, rtol=0, atol=0)
+    np.testing.assert_allclose(again.z, first.z, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["dmsa", "gmsa"])
+def test_domain_models_cross_as_their_own_state(sites, method):
+    """The coordinator's message carries a domain model as its get_state; the site rebuilds it
+    with from_state and computes the same Q(k | x)."""
+    fit = msa_fed.fit_dmsa if method == "dmsa" else msa_fed.fit_gmsa
+    dm = fit(sites).domain_model
+    spec = m.domain_model_spec(dm, len(sites))
+    assert spec.kind == type(dm).kind
+    back = m.domain_model_from_spec(spec)
+    assert type(back) is type(dm)
+    X = np.vstack([s.X_labeled for s in sites])
+    np.testing.assert_array_equal(back.predict_proba(X), dm.predict_proba(X))
+    with pytest.raises(ValueError, match="unknown domain model kind 'tree'"):
+        m.domain_model_from_spec(m.DomainModelSpec(kind="tree", n_sources=3))
+
+
+def test_no_import_cycle_between_site_and_channel_and_client_imports_no_server():
+    """runtime/channel.py takes the node id from runtime/node.py (site.py imports the channel
+    lazily), and the registry client takes its address helpers from control/transport.py."""
+    import ast
+    from pathlib import Path
+
+    root = Path(msa_fed.__file__).parent
+
+    def imports(rel):
+        tree = ast.parse((root / rel).read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    assert "msa_fed.runtime.site" not in imports("runtime/channel.py")
+    assert "msa_fed.control.server" not in imports("control/client.py")
+    assert "msa_fed.control.transport" in imports("control/client.py")

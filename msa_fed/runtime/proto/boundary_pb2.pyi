@@ -213,12 +213,14 @@ class GradSum(_message.Message):
     def __init__(self, loss: _Optional[float] = ..., grad: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class QhatPartial(_message.Message):
-    __slots__ = ("sums", "n")
+    __slots__ = ("sums", "n", "epsilon")
     SUMS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
     sums: NdArray
     n: int
-    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
+    epsilon: float
+    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
 
 class Numeric(_message.Message):
     __slots__ = ("array", "scalar")
@@ -247,10 +249,12 @@ class DCSums(_message.Message):
     def __init__(self, L: _Optional[_Union[Numeric, _Mapping]] = ..., dL: _Optional[_Union[Numeric, _Mapping]] = ..., u: _Optional[_Union[Numeric, _Mapping]] = ..., du: _Optional[_Union[Numeric, _Mapping]] = ..., v: _Optional[_Union[Numeric, _Mapping]] = ..., dv: _Optional[_Union[Numeric, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class DCPartial(_message.Message):
-    __slots__ = ("sums",)
+    __slots__ = ("sums", "epsilon")
     SUMS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
     sums: DCSums
-    def __init__(self, sums: _Optional[_Union[DCSums, _Mapping]] = ...) -> None: ...
+    epsilon: float
+    def __init__(self, sums: _Optional[_Union[DCSums, _Mapping]] = ..., epsilon: _Optional[float] = ...) -> None: ...
 
 class BoundMax(_message.Message):
     __slots__ = ("value",)
@@ -279,12 +283,18 @@ class ChannelAddress(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., cert: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SiteFailure(_message.Message):
-    __slots__ = ("kind", "text")
+    __slots__ = ("kind", "text", "rule", "site", "detail")
     KIND_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     kind: str
     text: str
-    def __init__(self, kind: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    rule: str
+    site: str
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., text: _Optional[str] = ..., rule: _Optional[str] = ..., site: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SiteResponse(_message.Message):
     __slots__ = ("method", "empty", "info", "sample", "grad", "qhat", "dc", "bound", "ack", "channel_address", "failure")

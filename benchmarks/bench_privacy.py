@@ -1,0 +1,188 @@
+"""The site policy's overhead on a DC round (p = 8 sites, in process).
+
+One DC round = ``dc_evaluate`` (what = L, dL) at each of the 8 sites.  Baseline: the same sums
+computed by each site's point set directly (what the site did before it enforced a policy:
+the min_points test and ``PointSet.evaluate``).  Policy: ``SiteWorker.dc_evaluate`` with the
+default policy (in-memory ledger and audit log), and with a ledger file and an audit log file
+on disk.  Median of interleaved repeats, in one run; n labelled points per site is varied
+(50: the round is nearly all overhead; 12 500: the bench_runtime solve size).
+
+    python benchmarks/bench_privacy.py [--rounds 200] [--json benchmarks/results/bench_privacy.json]
+    python benchmarks/bench_privacy.py --ray        # also: full DC rounds on Ray site actors (TLS channel)
+
+``--ray``: p = 8 site actors on a local Ray (50 labelled points each, as in bench_runtime's
+round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over the TLS data
+channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
+code before the policy (min_points test and the sums), the others enforce the default policy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.core.features import StandardFeatures, feature_map_state
+    from msa_fed.privacy.policy import SitePolicy
+    from msa_fed.runtime import messages as m
+    from msa_fed.runtime.site import SiteWorker
+
+    rng = np.random.default_rng(seed)
+    d = 4
+    data = []
+    for k in range(p):
+        X = rng.normal(size=(n, d)) + np.eye(d)[k % d] * 1.5
+        y = (X[:, 0] + rng.normal(size=n) > 0).astype(int)
+        data.append((X, y))
+    preds = []
+    for k in range(p):
+        X, y = data[k]
+        preds.append(LogisticRegression().fit(X, y))
+    fmap = StandardFeatures().fit(np.vstack([X for X, _ in data]))
+    theta = rng.normal(scale=0.3, size=p * (d + 1))
+    spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
+    workers = []
+    for k, (X, y) in enumerate(data):
+        pol = SitePolicy(**{kk: (v.format(k=k) if isinstance(v, str) else v) for kk, v in policy_kw.items()})
+        workers.append(SiteWorker(f"s{k}", k, X, y, X, predictors=preds, task="classification", loss="cross_entropy",
+                                  classes=np.array([0, 1]), policy=pol))
+    parts = [w.set_domain_model(spec) for w in workers]
+    qhat = np.sum([r.sums for r in parts], axis=0)
+    for w in workers:
+        w.set_qhat(m.QhatBroadcast(qhat=qhat, eta=0.01))
+    return workers
+
+
+def _unchecked_cls():
+    from msa_fed.runtime import messages as m
+    from msa_fed.runtime.site import SiteStateLost, SiteWorker
+
+    class UncheckedSite(SiteWorker):
+        """The site's DC answer as it was before the policy (the baseline)."""
+
+        def dc_evaluate(self, msg):
+            if self._points is None:
+                raise SiteStateLost(self.name)
+            if self._points.n_points < 20:
+                raise ValueError("too few points")
+            return m.DCPartial(sums=self._points.evaluate(msg.z, msg.eta, what=tuple(msg.what),
+                                                          global_bound=msg.global_bound))
+
+    return UncheckedSite
+
+
+def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
+    """Median DC round on Ray site actors over the TLS channel: unchecked vs default policy."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.core.density import KDEDomainModel
+    from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
+    from msa_fed.runtime.ray_sites import RaySites, ensure_ray
+    from msa_fed.runtime.site import SiteWorker
+
+    ensure_ray(None, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rng = np.random.default_rng(0)
+    d = 4
+    data = [(rng.normal(size=(n, d)) + np.eye(d)[k % d] * 1.5) for k in range(p)]
+    ys = [(X[:, 0] > 0).astype(int) for X in data]
+    preds = [LogisticRegression().fit(X, y) for X, y in zip(data, ys)]
+    classes = np.array([0, 1])
+    kw = [dict(name=f"s{k}", index=k, X_labeled=X, y_labeled=y, X_unlabeled=X, predictors=preds,
+               task="classification", loss="cross_entropy", classes=classes,
+               privacy={"dc_evaluations_per_job": 10 ** 9, "dc_evaluations_per_day": 10 ** 9})
+          for k, (X, y) in enumerate(zip(data, ys))]
+    out, times = {}, {}
+    backends = {"baseline (no policy)": RaySites(kw, worker_cls=_unchecked_cls()),
+                "default policy": RaySites(kw, worker_cls=SiteWorker)}
+    oracles = {}
+    try:
+        for name, be in backends.items():
+            c = Coordinator(be, preds, FitConfig(method="gmsa", features="standard", bandwidth=1.0)).start()
+            dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
+            _, oracles[name] = c.prepare_dc(dm)
+            times[name] = []
+        zs = rng.dirichlet(np.ones(p), size=rounds + 20)
+        for r, z in enumerate(zs):
+            for name, oracle in oracles.items():  # interleaved
+                t = time.perf_counter()
+                oracle.evaluate(z, 0.01, ("L", "dL"))
+                if r >= 20:
+                    times[name].append(time.perf_counter() - t)
+    finally:
+        for be in backends.values():
+            be.shutdown()
+    base = float(np.median(times["baseline (no policy)"]))
+    for name, ts in times.items():
+        out[name] = {"median_ms": float(np.median(ts)) * 1e3, "p90_ms": float(np.percentile(ts, 90)) * 1e3,
+                     "ratio": float(np.median(ts)) / base}
+        print(f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
+              f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f}")
+    return out
+
+
+def main(argv=None):
+    from msa_fed.runtime import messages as m
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--sizes", default="50,1000,12500")
+    ap.add_argument("--json")
+    ap.add_argument("--ray", action="store_true", help="also time full DC rounds on Ray site actors")
+    ap.add_argument("--ray-only", action="store_true", help="only the Ray rounds")
+    args = ap.parse_args(argv)
+    p = 8
+    tmp = Path(tempfile.mkdtemp())
+    rng = np.random.default_rng(1)
+    zs = rng.dirichlet(np.ones(p), size=args.rounds)
+    out = {}
+    if args.ray or args.ray_only:
+        out["ray_round_p8"] = ray_rounds(args.rounds)
+    for n in ([] if args.ray_only else (int(s) for s in args.sizes.split(","))):
+        variants = {
+            "default policy (memory ledger + log)": make_sites(p, n, {"dc_evaluations_per_job": 10 ** 9,
+                                                                     "dc_evaluations_per_day": 10 ** 9}),
+            "ledger + audit log files": make_sites(p, n, {"dc_evaluations_per_job": 10 ** 9,
+                                                          "dc_evaluations_per_day": 10 ** 9,
+                                                          "ledger": str(tmp / f"l{n}_{{k}}.sqlite"),
+                                                          "audit_log": str(tmp / f"a{n}_{{k}}.jsonl")}),
+        }
+        base_workers = variants["default policy (memory ledger + log)"]
+
+        def baseline(z):
+            for w in base_workers:
+                w._points.evaluate(z, 0.01, what=("L", "dL"))
+
+        def policy(workers):
+            def run(z):
+                for w in workers:
+                    w.dc_evaluate(m.DCRequest(z=z, eta=0.01, what=("L", "dL")))
+            return run
+
+        fns = {"baseline (sums only)": baseline, **{k: policy(v) for k, v in variants.items()}}
+        times = {k: [] for k in fns}
+        for r in range(args.rounds):
+            for k, fn in fns.items():  # interleaved
+                t = time.perf_counter()
+                fn(zs[r])
+                times[k].append(time.perf_counter() - t)
+        med = {k: float(np.median(v)) for k, v in times.items()}
+        base = med["baseline (sums only)"]
+        out[n] = {k: {"median_ms": v * 1e3, "ratio": v / base} for k, v in med.items()}
+        for k, v in out[n].items():
+            print(f"n={n:>6} per site  {k:<40} {v['median_ms']:8.3f} ms  x{v['ratio']:.3f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Checks of a frozen predictor's outputs where they are used (a site's points, predict time).
+
+The loader's probe runs a model on a few hundred synthetic rows; a hostile or broken predictor
+can still answer NaN, infinity or non-probabilities elsewhere (say only when x0 > 6).  These
+checks run on the very rows whose outputs are about to be used, and name the predictor and, with
+``show_rows`` (the caller's own data), the first offending row.  A site passes
+``show_rows=False``: its error crosses to the coordinator, and the rows of its private data that
+a predictor fails on are nobody else's business (a predictor could be built as a membership test).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PROBA_ATOL = 1e-4  # float32 probabilities, summed in float64
+
+
+def _first_bad_rows(ok_rows: np.ndarray, show_rows: bool) -> str:
+    if not show_rows:
+        return "some of its inputs"
+    bad = np.flatnonzero(~ok_rows)
+    return f"{bad.size} of {ok_rows.size} rows (first row {int(bad[0])})"
+
+
+def checked_values(values, n_rows: int, who: str, error=ValueError, show_rows: bool = True) -> np.ndarray:
+    """Regression outputs as a float64 (n_rows,) array; ``error(...)`` naming ``who`` unless finite."""
+    out = np.asarray(values, dtype=np.float64).reshape(-1)
+    if out.shape[0] != n_rows:
+        raise error(f"{who}: predict returned {out.shape[0]} values for {n_rows} inputs")
+    finite = np.isfinite(out)
+    if not finite.all():
+        raise error(f"{who}: predict returned NaN or inf for {_first_bad_rows(finite, show_rows)}")
+    return out
+
+
+def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError,
+                  show_rows: bool = True) -> np.ndarray:
+    """Class probabilities as a float64 (n_rows, n_classes) array; ``error(...)`` naming ``who``
+    unless every row is finite, in [0, 1] and sums to 1 (within PROBA_ATOL)."""
+    P = np.asarray(P, dtype=np.float64)
+    if P.ndim != 2 or P.shape != (n_rows, n_classes):
+        raise error(f"{who}: predict_proba returned shape {P.shape}; expected ({n_rows}, {n_classes})")
+    if P.size == 0:
+        return P
+    finite = np.isfinite(P).all(axis=1)
+    if not finite.all():
+        raise error(f"{who}: predict_proba returned NaN or inf for {_first_bad_rows(finite, show_rows)}")
+    in_range = ((P >= -PROBA_ATOL) & (P <= 1 + PROBA_ATOL)).all(axis=1)
+    if not in_range.all():
+        raise error(f"{who}: predict_proba returned values outside [0, 1] for {_first_bad_rows(in_range, show_rows)}")
+    dev = np.abs(P.sum(axis=1) - 1.0)
+    if float(dev.max()) > PROBA_ATOL:
+        raise error(f"{who}: predicted probabilities do not sum to 1 for {_first_bad_rows(dev <= PROBA_ATOL, show_rows)} "
+                    f"(max deviation {float(dev.max()):.3g})")
+    return P

@@ -1,0 +1,370 @@
+"""``msa-fed model | job | admin deregister`` commands against a running registry (admin token).
+
+    msa-fed model list     --registry HOST:PORT --admin-token-file F [--json]
+    msa-fed model show     VERSION|latest ...   [--json]
+    msa-fed model download VERSION|latest --out DIR ...
+    msa-fed model promote  VERSION [--reason TEXT] ...
+    msa-fed model upload   DIR [--retry-for S] ...
+    msa-fed job list       [--limit N] [--json] ...
+    msa-fed job show       JOB_ID [--json] ...
+    msa-fed admin deregister --site NAME [--reason TEXT] ...
+
+Every command also takes --tls-ca F (or --insecure towards a loopback registry), --tls-cert /
+--tls-key for mutual TLS, --server-name and --timeout.  See docs/OPERATIONS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from msa_fed.clitools import command_group
+from msa_fed.errors import ConfigError
+
+TOKEN_FILE_ENV = "MSA_FED_ADMIN_TOKEN_FILE"
+
+
+def iso(t) -> str:
+    from msa_fed.control.ops import iso as _iso
+
+    return _iso(t)
+
+
+def read_admin_token(path: str | None) -> str:
+    path = path or os.environ.get(TOKEN_FILE_ENV)
+    if not path:
+        raise ConfigError(f"--admin-token-file is required (or set {TOKEN_FILE_ENV})")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--admin-token-file {path!r} not found")
+    token = p.read_text().strip()
+    if not token:
+        raise ConfigError(f"--admin-token-file {path!r} is empty")
+    return token
+
+
+def connect_factory(args):
+    """A function that opens a new :class:`RegistryClient` with the command's options."""
+    from msa_fed.control.client import RegistryClient
+
+    token = read_admin_token(args.admin_token_file)
+
+    def connect(**kwargs):
+        return RegistryClient(
+            args.registry, token, insecure=args.insecure, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, server_name=args.server_name, timeout=args.timeout, **kwargs,
+        )
+
+    return connect
+
+
+def _ops(args):
+    from msa_fed.control.ops_client import OpsClient
+
+    client = connect_factory(args)()
+    return client, OpsClient(client)
+
+
+def _version(text: str) -> int:
+    if text in ("latest", "current"):
+        return 0
+    try:
+        version = int(text)
+    except ValueError:
+        version = -1
+    if version < 1:
+        raise argparse.ArgumentTypeError(f"VERSION must be a positive integer or 'latest'; got {text!r}")
+    return version
+
+
+def _table(header, rows) -> None:
+    table = [tuple(header)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _manifest(record) -> dict:
+    from msa_fed.control.ops import manifest_of
+
+    return manifest_of(record)
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _model_list(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        models, current = ops.list_models()
+    if args.json:
+        print(json.dumps({"current_version": current, "models": [
+            {**asdict(m["record"]), "manifest_json": None, "manifest": _manifest(m["record"]), "current": m["current"],
+             "promotions": [asdict(p) for p in m["promotions"]]} for m in models]}, indent=2))
+        return 0
+    if not models:
+        print("no combined model stored")
+        return 0
+    rows = []
+    for m in models:
+        r, man = m["record"], _manifest(m["record"])
+        rows.append((r.version, "*" if m["current"] else "", iso(r.created_at), r.created_by, r.sha256[:12],
+                     r.size, man.get("job", "-"), man.get("job_id", "-"), ",".join(man.get("sites") or []) or "-"))
+    _table(("VERSION", "CURRENT", "CREATED", "BY", "SHA256", "BYTES", "JOB", "JOB ID", "SITES"), rows)
+    return 0
+
+
+def _model_show(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        m = ops.get_model(args.version)
+    r, man = m["record"], _manifest(m["record"])
+    if args.json:
+        print(json.dumps({**asdict(r), "manifest_json": None, "manifest": man, "current": m["current"],
+                          "promotions": [asdict(p) for p in m["promotions"]]}, indent=2))
+        return 0
+    sites = man.get("sites") or []
+    print(f"version         {r.version}{'  (current: what latest resolves to)' if m['current'] else ''}")
+    print(f"created         {iso(r.created_at)} by {r.created_by}")
+    print(f"sha256          {r.sha256}  ({r.size} bytes)")
+    print(f"job             {man.get('job', '-')}  id {man.get('job_id', '-')}  "
+          f"output_version {man.get('output_version') or '-'}")
+    print(f"method          {man.get('method', '-')} / {man.get('task', '-')}, eta={man.get('eta', '-')}")
+    for label, values in (("z", man.get("z")), ("L_k(z)", man.get("domain_losses"))):
+        if values:
+            print(f"{label:<15} " + "  ".join(f"{n}={v:.4f}" for n, v in zip(sites, values)))
+    for k, sha in enumerate(man.get("predictor_sha256") or []):
+        print(f"predictor       {sites[k] if k < len(sites) else k}: sha256 {sha}")
+    for p in m["promotions"]:
+        print(f"promoted        {iso(p.promoted_at)} by {p.promoted_by}" + (f": {p.reason}" if p.reason else ""))
+    return 0
+
+
+def _model_download(args) -> int:
+    from msa_fed.artifacts.model import load_model
+    from msa_fed.control.ops_models import unpack_model
+
+    with connect_factory(args)() as client:
+        data, record = client.download_combined_model(args.version or None)
+    out = unpack_model(data, args.out)
+    try:
+        model = load_model(out)  # every predictor checked against its sha256
+    except Exception:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    print(f"combined model version {record.version} (sha256 {record.sha256}) written to {out}: "
+          f"{model.method} over sites {', '.join(model.site_names)}; open it with msa_fed.load_model({str(out)!r})")
+    return 0
+
+
+def _model_promote(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        m = ops.promote(args.version, args.reason or "")
+    print(f"combined model version {m['record'].version} is now current (what jobs and clients get as latest)")
+    return 0
+
+
+def upload_model_dir(args, path, *, log=print):
+    """Upload the model directory ``path`` (load-checked first) and complete its job record, if any."""
+    from msa_fed.artifacts.model import load_model
+    from msa_fed.control.ops_client import OpsClient
+    from msa_fed.control.ops_models import (
+        pack_model,
+        read_manifest,
+        registry_manifest,
+        upload_with_retry,
+    )
+    from msa_fed.errors import RegistryError
+
+    load_model(path)  # refuse to store what cannot be opened
+    manifest = registry_manifest(read_manifest(path))
+    connect = connect_factory(args)
+    record = upload_with_retry(lambda: connect(retries=0), pack_model(path), manifest, retry_for=args.retry_for,
+                               upload_id=manifest.get("job_id") and f"job-{manifest['job_id']}", log=log)
+    job_id = manifest.get("job_id")
+    if job_id:
+        try:
+            with connect() as client:
+                OpsClient(client).finish_job(job_id, "succeeded", record.version)
+        except RegistryError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+    return record
+
+
+def _model_upload(args) -> int:
+    record = upload_model_dir(args, args.dir, log=lambda s: print(s, file=sys.stderr))
+    print(f"stored combined model version {record.version} (sha256 {record.sha256})")
+    return 0
+
+
+# --------------------------------------------------------------------------- job
+
+
+def _job_dict(j) -> dict:
+    d = asdict(j)
+    d["sites"] = list(j.sites)
+    return d
+
+
+def _job_list(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        jobs = ops.list_jobs(args.limit)
+    if args.json:
+        print(json.dumps([_job_dict(j) for j in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("no job recorded")
+        return 0
+    _table(("JOB ID", "NAME", "STATUS", "STARTED", "ENDED", "MODEL", "TOPOLOGY", "SITES", "ERROR"), [
+        (j.job_id, j.name, j.status, iso(j.started_at), iso(j.ended_at), j.model_version or "-", j.topology,
+         ",".join(j.sites), (j.error[:60] + "...") if len(j.error) > 60 else (j.error or "-")) for j in jobs])
+    return 0
+
+
+def _job_show(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        j = ops.get_job(args.job_id)
+    if args.json:
+        print(json.dumps(_job_dict(j), indent=2))
+        return 0
+    print(f"job id          {j.job_id}")
+    print(f"name            {j.name}")
+    print(f"status          {j.status}")
+    print(f"sites           {', '.join(j.sites) or '-'}")
+    print(f"topology        {j.topology}")
+    print(f"started         {iso(j.started_at)} by {j.started_by}")
+    print(f"ended           {iso(j.ended_at)}")
+    print(f"model version   {j.model_version or '-'}")
+    print(f"error           {j.error or '-'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def _deregister(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        status = ops.deregister(args.site, args.reason or "")
+    print(f"site {status.name!r} deregistered at {iso(status.deregistration.deregistered_at)}: token revoked, "
+          f"registration and artifacts removed; every later job refuses it")
+    return 0
+
+
+def site_status_rows(statuses):
+    """Rows of ``admin list-sites``: NAME TOKEN REGISTERED REVOKED DEREGISTERED LAST-HEARTBEAT CONNECTED ARTIFACTS."""
+    from msa_fed.control.ops import exclusion_reason
+
+    rows = []
+    for s in statuses:
+        d = s.deregistration
+        rows.append((
+            s.name, s.token, iso(s.registered_at) if s.registered else "no", iso(s.token_revoked_at),
+            f"{iso(d.deregistered_at)}" + (f" ({d.reason})" if d.reason else "") if d else "-",
+            iso(s.last_heartbeat), "-" if s.connected is None else ("yes" if s.connected else "no"),
+            " ".join(f"{k}:{v[:12]}" for k, v in (("predictor", s.predictor_sha256), ("sample", s.sample_sha256)) if v)
+            or "-",
+            "yes" if exclusion_reason(s) is None and s.predictor_sha256 else "no",
+        ))
+    return ("NAME", "TOKEN", "REGISTERED", "REVOKED", "DEREGISTERED", "LAST HEARTBEAT", "CONNECTED", "ARTIFACTS",
+            "USABLE"), rows
+
+
+def print_site_statuses(statuses, as_json: bool, records: dict | None = None) -> None:
+    """Print ``admin list-sites``; ``records`` ({name: SiteRecord}) adds each site's full record to --json."""
+    if as_json:
+        rows = []
+        for s in statuses:
+            row = {**asdict(s), "registered": s.registered}
+            if records is not None:
+                site = records.get(s.name)
+                row["site"] = asdict(site) if site is not None else None
+            rows.append(row)
+        print(json.dumps(rows, indent=2))
+        return
+    header, rows = site_status_rows(statuses)
+    _table(header, rows)
+
+
+def _site_status(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        statuses = ops.site_statuses()
+    print_site_statuses(statuses, args.json)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def connection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--registry", required=True, metavar="HOST:PORT", help="registry address")
+    p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")
+    p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
+    p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")
+    p.add_argument("--tls-cert", metavar="F", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", metavar="F", help="client key (PEM) for mutual TLS")
+    p.add_argument("--server-name", metavar="NAME", help="expected name in the registry's certificate")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds per call (default 30)")
+
+
+def register(subparsers) -> None:
+    """Add ``model``, ``job`` and ``admin deregister`` / ``admin site-status``."""
+    model = command_group(subparsers, "model", "combined models stored in the registry")
+    p = model.add_parser("list", help="every stored version; * marks the current one (what latest resolves to)")
+    connection_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_model_list)
+    p = model.add_parser("show", help="one version's record and manifest summary")
+    p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
+    connection_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_model_show)
+    p = model.add_parser("download", help="write a version as a model directory msa_fed.load_model opens")
+    p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
+    p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) directory to write")
+    connection_options(p)
+    p.set_defaults(func=_model_download)
+    p = model.add_parser("promote", help="make an older version current (rollback)")
+    p.add_argument("version", type=_version, metavar="VERSION", help="version number")
+    p.add_argument("--reason", help="why (recorded)")
+    connection_options(p)
+    p.set_defaults(func=_model_promote)
+    p = model.add_parser("upload", help="store a saved model directory (e.g. one a job could not upload)")
+    p.add_argument("dir", metavar="DIR", help="model directory (manifest.json, arrays.npz, predictors/)")
+    p.add_argument("--retry-for", type=float, default=60.0, metavar="S",
+                   help="keep retrying an unreachable registry for S seconds (default 60)")
+    connection_options(p)
+    p.set_defaults(func=_model_upload)
+
+    job = command_group(subparsers, "job", "jobs recorded in the registry")
+    p = job.add_parser("list", help="recent jobs, newest first")
+    p.add_argument("--limit", type=int, default=50, help="at most N jobs (default 50)")
+    connection_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_job_list)
+    p = job.add_parser("show", help="one job's record")
+    p.add_argument("job_id", metavar="JOB_ID")
+    connection_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_job_show)
+
+    admin = command_group(subparsers, "admin", "manage tokens, sites and the registry")
+    p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")
+    p.add_argument("--site", required=True, metavar="NAME")
+    p.add_argument("--reason", help="why (recorded and shown in the error of any job that names the site)")
+    connection_options(p)
+    p.set_defaults(func=_deregister)
+    p = admin.add_parser("site-status", help="like list-sites, through the registry with the admin token")
+    connection_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_site_status)

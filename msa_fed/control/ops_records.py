@@ -1,0 +1,98 @@
+"""Plain records of the operations state: jobs, model promotions, deregistrations, site status.
+
+Times are unix seconds (float); 0/None mean "never".
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from msa_fed.errors import RegistryError
+
+JOB_RUNNING = "running"
+JOB_SUCCEEDED = "succeeded"
+JOB_FAILED = "failed"
+JOB_END_STATES = (JOB_SUCCEEDED, JOB_FAILED)
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+MAX_ERROR_CHARS = 4000
+MAX_REASON_CHARS = 500
+MAX_JOB_SITES = 1000
+
+
+def check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id):
+        raise RegistryError(
+            "INVALID_ARGUMENT",
+            f"job id must be 1-64 characters of letters, digits, '_', '.', ':' or '-'; got {job_id!r}",
+        )
+    return job_id
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One run of the federated job as the registry recorded it."""
+
+    job_id: str
+    name: str
+    sites: tuple[str, ...]
+    topology: str
+    status: str
+    started_at: float
+    started_by: str
+    ended_at: float | None = None
+    model_version: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PromotionRecord:
+    """``version`` was made the current model at ``promoted_at``, when ``after_version`` was the newest stored."""
+
+    version: int
+    after_version: int
+    promoted_at: float
+    promoted_by: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DeregistrationRecord:
+    name: str
+    deregistered_at: float
+    deregistered_by: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SiteStatus:
+    """One row of ``admin list-sites``: what the registry knows of a site principal."""
+
+    name: str
+    token: str                      # "active", "revoked" or "none"
+    token_revoked_at: float | None
+    registered_at: float | None     # None: not registered now
+    last_heartbeat: float | None
+    deregistration: DeregistrationRecord | None  # set only while not registered again
+    connected: bool | None = None   # None: unknown (filled by the federated topology)
+    predictor_sha256: str | None = None
+    sample_sha256: str | None = None
+
+    @property
+    def registered(self) -> bool:
+        return self.registered_at is not None
+
+
+def current_version(max_version: int | None, promotions: list[PromotionRecord]) -> int | None:
+    """The version "latest" resolves to: the last promotion while no newer model was stored since."""
+    if not max_version:
+        return None
+    if promotions and promotions[-1].after_version == max_version:
+        return promotions[-1].version
+    return max_version

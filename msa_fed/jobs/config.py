@@ -1,0 +1,287 @@
+"""The job file: TOML tables -> a validated :class:`JobConfig` holding a :class:`FitConfig`.
+
+Every key of every table is checked here, before the job does any network work (no registry
+call, no predictor download, no Ray): a wrong type, a value out of range, an unknown key or
+table, each is a :class:`msa_fed.errors.ConfigError` whose message names the table and the key
+("[model] mu must be a number > 0; got 'x'").  The keys are documented once, in
+cluster/README.md ("Job file"); their checks are the fields' own
+(:mod:`msa_fed.runtime.config`, :class:`ClassifierConfig`, :class:`SolverConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from msa_fed.control.transport import is_loopback, parse_address
+from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, option
+from msa_fed.errors import ConfigError
+from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
+
+_JOB, _FIT, _CLASSIFIER, _SOLVER, _RAY = "job", "fit", "classifier", "solver", "ray"
+_TARGETS = {_FIT: FitConfig, _CLASSIFIER: ClassifierConfig, _SOLVER: SolverConfig, _RAY: RayConfig}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A job file, validated (see the module docstring and cluster/README.md)."""
+
+    name: str = option("msa", "name of the job, recorded in the stored model's manifest", Text(nonempty=True))
+    registry: str = option("", "HOST:PORT of the registry", Text())
+    tls_ca: str | None = option(None, "CA certificate of the registry (PEM file)", Optional(Text(nonempty=True)))
+    insecure: bool = option(False, "plaintext gRPC to a loopback registry", Flag())
+    admin_token_file: str | None = option(None, "file holding the admin token", Optional(Text(nonempty=True)))
+    sites: tuple = option((), "registered sites to combine (empty: all)", TextList())
+    site_data: str = option(
+        "{site}.npz", "path template of each site's data on the site's node", Text(contains="{site}")
+    )
+    output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text())
+    fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
+    #: where each value came from, for messages: {field: "[table] key" or "--flag"}
+    origin: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.fit is None:
+            object.__setattr__(self, "fit", FitConfig(runtime="ray"))
+
+    # the fit's fields, read where the job used to keep them
+    @property
+    def task(self) -> str:
+        return self.fit.task
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        return self.fit.checkpoint_dir
+
+    @property
+    def topology(self) -> str:
+        return self.fit.topology
+
+    def _label(self, name: str, default: str) -> str:
+        return self.origin.get(name, default)
+
+    @classmethod
+    def from_toml(cls, path, **overrides) -> JobConfig:
+        """Read and validate a job file; ``overrides`` (registry, tls_ca, insecure,
+        admin_token_file: the command-line flags, None when not given) take precedence."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"job file {str(path)!r} not found" if not path.exists() else f"job file {str(path)!r} is not a file"
+            )
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
+        try:
+            return from_document(doc, **overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"job file {str(path)!r}: {exc}") from None
+
+    def validate(self) -> JobConfig:
+        """Every field checked (ConfigError naming the table and key); no network."""
+        labels = {
+            "registry": "[registry] address",
+            "tls_ca": "[registry] tls_ca",
+            "insecure": "[registry] insecure",
+            "admin_token_file": "[registry] admin_token_file",
+            "sites": "[run] sites",
+            "site_data": "[run] site_data",
+            "output_version": "[run] output_version",
+            "name": "name",
+        }
+        for f in fields(self):
+            if f.name in labels:
+                label = self._label(f.name, labels[f.name])
+                try:
+                    value = check_value(JobConfig, f.name, getattr(self, f.name), label=label)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(str(exc)) from None
+                object.__setattr__(self, f.name, value)
+        if not isinstance(self.fit, FitConfig):
+            raise ConfigError(f"fit must be a FitConfig; got {self.fit!r}")
+        _validate_fit(self.fit)
+        if len(set(self.sites)) != len(self.sites):
+            raise ConfigError(f"[run] sites names a site twice: {list(self.sites)}")
+        if not self.registry:
+            raise ConfigError("no registry address: give --registry or [registry] address in the job file")
+        host, _ = parse_address(self.registry, self._label("registry", "[registry] address"))
+        insecure = self._label("insecure", "[registry] insecure = true")
+        if self.insecure and self.tls_ca is not None:
+            raise ConfigError(
+                f"{insecure} and {self._label('tls_ca', '[registry] tls_ca')} are mutually exclusive (plaintext or TLS)"
+            )
+        if self.insecure and not is_loopback(host):
+            raise ConfigError(
+                f"{insecure} would send the admin token in plaintext to {host!r}; plaintext is only "
+                "allowed towards a loopback registry (127.0.0.1, ::1 or localhost)"
+            )
+        if self.tls_ca is not None and not Path(self.tls_ca).is_file():
+            raise ConfigError(
+                f"{self._label('tls_ca', '[registry] tls_ca')} {self.tls_ca!r} is not a readable file; "
+                "expected the registry's CA certificate (PEM)"
+            )
+        return self
+
+
+# table -> key -> (target config, field)
+SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
+    "registry": {
+        "address": (_JOB, "registry"),
+        "tls_ca": (_JOB, "tls_ca"),
+        "insecure": (_JOB, "insecure"),
+        "admin_token_file": (_JOB, "admin_token_file"),
+    },
+    "model": {
+        "task": (_FIT, "task"),
+        "method": (_FIT, "method"),
+        "features": (_FIT, "features"),
+        "mu": (_CLASSIFIER, "mu"),
+        "eta": (_FIT, "eta"),
+        "random_state": (_FIT, "random_state"),
+        "objective": (_SOLVER, "objective"),
+    },
+    "privacy": {"min_points": (_FIT, "min_points")},
+    "run": {
+        "sites": (_JOB, "sites"),
+        "site_data": (_JOB, "site_data"),
+        "checkpoint_dir": (_FIT, "checkpoint_dir"),
+        "output_version": (_JOB, "output_version"),
+        "topology": (_FIT, "topology"),
+        "site_timeout_s": (_FIT, "site_timeout_s"),
+        "ray_address": (_RAY, "address"),
+        "data_channel": (_RAY, "data_channel"),
+    },
+    # every classifier and solver option, except the two the [model] table already holds
+    "classifier": {f.name: (_CLASSIFIER, f.name) for f in fields(ClassifierConfig) if f.name != "mu"},
+    "solver": {f.name: (_SOLVER, f.name) for f in fields(SolverConfig) if f.name != "objective"},
+}
+TOP_LEVEL = {"name": (_JOB, "name")}
+#: (target config, field) -> its name in the job file, "[table] key"
+LABELS = {(target, name): f"[{table}] {key}" for table, keys in SCHEMA.items() for key, (target, name) in keys.items()}
+
+
+def _validate_fit(fit: FitConfig) -> None:
+    """FitConfig.validate with each message naming the job file's table and key."""
+    parts = ((_CLASSIFIER, fit.classifier), (_SOLVER, fit.solver), (_RAY, fit.ray), (_FIT, fit))
+    for target, obj in parts:
+        try:
+            obj.validate()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(_named(str(exc), target)) from None
+
+
+def _named(text: str, target: str) -> str:
+    """A config message that starts with a field's name ("method='dca' applies ...", "features
+    must ...") with the field's job-file name in its place ("[solver] method='dca' ...")."""
+    head, sep, rest = text.partition(" ")
+    name = head.split("=", 1)[0]
+    label = LABELS.get((target, name))
+    return text if label is None else label + head[len(name) :] + sep + rest
+
+
+def from_document(doc: dict, **overrides) -> JobConfig:
+    """The JobConfig of a parsed job file (a dict of tables) and the command-line overrides."""
+    known = set(SCHEMA) | set(TOP_LEVEL)
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"unknown table(s) or key(s) {unknown}; expected {sorted(known)}")
+    values: dict[str, dict[str, Any]] = {_JOB: {}, _FIT: {}, _CLASSIFIER: {}, _SOLVER: {}, _RAY: {}}
+    for key, (target, name) in TOP_LEVEL.items():
+        if key in doc:
+            values[target][name] = _checked(target, name, doc[key], key)
+    for table, keys in SCHEMA.items():
+        if table not in doc:
+            continue
+        content = doc[table]
+        if not isinstance(content, dict):
+            raise ConfigError(f"[{table}] must be a table; got {content!r}")
+        extra = sorted(set(content) - set(keys))
+        if extra:
+            hint = ""
+            if table == "classifier" and "mu" in extra:
+                hint = " (mu is set in [model])"
+            if table == "solver" and "objective" in extra:
+                hint = " (objective is set in [model])"
+            raise ConfigError(f"unknown key(s) {extra} in [{table}]{hint}; expected some of {sorted(keys)}")
+        for key, value in content.items():
+            target, name = keys[key]
+            values[target][name] = _checked(target, name, value, f"[{table}] {key}")
+    _check_topology_keys(doc.get("run", {}), values[_FIT].get("topology", FitConfig().topology))
+    origin = {}
+    flags = {
+        "registry": "--registry",
+        "tls_ca": "--tls-ca",
+        "insecure": "--insecure",
+        "admin_token_file": "--admin-token-file",
+    }
+    for name, value in overrides.items():
+        if name not in flags:
+            raise TypeError(f"unknown override {name!r}")
+        if value is not None:
+            values[_JOB][name] = value
+            origin[name] = flags[name]
+    fit = FitConfig(
+        runtime="ray",
+        classifier=ClassifierConfig(**values[_CLASSIFIER]),
+        solver=SolverConfig(**values[_SOLVER]),
+        ray=RayConfig(**values[_RAY]),
+        **values[_FIT],
+    )
+    return JobConfig(fit=fit, origin=origin, **values[_JOB]).validate()
+
+
+#: [run] keys that only one topology uses: giving one under the other is an error, not ignored
+#: (ray_address and data_channel apply to both: the federated topology's stand-in actors run on Ray too)
+TOPOLOGY_ONLY = {"site_timeout_s": "federated"}
+
+
+def _check_topology_keys(run: dict, topology: str) -> None:
+    for key, only in TOPOLOGY_ONLY.items():
+        if key in run and topology != only:
+            raise ConfigError(f"[run] {key} applies only to topology = {only!r}; this job's topology is {topology!r}")
+
+
+def _checked(target: str, name: str, value, label: str):
+    cls = JobConfig if target == _JOB else _TARGETS[target]
+    try:
+        return check_value(cls, name, value, label=label)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def with_fit(config: JobConfig, **changes) -> JobConfig:
+    """``config`` with fields of its FitConfig replaced, validated."""
+    return replace(config, fit=replace(config.fit, **changes)).validate()
+
+
+def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
+    if not path:
+        raise ConfigError(f"{what} is required")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what}: {path!r} not found" if not p.exists() else f"{what}: {path!r} is not a file")
+    try:
+        token = p.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: {path!r} is unreadable ({exc})") from None
+    if not token:
+        raise ConfigError(f"{what}: {path!r} is empty")
+    check_admin_token(token, what)
+    return token
+
+
+def check_admin_token(token: str, what: str = "the admin token") -> None:
+    """A site's token given where the admin token belongs is named as such (the registry would
+    only answer that the sites are not visible to it)."""
+    from msa_fed.control.tokens import parse_token
+
+    parsed = parse_token(token)
+    if parsed is not None and parsed[0].role != "admin":
+        raise ConfigError(
+            f"{what} holds a token of {parsed[0]}, not an admin token; the job needs the "
+            "registry's admin token (msa-fed admin issue-token --admin)"
+        )

@@ -1,0 +1,182 @@
+"""A combined model's report as one self-contained HTML file.
+
+    msa-fed model report VERSION --out report.html --registry HOST:PORT --admin-token-file F
+
+The page shows z and the per-site losses L_k(z) (with max_k L_k, the worst mixture's loss),
+the DC solver's and the domain classifier's convergence, and the sites with the sha256 of
+their predictors; the plots are matplotlib PNGs embedded as base64, so the file needs no
+network and no other file.  ``write_report(model, path)`` does the same from Python.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _figure_png(draw, width: float = 5.5, height: float = 3.2) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    try:
+        draw(ax)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+    finally:
+        plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _bars(names, values, ylabel, title, line=None, line_label=None):
+    def draw(ax):
+        ax.bar(range(len(values)), values, color="#3b6ea8")
+        ax.set_xticks(range(len(values)), names, rotation=30 if len(names) > 6 else 0)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if line is not None:
+            ax.axhline(line, color="#c0392b", linestyle="--", label=line_label)
+            ax.legend(loc="lower right")
+        ax.grid(axis="y", alpha=0.3)
+    return draw
+
+
+def _curve(values, xlabel, ylabel, title):
+    def draw(ax):
+        if len(values):
+            ax.plot(np.arange(1, len(values) + 1), values, marker="o", markersize=3, color="#2e7d32")
+        else:
+            ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    return draw
+
+
+def _img(b64: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _row(*cells, head=False) -> str:
+    tag = "th" if head else "td"
+    return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
+
+
+def report_html(model, record=None, manifest: dict | None = None) -> str:
+    """The report page of ``model`` (a :class:`~msa_fed.CombinedModel`); ``record`` is its registry
+    record (a ``CombinedModelRecord``) when it came from the registry, ``manifest`` the stored manifest."""
+    manifest = manifest if manifest is not None else model.manifest()
+    names = list(model.site_names)
+    info = model.info if isinstance(model.info, dict) else {}
+    solver = info.get("solver") or {}
+    classifier = info.get("classifier") or {}
+    losses = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
+    plots = [
+        _img(_figure_png(_bars(names, model.z, "z_k", "mixture weights z")), "mixture weights z"),
+        _img(_figure_png(_bars(names, losses, "L_k(z)", "loss of g_z on each site's distribution",
+                               line=float(np.nanmax(losses)), line_label="max_k L_k(z)")), "per-site losses"),
+        _img(_figure_png(_curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')})")),
+             "solver convergence"),
+        _img(_figure_png(_curve(classifier.get("history") or [], "iteration" if classifier.get("optimizer") != "sgd"
+                                else "epoch", "loss", f"domain classifier ({classifier.get('optimizer', '?')})")),
+             "classifier convergence"),
+    ]
+    job = info.get("job") or {}
+    shas = manifest.get("predictor_sha256") or [""] * len(names)
+    n_lab, n_unl = info.get("n_labeled") or [""] * len(names), info.get("n_unlabeled") or [""] * len(names)
+    site_rows = [_row("site", "z_k", "L_k(z)", "labelled points", "unlabelled points", "predictor sha256", head=True)]
+    for k, name in enumerate(names):
+        site_rows.append(_row(name, f"{model.z[k]:.4f}", f"{losses[k]:.4f}", n_lab[k] if k < len(n_lab) else "",
+                              n_unl[k] if k < len(n_unl) else "", shas[k] if k < len(shas) else ""))
+    facts = [
+        ("method / task", f"{model.method} / {model.task}"),
+        ("eta", f"{model.eta:g}"),
+        ("max_k L_k(z)", f"{np.nanmax(losses):.4f}"),
+        ("Gamma(z)", f"{model.gamma:.4g}"),
+        ("solver", (f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations, converged: "
+                   f"{solver.get('converged', '?')}")),
+        ("classifier", (f"{classifier.get('optimizer', '?')}, {classifier.get('n_iter', '?')} iterations, objective "
+                       f"{classifier.get('objective', float('nan')):.6g}")),
+        ("classes", json.dumps(manifest.get("classes"))),
+        ("job", f"{job.get('job', '-')} (id {job.get('job_id', '-')}, "
+                f"output version {job.get('output_version') or '-'})"),
+        ("code version", manifest.get("code_version", "-")),
+    ]
+    epsilon = (info.get("privacy") or {}).get("epsilon")
+    if epsilon is not None:
+        facts.append(("differential privacy", f"epsilon spent = {float(epsilon):.4g}"))
+    if record is not None:
+        facts = [("registry version", str(record.version)), ("model sha256", record.sha256),
+                 ("stored", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at))
+                  + f" by {record.created_by}")] + facts
+    title = f"msa_fed combined model {record.version}" if record is not None else "msa_fed combined model"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; background: #fff; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; font-size: 14px; }}
+th {{ background: #eef2f7; }}
+.plots img {{ margin: 6px; border: 1px solid #ddd; }}
+code {{ font-size: 13px; }}
+</style></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>g(x) = &Sigma;<sub>k</sub> (z<sub>k</sub> q<sub>k</sub>(x) + &eta;/p) h<sub>k</sub>(x) /
+(&Sigma;<sub>k</sub> z<sub>k</sub> q<sub>k</sub>(x) + &eta;), over {len(names)} sites.</p>
+<table>{"".join(_row(k, v) for k, v in facts)}</table>
+<h2>Sites</h2>
+<table>{"".join(site_rows)}</table>
+<h2>Plots</h2>
+<div class="plots">{"".join(plots)}</div>
+</body></html>
+"""
+
+
+def write_report(model, path, record=None, manifest: dict | None = None) -> Path:
+    path = Path(path)
+    path.write_text(report_html(model, record, manifest), encoding="utf-8")
+    return path
+
+
+def _report_command(args) -> int:
+    import tempfile
+
+    from msa_fed.artifacts.model import load_model
+    from msa_fed.control.ops import manifest_of
+    from msa_fed.control.ops_cli import connect_factory
+    from msa_fed.control.ops_models import unpack_model
+    from msa_fed.errors import ConfigError
+
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    with connect_factory(args)() as client:
+        data, record = client.download_combined_model(args.version or None)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_model(unpack_model(data, Path(tmp) / "model"))
+    write_report(model, out, record, manifest_of(record) or None)
+    print(f"report of combined model version {record.version} written to {out}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Add ``msa-fed model report``."""
+    from msa_fed.clitools import command_group
+    from msa_fed.control.ops_cli import _version, connection_options
+
+    model = command_group(subparsers, "model", "combined models stored in the registry")
+    p = model.add_parser("report", help="an HTML report of a version: z, losses, convergence, sites and sha256")
+    p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
+    p.add_argument("--out", required=True, metavar="FILE.html", help="where to write the report")
+    connection_options(p)
+    p.set_defaults(func=_report_command)

@@ -1,0 +1,180 @@
+"""The site's audit log: one JSON line per request answered or refused, hash-chained.
+
+Each line is a JSON object with ``prev``, the sha256 (hex) of the previous line's bytes (of
+the empty string for the first line), so editing or deleting a line breaks the chain; the
+ledger keeps the number of lines and the hash of the last one (the anchor), so cutting lines
+off the end is detected too.  :func:`verify_log` checks both.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from msa_fed.errors import MsaFedError
+
+GENESIS = hashlib.sha256(b"").hexdigest()
+
+
+class AuditError(MsaFedError):
+    """The audit log is broken: edited, reordered, truncated or unreadable."""
+
+
+def line_hash(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()
+
+
+def _json_default(v):
+    import numpy as np
+
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return str(v)
+
+
+class AuditLog:
+    """Append-only, hash-chained JSON lines at ``path`` (kept in memory when path is empty)."""
+
+    def __init__(self, path: str = "", ledger=None):
+        self.path = str(path or "")
+        self.ledger = ledger
+        self._lock = threading.Lock()
+        self.lines: list[bytes] = []  # in-memory log (path empty)
+        self.count = 0
+        self.head = GENESIS
+        if self.path:
+            p = Path(self.path)
+            if p.exists() and p.stat().st_size:
+                summary = verify_log(p, anchor=None if ledger is None else ledger.anchor(self._key()))
+                self.count, self.head = summary["lines"], summary["head"]
+            elif ledger is not None and ledger.anchor(self._key()) not in (None, (0, GENESIS)):
+                raise AuditError(f"audit log {self.path!r} is missing or empty but the ledger records "
+                                 f"{ledger.anchor(self._key())[0]} lines")
+            self._fh = open(p, "a+b")
+
+    def _key(self) -> str:
+        return os.path.abspath(self.path)
+
+    def append(self, record: dict, counts=()) -> str:
+        """Write one record (``time`` and ``prev`` are added); returns the new head hash.
+
+        A log file may have several writers (two jobs' site workers on one node): each append
+        holds an exclusive lock on the file and chains to the line actually last in it.
+        """
+        with self._lock:
+            if not self.path:
+                head = self._append(record, None)
+                if self.ledger is not None and counts:
+                    self.ledger.commit(str(record.get("job", "")), counts)
+                return head
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
+            try:
+                self.head = _last_line_hash(self._fh.fileno())
+                if self.ledger is not None:
+                    anchor = self.ledger.anchor(self._key())
+                    self.count = anchor[0] if anchor else self.count
+                return self._append(record, self._fh, counts)
+            finally:
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+
+    def _append(self, record: dict, fh, counts=()) -> str:
+        rec = {"time": round(time.time(), 3), **record, "prev": self.head}  # seconds since the epoch, UTC
+        line = json.dumps(rec, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+        if fh is not None:
+            fh.write(line + b"\n")
+            fh.flush()
+        else:
+            self.lines.append(line)
+        self.count += 1
+        self.head = line_hash(line)
+        if self.ledger is not None and fh is not None:  # the line's counts and anchor, one transaction
+            self.ledger.commit(str(record.get("job", "")), counts, (self._key(), self.count, self.head))
+        return self.head
+
+    def records(self) -> list[dict]:
+        if self.path:
+            return [json.loads(x) for x in Path(self.path).read_bytes().splitlines()]
+        return [json.loads(x) for x in self.lines]
+
+    def close(self):
+        if self.path and not self._fh.closed:
+            self._fh.close()
+
+
+def _last_line_hash(fd: int) -> str:
+    """sha256 of the last line of the open file ``fd`` (GENESIS when empty)."""
+    end = os.lseek(fd, 0, os.SEEK_END)
+    if end == 0:
+        return GENESIS
+    chunk, pos, data = 4096, end, b""
+    while pos > 0:
+        step = min(chunk, pos)
+        pos -= step
+        data = os.pread(fd, step, pos) + data
+        body = data[:-1] if data.endswith(b"\n") else data
+        cut = body.rfind(b"\n")
+        if cut >= 0:
+            return line_hash(body[cut + 1:])
+    return line_hash(data[:-1] if data.endswith(b"\n") else data)
+
+
+def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, source: str = "audit log") -> dict:
+    """Check the chain of ``lines``; returns a summary dict or raises :class:`AuditError`."""
+    prev = GENESIS
+    kinds: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    jobs: set[str] = set()
+    epsilon: dict[str, float] = {}
+    first = last = None
+    for no, line in enumerate(lines, start=1):
+        try:
+            rec = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            raise AuditError(f"{source}: line {no} is not JSON (edited or corrupted)") from None
+        if not isinstance(rec, dict) or rec.get("prev") != prev:
+            raise AuditError(f"{source}: line {no} does not chain to line {no - 1} "
+                             "(a line was edited, removed or reordered)")
+        prev = line_hash(line)
+        kind = str(rec.get("request", "?"))
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if rec.get("outcome") == "refused":
+            rule = str(rec.get("rule", "?"))
+            refused[rule] = refused.get(rule, 0) + 1
+        job = str(rec.get("job", ""))
+        jobs.add(job)
+        if isinstance(rec.get("epsilon_job"), (int, float)):
+            epsilon[job] = max(epsilon.get(job, 0.0), float(rec["epsilon_job"]))
+        first = first or rec.get("time")
+        last = rec.get("time")
+    first, last = (_iso(first), _iso(last))
+    if anchor is not None:
+        count, head = anchor
+        if len(lines) < count:
+            raise AuditError(f"{source}: {len(lines)} lines but the ledger anchor records {count} "
+                             "(the log was truncated)")
+        if count and line_hash(lines[count - 1]) != head:
+            raise AuditError(f"{source}: line {count} does not match the ledger anchor (the log was rewritten)")
+    return {"lines": len(lines), "head": prev, "requests": kinds, "refused": refused, "jobs": sorted(jobs),
+            "epsilon_by_job": epsilon, "first": first, "last": last}
+
+
+def _iso(t):
+    if not isinstance(t, (int, float)):
+        return t
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def verify_log(path, anchor: tuple[int, str] | None = None) -> dict:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuditError(f"audit log {str(path)!r} is unreadable: {exc.strerror or exc}") from None
+    if data and not data.endswith(b"\n"):
+        raise AuditError(f"audit log {str(path)!r}: the last line is incomplete (truncated mid-line)")
+    return verify_lines(data.splitlines(), anchor, f"audit log {str(path)!r}")

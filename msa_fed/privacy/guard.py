@@ -1,0 +1,81 @@
+"""The site's policy in force for one job: budgets, the audit trail, and DP accounting.
+
+:class:`SiteGuard` is what :class:`msa_fed.runtime.site.SiteWorker` calls before any aggregate
+leaves the site: ``guard.request(kind, sizes)`` opens an audit record, the worker runs the
+rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+
+from msa_fed.errors import PrivacyError
+from msa_fed.privacy.audit import AuditLog
+from msa_fed.privacy.ledger import Ledger
+from msa_fed.privacy.policy import SitePolicy
+
+#: ledger kinds with a budget: (per-job limit field, per-day limit field)
+BUDGETS = {"domain_model": ("domain_models_per_job", "domain_models_per_day"),
+           "dc_evaluation": ("dc_evaluations_per_job", "dc_evaluations_per_day")}
+
+
+class SiteGuard:
+    def __init__(self, site: str, policy: SitePolicy, job: str = ""):
+        self.site = site
+        self.policy = policy
+        self.job = job or uuid.uuid4().hex
+        self.ledger = Ledger(policy.ledger)
+        self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
+        self._dp = None
+        self._pending = threading.local()  # counts charged by the request in progress (this thread)
+
+    @property
+    def dp(self):
+        """The DP accountant of this job (None when DP is off)."""
+        if self.policy.dp_enabled and self._dp is None:
+            from msa_fed.privacy.dp import DPAccountant
+
+            self._dp = DPAccountant(self.policy, self.ledger, self.job, self.site)
+        return self._dp
+
+    def charge(self, kind: str, n: int = 1):
+        """Count ``n`` queries of ``kind`` (refused ones too: a refusal is an answer); refuse over budget."""
+        per_job, per_day = (getattr(self.policy, f) for f in BUDGETS[kind])
+        used_job = self.ledger.job_count(self.job, kind)
+        used_day = self.ledger.day_count(kind)
+        self._pending.counts.append((kind, n))  # written with the request's audit line
+        if used_job + n > per_job:
+            raise PrivacyError("budget", self.site, f"the request: job {self.job!r} has used its {per_job} {kind.replace('_', ' ')}s "
+                                                    f"({BUDGETS[kind][0]})")
+        if used_day + n > per_day:
+            raise PrivacyError("budget", self.site, f"the request: the site's budget of {per_day} {kind.replace('_', ' ')}s per "
+                                                    f"rolling day is spent ({BUDGETS[kind][1]})")
+        return {f"{kind}s_job": used_job + n}
+
+    @contextlib.contextmanager
+    def request(self, kind: str, **sizes):
+        """``with guard.request("dc_evaluate", p=3) as decisions:`` ... add measured values to
+        ``decisions``; the audit record is written when the block ends (answered or refused)."""
+        decisions: dict = {}
+        self._pending.counts = []
+        try:
+            yield decisions
+        except PrivacyError as exc:
+            self._write(kind, sizes, decisions, "refused", rule=exc.rule or "refused", detail=exc.detail)
+            raise
+        except Exception as exc:
+            self._write(kind, sizes, decisions, "error", detail=type(exc).__name__)
+            raise
+        self._write(kind, sizes, decisions, "answered")
+
+    def _write(self, kind, sizes, decisions, outcome, **extra):
+        rec = {"site": self.site, "job": self.job, "request": kind, "sizes": sizes, "decisions": decisions,
+               "outcome": outcome, **extra}
+        if self._dp is not None:
+            rec["epsilon_job"] = self._dp.epsilon_job()
+        counts, self._pending.counts = list(getattr(self._pending, "counts", [])), []
+        self.audit.append(rec, counts)
+
+    def epsilon_spent(self) -> float:
+        return 0.0 if self._dp is None else self._dp.epsilon_job()

@@ -1,0 +1,171 @@
+"""The site's query ledger: what each job asked, per rolling day, and the DP events spent.
+
+A SQLite file named by the policy (``[budget] ledger``; in memory when empty), so that budgets
+survive a restart of the site process.  Also holds the audit log's anchor (line count and the
+hash of the last line), so that a truncated log is detected.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+DAY_S = 86400.0
+HOUR_S = 3600.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_queries (job TEXT NOT NULL, kind TEXT NOT NULL, n INTEGER NOT NULL,
+                                        PRIMARY KEY (job, kind));
+CREATE TABLE IF NOT EXISTS hourly_queries (kind TEXT NOT NULL, hour INTEGER NOT NULL, n INTEGER NOT NULL,
+                                           PRIMARY KEY (kind, hour));
+CREATE TABLE IF NOT EXISTS dp_events (job TEXT NOT NULL, t REAL NOT NULL, noise_multiplier REAL NOT NULL,
+                                      count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS audit_anchor (log TEXT PRIMARY KEY, count INTEGER NOT NULL, head TEXT NOT NULL);
+"""
+
+
+class Ledger:
+    """Counts of answered and refused requests by job and kind; DP events; audit anchors.
+
+    ``path`` empty: kept in this process only (plain dicts, no SQLite; the in-process API).
+    """
+
+    def __new__(cls, path: str = ""):
+        if cls is Ledger and not path:
+            return super().__new__(MemoryLedger)
+        return super().__new__(cls)
+
+    def __init__(self, path: str = ""):
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self):
+        with self._lock:
+            self._db.close()
+
+    def record(self, job: str, kind: str, n: int = 1, t: float | None = None):
+        """Count n queries of ``kind`` for ``job`` (per job, and per hour for the rolling day)."""
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
+                             "n = n + excluded.n", (job, kind, int(n)))
+            self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE SET "
+                             "n = n + excluded.n", (kind, hour, int(n)))
+            self._db.execute("COMMIT")
+
+    def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
+        """In one transaction: add ``counts`` [(kind, n)] for ``job`` and set an audit anchor
+        (log, line count, last hash).  The site calls this once per request, before it answers."""
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            self._db.execute("BEGIN")
+            for kind, n in counts:
+                self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
+                                 "n = n + excluded.n", (job, kind, int(n)))
+                self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE "
+                                 "SET n = n + excluded.n", (kind, hour, int(n)))
+            if anchor is not None:
+                self._db.execute("INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
+                                 "count = excluded.count, head = excluded.head", (anchor[0], int(anchor[1]), anchor[2]))
+            self._db.execute("COMMIT")
+
+    def job_count(self, job: str, kind: str) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT n FROM job_queries WHERE job = ? AND kind = ?", (job, kind)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def day_count(self, kind: str, now: float | None = None) -> int:
+        """Queries of ``kind`` in the last 24 hours, counted by whole hours (the hour 24 hours ago
+        included, so the window is at least a day: stricter, never looser)."""
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM hourly_queries WHERE kind = ? AND hour >= ?",
+                                   (kind, hour - 24)).fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------------ DP
+    def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
+        with self._lock:
+            self._db.execute("INSERT INTO dp_events VALUES (?, ?, ?, ?)", (job, time.time(), float(noise_multiplier),
+                                                                           int(count)))
+
+    def dp_events(self, job: str | None = None) -> list[tuple[float, int]]:
+        """(noise multiplier, count) pairs, of one job or of the site's lifetime."""
+        q = "SELECT noise_multiplier, SUM(count) FROM dp_events"
+        args: tuple = ()
+        if job is not None:
+            q += " WHERE job = ?"
+            args = (job,)
+        with self._lock:
+            rows = self._db.execute(q + " GROUP BY noise_multiplier", args).fetchall()
+        return [(float(a), int(b)) for a, b in rows]
+
+    # ------------------------------------------------------------------ audit anchor
+    def set_anchor(self, log: str, count: int, head: str):
+        with self._lock:
+            self._db.execute("INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
+                             "count = excluded.count, head = excluded.head", (log, int(count), head))
+
+    def anchor(self, log: str) -> tuple[int, str] | None:
+        with self._lock:
+            row = self._db.execute("SELECT count, head FROM audit_anchor WHERE log = ?", (log,)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+
+class MemoryLedger(Ledger):
+    """The ledger of a site without a ledger file: the same interface, in this process's memory."""
+
+    def __init__(self, path: str = ""):
+        self.path = ""
+        self._lock = threading.Lock()
+        self._jobs: dict = {}
+        self._hours: dict = {}
+        self._dp: list = []
+        self._anchors: dict = {}
+
+    def close(self):
+        pass
+
+    def record(self, job: str, kind: str, n: int = 1, t: float | None = None):
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
+            self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
+
+    def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
+        for kind, n in counts:
+            self.record(job, kind, n, t)
+        if anchor is not None:
+            self.set_anchor(*anchor)
+
+    def job_count(self, job: str, kind: str) -> int:
+        return self._jobs.get((job, kind), 0)
+
+    def day_count(self, kind: str, now: float | None = None) -> int:
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            return sum(v for (k, h), v in self._hours.items() if k == kind and h >= hour - 24)
+
+    def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
+        with self._lock:
+            self._dp.append((job, float(noise_multiplier), int(count)))
+
+    def dp_events(self, job: str | None = None) -> list[tuple[float, int]]:
+        out: dict = {}
+        with self._lock:
+            for j, nm, c in self._dp:
+                if job is None or j == job:
+                    out[nm] = out.get(nm, 0) + c
+        return sorted(out.items())
+
+    def set_anchor(self, log: str, count: int, head: str):
+        self._anchors[log] = (int(count), head)
+
+    def anchor(self, log: str) -> tuple[int, str] | None:
+        return self._anchors.get(log)

@@ -1,0 +1,136 @@
+"""Ray itself for the Ray runtime: attaching, placing the site actors, reading their state.
+
+A node that carries the custom resource ``site:<name>`` is that site's machine; the site's
+actor asks for a sliver of that resource, so Ray can only place it there and the data never
+leaves the institution.  Without any ``site:`` resource (a laptop, a test) actors go anywhere;
+with some, every site must have its node.  The per-round calls to the placed actors are
+:mod:`msa_fed.runtime.ray_sites`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from msa_fed.errors import SiteError
+
+SITE_RESOURCE_PREFIX = "site:"
+#: the share of a site node's ``site:<name>`` resource one actor takes (several may share it)
+SITE_RESOURCE_SHARE = 0.01
+#: constructor arrays above this size are put in the object store once (Ray inlines smaller ones)
+LARGE_ARG_BYTES = 100 * 1024
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs):
+    """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a new local Ray (once).
+
+    ``address="local"`` is passed explicitly in the second case: a bare ``ray.init()`` would
+    attach to any Ray that happens to run on this machine (it reads /tmp/ray).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    kwargs.update(init_kwargs)
+    if address == "local" and num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
+    ray.init(address=address, **kwargs)
+    return ray
+
+
+def actor_status(handle) -> tuple[str | None, str]:
+    """(state, death cause) of an actor from the GCS actor table; (None, "") if unknown.
+
+    state is one of DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD.  The GCS
+    table is read directly (``ray._private.state``), which needs no dashboard.
+    """
+    try:
+        from ray._private import state as ray_state
+
+        info = ray_state.actors(actor_id=handle._actor_id.hex())
+    except Exception:  # noqa: BLE001 - any failure here just means "unknown"
+        return None, ""
+    if not info:
+        return None, ""
+    cause = ""
+    try:
+        death = info.get("DeathCause")
+        for fld in ("actor_died_error_context", "creation_task_failure_context"):
+            if death is not None and death.HasField(fld):
+                ctx = getattr(death, fld)
+                cause = getattr(ctx, "error_message", "") or getattr(ctx, "formatted_exception_string", "")
+                break
+    except Exception:  # noqa: BLE001
+        pass
+    return info.get("State"), last_line(cause)
+
+
+def _cpu_share(share: float) -> float:
+    """A CPU reservation Ray can always honour: at most 1, at most ``share`` (half of what is
+    free, so a second backend never waits for a warm first one), 0 when that is a crumb."""
+    share = min(1.0, float(share))
+    return 0.0 if share < 0.01 else float(np.floor(share * 1e4) / 1e4)
+
+
+def placement(ray, names: list[str], workers_per_site: int, max_restarts: int, num_cpus: float | None) -> list[dict]:
+    """Actor options per site: the site's resource when pinned, and a CPU share."""
+    resources = ray.cluster_resources()
+    free_cpus = ray.available_resources().get("CPU", 0.0)
+    pinned = any(k.startswith(SITE_RESOURCE_PREFIX) for k in resources)
+    # a node may carry several sites' resources (the demo: one machine standing in for all);
+    # the CPU share is then split among this run's sites on that node
+    node_cpus, node_sites = {}, {}
+    ours = {SITE_RESOURCE_PREFIX + name for name in names}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            keys = [k for k in node.get("Resources", {}) if k in ours]
+            for key in keys:
+                node_cpus[key] = node["Resources"].get("CPU", 0.0)
+                node_sites[key] = len(keys)
+    out = []
+    per_site = workers_per_site
+    n_actors = len(names) * per_site
+    for name in names:
+        key = SITE_RESOURCE_PREFIX + name
+        opts: dict[str, Any] = dict(max_restarts=max_restarts, max_task_retries=max_restarts)
+        if pinned:
+            if key not in resources:
+                raise SiteError(
+                    name,
+                    f"no Ray node carries the resource {key!r} (the cluster has site "
+                    "resources, so every site needs its node)",
+                )
+            opts["resources"] = {key: SITE_RESOURCE_SHARE}
+            share = 0.5 * node_cpus.get(key, 1.0) / (node_sites.get(key, 1) * per_site)
+        else:
+            share = 0.5 * free_cpus / n_actors
+        opts["num_cpus"] = num_cpus if num_cpus is not None else _cpu_share(share)
+        out.append(opts)
+    return out
+
+
+def original_error(site: str, text: str) -> str:
+    """The last "pkg.ErrorType: message" line of a remote traceback, for a SiteError message."""
+    found = ""
+    for line in str(text).splitlines():
+        head, sep, rest = line.strip().partition(": ")
+        if (
+            sep
+            and head.replace(".", "").replace("_", "").isalnum()
+            and head[:1].isalpha()
+            and not head.startswith("ray.")
+            and head.split(".")[-1][:1].isupper()
+        ):
+            found = f"{head.split('.')[-1]}: {rest}"
+    prefix = f"SiteError: site {site!r}: "
+    return found[len(prefix) :] if found.startswith(prefix) else (found or last_line(text))
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""

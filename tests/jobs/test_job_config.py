@@ -1,0 +1,277 @@
+"""The job file: every table and key checked before any network work, each mistake one
+``error:`` line naming the table and the key (through the real ``msa-fed run`` process, with no
+registry listening), and every option reaching the fit's configuration tree."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from msa_fed.core.dc_solver import SolverConfig
+from msa_fed.errors import ConfigError
+from msa_fed.jobs.config import JobConfig, read_token_file
+from msa_fed.runtime.config import FitConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+name = "t"
+[registry]
+address = "127.0.0.1:{port}"
+insecure = true
+[model]
+task = "classification"
+mu = 0.01
+objective = "gamma"
+[privacy]
+min_points = 5
+[run]
+sites = ["a", "b"]
+site_data = "{{site}}.npz"
+topology = "cluster"
+ray_address = "127.0.0.1:6380"
+data_channel = "off"
+[classifier]
+optimizer = "sgd"
+epochs = 3
+lr = 0.1
+[solver]
+method = "dca"
+max_iter = 50
+"""
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_every_table_reaches_the_config_tree(tmp_path):
+    job = JobConfig.from_toml(write(tmp_path, GOOD.format(port=50051)))
+    fit = job.fit
+    assert isinstance(fit, FitConfig)
+    assert job.name == "t" and job.registry == "127.0.0.1:50051" and job.insecure is True
+    assert job.sites == ("a", "b") and job.site_data == "{site}.npz"
+    assert fit.classifier.mu == 0.01 and fit.classifier.optimizer == "sgd" and fit.classifier.epochs == 3
+    assert fit.classifier.lr == 0.1
+    assert fit.solver == SolverConfig(objective="gamma", method="dca", max_iter=50)
+    assert fit.min_points == 5 and fit.topology == "cluster"
+    assert fit.ray.address == "127.0.0.1:6380" and fit.ray.data_channel == "off"
+
+
+def test_defaults(tmp_path):
+    job = JobConfig.from_toml(write(tmp_path, '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'))
+    assert job.fit.topology == "federated" and job.fit.site_timeout_s == 60.0
+    assert job.fit.solver.objective == "minmax" and job.fit.solver.method is None
+    assert job.fit.classifier.mu == 1e-3 and job.fit.min_points == 20 and job.sites == ()
+    federated = JobConfig.from_toml(
+        write(
+            tmp_path,
+            '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\nsite_timeout_s = 12.5\n',
+            "federated.toml",
+        )
+    )
+    assert federated.fit.topology == "federated" and federated.fit.site_timeout_s == 12.5
+
+
+BAD = [
+    ('[model]\nmu = "x"', r"\[model\] mu must be a number > 0; got \'x\'"),
+    ("[model]\nmu = 0.0", r"\[model\] mu must be a number > 0; got 0.0"),
+    ('[run]\nsites = "cleveland"', r"\[run\] sites must be a list of non-empty strings; got 'cleveland'"),
+    ('[run]\nsites = ["a", 3]', r"\[run\] sites must be a list of non-empty strings"),
+    ('[run]\nsites = ["a", "a"]', r"\[run\] sites names a site twice"),
+    ('[run]\nsite_data = "x.npz"', r"\[run\] site_data must be a string containing '\{site\}'"),
+    ('[run]\ntopology = "mesh"', r"\[run\] topology must be one of 'federated', 'cluster'; got 'mesh'"),
+    ("[run]\nsite_timeout_s = 0", r"\[run\] site_timeout_s must be a number > 0; got 0"),
+    ('[run]\ndata_channel = "udp"', r"\[run\] data_channel must be one of 'tls', 'plain', 'off'"),
+    ("[run]\nray_address = 5", r"\[run\] ray_address must be a non-empty string"),
+    (
+        '[run]\nray_address = "h:1"',
+        r"\[run\] ray_address applies only to topology = 'cluster'; this job's topology "
+        r"is 'federated'",
+    ),
+    (
+        '[run]\ntopology = "cluster"\nsite_timeout_s = 5',
+        r"\[run\] site_timeout_s applies only to topology = "
+        r"'federated'",
+    ),
+    ("[model]\neta = -1.0", r"\[model\] eta must be a number >= 0; got -1.0"),
+    ('[model]\nrandom_state = "x"', r"\[model\] random_state must be an integer >= 0; got 'x'"),
+    ('[model]\ntask = "ranking"', r"\[model\] task must be one of 'classification', 'regression'"),
+    ('[model]\nobjective = "mean"', r"\[model\] objective must be one of 'minmax', 'gamma'"),
+    ('[model]\nfeatures = "none"', r"\[model\] features must be set for method 'dmsa'"),
+    ("[privacy]\nmin_points = 0", r"\[privacy\] min_points must be an integer >= 1; got 0"),
+    ('[privacy]\nmin_points = "20"', r"\[privacy\] min_points must be an integer >= 1; got '20'"),
+    ("[classifier]\nepochs = -1", r"\[classifier\] epochs must be an integer >= 1; got -1"),
+    ("[classifier]\nlr = nan", r"\[classifier\] lr must be a number > 0; got nan"),
+    ("[classifier]\nmu = 0.1", r"unknown key\(s\) \['mu'\] in \[classifier\] \(mu is set in \[model\]\)"),
+    ("[classifier]\nspeed = 1", r"unknown key\(s\) \['speed'\] in \[classifier\]"),
+    ('[solver]\nmethod = "dca"', r"\[solver\] method='dca' applies only to objective='gamma'"),
+    ('[solver]\nobjective = "gamma"', r"unknown key\(s\) \['objective'\] in \[solver\] \(objective is set in"),
+    ("[solver]\nmax_iter = 0", r"\[solver\] max_iter must be an integer >= 1; got 0"),
+    ("[model]\nspeed = 1", r"unknown key\(s\) \['speed'\] in \[model\]"),
+    ("[extra]\nx = 1", r"unknown table\(s\) or key\(s\) \['extra'\]"),
+    ("model = 3", r"\[model\] must be a table; got 3"),
+    ("name = 3", r"name must be a non-empty string; got 3"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD, ids=[b[0].replace("\n", " ") for b in BAD])
+def test_bad_job_files_name_the_table_and_key(tmp_path, text, message):
+    registry = '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'
+    # a top-level key goes before the first table (after it, it would belong to that table)
+    path = write(tmp_path, registry + text + "\n" if text.startswith("[") else text + "\n" + registry)
+    with pytest.raises(ConfigError, match=message) as info:
+        JobConfig.from_toml(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_checkpoint_dir_naming_a_file(tmp_path):
+    f = tmp_path / "ckpt"
+    f.write_text("x")
+    path = write(tmp_path, f'[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ncheckpoint_dir = "{f}"\n')
+    with pytest.raises(ConfigError, match=r"\[run\] checkpoint_dir must be a directory path .*not a directory"):
+        JobConfig.from_toml(path)
+
+
+def test_registry_table_messages_name_the_file_not_the_flags(tmp_path):
+    """insecure = true in the file is reported as the file's key; the flags as the flags."""
+    remote = write(tmp_path, '[registry]\naddress = "registry.example.org:50051"\ninsecure = true\n')
+    with pytest.raises(
+        ConfigError,
+        match=r"\[registry\] insecure = true would send the admin token in plaintext "
+        r"to 'registry.example.org'",
+    ) as info:
+        JobConfig.from_toml(remote)
+    assert "--insecure" not in str(info.value)
+    tls = write(tmp_path, '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\ntls_ca = "/x/ca.pem"\n', "tls.toml")
+    with pytest.raises(ConfigError, match=r"\[registry\] insecure = true and \[registry\] tls_ca are mutually"):
+        JobConfig.from_toml(tls)
+    plain = write(tmp_path, '[registry]\naddress = "registry.example.org:50051"\n', "plain.toml")
+    with pytest.raises(ConfigError, match=r"--insecure would send the admin token in plaintext"):
+        JobConfig.from_toml(plain, insecure=True)
+    with pytest.raises(ConfigError, match=r"--registry must be HOST:PORT; got 'nowhere'"):
+        JobConfig.from_toml(plain, registry="nowhere")
+    with pytest.raises(ConfigError, match=r"\[registry\] address must be HOST:PORT"):
+        JobConfig.from_toml(write(tmp_path, '[registry]\naddress = "nowhere"\n', "addr.toml"))
+    with pytest.raises(ConfigError, match=r"\[registry\] tls_ca '/x/ca.pem' is not a readable file"):
+        JobConfig.from_toml(write(tmp_path, '[registry]\naddress = "h:1"\ntls_ca = "/x/ca.pem"\n', "ca.toml"))
+    with pytest.raises(ConfigError, match="no registry address"):
+        JobConfig.from_toml(write(tmp_path, "[model]\nmu = 0.1\n", "noreg.toml"))
+
+
+def test_job_file_path_errors(tmp_path):
+    with pytest.raises(ConfigError, match="is not a file"):
+        JobConfig.from_toml(tmp_path)
+    with pytest.raises(ConfigError, match="not found"):
+        JobConfig.from_toml(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        JobConfig.from_toml(write(tmp_path, "[model\n"))
+
+
+def test_token_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_token_file(str(tmp_path))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_token_file(str(tmp_path / "empty"))
+
+
+def run_cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        RAY_ADDRESS="",
+        GRPC_VERBOSITY="ERROR",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[model]\nmu = "x"', "[model] mu must be a number > 0; got 'x'"),
+        ('[run]\nsites = "cleveland"', "[run] sites must be a list of non-empty strings; got 'cleveland'"),
+        ('[solver]\nmethod = "dca"', "[solver] method='dca' applies only to objective='gamma'"),
+    ],
+)
+def test_msa_fed_run_prints_one_error_line_before_any_network_work(tmp_path, text, message):
+    """Nothing listens on the registry's port: the job file's mistake is found first."""
+    token = tmp_path / "admin_token"
+    token.write_text("admin.operator.secret")
+    job = write(
+        tmp_path,
+        f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\nadmin_token_file = "{token}"\n{text}\n',
+    )
+    out = run_cli("run", "--job", str(job))
+    assert out.returncode == 1, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: job file") and message in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_federated_topology_without_its_backend_is_one_error_line(tmp_path):
+    """The default topology needs the federated backend; without it the job stops before the
+    registry is contacted (nothing listens there)."""
+    import importlib.util
+
+    if importlib.util.find_spec("msa_fed.runtime.federated") is not None:
+        pytest.skip("the federated backend is present; its own tests cover this topology")
+    token = tmp_path / "admin_token"
+    token.write_text("admin.operator.secret")
+    job = write(
+        tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\nadmin_token_file = "{token}"\n'
+    )
+    out = run_cli("run", "--job", str(job))
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "[run] topology = 'federated' needs the federated backend" in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("path", ["cluster/jobs/example_job.toml", "deploy/compose_job.toml"])
+def test_example_job_files_are_valid_and_use_explicit_addresses(path):
+    import tomllib
+
+    doc = tomllib.loads((ROOT / path).read_text())
+    assert doc["run"]["ray_address"] not in ("auto", "")
+    from msa_fed.jobs.config import from_document
+
+    # the CA file of a deployment is not on this machine: check everything else
+    doc["registry"].pop("tls_ca", None)
+    job = from_document(doc)
+    assert job.fit.topology == "cluster" and job.fit.ray.address == doc["run"]["ray_address"]
+
+
+def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
+    from msa_fed.control.tokens import new_token
+
+    site_token, _ = new_token("site", "east", 0.0)
+    admin_token, _ = new_token("admin", "operator", 0.0)
+    f = tmp_path / "token"
+    f.write_text(site_token + "\n")
+    with pytest.raises(ConfigError, match=r"--admin-token-file holds a token of site 'east', not an admin token"):
+        read_token_file(str(f))
+    f.write_text(admin_token)
+    assert read_token_file(str(f)) == admin_token
+    job = write(tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n')
+    out = run_cli("run", "--job", str(job), "--admin-token", site_token)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "error: --admin-token holds a token of site 'east', not an admin token; the job "
+        "needs the registry's admin token (msa-fed admin issue-token --admin)"
+    )

@@ -1,0 +1,64 @@
+"""The single-machine walkthrough (``make federation`` = deploy/federation.sh) runs end to end."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ops_helpers import REPO, env
+
+RAY_DEFAULT_PORTS = {6379, 8265, 10001}
+
+
+def _free_base(start: int = 27200, span: int = 200) -> int:
+    """A base port whose registry and Ray ports (base .. base+8, base+100 .. base+199) are free now."""
+    for base in range(start, 60000, span):
+        ports = [*range(base, base + 9), *range(base + 100, base + 200)]
+        try:
+            socks = []
+            for port in ports:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError("no free port range")
+
+
+@pytest.mark.slow
+def test_make_federation_walkthrough():
+    base = _free_base()
+    proc = subprocess.run(["bash", str(REPO / "deploy" / "federation.sh")], capture_output=True, text=True,
+                          timeout=1500, env={**env(), "PY": sys.executable, "BASE_PORT": str(base)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    work = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("working folder: "))
+    lines = proc.stdout.splitlines()
+    assert f"registry listening on 127.0.0.1:{base}" in out
+    model_row = lines[lines.index("== the stored model") + 2].split()
+    assert model_row[:2] == ["1", "*"] and model_row[-1] == "north,east,west"
+    assert any("walkthrough  succeeded" in line for line in lines)
+    assert "loaded with msa_fed.load_model: dmsa over ['north', 'east', 'west']" in out
+    for site in ("north", "east", "west"):
+        assert f"site {site}: tls data channel open" in out
+    assert "federation walkthrough finished" in out
+    assert not Path(work).exists()  # cleaned up
+    # nothing it started keeps running (registry, Ray head and its processes)
+    leftovers = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if work in cmdline:
+                leftovers.append(cmdline.replace("\0", " ")[:200])
+    assert leftovers == []
+    assert not RAY_DEFAULT_PORTS & {base, base + 1, base + 2}

@@ -1,0 +1,261 @@
+"""The site policy file, the ledger (a real SQLite file across restarts), the hash-chained
+audit log with ``msa-fed site audit``, and DP accounting against dp-accounting itself."""
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from msa_fed.cli import main
+from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.privacy.audit import AuditError, verify_log
+from msa_fed.privacy.policy import SitePolicy, load_policy, tighten
+from msa_fed.runtime import messages as m
+from tests.privacy import attacks as A
+
+
+def _honest_spec(X):
+    from msa_fed.core.features import StandardFeatures, feature_map_state
+
+    fmap = StandardFeatures().fit(X)
+    return m.DomainModelSpec(kind="maxent", n_sources=2, feature_map=feature_map_state(fmap),
+                             theta=np.array([1.0, 0.0, -1.0, 0.0]))
+
+
+def _honest_round(worker, X, n_eval=2):
+    r = worker.set_domain_model(_honest_spec(X))
+    worker.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    return r, [worker.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",))) for _ in range(n_eval)]
+
+
+def test_policy_file_is_validated_key_by_key(tmp_path):
+    f = tmp_path / "policy.toml"
+    f.write_text('[limits]\nmin_points = 50\nmu_min = 1e-3\nfeature_maps = ["standard"]\n'
+                 '[budget]\ndc_evaluations_per_job = 99\nledger = "x.sqlite"\n[dp]\nenabled = true\nepsilon_per_job = 0.5\n')
+    pol = load_policy(f)
+    assert (pol.min_points, pol.mu_min, pol.feature_maps, pol.dc_evaluations_per_job, pol.ledger) == \
+        (50, 1e-3, ("standard",), 99, "x.sqlite")
+    assert pol.dp_enabled and pol.epsilon_per_job == 0.5
+    bad = {'[limits]\nmin_pionts = 5\n': "unknown key 'min_pionts' in \\[limits\\]",
+           '[limit]\nmin_points = 5\n': "unknown section \\[limit\\]",
+           '[limits]\nmin_points = "5"\n': "min_points must be an integer",
+           '[limits]\nmu_min = -1.0\n': "mu_min must be > 0",
+           '[limits]\nfeature_maps = ["pickle"]\n': "unknown map",
+           '[dp]\nepsilon_per_job = 20.0\n': "exceeds epsilon_lifetime",
+           '[limits\n': "unreadable"}
+    for text, msg in bad.items():
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=msg):
+            load_policy(f)
+    with pytest.raises(ConfigError, match="not found"):
+        load_policy(tmp_path / "absent.toml")
+
+
+def test_tighten_never_loosens():
+    base = SitePolicy()
+    t = tighten(base, {"min_points": 5, "mu_min": 1.0, "eta_min": 0.0, "max_point_share": 0.9,
+                       "dc_evaluations_per_job": 10, "epsilon_per_job": 99.0, "dp_enabled": True,
+                       "feature_maps": ["standard", "rff"], "allow_custom_feature_map": True})
+    assert t.min_points == base.min_points and t.mu_min == 1.0 and t.eta_min == base.eta_min
+    assert t.max_point_share == base.max_point_share and t.dc_evaluations_per_job == 10
+    assert t.epsilon_per_job == base.epsilon_per_job and t.dp_enabled
+    assert t.feature_maps == ("standard", "rff") and t.allow_custom_feature_map is True
+    assert tighten(t, {"dp_enabled": False}).dp_enabled
+    for key in ("ledger", "audit_log", "epsilon_lifetime", "nonsense"):
+        with pytest.raises(ConfigError, match=repr(key)):
+            tighten(base, {key: 1})
+
+
+def test_privacy_error_names_rule_and_site_and_pickles():
+    err = PrivacyError("concentration", "a", "the request: x")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.rule, back.site, str(back)) == ("concentration", "a", str(err))
+    assert str(err) == "site 'a' refuses the request: x (rule: concentration)"
+
+
+def test_ledger_survives_a_restart(tmp_path):
+    pol = SitePolicy(ledger=str(tmp_path / "ledger.sqlite"), domain_models_per_job=2, domain_models_per_day=3,
+                     dc_evaluations_per_job=3)
+    w, X, _y = A.victim(1, policy=pol, job_id="job-1")
+    spec = _honest_spec(X)
+    w.set_domain_model(spec)
+    w.set_domain_model(spec)  # a replay of the model in force is not a new query
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    for _ in range(3):
+        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    # the site process restarts: same ledger file, same job
+    w2, _, _ = A.victim(1, policy=pol, job_id="job-1")
+    w2.set_domain_model(spec)
+    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    with pytest.raises(PrivacyError, match="dc_evaluations_per_job") as err:
+        w2.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    assert err.value.rule == "budget"
+    other = _honest_spec(X + 0.1)
+    with pytest.raises(PrivacyError, match="domain_models_per_job"):
+        w2.set_domain_model(other)
+    # a new job: its own budget, but the rolling day's is shared (2 + 1 + this one)
+    w3, _, _ = A.victim(1, policy=pol, job_id="job-2")
+    with pytest.raises(PrivacyError, match="per rolling day"):
+        w3.set_domain_model(spec)
+
+
+def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
+    log, ledger = tmp_path / "audit.jsonl", tmp_path / "ledger.sqlite"
+    pol = SitePolicy(ledger=str(ledger), audit_log=str(log))
+    w, X, _y = A.victim(1, policy=pol, job_id="job-a")
+    _honest_round(w, X)
+    with pytest.raises(PrivacyError):
+        w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.0))
+    w.guard.audit.close()
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["request"] for r in recs] == ["set_domain_model", "set_qhat", "dc_evaluate", "dc_evaluate", "set_qhat"]
+    assert recs[-1]["outcome"] == "refused" and recs[-1]["rule"] == "eta_min" and recs[0]["job"] == "job-a"
+    assert "qhat_share" in recs[0]["decisions"] and recs[2]["sizes"]["what"] == ["L"]
+    summary = verify_log(log)
+    assert summary["lines"] == 5 and summary["refused"] == {"eta_min": 1}
+
+    assert main(["site", "audit", "--log", str(log), "--ledger", str(ledger)]) == 0
+    out = capsys.readouterr().out
+    assert "chain intact, 5 records" in out and "eta_min 1" in out
+
+    good = log.read_bytes()
+    lines = good.splitlines(keepends=True)
+    # edit one record (an answer's size): the next line no longer chains to it
+    log.write_bytes(b"".join(lines[:3]) + lines[3].replace(b'"n_labeled":60', b'"n_labeled":61') + lines[4])
+    assert main(["site", "audit", "--log", str(log)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "line 5" in err[0]
+    # edit the last record (a refusal turned into an answer): the ledger's anchor catches it
+    log.write_bytes(b"".join(lines[:4]) + lines[4].replace(b'"refused"', b'"answered"'))
+    assert main(["site", "audit", "--log", str(log), "--ledger", str(ledger)]) == 1
+    assert "rewritten" in capsys.readouterr().err
+    # drop a line in the middle
+    log.write_bytes(b"".join(lines[:2] + lines[3:]))
+    assert main(["site", "audit", "--log", str(log)]) == 1
+    assert "line 3 does not chain" in capsys.readouterr().err
+    # cut the last line: the chain is intact, the ledger's anchor is not
+    log.write_bytes(b"".join(lines[:4]))
+    assert main(["site", "audit", "--log", str(log)]) == 0
+    capsys.readouterr()
+    assert main(["site", "audit", "--log", str(log), "--ledger", str(ledger)]) == 1
+    assert "truncated" in capsys.readouterr().err
+    # and the site refuses to start on a truncated log
+    with pytest.raises(AuditError, match="truncated"):
+        A.victim(1, policy=pol, job_id="job-b")
+    log.write_bytes(good)
+    w4, _, _ = A.victim(1, policy=pol, job_id="job-b")  # intact again: appends continue the chain
+    w4.set_domain_model(_honest_spec(X))
+    w4.guard.audit.close()
+    assert verify_log(log)["lines"] == 6
+    assert main(["site", "audit", "--log", str(tmp_path / "none.jsonl")]) == 1
+
+
+def test_dp_accounting_matches_dp_accounting(tmp_path):
+    import dp_accounting
+    from dp_accounting import rdp
+
+    pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=5,
+                     ledger=str(tmp_path / "l.sqlite"))
+    w, X, _y = A.victim(1, policy=pol, job_id="dp-job")
+    _r, outs = _honest_round(w, X, n_eval=3)
+    nm = w.guard.dp.noise_multiplier
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 4))
+    assert outs[-1].epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
+    assert 0 < outs[0].epsilon < outs[1].epsilon < outs[2].epsilon < 1.0
+    # the planned 1 + 5 answers spend exactly the job's epsilon
+    full = rdp.RdpAccountant()
+    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 6))
+    assert full.get_epsilon(1e-6) == pytest.approx(1.0, abs=1e-3)
+    for _ in range(2):
+        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    with pytest.raises(PrivacyError, match="epsilon_per_job") as err:
+        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    assert err.value.rule == "dp_budget"
+    # DP answers only the losses, and the noise is there
+    with pytest.raises(PrivacyError, match="losses L only"):
+        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L", "dL")))
+    assert not np.allclose(outs[0].sums.L, outs[1].sums.L)
+
+
+def test_dp_lifetime_budget_spans_jobs(tmp_path):
+    pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, epsilon_lifetime=1.5, dp_dc_evaluations=2,
+                     ledger=str(tmp_path / "l.sqlite"))
+    w, X, _y = A.victim(1, policy=pol, job_id="j1")
+    _honest_round(w, X, n_eval=2)
+    w2, _, _ = A.victim(1, policy=pol, job_id="j2")
+    w2.set_domain_model(_honest_spec(X))
+    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    with pytest.raises(PrivacyError, match="epsilon_lifetime"):
+        for _ in range(3):
+            w2.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+
+
+def test_domain_model_rules(tmp_path):
+    from msa_fed.core.features import RandomFourierFeatures, feature_map_state
+
+    w, X, _y = A.victim(2, policy=SitePolicy(domain_models_per_job=100, domain_models_per_day=100))
+    spec = _honest_spec(X)
+    fm = spec.feature_map
+    cases = {
+        "feature_scale": m.DomainModelSpec("maxent", 2, ("standard", {}, {"mean": fm[2]["mean"],
+                                                                          "scale": fm[2]["scale"] * 1e-3}), theta=spec.theta),
+        "feature_mean": m.DomainModelSpec("maxent", 2, ("standard", {}, {"mean": fm[2]["mean"] + 1e3,
+                                                                         "scale": fm[2]["scale"]}), theta=spec.theta),
+        "theta_norm": m.DomainModelSpec("maxent", 2, fm, theta=np.array([1e3, 0.0, 0.0, 0.0, 0.0, 0.0])),
+        "feature_map": m.DomainModelSpec("maxent", 2, ("threshold", {}, {"thresholds": np.array([0.0])}),
+                                         theta=np.zeros(4)),
+    }
+    for rule, bad in cases.items():
+        with pytest.raises(PrivacyError) as err:
+            w.set_domain_model(bad)
+        assert err.value.rule == rule, (rule, str(err.value))
+    rff = RandomFourierFeatures(n_components=20, gamma=1e4).fit(X)
+    with pytest.raises(PrivacyError, match="too sharp"):
+        w.set_domain_model(m.DomainModelSpec("maxent", 2, feature_map_state(rff), theta=np.zeros(42)))
+    w2, _, _ = A.victim(2, policy=SitePolicy(feature_maps=("rff",)))
+    with pytest.raises(PrivacyError, match="allowlist"):
+        w2.set_domain_model(spec)
+
+
+def test_qhat_must_be_consistent_with_the_sites_own_share():
+    w, X, _y = A.victim(1)
+    r = w.set_domain_model(_honest_spec(X))
+    own = r.sums
+    for qhat, msg in (([1.0, 1.0], "sum to 1"), ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
+                      ([np.nan, 1.0], "positive numbers")):
+        with pytest.raises(PrivacyError, match=msg):
+            w.set_qhat(m.QhatBroadcast(qhat=np.array(qhat), eta=0.01))
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    with pytest.raises(PrivacyError, match="eta / sum"):
+        w.dc_evaluate(m.DCRequest(z=np.array([50.0, 50.0]), eta=0.01, what=("L",)))
+    with pytest.raises(PrivacyError, match="non-negative"):
+        w.dc_evaluate(m.DCRequest(z=np.array([1.5, -0.5]), eta=0.01, what=("L",)))
+
+
+def test_concentration_refuses_an_isolated_point_and_passes_spread_weights():
+    from msa_fed.privacy.rules import check_concentration
+
+    pol = SitePolicy()
+    R = np.zeros((60, 1))
+    R[7] = 2.0  # one point with twice its own mass, the others none
+    with pytest.raises(PrivacyError, match="carries"):
+        check_concentration(R, pol, "s", "w")
+    # an honest far-domain column: tiny ratios everywhere, a few points near the boundary
+    rng = np.random.default_rng(0)
+    R = np.exp(-rng.uniform(5, 30, size=(60, 1)))
+    R[:5] = 0.3
+    out = check_concentration(R, pol, "s", "w")
+    assert out["w_share"] < pol.max_point_share and out["w_ess"] >= pol.min_effective_points
+
+
+def test_two_writers_share_one_audit_log(tmp_path):
+    """Two jobs' workers at one site append to the same log and ledger: the chain stays whole."""
+    pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"), audit_log=str(tmp_path / "a.jsonl"))
+    w1, X, _y = A.victim(1, policy=pol, job_id="j1")
+    w2, _, _ = A.victim(1, policy=pol, job_id="j2")
+    for _ in range(3):
+        w1.set_domain_model(_honest_spec(X))
+        w2.set_domain_model(_honest_spec(X))
+    summary = verify_log(tmp_path / "a.jsonl", w1.guard.ledger.anchor(str(tmp_path / "a.jsonl")))
+    assert summary["lines"] == 6 and summary["jobs"] == ["j1", "j2"]
