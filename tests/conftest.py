@@ -31,6 +31,11 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "test_demo.py": ("ray", "slow"),
     "experiments/test_cnn.py": ("slow",),            # trains small CNNs
     "control/test_control_load.py": ("slow",),       # 200 concurrent clients
+    # the federated topology: a registry with its relay, `msa-fed site serve` subprocesses, local Ray
+    "federation/test_federated_job.py": ("ray", "slow"),
+    "federation/test_federation_security.py": ("ray", "slow"),
+    "federation/test_federation_network.py": ("ray", "slow"),
+    "federation/test_cluster_liveness.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {

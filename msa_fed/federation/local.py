@@ -54,15 +54,19 @@ class LocalFederation:
     def __init__(self, workdir, sites: dict[str, SiteFiles], *, accept_jobs: str = "admin", start_sites: bool = True,
                  max_workers: int = 64, heartbeat_interval_s: float = 1.0, silence_timeout_s: float = 10.0,
                  env: dict | None = None, tls=None, tls_ca: str | None = None, listen: str = "127.0.0.1:0",
-                 site_host=None, client_certs: dict | None = None, launcher: dict | None = None):
+                 site_host=None, client_certs: dict | None = None, launcher: dict | None = None,
+                 policies: dict[str, str] | None = None):
         """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
         the CA file the sites and this process trust; site_host(name) : the registry host a site
         dials (default 127.0.0.1); client_certs : {site: (cert path, key path)} for mutual TLS;
-        launcher : {site: command prefix} (e.g. ``ip netns exec NS``)."""
+        launcher : {site: command prefix} (e.g. ``ip netns exec NS``); policies : {site: the text of
+        its privacy policy file} (written to ``<site>/policy.toml``; a site without one runs with the
+        policy's defaults)."""
         self.tls, self.tls_ca, self.listen = tls, tls_ca, listen
         self.site_host = site_host or (lambda name: "127.0.0.1")
         self.client_certs = client_certs or {}
         self.launcher = launcher or {}
+        self.policies = dict(policies or {})
         self.workdir = Path(workdir)
         self.sites = dict(sites)
         self.accept_jobs = accept_jobs
@@ -113,9 +117,13 @@ class LocalFederation:
                      X_unlabeled=files.X_unlabeled)
             (folder / "predictor.onnx").write_bytes(files.predictor)
             cert, key = self.client_certs.get(name, (None, None))
+            policy = None
+            if name in self.policies:
+                policy = "policy.toml"
+                (folder / policy).write_text(self.policies[name])
             (folder / "site.toml").write_text(site_toml(
                 name, f"{self.site_host(name)}:{self.server.port}", accept_jobs=self.accept_jobs, tls_ca=self.tls_ca,
-                tls_cert=cert, tls_key=key))
+                tls_cert=cert, tls_key=key, policy=policy))
             with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
                 client.register(name)
                 client.upload_predictor(files.predictor)

@@ -10,8 +10,10 @@
 5. the federated job runs on a local Ray: one actor per site stands for it with its published
    sample (data-parallel classifier training); every labelled-data query goes through the relay
    to the site's process; the combined model is stored in the registry;
-6. each site's request log is summarised (what it answered and refused), and the model is
-   downloaded again and evaluated against every baseline on target mixtures.
+6. each site's policy and audit log are summarised (what it answered and refused, and the
+   policy's measured decisions; the log's hash chain and its length in the site's ledger are
+   checked), and the model is downloaded again and evaluated against every baseline on target
+   mixtures.
 """
 from __future__ import annotations
 
@@ -45,15 +47,61 @@ def accuracy_table(fed: dict, names, columns: dict, log=_print):
     return rows
 
 
-def site_summary(path) -> str:
-    """One line on what a site answered and refused, from its request log (hash chain checked)."""
-    from msa_fed.federation.state import read_log, summarise, verify_log
+#: each demo site's privacy policy file (``policy`` in its site.toml): the defaults, written out,
+#: with a per-job budget of DC evaluations
+DEMO_POLICY = """[limits]
+min_points = 20
+max_point_share = 0.25
+eta_min = 1e-3
 
-    n = verify_log(path)
-    s = summarise(read_log(path))
-    answered = ", ".join(f"{k} x{v}" for k, v in sorted(s["answered"].items())) or "nothing"
-    refused = ", ".join(f"{k} x{v}" for k, v in sorted(s["refused"].items())) or "nothing"
-    return f"answered {answered}; refused {refused}; {n} log entries, hash chain intact"
+[budget]
+domain_models_per_job = 3
+dc_evaluations_per_job = 2000
+
+[dp]
+enabled = false
+"""
+
+
+def site_summary(folder) -> list[str]:
+    """What a site's process decided, from its own files: its policy, and its audit log (the
+    policy's hash-chained log, checked against the length its ledger recorded)."""
+    import json
+
+    from msa_fed.federation.config import SiteConfig
+    from msa_fed.federation.agent import load_site_policy
+    from msa_fed.privacy.audit import verify_log
+    from msa_fed.privacy.ledger import Ledger
+
+    config = SiteConfig.from_toml(Path(folder) / "site.toml")
+    policy = load_site_policy(config)
+    ledger = Ledger(policy.ledger)
+    try:
+        anchor = ledger.anchor(policy.audit_log)
+    finally:
+        ledger.close()
+    summary = verify_log(policy.audit_log, anchor)
+    records = [json.loads(x) for x in Path(policy.audit_log).read_text().splitlines()]
+    answered: dict[str, int] = {}
+    for r in records:
+        if r.get("outcome") == "answered":
+            answered[r["request"]] = answered.get(r["request"], 0) + 1
+    refused = ", ".join(f"{r} x{c}" for r, c in sorted(summary["refused"].items())) or "nothing"
+    lines = [f"policy {Path(config.policy).name if config.policy else '(defaults)'}: min_points "
+             f"{policy.min_points}, max_point_share {policy.max_point_share:g}, eta_min {policy.eta_min:g}, "
+             f"{policy.dc_evaluations_per_job} DC evaluations per job, DP {'on' if policy.dp_enabled else 'off'}",
+             "answered " + (", ".join(f"{k} x{v}" for k, v in sorted(answered.items())) or "nothing")
+             + f"; refused {refused}; {summary['lines']} audit records, hash chain intact"
+             + (", length matches the ledger" if anchor is not None else "")]
+    last: dict[str, dict] = {}
+    for r in records:
+        if r.get("decisions"):
+            last[r["request"]] = r["decisions"]
+    for kind in ("set_domain_model", "set_qhat", "dc_evaluate"):
+        if kind in last:
+            shown = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in last[kind].items())
+            lines.append(f"decisions on {kind}{' (last)' if kind == 'dc_evaluate' else ''}: {shown}")
+    return lines
 
 
 def run_demo(random_state: int = 0, log=_print) -> dict:
@@ -75,7 +123,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
         predictors[name] = h
         files[name] = SiteFiles(d["X_labeled"], d["y_labeled"], d["X_unlabeled"], export_sklearn(h, n_features=2))
     with tempfile.TemporaryDirectory(prefix="msa-fed-demo-") as tmp:
-        with LocalFederation(Path(tmp), files) as lf:
+        with LocalFederation(Path(tmp), files, policies={n: DEMO_POLICY for n in SITES}) as lf:
             log(f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
                 f"SQLite at {Path(tmp) / 'registry.db'}")
             for name in SITES:
@@ -96,9 +144,10 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
                 log(f"downloaded combined model version {rec.version} from the registry and loaded it "
                     f"(predictors checked by sha256)")
             log("")
-            log("what each site's process answered (its own request log):")
+            log("what each site's process decided (its policy and its audit log):")
             for name in SITES:
-                log(f"  {name}: " + site_summary(lf.workdir / name / "audit.jsonl"))
+                for line in site_summary(lf.workdir / name):
+                    log(f"  {name}: {line}")
 
     # Baselines for the table are computed here with the sites' data, which only the demo has.
     sites = [SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"], predictors[n])

@@ -99,11 +99,6 @@ BAD = [
     ('[run]\ndata_channel = "udp"', r"\[run\] data_channel must be one of 'tls', 'plain', 'off'"),
     ("[run]\nray_address = 5", r"\[run\] ray_address must be a non-empty string"),
     (
-        '[run]\nray_address = "h:1"',
-        r"\[run\] ray_address applies only to topology = 'cluster'; this job's topology "
-        r"is 'federated'",
-    ),
-    (
         '[run]\ntopology = "cluster"\nsite_timeout_s = 5',
         r"\[run\] site_timeout_s applies only to topology = "
         r"'federated'",
@@ -225,22 +220,30 @@ def test_msa_fed_run_prints_one_error_line_before_any_network_work(tmp_path, tex
     assert out.stdout == ""
 
 
-def test_federated_topology_without_its_backend_is_one_error_line(tmp_path):
-    """The default topology needs the federated backend; without it the job stops before the
-    registry is contacted (nothing listens there)."""
-    import importlib.util
-
-    if importlib.util.find_spec("msa_fed.runtime.federated") is not None:
-        pytest.skip("the federated backend is present; its own tests cover this topology")
+def test_a_federated_job_name_that_is_no_relay_job_id_is_one_error_line(tmp_path):
+    """A federated job's name is its id at the registry's relay (sites approve jobs by it): a name
+    that cannot be one stops the job before the registry is contacted (nothing listens there)."""
     token = tmp_path / "admin_token"
     token.write_text("admin.operator.secret")
     job = write(
-        tmp_path, f'[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\nadmin_token_file = "{token}"\n'
+        tmp_path,
+        f'name = "two words"\n[registry]\naddress = "127.0.0.1:{closed_port()}"\ninsecure = true\n'
+        f'admin_token_file = "{token}"\n',
     )
     out = run_cli("run", "--job", str(job))
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "[run] topology = 'federated' needs the federated backend" in lines[0], out.stderr
+    assert len(lines) == 1 and "job name 'two words' is the job's id at the registry's relay" in lines[0], out.stderr
+
+
+def test_ray_options_apply_to_both_topologies(tmp_path):
+    """The federated topology's stand-in actors run on Ray too: ray_address and data_channel are
+    valid under either topology."""
+    for topology in ("federated", "cluster"):
+        job = JobConfig.from_toml(write(
+            tmp_path, f'[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "{topology}"\n'
+                      'ray_address = "h:1"\ndata_channel = "plain"\n'))
+        assert job.fit.ray.address == "h:1" and job.fit.ray.data_channel == "plain" and job.topology == topology
 
 
 @pytest.mark.parametrize("path", ["cluster/jobs/example_job.toml", "deploy/compose_job.toml"])
@@ -255,6 +258,17 @@ def test_example_job_files_are_valid_and_use_explicit_addresses(path):
     doc["registry"].pop("tls_ca", None)
     job = from_document(doc)
     assert job.fit.topology == "cluster" and job.fit.ray.address == doc["run"]["ray_address"]
+
+
+def test_the_federated_example_job_file_is_valid():
+    import tomllib
+
+    from msa_fed.jobs.config import from_document
+
+    doc = tomllib.loads((ROOT / "cluster/jobs/federated_job.toml").read_text())
+    doc["registry"].pop("tls_ca", None)
+    job = from_document(doc)
+    assert job.fit.topology == "federated" and job.fit.site_timeout_s == 60.0 and job.name == "federated-example"
 
 
 def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
