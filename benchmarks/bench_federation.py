@@ -40,7 +40,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
@@ -65,7 +66,7 @@ def make_sites(p: int, n_per_site: int, m_per_site: int, d: int = 4, seed: int =
         mean[k % d] = 1.5 * (1 + k // d)
         rule = rng.normal(size=d)
 
-        def draw(n):
+        def draw(n, mean=mean, rule=rule):
             X = rng.normal(size=(n, d)) + mean
             return X, (X @ rule + 0.5 * rng.normal(size=n) > mean @ rule).astype(np.int64)
 
@@ -96,7 +97,8 @@ def bench_round(args, workdir: Path) -> dict:
     names = sorted(files)
     kw, preds, classes = _kwargs(files, names)
     fmap = StandardFeatures().fit(np.vstack([files[n].X_unlabeled for n in names]))
-    theta = np.random.default_rng(1).normal(size=p * (fmap.transform(files[names[0]].X_unlabeled[:1]).shape[1] + 1)) * 0.1
+    width = fmap.transform(files[names[0]].X_unlabeled[:1]).shape[1]
+    theta = np.random.default_rng(1).normal(size=p * (width + 1)) * 0.1
     spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
     local = [SiteWorker(**k) for k in kw]
     parts = [w.set_domain_model(spec) for w in local]
@@ -127,7 +129,8 @@ def bench_round(args, workdir: Path) -> dict:
             assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
             relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
             for z in zs[:5]:  # warm-up
-                relay.call("bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60)
+                relay.call("bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names],
+                           60)
             t_relay = []
             for z in zs:
                 req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
@@ -149,7 +152,8 @@ def bench_job(args, workdir: Path) -> dict:
     files = make_sites(p, args.n // p, args.m, seed=3)
     names = sorted(files)
     kw, preds, classes = _kwargs(files, names)
-    config = FitConfig(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax"))
+    config = FitConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
+                       solver=SolverConfig(objective="minmax"))
     c = Coordinator(LocalSites(kw), preds, config).start()
     t0 = time.perf_counter()
     local = c.fit()
@@ -197,7 +201,7 @@ def bench_many(args, workdir: Path) -> dict:
     for name in names:
         tokens[name] = registry.issue_token("site", name)
         store.register_site(name, {}, time.time())
-    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=2 * n + 32).start()  # a stream slot per site: half the workers
+    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=2 * n + 32).start()
     stop = threading.Event()
     ack = wire.to_proto("ping", m.Ack("bench"), wire.RESPONSES)
 

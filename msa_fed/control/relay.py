@@ -222,7 +222,8 @@ class RelayServicer(pb_grpc.RelayServicer):
         token = bearer_token(context.invocation_metadata()) or ""
         why = self._site_ok(name, token)
         if why:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION if "registered" in why else grpc.StatusCode.PERMISSION_DENIED, why)
+            code = grpc.StatusCode.FAILED_PRECONDITION if "registered" in why else grpc.StatusCode.PERMISSION_DENIED
+            context.abort(code, why)
         conn = _Connection(name, token, context.peer())
         with self._lock:
             old = self._sites.get(name)

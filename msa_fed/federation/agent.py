@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -135,8 +136,8 @@ class SiteAgent:
         self.jobs: dict[str, SiteWorker] = {}
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
         self._stop = threading.Event()
-        self._call = None
-        self._stub = None
+        self._call: Any = None
+        self._stub: Any = None
 
     # ------------------------------------------------------------------ start-up checks
     def check_published(self) -> None:
@@ -185,7 +186,7 @@ class SiteAgent:
         channel = open_channel(self.config.registry, **self.config.channel_kwargs())
         out: queue.Queue = queue.Queue()
         done = threading.Event()
-        state = {"last": time.monotonic(), "interval": 5.0, "welcomed": False}
+        state: dict[str, Any] = {"last": time.monotonic(), "interval": 5.0, "welcomed": False}
         out.put(pb.SiteToRelay(hello=pb.Hello(site=self.name, agent_version=__version__,
                                               predictor_sha256=self.predictor_sha256,
                                               sample_sha256=self.sample_sha256)))
@@ -341,7 +342,8 @@ class SiteAgent:
                 else:
                     raise ConfigError(f"fetching the predictor of site {site!r}: unexpected message")
         except grpc.RpcError as exc:
-            raise ConfigError(f"cannot fetch the predictor of site {site!r}: {exc.code().name}: {exc.details()}") from None
+            raise ConfigError(f"cannot fetch the predictor of site {site!r}: "
+                              f"{exc.code().name}: {exc.details()}") from None
         return b"".join(parts)
 
     def close(self):

@@ -20,9 +20,11 @@ Relative paths are relative to the folder of ``site.toml``.
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import tomllib
 
 from msa_fed.errors import ConfigError
 
@@ -52,7 +54,7 @@ class SiteConfig:
     ledger: str | None = None
 
     @classmethod
-    def from_toml(cls, path) -> "SiteConfig":
+    def from_toml(cls, path) -> SiteConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"site config {str(path)!r} not found")
@@ -72,10 +74,10 @@ class SiteConfig:
             if not isinstance(value, want):
                 raise ConfigError(f"site config {str(path)!r}: {key} must be a {want.__name__}; got {value!r}")
         base = path.resolve().parent
-        values = {k: (str(base / Path(v).expanduser()) if k in _PATHS else v) for k, v in doc.items()}
+        values: dict[str, Any] = {k: (str(base / Path(v).expanduser()) if k in _PATHS else v) for k, v in doc.items()}
         return cls(**values).validate()
 
-    def validate(self) -> "SiteConfig":
+    def validate(self) -> SiteConfig:
         from msa_fed.control.records import NAME_PATTERN
         from msa_fed.control.server import is_loopback, parse_address
 

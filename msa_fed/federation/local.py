@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,11 +77,11 @@ class LocalFederation:
         self.env = env
         self.procs: dict[str, subprocess.Popen] = {}
         self.tokens: dict[str, str] = {}
-        self.server = None
+        self.server: Any = None
         self.store = None
 
     # ------------------------------------------------------------------ set-up
-    def __enter__(self) -> "LocalFederation":
+    def __enter__(self) -> LocalFederation:
         try:
             self.start()
         except BaseException:
@@ -177,10 +178,10 @@ class LocalFederation:
             proc.wait(30)
 
     def stop(self):
-        for name, proc in list(self.procs.items()):
+        for _name, proc in list(self.procs.items()):
             if proc.poll() is None:
                 proc.terminate()
-        for name, proc in list(self.procs.items()):
+        for _name, proc in list(self.procs.items()):
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:

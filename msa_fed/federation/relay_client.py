@@ -13,6 +13,7 @@ else counts as the site's failure.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 
@@ -33,7 +34,7 @@ def open_channel(address: str, *, insecure: bool = False, tls_ca=None, tls_cert=
     """A channel to the registry: TLS (``tls_ca``; mutual with ``tls_cert``/``tls_key``), or
     plaintext with ``insecure`` towards loopback only."""
     host, _ = parse_address(address, flag)
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
     if insecure:
         if tls_ca is not None or tls_cert is not None:
@@ -64,7 +65,7 @@ class RelayClient:
     def close(self):
         self._channel.close()
 
-    def __enter__(self) -> "RelayClient":
+    def __enter__(self) -> RelayClient:
         return self
 
     def __exit__(self, *exc):
@@ -100,8 +101,9 @@ class RelayClient:
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
             raise
         if len(response.results) != len(request.calls):
-            raise RegistryError("DATA_LOSS", f"the relay answered {len(response.results)} of {len(request.calls)} calls")
-        out = []
+            raise RegistryError("DATA_LOSS",
+                                f"the relay answered {len(response.results)} of {len(request.calls)} calls")
+        out: list[Any] = []
         for (site, method, _), result in zip(calls, response.results):
             if result.site != site:
                 raise RegistryError("DATA_LOSS", f"the relay answered for {result.site!r} in place of {site!r}")

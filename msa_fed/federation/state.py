@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from msa_fed.errors import ConfigError
 
@@ -117,7 +118,7 @@ def verify_log(path) -> int:
 
 def summarise(entries: list[dict]) -> dict:
     """{"answered": {method: count}, "refused": {method: count}, "jobs": [...], "refusals": [reason, ...]}."""
-    out = {"answered": {}, "refused": {}, "jobs": [], "refusals": []}
+    out: dict[str, Any] = {"answered": {}, "refused": {}, "jobs": [], "refusals": []}
     for e in entries:
         if e.get("event") != "request":
             continue

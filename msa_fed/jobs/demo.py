@@ -68,8 +68,8 @@ def site_summary(folder) -> list[str]:
     policy's hash-chained log, checked against the length its ledger recorded)."""
     import json
 
-    from msa_fed.federation.config import SiteConfig
     from msa_fed.federation.agent import load_site_policy
+    from msa_fed.federation.config import SiteConfig
     from msa_fed.privacy.audit import verify_log
     from msa_fed.privacy.ledger import Ledger
 

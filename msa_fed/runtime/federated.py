@@ -24,7 +24,8 @@ jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
 - ``open_job(job_id, sites) -> list[str]`` (the sites connected now),
 - ``call(job_id, calls, timeout_s) -> list``: ``calls`` are (site, method, message); each result
   is the decoded response message, a :class:`msa_fed.runtime.wire.RemoteError` (the site's own
-  refusal or failure; a ``PrivacyError`` keeps its rule and site) or a :class:`SiteUnreachable` (the registry could not get an answer),
+  refusal or failure; a ``PrivacyError`` keeps its rule and site) or a :class:`SiteUnreachable`
+  (the registry could not get an answer),
 - ``close_job(job_id)``.
 
 Liveness: a site the registry cannot reach (disconnected, silent, too slow) is retried until
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msa_fed.errors import ConfigError, MsaFedError, PrivacyError, SiteError
+from msa_fed.errors import ConfigError, PrivacyError, SiteError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
 from msa_fed.runtime.backend import NullRecorder, SetupLog
@@ -91,7 +92,8 @@ class PublishedSample:
         self.name, self.index = name, int(index)
         self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
         if self.X_unlabeled.ndim != 2:
-            raise ConfigError(f"site {name!r}: the published sample must be a matrix; got shape {self.X_unlabeled.shape}")
+            raise ConfigError(f"site {name!r}: the published sample must be a matrix; "
+                              f"got shape {self.X_unlabeled.shape}")
         self.min_points = int(min_points)
         self.incarnation = uuid.uuid4().hex
         self._shard = None
@@ -111,7 +113,8 @@ class PublishedSample:
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
         mk = self.X_unlabeled.shape[0]
         if mk < self.min_points:
-            raise PrivacyError(f"site {self.name!r} published {mk} unlabelled points: fewer than min_points={self.min_points}")
+            raise PrivacyError("min_points", self.name, f"its published sample: {mk} unlabelled points, fewer than "
+                                                        f"min_points={self.min_points}")
         start, stop = split_rows(mk, msg.workers_per_site)[0]
         self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
         return m.Ack(self.incarnation)
@@ -273,7 +276,7 @@ class FederatedSites:
 
         Unreachable sites are retried until site_timeout_s after their first failure; a site
         that lost the job's state gets it replayed (when ``replay``)."""
-        for i, method, msg in todo:
+        for _, method, _ in todo:
             if method not in RELAY_METHODS:
                 raise ValueError(f"{method!r} does not go to a site process")
         outs: list = [None] * len(todo)

@@ -191,7 +191,8 @@ class RaySites:
             except GetTimeoutError:  # a node lost or stuck: Ray may wait for it for ever, the job does not
                 state, _ = actor_status(e.handle)
                 raise SiteError(e.name, f"no answer to {method} within {self.retry_timeout_s:g} s "
-                                        f"(site_timeout_s; the site's actor is {state or 'in an unknown state'})") from None
+                                        f"(retry_timeout_s; the site's actor is "
+                                        f"{state or 'in an unknown state'})") from None
             except RayTaskError as exc:  # raised by the site's own code
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
                 if isinstance(cause, SiteStateLost) and replay and time.monotonic() < deadline:

@@ -237,7 +237,8 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
         body.mode, body.peer_cert = msg.mode, msg.peer_cert
     elif isinstance(msg, m.SiteInfo):
         body.name, body.task = msg.name, msg.task
-        body.n_features, body.n_labeled, body.n_unlabeled = int(msg.n_features), int(msg.n_labeled), int(msg.n_unlabeled)
+        body.n_features, body.n_labeled = int(msg.n_features), int(msg.n_labeled)
+        body.n_unlabeled = int(msg.n_unlabeled)
         if msg.classes is not None:
             _put_array(body.classes, np.asarray(msg.classes))
     elif isinstance(msg, m.UnlabeledSample):

@@ -17,7 +17,7 @@ def load_generator():
 
 def test_generated_code_is_up_to_date(tmp_path):
     written = load_generator().generate(tmp_path)
-    names = sorted(p.name for p in written)
+    sorted(p.name for p in written)
     control = sorted(p.name for p in written if p.parent == tmp_path)
     assert control == ["operations_pb2.py", "operations_pb2.pyi", "operations_pb2_grpc.py", "registry_pb2.py", "registry_pb2.pyi", "registry_pb2_grpc.py",
                        "relay_pb2.py", "relay_pb2.pyi", "relay_pb2_grpc.py"]

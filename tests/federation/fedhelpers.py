@@ -26,7 +26,7 @@ def site_files(names=NAMES, seed: int = 0) -> dict[str, SiteFiles]:
     for name in names:
         c = np.asarray(CENTERS.get(name, (rng.normal(), rng.normal())))
 
-        def draw(n):
+        def draw(n, c=c):
             X = rng.normal(loc=c, size=(n, 2))
             return X, (X[:, 0] * X[:, 1] > 0).astype(np.int64)
 

@@ -15,7 +15,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import local_kwargs, site_files, fit_config  # noqa: E402
+from fedhelpers import fit_config, local_kwargs, site_files  # noqa: E402
+
 from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import SiteError  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402

@@ -19,6 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from fedhelpers import NAMES, fit_config, job_config, local_kwargs, output_dir, port_of, site_files, tcp_sockets  # noqa: E402,E501
+
 from msa_fed.core.config import ClassifierConfig  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,14 +20,13 @@ import uuid
 import grpc
 import numpy as np
 import pytest
-
 from fedhelpers import local_kwargs, make_pki, site_files, tcp_sockets  # noqa: E402
+
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.server import TlsConfig
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient
-from msa_fed.runtime import wire
 
 NAMES = ("east", "north")
 
@@ -128,8 +126,9 @@ def _connect_from(ns: str, host: str, port: int) -> str:
 
 def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     ray = pytest.importorskip("ray")
-    from msa_fed.core.domain_classifier import ClassifierConfig
     from fedhelpers import fit_config
+
+    from msa_fed.core.domain_classifier import ClassifierConfig
     from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.local import LocalSites
 
@@ -151,7 +150,9 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
 
 
 def _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher):
-    from msa_fed.jobs.run import JobConfig, run_job
+    from fedhelpers import job_config, output_dir
+
+    from msa_fed.jobs.run import run_job
 
     with LocalFederation(tmp_path / "fed", {n: files[n] for n in names}, tls=tls, tls_ca=pki["ca"],
                          listen="0.0.0.0:0", site_host=lambda n: namespaces[n][1], launcher=launcher) as fed:
@@ -164,6 +165,6 @@ def _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher):
             assert _connect_from(ns, other, port).startswith("OSError")  # another site's network: no route
             assert _connect_from(ns, "127.0.0.1", port).startswith("ConnectionRefusedError")  # its own loopback
             assert not [s for s in tcp_sockets(fed.procs[n].pid) if s[0] == "0A"]
-        job = JobConfig(name="netns", registry=fed.address, tls_ca=pki["ca"], data_channel="plain").validate()
-        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None)
+        job = job_config("netns", fed.address, tls_ca=pki["ca"])
+        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
         return model

@@ -27,7 +27,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import local_kwargs, site_files, fit_config  # noqa: E402
+from fedhelpers import fit_config, local_kwargs, site_files  # noqa: E402
+
 from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
 from msa_fed.control.proto import relay_pb2 as pb  # noqa: E402
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc  # noqa: E402
@@ -106,7 +107,8 @@ def test_a_token_of_site_a_cannot_serve_as_b(fed):
     channel, out, call = _stream(fed.address, fed.tokens["east"], pb.SiteToRelay(hello=pb.Hello(site="west")))
     with pytest.raises(grpc.RpcError) as info:
         next(call)
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "may not serve as site 'west'" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "may not serve as site 'west'" in info.value.details()
     out.put(None)
     channel.close()
     # no Hello first: refused
@@ -159,7 +161,8 @@ def test_the_site_process_answers_only_its_methods(fed):
         res = admin.call("probe", [("east", "max_bound", None)], 30)
         assert isinstance(res[0], wire.RemoteError) and res[0].kind == "SiteStateLost"  # not joined yet
         req = wire.to_proto("unlabeled_sample", None, wire.REQUESTS)
-        r = admin._stub.Call(pb.CallRequest(job_id="probe", timeout_s=30, calls=[pb.SiteCall(site="east", request=req)]),
+        r = admin._stub.Call(pb.CallRequest(job_id="probe", timeout_s=30,
+                                            calls=[pb.SiteCall(site="east", request=req)]),
                              metadata=admin._metadata, timeout=60)
         method, err = wire.from_proto(r.results[0].response, wire.RESPONSES)
         assert isinstance(err, wire.RemoteError) and err.kind == "PrivacyError" and "does not answer" in err.text
@@ -261,7 +264,8 @@ def test_a_hostile_site_makes_the_job_fail_naming_it(fed, files, kind):
     fed.wait_connected(["west"], timeout=60)
     try:
         with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
-            backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id="h-" + kind.replace(" ", "-"),
+            backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES],
+                                     job_id="h-" + kind.replace(" ", "-"),
                                      predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
                                      classes=np.array([0, 1]), site_timeout_s=20, data_channel="plain")
             with pytest.raises(SiteError) as info:

@@ -11,7 +11,7 @@ import pytest
 from msa_fed.cli import main
 from msa_fed.errors import ConfigError
 from msa_fed.federation.config import SiteConfig
-from msa_fed.jobs.run import JobConfig
+from msa_fed.jobs.config import JobConfig
 
 BASE = {"name": "east", "registry": "127.0.0.1:50051", "token_file": "token.txt", "insecure": True,
         "data": "data.npz", "predictor": "predictor.onnx", "audit_log": "audit.jsonl"}
@@ -60,21 +60,45 @@ def test_missing_files_are_named(tmp_path, capsys):
     assert "data.npz" in err
 
 
-def test_a_policy_file_without_a_policy_engine_is_refused(tmp_path, capsys):
-    pytest.importorskip("numpy")
-    try:
-        import msa_fed.privacy  # noqa: F401
-        pytest.skip("this build has the policy engine; its own tests cover policy files")
-    except ModuleNotFoundError:
-        pass
+def _site_files(tmp_path):
     (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "data.npz", X_labeled=rng.normal(size=(30, 2)), y_labeled=np.zeros(30),
              X_unlabeled=rng.normal(size=(30, 2)))
     (tmp_path / "predictor.onnx").write_bytes(b"x")
-    (tmp_path / "policy.toml").write_text("min_points = 50\n")
+
+
+def test_a_bad_policy_file_is_one_error_line(tmp_path, capsys):
+    """The site's policy is read by its own process before it connects: a key the policy does
+    not know, or a missing file, is one error line naming the file."""
+    _site_files(tmp_path)
+    (tmp_path / "policy.toml").write_text("[limits]\nmin_pointz = 50\n")
     err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="policy.toml"))])
-    assert "no policy engine" in err
+    assert "policy.toml" in err and "min_pointz" in err
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="absent.toml"))])
+    assert "absent.toml" in err and "not found" in err
+
+
+def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path):
+    """load_site_policy: the policy file's limits, site.toml's audit log, a ledger file next to it
+    by default (budgets survive restarts); a policy naming another audit log is refused."""
+    from msa_fed.federation.agent import load_site_policy, worker_policy_kwargs
+    from msa_fed.runtime import messages as m
+
+    (tmp_path / "policy.toml").write_text("[limits]\nmin_points = 40\n[budget]\ndc_evaluations_per_job = 7\n")
+    config = SiteConfig.from_toml(_write(tmp_path, policy="policy.toml"))
+    policy = load_site_policy(config)
+    assert policy.min_points == 40 and policy.dc_evaluations_per_job == 7
+    assert policy.audit_log == str(tmp_path / "audit.jsonl")
+    assert policy.ledger == str(tmp_path / "audit.ledger.db")
+    defaults = load_site_policy(SiteConfig.from_toml(_write(tmp_path)))
+    assert defaults.min_points == 20 and defaults.ledger == str(tmp_path / "audit.ledger.db")
+    job = m.JobSetup(job_id="j", sites=("east", "west"), index=0, predictor_sha256=("a", "b"),
+                     task="classification", loss="cross_entropy", classes=None, min_points=5)
+    assert worker_policy_kwargs(policy, job, "j") == {"min_points": 5, "policy": policy, "job_id": "j"}
+    (tmp_path / "other.toml").write_text(f'[budget]\naudit_log = "{tmp_path / "elsewhere.jsonl"}"\n')
+    with pytest.raises(ConfigError, match="one audit log"):
+        load_site_policy(SiteConfig.from_toml(_write(tmp_path, policy="other.toml")))
 
 
 def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
@@ -95,7 +119,7 @@ def test_job_file_topology_keys(tmp_path):
     path.write_text('[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "federated"\n'
                     'site_timeout_s = 5\n')
     job = JobConfig.from_toml(path)
-    assert job.topology == "federated" and job.site_timeout_s == 5
+    assert job.topology == "federated" and job.fit.site_timeout_s == 5
     assert JobConfig(registry="127.0.0.1:1").topology == "federated"  # the default
     for run, match in (('topology = "mesh"', "topology must be"), ("site_timeout_s = 0", "site_timeout_s must be"),
                        ('site_timeout_s = "60"', "site_timeout_s must be")):
