@@ -62,7 +62,9 @@ RESPONSES = [
     m.UnlabeledSample(X=RNG.normal(size=(7, 3))),
     m.GradSum(loss=1.25, grad=RNG.normal(size=21), n=60),
     m.QhatPartial(sums=np.array([0.1, 0.2, 0.05]), n=41),
+    m.QhatPartial(sums=np.array([0.1, 0.2, 0.05]), n=41, epsilon=0.125),  # DP: the epsilon the site has spent
     m.DCPartial(sums=DCSums(L=RNG.normal(size=3), dL=RNG.normal(size=(3, 3)), n=41)),
+    m.DCPartial(sums=DCSums(L=RNG.normal(size=3), n=41), epsilon=0.75),
     m.BoundMax(value=float("inf")),
     m.Ack(incarnation="i", node_id="n"),
     m.ChannelAddress(host="::1", port=4242, cert="c", node_id="n"),
@@ -115,6 +117,30 @@ def test_a_site_failure_decodes_as_a_remote_error():
     method, err = wire.decode(wire.encode_error("PrivacyError", "too few\npoints"), wire.RESPONSES)
     assert method == "" and isinstance(err, wire.RemoteError) and err.kind == "PrivacyError"
     assert err.text == "too few points"
+
+
+@pytest.mark.parametrize("epsilon", [-1.0, float("nan"), float("inf")])
+def test_an_epsilon_that_is_no_budget_is_refused(epsilon):
+    """A site's epsilon spent is a finite number >= 0; anything else from a peer is malformed."""
+    bad = pb.SiteResponse(method="dc_evaluate", dc=pb.DCPartial(sums=pb.DCSums(n=41), epsilon=epsilon))
+    with pytest.raises(wire.WireError, match="epsilon"):
+        wire.from_proto(bad, wire.RESPONSES)
+
+
+def test_a_policy_refusal_crosses_typed():
+    """A PrivacyError keeps its rule and site through the boundary codec (the relay and the data
+    channel): the job reports it as the site's refusal under that rule."""
+    from msa_fed.errors import PrivacyError
+
+    refusal = PrivacyError("concentration", "east", "the domain model: 0.4 of the weight on one point")
+    method, err = wire.decode(wire.encode_failure(refusal), wire.RESPONSES)
+    assert method == "" and isinstance(err, wire.RemoteError) and err.kind == "PrivacyError"
+    typed = err.exception()
+    assert isinstance(typed, PrivacyError) and (typed.rule, typed.site) == ("concentration", "east")
+    assert str(typed) == str(refusal) and "\n" not in str(typed)
+    # any other failure stays a RemoteError with the type's name only
+    _, other = wire.decode(wire.encode_failure(ValueError("x")), wire.RESPONSES)
+    assert other.kind == "ValueError" and other.rule == "" and other.exception() is other
 
 
 @settings(max_examples=300, deadline=None)

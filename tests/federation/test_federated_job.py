@@ -178,6 +178,26 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
         assert '"state": "served"' in listed.stdout
 
 
+def test_a_sites_own_policy_refuses_and_the_job_reports_it_typed(local_ray, tmp_path, files):
+    """Each site process enforces its own policy file: a site whose policy asks for more labelled
+    points than it holds refuses; the job fails with a PrivacyError naming the rule and the site
+    (relayed typed, one line), and the refusal is in that site's audit log."""
+    import json
+
+    two = {n: files[n] for n in ("east", "north")}
+    n_east = files["east"].X_labeled.shape[0]
+    strict = f"[limits]\nmin_points = {n_east + 1}\n"
+    with LocalFederation(tmp_path, two, policies={"east": strict}) as fed:
+        fed.wait_connected(timeout=180)
+        with pytest.raises(PrivacyError) as info:
+            _run(_job(fed, name="too-strict", site_timeout_s=60), fed)
+        assert (info.value.rule, info.value.site) == ("min_points", "east"), str(info.value)
+        assert str(info.value).startswith("site 'east' refuses") and "\n" not in str(info.value)
+        records = [json.loads(x) for x in (fed.workdir / "east" / "audit.jsonl").read_text().splitlines()]
+        assert any(r.get("job") == "too-strict" and r.get("outcome") == "refused" and r.get("rule") == "min_points"
+                   for r in records), records[-3:]
+
+
 def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federation, files):
     """The privacy audit of every message the coordinator exchanged in a federated run (the
     runtime tests' audit): boundary types only, nothing of a site's labelled size, no labels;
