@@ -154,6 +154,20 @@ def test_site_processes_listen_on_no_socket(federated, federation):
         assert any(state == "01" and port_of(remote) == federation.server.port for state, _, remote in sockets)
 
 
+def test_the_relay_fills_the_connected_column_of_list_sites(federation):
+    """registry.site_connected is the relay's: `admin list-sites` (the Operations service) shows
+    each connected site process as connected, and a stopped one as not connected."""
+    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.ops_client import OpsClient
+
+    def connected() -> dict:
+        with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
+            return {s.name: s.connected for s in OpsClient(admin).site_statuses()}
+
+    assert connected() == {n: True for n in NAMES}
+    assert federation.registry.site_connected("nowhere") is False
+
+
 def test_a_site_may_require_approval(local_ray, tmp_path, files):
     """accept_jobs = "approve": the job fails naming the pending job, `msa-fed site jobs` lists it,
     `msa-fed site approve` admits it, and the same job then runs."""

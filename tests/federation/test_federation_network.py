@@ -59,7 +59,7 @@ def test_mutual_tls_binds_the_stream_to_the_certified_site(tmp_path, files):
         with pytest.raises(grpc.RpcError) as info:
             next(call)
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "certificate names ['north'], not site 'east'" in info.value.details()
+        assert "certificate names 'north', not site 'east'" in info.value.details()
         out.put(None)
         channel.close()
         assert fed.connected() == sorted(NAMES)

@@ -352,8 +352,12 @@ def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, fi
     relay.close()
     np.testing.assert_allclose(model.z, full.z, rtol=0, atol=1e-9)
     log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
-    joins = [e for e in log if e.get("event") == "job_join" and e.get("job") == "replay"]
+    joins = [e for e in log if e.get("request") == "join_job" and e.get("job") == "replay"
+             and e.get("outcome") == "answered"]
     assert len(joins) == 2  # joined, restarted, joined again (replayed)
+    # the restarted process was given the domain model again (from the job's set-up log)
+    models = [e for e in log if e.get("request") == "set_domain_model" and e.get("job") == "replay"]
+    assert len(models) == 2 and all(e["outcome"] == "answered" for e in models)
 
 
 def test_a_frozen_site_ends_the_job_within_the_timeout(fed, files):

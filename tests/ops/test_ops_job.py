@@ -60,7 +60,7 @@ def test_registry_down_during_upload_then_back(federation):
     assert f"combined model saved to {tmp / 'result'}" in text
     # a line per site: node, topology and channel; progress as one line per iteration
     for site in SITES:
-        assert any(line.startswith(f"site {site}: node ") and "topology ray" in line
+        assert any(line.startswith(f"site {site}: node ") and "topology cluster" in line
                    and "plaintext data channel" in line for line in out.lines), out.text()
     assert any(line.startswith("DC solver: iteration 1") for line in out.lines), text
     assert any(line.startswith("DC solver: done after") for line in out.lines), text
@@ -69,7 +69,7 @@ def test_registry_down_during_upload_then_back(federation):
     rc, listing, err = admin(reg, token_file, "job", "show", job_id, "--json")
     record = json.loads(listing)
     assert rc == 0 and record["status"] == "succeeded" and record["model_version"] == 1, err
-    assert record["sites"] == sorted(SITES) and record["topology"] == "ray"
+    assert record["sites"] == sorted(SITES) and record["topology"] == "cluster"
     rc, listing, _ = admin(reg, token_file, "model", "show", "1", "--json")
     assert json.loads(listing)["manifest"]["job_id"] == job_id
     assert msa_fed.load_model(tmp / "result").site_names == sorted(SITES)
