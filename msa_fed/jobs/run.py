@@ -145,8 +145,7 @@ def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, 
                                 predictor_artifacts=artifacts, task=fit.task, loss=fit.loss, classes=classes,
                                 min_points=fit.min_points) for k, n in enumerate(names)]
             backend = RaySites(site_kwargs, fit.ray, worker_cls=JobSiteWorker)
-        with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:
-            coordinator.start()
+        with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
             for line in site_lines(names, data_channel, topology=fit.topology):
                 log(line)
             model = coordinator.fit()

@@ -215,6 +215,8 @@ class FederatedSites:
         """Open the job at the relay, have every site join it, start the stand-in actors."""
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.setup_log = setup_log if setup_log is not None else SetupLog()
+        if self._open and self.stand_ins.sites:  # started already (a warm backend): the sites' info only
+            return self._relay([(i, "info", None) for i in range(len(self.names))])
         connected = self.relay.open_job(self.job_id, self.names)
         self._open = True
         missing = [n for n in self.names if n not in connected]
