@@ -61,7 +61,7 @@ def test_deregistration_and_revocation_show_in_site_status(admin, registry, conn
     assert status.deregistration.reason == "left the consortium" and status.deregistration.deregistered_by == "admin"
     rows = {s.name: s for s in ops.site_statuses()}
     assert rows["a"].registered and rows["a"].token == "active" and rows["a"].last_heartbeat
-    assert rows["a"].connected is None  # unknown without the federated topology
+    assert rows["a"].connected is False  # the registry's relay holds no stream of a site process
     assert not rows["b"].registered and rows["b"].deregistration is not None
     assert rows["c"].registered and rows["c"].token == "revoked" and rows["c"].token_revoked_at
     with pytest.raises(RegistryError) as err:
