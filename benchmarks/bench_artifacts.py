@@ -17,6 +17,7 @@ For each model, in the same run:
 Medians over ``--repeats`` loads; prints a table and writes JSON to
 ``benchmarks/results/bench_artifacts.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,9 @@ def models():
     return {
         "ridge_d20": export_sklearn(Ridge().fit(X, X[:, 0]), 20),
         "logreg_d20": export_sklearn(LogisticRegression().fit(X, y), 20),
-        "forest100_d20": export_sklearn(RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(X, y), 20),
+        "forest100_d20": export_sklearn(
+            RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(X, y), 20
+        ),
         "logreg_d2000": export_sklearn(LogisticRegression(max_iter=200).fit(Xw, (Xw[:, 0] > 0).astype(int)), 2000),
     }
 
@@ -87,7 +90,8 @@ def main() -> None:
             p._ensure_session()
 
         row = {
-            "model": name, "bytes": len(data),
+            "model": name,
+            "bytes": len(data),
             "in_process_ms": median_ms(lambda data=data: _evaluate(data, req, None), repeats),
             "zygote_ms": median_ms(sandboxed, repeats),
             "spawn_ms": median_ms(spawned, repeats),
@@ -95,14 +99,19 @@ def main() -> None:
             "first_predict_ms": median_ms(first_predict, repeats),
         }
         rows.append(row)
-        print(f"{name:>15} {len(data):>9,d} B  in-process {row['in_process_ms']:7.1f} ms  zygote {row['zygote_ms']:7.1f} ms"
-              f"  spawn {row['spawn_ms']:7.1f} ms  cached {row['cached_ms']:6.2f} ms  first predict session "
-              f"{row['first_predict_ms']:6.1f} ms", flush=True)
+        print(
+            f"{name:>15} {len(data):>9,d} B  in-process {row['in_process_ms']:7.1f} ms"
+            f"  zygote {row['zygote_ms']:7.1f} ms"
+            f"  spawn {row['spawn_ms']:7.1f} ms  cached {row['cached_ms']:6.2f} ms  first predict session "
+            f"{row['first_predict_ms']:6.1f} ms",
+            flush=True,
+        )
     out = Path(__file__).resolve().parent / "results" / "bench_artifacts.json"
     out.parent.mkdir(exist_ok=True)
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
-    out.write_text(json.dumps({"machine": platform.platform(), "load_average": load, "repeats": repeats, "rows": rows},
-                              indent=2))
+    out.write_text(
+        json.dumps({"machine": platform.platform(), "load_average": load, "repeats": repeats, "rows": rows}, indent=2)
+    )
     print(f"wrote {out}")
 
 

@@ -152,7 +152,7 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
         while not stop.is_set():
             header = pb.PredictorHeader(upload_id=os.urandom(8).hex(), sha256="0" * 64, size=2**20)
 
-            def messages():
+            def messages(header=header):
                 yield pb.UploadPredictorRequest(header=header)
                 stop.wait()
             try:
@@ -188,7 +188,7 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
         while not stop.is_set():
             header = pb.SampleHeader(upload_id=os.urandom(8).hex(), sha256=digest, rows=rows, cols=3, dtype="float32")
 
-            def messages():
+            def messages(header=header):
                 yield pb.UploadSampleRequest(header=header)
                 for start in range(0, len(data), 2**20):
                     yield pb.UploadSampleRequest(chunk=data[start:start + 2**20])

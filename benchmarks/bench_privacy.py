@@ -15,6 +15,7 @@ round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over th
 channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
 code before the policy (min_points test and the sums), the others enforce the default policy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,20 @@ def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
     workers = []
     for k, (X, y) in enumerate(data):
         pol = SitePolicy(**{kk: (v.format(k=k) if isinstance(v, str) else v) for kk, v in policy_kw.items()})
-        workers.append(SiteWorker(f"s{k}", k, X, y, X, predictors=preds, task="classification", loss="cross_entropy",
-                                  classes=np.array([0, 1]), policy=pol))
+        workers.append(
+            SiteWorker(
+                f"s{k}",
+                k,
+                X,
+                y,
+                X,
+                predictors=preds,
+                task="classification",
+                loss="cross_entropy",
+                classes=np.array([0, 1]),
+                policy=pol,
+            )
+        )
     parts = [w.set_domain_model(spec) for w in workers]
     qhat = np.sum([r.sums for r in parts], axis=0)
     for w in workers:
@@ -72,8 +85,9 @@ def _unchecked_cls():
                 raise SiteStateLost(self.name)
             if self._points.n_points < 20:
                 raise ValueError("too few points")
-            return m.DCPartial(sums=self._points.evaluate(msg.z, msg.eta, what=tuple(msg.what),
-                                                          global_bound=msg.global_bound))
+            return m.DCPartial(
+                sums=self._points.evaluate(msg.z, msg.eta, what=tuple(msg.what), global_bound=msg.global_bound)
+            )
 
     return UncheckedSite
 
@@ -84,7 +98,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
 
     from msa_fed.core.density import KDEDomainModel
     from msa_fed.runtime.config import FitConfig
-from msa_fed.runtime.coordinator import Coordinator
+    from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
     from msa_fed.runtime.site import SiteWorker
 
@@ -95,13 +109,26 @@ from msa_fed.runtime.coordinator import Coordinator
     ys = [(X[:, 0] > 0).astype(int) for X in data]
     preds = [LogisticRegression().fit(X, y) for X, y in zip(data, ys)]
     classes = np.array([0, 1])
-    kw = [dict(name=f"s{k}", index=k, X_labeled=X, y_labeled=y, X_unlabeled=X, predictors=preds,
-               task="classification", loss="cross_entropy", classes=classes,
-               privacy={"dc_evaluations_per_job": 10 ** 9, "dc_evaluations_per_day": 10 ** 9})
-          for k, (X, y) in enumerate(zip(data, ys))]
+    kw = [
+        dict(
+            name=f"s{k}",
+            index=k,
+            X_labeled=X,
+            y_labeled=y,
+            X_unlabeled=X,
+            predictors=preds,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            privacy={"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9},
+        )
+        for k, (X, y) in enumerate(zip(data, ys))
+    ]
     out, times = {}, {}
-    backends = {"baseline (no policy)": RaySites(kw, worker_cls=_unchecked_cls()),
-                "default policy": RaySites(kw, worker_cls=SiteWorker)}
+    backends = {
+        "baseline (no policy)": RaySites(kw, worker_cls=_unchecked_cls()),
+        "default policy": RaySites(kw, worker_cls=SiteWorker),
+    }
     oracles = {}
     try:
         for name, be in backends.items():
@@ -121,10 +148,15 @@ from msa_fed.runtime.coordinator import Coordinator
             be.shutdown()
     base = float(np.median(times["baseline (no policy)"]))
     for name, ts in times.items():
-        out[name] = {"median_ms": float(np.median(ts)) * 1e3, "p90_ms": float(np.percentile(ts, 90)) * 1e3,
-                     "ratio": float(np.median(ts)) / base}
-        print(f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
-              f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f}")
+        out[name] = {
+            "median_ms": float(np.median(ts)) * 1e3,
+            "p90_ms": float(np.percentile(ts, 90)) * 1e3,
+            "ratio": float(np.median(ts)) / base,
+        }
+        print(
+            f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
+            f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f}"
+        )
     return out
 
 
@@ -145,18 +177,25 @@ def main(argv=None):
     out = {}
     if args.ray or args.ray_only:
         out["ray_round_p8"] = ray_rounds(args.rounds)
-    for n in ([] if args.ray_only else (int(s) for s in args.sizes.split(","))):
+    for n in [] if args.ray_only else (int(s) for s in args.sizes.split(",")):
         variants = {
-            "default policy (memory ledger + log)": make_sites(p, n, {"dc_evaluations_per_job": 10 ** 9,
-                                                                     "dc_evaluations_per_day": 10 ** 9}),
-            "ledger + audit log files": make_sites(p, n, {"dc_evaluations_per_job": 10 ** 9,
-                                                          "dc_evaluations_per_day": 10 ** 9,
-                                                          "ledger": str(tmp / f"l{n}_{{k}}.sqlite"),
-                                                          "audit_log": str(tmp / f"a{n}_{{k}}.jsonl")}),
+            "default policy (memory ledger + log)": make_sites(
+                p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9}
+            ),
+            "ledger + audit log files": make_sites(
+                p,
+                n,
+                {
+                    "dc_evaluations_per_job": 10**9,
+                    "dc_evaluations_per_day": 10**9,
+                    "ledger": str(tmp / f"l{n}_{{k}}.sqlite"),
+                    "audit_log": str(tmp / f"a{n}_{{k}}.jsonl"),
+                },
+            ),
         }
         base_workers = variants["default policy (memory ledger + log)"]
 
-        def baseline(z):
+        def baseline(z, base_workers=base_workers):
             for w in base_workers:
                 w._points.evaluate(z, 0.01, what=("L", "dL"))
 
@@ -164,6 +203,7 @@ def main(argv=None):
             def run(z):
                 for w in workers:
                     w.dc_evaluate(m.DCRequest(z=z, eta=0.01, what=("L", "dL")))
+
             return run
 
         fns = {"baseline (sums only)": baseline, **{k: policy(v) for k, v in variants.items()}}

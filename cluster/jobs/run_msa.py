@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     folder = tempfile.mkdtemp(prefix="msa-fed-job-inputs-")  # mode 0700
     atexit.register(shutil.rmtree, folder, True)
     argv = snapshot_inputs(argv, folder)
+    # the working directory of `ray job submit` is Ray's to release: keep results under the home
+    os.environ.setdefault("MSA_FED_OUTPUT_ROOT", os.path.join(os.path.expanduser("~"), "msa-fed-jobs"))
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     # torch (through msa_fed.jobs.run) must be loaded before Ray starts its threads: loaded after
     # ray.init, its MKL fails with "Cannot load libtorch_cpu.so" (static TLS exhausted).

@@ -8,10 +8,22 @@
 Names are imported on first use, so that the sandbox child (``msa_fed.artifacts.sandbox``)
 sets its limits before numpy or onnxruntime are loaded.
 """
+
 _LAZY = {
     name: "msa_fed.artifacts.predictors"
-    for name in ("KIND_PROBABILITIES", "KIND_REGRESSION", "OnnxPredictor", "SANDBOX_MEMORY_BYTES", "SandboxLimits",
-                 "export_sklearn", "export_torch", "load_predictor", "load_predictor_file", "sha256_hex", "to_onnx")
+    for name in (
+        "KIND_PROBABILITIES",
+        "KIND_REGRESSION",
+        "OnnxPredictor",
+        "SANDBOX_MEMORY_BYTES",
+        "SandboxLimits",
+        "export_sklearn",
+        "export_torch",
+        "load_predictor",
+        "load_predictor_file",
+        "sha256_hex",
+        "to_onnx",
+    )
 }
 __all__ = list(_LAZY)
 

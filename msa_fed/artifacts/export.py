@@ -4,6 +4,7 @@ The graph has one float32 input of shape (n, d) and one output: shape (n,) or (n
 regression, (n, n_classes) for probabilities; ``metadata_props`` carry msa_fed.kind,
 msa_fed.n_features and (probabilities) msa_fed.classes.
 """
+
 from __future__ import annotations
 
 import io
@@ -83,9 +84,7 @@ def export_sklearn(model, n_features: int) -> bytes:
     else:
         raise ConfigError(f"model must be a scikit-learn classifier or regressor; got {type(model).__name__}")
     try:
-        onx = convert_sklearn(
-            model, initial_types=[("X", FloatTensorType([None, n_features]))], options=options
-        )
+        onx = convert_sklearn(model, initial_types=[("X", FloatTensorType([None, n_features]))], options=options)
     except Exception as exc:  # skl2onnx raises many types for unsupported models
         raise ArtifactError(f"skl2onnx could not convert {type(model).__name__}: {exc}") from exc
     if kind == KIND_PROBABILITIES:
@@ -139,7 +138,12 @@ def export_torch(module, n_features: int, kind: str, classes=None) -> bytes:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                module, (dummy,), buf, dynamo=False, input_names=["X"], output_names=["y"],
+                module,
+                (dummy,),
+                buf,  # type: ignore[arg-type]  # torch.onnx.export writes to a file-like object too
+                dynamo=False,
+                input_names=["X"],
+                output_names=["y"],
                 dynamic_axes={"X": {0: "n"}, "y": {0: "n"}},
             )
     finally:
@@ -161,7 +165,7 @@ def to_onnx(predictor, n_features: int, *, kind: str | None = None, classes=None
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
-        torch = None
+        torch = None  # type: ignore[assignment]
     if torch is not None and isinstance(predictor, torch.nn.Module):
         if kind is None:
             raise ConfigError("kind is required to export a torch module ('regression' or 'probabilities')")

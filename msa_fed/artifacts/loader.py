@@ -19,6 +19,7 @@ reason (see :data:`msa_fed.artifacts.structure.REASONS`) and whose ``incident_id
 WARNING record of logger ``msa_fed.artifacts`` holding the detail (library text, names found in
 the model).  A server returns ``public_message`` and ``incident_id`` and nothing else.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,8 +72,12 @@ def artifact_error(code: str, detail: str = "", /, **args) -> ArtifactError:
     """An ArtifactError with the public reason ``code``; the detail is logged with its incident id."""
     detail = _printable(detail) if isinstance(detail, str) else ""
     err = ArtifactError(public_message(code, args), detail=detail or None)
-    log.warning("artifact refused [incident %s]: %s%s", err.incident_id, err.public_message,
-                f" | detail: {detail}" if detail else "")
+    log.warning(
+        "artifact refused [incident %s]: %s%s",
+        err.incident_id,
+        err.public_message,
+        f" | detail: {detail}" if detail else "",
+    )
     return err
 
 
@@ -92,8 +97,7 @@ class OnnxPredictor:
     stores only the bytes; unpickling verifies them again (a cache hit in the same process).
     """
 
-    def __init__(self, data: bytes, kind: str, n_features: int, intra_op_threads: int = 1,
-                 sha256: str | None = None):
+    def __init__(self, data: bytes, kind: str, n_features: int, intra_op_threads: int = 1, sha256: str | None = None):
         self.data = data
         self.sha256 = sha256 or sha256_hex(data)
         self.kind = kind
@@ -106,7 +110,9 @@ class OnnxPredictor:
         return (_restore, (self.data, self.sha256, self._intra_op_threads))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(kind={self.kind!r}, n_features={self.n_features_in_}, sha256={self.sha256[:12]}...)"
+        return (
+            f"{type(self).__name__}(kind={self.kind!r}, n_features={self.n_features_in_}, sha256={self.sha256[:12]}...)"
+        )
 
     def _ensure_session(self):
         with self._lock:
@@ -158,8 +164,10 @@ class OnnxClassifier(OnnxPredictor):
         P = self.predict_proba(X)
         bad = ~np.isfinite(P).all(axis=1)
         if bad.any():
-            raise ArtifactError(f"predictor sha256 {self.sha256[:12]}... returned NaN or infinite probabilities "
-                                f"for {int(bad.sum())} of {P.shape[0]} rows (first row {int(np.argmax(bad))})")
+            raise ArtifactError(
+                f"predictor sha256 {self.sha256[:12]}... returned NaN or infinite probabilities "
+                f"for {int(bad.sum())} of {P.shape[0]} rows (first row {int(np.argmax(bad))})"
+            )
         return self.classes_[np.argmax(P, axis=1)]
 
 
@@ -246,9 +254,11 @@ def _checked_verdict(verdict) -> tuple[str, int, list | None]:
         code = verdict.get("code")
         detail = verdict.get("detail")
         args = verdict.get("args")
-        raise artifact_error(code if isinstance(code, str) else "sandbox",
-                             detail if isinstance(detail, str) else "",
-                             **(args if isinstance(args, dict) else {}))
+        raise artifact_error(
+            code if isinstance(code, str) else "sandbox",
+            detail if isinstance(detail, str) else "",
+            **(args if isinstance(args, dict) else {}),
+        )
     kind, width, classes = verdict.get("kind"), verdict.get("n_features"), verdict.get("classes")
     if kind not in KINDS or isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise artifact_error("sandbox", f"malformed verdict: kind {kind!r:.40}, width {width!r:.40}")
@@ -265,7 +275,9 @@ def _check_sample(sample, n_features) -> np.ndarray | None:
         return None
     sample = np.asarray(sample)
     if sample.ndim != 2 or sample.shape[0] < 1 or sample.dtype.kind not in "biuf":
-        raise ConfigError(f"sample must be a non-empty 2-D numeric array; got shape {sample.shape}, dtype {sample.dtype}")
+        raise ConfigError(
+            f"sample must be a non-empty 2-D numeric array; got shape {sample.shape}, dtype {sample.dtype}"
+        )
     sample = np.ascontiguousarray(sample[:2048], dtype=np.float32)
     if not np.all(np.isfinite(sample)):
         raise ConfigError("sample must contain only finite values")
@@ -305,8 +317,9 @@ def load_predictor(
     """
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"kind must be one of {KINDS}; got {kind!r}")
-    if n_features is not None and (isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer))
-                                   or n_features < 1):
+    if n_features is not None and (
+        isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer)) or n_features < 1
+    ):
         raise ConfigError(f"n_features must be a positive integer; got {n_features!r}")
     if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 1:
         raise ConfigError(f"max_features must be a positive integer; got {max_features!r}")
@@ -322,20 +335,29 @@ def load_predictor(
         raise artifact_error("too_large", size=len(data), limit=int(max_bytes))
     digest = sha256_hex(data)
     if expected_sha256 is not None and digest != str(expected_sha256).lower():
-        raise artifact_error("sha256", f"expected {str(expected_sha256)[:80]!r}", digest=digest,
-                             expected=str(expected_sha256).lower())
+        raise artifact_error(
+            "sha256", f"expected {str(expected_sha256)[:80]!r}", digest=digest, expected=str(expected_sha256).lower()
+        )
     foreign = _sniff_foreign_format(data)
     if foreign is not None:
         raise artifact_error("foreign", what=foreign)
     if n_features is not None and n_features > max_features:
         raise artifact_error("too_wide", width=n_features, limit=max_features)
     sample = _check_sample(sample, n_features)
-    key = (digest, kind, n_features, max_features, None if sample is None else sha256_hex(sample.tobytes()),
-           sample.shape if sample is not None else None, limits)
+    key = (
+        digest,
+        kind,
+        n_features,
+        max_features,
+        None if sample is None else sha256_hex(sample.tobytes()),
+        sample.shape if sample is not None else None,
+        limits,
+    )
     verdict = PROBE_CACHE.get(key)
     if verdict is None:
-        verdict = probe_in_sandbox(data, kind=kind, n_features=n_features, max_features=max_features,
-                                   sample=sample, limits=limits)
+        verdict = probe_in_sandbox(
+            data, kind=kind, n_features=n_features, max_features=max_features, sample=sample, limits=limits
+        )
     d_kind, d_width, classes = _checked_verdict(verdict)
     try:
         check_expectations(d_kind, d_width, kind, n_features, max_features)
@@ -344,6 +366,7 @@ def load_predictor(
     PROBE_CACHE.put(key, verdict)
     if d_kind == KIND_REGRESSION:
         return OnnxRegressor(data, d_kind, d_width, intra_op_threads, digest)
+    assert classes is not None  # a probabilities model declares its classes (checked in the sandbox's verdict)
     return OnnxClassifier(data, d_kind, d_width, intra_op_threads, digest, classes=classes)
 
 

@@ -7,6 +7,7 @@ Qhat(k), z, eta and the frozen predictors h_k.  ``save(path)`` writes a director
     path/arrays.npz          numeric state (loaded with allow_pickle=False)
     path/predictors/k.onnx   the frozen predictors, checked by sha256 on load
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,23 @@ from msa_fed.errors import ArtifactError
 
 FORMAT_VERSION = 1
 #: the manifest keys :func:`load_model` reads (a manifest without one is refused, naming it)
-MANIFEST_KEYS = ("method", "task", "sites", "n_features", "z", "eta", "qhat", "gamma", "domain_losses", "history",
-                 "classes", "info", "feature_map", "domain_model", "predictor_sha256")
+MANIFEST_KEYS = (
+    "method",
+    "task",
+    "sites",
+    "n_features",
+    "z",
+    "eta",
+    "qhat",
+    "gamma",
+    "domain_losses",
+    "history",
+    "classes",
+    "info",
+    "feature_map",
+    "domain_model",
+    "predictor_sha256",
+)
 
 
 def predictor_kind(task: str) -> str:
@@ -56,9 +72,25 @@ class CombinedModel:
     domain_model (has predict_log_proba), predictors (list of p), info (dict).
     """
 
-    def __init__(self, *, method, task, site_names, domain_model, qhat, z, eta, predictors,
-                 n_features, classes=None, gamma=float("nan"), domain_losses=None, history=(),
-                 info=None, epsilon_by_site=None):
+    def __init__(
+        self,
+        *,
+        method,
+        task,
+        site_names,
+        domain_model,
+        qhat,
+        z,
+        eta,
+        predictors,
+        n_features,
+        classes=None,
+        gamma=float("nan"),
+        domain_losses=None,
+        history=(),
+        info=None,
+        epsilon_by_site=None,
+    ):
         self.method = method
         self.task = task
         self.site_names = list(site_names)
@@ -120,18 +152,29 @@ class CombinedModel:
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         X = check_X(X, self.n_features_in_)
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        H = np.column_stack([checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
-                             for k, h in enumerate(self.predictors)])
+        H = np.column_stack(
+            [
+                checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
+                for k, h in enumerate(self.predictors)
+            ]
+        )
         return _finite(combine_regression(a, H), "the combined prediction")
 
     # ------------------------------------------------------------------ save / load
     def manifest(self) -> dict:
         return {
-            "format": "msa_fed.combined_model", "format_version": FORMAT_VERSION,
-            "code_version": __version__, "method": self.method, "task": self.task,
-            "sites": self.site_names, "n_features": self.n_features_in_,
-            "z": self.z.tolist(), "z_paper": self.z_paper.tolist(), "eta": self.eta,
-            "qhat": self.qhat.tolist(), "gamma": self.gamma,
+            "format": "msa_fed.combined_model",
+            "format_version": FORMAT_VERSION,
+            "code_version": __version__,
+            "method": self.method,
+            "task": self.task,
+            "sites": self.site_names,
+            "n_features": self.n_features_in_,
+            "z": self.z.tolist(),
+            "z_paper": self.z_paper.tolist(),
+            "eta": self.eta,
+            "qhat": self.qhat.tolist(),
+            "gamma": self.gamma,
             "domain_losses": None if self.domain_losses is None else self.domain_losses.tolist(),
             "history": self.history,
             "classes": None if self.classes_ is None else self.classes_.tolist(),
@@ -199,8 +242,10 @@ def load_model(path) -> CombinedModel:
     if not isinstance(manifest, dict) or manifest.get("format") != "msa_fed.combined_model":
         raise ArtifactError(f"{mf}: not a msa_fed combined model")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{mf}: format version {manifest.get('format_version')} is not supported "
-                            f"(this msa_fed reads version {FORMAT_VERSION})")
+        raise ArtifactError(
+            f"{mf}: format version {manifest.get('format_version')} is not supported "
+            f"(this msa_fed reads version {FORMAT_VERSION})"
+        )
     try:
         with np.load(path / "arrays.npz", allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -214,7 +259,7 @@ def load_model(path) -> CombinedModel:
         fmap = None
         if manifest["feature_map"] is not None:
             prefix = "feature_map."
-            fa = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            fa = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
             fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
         params = {k: v for k, v in manifest["domain_model"].items() if k != "kind"}
         dm = domain_model_from_state(manifest["domain_model"]["kind"], params, arrays, fmap, p)
@@ -226,15 +271,31 @@ def load_model(path) -> CombinedModel:
     predictors = []
     for k in range(p):
         data = (path / "predictors" / f"{k}.onnx").read_bytes()
-        predictors.append(load_predictor(
-            data, expected_sha256=manifest["predictor_sha256"][k], n_features=manifest["n_features"],
-            kind=predictor_kind(task)))
+        predictors.append(
+            load_predictor(
+                data,
+                expected_sha256=manifest["predictor_sha256"][k],
+                n_features=manifest["n_features"],
+                kind=predictor_kind(task),
+            )
+        )
     return CombinedModel(
-        method=manifest["method"], task=task, site_names=manifest["sites"], domain_model=dm,
-        qhat=manifest["qhat"], z=manifest["z"], eta=manifest["eta"], predictors=predictors,
-        n_features=manifest["n_features"], classes=manifest["classes"], gamma=manifest["gamma"],
-        domain_losses=manifest["domain_losses"], history=manifest["history"], info=manifest["info"],
-        epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf))
+        method=manifest["method"],
+        task=task,
+        site_names=manifest["sites"],
+        domain_model=dm,
+        qhat=manifest["qhat"],
+        z=manifest["z"],
+        eta=manifest["eta"],
+        predictors=predictors,
+        n_features=manifest["n_features"],
+        classes=manifest["classes"],
+        gamma=manifest["gamma"],
+        domain_losses=manifest["domain_losses"],
+        history=manifest["history"],
+        info=manifest["info"],
+        epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf),
+    )
 
 
 def _epsilons(value, mf) -> dict:
@@ -242,7 +303,8 @@ def _epsilons(value, mf) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in value.values()):
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in value.values()
+    ):
         raise ArtifactError(f"{mf}: epsilon_by_site must map site names to numbers >= 0")
     return value
 

@@ -7,6 +7,7 @@ checks run on the very rows whose outputs are about to be used, and name the pre
 ``show_rows=False``: its error crosses to the coordinator, and the rows of its private data that
 a predictor fails on are nobody else's business (a predictor could be built as a membership test).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,7 @@ def checked_values(values, n_rows: int, who: str, error=ValueError, show_rows: b
     return out
 
 
-def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError,
-                  show_rows: bool = True) -> np.ndarray:
+def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError, show_rows: bool = True) -> np.ndarray:
     """Class probabilities as a float64 (n_rows, n_classes) array; ``error(...)`` naming ``who``
     unless every row is finite, in [0, 1] and sums to 1 (within PROBA_ATOL)."""
     P = np.asarray(P, dtype=np.float64)
@@ -49,6 +49,8 @@ def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError,
         raise error(f"{who}: predict_proba returned values outside [0, 1] for {_first_bad_rows(in_range, show_rows)}")
     dev = np.abs(P.sum(axis=1) - 1.0)
     if float(dev.max()) > PROBA_ATOL:
-        raise error(f"{who}: predicted probabilities do not sum to 1 for {_first_bad_rows(dev <= PROBA_ATOL, show_rows)} "
-                    f"(max deviation {float(dev.max()):.3g})")
+        raise error(
+            f"{who}: predicted probabilities do not sum to 1 for {_first_bad_rows(dev <= PROBA_ATOL, show_rows)} "
+            f"(max deviation {float(dev.max()):.3g})"
+        )
     return P

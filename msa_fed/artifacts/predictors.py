@@ -12,6 +12,7 @@ A site publishes its predictor h_k as ONNX bytes (DESIGN.md section 6).  The pie
 
 This module keeps the names importable from one place.
 """
+
 from msa_fed.artifacts.export import export_sklearn, export_torch, to_onnx  # noqa: F401
 from msa_fed.artifacts.loader import (  # noqa: F401
     DEFAULT_MAX_BYTES,

@@ -19,6 +19,7 @@ Measured (benchmarks/bench_artifacts.py, 2-core machine shared by other jobs, lo
 against 0.5-16 ms for the same checks in-process; a small model's child peaks near 210 MiB of
 address space, hence the 1 GiB default of :data:`SANDBOX_MEMORY_BYTES`.
 """
+
 from __future__ import annotations
 
 import json
@@ -163,10 +164,14 @@ def _self_check() -> dict:
     import resource
 
     names = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
-    return {"ok": True, "cwd_entries": sorted(os.listdir(".")), "env": sorted(os.environ),
-            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
-            "rlimits": {n: list(resource.getrlimit(getattr(resource, n))) for n in names},
-            "modules": sorted(m for m in ("numpy", "onnx", "onnxruntime") if m in sys.modules)}
+    return {
+        "ok": True,
+        "cwd_entries": sorted(os.listdir(".")),
+        "env": sorted(os.environ),
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "rlimits": {n: list(resource.getrlimit(getattr(resource, n))) for n in names},
+        "modules": sorted(m for m in ("numpy", "onnx", "onnxruntime") if m in sys.modules),
+    }
 
 
 def _run_request(req: dict) -> dict:
@@ -250,7 +255,7 @@ def exchange(wfd: int, rfd: int, payload: bytes, deadline: float, close_write) -
             for key, events in sel.select(min(left, 1.0)):
                 if writing and key.fd == wfd and events & selectors.EVENT_WRITE:
                     try:
-                        n = os.write(wfd, view[:1 << 16])
+                        n = os.write(wfd, view[: 1 << 16])
                     except BlockingIOError:
                         n = 0
                     except OSError:  # the child is gone or stopped reading: its verdict says why
@@ -283,8 +288,9 @@ def sandbox_self_check(limits: SandboxLimits | None = None, start: str | None = 
     return _launch(b"", {"self_check": True, "model_bytes": 0}, limits or SandboxLimits(), start)
 
 
-def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: int, sample=None,
-                     limits: SandboxLimits | None = None) -> dict:
+def probe_in_sandbox(
+    data: bytes, *, kind=None, n_features=None, max_features: int, sample=None, limits: SandboxLimits | None = None
+) -> dict:
     """Run the checks and the probe of ``data`` in a sandboxed child; return its verdict dict.
 
     ``sample`` is an optional float32 array (rows, cols) appended to the probe batch.  A child
@@ -300,8 +306,14 @@ def probe_in_sandbox(data: bytes, *, kind=None, n_features=None, max_features: i
         sample = np.ascontiguousarray(sample, dtype="<f4")
         rows, cols = sample.shape
         payload += sample.tobytes()
-    req = {"model_bytes": len(data), "sample_rows": rows, "sample_cols": cols, "kind": kind,
-           "n_features": n_features, "max_features": int(max_features)}
+    req = {
+        "model_bytes": len(data),
+        "sample_rows": rows,
+        "sample_cols": cols,
+        "kind": kind,
+        "n_features": n_features,
+        "max_features": int(max_features),
+    }
     return _launch(payload, req, limits)
 
 
@@ -326,14 +338,19 @@ def _spawn(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(req), package_root()],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd,
-                env=dict(CHILD_ENV), close_fds=True, start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=cwd,
+                env=dict(CHILD_ENV),
+                close_fds=True,
+                start_new_session=True,
             )
         except OSError as exc:  # no process to be had (limits of this host): a refusal, logged
             return f"cannot start the sandbox: {exc}".encode(), False, None
+        assert proc.stdin is not None and proc.stdout is not None  # both are pipes (Popen above)
         try:
-            out, timed_out = exchange(proc.stdin.fileno(), proc.stdout.fileno(), payload, deadline,
-                                      proc.stdin.close)
+            out, timed_out = exchange(proc.stdin.fileno(), proc.stdout.fileno(), payload, deadline, proc.stdin.close)
             if not timed_out:
                 try:
                     proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
@@ -363,8 +380,12 @@ def _verdict(out: bytes, timed_out: bool, rc: int | None, elapsed: float, limits
         return verdict
     if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed < limits.timeout_s:
         return {"ok": False, "code": "cpu", "args": {}, "detail": f"exit status {rc} after {elapsed:.1f} s"}
-    return {"ok": False, "code": "sandbox", "args": {},
-            "detail": f"exit status {rc} after {elapsed:.1f} s with {len(out)} bytes of output"}
+    return {
+        "ok": False,
+        "code": "sandbox",
+        "args": {},
+        "detail": f"exit status {rc} after {elapsed:.1f} s with {len(out)} bytes of output",
+    }
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ The declaration lives in the ONNX model's ``metadata_props``:
 - ``msa_fed.classes``: JSON list of the class labels (probabilities only), in the column order
   of the output.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,9 @@ REASONS = {
     "empty": "model is empty",
     "too_large": "model is {size} bytes; the limit is {limit}",
     "sha256": "model sha256 is {digest}; expected {expected}",
-    "foreign": "artifact is {what}, not an ONNX model; only ONNX is accepted because loading other formats can run code",
+    "foreign": (
+        "artifact is {what}, not an ONNX model; only ONNX is accepted because loading other formats can run code"
+    ),
     "not_onnx": "model is not a valid ONNX model (truncated or corrupt)",
     "no_graph": "model is not a valid ONNX model: it has no graph",
     "external_data": "model uses external data; only self-contained models are accepted",
@@ -107,7 +110,11 @@ def _safe_args(args) -> dict:
     for key, value in (args or {}).items():
         if isinstance(value, bool) or not isinstance(key, str):
             continue
-        if (isinstance(value, int) and abs(value) < 10**18) or isinstance(value, float) or (isinstance(value, str) and (value in _WORDS or re.fullmatch(r"[0-9a-f]{64}", value))):
+        if (
+            (isinstance(value, int) and abs(value) < 10**18)
+            or isinstance(value, float)
+            or (isinstance(value, str) and (value in _WORDS or re.fullmatch(r"[0-9a-f]{64}", value)))
+        ):
             out[key] = value
     return out
 
@@ -168,7 +175,9 @@ def _walk_nodes(nodes, where: str, local_domains: set):
         for attr in node.attribute:
             for t in _attribute_tensors(attr):
                 if _external(t):
-                    raise Refusal("external_data", f"attribute {_name(attr.name)} of node {_name(node.name)} in {where}")
+                    raise Refusal(
+                        "external_data", f"attribute {_name(attr.name)} of node {_name(node.name)} in {where}"
+                    )
             yield from _attribute_graphs(attr)
 
 

@@ -14,6 +14,7 @@ reaped the child (rc as in ``subprocess``: negative for a signal).  The child ca
 :func:`os.setsid`, so the caller kills its whole group on timeout.  The helper exits when the
 caller's end of the control socket closes (the caller's process ended).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,8 +29,10 @@ import tempfile
 import threading
 import time
 
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[2]); from msa_fed.artifacts.zygote import zygote_main; "
-         "sys.exit(zygote_main(int(sys.argv[1])))")
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[2]); from msa_fed.artifacts.zygote import zygote_main; "
+    "sys.exit(zygote_main(int(sys.argv[1])))"
+)
 START_TIMEOUT_S = 60.0
 
 
@@ -116,8 +119,13 @@ class _Zygote:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-B", "-c", _BOOT, str(theirs.fileno()), package_root()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                cwd=self._cwd.name, env=dict(CHILD_ENV), close_fds=True, pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self._cwd.name,
+                env=dict(CHILD_ENV),
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
                 start_new_session=True,
             )
         finally:
@@ -243,8 +251,9 @@ def run_in_zygote(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bo
                     return b"", True, None
                 if job.pid is None:
                     return b"the sandbox helper refused the request", False, None
-                out, timed_out = exchange(ours.fileno(), ours.fileno(), payload, deadline,
-                                          lambda: ours.shutdown(socket.SHUT_WR))
+                out, timed_out = exchange(
+                    ours.fileno(), ours.fileno(), payload, deadline, lambda: ours.shutdown(socket.SHUT_WR)
+                )
                 if timed_out:
                     return out, True, None
                 if not job.ended.wait(max(deadline - time.monotonic(), 0.01)):

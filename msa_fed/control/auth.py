@@ -370,6 +370,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if health:  # no token; the caller is its network address
             return context, Principal(ANONYMOUS, peer_host(context)), None
         principal = self._authenticate(context, method, rule)
+        assert rule is not None  # _authenticate refuses a method without a rule
         authed = AuthenticatedContext(context, principal)
         if not rule.transfer:
             return authed, principal, None

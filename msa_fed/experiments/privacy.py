@@ -146,7 +146,7 @@ def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_di
     from msa_fed.experiments.data import load_adult, load_sentiment
 
     n_syn, n_test = (300, 2000) if quick else (1000, 20000)
-    runs = {t: [] for t in TARGETS}
+    runs: dict[str, list] = {t: [] for t in TARGETS}
     data = load_adult()
     adult_predictors = A.train_predictors(data)
     corpus = load_sentiment()

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--insecure", action="store_true", help="plaintext to a loopback registry")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--output", metavar="DIR", help="save the combined model here before uploading it "
-                     "(default: msa-fed-jobs/<job id>/model under the working directory)")
+                     "(default: <root>/<job id>/model, root $MSA_FED_OUTPUT_ROOT or msa-fed-jobs in the working dir)")
     run.add_argument("--upload-retry-for", type=float, default=300.0, metavar="S",
                      help="retry storing the model in an unreachable registry for S seconds (default 300)")
     run.set_defaults(func=_run)

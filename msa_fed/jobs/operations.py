@@ -34,6 +34,16 @@ from msa_fed.control.ops_records import JOB_FAILED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
 DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"   # relative to the driver's working directory
+#: environment variable naming another root for job outputs (``ray job submit`` runs the driver
+#: in a working directory that Ray may release, so cluster/jobs/run_msa.py points it elsewhere)
+OUTPUT_ROOT_ENV = "MSA_FED_OUTPUT_ROOT"
+
+
+def output_root() -> Path:
+    """Where a job saves its model when ``--output`` is not given."""
+    import os
+
+    return Path(os.environ.get(OUTPUT_ROOT_ENV) or DEFAULT_OUTPUT_ROOT).expanduser()
 DEFAULT_UPLOAD_RETRY_S = 300.0
 
 

@@ -31,7 +31,7 @@ from msa_fed.core.combination import class_union
 from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
-from msa_fed.jobs.operations import (DEFAULT_OUTPUT_ROOT, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
+from msa_fed.jobs.operations import (output_root, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
                                      check_output_dir, select_sites, site_lines, store_result, summary_lines,
                                      upload_command)
 from msa_fed.runtime.coordinator import Coordinator
@@ -154,7 +154,7 @@ def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, 
 
         job = {"job": config.name, "job_id": tracker.job_id, "output_version": config.output_version,
                "predictor_sha256": [sha for _, sha in artifacts]}
-        output = Path(output_dir) if output_dir else Path(DEFAULT_OUTPUT_ROOT) / tracker.job_id / "model"
+        output = Path(output_dir) if output_dir else output_root() / tracker.job_id / "model"
         command = partial(upload_command, registry=config.registry, insecure=config.insecure, tls_ca=config.tls_ca,
                           admin_token_file=config.admin_token_file)
         record = store_result(model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command,

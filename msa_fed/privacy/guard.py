@@ -4,6 +4,7 @@
 leaves the site: ``guard.request(kind, sizes)`` opens an audit record, the worker runs the
 rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or refused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,10 @@ from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy
 
 #: ledger kinds with a budget: (per-job limit field, per-day limit field)
-BUDGETS = {"domain_model": ("domain_models_per_job", "domain_models_per_day"),
-           "dc_evaluation": ("dc_evaluations_per_job", "dc_evaluations_per_day")}
+BUDGETS = {
+    "domain_model": ("domain_models_per_job", "domain_models_per_day"),
+    "dc_evaluation": ("dc_evaluations_per_job", "dc_evaluations_per_day"),
+}
 
 
 class SiteGuard:
@@ -46,11 +49,18 @@ class SiteGuard:
         used_day = self.ledger.day_count(kind)
         self._pending.counts.append((kind, n))  # written with the request's audit line
         if used_job + n > per_job:
-            raise PrivacyError("budget", self.site, f"the request: job {self.job!r} has used its {per_job} {kind.replace('_', ' ')}s "
-                                                    f"({BUDGETS[kind][0]})")
+            raise PrivacyError(
+                "budget",
+                self.site,
+                f"the request: job {self.job!r} has used its {per_job} {kind.replace('_', ' ')}s ({BUDGETS[kind][0]})",
+            )
         if used_day + n > per_day:
-            raise PrivacyError("budget", self.site, f"the request: the site's budget of {per_day} {kind.replace('_', ' ')}s per "
-                                                    f"rolling day is spent ({BUDGETS[kind][1]})")
+            raise PrivacyError(
+                "budget",
+                self.site,
+                f"the request: the site's budget of {per_day} {kind.replace('_', ' ')}s per "
+                f"rolling day is spent ({BUDGETS[kind][1]})",
+            )
         return {f"{kind}s_job": used_job + n}
 
     @contextlib.contextmanager
@@ -70,8 +80,15 @@ class SiteGuard:
         self._write(kind, sizes, decisions, "answered")
 
     def _write(self, kind, sizes, decisions, outcome, **extra):
-        rec = {"site": self.site, "job": self.job, "request": kind, "sizes": sizes, "decisions": decisions,
-               "outcome": outcome, **extra}
+        rec = {
+            "site": self.site,
+            "job": self.job,
+            "request": kind,
+            "sizes": sizes,
+            "decisions": decisions,
+            "outcome": outcome,
+            **extra,
+        }
         if self._dp is not None:
             rec["epsilon_job"] = self._dp.epsilon_job()
         counts, self._pending.counts = list(getattr(self._pending, "counts", [])), []

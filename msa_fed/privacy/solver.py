@@ -92,7 +92,8 @@ def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1
     rng = np.random.default_rng(random_state)
     n = int(n_evaluations)
     n_local = int(round(local_share * n)) if n >= 2 * (p + 2) else 0
-    Z, Ls = [], []
+    Z: list[np.ndarray] = []
+    Ls: list[np.ndarray] = []
     more = _ask(oracle, eta, _design(p, n - n_local, rng), Z, Ls)
     if not Z:
         z = np.full(p, 1.0 / p)

@@ -2,6 +2,7 @@
 
 Every refusal must carry only a fixed public reason: no byte of a file, no library text.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,15 @@ SECRET = b"ADMINTOKEN-s3cr3t-0123456789abcdef"  # 34 bytes; the attack reads the
 PROBA = {META_KIND: "probabilities", META_N_FEATURES: "3", META_CLASSES: "[0, 1, 2, 3]"}
 
 
-def model_of(nodes, inputs, outputs, initializers=(), props=PROBA, functions=(), opsets=(("", 17),),
-             sparse_initializers=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers),
-                              sparse_initializer=list(sparse_initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets],
-                              functions=list(functions))
+def model_of(
+    nodes, inputs, outputs, initializers=(), props=PROBA, functions=(), opsets=(("", 17),), sparse_initializers=()
+):
+    graph = helper.make_graph(
+        nodes, "g", inputs, outputs, list(initializers), sparse_initializer=list(sparse_initializers)
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], functions=list(functions)
+    )
     model.ir_version = 8
     helper.set_model_props(model, props)
     return model
@@ -59,7 +63,9 @@ def external_int64(location: str, n: int = 4, name: str = "v") -> TensorProto:
 def leaking_sparse(location: str, where: str = "values") -> onnx.SparseTensorProto:
     """A sparse tensor whose values (or indices) are read from ``location``."""
     if where == "values":
-        return helper.make_sparse_tensor(external_int64(location), numpy_helper.from_array(np.arange(4, dtype=np.int64), "i"), [4])
+        return helper.make_sparse_tensor(
+            external_int64(location), numpy_helper.from_array(np.arange(4, dtype=np.int64), "i"), [4]
+        )
     values = numpy_helper.from_array(np.arange(4, dtype=np.int64), "v")
     return helper.make_sparse_tensor(values, external_int64(location, name="i"), [1 << 62])
 
@@ -67,8 +73,10 @@ def leaking_sparse(location: str, where: str = "values") -> onnx.SparseTensorPro
 def gather_leak_nodes(location: str, where: str = "values"):
     """The reported attack: the secret's bytes become Gather indices, so onnxruntime's error
     text prints them (8 bytes per index)."""
-    return [helper.make_node("Constant", [], ["c"], sparse_value=leaking_sparse(location, where)),
-            helper.make_node("Gather", ["X", "c"], ["y"], axis=1)]
+    return [
+        helper.make_node("Constant", [], ["c"], sparse_value=leaking_sparse(location, where)),
+        helper.make_node("Gather", ["X", "c"], ["y"], axis=1),
+    ]
 
 
 X_IN = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])
@@ -86,68 +94,106 @@ def indices_leak(location):
 def subgraph_leak(location):
     branch = helper.make_graph(gather_leak_nodes(location), "then", [], [Y_OUT])
     other = helper.make_graph([helper.make_node("Identity", ["X"], ["y"])], "else", [], [Y_OUT])
-    nodes = [helper.make_node("ReduceSum", ["X"], ["s"], keepdims=0),
-             helper.make_node("Greater", ["s", "zero"], ["cond"]),
-             helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)]
+    nodes = [
+        helper.make_node("ReduceSum", ["X"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other),
+    ]
     return model_of(nodes, [X_IN], [Y_OUT], [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
 
 
 def function_leak(location):
-    f = helper.make_function("org.local", "leak", ["X"], ["y"], gather_leak_nodes(location),
-                             [helper.make_opsetid("", 17)])
-    return model_of([helper.make_node("leak", ["X"], ["y"], domain="org.local")], [X_IN], [Y_OUT],
-                    functions=[f], opsets=(("", 17), ("org.local", 1)))
+    f = helper.make_function(
+        "org.local", "leak", ["X"], ["y"], gather_leak_nodes(location), [helper.make_opsetid("", 17)]
+    )
+    return model_of(
+        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
+        [X_IN],
+        [Y_OUT],
+        functions=[f],
+        opsets=(("", 17), ("org.local", 1)),
+    )
 
 
 def sparse_initializer_leak(location):
     sp = leaking_sparse(location)
     sp.values.name = "c"
-    return model_of([helper.make_node("Gather", ["X", "c"], ["y"], axis=1)], [X_IN], [Y_OUT],
-                    sparse_initializers=[sp])
+    return model_of([helper.make_node("Gather", ["X", "c"], ["y"], axis=1)], [X_IN], [Y_OUT], sparse_initializers=[sp])
 
 
 def dense_attribute_leak(location):
     t = external_int64(location)
-    return model_of([helper.make_node("Constant", [], ["c"], value=t), helper.make_node("Gather", ["X", "c"], ["y"], axis=1)],
-                    [X_IN], [Y_OUT])
+    return model_of(
+        [helper.make_node("Constant", [], ["c"], value=t), helper.make_node("Gather", ["X", "c"], ["y"], axis=1)],
+        [X_IN],
+        [Y_OUT],
+    )
 
 
 def function_default_leak(location):
     """A function whose attribute default (FunctionProto.attribute_proto) is external."""
-    f = helper.make_function("org.local", "leak", ["X"], ["y"],
-                             [helper.make_node("Identity", ["X"], ["y"])], [helper.make_opsetid("", 17)])
+    f = helper.make_function(
+        "org.local", "leak", ["X"], ["y"], [helper.make_node("Identity", ["X"], ["y"])], [helper.make_opsetid("", 17)]
+    )
     default = helper.make_attribute("w", leaking_sparse(location))
     f.attribute_proto.append(default)
-    return model_of([helper.make_node("leak", ["X"], ["y"], domain="org.local")], [X_IN],
-                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-                    functions=[f], opsets=(("", 17), ("org.local", 1)))
+    return model_of(
+        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
+        [X_IN],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        functions=[f],
+        opsets=(("", 17), ("org.local", 1)),
+    )
 
 
 def nested_leak(location):
     """The leak inside a function body's If, inside a Loop body of the main graph."""
     inner = subgraph_leak(location).graph
     f = helper.make_function("org.local", "leak", ["X"], ["y"], list(inner.node), [helper.make_opsetid("", 17)])
-    f.node.insert(0, helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.0, np.float32))))
-    return model_of([helper.make_node("leak", ["X"], ["y"], domain="org.local")], [X_IN], [Y_OUT],
-                    functions=[f], opsets=(("", 17), ("org.local", 1)))
+    f.node.insert(
+        0, helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.0, np.float32)))
+    )
+    return model_of(
+        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
+        [X_IN],
+        [Y_OUT],
+        functions=[f],
+        opsets=(("", 17), ("org.local", 1)),
+    )
 
 
 def ep_context_leak(location):
     """An EPContext node: its ep_cache_context names a file for an execution provider to read."""
-    node = helper.make_node("EPContext", ["X"], ["y"], domain="com.microsoft", embed_mode=0,
-                            ep_cache_context=location, source="CPUExecutionProvider")
+    node = helper.make_node(
+        "EPContext",
+        ["X"],
+        ["y"],
+        domain="com.microsoft",
+        embed_mode=0,
+        ep_cache_context=location,
+        source="CPUExecutionProvider",
+    )
     return model_of([node], [X_IN], [Y_OUT], opsets=(("", 17), ("com.microsoft", 1)))
 
 
-ATTACKS = [ep_context_leak, main_graph_leak, indices_leak, subgraph_leak, function_leak, sparse_initializer_leak,
-           dense_attribute_leak, function_default_leak, nested_leak]
+ATTACKS = [
+    ep_context_leak,
+    main_graph_leak,
+    indices_leak,
+    subgraph_leak,
+    function_leak,
+    sparse_initializer_leak,
+    dense_attribute_leak,
+    function_default_leak,
+    nested_leak,
+]
 
 
 def secret_forms():
     """The secret as raw bytes, text and as the int64 values onnxruntime would print."""
     forms = [SECRET, SECRET.decode(), SECRET[:8].decode()]
     for i in range(0, 32, 8):
-        forms.append(str(struct.unpack("<q", SECRET[i:i + 8])[0]))
+        forms.append(str(struct.unpack("<q", SECRET[i : i + 8])[0]))
     return forms
 
 
@@ -186,8 +232,7 @@ def test_external_data_is_refused_and_leaks_nothing(attack, absolute, secret_cwd
     err = info.value
     assert err.public_message == REASONS["external_data"]
     assert len(err.incident_id) == 12 and err.incident_id in caplog.text  # the detail is logged under the id
-    assert_no_secret(str(err), repr(err), err.public_message, err.detail or "", caplog.text,
-                     pickle.dumps(err))
+    assert_no_secret(str(err), repr(err), err.public_message, err.detail or "", caplog.text, pickle.dumps(err))
 
 
 def test_the_second_line_of_defence_refuses_external_data_too(secret_cwd):
@@ -206,11 +251,13 @@ def vm_hwm_kb() -> int:
 
 def wide_model(width: int):
     """A 200-byte model declaring ``width`` features with a symbolic input width."""
-    return model_of([helper.make_node("ReduceSum", ["X", "axes"], ["y"], keepdims=1)],
-                    [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "d"])],
-                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-                    [numpy_helper.from_array(np.array([1], np.int64), "axes")],
-                    props={META_KIND: "regression", META_N_FEATURES: str(width)}).SerializeToString()
+    return model_of(
+        [helper.make_node("ReduceSum", ["X", "axes"], ["y"], keepdims=1)],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "d"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        props={META_KIND: "regression", META_N_FEATURES: str(width)},
+    ).SerializeToString()
 
 
 def test_a_huge_declared_width_costs_this_process_nothing():
@@ -247,16 +294,26 @@ def test_a_parser_amplification_bomb_is_parsed_only_in_the_sandbox():
 
 def memory_bomb(n_floats: int):
     """Passes the probe, but allocates n_floats float32 (ConstantOfShape) on every run."""
-    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.array([1.0], np.float32))),
-             helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
-             helper.make_node("Mul", ["s", "zero"], ["s0"]),
-             helper.make_node("ReduceSum", ["X", "axes"], ["r"], keepdims=1),
-             helper.make_node("Add", ["r", "s0"], ["y"])]
-    return model_of(nodes, [X_IN], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-                    [numpy_helper.from_array(np.array([n_floats], np.int64), "shape"),
-                     numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-                     numpy_helper.from_array(np.array([1], np.int64), "axes")],
-                    props={META_KIND: "regression", META_N_FEATURES: "3"}).SerializeToString()
+    nodes = [
+        helper.make_node(
+            "ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.array([1.0], np.float32))
+        ),
+        helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+        helper.make_node("Mul", ["s", "zero"], ["s0"]),
+        helper.make_node("ReduceSum", ["X", "axes"], ["r"], keepdims=1),
+        helper.make_node("Add", ["r", "s0"], ["y"]),
+    ]
+    return model_of(
+        nodes,
+        [X_IN],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+        [
+            numpy_helper.from_array(np.array([n_floats], np.int64), "shape"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
+        props={META_KIND: "regression", META_N_FEATURES: "3"},
+    ).SerializeToString()
 
 
 def test_a_memory_bomb_is_stopped_by_the_sandbox_limit():
@@ -275,8 +332,12 @@ def test_a_memory_bomb_is_stopped_by_the_sandbox_limit():
 def test_library_error_text_never_reaches_the_public_message(caplog):
     """onnxruntime refuses this model at run time; its text goes to the log, under the incident id."""
     caplog.set_level(logging.WARNING)
-    data = model_of([helper.make_node("Gather", ["X", "c"], ["y"], axis=1)], [X_IN], [Y_OUT],
-                    [numpy_helper.from_array(np.array([0, 1, 2, 99], np.int64), "c")]).SerializeToString()
+    data = model_of(
+        [helper.make_node("Gather", ["X", "c"], ["y"], axis=1)],
+        [X_IN],
+        [Y_OUT],
+        [numpy_helper.from_array(np.array([0, 1, 2, 99], np.int64), "c")],
+    ).SerializeToString()
     with pytest.raises(ArtifactError) as info:
         load_predictor(data)
     err = info.value
@@ -296,17 +357,31 @@ def test_library_error_text_never_reaches_the_public_message(caplog):
 def nan_when(low: float, high: float = np.inf):
     """Two-class softmax over (x0, x1, x2), but NaN for every class when low < x0 < high."""
     w = np.array([[1.0, -1.0], [0.5, 0.0], [0.0, 0.5]], np.float32)
-    nodes = [helper.make_node("MatMul", ["X", "W"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=1),
-             helper.make_node("Slice", ["X", "s0", "s1", "s_ax"], ["x0"]),
-             helper.make_node("Greater", ["x0", "low"], ["above"]), helper.make_node("Less", ["x0", "high"], ["below"]),
-             helper.make_node("And", ["above", "below"], ["bad"]),
-             helper.make_node("Where", ["bad", "nan", "p"], ["y"])]
-    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([0], np.int64), "s0"),
-             numpy_helper.from_array(np.array([1], np.int64), "s1"), numpy_helper.from_array(np.array([1], np.int64), "s_ax"),
-             numpy_helper.from_array(np.array(low, np.float32), "low"), numpy_helper.from_array(np.array(high, np.float32), "high"),
-             numpy_helper.from_array(np.array(np.nan, np.float32), "nan")]
-    return model_of(nodes, [X_IN], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], inits,
-                    props={META_KIND: "probabilities", META_N_FEATURES: "3", META_CLASSES: "[0, 1]"}).SerializeToString()
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["z"]),
+        helper.make_node("Softmax", ["z"], ["p"], axis=1),
+        helper.make_node("Slice", ["X", "s0", "s1", "s_ax"], ["x0"]),
+        helper.make_node("Greater", ["x0", "low"], ["above"]),
+        helper.make_node("Less", ["x0", "high"], ["below"]),
+        helper.make_node("And", ["above", "below"], ["bad"]),
+        helper.make_node("Where", ["bad", "nan", "p"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(np.array([0], np.int64), "s0"),
+        numpy_helper.from_array(np.array([1], np.int64), "s1"),
+        numpy_helper.from_array(np.array([1], np.int64), "s_ax"),
+        numpy_helper.from_array(np.array(low, np.float32), "low"),
+        numpy_helper.from_array(np.array(high, np.float32), "high"),
+        numpy_helper.from_array(np.array(np.nan, np.float32), "nan"),
+    ]
+    return model_of(
+        nodes,
+        [X_IN],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+        inits,
+        props={META_KIND: "probabilities", META_N_FEATURES: "3", META_CLASSES: "[0, 1]"},
+    ).SerializeToString()
 
 
 RNG = np.random.default_rng(0)
@@ -337,7 +412,7 @@ def two_sites(poison_labeled=False, poison_unlabeled=False):
     from sklearn.linear_model import LogisticRegression
 
     sites = []
-    for k, shift in enumerate((-1.0, 1.0)):
+    for shift in (-1.0, 1.0):
         Xl = RNG.normal(size=(60, 3)) + shift
         yl = (Xl[:, 0] + 0.3 * RNG.normal(size=60) > shift).astype(int)
         Xu = RNG.normal(size=(80, 3)) + shift
@@ -367,7 +442,9 @@ def test_the_combined_model_raises_instead_of_predicting_class_0(tmp_path):
     assert model.predict(X).shape == (5,)
     X[3, 0] = POISON
     for m in (model, load_model(model.save(tmp_path / "m"))):
-        with pytest.raises(ArtifactError, match=r"predictor 0 \(site 'a'\): .*NaN or inf for 1 of 5 rows \(first row 3\)"):
+        with pytest.raises(
+            ArtifactError, match=r"predictor 0 \(site 'a'\): .*NaN or inf for 1 of 5 rows \(first row 3\)"
+        ):
             m.predict(X)
         with pytest.raises(ArtifactError, match=r"predictor 0 \(site 'a'\)"):
             m.predict_proba(X)
@@ -402,13 +479,15 @@ def test_a_model_is_sandboxed_once_per_process(monkeypatch):
 
 def test_a_lying_sandbox_verdict_is_refused(monkeypatch):
     """The child ran hostile bytes: its answer is checked like any other input."""
-    for verdict in ({"ok": True, "kind": "probabilities", "n_features": 3, "classes": [[1], [2]]},
-                    {"ok": True, "kind": "logits", "n_features": 3},
-                    {"ok": True, "kind": "regression", "n_features": True},
-                    {"ok": False, "code": "too_large", "args": {"size": "/etc/passwd contents", "limit": 1}},
-                    {"ok": False, "code": "no such code", "detail": 5},
-                    {"ok": False, "code": "memory", "args": {"detail": 1, "code": "x"}, "detail": "a\nFORGED log line"},
-                    ["not", "a", "dict"]):
+    for verdict in (
+        {"ok": True, "kind": "probabilities", "n_features": 3, "classes": [[1], [2]]},
+        {"ok": True, "kind": "logits", "n_features": 3},
+        {"ok": True, "kind": "regression", "n_features": True},
+        {"ok": False, "code": "too_large", "args": {"size": "/etc/passwd contents", "limit": 1}},
+        {"ok": False, "code": "no such code", "detail": 5},
+        {"ok": False, "code": "memory", "args": {"detail": 1, "code": "x"}, "detail": "a\nFORGED log line"},
+        ["not", "a", "dict"],
+    ):
         monkeypatch.setattr(loader, "probe_in_sandbox", lambda *a, v=verdict, **k: v)
         loader.PROBE_CACHE.clear()
         with pytest.raises(ArtifactError) as info:
@@ -432,8 +511,13 @@ def test_the_sandbox_gives_a_model_nothing_to_reach(start, tmp_path, monkeypatch
     assert report["cwd_entries"] == []
     assert set(report["env"]) <= {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LC_ALL", "LC_CTYPE"}
     assert report["fds"] == [0, 1, 2, 3, 4]  # stdin, /dev/null as stdout, stderr, the verdict, the listing itself
-    assert report["rlimits"] == {"RLIMIT_AS": [700 * 2**20] * 2, "RLIMIT_CPU": [7, 8], "RLIMIT_FSIZE": [0, 0],
-                                 "RLIMIT_NOFILE": [24, 24], "RLIMIT_CORE": [0, 0]}
+    assert report["rlimits"] == {
+        "RLIMIT_AS": [700 * 2**20] * 2,
+        "RLIMIT_CPU": [7, 8],
+        "RLIMIT_FSIZE": [0, 0],
+        "RLIMIT_NOFILE": [24, 24],
+        "RLIMIT_CORE": [0, 0],
+    }
     assert report["modules"] == (["numpy", "onnx"] if start == "zygote" else [])
 
 

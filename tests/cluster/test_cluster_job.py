@@ -202,7 +202,8 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     env = dict(f["env"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
                # a loaded two-core machine starts a node's dashboard agent slowly; the raylet's
                # default wait for it is short and kills the node
-               RAY_agent_register_timeout_ms="120000")
+               RAY_agent_register_timeout_ms="120000",
+               MSA_FED_OUTPUT_ROOT=str(tmp_path / "job-outputs"))  # the job saves its model here
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")

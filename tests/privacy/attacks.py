@@ -4,6 +4,7 @@ Helpers shared by the attack tests.  The victim site holds 60 labelled points wi
 labels drawn independently of x, so guessing gives 50%; an attack "recovers" a label when it
 decodes it from the site's answers (points it could not attack are guessed as 0).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,18 @@ def victim_data(d: int, n: int = N, seed: int = 0):
 
 def victim(d: int, n: int = N, seed: int = 0, **kw) -> tuple[SiteWorker, np.ndarray, np.ndarray]:
     X, y, Xu = victim_data(d, n, seed)
-    w = SiteWorker("victim", 0, X, y, Xu, predictors=predictors(d, seed), task="classification",
-                   loss="cross_entropy", classes=np.array([0, 1]), **kw)
+    w = SiteWorker(
+        "victim",
+        0,
+        X,
+        y,
+        Xu,
+        predictors=predictors(d, seed),
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1]),
+        **kw,
+    )
     return w, X, y
 
 
@@ -65,10 +76,14 @@ def threshold_spec(thresholds, coefs, intercept0: float) -> m.DomainModelSpec:
     """Q(0|x) = sigmoid(sum_j coefs_j 1[x <= t_j] + intercept0); class 1 has zero weights."""
     t = np.asarray(thresholds, dtype=np.float64)
     theta = np.zeros(2 * (t.size + 1))
-    theta[:t.size] = coefs
+    theta[: t.size] = coefs
     theta[t.size] = intercept0
-    return m.DomainModelSpec(kind="maxent", n_sources=2,
-                             feature_map=("threshold", {"n_thresholds": int(t.size)}, {"thresholds": t}), theta=theta)
+    return m.DomainModelSpec(
+        kind="maxent",
+        n_sources=2,
+        feature_map=("threshold", {"n_thresholds": int(t.size)}, {"thresholds": t}),
+        theta=theta,
+    )
 
 
 def standard_spec(mean, scale, w0, b0) -> m.DomainModelSpec:
@@ -77,9 +92,12 @@ def standard_spec(mean, scale, w0, b0) -> m.DomainModelSpec:
     theta = np.zeros(2 * (d + 1))
     theta[:d] = w0
     theta[d] = b0
-    return m.DomainModelSpec(kind="maxent", n_sources=2,
-                             feature_map=("standard", {}, {"mean": np.asarray(mean, float), "scale": np.asarray(scale, float)}),
-                             theta=theta)
+    return m.DomainModelSpec(
+        kind="maxent",
+        n_sources=2,
+        feature_map=("standard", {}, {"mean": np.asarray(mean, float), "scale": np.asarray(scale, float)}),
+        theta=theta,
+    )
 
 
 def decode(loss_sum: float, weights: np.ndarray, i: int, X: np.ndarray, h0, known: dict) -> int:

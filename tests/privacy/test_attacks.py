@@ -12,8 +12,8 @@ reads noise.
 import math
 
 import numpy as np
-from scipy.special import expit
 import pytest
+from scipy.special import expit
 
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.policy import SitePolicy

@@ -1,5 +1,6 @@
 """The site policy file, the ledger (a real SQLite file across restarts), the hash-chained
 audit log with ``msa-fed site audit``, and DP accounting against dp-accounting itself."""
+
 import json
 import pickle
 
@@ -18,8 +19,9 @@ def _honest_spec(X):
     from msa_fed.core.features import StandardFeatures, feature_map_state
 
     fmap = StandardFeatures().fit(X)
-    return m.DomainModelSpec(kind="maxent", n_sources=2, feature_map=feature_map_state(fmap),
-                             theta=np.array([1.0, 0.0, -1.0, 0.0]))
+    return m.DomainModelSpec(
+        kind="maxent", n_sources=2, feature_map=feature_map_state(fmap), theta=np.array([1.0, 0.0, -1.0, 0.0])
+    )
 
 
 def _honest_round(worker, X, n_eval=2):
@@ -30,19 +32,28 @@ def _honest_round(worker, X, n_eval=2):
 
 def test_policy_file_is_validated_key_by_key(tmp_path):
     f = tmp_path / "policy.toml"
-    f.write_text('[limits]\nmin_points = 50\nmu_min = 1e-3\nfeature_maps = ["standard"]\n'
-                 '[budget]\ndc_evaluations_per_job = 99\nledger = "x.sqlite"\n[dp]\nenabled = true\nepsilon_per_job = 0.5\n')
+    f.write_text(
+        '[limits]\nmin_points = 50\nmu_min = 1e-3\nfeature_maps = ["standard"]\n'
+        '[budget]\ndc_evaluations_per_job = 99\nledger = "x.sqlite"\n[dp]\nenabled = true\nepsilon_per_job = 0.5\n'
+    )
     pol = load_policy(f)
-    assert (pol.min_points, pol.mu_min, pol.feature_maps, pol.dc_evaluations_per_job, pol.ledger) == \
-        (50, 1e-3, ("standard",), 99, "x.sqlite")
+    assert (pol.min_points, pol.mu_min, pol.feature_maps, pol.dc_evaluations_per_job, pol.ledger) == (
+        50,
+        1e-3,
+        ("standard",),
+        99,
+        "x.sqlite",
+    )
     assert pol.dp_enabled and pol.epsilon_per_job == 0.5
-    bad = {'[limits]\nmin_pionts = 5\n': "unknown key 'min_pionts' in \\[limits\\]",
-           '[limit]\nmin_points = 5\n': "unknown section \\[limit\\]",
-           '[limits]\nmin_points = "5"\n': "min_points must be an integer",
-           '[limits]\nmu_min = -1.0\n': "mu_min must be > 0",
-           '[limits]\nfeature_maps = ["pickle"]\n': "unknown map",
-           '[dp]\nepsilon_per_job = 20.0\n': "exceeds epsilon_lifetime",
-           '[limits\n': "unreadable"}
+    bad = {
+        "[limits]\nmin_pionts = 5\n": "unknown key 'min_pionts' in \\[limits\\]",
+        "[limit]\nmin_points = 5\n": "unknown section \\[limit\\]",
+        '[limits]\nmin_points = "5"\n': "min_points must be an integer",
+        "[limits]\nmu_min = -1.0\n": "mu_min must be > 0",
+        '[limits]\nfeature_maps = ["pickle"]\n': "unknown map",
+        "[dp]\nepsilon_per_job = 20.0\n": "exceeds epsilon_lifetime",
+        "[limits\n": "unreadable",
+    }
     for text, msg in bad.items():
         f.write_text(text)
         with pytest.raises(ConfigError, match=msg):
@@ -53,9 +64,20 @@ def test_policy_file_is_validated_key_by_key(tmp_path):
 
 def test_tighten_never_loosens():
     base = SitePolicy()
-    t = tighten(base, {"min_points": 5, "mu_min": 1.0, "eta_min": 0.0, "max_point_share": 0.9,
-                       "dc_evaluations_per_job": 10, "epsilon_per_job": 99.0, "dp_enabled": True,
-                       "feature_maps": ["standard", "rff"], "allow_custom_feature_map": True})
+    t = tighten(
+        base,
+        {
+            "min_points": 5,
+            "mu_min": 1.0,
+            "eta_min": 0.0,
+            "max_point_share": 0.9,
+            "dc_evaluations_per_job": 10,
+            "epsilon_per_job": 99.0,
+            "dp_enabled": True,
+            "feature_maps": ["standard", "rff"],
+            "allow_custom_feature_map": True,
+        },
+    )
     assert t.min_points == base.min_points and t.mu_min == 1.0 and t.eta_min == base.eta_min
     assert t.max_point_share == base.max_point_share and t.dc_evaluations_per_job == 10
     assert t.epsilon_per_job == base.epsilon_per_job and t.dp_enabled
@@ -74,8 +96,12 @@ def test_privacy_error_names_rule_and_site_and_pickles():
 
 
 def test_ledger_survives_a_restart(tmp_path):
-    pol = SitePolicy(ledger=str(tmp_path / "ledger.sqlite"), domain_models_per_job=2, domain_models_per_day=3,
-                     dc_evaluations_per_job=3)
+    pol = SitePolicy(
+        ledger=str(tmp_path / "ledger.sqlite"),
+        domain_models_per_job=2,
+        domain_models_per_day=3,
+        dc_evaluations_per_job=3,
+    )
     w, X, _y = A.victim(1, policy=pol, job_id="job-1")
     spec = _honest_spec(X)
     w.set_domain_model(spec)
@@ -154,8 +180,9 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     import dp_accounting
     from dp_accounting import rdp
 
-    pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=5,
-                     ledger=str(tmp_path / "l.sqlite"))
+    pol = SitePolicy(
+        dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=5, ledger=str(tmp_path / "l.sqlite")
+    )
     w, X, _y = A.victim(1, policy=pol, job_id="dp-job")
     _r, outs = _honest_round(w, X, n_eval=3)
     nm = w.guard.dp.noise_multiplier
@@ -179,8 +206,13 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
 
 
 def test_dp_lifetime_budget_spans_jobs(tmp_path):
-    pol = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, epsilon_lifetime=1.5, dp_dc_evaluations=2,
-                     ledger=str(tmp_path / "l.sqlite"))
+    pol = SitePolicy(
+        dp_enabled=True,
+        epsilon_per_job=1.0,
+        epsilon_lifetime=1.5,
+        dp_dc_evaluations=2,
+        ledger=str(tmp_path / "l.sqlite"),
+    )
     w, X, _y = A.victim(1, policy=pol, job_id="j1")
     _honest_round(w, X, n_eval=2)
     w2, _, _ = A.victim(1, policy=pol, job_id="j2")
@@ -198,13 +230,16 @@ def test_domain_model_rules(tmp_path):
     spec = _honest_spec(X)
     fm = spec.feature_map
     cases = {
-        "feature_scale": m.DomainModelSpec("maxent", 2, ("standard", {}, {"mean": fm[2]["mean"],
-                                                                          "scale": fm[2]["scale"] * 1e-3}), theta=spec.theta),
-        "feature_mean": m.DomainModelSpec("maxent", 2, ("standard", {}, {"mean": fm[2]["mean"] + 1e3,
-                                                                         "scale": fm[2]["scale"]}), theta=spec.theta),
+        "feature_scale": m.DomainModelSpec(
+            "maxent", 2, ("standard", {}, {"mean": fm[2]["mean"], "scale": fm[2]["scale"] * 1e-3}), theta=spec.theta
+        ),
+        "feature_mean": m.DomainModelSpec(
+            "maxent", 2, ("standard", {}, {"mean": fm[2]["mean"] + 1e3, "scale": fm[2]["scale"]}), theta=spec.theta
+        ),
         "theta_norm": m.DomainModelSpec("maxent", 2, fm, theta=np.array([1e3, 0.0, 0.0, 0.0, 0.0, 0.0])),
-        "feature_map": m.DomainModelSpec("maxent", 2, ("threshold", {}, {"thresholds": np.array([0.0])}),
-                                         theta=np.zeros(4)),
+        "feature_map": m.DomainModelSpec(
+            "maxent", 2, ("threshold", {}, {"thresholds": np.array([0.0])}), theta=np.zeros(4)
+        ),
     }
     for rule, bad in cases.items():
         with pytest.raises(PrivacyError) as err:
@@ -222,8 +257,11 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
     w, X, _y = A.victim(1)
     r = w.set_domain_model(_honest_spec(X))
     own = r.sums
-    for qhat, msg in (([1.0, 1.0], "sum to 1"), ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
-                      ([np.nan, 1.0], "positive numbers")):
+    for qhat, msg in (
+        ([1.0, 1.0], "sum to 1"),
+        ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
+        ([np.nan, 1.0], "positive numbers"),
+    ):
         with pytest.raises(PrivacyError, match=msg):
             w.set_qhat(m.QhatBroadcast(qhat=np.array(qhat), eta=0.01))
     w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))

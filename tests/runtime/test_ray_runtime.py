@@ -6,6 +6,7 @@ checkpoint directory to the same z)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,7 @@ import msa_fed  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
+from msa_fed.privacy.policy import POLICY_ENV  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
 from msa_fed.runtime.config import FitConfig, SolverConfig
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
@@ -29,10 +31,21 @@ DCA = {"objective": "gamma", "method": "dca"}
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(tmp_path_factory):
+    # The warm backend below serves many coordinators, and to its sites they are one job: the
+    # sites' own policy (read by the actors from their node's environment, which a local Ray
+    # inherits from this process) allows that many domain models per job.
+    policy = tmp_path_factory.mktemp("site-policy") / "policy.toml"
+    policy.write_text("[budget]\ndomain_models_per_job = 100\ndomain_models_per_day = 1000\n")
+    before = os.environ.get(POLICY_ENV)
+    os.environ[POLICY_ENV] = str(policy)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+    if before is None:
+        os.environ.pop(POLICY_ENV, None)
+    else:
+        os.environ[POLICY_ENV] = before
 
 
 @pytest.fixture(scope="module")
