@@ -34,6 +34,7 @@ typecheck: setup
 
 test: setup typecheck
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -ra --durations=15
 
 # core, control, the in-process API, local runtime, artifacts: no Ray, no data sets, no long runs

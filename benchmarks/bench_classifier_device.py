@@ -10,6 +10,7 @@ objective, and the largest difference between the CPU and GPU models' probabilit
 probe set.  Prints a table; writes JSON (after every case, so a cut-off run keeps its rows).
 Only ``msa_fed.core`` is imported (no Ray, no gRPC): ``PYTHONPATH=.`` is enough.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,14 @@ import torch  # noqa: E402
 
 from msa_fed.core import domain_classifier as dc  # noqa: E402
 
-from msa_fed.core.domain_classifier import (ClassifierConfig, DomainClassifier, balanced_shards,  # noqa: E402
-                                            fit_maxent, sum_minibatch_oracle, sum_oracle)
+from msa_fed.core.domain_classifier import (  # noqa: E402
+    ClassifierConfig,
+    DomainClassifier,
+    balanced_shards,  # noqa: E402
+    fit_maxent,
+    sum_minibatch_oracle,
+    sum_oracle,
+)
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 
 
@@ -66,9 +73,14 @@ def run_case(samples, config: ClassifierConfig):
         return oracle(theta)
 
     t = time.perf_counter()
-    theta, info = fit_maxent(counted, Phis[0].shape[1], p, config,
-                             minibatch_oracle=sum_minibatch_oracle(shards, config.batch_size),
-                             n_points=max(len(X) for X in samples))
+    theta, info = fit_maxent(
+        counted,
+        Phis[0].shape[1],
+        p,
+        config,
+        minibatch_oracle=sum_minibatch_oracle(shards, config.batch_size),
+        n_points=max(len(X) for X in samples),
+    )
     sync(config)
     fit = time.perf_counter() - t
     return DomainClassifier(fmap, theta, p, config.mu, info), prep, fit, calls[0]
@@ -83,11 +95,18 @@ def main(argv=None) -> int:
     devices = ["cpu"] + (["cuda"] if cuda else [])
     p, d = 8, 100
     sizes = [20_000] if args.quick else [100_000, 1_000_000, 4_000_000]
-    configs = [("lbfgs", ClassifierConfig(mu=1e-3)),
-               ("sgd", ClassifierConfig(mu=1e-3, optimizer="sgd", epochs=1 if args.quick else 3,
-                                        batch_size=1024, lr=0.05))]
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-           "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
+    configs = [
+        ("lbfgs", ClassifierConfig(mu=1e-3)),
+        ("sgd", ClassifierConfig(mu=1e-3, optimizer="sgd", epochs=1 if args.quick else 3, batch_size=1024, lr=0.05)),
+    ]
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
     print(json.dumps(env), flush=True)
     rows = []
     for n in sizes:
@@ -108,36 +127,54 @@ def main(argv=None) -> int:
                     model, prep, fit, evals = run_case(samples, cfg)
                     models[dev] = model
                     info = model.info_
-                    row.update(seconds=fit, prep_seconds=prep, evaluations=evals,
-                               ms_per_evaluation=1e3 * fit / evals if evals and opt == "lbfgs" else None,
-                               objective=info.get("objective"), n_iter=info.get("n_iter"))
+                    row.update(
+                        seconds=fit,
+                        prep_seconds=prep,
+                        evaluations=evals,
+                        ms_per_evaluation=1e3 * fit / evals if evals and opt == "lbfgs" else None,
+                        objective=info.get("objective"),
+                        n_iter=info.get("n_iter"),
+                    )
                 except Exception as exc:  # noqa: BLE001 - recorded, the other cases go on
                     row.update(error=f"{type(exc).__name__}: {exc}")
                 rows.append(row)
-                print(f"  n={n} {opt} {dev}: " + (f"fit {row['seconds']:.2f} s (prep {row['prep_seconds']:.2f} s), "
-                                                   f"objective {row.get('objective')}"
-                                                   if "seconds" in row else row["error"]), flush=True)
+                print(
+                    f"  n={n} {opt} {dev}: "
+                    + (
+                        f"fit {row['seconds']:.2f} s (prep {row['prep_seconds']:.2f} s), "
+                        f"objective {row.get('objective')}"
+                        if "seconds" in row
+                        else row["error"]
+                    ),
+                    flush=True,
+                )
             dc.GPU_BLOCK_ELEMENTS = GPU_BLOCK
-            case_rows = rows[-len(variants):]
+            case_rows = rows[-len(variants) :]
             cpu_row = next((r for r in case_rows if r["device"] == "cpu" and "seconds" in r), None)
             for r in case_rows:
                 if r["device"] != "cpu" and r["device"] in models and cpu_row is not None:
-                    diff = float(np.abs(models["cpu"].predict_proba(probe) - models[r["device"]].predict_proba(probe)).max())
+                    diff = float(
+                        np.abs(models["cpu"].predict_proba(probe) - models[r["device"]].predict_proba(probe)).max()
+                    )
                     r.update(max_abs_dproba_vs_cpu=diff, speedup_vs_cpu=cpu_row["seconds"] / r["seconds"])
                     print(f"    {r['device']} vs cpu: {r['speedup_vs_cpu']:.1f}x, max |dQ| {diff:.1e}", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({"environment": env, "quick": args.quick, "rows": rows}, indent=2))
-    print("\n| n | optimizer | device | fit (s) | ms per full-data evaluation | prep (s) | objective | iterations "
-          "| fit vs CPU | max abs dQ vs CPU |")
+    print(
+        "\n| n | optimizer | device | fit (s) | ms per full-data evaluation | prep (s) | objective | iterations "
+        "| fit vs CPU | max abs dQ vs CPU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['n']} | {r['optimizer']} | {r['device']} | error: {r['error'][:80]} | | | | | | |")
             continue
         per_eval = f"{r['ms_per_evaluation']:.1f}" if r.get("ms_per_evaluation") else "-"
-        print(f"| {r['n']} | {r['optimizer']} | {r['device']} | {r['seconds']:.2f} | {per_eval} | {r['prep_seconds']:.2f} | "
-              f"{r.get('objective'):.9f} | {r.get('n_iter')} | {r.get('speedup_vs_cpu', 1.0):.1f}x | "
-              f"{r.get('max_abs_dproba_vs_cpu', 0.0):.1e} |")
+        print(
+            f"| {r['n']} | {r['optimizer']} | {r['device']} | {r['seconds']:.2f} | {per_eval} | {r['prep_seconds']:.2f} | "
+            f"{r.get('objective'):.9f} | {r.get('n_iter')} | {r.get('speedup_vs_cpu', 1.0):.1f}x | "
+            f"{r.get('max_abs_dproba_vs_cpu', 0.0):.1e} |"
+        )
     print(f"\nwritten {args.out}")
     return 0
 

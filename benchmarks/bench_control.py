@@ -27,6 +27,7 @@ benchmark's client threads do not share a GIL.  For each transport
 
 Prints a table and writes JSON to ``benchmarks/results/control.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,21 +70,37 @@ def make_pki(folder: Path) -> dict[str, str]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = {"ca": folder / "ca.pem", "cert": folder / "cert.pem", "key": folder / "key.pem"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    paths["key"].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -91,11 +108,14 @@ def big_predictor(n_bytes: int, seed: int) -> bytes:
     """A valid ONNX regression predictor (3 features) padded with an unused initializer to ~n_bytes."""
     rng = np.random.default_rng(seed)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["y"])], "bench",
+        [helper.make_node("MatMul", ["X", "W"], ["y"])],
+        "bench",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        [numpy_helper.from_array(rng.normal(size=(3, 1)).astype(np.float32), "W"),
-         numpy_helper.from_array(rng.normal(size=n_bytes // 4).astype(np.float32), "padding")],
+        [
+            numpy_helper.from_array(rng.normal(size=(3, 1)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.normal(size=n_bytes // 4).astype(np.float32), "padding"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -104,8 +124,23 @@ def big_predictor(n_bytes: int, seed: int) -> bytes:
 
 
 def start_server(db: Path, tls: dict | None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(db), "--listen", "127.0.0.1:0",
-           "--log-level", "WARNING", "--max-sample-mb", "1024", "--max-predictor-mb", "512"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "msa_fed.cli",
+        "registry",
+        "serve",
+        "--db",
+        str(db),
+        "--listen",
+        "127.0.0.1:0",
+        "--log-level",
+        "WARNING",
+        "--max-sample-mb",
+        "1024",
+        "--max-predictor-mb",
+        "512",
+    ]
     cmd += ["--tls-cert", tls["cert"], "--tls-key", tls["key"]] if tls else ["--insecure"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 180
@@ -120,8 +155,9 @@ def start_server(db: Path, tls: dict | None) -> tuple[subprocess.Popen, str]:
     raise SystemExit("registry did not start")
 
 
-def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
-             kind: str = "stalled") -> dict:
+def attacker(
+    address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None, kind: str = "stalled"
+) -> dict:
     """One hostile site for ``seconds``.
 
     ``kind`` "stalled": ``streams`` stalled uploads kept open, ten heartbeat calls whose request never comes, and
@@ -155,6 +191,7 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
             def messages(header=header):
                 yield pb.UploadPredictorRequest(header=header)
                 stop.wait()
+
             try:
                 stub.UploadPredictor(messages(), metadata=md, timeout=seconds + 30)
                 count("stalled: OK")
@@ -164,13 +201,16 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
 
     def half_open_calls():
         """Heartbeats that send their headers and never their request message."""
-        call = channel.stream_unary("/msa_fed.v1.Registry/Heartbeat", request_serializer=lambda m: m,
-                                    response_deserializer=lambda b: b)
+        call = channel.stream_unary(
+            "/msa_fed.v1.Registry/Heartbeat", request_serializer=lambda m: m, response_deserializer=lambda b: b
+        )
         while not stop.is_set():
+
             def nothing():
                 stop.wait()
                 return
                 yield
+
             try:
                 call(nothing(), metadata=md, timeout=seconds + 30)
                 count("half-open: OK")
@@ -191,7 +231,8 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
             def messages(header=header):
                 yield pb.UploadSampleRequest(header=header)
                 for start in range(0, len(data), 2**20):
-                    yield pb.UploadSampleRequest(chunk=data[start:start + 2**20])
+                    yield pb.UploadSampleRequest(chunk=data[start : start + 2**20])
+
             try:
                 stub.UploadSample(messages(), metadata=md, timeout=seconds + 30)
                 count("big: OK")
@@ -211,10 +252,25 @@ def attacker(address: str, token: str, seconds: float, streams: int, upload_mb: 
     return counts
 
 
-def start_attacker(address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None,
-                   kind: str):
-    cmd = [sys.executable, __file__, "--attacker", address, "--attacker-token", token, "--attack-seconds",
-           str(seconds), "--attack-streams", str(streams), "--upload-mb", str(upload_mb), "--attack-kind", kind]
+def start_attacker(
+    address: str, token: str, seconds: float, streams: int, upload_mb: float, tls_ca: str | None, kind: str
+):
+    cmd = [
+        sys.executable,
+        __file__,
+        "--attacker",
+        address,
+        "--attacker-token",
+        token,
+        "--attack-seconds",
+        str(seconds),
+        "--attack-streams",
+        str(streams),
+        "--upload-mb",
+        str(upload_mb),
+        "--attack-kind",
+        kind,
+    ]
     if tls_ca:
         cmd += ["--attacker-tls-ca", tls_ca]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -235,8 +291,11 @@ def rpc_load(address, tokens, names, op: str, calls: int, client_kwargs) -> dict
         try:
             with RegistryClient(address, tokens[i], retries=0, **client_kwargs) as client:
                 client.register(names[i])  # connect (and handshake) before timing
-                fn = {"register": lambda: client.register(names[i]), "heartbeat": client.heartbeat,
-                      "health": client.health}[op]
+                fn = {
+                    "register": lambda: client.register(names[i]),
+                    "heartbeat": client.heartbeat,
+                    "health": client.health,
+                }[op]
                 barrier.wait()
                 for _ in range(per_thread):
                     t0 = time.perf_counter()
@@ -257,8 +316,14 @@ def rpc_load(address, tokens, names, op: str, calls: int, client_kwargs) -> dict
     if errors:
         raise SystemExit(f"{op} failed: {errors[0]}")
     flat = [x for lat in latencies for x in lat]
-    return {"calls": len(flat), "seconds": wall, "rpc_per_s": len(flat) / wall,
-            "p50_ms": 1e3 * percentile(flat, 50), "p99_ms": 1e3 * percentile(flat, 99), "max_ms": 1e3 * max(flat)}
+    return {
+        "calls": len(flat),
+        "seconds": wall,
+        "rpc_per_s": len(flat) / wall,
+        "p50_ms": 1e3 * percentile(flat, 50),
+        "p99_ms": 1e3 * percentile(flat, 99),
+        "max_ms": 1e3 * max(flat),
+    }
 
 
 def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwargs) -> dict:
@@ -280,10 +345,16 @@ def upload_load(address, token, name, upload_mb: float, repeats: int, client_kwa
             client.upload_predictor(data)
             predictor_times.append(time.perf_counter() - t0)
         sample_mb = rows * 3 * 4 / 1e6
-        out["sample"] = {"mb": sample_mb, "seconds_median": statistics.median(sample_times),
-                         "mb_per_s": sample_mb / statistics.median(sample_times)}
-        out["predictor"] = {"mb": predictor_bytes / 1e6, "seconds_median": statistics.median(predictor_times),
-                            "mb_per_s": predictor_bytes / 1e6 / statistics.median(predictor_times)}
+        out["sample"] = {
+            "mb": sample_mb,
+            "seconds_median": statistics.median(sample_times),
+            "mb_per_s": sample_mb / statistics.median(sample_times),
+        }
+        out["predictor"] = {
+            "mb": predictor_bytes / 1e6,
+            "seconds_median": statistics.median(predictor_times),
+            "mb_per_s": predictor_bytes / 1e6 / statistics.median(predictor_times),
+        }
     return out
 
 
@@ -327,17 +398,34 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "control.json"))
     args = parser.parse_args(argv)
     if args.attacker:  # the hostile site's process
-        print(json.dumps(attacker(args.attacker, args.attacker_token, args.attack_seconds, args.attack_streams,
-                                  args.upload_mb, args.attacker_tls_ca, args.attack_kind)))
+        print(
+            json.dumps(
+                attacker(
+                    args.attacker,
+                    args.attacker_token,
+                    args.attack_seconds,
+                    args.attack_streams,
+                    args.upload_mb,
+                    args.attacker_tls_ca,
+                    args.attack_kind,
+                )
+            )
+        )
         return 0
     if args.quick:
         args.calls, args.upload_mb, args.repeats = 400, 4.0, 1
 
-    results = {"config": {"clients": args.clients, "calls": args.calls, "upload_mb": args.upload_mb,
-                          "repeats": args.repeats},
-               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__,
-                           "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
-               "runs": {}}
+    results = {
+        "config": {"clients": args.clients, "calls": args.calls, "upload_mb": args.upload_mb, "repeats": args.repeats},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "grpc": grpc.__version__,
+            "platform": platform.platform(),
+            "loadavg_at_start": os.getloadavg(),
+        },
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         pki = make_pki(tmp)
@@ -351,30 +439,54 @@ def main(argv=None) -> int:
             client_kwargs = {"insecure": True} if mode == "plaintext" else {"tls_ca": pki["ca"]}
             proc, address = start_server(db, pki if mode == "tls" else None)
             try:
-                run = {op: rpc_load(address, tokens[:-1], names[:-1], op, args.calls, client_kwargs)
-                       for op in ("register", "heartbeat", "health")}
+                run = {
+                    op: rpc_load(address, tokens[:-1], names[:-1], op, args.calls, client_kwargs)
+                    for op in ("register", "heartbeat", "health")
+                }
                 for op in ("register", "heartbeat"):  # one client alone: latency without queueing
-                    run[f"{op} (1 client)"] = rpc_load(address, tokens[:1], names[:1], op,
-                                                       max(args.calls // 4, 100), client_kwargs)
+                    run[f"{op} (1 client)"] = rpc_load(
+                        address, tokens[:1], names[:1], op, max(args.calls // 4, 100), client_kwargs
+                    )
                 run["upload"] = upload_load(address, tokens[-1], names[-1], args.upload_mb, args.repeats, client_kwargs)
-                run.update(under_attack(address, tokens[:-1], names[:-1], evil_token, args, client_kwargs,
-                                        pki["ca"] if mode == "tls" else None))
+                run.update(
+                    under_attack(
+                        address,
+                        tokens[:-1],
+                        names[:-1],
+                        evil_token,
+                        args,
+                        client_kwargs,
+                        pki["ca"] if mode == "tls" else None,
+                    )
+                )
             finally:
                 proc.terminate()
                 proc.wait(30)
             results["runs"][mode] = run
 
-    print(f"control plane, {args.clients} client threads ({args.calls} RPCs) or 1 client "
-          f"({max(args.calls // 4, 100)} RPCs) per row, loopback, "
-          f"{os.cpu_count()} CPUs (load average at start {results['machine']['loadavg_at_start'][0]:.1f})")
+    print(
+        f"control plane, {args.clients} client threads ({args.calls} RPCs) or 1 client "
+        f"({max(args.calls // 4, 100)} RPCs) per row, loopback, "
+        f"{os.cpu_count()} CPUs (load average at start {results['machine']['loadavg_at_start'][0]:.1f})"
+    )
     print(f"{'transport':<10} {'operation':<24} {'throughput':>14} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for mode, run in results["runs"].items():
-        for op in ("register", "heartbeat", "health", "register (1 client)", "heartbeat (1 client)",
-                   "heartbeat (under attack)", "health (under attack)", "heartbeat (big uploads)",
-                   "health (big uploads)"):
+        for op in (
+            "register",
+            "heartbeat",
+            "health",
+            "register (1 client)",
+            "heartbeat (1 client)",
+            "heartbeat (under attack)",
+            "health (under attack)",
+            "heartbeat (big uploads)",
+            "health (big uploads)",
+        ):
             r = run[op]
-            print(f"{mode:<10} {op:<24} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                  f"{r['max_ms']:>8.1f}")
+            print(
+                f"{mode:<10} {op:<24} {r['rpc_per_s']:>10.0f} RPC/s {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                f"{r['max_ms']:>8.1f}"
+            )
         for kind in ("sample", "predictor"):
             u = run["upload"][kind]
             label = f"upload {kind} {u['mb']:.0f} MB"

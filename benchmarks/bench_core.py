@@ -23,6 +23,7 @@ Prints tables and writes benchmarks/results/bench_core.json (``--out`` to change
    measured in the same run, runs interleaved.  scikit-learn is timed with its default BLAS
    threads and with one BLAS thread (on a loaded machine the default can be much slower).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,15 +75,33 @@ def dc_case(n, p, loss, repeats, dca_cap, with_reference, seed=0):
     for _ in range(repeats):
         t, res = solve_once(oracle, "auto")
         times.append(t)
-    row["auto"] = {"time_s": median(times), "times_s": times, "gamma": res.gamma, "converged": res.converged,
-                   "iterations": res.n_iter, "evaluations": res.n_evaluations, "used": res.method}
+    row["auto"] = {
+        "time_s": median(times),
+        "times_s": times,
+        "gamma": res.gamma,
+        "converged": res.converged,
+        "iterations": res.n_iter,
+        "evaluations": res.n_evaluations,
+        "used": res.method,
+    }
     if with_reference:
         t, r = solve_once(oracle, "newton", max_iter=dca_cap * 3)
-        row["newton"] = {"time_s": t, "gamma": r.gamma, "converged": r.converged, "iterations": r.n_iter,
-                         "evaluations": r.n_evaluations}
+        row["newton"] = {
+            "time_s": t,
+            "gamma": r.gamma,
+            "converged": r.converged,
+            "iterations": r.n_iter,
+            "evaluations": r.n_evaluations,
+        }
         t, r = solve_once(oracle, "dca", max_iter=dca_cap, n_restarts=0)
-        row["dca"] = {"time_s": t, "gamma": r.gamma, "converged": r.converged, "iterations": r.n_iter,
-                      "evaluations": r.n_evaluations, "cap": dca_cap}
+        row["dca"] = {
+            "time_s": t,
+            "gamma": r.gamma,
+            "converged": r.converged,
+            "iterations": r.n_iter,
+            "evaluations": r.n_evaluations,
+            "cap": dca_cap,
+        }
     return row
 
 
@@ -109,14 +128,28 @@ def target_case(loss, repeats, seed=0):
         t, res = solve_once(oracle, "auto", callback=callback)
         if "t" not in hit and res.gamma <= best + 1e-6:
             hit["t"] = t
-        runs.append({"time_s": t, "time_to_1e-6_s": hit.get("t", float("nan")), "gamma": res.gamma,
-                     "evaluations": res.n_evaluations, "iterations": res.n_iter})
-    return {"n": n, "p": p, "loss": loss, "smallest_gamma": best, "long_runs": candidates,
-            "lower_bound": 0.0,
-            "time_to_1e-6_s": median([r["time_to_1e-6_s"] for r in runs]),
-            "time_s": median([r["time_s"] for r in runs]), "runs": runs,
-            "within_1e-6": all(r["gamma"] <= best + 1e-6 for r in runs),
-            "target_met": all(r["gamma"] <= best + 1e-6 for r in runs) and median([r["time_s"] for r in runs]) < 2.0}
+        runs.append(
+            {
+                "time_s": t,
+                "time_to_1e-6_s": hit.get("t", float("nan")),
+                "gamma": res.gamma,
+                "evaluations": res.n_evaluations,
+                "iterations": res.n_iter,
+            }
+        )
+    return {
+        "n": n,
+        "p": p,
+        "loss": loss,
+        "smallest_gamma": best,
+        "long_runs": candidates,
+        "lower_bound": 0.0,
+        "time_to_1e-6_s": median([r["time_to_1e-6_s"] for r in runs]),
+        "time_s": median([r["time_s"] for r in runs]),
+        "runs": runs,
+        "within_1e-6": all(r["gamma"] <= best + 1e-6 for r in runs),
+        "target_met": all(r["gamma"] <= best + 1e-6 for r in runs) and median([r["time_s"] for r in runs]) < 2.0,
+    }
 
 
 # ---------------------------------------------------------------------------- classifier
@@ -152,8 +185,17 @@ def classifier_bench(n, d, p, repeats, mu=1e-3):
     with threadpool_limits(1):
         ref = LogisticRegression(C=C, tol=1e-12, max_iter=100_000).fit(X, y, sample_weight=sw)
     f_star = F(np.hstack([ref.coef_, ref.intercept_[:, None]]).ravel())
-    out = {"n": n, "d": d, "p": p, "mu": mu, "f_star": f_star, "reference_fit_s": time.perf_counter() - t0,
-           "sklearn_default": [], "sklearn_1thread": [], "msa_fed": []}
+    out = {
+        "n": n,
+        "d": d,
+        "p": p,
+        "mu": mu,
+        "f_star": f_star,
+        "reference_fit_s": time.perf_counter() - t0,
+        "sklearn_default": [],
+        "sklearn_1thread": [],
+        "msa_fed": [],
+    }
     for _ in range(repeats):
         for key, limit in (("sklearn_default", None), ("sklearn_1thread", 1)):
             t0 = time.perf_counter()
@@ -161,8 +203,9 @@ def classifier_bench(n, d, p, repeats, mu=1e-3):
                 clf = LogisticRegression(C=C).fit(X, y, sample_weight=sw)
             t = time.perf_counter() - t0
             f = F(np.hstack([clf.coef_, clf.intercept_[:, None]]).ravel())
-            out[key].append({"time_s": t, "objective": f, "rel_gap": (f - f_star) / f_star,
-                             "iterations": int(np.max(clf.n_iter_))})
+            out[key].append(
+                {"time_s": t, "objective": f, "rel_gap": (f - f_star) / f_star, "iterations": int(np.max(clf.n_iter_))}
+            )
         cfg = ClassifierConfig(mu=mu)
         stamps, thetas = [], []
         t0 = time.perf_counter()
@@ -179,10 +222,17 @@ def classifier_bench(n, d, p, repeats, mu=1e-3):
         total = time.perf_counter() - t0
         gaps = [(F(th) - f_star) / f_star for th in thetas]
         first = next((i for i, g in enumerate(gaps) if g <= 1e-4), None)
-        out["msa_fed"].append({"time_s": total, "time_to_1e-4_s": stamps[first] if first is not None else float("nan"),
-                               "evaluations": len(stamps), "evaluations_to_1e-4": None if first is None else first + 1,
-                               "rel_gap": (F(theta) - f_star) / f_star, "iterations": info["n_iter"],
-                               "dtype": cfg.dtype})
+        out["msa_fed"].append(
+            {
+                "time_s": total,
+                "time_to_1e-4_s": stamps[first] if first is not None else float("nan"),
+                "evaluations": len(stamps),
+                "evaluations_to_1e-4": None if first is None else first + 1,
+                "rel_gap": (F(theta) - f_star) / f_star,
+                "iterations": info["n_iter"],
+                "dtype": cfg.dtype,
+            }
+        )
     med = {k: median([r["time_s"] for r in out[k]]) for k in ("sklearn_default", "sklearn_1thread", "msa_fed")}
     med["msa_fed_to_1e-4"] = median([r["time_to_1e-4_s"] for r in out["msa_fed"]])
     out["median_s"] = med
@@ -199,15 +249,18 @@ def fmt(x, spec=".3g"):
 
 def print_dc(rows):
     print("\nDC solve, objective Gamma, eta = 0.01 (median wall time; dca capped)")
-    print(f"{'loss':<14}{'n':>9}{'p':>4} | {'auto s':>8}{'Gamma':>10}{'evals':>7}{'it':>5} | "
-          f"{'newton s':>9}{'Gamma':>10} | {'dca s':>8}{'Gamma':>10}{'it':>5}")
+    print(
+        f"{'loss':<14}{'n':>9}{'p':>4} | {'auto s':>8}{'Gamma':>10}{'evals':>7}{'it':>5} | "
+        f"{'newton s':>9}{'Gamma':>10} | {'dca s':>8}{'Gamma':>10}{'it':>5}"
+    )
     for r in rows:
         a, nw, dc = r["auto"], r.get("newton"), r.get("dca")
-        print(f"{r['loss']:<14}{r['n']:>9}{r['p']:>4} | {a['time_s']:>8.3f}{a['gamma']:>10.1e}{a['evaluations']:>7}"
-              f"{a['iterations']:>5} | "
-              + (f"{nw['time_s']:>9.2f}{nw['gamma']:>10.1e} | " if nw else f"{'-':>9}{'-':>10} | ")
-              + (f"{dc['time_s']:>8.2f}{dc['gamma']:>10.1e}{dc['iterations']:>5}" if dc
-                 else f"{'-':>8}{'-':>10}{'-':>5}"))
+        print(
+            f"{r['loss']:<14}{r['n']:>9}{r['p']:>4} | {a['time_s']:>8.3f}{a['gamma']:>10.1e}{a['evaluations']:>7}"
+            f"{a['iterations']:>5} | "
+            + (f"{nw['time_s']:>9.2f}{nw['gamma']:>10.1e} | " if nw else f"{'-':>9}{'-':>10} | ")
+            + (f"{dc['time_s']:>8.2f}{dc['gamma']:>10.1e}{dc['iterations']:>5}" if dc else f"{'-':>8}{'-':>10}{'-':>5}")
+        )
 
 
 def main(argv=None):
@@ -220,9 +273,16 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_core.json"))
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
-    result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                          "load_average_at_start": os.getloadavg(), "platform": platform.platform()},
-              "quick": args.quick, "repeats": repeats}
+    result = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg(),
+            "platform": platform.platform(),
+        },
+        "quick": args.quick,
+        "repeats": repeats,
+    }
     if not args.skip_dc and not args.skip_dc_grid:
         ns = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
         ps = (2, 4) if args.quick else (2, 4, 8, 16, 32)
@@ -243,22 +303,30 @@ def main(argv=None):
         result["dc_target"] = targets
         print("\nTarget p = 4, n = 1e5: default solve within 1e-6 of the smallest Gamma reachable")
         for t in targets:
-            print(f"  {t['loss']:<14} smallest Gamma {t['smallest_gamma']:.2e} (long runs {t['long_runs']}); "
-                  f"default solve {t['time_s']:.3f} s (median of {len(t['runs'])}), within 1e-6 after "
-                  f"{t['time_to_1e-6_s']:.3f} s; target met: {t['target_met']}")
+            print(
+                f"  {t['loss']:<14} smallest Gamma {t['smallest_gamma']:.2e} (long runs {t['long_runs']}); "
+                f"default solve {t['time_s']:.3f} s (median of {len(t['runs'])}), within 1e-6 after "
+                f"{t['time_to_1e-6_s']:.3f} s; target met: {t['target_met']}"
+            )
     if not args.skip_classifier:
         n, d, p = (20_000, 50, 8) if args.quick else (100_000, 100, 8)
         c = classifier_bench(n, d, p, repeats)
         result["classifier"] = c
         med = c["median_s"]
         print(f"\nDomain classifier, n = {n}, d = {d}, p = {p}, mu = {c['mu']} (median of {repeats})")
-        print(f"  scikit-learn lbfgs, default threads : {med['sklearn_default']:.2f} s "
-              f"(gap {c['sklearn_default'][0]['rel_gap']:.1e}, {c['sklearn_default'][0]['iterations']} it)")
+        print(
+            f"  scikit-learn lbfgs, default threads : {med['sklearn_default']:.2f} s "
+            f"(gap {c['sklearn_default'][0]['rel_gap']:.1e}, {c['sklearn_default'][0]['iterations']} it)"
+        )
         print(f"  scikit-learn lbfgs, 1 BLAS thread   : {med['sklearn_1thread']:.2f} s")
-        print(f"  msa_fed to within 1e-4 of optimum   : {med['msa_fed_to_1e-4']:.2f} s "
-              f"({c['msa_fed'][0]['evaluations_to_1e-4']} evaluations)")
-        print(f"  msa_fed full run (tol 1e-9)         : {med['msa_fed']:.2f} s "
-              f"({c['msa_fed'][0]['evaluations']} evaluations, final gap {c['msa_fed'][0]['rel_gap']:.1e})")
+        print(
+            f"  msa_fed to within 1e-4 of optimum   : {med['msa_fed_to_1e-4']:.2f} s "
+            f"({c['msa_fed'][0]['evaluations_to_1e-4']} evaluations)"
+        )
+        print(
+            f"  msa_fed full run (tol 1e-9)         : {med['msa_fed']:.2f} s "
+            f"({c['msa_fed'][0]['evaluations']} evaluations, final gap {c['msa_fed'][0]['rel_gap']:.1e})"
+        )
         print(f"  ratio (to 1e-4) / sklearn default   : {c['ratio_to_1e-4_vs_sklearn_default']:.2f}")
         print(f"  ratio (to 1e-4) / sklearn 1 thread  : {c['ratio_to_1e-4_vs_sklearn_1thread']:.2f}")
         print(f"  ratio (full run) / sklearn 1 thread : {c['ratio_full_vs_sklearn_1thread']:.2f}")

@@ -22,6 +22,7 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
 
 Prints a table and writes JSON to ``benchmarks/results/federation.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
@@ -81,9 +83,21 @@ def make_sites(p: int, n_per_site: int, m_per_site: int, d: int = 4, seed: int =
 def _kwargs(files, names):
     preds = [load_predictor(files[n].predictor, kind="probabilities") for n in names]
     classes = np.unique(np.concatenate([p.classes_ for p in preds]))
-    kw = [dict(name=n, index=k, X_labeled=files[n].X_labeled, y_labeled=files[n].y_labeled,
-               X_unlabeled=files[n].X_unlabeled, predictors=preds, task="classification", loss="cross_entropy",
-               classes=classes, min_points=20) for k, n in enumerate(names)]
+    kw = [
+        dict(
+            name=n,
+            index=k,
+            X_labeled=files[n].X_labeled,
+            y_labeled=files[n].y_labeled,
+            X_unlabeled=files[n].X_unlabeled,
+            predictors=preds,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=20,
+        )
+        for k, n in enumerate(names)
+    ]
     return kw, preds, classes
 
 
@@ -121,16 +135,27 @@ def bench_round(args, workdir: Path) -> dict:
         with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
             relay.open_job("bench", names)
             shas = [sha256_hex(files[n].predictor) for n in names]
-            joins = [m.JobSetup(job_id="bench", sites=tuple(names), index=i, predictor_sha256=tuple(shas),
-                                task="classification", loss="cross_entropy", classes=classes, min_points=20)
-                     for i in range(p)]
+            joins = [
+                m.JobSetup(
+                    job_id="bench",
+                    sites=tuple(names),
+                    index=i,
+                    predictor_sha256=tuple(shas),
+                    task="classification",
+                    loss="cross_entropy",
+                    classes=classes,
+                    min_points=20,
+                )
+                for i in range(p)
+            ]
             relay.call("bench", [(n, "join_job", joins[i]) for i, n in enumerate(names)], 300)
             got = relay.call("bench", [(n, "set_domain_model", spec) for n in names], 300)
             assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
             relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
             for z in zs[:5]:  # warm-up
-                relay.call("bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names],
-                           60)
+                relay.call(
+                    "bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60
+                )
             t_relay = []
             for z in zs:
                 req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
@@ -140,9 +165,16 @@ def bench_round(args, workdir: Path) -> dict:
             expect = [w.dc_evaluate(m.DCRequest(z=zs[-1], eta=0.01, what=("L", "dL"))) for w in local]
             assert all(np.array_equal(a.sums.L, b.sums.L) for a, b in zip(out, expect))
             relay.close_job("bench")
-    return {"p": p, "n_per_site": 2000, "rounds": args.rounds, "sites_connected_s": connect_s,
-            "relay_median_ms": 1e3 * statistics.median(t_relay), "relay_p90_ms": 1e3 * _pct(t_relay, 90),
-            "local_median_ms": 1e3 * statistics.median(t_local), "local_p90_ms": 1e3 * _pct(t_local, 90)}
+    return {
+        "p": p,
+        "n_per_site": 2000,
+        "rounds": args.rounds,
+        "sites_connected_s": connect_s,
+        "relay_median_ms": 1e3 * statistics.median(t_relay),
+        "relay_p90_ms": 1e3 * _pct(t_relay, 90),
+        "local_median_ms": 1e3 * statistics.median(t_local),
+        "local_p90_ms": 1e3 * _pct(t_local, 90),
+    }
 
 
 def bench_job(args, workdir: Path) -> dict:
@@ -152,8 +184,9 @@ def bench_job(args, workdir: Path) -> dict:
     files = make_sites(p, args.n // p, args.m, seed=3)
     names = sorted(files)
     kw, preds, classes = _kwargs(files, names)
-    config = FitConfig(task="classification", classifier=ClassifierConfig(mu=1e-3),
-                       solver=SolverConfig(objective="minmax"))
+    config = FitConfig(
+        task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax")
+    )
     c = Coordinator(LocalSites(kw), preds, config).start()
     t0 = time.perf_counter()
     local = c.fit()
@@ -162,9 +195,16 @@ def bench_job(args, workdir: Path) -> dict:
     with LocalFederation(workdir / "job", files) as fed:
         fed.wait_connected(timeout=600)
         relay = RelayClient(fed.address, fed.admin_token, insecure=True)
-        backend = FederatedSites(names, relay, [files[n].X_unlabeled for n in names], job_id="benchjob",
-                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in names], classes=classes,
-                                 site_timeout_s=600, data_channel="plain")
+        backend = FederatedSites(
+            names,
+            relay,
+            [files[n].X_unlabeled for n in names],
+            job_id="benchjob",
+            predictor_sha256=[sha256_hex(files[n].predictor) for n in names],
+            classes=classes,
+            site_timeout_s=600,
+            data_channel="plain",
+        )
         t0 = time.perf_counter()
         with Coordinator(backend, preds, config) as coord:
             t_started = time.perf_counter()
@@ -175,11 +215,18 @@ def bench_job(args, workdir: Path) -> dict:
     import ray
 
     ray.shutdown()
-    return {"p": p, "n": args.n, "m_per_site": args.m, "local_fit_s": t_local, "federated_fit_s": t_fed,
-            "federated_start_and_fit_s": t_fed_with_start, "ratio_fit": t_fed / t_local,
-            "ratio_start_and_fit": t_fed_with_start / t_local,
-            "max_abs_z_difference": float(np.max(np.abs(model.z - local.z))),
-            "n_evaluations": model.info["solver"]["n_evaluations"]}
+    return {
+        "p": p,
+        "n": args.n,
+        "m_per_site": args.m,
+        "local_fit_s": t_local,
+        "federated_fit_s": t_fed,
+        "federated_start_and_fit_s": t_fed_with_start,
+        "ratio_fit": t_fed / t_local,
+        "ratio_start_and_fit": t_fed_with_start / t_local,
+        "max_abs_z_difference": float(np.max(np.abs(model.z - local.z))),
+        "n_evaluations": model.info["solver"]["n_evaluations"],
+    }
 
 
 def bench_many(args, workdir: Path) -> dict:
@@ -259,9 +306,15 @@ def bench_many(args, workdir: Path) -> dict:
     stop.set()
     server.stop(0.5)
     store.close()
-    return {"sites": n, "connect_all_s": connect_s, "hold_s": args.hold, "process_cpu_share": cpu_share,
-            "sites_with_fresh_heartbeat": fresh, "fanout_ping_median_ms": 1e3 * statistics.median(times),
-            "fanout_ping_p90_ms": 1e3 * _pct(times, 90)}
+    return {
+        "sites": n,
+        "connect_all_s": connect_s,
+        "hold_s": args.hold,
+        "process_cpu_share": cpu_share,
+        "sites_with_fresh_heartbeat": fresh,
+        "fanout_ping_median_ms": 1e3 * statistics.median(times),
+        "fanout_ping_p90_ms": 1e3 * _pct(times, 90),
+    }
 
 
 def main(argv=None) -> int:
@@ -278,26 +331,37 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.sites, args.rounds, args.n, args.m, args.many, args.hold, args.many_rounds = 3, 30, 3000, 300, 16, 3, 10
-    out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
-           "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else "")}
+    out = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
+        "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else ""),
+    }
     todo = args.only or ["round", "job", "many"]
     with tempfile.TemporaryDirectory(prefix="bench-fed-") as tmp:
         if "round" in todo:
             r = out["dc_round"] = bench_round(args, Path(tmp))
-            print(f"DC round through the relay, p={r['p']}: median {r['relay_median_ms']:.2f} ms "
-                  f"(p90 {r['relay_p90_ms']:.2f}); in-process sums alone {r['local_median_ms']:.2f} ms", flush=True)
+            print(
+                f"DC round through the relay, p={r['p']}: median {r['relay_median_ms']:.2f} ms "
+                f"(p90 {r['relay_p90_ms']:.2f}); in-process sums alone {r['local_median_ms']:.2f} ms",
+                flush=True,
+            )
         if "job" in todo:
             r = out["full_job"] = bench_job(args, Path(tmp))
-            print(f"full job p={r['p']} n={r['n']}: federated fit {r['federated_fit_s']:.1f} s "
-                  f"(with start {r['federated_start_and_fit_s']:.1f} s), local {r['local_fit_s']:.1f} s: "
-                  f"ratio {r['ratio_fit']:.2f} ({r['ratio_start_and_fit']:.2f} with start); "
-                  f"max |z - z_local| = {r['max_abs_z_difference']:.1e}", flush=True)
+            print(
+                f"full job p={r['p']} n={r['n']}: federated fit {r['federated_fit_s']:.1f} s "
+                f"(with start {r['federated_start_and_fit_s']:.1f} s), local {r['local_fit_s']:.1f} s: "
+                f"ratio {r['ratio_fit']:.2f} ({r['ratio_start_and_fit']:.2f} with start); "
+                f"max |z - z_local| = {r['max_abs_z_difference']:.1e}",
+                flush=True,
+            )
         if "many" in todo:
             r = out["many_sites"] = bench_many(args, Path(tmp))
-            print(f"{r['sites']} connected sites: all connected in {r['connect_all_s']:.1f} s; "
-                  f"{r['sites_with_fresh_heartbeat']} with a heartbeat in the last 5 s; CPU share of the "
-                  f"registry process (with the thin clients) {r['process_cpu_share']:.2f}; fan-out ping to all "
-                  f"{r['fanout_ping_median_ms']:.1f} ms median (p90 {r['fanout_ping_p90_ms']:.1f})", flush=True)
+            print(
+                f"{r['sites']} connected sites: all connected in {r['connect_all_s']:.1f} s; "
+                f"{r['sites_with_fresh_heartbeat']} with a heartbeat in the last 5 s; CPU share of the "
+                f"registry process (with the thin clients) {r['process_cpu_share']:.2f}; fan-out ping to all "
+                f"{r['fanout_ping_median_ms']:.1f} ms median (p90 {r['fanout_ping_p90_ms']:.1f})",
+                flush=True,
+            )
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     if not args.quick:

@@ -8,6 +8,7 @@ and data; the chosen bandwidths are compared.
 Prints a table and writes benchmarks/results/bench_kde.json.  Data: sparse count vectors like
 the sentiment experiment's (Poisson counts, many zeros) and dense Gaussians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,12 @@ from msa_fed.core.density import select_bandwidth  # noqa: E402
 def reference_select(X, n_grid=20, cv=5, random_state=0) -> float:
     scale = float(np.mean(np.std(X, axis=0))) or 1.0
     grid = scale * np.logspace(-3.0, 0.5, n_grid)
-    search = GridSearchCV(KernelDensity(kernel="gaussian"), {"bandwidth": grid},
-                          cv=KFold(cv, shuffle=True, random_state=random_state), n_jobs=1)
+    search = GridSearchCV(
+        KernelDensity(kernel="gaussian"),
+        {"bandwidth": grid},
+        cv=KFold(cv, shuffle=True, random_state=random_state),
+        n_jobs=1,
+    )
     return float(search.fit(X).best_params_["bandwidth"])
 
 
@@ -48,8 +53,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_kde.json"))
     args = ap.parse_args(argv)
-    cases = [("gauss", 500, 5), ("gauss", 1000, 50), ("counts", 500, 2192)] if args.quick else \
-        [("gauss", 1000, 5), ("gauss", 2000, 50), ("counts", 1000, 500), ("counts", 1000, 2192), ("counts", 2000, 2192)]
+    cases = (
+        [("gauss", 500, 5), ("gauss", 1000, 50), ("counts", 500, 2192)]
+        if args.quick
+        else [
+            ("gauss", 1000, 5),
+            ("gauss", 2000, 50),
+            ("counts", 1000, 500),
+            ("counts", 1000, 2192),
+            ("counts", 2000, 2192),
+        ]
+    )
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for kind, n, d in cases:
@@ -60,19 +74,38 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         ref = reference_select(X)
         t_ref = time.perf_counter() - t
-        rows.append({"data": kind, "n": n, "d": d, "msa_fed_s": t_ours, "sklearn_s": t_ref,
-                     "speedup": t_ref / t_ours, "bandwidth_msa_fed": ours, "bandwidth_sklearn": ref,
-                     "same_bandwidth": bool(np.isclose(ours, ref, rtol=1e-12))})
-        print(f"  {kind} n={n} d={d}: msa_fed {t_ours:.2f} s, scikit-learn {t_ref:.2f} s ({t_ref / t_ours:.0f}x); "
-              f"bandwidth {ours:.4g} vs {ref:.4g}", flush=True)
+        rows.append(
+            {
+                "data": kind,
+                "n": n,
+                "d": d,
+                "msa_fed_s": t_ours,
+                "sklearn_s": t_ref,
+                "speedup": t_ref / t_ours,
+                "bandwidth_msa_fed": ours,
+                "bandwidth_sklearn": ref,
+                "same_bandwidth": bool(np.isclose(ours, ref, rtol=1e-12)),
+            }
+        )
+        print(
+            f"  {kind} n={n} d={d}: msa_fed {t_ours:.2f} s, scikit-learn {t_ref:.2f} s ({t_ref / t_ours:.0f}x); "
+            f"bandwidth {ours:.4g} vs {ref:.4g}",
+            flush=True,
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                                          "quick": args.quick, "rows": rows}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "quick": args.quick, "rows": rows},
+            indent=2,
+        )
+    )
     print("\n| data | n | d | msa_fed (s) | scikit-learn (s) | speed-up | same bandwidth |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['data']} | {r['n']} | {r['d']} | {r['msa_fed_s']:.2f} | {r['sklearn_s']:.2f} | "
-              f"{r['speedup']:.0f}x | {'yes' if r['same_bandwidth'] else 'no'} |")
+        print(
+            f"| {r['data']} | {r['n']} | {r['d']} | {r['msa_fed_s']:.2f} | {r['sklearn_s']:.2f} | "
+            f"{r['speedup']:.0f}x | {'yes' if r['same_bandwidth'] else 'no'} |"
+        )
     print(f"\nwritten {args.out}")
     return 0
 

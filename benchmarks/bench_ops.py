@@ -8,6 +8,7 @@ folder), the same client code against both, measured in the same run: the audit 
 JSON line per RPC and a sha256 over every chunk that moves.  Writes
 ``benchmarks/results/bench_ops.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,20 @@ def serve(tmp: Path, audit: bool):
     db = tmp / ("audit.db" if audit else "plain.db")
     with SqliteStore(db) as store:
         token = Registry(store).issue_token("admin", "admin")
-    args = [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(db), "--listen", "127.0.0.1:0",
-            "--insecure", "--log-level", "WARNING"]
+    args = [
+        sys.executable,
+        "-m",
+        "msa_fed.cli",
+        "registry",
+        "serve",
+        "--db",
+        str(db),
+        "--listen",
+        "127.0.0.1:0",
+        "--insecure",
+        "--log-level",
+        "WARNING",
+    ]
     if audit:
         args += ["--audit-log", str(tmp / "audit.jsonl")]
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRPC_VERBOSITY": "ERROR"}
@@ -62,8 +75,11 @@ def measure(address: str, token: str, size: int, repeats: int, calls: int) -> di
             ops.list_jobs()
             small.append(time.perf_counter() - t0)
     mb = size / 2**20
-    return {"upload_mb_s": mb / statistics.median(up), "download_mb_s": mb / statistics.median(down),
-            "small_rpc_ms_median": 1000 * statistics.median(small)}
+    return {
+        "upload_mb_s": mb / statistics.median(up),
+        "download_mb_s": mb / statistics.median(down),
+        "small_rpc_ms_median": 1000 * statistics.median(small),
+    }
 
 
 def main() -> int:
@@ -80,8 +96,9 @@ def main() -> int:
         for audit in (False, True):
             proc, address, token = serve(Path(tmp), audit)
             try:
-                results["audit" if audit else "no_audit"] = measure(address, token, int(args.mb * 2**20),
-                                                                    args.repeats, args.calls)
+                results["audit" if audit else "no_audit"] = measure(
+                    address, token, int(args.mb * 2**20), args.repeats, args.calls
+                )
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)

@@ -24,6 +24,7 @@ Prints a table and writes benchmarks/results/bench_runtime.json.
    (one worker per site, and two; TLS channel, and through Ray for one worker per site) against
    single-process training on the pooled sample.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,17 +62,31 @@ def make_federation(p: int, n_labeled: int, n_unlabeled: int, d: int, seed: int 
     rules = rng.normal(size=(p, d))
     predictors, data = [], []
     for k in range(p):
+
         def draw(n, k=k):
             X = rng.normal(size=(n, d)) + means[k]
             return X, (X @ rules[k] + 0.5 * rng.normal(size=n) > means[k] @ rules[k]).astype(int)
+
         Xt, yt = draw(200)
         predictors.append(LogisticRegression().fit(Xt, yt))
         Xl, yl = draw(n_labeled)
         data.append((Xl, yl, rng.normal(size=(n_unlabeled, d)) + means[k]))
     classes = np.array([0, 1])
-    return [dict(name=f"site{k:02d}", index=k, X_labeled=Xl, y_labeled=yl, X_unlabeled=Xu, predictors=predictors,
-                 task="classification", loss="cross_entropy", classes=classes, min_points=20)
-            for k, (Xl, yl, Xu) in enumerate(data)]
+    return [
+        dict(
+            name=f"site{k:02d}",
+            index=k,
+            X_labeled=Xl,
+            y_labeled=yl,
+            X_unlabeled=Xu,
+            predictors=predictors,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=20,
+        )
+        for k, (Xl, yl, Xu) in enumerate(data)
+    ]
 
 
 def domain_model(kwargs: list[dict], seed: int = 1) -> DomainClassifier:
@@ -162,8 +177,13 @@ def bench_latency(ps, rounds: int, compiled_upto: int = 0) -> list[dict]:
     rows, per_actor_mb = [], None
     for p in ps:
         if per_actor_mb is not None and p * per_actor_mb > 0.6 * mem_available_mb():
-            rows.append({"p": p, "skipped": f"{p} actors need ~{p * per_actor_mb / 1024:.1f} GB, more than 60% of the "
-                                            f"{mem_available_mb() / 1024:.1f} GB available"})
+            rows.append(
+                {
+                    "p": p,
+                    "skipped": f"{p} actors need ~{p * per_actor_mb / 1024:.1f} GB, more than 60% of the "
+                    f"{mem_available_mb() / 1024:.1f} GB available",
+                }
+            )
             print(f"  p={p}: skipped ({rows[-1]['skipped']})", flush=True)
             continue
         kwargs = make_federation(p, n_labeled=50, n_unlabeled=50, d=4, seed=p)
@@ -186,7 +206,9 @@ def bench_latency(ps, rounds: int, compiled_upto: int = 0) -> list[dict]:
                 if mode in ("tls", "off"):
                     res["ping_" + mode] = timed(lambda: c.call_all("ping", None), rounds)
             per_actor_mb = actor_memory_mb(backend)
-            compiled, compile_s, idle_cpu = compiled_rounds(backend, p, rounds) if compiled_too else ([np.nan], np.nan, np.nan)
+            compiled, compile_s, idle_cpu = (
+                compiled_rounds(backend, p, rounds) if compiled_too else ([np.nan], np.nan, np.nan)
+            )
         finally:
             backend.shutdown()
         row = {"p": p, "startup_s": startup, "actor_pss_mb": per_actor_mb}
@@ -194,16 +216,26 @@ def bench_latency(ps, rounds: int, compiled_upto: int = 0) -> list[dict]:
             row[f"{key}_ms_median"] = float(np.median(ts))
             row[f"{key}_ms_p10"] = float(np.percentile(ts, 10))
             row[f"{key}_ms_p90"] = float(np.percentile(ts, 90))
-        row.update(speedup_tls_vs_ray=row["off_ms_median"] / row["tls_ms_median"],
-                   compiled_ms_median=float(np.median(compiled)), compile_s=compile_s,
-                   compiled_idle_cpu_per_actor=idle_cpu)
+        row.update(
+            speedup_tls_vs_ray=row["off_ms_median"] / row["tls_ms_median"],
+            compiled_ms_median=float(np.median(compiled)),
+            compile_s=compile_s,
+            compiled_idle_cpu_per_actor=idle_cpu,
+        )
         rows.append(row)
-        print(f"  p={p}: DC round tls {row['tls_ms_median']:.2f} ms, plain {row['plain_ms_median']:.2f} ms, "
-              f"Ray {row['off_ms_median']:.2f} ms ({row['speedup_tls_vs_ray']:.1f}x); ping tls "
-              f"{row['ping_tls_ms_median']:.2f} ms, Ray {row['ping_off_ms_median']:.2f} ms; start-up {startup:.1f} s, "
-              f"{per_actor_mb:.0f} MB per actor"
-              + (f"; compiled graph {row['compiled_ms_median']:.2f} ms (compiling {compile_s:.1f} s, idle actors "
-                 f"busy {idle_cpu:.0%} of a CPU each)" if compiled_too else ""), flush=True)
+        print(
+            f"  p={p}: DC round tls {row['tls_ms_median']:.2f} ms, plain {row['plain_ms_median']:.2f} ms, "
+            f"Ray {row['off_ms_median']:.2f} ms ({row['speedup_tls_vs_ray']:.1f}x); ping tls "
+            f"{row['ping_tls_ms_median']:.2f} ms, Ray {row['ping_off_ms_median']:.2f} ms; start-up {startup:.1f} s, "
+            f"{per_actor_mb:.0f} MB per actor"
+            + (
+                f"; compiled graph {row['compiled_ms_median']:.2f} ms (compiling {compile_s:.1f} s, idle actors "
+                f"busy {idle_cpu:.0%} of a CPU each)"
+                if compiled_too
+                else ""
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -215,8 +247,16 @@ def bench_solve(p: int, n_total: int, objectives, repeats: int = 3) -> list[dict
     lc = coordinator_for(local, kwargs)
     qhat, local_oracle = lc.prepare_dc(dm)
     sets = [w._points for w in local.workers]
-    pooled = LocalOracle([PointSet(w=np.vstack([s.w for s in sets]), pi=np.concatenate([s.pi for s in sets]),
-                                   H=np.vstack([s.H for s in sets]), loss="cross_entropy")])
+    pooled = LocalOracle(
+        [
+            PointSet(
+                w=np.vstack([s.w for s in sets]),
+                pi=np.concatenate([s.pi for s in sets]),
+                H=np.vstack([s.H for s in sets]),
+                loss="cross_entropy",
+            )
+        ]
+    )
     per_site = LocalOracle(sets)
     backend = RaySites(kwargs)
     rows = []
@@ -228,8 +268,12 @@ def bench_solve(p: int, n_total: int, objectives, repeats: int = 3) -> list[dict
             opts = dict(objective=objective, random_state=0, warn=False)
             out, times = {}, {}
             for _ in range(repeats):  # interleaved, median: the machine's load drifts
-                for label, oracle in (("in_process_pooled", pooled), ("in_process_per_site", per_site),
-                                      ("distributed", ray_oracle), ("distributed_ray_calls", ray_oracle)):
+                for label, oracle in (
+                    ("in_process_pooled", pooled),
+                    ("in_process_per_site", per_site),
+                    ("distributed", ray_oracle),
+                    ("distributed_ray_calls", ray_oracle),
+                ):
                     backend.set_data_channel("off" if label == "distributed_ray_calls" else "tls")
                     oracle.evaluate(np.full(p, 1.0 / p), ETA, ("L",))  # opens the channels outside the timing
                     t = time.perf_counter()
@@ -237,21 +281,30 @@ def bench_solve(p: int, n_total: int, objectives, repeats: int = 3) -> list[dict
                     times.setdefault(label, []).append(time.perf_counter() - t)
                     out[label] = (float(np.median(times[label])), res)
             z_ref = out["in_process_pooled"][1].z
-            row = {"objective": objective, "p": p, "n_total": p * (n_total // p),
-                   "n_evaluations": out["distributed"][1].n_evaluations,
-                   "max_abs_dz": float(np.abs(out["distributed"][1].z - z_ref).max())}
+            row = {
+                "objective": objective,
+                "p": p,
+                "n_total": p * (n_total // p),
+                "n_evaluations": out["distributed"][1].n_evaluations,
+                "max_abs_dz": float(np.abs(out["distributed"][1].z - z_ref).max()),
+            }
             for label, (secs, _) in out.items():
                 row[f"{label}_s"] = secs
             row["ratio_vs_pooled"] = row["distributed_s"] / row["in_process_pooled_s"]
             row["ratio_vs_per_site"] = row["distributed_s"] / row["in_process_per_site_s"]
             row["ratio_ray_calls_vs_pooled"] = row["distributed_ray_calls_s"] / row["in_process_pooled_s"]
             row["distributed_ms_per_evaluation"] = 1e3 * row["distributed_s"] / row["n_evaluations"]
-            row["pooled_ms_per_evaluation"] = 1e3 * row["in_process_pooled_s"] / out["in_process_pooled"][1].n_evaluations
+            row["pooled_ms_per_evaluation"] = (
+                1e3 * row["in_process_pooled_s"] / out["in_process_pooled"][1].n_evaluations
+            )
             rows.append(row)
-            print(f"  {objective}: distributed {row['distributed_s']:.2f} s (through Ray: {row['distributed_ray_calls_s']:.2f} s) "
-                  f"vs in-process {row['in_process_pooled_s']:.2f} s (pooled; {row['in_process_per_site_s']:.2f} s per-site "
-                  f"loop): ratio {row['ratio_vs_pooled']:.2f} (through Ray {row['ratio_ray_calls_vs_pooled']:.2f}), "
-                  f"{row['n_evaluations']} evaluations, max |dz| {row['max_abs_dz']:.1e}", flush=True)
+            print(
+                f"  {objective}: distributed {row['distributed_s']:.2f} s (through Ray: {row['distributed_ray_calls_s']:.2f} s) "
+                f"vs in-process {row['in_process_pooled_s']:.2f} s (pooled; {row['in_process_per_site_s']:.2f} s per-site "
+                f"loop): ratio {row['ratio_vs_pooled']:.2f} (through Ray {row['ratio_ray_calls_vs_pooled']:.2f}), "
+                f"{row['n_evaluations']} evaluations, max |dz| {row['max_abs_dz']:.1e}",
+                flush=True,
+            )
     finally:
         backend.shutdown()
     return rows
@@ -282,11 +335,23 @@ def bench_sgd(p: int, m_total: int, d: int, epochs: int, batch_size: int, worker
         finally:
             backend.shutdown()
         diff = float(np.abs(dm.predict_proba(probe) - ref.predict_proba(probe)).max())
-        rows.append({"mode": "data-parallel" + (" (Ray calls)" if mode == "off" else ""), "data_channel": mode,
-                     "workers_per_site": w, "seconds": secs, "cold_seconds": cold,
-                     "max_abs_dproba": diff, "ratio_vs_single": secs / single, "ms_per_step": 1e3 * secs / steps})
-        print(f"  data-parallel ({mode}), {w} worker(s) per site: {secs:.2f} s ({secs / single:.1f}x single; first run "
-              f"{cold:.1f} s), max |dQ| {diff:.1e}", flush=True)
+        rows.append(
+            {
+                "mode": "data-parallel" + (" (Ray calls)" if mode == "off" else ""),
+                "data_channel": mode,
+                "workers_per_site": w,
+                "seconds": secs,
+                "cold_seconds": cold,
+                "max_abs_dproba": diff,
+                "ratio_vs_single": secs / single,
+                "ms_per_step": 1e3 * secs / steps,
+            }
+        )
+        print(
+            f"  data-parallel ({mode}), {w} worker(s) per site: {secs:.2f} s ({secs / single:.1f}x single; first run "
+            f"{cold:.1f} s), max |dQ| {diff:.1e}",
+            flush=True,
+        )
     for r in rows:
         r.update(p=p, m_total=p * (m_total // p), d=d, epochs=epochs, batch_size=batch_size, steps=steps)
     return rows
@@ -318,36 +383,55 @@ def main(argv=None) -> int:
     if "sgd" in sections:
         print(f"3. domain classifier, SGD, p = 8, m = {m_total} unlabelled points, {epochs} epochs", flush=True)
         sgd = bench_sgd(8, m_total, d=10, epochs=epochs, batch_size=256)
-    result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_start": load,
-                          "load_average_end": os.getloadavg()},
-              "quick": args.quick, "latency": latency, "dc_solve": solve, "sgd": sgd,
-              "seconds": time.perf_counter() - t0}
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_start": load,
+            "load_average_end": os.getloadavg(),
+        },
+        "quick": args.quick,
+        "latency": latency,
+        "dc_solve": solve,
+        "sgd": sgd,
+        "seconds": time.perf_counter() - t0,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 
-    print("\n| p | DC round, TLS channel (ms) | p90 | plain channel (ms) | Ray calls (ms) | Ray/TLS | ping TLS (ms) "
-          "| ping Ray (ms) | actor start-up (s) | PSS/actor (MB) |")
+    print(
+        "\n| p | DC round, TLS channel (ms) | p90 | plain channel (ms) | Ray calls (ms) | Ray/TLS | ping TLS (ms) "
+        "| ping Ray (ms) | actor start-up (s) | PSS/actor (MB) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in latency:
         if "skipped" in r:
             print(f"| {r['p']} | skipped: {r['skipped']} | | | | | | | | |")
         else:
-            print(f"| {r['p']} | {r['tls_ms_median']:.2f} | {r['tls_ms_p90']:.2f} | {r['plain_ms_median']:.2f} | "
-                  f"{r['off_ms_median']:.2f} | {r['speedup_tls_vs_ray']:.1f}x | {r['ping_tls_ms_median']:.2f} | "
-                  f"{r['ping_off_ms_median']:.2f} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |")
-    print("\n| objective | evaluations | distributed, TLS channel (s) | in-process pooled (s) | in-process per-site (s) "
-          "| ratio | distributed, Ray calls (s) | ratio | max abs dz |")
+            print(
+                f"| {r['p']} | {r['tls_ms_median']:.2f} | {r['tls_ms_p90']:.2f} | {r['plain_ms_median']:.2f} | "
+                f"{r['off_ms_median']:.2f} | {r['speedup_tls_vs_ray']:.1f}x | {r['ping_tls_ms_median']:.2f} | "
+                f"{r['ping_off_ms_median']:.2f} | {r['startup_s']:.1f} | {r['actor_pss_mb']:.0f} |"
+            )
+    print(
+        "\n| objective | evaluations | distributed, TLS channel (s) | in-process pooled (s) | in-process per-site (s) "
+        "| ratio | distributed, Ray calls (s) | ratio | max abs dz |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in solve:
-        print(f"| {r['objective']} | {r['n_evaluations']} | {r['distributed_s']:.2f} | {r['in_process_pooled_s']:.2f} | "
-              f"{r['in_process_per_site_s']:.2f} | {r['ratio_vs_pooled']:.2f} | {r['distributed_ray_calls_s']:.2f} | "
-              f"{r['ratio_ray_calls_vs_pooled']:.2f} | {r['max_abs_dz']:.1e} |")
+        print(
+            f"| {r['objective']} | {r['n_evaluations']} | {r['distributed_s']:.2f} | {r['in_process_pooled_s']:.2f} | "
+            f"{r['in_process_per_site_s']:.2f} | {r['ratio_vs_pooled']:.2f} | {r['distributed_ray_calls_s']:.2f} | "
+            f"{r['ratio_ray_calls_vs_pooled']:.2f} | {r['max_abs_dz']:.1e} |"
+        )
     print("\n| SGD | workers/site | seconds | vs single | ms/step | first run (s) | max abs dQ |")
     print("|---|---|---|---|---|---|---|")
     for r in sgd:
-        print(f"| {r['mode']} | {r['workers_per_site'] or '-'} | {r['seconds']:.2f} | "
-              f"{r.get('ratio_vs_single', 1.0):.1f}x | {r.get('ms_per_step', float('nan')):.1f} | "
-              f"{r.get('cold_seconds', float('nan')):.1f} | {r['max_abs_dproba']:.1e} |")
+        print(
+            f"| {r['mode']} | {r['workers_per_site'] or '-'} | {r['seconds']:.2f} | "
+            f"{r.get('ratio_vs_single', 1.0):.1f}x | {r.get('ms_per_step', float('nan')):.1f} | "
+            f"{r.get('cold_seconds', float('nan')):.1f} | {r['max_abs_dproba']:.1e} |"
+        )
     print(f"\nwritten {args.out} ({result['seconds']:.0f} s)")
     return 0
 

@@ -4,11 +4,15 @@ Public in-process API: :class:`SiteData`, :func:`fit_dmsa`, :func:`fit_gmsa`,
 :func:`load_model`, :class:`CombinedModel`.  They are imported on first use, so that
 the command line (registry, admin, site commands) starts without loading torch.
 """
+
 __version__ = "0.1.0"
 
 _LAZY = {
-    "SiteData": "msa_fed.api", "fit_dmsa": "msa_fed.api", "fit_gmsa": "msa_fed.api",
-    "load_model": "msa_fed.artifacts.model", "CombinedModel": "msa_fed.artifacts.model",
+    "SiteData": "msa_fed.api",
+    "fit_dmsa": "msa_fed.api",
+    "fit_gmsa": "msa_fed.api",
+    "load_model": "msa_fed.artifacts.model",
+    "CombinedModel": "msa_fed.artifacts.model",
 }
 __all__ = [*_LAZY, "__version__"]
 

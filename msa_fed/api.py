@@ -7,6 +7,7 @@
 site as a Ray actor (attaching to ``RAY_ADDRESS`` if set, else starting a local Ray) and gives
 the same model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,14 +65,16 @@ class SiteData:
             from msa_fed.privacy.policy import SitePolicy
 
             if not isinstance(self.policy, SitePolicy):
-                raise TypeError(f"site {self.name!r}: policy must be a SitePolicy or None; "
-                                f"got {type(self.policy).__name__}")
+                raise TypeError(
+                    f"site {self.name!r}: policy must be a SitePolicy or None; got {type(self.policy).__name__}"
+                )
         self.X_labeled = _as_2d(self.X_labeled, f"site {self.name!r}: X_labeled")
         self.X_unlabeled = _as_2d(self.X_unlabeled, f"site {self.name!r}: X_unlabeled")
         y = np.asarray(self.y_labeled)
         if y.ndim != 1 or y.shape[0] != self.X_labeled.shape[0]:
-            raise ValueError(f"site {self.name!r}: y_labeled must have shape ({self.X_labeled.shape[0]},); "
-                             f"got {y.shape}")
+            raise ValueError(
+                f"site {self.name!r}: y_labeled must have shape ({self.X_labeled.shape[0]},); got {y.shape}"
+            )
         if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):
             raise ValueError(f"site {self.name!r}: y_labeled contains NaN or inf")
         self.y_labeled = y
@@ -80,8 +83,10 @@ class SiteData:
         if self.X_labeled.shape[0] == 0:
             raise ValueError(f"site {self.name!r} has no labelled data (X_labeled is empty)")
         if self.X_unlabeled.shape[1] != self.X_labeled.shape[1]:
-            raise ValueError(f"site {self.name!r}: X_unlabeled has {self.X_unlabeled.shape[1]} features but "
-                             f"X_labeled has {self.X_labeled.shape[1]}")
+            raise ValueError(
+                f"site {self.name!r}: X_unlabeled has {self.X_unlabeled.shape[1]} features but "
+                f"X_labeled has {self.X_labeled.shape[1]}"
+            )
 
 
 def _check_sites(sites: Sequence[SiteData], task: str) -> list[SiteData]:
@@ -108,10 +113,23 @@ def _check_sites(sites: Sequence[SiteData], task: str) -> list[SiteData]:
     return sites
 
 
-def build_config(method: str, task: str = "classification", *, features="standard", mu: float = 1e-3,
-                 eta: float = 1e-2, random_state: int = 0, runtime: str = "local", min_points: int = 20,
-                 verbose: bool = False, classifier_options: dict | None = None, solver_options: dict | None = None,
-                 bandwidth=None, checkpoint_dir=None, ray_options: dict | None = None) -> FitConfig:
+def build_config(
+    method: str,
+    task: str = "classification",
+    *,
+    features="standard",
+    mu: float = 1e-3,
+    eta: float = 1e-2,
+    random_state: int = 0,
+    runtime: str = "local",
+    min_points: int = 20,
+    verbose: bool = False,
+    classifier_options: dict | None = None,
+    solver_options: dict | None = None,
+    bandwidth=None,
+    checkpoint_dir=None,
+    ray_options: dict | None = None,
+) -> FitConfig:
     """The :class:`msa_fed.runtime.config.FitConfig` of :func:`fit_dmsa` / :func:`fit_gmsa`'s
     keyword arguments: every value checked (TypeError / ValueError naming the argument)."""
     if ray_options and runtime != "ray":
@@ -120,19 +138,43 @@ def build_config(method: str, task: str = "classification", *, features="standar
     classifier = from_mapping(ClassifierConfig, classifier_options, "classifier_options: ", exclude=("mu",), mu=mu)
     solver = from_mapping(SolverConfig, solver_options, "solver_options: ")
     ray = from_mapping(RayConfig, ray_options, "ray_options: ")
-    return FitConfig(task=task, method=method, features=features, eta=eta, random_state=random_state,
-                     min_points=min_points, runtime=runtime, verbose=verbose, classifier=classifier, solver=solver,
-                     ray=ray, bandwidth=bandwidth, checkpoint_dir=checkpoint_dir).validate()
+    return FitConfig(
+        task=task,
+        method=method,
+        features=features,
+        eta=eta,
+        random_state=random_state,
+        min_points=min_points,
+        runtime=runtime,
+        verbose=verbose,
+        classifier=classifier,
+        solver=solver,
+        ray=ray,
+        bandwidth=bandwidth,
+        checkpoint_dir=checkpoint_dir,
+    ).validate()
 
 
 def make_backend(sites: list[SiteData], config: FitConfig):
     """The sites' backend for ``config.runtime``: in-process workers or Ray actors."""
     predictors = [s.predictor for s in sites]
     classes = class_union(h.classes_ for h in predictors) if config.task == "classification" else None
-    kwargs = [dict(name=s.name, index=k, X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
-                   predictors=predictors, task=config.task, loss=config.loss, classes=classes,
-                   min_points=config.min_points, policy=s.policy)
-              for k, s in enumerate(sites)]
+    kwargs = [
+        dict(
+            name=s.name,
+            index=k,
+            X_labeled=s.X_labeled,
+            y_labeled=s.y_labeled,
+            X_unlabeled=s.X_unlabeled,
+            predictors=predictors,
+            task=config.task,
+            loss=config.loss,
+            classes=classes,
+            min_points=config.min_points,
+            policy=s.policy,
+        )
+        for k, s in enumerate(sites)
+    ]
     if config.runtime == "ray":
         from msa_fed.runtime.ray_sites import RaySites
 
@@ -146,17 +188,31 @@ def _fit(sites, task, method, *, recorder, solver_callback, **options) -> Combin
     config = build_config(method, task, **options)
     sites = _check_sites(sites, config.task)
     backend = make_backend(sites, config)
-    with Coordinator(backend, [s.predictor for s in sites], config, recorder=recorder,
-                     solver_callback=solver_callback) as coordinator:
+    with Coordinator(
+        backend, [s.predictor for s in sites], config, recorder=recorder, solver_callback=solver_callback
+    ) as coordinator:
         return coordinator.fit()
 
 
-def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", *, features="standard",
-             mu: float = 1e-3, eta: float = 1e-2, random_state: int = 0, runtime: str = "local",
-             min_points: int = 20, verbose: bool = False, classifier_options: dict | None = None,
-             solver_options: dict | None = None, bandwidth=None, checkpoint_dir=None,
-             recorder: Recorder | None = None, ray_options: dict | None = None,
-             solver_callback: Callable | None = None) -> CombinedModel:
+def fit_dmsa(
+    sites: Sequence[SiteData],
+    task: str = "classification",
+    *,
+    features="standard",
+    mu: float = 1e-3,
+    eta: float = 1e-2,
+    random_state: int = 0,
+    runtime: str = "local",
+    min_points: int = 20,
+    verbose: bool = False,
+    classifier_options: dict | None = None,
+    solver_options: dict | None = None,
+    bandwidth=None,
+    checkpoint_dir=None,
+    recorder: Recorder | None = None,
+    ray_options: dict | None = None,
+    solver_callback: Callable | None = None,
+) -> CombinedModel:
     """Discriminative MSA: conditional-Maxent domain classifier + DC solve for z.
 
     The keyword arguments are the fields of :class:`msa_fed.runtime.config.FitConfig`, each
@@ -175,24 +231,67 @@ def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", *, feature
     that does not apply (``ray_options`` with runtime="local", ``solver_options={"method":
     "dca"}`` under the default objective "minmax") a ValueError, each naming the argument.
     """
-    return _fit(sites, task, "dmsa", features=features, mu=mu, eta=eta, random_state=random_state,
-                runtime=runtime, min_points=min_points, verbose=verbose, classifier_options=classifier_options,
-                solver_options=solver_options, bandwidth=bandwidth, checkpoint_dir=checkpoint_dir,
-                recorder=recorder, ray_options=ray_options, solver_callback=solver_callback)
+    return _fit(
+        sites,
+        task,
+        "dmsa",
+        features=features,
+        mu=mu,
+        eta=eta,
+        random_state=random_state,
+        runtime=runtime,
+        min_points=min_points,
+        verbose=verbose,
+        classifier_options=classifier_options,
+        solver_options=solver_options,
+        bandwidth=bandwidth,
+        checkpoint_dir=checkpoint_dir,
+        recorder=recorder,
+        ray_options=ray_options,
+        solver_callback=solver_callback,
+    )
 
 
-def fit_gmsa(sites: Sequence[SiteData], task: str = "classification", *, features=None,
-             mu: float = 1e-3, eta: float = 1e-2, random_state: int = 0, runtime: str = "local",
-             min_points: int = 20, verbose: bool = False, classifier_options: dict | None = None,
-             solver_options: dict | None = None, bandwidth=None, checkpoint_dir=None,
-             recorder: Recorder | None = None, ray_options: dict | None = None,
-             solver_callback: Callable | None = None) -> CombinedModel:
+def fit_gmsa(
+    sites: Sequence[SiteData],
+    task: str = "classification",
+    *,
+    features=None,
+    mu: float = 1e-3,
+    eta: float = 1e-2,
+    random_state: int = 0,
+    runtime: str = "local",
+    min_points: int = 20,
+    verbose: bool = False,
+    classifier_options: dict | None = None,
+    solver_options: dict | None = None,
+    bandwidth=None,
+    checkpoint_dir=None,
+    recorder: Recorder | None = None,
+    ray_options: dict | None = None,
+    solver_callback: Callable | None = None,
+) -> CombinedModel:
     """Generative MSA (the baseline): per-domain Gaussian KDEs in place of the classifier.
 
     Same signature as :func:`fit_dmsa`; ``bandwidth`` (None: 5-fold CV per domain) and
     ``features`` (None: raw inputs) apply to the KDEs, ``mu`` is unused.
     """
-    return _fit(sites, task, "gmsa", features=features, mu=mu, eta=eta, random_state=random_state,
-                runtime=runtime, min_points=min_points, verbose=verbose, classifier_options=classifier_options,
-                solver_options=solver_options, bandwidth=bandwidth, checkpoint_dir=checkpoint_dir,
-                recorder=recorder, ray_options=ray_options, solver_callback=solver_callback)
+    return _fit(
+        sites,
+        task,
+        "gmsa",
+        features=features,
+        mu=mu,
+        eta=eta,
+        random_state=random_state,
+        runtime=runtime,
+        min_points=min_points,
+        verbose=verbose,
+        classifier_options=classifier_options,
+        solver_options=solver_options,
+        bandwidth=bandwidth,
+        checkpoint_dir=checkpoint_dir,
+        recorder=recorder,
+        ray_options=ray_options,
+        solver_callback=solver_callback,
+    )

@@ -4,6 +4,7 @@ Each subsystem contributes its sub-commands through a ``register(subparsers)``
 function; this module only assembles them and turns library errors into one
 clear line on stderr and a non-zero exit status.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,9 @@ _SUBSYSTEMS = (
     "msa_fed.experiments.cli",
     "msa_fed.control.cli",
     "msa_fed.jobs.cli",
-    "msa_fed.privacy.cli",       # site audit (the site's privacy policy and audit log)
-    "msa_fed.federation.cli",    # site serve / jobs / approve (federated topology)
-    "msa_fed.control.ops_cli",   # model, job and site administration against a registry
+    "msa_fed.privacy.cli",  # site audit (the site's privacy policy and audit log)
+    "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
+    "msa_fed.control.ops_cli",  # model, job and site administration against a registry
 )
 
 

@@ -3,6 +3,7 @@
 Each subsystem module exposes ``register(subparsers)``; several may add commands to the same
 group (``site``, ``admin``, ``model``, ...), so a group is created once and then reused.
 """
+
 from __future__ import annotations
 
 import argparse

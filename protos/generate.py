@@ -15,6 +15,7 @@ accordingly: ``boundary.proto`` (the messages that may cross a site's boundary,
 used by the runtime's codec) goes to ``msa_fed.runtime.proto``, the others (the
 registry and its relay, which import it) to ``msa_fed.control.proto``.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Suite-wide fixtures, the test markers and the loopback-only local Ray."""
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,12 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "cluster/": ("cluster", "ray", "slow"),
     "runtime/test_ray_multinode.py": ("cluster", "ray"),
     "runtime/test_ray_runtime.py": ("ray",),
-    "privacy/test_runtime_privacy.py": ("ray",),    # one site actor on a local Ray
+    "privacy/test_runtime_privacy.py": ("ray",),  # one site actor on a local Ray
     "experiments/test_experiments_ray.py": ("ray", "data", "slow"),
     "experiments/test_experiments_quick.py": ("data", "slow"),
     "test_demo.py": ("ray", "slow"),
-    "experiments/test_cnn.py": ("slow",),            # trains small CNNs
-    "control/test_control_load.py": ("slow",),       # 200 concurrent clients
+    "experiments/test_cnn.py": ("slow",),  # trains small CNNs
+    "control/test_control_load.py": ("slow",),  # 200 concurrent clients
     # the federated topology: a registry with its relay, `msa-fed site serve` subprocesses, local Ray
     "federation/test_federated_job.py": ("ray", "slow"),
     "federation/test_federation_security.py": ("ray", "slow"),

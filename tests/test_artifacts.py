@@ -1,4 +1,5 @@
 """Frozen ONNX predictors: export matches the source model; the loader refuses everything else."""
+
 from __future__ import annotations
 
 import io
@@ -41,8 +42,10 @@ Y_REG = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * RNG.normal(size=120)
 
 
 def graph_model(nodes, inputs, outputs, initializers=(), props=None, opset=17):
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(initializers)),
-                              opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, list(initializers)),
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
     model.ir_version = 8
     if props is not None:
         helper.set_model_props(model, props)
@@ -57,7 +60,8 @@ def linear(d=3, props="default", dtype=TensorProto.FLOAT, width=None, out_cols=1
         [helper.make_node("MatMul", ["X", "W"], ["y"])],
         [helper.make_tensor_value_info("X", dtype, ["n", width or d])],
         [helper.make_tensor_value_info("y", dtype, ["n", out_cols])],
-        [numpy_helper.from_array(w, "W")], props,
+        [numpy_helper.from_array(w, "W")],
+        props,
     )
 
 
@@ -69,10 +73,13 @@ def errors_with(data, match, **kwargs):
 # --------------------------------------------------------------------------- export
 
 
-@pytest.mark.parametrize("make", [
-    lambda: make_pipeline(StandardScaler(), LogisticRegression()),
-    lambda: RandomForestClassifier(n_estimators=5, max_depth=4, random_state=0),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: make_pipeline(StandardScaler(), LogisticRegression()),
+        lambda: RandomForestClassifier(n_estimators=5, max_depth=4, random_state=0),
+    ],
+)
 def test_sklearn_classifier_round_trip(make):
     model = make().fit(X, Y_CLASS)
     data = export_sklearn(model, 4)
@@ -121,7 +128,9 @@ def test_export_errors_name_the_problem():
     with pytest.raises(ConfigError, match="n_features must be a positive integer"):
         export_sklearn(Ridge().fit(X, Y_REG), 0)
     with pytest.raises(ConfigError, match="classes has 2 labels"):
-        export_torch(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softmax(dim=1)), 4, "probabilities", classes=[0, 1])
+        export_torch(
+            torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softmax(dim=1)), 4, "probabilities", classes=[0, 1]
+        )
     with pytest.raises(ConfigError, match="kind must be one of"):
         export_torch(torch.nn.Linear(4, 1), 4, "logits")
     with pytest.raises(ConfigError, match="regression module must output"):
@@ -178,7 +187,9 @@ def test_checksum_size_and_expectations():
 
 
 def test_declaration_must_match_the_graph():
-    errors_with(linear(props={META_KIND: "regression", META_N_FEATURES: "3"}, width=5).SerializeToString(), "input width is 5")
+    errors_with(
+        linear(props={META_KIND: "regression", META_N_FEATURES: "3"}, width=5).SerializeToString(), "input width is 5"
+    )
     errors_with(linear(props={META_KIND: "regression", META_N_FEATURES: "x"}).SerializeToString(), "positive integer")
     errors_with(linear(props={META_KIND: "logits", META_N_FEATURES: "3"}).SerializeToString(), "other than .regression")
     errors_with(linear(props={META_KIND: "regression"}).SerializeToString(), "declares no msa_fed.n_features")
@@ -193,15 +204,19 @@ def test_declaration_must_match_the_graph():
 def softmax_model(d=3, c=2, softmax=True, classes="default", scale=1.0):
     w = RNG.normal(size=(d, c)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["X", "W"], ["z"])]
-    nodes.append(helper.make_node("Softmax", ["z"], ["p0"], axis=1) if softmax else helper.make_node("Identity", ["z"], ["p0"]))
+    nodes.append(
+        helper.make_node("Softmax", ["z"], ["p0"], axis=1) if softmax else helper.make_node("Identity", ["z"], ["p0"])
+    )
     nodes.append(helper.make_node("Mul", ["p0", "s"], ["p"]))
     props = {META_KIND: "probabilities", META_N_FEATURES: str(d)}
     if classes is not None:
         props[META_CLASSES] = json.dumps(list(range(c)) if classes == "default" else classes)
     return graph_model(
-        nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", d])],
+        nodes,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", d])],
         [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["n", c])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(scale, np.float32), "s")], props,
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(scale, np.float32), "s")],
+        props,
     ).SerializeToString()
 
 
@@ -220,7 +235,10 @@ def test_non_finite_and_non_tensor_outputs_are_refused():
         [helper.make_node("Div", ["X", "Z"], ["q"]), helper.make_node("ReduceSum", ["q", "axes"], ["y"], keepdims=1)],
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        [numpy_helper.from_array(np.zeros(2, np.float32), "Z"), numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        [
+            numpy_helper.from_array(np.zeros(2, np.float32), "Z"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
         {META_KIND: "regression", META_N_FEATURES: "2"},
     )
     errors_with(nan_model.SerializeToString(), "NaN or infinity")
@@ -228,7 +246,9 @@ def test_non_finite_and_non_tensor_outputs_are_refused():
     from skl2onnx.common.data_types import FloatTensorType
 
     zipmapped = convert_sklearn(LogisticRegression().fit(X, Y_CLASS), initial_types=[("X", FloatTensorType([None, 4]))])
-    helper.set_model_props(zipmapped, {META_KIND: "probabilities", META_N_FEATURES: "4", META_CLASSES: '["high", "low", "mid"]'})
+    helper.set_model_props(
+        zipmapped, {META_KIND: "probabilities", META_N_FEATURES: "4", META_CLASSES: '["high", "low", "mid"]'}
+    )
     errors_with(zipmapped.SerializeToString(), "float tensor")
 
 
@@ -256,18 +276,31 @@ def test_external_data_and_unknown_domains_are_refused(tmp_path, monkeypatch):
 def test_a_graph_that_never_ends_is_stopped(start, monkeypatch):
     monkeypatch.setattr(sandbox, "SANDBOX_START", start)
     body = helper.make_graph(
-        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Add", ["a_in", "one"], ["a_out"])], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("a_in", TensorProto.FLOAT, ["n", 1])],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("a_out", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Add", ["a_in", "one"], ["a_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("a_in", TensorProto.FLOAT, ["n", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("a_out", TensorProto.FLOAT, ["n", 1]),
+        ],
         [numpy_helper.from_array(np.array(1.0, np.float32), "one")],
     )
     looping = graph_model(
-        [helper.make_node("ReduceSum", ["X", "axes"], ["s"], keepdims=1), helper.make_node("Loop", ["M", "c", "s"], ["y"], body=body)],
+        [
+            helper.make_node("ReduceSum", ["X", "axes"], ["s"], keepdims=1),
+            helper.make_node("Loop", ["M", "c", "s"], ["y"], body=body),
+        ],
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        [numpy_helper.from_array(np.array(10**15, np.int64), "M"), numpy_helper.from_array(np.array(True), "c"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        [
+            numpy_helper.from_array(np.array(10**15, np.int64), "M"),
+            numpy_helper.from_array(np.array(True), "c"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
         {META_KIND: "regression", META_N_FEATURES: "2"},
     )
     # the sandbox's CPU-time limit ends it (the wall clock is far away)

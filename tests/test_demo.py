@@ -1,6 +1,7 @@
 """`make demo` end to end, as a user runs it: `msa-fed demo` in a fresh process (a registry on
 loopback gRPC with its relay, three `msa-fed site serve` processes that dial out to it, a local
 Ray whose actors stand in for the sites, the federated job), checked on what it prints."""
+
 from __future__ import annotations
 
 import os
@@ -18,21 +19,36 @@ def test_msa_fed_demo_runs_end_to_end():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "Traceback" not in out.stderr
-    for expected in ("registered over gRPC", "ray: local instance", "run 'msa-fed site serve' and are connected",
-                     "stored combined model version 1", "downloaded combined model version 1", "demo finished in"):
+    for expected in (
+        "registered over gRPC",
+        "ray: local instance",
+        "run 'msa-fed site serve' and are connected",
+        "stored combined model version 1",
+        "downloaded combined model version 1",
+        "demo finished in",
+    ):
         assert expected in text, expected
     for site in ("north", "east", "west"):  # each site's own account: its policy, its audit log, its decisions
-        assert re.search(rf"^  {site}: policy policy.toml: min_points 20, max_point_share 0.25, eta_min 0.001, "
-                         r"2000 DC evaluations per job, DP off$", text, re.M), text[-3000:]
-        assert re.search(rf"^  {site}: answered dc_evaluate x\d+, join_job x1, set_domain_model x1, set_qhat x1; "
-                         r"refused nothing; \d+ audit records, hash chain intact, length matches the ledger$",
-                         text, re.M), text[-3000:]
+        assert re.search(
+            rf"^  {site}: policy policy.toml: min_points 20, max_point_share 0.25, eta_min 0.001, "
+            r"2000 DC evaluations per job, DP off$",
+            text,
+            re.M,
+        ), text[-3000:]
+        assert re.search(
+            rf"^  {site}: answered dc_evaluate x\d+, join_job x1, set_domain_model x1, set_qhat x1; "
+            r"refused nothing; \d+ audit records, hash chain intact, length matches the ledger$",
+            text,
+            re.M,
+        ), text[-3000:]
         assert re.search(rf"^  {site}: decisions on set_domain_model: .*qhat_share \S+", text, re.M), text[-3000:]
-    rows = {m.group(1): [float(x) for x in m.group(2).split()]
-            for m in re.finditer(r"^(DMSA|GMSA|unif|h_\w+)\s+((?:[01]\.\d{3}\s*){4})$", text, re.M)}
+    rows = {
+        m.group(1): [float(x) for x in m.group(2).split()]
+        for m in re.finditer(r"^(DMSA|GMSA|unif|h_\w+)\s+((?:[01]\.\d{3}\s*){4})$", text, re.M)
+    }
     assert set(rows) == {"DMSA", "GMSA", "unif", "h_north", "h_east", "h_west"}, text[-2000:]
     dmsa, unif = rows["DMSA"], rows["unif"]
     assert dmsa[3] > unif[3] + 0.2  # the uniform mixture
-    assert min(dmsa[:3]) > 0.9      # every target domain
+    assert min(dmsa[:3]) > 0.9  # every target domain
     z = dict(re.findall(r"(\w+)=([0-9.]+)", re.search(r"^z\s+=(.*)$", text, re.M).group(1)))
     assert abs(sum(float(v) for v in z.values()) - 1.0) < 2e-4 and set(z) == {"north", "east", "west"}

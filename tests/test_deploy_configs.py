@@ -17,6 +17,7 @@ What is checked, with the real tools where one exists on this machine:
 - the commands of ``deploy/secrets/README.md`` make TLS material that serves a
   real TLS handshake; no private key or token file is in the tree.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,16 +94,18 @@ class FakeNode:
         remote = " ".join(_with_interactive(_with_environment_variables(cmd, env_vars or {})))
         env = {"HOME": str(self.home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         env.update(extra_env or {})
-        return subprocess.run(["bash", "-c", remote], env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["bash", "-c", remote], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+        )
 
     def calls(self) -> list[dict]:
         """Each call of ``ray``, in order: ``{"argv": [...], "env": {name: value or None}}``."""
         out = []
         for i in range(len(list(self.log.glob("*.argv")))):
             argv = self.log.joinpath(f"{i}.argv").read_bytes().decode().split("\0")[:-1]
-            env = dict(item.split("=", 1) for item in
-                       self.log.joinpath(f"{i}.env").read_bytes().decode().split("\0")[:-1])
+            env = dict(
+                item.split("=", 1) for item in self.log.joinpath(f"{i}.env").read_bytes().decode().split("\0")[:-1]
+            )
             out.append({"argv": argv, "env": {k: env.get(k) for k in RECORDED_ENV}})
         return out
 
@@ -223,8 +226,7 @@ def test_aws_worker_joins_with_its_node_type_resource(site, tmp_path, monkeypatc
     cfg = _load_yaml("cluster/aws-example.yaml")
     node_type = cfg["available_node_types"][site]
     # The boot script declares the same site as the node type; run its site.env line here.
-    (line,) = [ln for ln in node_type["node_config"]["UserData"].splitlines()
-               if ln.endswith("> /etc/msa-fed/site.env")]
+    (line,) = [ln for ln in node_type["node_config"]["UserData"].splitlines() if ln.endswith("> /etc/msa-fed/site.env")]
     site_env = tmp_path / "site.env"
     subprocess.run(["bash", "-c", line.replace("/etc/msa-fed/site.env", str(site_env))], check=True)
     declared = dict(ln.split("=", 1) for ln in site_env.read_text().splitlines())
@@ -267,8 +269,11 @@ def _kuberay_site_start(rparams: dict, tmp_path: Path) -> dict:
     fake.write_text(f'#!/bin/sh\nprintf \'%s\\0\' "$@" > "{out}"\n')
     fake.chmod(0o755)
     flags = " ".join(f"--{k}={v}" for k, v in rparams.items())
-    subprocess.run(["bash", "-c", f"ulimit -n 65536 2>/dev/null; ray start --address=msa-fed-head-svc:6379 {flags} --block"],
-                   env={"PATH": f"{fake.parent}:/usr/bin:/bin"}, check=True)
+    subprocess.run(
+        ["bash", "-c", f"ulimit -n 65536 2>/dev/null; ray start --address=msa-fed-head-svc:6379 {flags} --block"],
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin"},
+        check=True,
+    )
     argv = out.read_bytes().decode().split("\0")[:-1]
     return _parse_ray_start(argv[1:])
 
@@ -393,8 +398,7 @@ def test_systemd_units_pass_systemd_analyze(tmp_path):
     units = [tmp_path / "msa-fed-site@site-a.service", tmp_path / "msa-fed-registry.service"]
     shutil.copy(ROOT / "deploy/systemd/msa-fed-site@.service", units[0])
     shutil.copy(ROOT / "deploy/systemd/msa-fed-registry.service", units[1])
-    done = subprocess.run([analyze, "verify", "--man=no", *map(str, units)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([analyze, "verify", "--man=no", *map(str, units)], capture_output=True, text=True, timeout=60)
     # The executables live in /opt/msa-fed/venv on a deployed host, not here; any other
     # finding (unknown key, bad specifier, unbalanced quoting) is a defect.
     expected = re.compile(r"^\S+: Command /opt/msa-fed/venv/bin/(ray|msa-fed) is not executable: .*$")
@@ -440,8 +444,11 @@ def test_dockerfile_structure():
     assert torch and project and torch[0] < project[0]
     assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch[0]]
     # Every COPY source exists and is let through by the Dockerfile's own ignore file.
-    allowed = {ln[1:].rstrip("/") for ln in (ROOT / "deploy/Dockerfile.dockerignore").read_text().splitlines()
-               if ln.startswith("!")}
+    allowed = {
+        ln[1:].rstrip("/")
+        for ln in (ROOT / "deploy/Dockerfile.dockerignore").read_text().splitlines()
+        if ln.startswith("!")
+    }
     for k, a in ins:
         if k == "COPY" and not a.startswith("--from"):
             for src in a.split()[:-1]:
@@ -483,10 +490,17 @@ def _tls_roundtrip(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, hostn
 def test_secrets_readme_generates_working_tls_material(tmp_path):
     from cryptography import x509
 
-    subprocess.run(["sh", "-c", _generate_block()], cwd=tmp_path, check=True, timeout=60,
-                   env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, capture_output=True)
+    subprocess.run(
+        ["sh", "-c", _generate_block()],
+        cwd=tmp_path,
+        check=True,
+        timeout=60,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        capture_output=True,
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["admin_token", "ca.key", "ca.pem", "ray_auth_token", "registry.key", "registry.pem"])
+        ["admin_token", "ca.key", "ca.pem", "ray_auth_token", "registry.key", "registry.pem"]
+    )
     assert re.fullmatch(r"[0-9a-f]{64}\n", (tmp_path / "ray_auth_token").read_text())
     assert (tmp_path / "admin_token").read_bytes() == b""  # filled later by the registry
     for name in ("ray_auth_token", "admin_token", "ca.pem", "registry.pem", "registry.key"):
@@ -519,8 +533,16 @@ def test_secrets_directory_is_ignored_except_its_readme():
 
 
 def test_no_private_key_or_token_file_in_the_tree():
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     header = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
     secret_names = {"ray_auth_token", "auth_token", "admin_token"}
     secret_suffixes = {".key", ".p12", ".pfx", ".jks"}
@@ -536,12 +558,14 @@ def test_no_private_key_or_token_file_in_the_tree():
 
 
 # --------------------------------------------------------------------- job file
-JOB_CHOICES = {"model.task": {"classification", "regression"},
-               "model.method": {"dmsa", "gmsa"},
-               "model.objective": {"minmax", "gamma"},
-               "model.features": {"standard", "onehot", "threshold", "rff"},
-               "run.data_channel": {"tls"},  # the examples keep the default, mutual TLS
-               "run.topology": {"cluster"}}  # the examples run on a Ray cluster
+JOB_CHOICES = {
+    "model.task": {"classification", "regression"},
+    "model.method": {"dmsa", "gmsa"},
+    "model.objective": {"minmax", "gamma"},
+    "model.features": {"standard", "onehot", "threshold", "rff"},
+    "run.data_channel": {"tls"},  # the examples keep the default, mutual TLS
+    "run.topology": {"cluster"},
+}  # the examples run on a Ray cluster
 
 
 def _documented_job_keys() -> set[str]:

@@ -17,6 +17,7 @@ unpacked working directory on the head while the driver still runs (its referenc
 to zero between the job supervisor and the job's first actors; ray-project/ray#49254), and a
 file or module read lazily afterwards is then missing ("job file not found").
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ Public entry points:
 
 See ``docs/CONTROL_PLANE.md`` for the CLI, authentication, TLS and storage.
 """
+
 from msa_fed.control.client import HeartbeatInfo, RegistryClient
 from msa_fed.control.records import (
     ArtifactRecord,

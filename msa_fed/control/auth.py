@@ -37,6 +37,7 @@ cannot be reachable by accident.
 
 Tokens are never logged; refusals are logged with the claimed principal only.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -90,53 +91,71 @@ def service_rules(service: str, rules: dict[str, MethodRule]) -> dict[str, Metho
 # The one access table: every method of every service but health.  The domain
 # layer then checks that a site touches only its own records.
 METHOD_RULES: dict[str, MethodRule] = {
-    **service_rules(SERVICE_NAME, {
-        "RegisterSite": MethodRule(SITE),
-        "Heartbeat": MethodRule(SITE),
-        "GetSite": MethodRule(BOTH),
-        "ListSites": MethodRule(ADMIN),
-        "DeregisterSite": MethodRule(BOTH),
-        "UploadPredictor": MethodRule(SITE, transfer=True),
-        "UploadSample": MethodRule(SITE, transfer=True),
-        "DownloadPredictor": MethodRule(BOTH, transfer=True),
-        "DownloadSample": MethodRule(BOTH, transfer=True),
-        "UploadCombinedModel": MethodRule(ADMIN, transfer=True),
-        "DownloadCombinedModel": MethodRule(BOTH, transfer=True),
-    }),
+    **service_rules(
+        SERVICE_NAME,
+        {
+            "RegisterSite": MethodRule(SITE),
+            "Heartbeat": MethodRule(SITE),
+            "GetSite": MethodRule(BOTH),
+            "ListSites": MethodRule(ADMIN),
+            "DeregisterSite": MethodRule(BOTH),
+            "UploadPredictor": MethodRule(SITE, transfer=True),
+            "UploadSample": MethodRule(SITE, transfer=True),
+            "DownloadPredictor": MethodRule(BOTH, transfer=True),
+            "DownloadSample": MethodRule(BOTH, transfer=True),
+            "UploadCombinedModel": MethodRule(ADMIN, transfer=True),
+            "DownloadCombinedModel": MethodRule(BOTH, transfer=True),
+        },
+    ),
     # a reflection stream can stay open: it is a transfer
-    **{f"/{service}/ServerReflectionInfo": MethodRule(BOTH, transfer=True)
-       for service in ("grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection")},
+    **{
+        f"/{service}/ServerReflectionInfo": MethodRule(BOTH, transfer=True)
+        for service in ("grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection")
+    },
     # the relay between jobs and site processes (msa_fed/control/relay.py; relay.proto).  A site's
     # Connect stream lives as long as the site serves: a transfer (it takes a stream slot) with no
     # total deadline, cut off when silent for RELAY_IDLE_S (the site sends a heartbeat every few
     # seconds; the relay drops a stream silent for its own, shorter, silence_timeout_s first)
-    **service_rules(RELAY_SERVICE_NAME, {
-        "Connect": MethodRule(SITE, transfer=True, idle_s=RELAY_IDLE_S, deadline_s=RELAY_STREAM_DEADLINE_S),
-        "FetchPredictor": MethodRule(SITE, transfer=True),
-        "OpenJob": MethodRule(ADMIN),
-        "Call": MethodRule(ADMIN),
-        "CloseJob": MethodRule(ADMIN),
-        "ListConnected": MethodRule(ADMIN),
-    }),
+    **service_rules(
+        RELAY_SERVICE_NAME,
+        {
+            "Connect": MethodRule(SITE, transfer=True, idle_s=RELAY_IDLE_S, deadline_s=RELAY_STREAM_DEADLINE_S),
+            "FetchPredictor": MethodRule(SITE, transfer=True),
+            "OpenJob": MethodRule(ADMIN),
+            "Call": MethodRule(ADMIN),
+            "CloseJob": MethodRule(ADMIN),
+            "ListConnected": MethodRule(ADMIN),
+        },
+    ),
     # the Operations service (msa_fed/control/ops_servicer.py): admin only, small unary calls
-    **service_rules(OPS_SERVICE_NAME, {
-        name: MethodRule(ADMIN)
-        for name in ("ListModels", "GetModel", "PromoteModel", "ListSiteStatus", "DeregisterSite", "StartJob",
-                     "FinishJob", "ListJobs", "GetJob")
-    }),
+    **service_rules(
+        OPS_SERVICE_NAME,
+        {
+            name: MethodRule(ADMIN)
+            for name in (
+                "ListModels",
+                "GetModel",
+                "PromoteModel",
+                "ListSiteStatus",
+                "DeregisterSite",
+                "StartJob",
+                "FinishJob",
+                "ListJobs",
+                "GetJob",
+            )
+        },
+    ),
 }
 
 # for compatibility: method -> roles
 METHOD_ROLES: dict[str, frozenset[str]] = {method: rule.roles for method, rule in METHOD_RULES.items()}
 
 
-
-
 def bearer_token(metadata) -> str | None:
     """The token of an ``authorization: Bearer <token>`` entry, or None."""
     for key, value in metadata or ():
         if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            return value[len("Bearer "):].strip()
+            return value[len("Bearer ") :].strip()
     return None
 
 
@@ -282,8 +301,11 @@ class Watchdog:
                     continue
             for ticket in expired:
                 ticket.cut = "deadline" if time.monotonic() >= ticket.deadline else "idle"
-                log.warning("cut off %s: %s", ticket.what, "past its deadline" if ticket.cut == "deadline"
-                            else f"no progress for {ticket.idle_s:g} s")
+                log.warning(
+                    "cut off %s: %s",
+                    ticket.what,
+                    "past its deadline" if ticket.cut == "deadline" else f"no progress for {ticket.idle_s:g} s",
+                )
                 ticket.context.cancel()
 
 
@@ -318,8 +340,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(
-        self, registry: Registry, *, bind_certificates: bool = False, max_streams: int = 16,
-        max_pending_reads: int = 4, max_anonymous_reads: int = 4, rules: dict[str, MethodRule] | None = None,
+        self,
+        registry: Registry,
+        *,
+        bind_certificates: bool = False,
+        max_streams: int = 16,
+        max_pending_reads: int = 4,
+        max_anonymous_reads: int = 4,
+        rules: dict[str, MethodRule] | None = None,
     ):
         limits = registry.limits
         self._registry = registry
@@ -386,8 +414,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if ticket is None:  # a small call: the message is awaited under a short deadline of its own
             slots.acquire(caller)
             read_ticket = self.watchdog.watch(
-                context, f"the request of {method.rsplit('/', 1)[-1]} from {caller}",
-                idle_s=self._limits.request_read_s, deadline_s=self._limits.request_read_s,
+                context,
+                f"the request of {method.rsplit('/', 1)[-1]} from {caller}",
+                idle_s=self._limits.request_read_s,
+                deadline_s=self._limits.request_read_s,
             )
         else:
             read_ticket = ticket

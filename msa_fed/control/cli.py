@@ -12,6 +12,7 @@
 Handlers return an exit status; library errors propagate to ``msa_fed.cli.main``,
 which prints ``error: <message>`` and exits 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,12 +115,18 @@ def _serve(args) -> int:
         raise ConfigError(f"--workers must be at least 2; got {args.workers}")
     if os.path.isdir(args.db):
         raise ConfigError(f"--db {args.db!r} is a directory; expected a database file")
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     audit_log = AuditLog(args.audit_log) if args.audit_log else None
     store = SqliteStore(args.db)
     try:
         server = RegistryServer(
-            Registry(store, limits), args.listen, tls=tls, insecure=args.insecure, max_workers=args.workers,
+            Registry(store, limits),
+            args.listen,
+            tls=tls,
+            insecure=args.insecure,
+            max_workers=args.workers,
             audit_log=audit_log,
         )
         stop = threading.Event()
@@ -222,8 +229,14 @@ def _client(args):
         raise ConfigError("a token is required: --token T or --token-file F")
     _positive(args.timeout, "--timeout")
     return RegistryClient(
-        args.registry, token, insecure=args.insecure, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-        tls_key=args.tls_key, server_name=args.server_name, timeout=args.timeout,
+        args.registry,
+        token,
+        insecure=args.insecure,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        server_name=args.server_name,
+        timeout=args.timeout,
     )
 
 
@@ -315,14 +328,20 @@ def _load_predictor_file(path: str, max_bytes: int) -> bytes:
 def _publish(args) -> int:
     if not args.predictor and not args.unlabeled:
         raise ConfigError("give --predictor MODEL.onnx and/or --unlabeled SAMPLE.npy")
-    data = _load_predictor_file(args.predictor, _mib(args.max_predictor_mb, "--max-predictor-mb")) if args.predictor else None
+    data = (
+        _load_predictor_file(args.predictor, _mib(args.max_predictor_mb, "--max-predictor-mb"))
+        if args.predictor
+        else None
+    )
     X = _load_sample(args.unlabeled, _mib(args.max_sample_mb, "--max-sample-mb")) if args.unlabeled else None
     with _client(args) as client:
         if data is not None:
             rec = client.upload_predictor(data)
             classes = rec.meta.get("classes")
             extra = f", classes={classes}" if classes is not None else ""
-            print(f"published predictor sha256={rec.sha256} ({rec.meta['output_kind']}, n_features={rec.meta['n_features']}{extra})")
+            print(
+                f"published predictor sha256={rec.sha256} ({rec.meta['output_kind']}, n_features={rec.meta['n_features']}{extra})"
+            )
         if X is not None:
             rec = client.upload_sample(X)
             print(f"published unlabelled sample sha256={rec.sha256} shape=({rec.meta['rows']}, {rec.meta['cols']})")
@@ -350,7 +369,10 @@ def _heartbeat(args) -> int:
     with _client(args) as client:
         while True:
             beat = client.heartbeat()
-            print(f"heartbeat at {_iso(beat.server_time)}; latest combined model version {beat.latest_combined_version}", flush=True)
+            print(
+                f"heartbeat at {_iso(beat.server_time)}; latest combined model version {beat.latest_combined_version}",
+                flush=True,
+            )
             if not args.interval:
                 return 0
             time.sleep(args.interval)
@@ -391,12 +413,15 @@ def register(subparsers) -> None:
     serve.add_argument("--workers", type=int, default=32, help="RPC worker threads (default 32)")
     serve.add_argument("--max-predictor-mb", type=float, default=64.0, help="predictor size limit (default 64 MiB)")
     serve.add_argument("--max-sample-mb", type=float, default=256.0, help="sample size limit (default 256 MiB)")
-    serve.add_argument("--max-features", type=int, default=1_000_000,
-                       help="largest declared predictor input width (default 1000000)")
-    serve.add_argument("--max-streams-per-token", type=int, default=2,
-                       help="concurrent uploads/downloads per token (default 2)")
-    serve.add_argument("--transfer-idle-s", type=float, default=30.0,
-                       help="cut off an upload/download idle this long (default 30 s)")
+    serve.add_argument(
+        "--max-features", type=int, default=1_000_000, help="largest declared predictor input width (default 1000000)"
+    )
+    serve.add_argument(
+        "--max-streams-per-token", type=int, default=2, help="concurrent uploads/downloads per token (default 2)"
+    )
+    serve.add_argument(
+        "--transfer-idle-s", type=float, default=30.0, help="cut off an upload/download idle this long (default 30 s)"
+    )
     serve.add_argument("--audit-log", metavar="FILE", help="append one JSON line per RPC to FILE (docs/OPERATIONS.md)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
@@ -424,8 +449,9 @@ def register(subparsers) -> None:
     p.add_argument("--predictor", metavar="MODEL.onnx", help="ONNX predictor (msa_fed.artifacts export)")
     p.add_argument("--unlabeled", metavar="SAMPLE.npy", help="unlabelled inputs, a 2-D numeric .npy array")
     p.add_argument("--max-predictor-mb", type=float, default=64.0, help="refuse a larger predictor file (default 64)")
-    p.add_argument("--max-sample-mb", type=float, default=256.0,
-                   help="refuse a larger sample, counted as float32 (default 256)")
+    p.add_argument(
+        "--max-sample-mb", type=float, default=256.0, help="refuse a larger sample, counted as float32 (default 256)"
+    )
     p.set_defaults(func=_publish)
     p = site_sub.add_parser("status", help="this site's record in the registry")
     _connection_options(p)

@@ -18,6 +18,7 @@ the gRPC status name and whose message is one line.  Idempotent calls
 and on a RESOURCE_EXHAUSTED the registry marks as temporary (its transfer
 slots or in-flight budget are taken) for up to ``busy_wait`` seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -108,9 +109,19 @@ class RegistryClient:
     """
 
     def __init__(
-        self, address: str, token: str | None, *, insecure: bool = False, tls_ca=None, tls_cert=None,
-        tls_key=None, server_name: str | None = None, timeout: float = 30.0, transfer_timeout: float = 600.0,
-        retries: int = 2, busy_wait: float = 120.0,
+        self,
+        address: str,
+        token: str | None,
+        *,
+        insecure: bool = False,
+        tls_ca=None,
+        tls_cert=None,
+        tls_key=None,
+        server_name: str | None = None,
+        timeout: float = 30.0,
+        transfer_timeout: float = 600.0,
+        retries: int = 2,
+        busy_wait: float = 120.0,
     ):
         host, _ = parse_address(address, "--registry")
         if token is not None and (not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token)):
@@ -185,7 +196,7 @@ class RegistryClient:
         def messages():
             yield method_request(**{header_field: header})
             for start in range(0, len(data), UPLOAD_CHUNK_BYTES):
-                yield method_request(chunk=data[start:start + UPLOAD_CHUNK_BYTES])
+                yield method_request(chunk=data[start : start + UPLOAD_CHUNK_BYTES])
 
         method_request = {
             "UploadPredictor": pb.UploadPredictorRequest,
@@ -212,18 +223,24 @@ class RegistryClient:
         if header is None:
             raise RegistryError("DATA_LOSS", f"{method}: the server sent no header")
         if len(data) != header.size or sha256_hex(data) != header.sha256:
-            raise RegistryError("DATA_LOSS", f"{method}: received {len(data)} bytes whose sha256 does not match {header.sha256}")
+            raise RegistryError(
+                "DATA_LOSS", f"{method}: received {len(data)} bytes whose sha256 does not match {header.sha256}"
+            )
         return header, data
 
     # sites -----------------------------------------------------------------------
     def health(self, service: str = "") -> str:
         """Health status name of ``service`` ("" = the whole server); needs no token."""
-        response = self._call(lambda: self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout))
+        response = self._call(
+            lambda: self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def register(self, name: str, labels: dict[str, str] | None = None) -> SiteRecord:
         """Register site ``name`` (must be the token's site); idempotent."""
-        return site_from_pb(self._unary(self._stub.RegisterSite, pb.RegisterSiteRequest(name=name, labels=labels or {})))
+        return site_from_pb(
+            self._unary(self._stub.RegisterSite, pb.RegisterSiteRequest(name=name, labels=labels or {}))
+        )
 
     def heartbeat(self, name: str = "") -> HeartbeatInfo:
         response = self._unary(self._stub.Heartbeat, pb.HeartbeatRequest(name=name))
@@ -247,8 +264,11 @@ class RegistryClient:
         """Publish ONNX bytes as the caller's predictor; ``kind``/``n_features`` are optional expectations."""
         data = bytes(data)
         header = pb.PredictorHeader(
-            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), size=len(data),
-            output_kind=kind or "", n_features=n_features or 0,
+            upload_id=upload_id or uuid.uuid4().hex,
+            sha256=sha256_hex(data),
+            size=len(data),
+            output_kind=kind or "",
+            n_features=n_features or 0,
         )
         return artifact_from_pb(self._upload("UploadPredictor", "header", header, data))
 
@@ -259,7 +279,10 @@ class RegistryClient:
             raise ConfigError(f"the unlabelled sample must be a 2-D array (m, d); got shape {X.shape}")
         data = np.ascontiguousarray(X, dtype="<f4").tobytes()
         header = pb.SampleHeader(
-            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), rows=X.shape[0], cols=X.shape[1],
+            upload_id=upload_id or uuid.uuid4().hex,
+            sha256=sha256_hex(data),
+            rows=X.shape[0],
+            cols=X.shape[1],
             dtype="float32",
         )
         return artifact_from_pb(self._upload("UploadSample", "header", header, data))
@@ -275,18 +298,25 @@ class RegistryClient:
         """Download and verify ``site``'s predictor with :func:`msa_fed.artifacts.load_predictor`."""
         data, record = self.download_predictor(site, expected_sha256=expected_sha256)
         return load_predictor(
-            data, expected_sha256=record.sha256, n_features=record.meta["n_features"],
-            kind=record.meta["output_kind"], **load_kwargs,
+            data,
+            expected_sha256=record.sha256,
+            n_features=record.meta["n_features"],
+            kind=record.meta["output_kind"],
+            **load_kwargs,
         )
 
-    def download_sample(self, site: str = "", *, expected_sha256: str | None = None) -> tuple[np.ndarray, ArtifactRecord]:
+    def download_sample(
+        self, site: str = "", *, expected_sha256: str | None = None
+    ) -> tuple[np.ndarray, ArtifactRecord]:
         """(float32 array (rows, cols), record) of ``site``'s latest unlabelled sample."""
         header, data = self._download("DownloadSample", pb.DownloadArtifactRequest(site=site))
         record = artifact_from_pb(header)
         _pin(record.sha256, expected_sha256, f"sample of site {site!r}")
         rows, cols = record.meta["rows"], record.meta["cols"]
         if rows * cols * 4 != len(data):
-            raise RegistryError("DATA_LOSS", f"sample of site {site!r}: {len(data)} bytes do not make shape ({rows}, {cols})")
+            raise RegistryError(
+                "DATA_LOSS", f"sample of site {site!r}: {len(data)} bytes do not make shape ({rows}, {cols})"
+            )
         return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float32), record
 
     # combined models ---------------------------------------------------------------
@@ -295,7 +325,10 @@ class RegistryClient:
         manifest_json = manifest if isinstance(manifest, str) else json.dumps(manifest, sort_keys=True)
         data = bytes(data)
         header = pb.CombinedModelHeader(
-            upload_id=upload_id or uuid.uuid4().hex, sha256=sha256_hex(data), size=len(data), manifest_json=manifest_json
+            upload_id=upload_id or uuid.uuid4().hex,
+            sha256=sha256_hex(data),
+            size=len(data),
+            manifest_json=manifest_json,
         )
         return combined_from_pb(self._upload("UploadCombinedModel", "header", header, data))
 
@@ -307,4 +340,6 @@ class RegistryClient:
 
 def _pin(actual: str, expected: str | None, what: str) -> None:
     if expected is not None and actual != expected:
-        raise RegistryError("FAILED_PRECONDITION", f"the {what} is now {actual}; expected {expected} (it was republished)")
+        raise RegistryError(
+            "FAILED_PRECONDITION", f"the {what} is now {actual}; expected {expected} (it was republished)"
+        )

@@ -9,6 +9,7 @@ says whether a site's agent holds a connection to the registry now (None: unknow
 is not given, ``registry.site_connected`` is used if the registry has one, so the relay service
 can set that attribute on the :class:`Registry` it serves without touching this module.
 """
+
 from __future__ import annotations
 
 import json
@@ -120,16 +121,19 @@ class Operations:
         for name in sorted(set(states) | set(sites) | set(gone)):
             site = sites.get(name)
             token = states.get(name, "none")
-            out.append(SiteStatus(
-                name=name, token=token,
-                token_revoked_at=self.store.token_revoked_at(ROLE_SITE, name) if token == "revoked" else None,
-                registered_at=site.registered_at if site else None,
-                last_heartbeat=site.last_heartbeat if site else None,
-                deregistration=gone.get(name) if site is None else None,
-                connected=self.connected(name) if self.connected is not None else None,
-                predictor_sha256=site.predictor.sha256 if site and site.predictor else None,
-                sample_sha256=site.sample.sha256 if site and site.sample else None,
-            ))
+            out.append(
+                SiteStatus(
+                    name=name,
+                    token=token,
+                    token_revoked_at=self.store.token_revoked_at(ROLE_SITE, name) if token == "revoked" else None,
+                    registered_at=site.registered_at if site else None,
+                    last_heartbeat=site.last_heartbeat if site else None,
+                    deregistration=gone.get(name) if site is None else None,
+                    connected=self.connected(name) if self.connected is not None else None,
+                    predictor_sha256=site.predictor.sha256 if site and site.predictor else None,
+                    sample_sha256=site.sample.sha256 if site and site.sample else None,
+                )
+            )
         return out
 
     def site_status(self, principal: Principal | None, name: str) -> SiteStatus:
@@ -153,8 +157,9 @@ class Operations:
         if not revoked and not removed:
             raise RegistryError("NOT_FOUND", f"site {name!r} has neither an active token nor a registration")
         self.store.record_deregistration(DeregistrationRecord(name, now, by, one_line(reason, MAX_REASON_CHARS)))
-        log.info("site %r deregistered by %s (token revoked: %s, registration removed: %s)",
-                 name, by, bool(revoked), removed)
+        log.info(
+            "site %r deregistered by %s (token revoked: %s, registration removed: %s)", name, by, bool(revoked), removed
+        )
         return self.site_status(None, name)
 
     # jobs -------------------------------------------------------------------
@@ -167,9 +172,13 @@ class Operations:
         for site in sites:
             check_name(site)
         record = JobRecord(
-            job_id=job_id, name=one_line(name, MAX_NAME_CHARS), sites=sites,
-            topology=one_line(topology, TOPOLOGIES_PATTERN_CHARS), status=JOB_RUNNING,
-            started_at=self.registry.clock(), started_by=principal.name,
+            job_id=job_id,
+            name=one_line(name, MAX_NAME_CHARS),
+            sites=sites,
+            topology=one_line(topology, TOPOLOGIES_PATTERN_CHARS),
+            status=JOB_RUNNING,
+            started_at=self.registry.clock(),
+            started_by=principal.name,
         )
         stored, _ = self.store.start_job(record)
         return stored

@@ -26,6 +26,7 @@ so refusals are logged too, with the status the client saw; the authentication i
 tells it the verified principal through :meth:`_AuditedContext.note_principal`.
 Write failures are logged to the server's log and never fail an RPC.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -95,8 +96,12 @@ class _Traffic:
             pass
 
     def as_dict(self) -> dict:
-        return {"messages": self.messages, "bytes": self.bytes, "content_bytes": self.content_bytes,
-                "content_sha256": self._sha.hexdigest() if self._sha is not None else None}
+        return {
+            "messages": self.messages,
+            "bytes": self.bytes,
+            "content_bytes": self.content_bytes,
+            "content_sha256": self._sha.hexdigest() if self._sha is not None else None,
+        }
 
 
 def _principal(metadata, verified: Principal | None) -> dict | None:
@@ -152,18 +157,24 @@ class AuditInterceptor(grpc.ServerInterceptor):
     def __init__(self, audit_log: AuditLog):
         self.audit_log = audit_log
 
-    def _record(self, method, context: _AuditedContext, started, request: _Traffic, response: _Traffic,
-                exc) -> None:
+    def _record(self, method, context: _AuditedContext, started, request: _Traffic, response: _Traffic, exc) -> None:
         outcome, details = _outcome(context, exc)
         principal = _principal(context.invocation_metadata(), context.verified)
         now = time.time()
-        self.audit_log.write({
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
-            "unix": round(now, 3), "method": method, "peer": context.peer(), "principal": principal,
-            "outcome": outcome, "details": details if outcome != "OK" else "",
-            "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-            "request": request.as_dict(), "response": response.as_dict(),
-        })
+        self.audit_log.write(
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
+                "unix": round(now, 3),
+                "method": method,
+                "peer": context.peer(),
+                "principal": principal,
+                "outcome": outcome,
+                "details": details if outcome != "OK" else "",
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                "request": request.as_dict(),
+                "response": response.as_dict(),
+            }
+        )
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -174,8 +185,10 @@ class AuditInterceptor(grpc.ServerInterceptor):
 
     def _wrap(self, handler, method: str):
         record = self._record
-        kwargs = {"request_deserializer": handler.request_deserializer,
-                  "response_serializer": handler.response_serializer}
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
 
         def counted(iterator, traffic):
             for msg in iterator:
@@ -219,16 +232,14 @@ class AuditInterceptor(grpc.ServerInterceptor):
 
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
-            return grpc.unary_unary_rpc_method_handler(
-                lambda r, c: run_unary_response(inner_uu, r, c, False), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(lambda r, c: run_unary_response(inner_uu, r, c, False), **kwargs)
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
-            return grpc.stream_unary_rpc_method_handler(
-                lambda r, c: run_unary_response(inner_su, r, c, True), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(lambda r, c: run_unary_response(inner_su, r, c, True), **kwargs)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
             return grpc.unary_stream_rpc_method_handler(
-                lambda r, c: run_stream_response(inner_us, r, c, False), **kwargs)
+                lambda r, c: run_stream_response(inner_us, r, c, False), **kwargs
+            )
         inner_ss = handler.stream_stream
-        return grpc.stream_stream_rpc_method_handler(
-            lambda r, c: run_stream_response(inner_ss, r, c, True), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(lambda r, c: run_stream_response(inner_ss, r, c, True), **kwargs)

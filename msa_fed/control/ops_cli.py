@@ -12,6 +12,7 @@
 Every command also takes --tls-ca F (or --insecure towards a loopback registry), --tls-cert /
 --tls-key for mutual TLS, --server-name and --timeout.  See docs/OPERATIONS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,15 @@ def connect_factory(args):
 
     def connect(**kwargs):
         return RegistryClient(
-            args.registry, token, insecure=args.insecure, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-            tls_key=args.tls_key, server_name=args.server_name, timeout=args.timeout, **kwargs,
+            args.registry,
+            token,
+            insecure=args.insecure,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            server_name=args.server_name,
+            timeout=args.timeout,
+            **kwargs,
         )
 
     return connect
@@ -101,9 +109,24 @@ def _model_list(args) -> int:
     with client:
         models, current = ops.list_models()
     if args.json:
-        print(json.dumps({"current_version": current, "models": [
-            {**asdict(m["record"]), "manifest_json": None, "manifest": _manifest(m["record"]), "current": m["current"],
-             "promotions": [asdict(p) for p in m["promotions"]]} for m in models]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "current_version": current,
+                    "models": [
+                        {
+                            **asdict(m["record"]),
+                            "manifest_json": None,
+                            "manifest": _manifest(m["record"]),
+                            "current": m["current"],
+                            "promotions": [asdict(p) for p in m["promotions"]],
+                        }
+                        for m in models
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     if not models:
         print("no combined model stored")
@@ -111,8 +134,19 @@ def _model_list(args) -> int:
     rows = []
     for m in models:
         r, man = m["record"], _manifest(m["record"])
-        rows.append((r.version, "*" if m["current"] else "", iso(r.created_at), r.created_by, r.sha256[:12],
-                     r.size, man.get("job", "-"), man.get("job_id", "-"), ",".join(man.get("sites") or []) or "-"))
+        rows.append(
+            (
+                r.version,
+                "*" if m["current"] else "",
+                iso(r.created_at),
+                r.created_by,
+                r.sha256[:12],
+                r.size,
+                man.get("job", "-"),
+                man.get("job_id", "-"),
+                ",".join(man.get("sites") or []) or "-",
+            )
+        )
     _table(("VERSION", "CURRENT", "CREATED", "BY", "SHA256", "BYTES", "JOB", "JOB ID", "SITES"), rows)
     return 0
 
@@ -123,15 +157,27 @@ def _model_show(args) -> int:
         m = ops.get_model(args.version)
     r, man = m["record"], _manifest(m["record"])
     if args.json:
-        print(json.dumps({**asdict(r), "manifest_json": None, "manifest": man, "current": m["current"],
-                          "promotions": [asdict(p) for p in m["promotions"]]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **asdict(r),
+                    "manifest_json": None,
+                    "manifest": man,
+                    "current": m["current"],
+                    "promotions": [asdict(p) for p in m["promotions"]],
+                },
+                indent=2,
+            )
+        )
         return 0
     sites = man.get("sites") or []
     print(f"version         {r.version}{'  (current: what latest resolves to)' if m['current'] else ''}")
     print(f"created         {iso(r.created_at)} by {r.created_by}")
     print(f"sha256          {r.sha256}  ({r.size} bytes)")
-    print(f"job             {man.get('job', '-')}  id {man.get('job_id', '-')}  "
-          f"output_version {man.get('output_version') or '-'}")
+    print(
+        f"job             {man.get('job', '-')}  id {man.get('job_id', '-')}  "
+        f"output_version {man.get('output_version') or '-'}"
+    )
     print(f"method          {man.get('method', '-')} / {man.get('task', '-')}, eta={man.get('eta', '-')}")
     for label, values in (("z", man.get("z")), ("L_k(z)", man.get("domain_losses"))):
         if values:
@@ -157,8 +203,10 @@ def _model_download(args) -> int:
 
         shutil.rmtree(out, ignore_errors=True)
         raise
-    print(f"combined model version {record.version} (sha256 {record.sha256}) written to {out}: "
-          f"{model.method} over sites {', '.join(model.site_names)}; open it with msa_fed.load_model({str(out)!r})")
+    print(
+        f"combined model version {record.version} (sha256 {record.sha256}) written to {out}: "
+        f"{model.method} over sites {', '.join(model.site_names)}; open it with msa_fed.load_model({str(out)!r})"
+    )
     return 0
 
 
@@ -185,8 +233,14 @@ def upload_model_dir(args, path, *, log=print):
     load_model(path)  # refuse to store what cannot be opened
     manifest = registry_manifest(read_manifest(path))
     connect = connect_factory(args)
-    record = upload_with_retry(lambda: connect(retries=0), pack_model(path), manifest, retry_for=args.retry_for,
-                               upload_id=manifest.get("job_id") and f"job-{manifest['job_id']}", log=log)
+    record = upload_with_retry(
+        lambda: connect(retries=0),
+        pack_model(path),
+        manifest,
+        retry_for=args.retry_for,
+        upload_id=manifest.get("job_id") and f"job-{manifest['job_id']}",
+        log=log,
+    )
     job_id = manifest.get("job_id")
     if job_id:
         try:
@@ -223,9 +277,23 @@ def _job_list(args) -> int:
     if not jobs:
         print("no job recorded")
         return 0
-    _table(("JOB ID", "NAME", "STATUS", "STARTED", "ENDED", "MODEL", "TOPOLOGY", "SITES", "ERROR"), [
-        (j.job_id, j.name, j.status, iso(j.started_at), iso(j.ended_at), j.model_version or "-", j.topology,
-         ",".join(j.sites), (j.error[:60] + "...") if len(j.error) > 60 else (j.error or "-")) for j in jobs])
+    _table(
+        ("JOB ID", "NAME", "STATUS", "STARTED", "ENDED", "MODEL", "TOPOLOGY", "SITES", "ERROR"),
+        [
+            (
+                j.job_id,
+                j.name,
+                j.status,
+                iso(j.started_at),
+                iso(j.ended_at),
+                j.model_version or "-",
+                j.topology,
+                ",".join(j.sites),
+                (j.error[:60] + "...") if len(j.error) > 60 else (j.error or "-"),
+            )
+            for j in jobs
+        ],
+    )
     return 0
 
 
@@ -255,8 +323,10 @@ def _deregister(args) -> int:
     client, ops = _ops(args)
     with client:
         status = ops.deregister(args.site, args.reason or "")
-    print(f"site {status.name!r} deregistered at {iso(status.deregistration.deregistered_at)}: token revoked, "
-          f"registration and artifacts removed; every later job refuses it")
+    print(
+        f"site {status.name!r} deregistered at {iso(status.deregistration.deregistered_at)}: token revoked, "
+        f"registration and artifacts removed; every later job refuses it"
+    )
     return 0
 
 
@@ -267,16 +337,33 @@ def site_status_rows(statuses):
     rows = []
     for s in statuses:
         d = s.deregistration
-        rows.append((
-            s.name, s.token, iso(s.registered_at) if s.registered else "no", iso(s.token_revoked_at),
-            f"{iso(d.deregistered_at)}" + (f" ({d.reason})" if d.reason else "") if d else "-",
-            iso(s.last_heartbeat), "-" if s.connected is None else ("yes" if s.connected else "no"),
-            " ".join(f"{k}:{v[:12]}" for k, v in (("predictor", s.predictor_sha256), ("sample", s.sample_sha256)) if v)
-            or "-",
-            "yes" if exclusion_reason(s) is None and s.predictor_sha256 else "no",
-        ))
-    return ("NAME", "TOKEN", "REGISTERED", "REVOKED", "DEREGISTERED", "LAST HEARTBEAT", "CONNECTED", "ARTIFACTS",
-            "USABLE"), rows
+        rows.append(
+            (
+                s.name,
+                s.token,
+                iso(s.registered_at) if s.registered else "no",
+                iso(s.token_revoked_at),
+                f"{iso(d.deregistered_at)}" + (f" ({d.reason})" if d.reason else "") if d else "-",
+                iso(s.last_heartbeat),
+                "-" if s.connected is None else ("yes" if s.connected else "no"),
+                " ".join(
+                    f"{k}:{v[:12]}" for k, v in (("predictor", s.predictor_sha256), ("sample", s.sample_sha256)) if v
+                )
+                or "-",
+                "yes" if exclusion_reason(s) is None and s.predictor_sha256 else "no",
+            )
+        )
+    return (
+        "NAME",
+        "TOKEN",
+        "REGISTERED",
+        "REVOKED",
+        "DEREGISTERED",
+        "LAST HEARTBEAT",
+        "CONNECTED",
+        "ARTIFACTS",
+        "USABLE",
+    ), rows
 
 
 def print_site_statuses(statuses, as_json: bool, records: dict | None = None) -> None:
@@ -341,8 +428,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=_model_promote)
     p = model.add_parser("upload", help="store a saved model directory (e.g. one a job could not upload)")
     p.add_argument("dir", metavar="DIR", help="model directory (manifest.json, arrays.npz, predictors/)")
-    p.add_argument("--retry-for", type=float, default=60.0, metavar="S",
-                   help="keep retrying an unreachable registry for S seconds (default 60)")
+    p.add_argument(
+        "--retry-for",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="keep retrying an unreachable registry for S seconds (default 60)",
+    )
     connection_options(p)
     p.set_defaults(func=_model_upload)
 

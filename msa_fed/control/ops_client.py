@@ -6,6 +6,7 @@
 
 Errors are :class:`msa_fed.errors.RegistryError` like the registry client's.
 """
+
 from __future__ import annotations
 
 from msa_fed.control.client import RegistryClient
@@ -50,12 +51,19 @@ class OpsClient:
 
     # jobs
     def start_job(self, job_id: str, name: str, sites, topology: str) -> JobRecord:
-        return job_from_pb(self._unary("StartJob", ops_pb.StartJobRequest(
-            job_id=job_id, name=name, sites=list(sites), topology=topology)))
+        return job_from_pb(
+            self._unary(
+                "StartJob", ops_pb.StartJobRequest(job_id=job_id, name=name, sites=list(sites), topology=topology)
+            )
+        )
 
     def finish_job(self, job_id: str, status: str, model_version: int = 0, error: str = "") -> JobRecord:
-        return job_from_pb(self._unary("FinishJob", ops_pb.FinishJobRequest(
-            job_id=job_id, status=status, model_version=model_version or 0, error=error)))
+        return job_from_pb(
+            self._unary(
+                "FinishJob",
+                ops_pb.FinishJobRequest(job_id=job_id, status=status, model_version=model_version or 0, error=error),
+            )
+        )
 
     def list_jobs(self, limit: int = 0) -> list[JobRecord]:
         return [job_from_pb(j) for j in self._unary("ListJobs", ops_pb.ListJobsRequest(limit=limit)).jobs]

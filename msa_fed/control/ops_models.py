@@ -14,6 +14,7 @@ two folders (no links, devices or other types), no member twice, bounded member 
 sizes; the files are written by this code (never ``extractall``) into a fresh directory that is
 renamed into place only after every member was checked.
 """
+
 from __future__ import annotations
 
 import io
@@ -36,7 +37,7 @@ TOP = "model"
 _FILE_NAME = re.compile(r"^model/(manifest\.json|arrays\.npz|predictors/(0|[1-9][0-9]{0,3})\.onnx)$")
 _DIRS = {"model", "model/predictors"}
 MAX_MEMBERS = 1 + 1 + 2 + 4096
-MAX_TOTAL_BYTES = 512 * 2**20     # the registry's max_combined_bytes
+MAX_TOTAL_BYTES = 512 * 2**20  # the registry's max_combined_bytes
 MAX_MANIFEST_BYTES = 2**20
 RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 
@@ -97,8 +98,10 @@ def unpack_model(data: bytes, out, *, max_total_bytes: int = MAX_TOTAL_BYTES) ->
                         raise ArtifactError(f"combined model archive: unexpected folder {name[:100]!r}")
                     continue
                 if not member.isreg():
-                    raise ArtifactError(f"combined model archive: {name[:100]!r} is not a regular file (links and "
-                                        "special files are refused)")
+                    raise ArtifactError(
+                        f"combined model archive: {name[:100]!r} is not a regular file (links and "
+                        "special files are refused)"
+                    )
                 if not _FILE_NAME.match(name):
                     raise ArtifactError(f"combined model archive: unexpected member {name[:100]!r}")
                 if name in files:
@@ -121,7 +124,7 @@ def unpack_model(data: bytes, out, *, max_total_bytes: int = MAX_TOTAL_BYTES) ->
     staging = Path(tempfile.mkdtemp(prefix=".msa-fed-unpack-", dir=out.parent))
     try:
         for name, content in files.items():
-            target = staging / name[len(TOP) + 1:]
+            target = staging / name[len(TOP) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
         if out.exists():
@@ -156,8 +159,14 @@ def registry_manifest(model_manifest: dict) -> dict:
 
 
 def upload_with_retry(
-    connect: Callable[[], RegistryClient], data: bytes, manifest: dict, *, retry_for: float = 300.0,
-    upload_id: str | None = None, log: Callable[[str], None] | None = None, sleep=time.sleep,
+    connect: Callable[[], RegistryClient],
+    data: bytes,
+    manifest: dict,
+    *,
+    retry_for: float = 300.0,
+    upload_id: str | None = None,
+    log: Callable[[str], None] | None = None,
+    sleep=time.sleep,
 ) -> CombinedModelRecord:
     """Upload a packed model, retrying transient failures with exponential backoff for ``retry_for`` seconds.
 
@@ -179,7 +188,9 @@ def upload_with_retry(
                 raise
             wait = min(delay, left)
             if log is not None:
-                log(f"storing the model failed ({exc.code}); attempt {attempt + 1} in {wait:.1f} s "
-                    f"({left:.0f} s of retries left)")
+                log(
+                    f"storing the model failed ({exc.code}); attempt {attempt + 1} in {wait:.1f} s "
+                    f"({left:.0f} s of retries left)"
+                )
             sleep(wait)
             delay = min(delay * 2, 15.0)

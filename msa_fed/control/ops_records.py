@@ -2,6 +2,7 @@
 
 Times are unix seconds (float); 0/None mean "never".
 """
+
 from __future__ import annotations
 
 import re
@@ -75,12 +76,12 @@ class SiteStatus:
     """One row of ``admin list-sites``: what the registry knows of a site principal."""
 
     name: str
-    token: str                      # "active", "revoked" or "none"
+    token: str  # "active", "revoked" or "none"
     token_revoked_at: float | None
-    registered_at: float | None     # None: not registered now
+    registered_at: float | None  # None: not registered now
     last_heartbeat: float | None
     deregistration: DeregistrationRecord | None  # set only while not registered again
-    connected: bool | None = None   # None: unknown (filled by the federated topology)
+    connected: bool | None = None  # None: unknown (filled by the federated topology)
     predictor_sha256: str | None = None
     sample_sha256: str | None = None
 

@@ -2,6 +2,7 @@
 
 Errors map to status codes through the registry servicer's one mapping (``_unary``).
 """
+
 from __future__ import annotations
 
 from msa_fed.control.ops import Operations
@@ -47,15 +48,15 @@ class OperationsServicer(ops_grpc.OperationsServicer):
 
     @_unary
     def StartJob(self, request, context):
-        return job_to_pb(self.ops.start_job(
-            context.principal, request.job_id, request.name, list(request.sites), request.topology
-        ))
+        return job_to_pb(
+            self.ops.start_job(context.principal, request.job_id, request.name, list(request.sites), request.topology)
+        )
 
     @_unary
     def FinishJob(self, request, context):
-        return job_to_pb(self.ops.finish_job(
-            context.principal, request.job_id, request.status, request.model_version, request.error
-        ))
+        return job_to_pb(
+            self.ops.finish_job(context.principal, request.job_id, request.status, request.model_version, request.error)
+        )
 
     @_unary
     def ListJobs(self, request, context):

@@ -8,6 +8,7 @@ client must never see (onnxruntime once echoed bytes of a server file in its
 error message).  The client gets a fixed public reason and an *incident id*;
 the registry logs the id with the full detail, so the operator can look it up.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,14 @@ def public_status(exc: BaseException, where: str = "", who: object = None) -> tu
     else:
         code, reason, level = grpc.StatusCode.INTERNAL, INTERNAL, logging.ERROR
     log.log(
-        level, "incident %s: %s by %s failed with %s: %s", incident, where or "an RPC", who or "a caller",
-        type(exc).__name__, exc, exc_info=level >= logging.ERROR,
+        level,
+        "incident %s: %s by %s failed with %s: %s",
+        incident,
+        where or "an RPC",
+        who or "a caller",
+        type(exc).__name__,
+        exc,
+        exc_info=level >= logging.ERROR,
     )
     return code, f"{reason} (incident {incident})"
 

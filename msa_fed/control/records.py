@@ -2,6 +2,7 @@
 
 Times are unix seconds (float).  sha256 values are lowercase hex of the raw bytes.
 """
+
 from __future__ import annotations
 
 import re

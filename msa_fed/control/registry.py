@@ -11,6 +11,7 @@ it may raise to a status code.  The rules:
   size, declared width and kind, probe batch);
 - a sample is a finite float32 matrix whose width matches the site's predictor.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,7 @@ class Limits:
     """
 
     max_predictor_bytes: int = DEFAULT_MAX_BYTES
-    max_sample_bytes: int = 256 * 2**20    # 67M float32 values: far above any unlabelled sample we use
+    max_sample_bytes: int = 256 * 2**20  # 67M float32 values: far above any unlabelled sample we use
     max_combined_bytes: int = 512 * 2**20  # p predictors of up to 64 MiB plus the domain classifier
     max_manifest_bytes: int = 2**20
     max_upload_bytes_in_flight: int | None = None  # None: max(2 GiB, twice one largest predictor upload)
@@ -82,10 +83,20 @@ class Limits:
     max_label_chars: int = 256
 
     def __post_init__(self):
-        for name in ("max_predictor_bytes", "max_sample_bytes", "max_combined_bytes", "max_manifest_bytes",
-                     "max_upload_bytes_in_flight", "max_n_features", "probe_memory_bytes",
-                     "max_streams_per_principal", "max_streams", "max_labels", "max_label_chars",
-                     "max_pending_reads_per_caller"):
+        for name in (
+            "max_predictor_bytes",
+            "max_sample_bytes",
+            "max_combined_bytes",
+            "max_manifest_bytes",
+            "max_upload_bytes_in_flight",
+            "max_n_features",
+            "probe_memory_bytes",
+            "max_streams_per_principal",
+            "max_streams",
+            "max_labels",
+            "max_label_chars",
+            "max_pending_reads_per_caller",
+        ):
             value = getattr(self, name)
             if value is None and name in ("max_upload_bytes_in_flight", "probe_memory_bytes", "max_streams"):
                 continue
@@ -171,7 +182,9 @@ class Registry:
         principal, secret = parsed
         record = self.store.get_token(principal.role, principal.name)
         if not tokens.verify_secret(record, secret):
-            if any(tokens.verify_secret(old, secret) for old in self.store.revoked_tokens(principal.role, principal.name)):
+            if any(
+                tokens.verify_secret(old, secret) for old in self.store.revoked_tokens(principal.role, principal.name)
+            ):
                 raise RegistryError(
                     "UNAUTHENTICATED",
                     f"the token of {principal.role} {principal.name!r} was revoked (or replaced by a newer one)",
@@ -214,7 +227,9 @@ class Registry:
         name = self._own_or_admin(principal, name)
         labels = dict(labels or {})
         if len(labels) > self.limits.max_labels:
-            raise RegistryError("INVALID_ARGUMENT", f"at most {self.limits.max_labels} labels are allowed; got {len(labels)}")
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"at most {self.limits.max_labels} labels are allowed; got {len(labels)}"
+            )
         for key, value in labels.items():
             if not key or len(key) > 64 or len(value) > self.limits.max_label_chars:
                 raise RegistryError(
@@ -231,7 +246,9 @@ class Registry:
         name = self._own_or_admin(principal, name)
         now = self.clock()
         if not self.store.heartbeat(name, now):
-            raise RegistryError("FAILED_PRECONDITION", f"site {name!r} is not registered; run 'msa-fed site register' first")
+            raise RegistryError(
+                "FAILED_PRECONDITION", f"site {name!r} is not registered; run 'msa-fed site register' first"
+            )
         return now
 
     def get_site(self, principal: Principal, name: str = "") -> SiteRecord:
@@ -251,8 +268,13 @@ class Registry:
 
     # artifacts -------------------------------------------------------------
     def put_predictor(
-        self, principal: Principal, upload_id: str, data: bytes, sha256: str,
-        output_kind: str = "", n_features: int = 0,
+        self,
+        principal: Principal,
+        upload_id: str,
+        data: bytes,
+        sha256: str,
+        output_kind: str = "",
+        n_features: int = 0,
     ) -> tuple[ArtifactRecord, bool]:
         """Verify and store the caller's ONNX predictor; return (record, created)."""
         self.require_site(principal, "publish a predictor")
@@ -262,7 +284,10 @@ class Registry:
         self.check_n_features(n_features)
         self.check_n_features(declared_n_features(data))
         predictor = load_predictor(
-            data, expected_sha256=sha256, n_features=n_features or None, kind=output_kind or None,
+            data,
+            expected_sha256=sha256,
+            n_features=n_features or None,
+            kind=output_kind or None,
             max_bytes=self.limits.max_predictor_bytes,
         )
         if site.sample is not None and site.sample.meta["cols"] != predictor.n_features_in_:
@@ -276,7 +301,13 @@ class Registry:
         return self.store.commit_artifact(record, data)
 
     def put_sample(
-        self, principal: Principal, upload_id: str, data: bytes, sha256: str, rows: int, cols: int,
+        self,
+        principal: Principal,
+        upload_id: str,
+        data: bytes,
+        sha256: str,
+        rows: int,
+        cols: int,
         dtype: str = SAMPLE_DTYPE,
     ) -> tuple[ArtifactRecord, bool]:
         """Verify and store the caller's unlabelled sample (rows x cols float32, little endian)."""
@@ -285,9 +316,14 @@ class Registry:
         check_sha256(sha256)
         self.check_sample_shape(rows, cols, dtype)
         if len(data) != rows * cols * 4:
-            raise RegistryError("INVALID_ARGUMENT", f"sample has {len(data)} bytes; shape ({rows}, {cols}) float32 needs {rows * cols * 4}")
+            raise RegistryError(
+                "INVALID_ARGUMENT",
+                f"sample has {len(data)} bytes; shape ({rows}, {cols}) float32 needs {rows * cols * 4}",
+            )
         if sha256_hex(data) != sha256:
-            raise RegistryError("INVALID_ARGUMENT", f"sample sha256 is {sha256_hex(data)}; the header declared {sha256}")
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"sample sha256 is {sha256_hex(data)}; the header declared {sha256}"
+            )
         values = np.frombuffer(data, dtype="<f4")
         bad = int(np.count_nonzero(~np.isfinite(values)))
         if bad:
@@ -319,14 +355,17 @@ class Registry:
         size = rows * cols * 4
         if size > self.limits.max_sample_bytes:
             raise RegistryError(
-                "RESOURCE_EXHAUSTED", f"sample of shape ({rows}, {cols}) is {size} bytes; the limit is {self.limits.max_sample_bytes}"
+                "RESOURCE_EXHAUSTED",
+                f"sample of shape ({rows}, {cols}) is {size} bytes; the limit is {self.limits.max_sample_bytes}",
             )
         return size
 
     def _registered_for_upload(self, name: str) -> SiteRecord:
         site = self.store.get_site(name)
         if site is None:
-            raise RegistryError("FAILED_PRECONDITION", f"site {name!r} is not registered; run 'msa-fed site register' first")
+            raise RegistryError(
+                "FAILED_PRECONDITION", f"site {name!r} is not registered; run 'msa-fed site register' first"
+            )
         return site
 
     def get_artifact(self, principal: Principal, name: str, kind: str) -> tuple[ArtifactRecord, bytes]:
@@ -337,7 +376,9 @@ class Registry:
             raise RegistryError("NOT_FOUND", f"site {site.name!r} has published no {kind}")
         data = self.store.get_blob(record.sha256)
         if data is None:
-            raise RegistryError("DATA_LOSS", f"the {kind} of site {site.name!r} ({record.sha256}) is missing from storage")
+            raise RegistryError(
+                "DATA_LOSS", f"the {kind} of site {site.name!r} ({record.sha256}) is missing from storage"
+            )
         return record, data
 
     # combined models ---------------------------------------------------------
@@ -348,7 +389,9 @@ class Registry:
         check_upload_id(upload_id)
         check_sha256(sha256)
         if sha256_hex(data) != sha256:
-            raise RegistryError("INVALID_ARGUMENT", f"combined model sha256 is {sha256_hex(data)}; the header declared {sha256}")
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"combined model sha256 is {sha256_hex(data)}; the header declared {sha256}"
+            )
         if len(manifest_json.encode("utf-8")) > self.limits.max_manifest_bytes:
             raise RegistryError("RESOURCE_EXHAUSTED", f"manifest is larger than {self.limits.max_manifest_bytes} bytes")
         try:
@@ -356,7 +399,9 @@ class Registry:
         except (ValueError, RecursionError):
             raise RegistryError("INVALID_ARGUMENT", "manifest_json is not valid JSON (or nests too deeply)") from None
         if not isinstance(manifest, dict):
-            raise RegistryError("INVALID_ARGUMENT", f"manifest_json must be a JSON object; got {type(manifest).__name__}")
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"manifest_json must be a JSON object; got {type(manifest).__name__}"
+            )
         return self.store.commit_combined_model(upload_id, sha256, data, manifest_json, principal.name, self.clock())
 
     def get_combined_model(self, principal: Principal, version: int = 0) -> tuple[CombinedModelRecord, bytes]:

@@ -30,6 +30,7 @@ relay keeps ``max_streams`` (the server's stream slots, at most its workers less
 every other RPC) and refuses a site stream beyond that with RESOURCE_EXHAUSTED, so that sites can
 never starve the registry.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 RELAY_SERVICE = pb.DESCRIPTOR.services_by_name["Relay"].full_name
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 CHUNK_BYTES = 1 << 20
-MAX_CALLS = 1024            # site calls in one Call
+MAX_CALLS = 1024  # site calls in one Call
 MAX_OPEN_JOBS = 1024
 
 
@@ -142,8 +143,16 @@ def _peer_names(context) -> set[str] | None:
 class RelayServicer(pb_grpc.RelayServicer):
     """See the module docstring.  ``context.principal`` comes from the auth interceptor."""
 
-    def __init__(self, registry: Registry, *, heartbeat_interval_s: float = 5.0, silence_timeout_s: float = 20.0,
-                 sweep_interval_s: float = 1.0, max_call_timeout_s: float = 3600.0, max_streams: int | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        heartbeat_interval_s: float = 5.0,
+        silence_timeout_s: float = 20.0,
+        sweep_interval_s: float = 1.0,
+        max_call_timeout_s: float = 3600.0,
+        max_streams: int | None = None,
+    ):
         self.registry = registry
         self.max_streams = max_streams
         self.heartbeat_interval_s = float(heartbeat_interval_s)
@@ -158,7 +167,7 @@ class RelayServicer(pb_grpc.RelayServicer):
 
     # ------------------------------------------------------------------ checks
     def _site_ok(self, name: str, token: str) -> str:
-        """"" when the site may still be served, else why not."""
+        """ "" when the site may still be served, else why not."""
         try:
             principal = self.registry.authenticate(token)
         except RegistryError:
@@ -213,12 +222,15 @@ class RelayServicer(pb_grpc.RelayServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the stream must be a Hello")
         name = first.hello.site
         if name != principal.name:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"site {principal.name!r} may not serve as site {name[:64]!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"site {principal.name!r} may not serve as site {name[:64]!r}"
+            )
         certified = _peer_names(context)
         if certified is not None and name not in certified:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"the client certificate names {sorted(certified)}, not site {name!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the client certificate names {sorted(certified)}, not site {name!r}",
+            )
         token = bearer_token(context.invocation_metadata()) or ""
         why = self._site_ok(name, token)
         if why:
@@ -231,17 +243,20 @@ class RelayServicer(pb_grpc.RelayServicer):
             if not full:
                 self._sites[name] = conn
         if full:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the registry serves at most {self.max_streams} site streams; start it with more workers "
-                          "(msa-fed registry serve --workers)")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the registry serves at most {self.max_streams} site streams; start it with more workers "
+                "(msa-fed registry serve --workers)",
+            )
         if old is not None:
             old.close("ALREADY_EXISTS", f"site {name!r} connected again from {conn.peer}")
         context.add_callback(lambda: conn.close("CANCELLED", "the stream ended"))
         log.info("relay: site %r connected from %s", name, conn.peer)
         self._record_heartbeat(principal)
         self._ensure_sweeper()
-        reader = threading.Thread(target=self._read, args=(conn, request_iterator, principal),
-                                  name=f"relay-{name}", daemon=True)
+        reader = threading.Thread(
+            target=self._read, args=(conn, request_iterator, principal), name=f"relay-{name}", daemon=True
+        )
         reader.start()
         try:
             yield pb.RelayToSite(welcome=pb.Welcome(heartbeat_interval_s=self.heartbeat_interval_s))
@@ -294,9 +309,11 @@ class RelayServicer(pb_grpc.RelayServicer):
         with self._lock:
             job = self._jobs.get(request.job_id)
         if job is None or principal.name not in job.sites or request.site not in job.sites:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"no open job {request.job_id[:128]!r} names both site {principal.name!r} and "
-                          f"site {request.site[:64]!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"no open job {request.job_id[:128]!r} names both site {principal.name!r} and "
+                f"site {request.site[:64]!r}",
+            )
         site = self.registry.store.get_site(request.site)
         record = site.predictor if site is not None else None
         data = self.registry.store.get_blob(record.sha256) if record is not None else None
@@ -304,7 +321,7 @@ class RelayServicer(pb_grpc.RelayServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"site {request.site!r} has no published predictor")
         yield reg_pb.DownloadChunk(artifact=artifact_to_pb(record))
         for start in range(0, len(data), CHUNK_BYTES):
-            yield reg_pb.DownloadChunk(chunk=data[start:start + CHUNK_BYTES])
+            yield reg_pb.DownloadChunk(chunk=data[start : start + CHUNK_BYTES])
 
     # ------------------------------------------------------------------ job side
     def _admin(self, context, action: str):
@@ -316,8 +333,9 @@ class RelayServicer(pb_grpc.RelayServicer):
     def OpenJob(self, request, context):
         principal = self._admin(context, "open a job")
         if not JOB_ID_PATTERN.match(request.job_id):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "job_id must be 1-128 letters, digits, '_', '.', ':' or '-'")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "job_id must be 1-128 letters, digits, '_', '.', ':' or '-'"
+            )
         sites = tuple(request.sites)
         if not sites or len(set(sites)) != len(sites):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job names its sites, each once")
@@ -330,8 +348,10 @@ class RelayServicer(pb_grpc.RelayServicer):
             if self.registry.store.get_site(name) is None:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"site {name!r} is not registered")
             if states.get(name) != "active":
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"site {name!r} has no active token (revoked?); it cannot take part in a job")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"site {name!r} has no active token (revoked?); it cannot take part in a job",
+                )
         with self._lock:
             if request.job_id not in self._jobs and len(self._jobs) >= MAX_OPEN_JOBS:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many open jobs; close some")
@@ -367,8 +387,9 @@ class RelayServicer(pb_grpc.RelayServicer):
                     conn.close("PERMISSION_DENIED", why)
                     pending.fail("PERMISSION_DENIED", why)
                 else:
-                    fwd = pb.RelayToSite(forward=pb.Forward(call_id=call_id, job_id=job.job_id, admin=job.admin,
-                                                            request=call.request))
+                    fwd = pb.RelayToSite(
+                        forward=pb.Forward(call_id=call_id, job_id=job.job_id, admin=job.admin, request=call.request)
+                    )
                     if not conn.forward(call_id, fwd, pending):
                         pending.fail("UNAVAILABLE", f"site {call.site!r} is disconnecting")
             waits.append((pending, conn, call_id))
@@ -395,9 +416,12 @@ class RelayServicer(pb_grpc.RelayServicer):
 
     def ListConnected(self, request, context):
         self._admin(context, "list connected sites")
-        return pb.ListConnectedResponse(sites=[
-            pb.ConnectedSite(site=c.name, connected_at=c.connected_at, last_seen=c.last_seen, peer=c.peer)
-            for c in sorted(self.connected().values(), key=lambda c: c.name)])
+        return pb.ListConnectedResponse(
+            sites=[
+                pb.ConnectedSite(site=c.name, connected_at=c.connected_at, last_seen=c.last_seen, peer=c.peer)
+                for c in sorted(self.connected().values(), key=lambda c: c.name)
+            ]
+        )
 
 
 def add_relay(server: grpc.Server, registry: Registry, **kwargs) -> RelayServicer:

@@ -8,6 +8,7 @@ certificates (mutual TLS) when ``tls.client_ca`` is given.  Plaintext needs
 ``insecure=True`` and refuses any address but loopback.  The standard health
 service (``grpc.health.v1``) and server reflection are registered too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,6 @@ from msa_fed.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class TlsConfig:
     """PEM bytes of the server certificate chain and key, and optionally the CA that signs client certificates."""
@@ -46,7 +46,9 @@ class TlsConfig:
 
     @classmethod
     def from_files(cls, cert, key, ca=None) -> "TlsConfig":
-        return cls(_read_pem(cert, "--tls-cert"), _read_pem(key, "--tls-key"), _read_pem(ca, "--tls-ca") if ca else None)
+        return cls(
+            _read_pem(cert, "--tls-cert"), _read_pem(key, "--tls-key"), _read_pem(ca, "--tls-ca") if ca else None
+        )
 
 
 def _read_pem(path, flag: str) -> bytes:
@@ -130,8 +132,10 @@ class RegistryServer:
         import onnxruntime  # noqa: F401
 
         self.interceptor = AuthInterceptor(
-            self.registry, bind_certificates=bool(self.tls is not None and self.tls.client_ca),
-            max_streams=self.max_streams, max_pending_reads=self.max_pending_reads,
+            self.registry,
+            bind_certificates=bool(self.tls is not None and self.tls.client_ca),
+            max_streams=self.max_streams,
+            max_pending_reads=self.max_pending_reads,
             max_anonymous_reads=self.max_anonymous_reads,
         )
         server = grpc.server(
@@ -153,7 +157,9 @@ class RegistryServer:
         ops_grpc.add_OperationsServicer_to_server(OperationsServicer(Operations(self.registry)), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, OPS_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, OPS_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
         bind = format_address(self.host, self._requested_port)
         try:
             if self.insecure:

@@ -12,6 +12,7 @@ Resources are charged before they are used: an upload's declared size (and
 for a predictor the memory of its probe) is reserved from the in-flight budget
 before its first chunk is read.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -133,7 +134,7 @@ class _UploadBudget:
 
 def _chunks(data: bytes):
     for start in range(0, len(data), CHUNK_BYTES):
-        yield pb.DownloadChunk(chunk=data[start:start + CHUNK_BYTES])
+        yield pb.DownloadChunk(chunk=data[start : start + CHUNK_BYTES])
 
 
 class RegistryServicer(pb_grpc.RegistryServicer):

@@ -9,6 +9,7 @@ SIGKILL, leaves nothing visible.  WAL journaling lets the admin CLI write
 The schema version lives in ``PRAGMA user_version``; a database written by a
 newer msa_fed is refused rather than misread.  All SQL is parameterised.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -196,10 +197,12 @@ class SqliteStore(RegistryStore):
 
     def revoke_tokens(self, role: str, principal: str, now: float) -> int:
         return self._write(
-            lambda c: c.execute(
-                "UPDATE tokens SET revoked_at = ? WHERE role = ? AND principal = ? AND revoked_at IS NULL",
-                (now, role, principal),
-            ).rowcount
+            lambda c: (
+                c.execute(
+                    "UPDATE tokens SET revoked_at = ? WHERE role = ? AND principal = ? AND revoked_at IS NULL",
+                    (now, role, principal),
+                ).rowcount
+            )
         )
 
     def token_states(self, role: str) -> dict[str, str]:
@@ -214,7 +217,9 @@ class SqliteStore(RegistryStore):
             "ORDER BY revoked_at DESC, id DESC LIMIT ?",
             (role, principal, int(limit)),
         )
-        return [TokenRecord(role, principal, bytes(salt), bytes(digest), created_at) for salt, digest, created_at in rows]
+        return [
+            TokenRecord(role, principal, bytes(salt), bytes(digest), created_at) for salt, digest, created_at in rows
+        ]
 
     # sites --------------------------------------------------------------
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
@@ -250,8 +255,12 @@ class SqliteStore(RegistryStore):
     def _site(self, row) -> SiteRecord:
         name, registered_at, last_heartbeat, labels_json = row
         return SiteRecord(
-            name, registered_at, last_heartbeat, json.loads(labels_json),
-            predictor=self._latest(name, "predictor"), sample=self._latest(name, "sample"),
+            name,
+            registered_at,
+            last_heartbeat,
+            json.loads(labels_json),
+            predictor=self._latest(name, "predictor"),
+            sample=self._latest(name, "sample"),
         )
 
     def get_site(self, name: str) -> SiteRecord | None:
@@ -303,8 +312,15 @@ class SqliteStore(RegistryStore):
             )
             c.execute(
                 f"INSERT INTO artifacts ({self._ARTIFACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (record.site, record.upload_id, record.kind, record.sha256, record.size,
-                 json.dumps(record.meta), record.created_at),
+                (
+                    record.site,
+                    record.upload_id,
+                    record.kind,
+                    record.sha256,
+                    record.size,
+                    json.dumps(record.meta),
+                    record.created_at,
+                ),
             )
             return record, True
 
@@ -349,7 +365,9 @@ class SqliteStore(RegistryStore):
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (upload_id, sha256, len(data), manifest_json, created_by, now),
             )
-            return CombinedModelRecord(cur.lastrowid, upload_id, sha256, len(data), manifest_json, created_by, now), True
+            return CombinedModelRecord(
+                cur.lastrowid, upload_id, sha256, len(data), manifest_json, created_by, now
+            ), True
 
         return self._write(fn)
 
@@ -377,7 +395,8 @@ class SqliteStore(RegistryStore):
             newest = c.execute("SELECT MAX(version) FROM combined_models").fetchone()[0]
             c.execute(
                 "INSERT INTO model_promotions (version, after_version, promoted_at, promoted_by, reason) "
-                "VALUES (?, ?, ?, ?, ?)", (version, newest, now, by, reason),
+                "VALUES (?, ?, ?, ?, ?)",
+                (version, newest, now, by, reason),
             )
             return PromotionRecord(version, newest, now, by, reason)
 
@@ -402,10 +421,12 @@ class SqliteStore(RegistryStore):
         return None if active else revoked_at
 
     def record_deregistration(self, record: DeregistrationRecord) -> None:
-        self._write(lambda c: c.execute(
-            "INSERT INTO deregistrations (name, deregistered_at, deregistered_by, reason) VALUES (?, ?, ?, ?)",
-            (record.name, record.deregistered_at, record.deregistered_by, record.reason),
-        ))
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO deregistrations (name, deregistered_at, deregistered_by, reason) VALUES (?, ?, ?, ?)",
+                (record.name, record.deregistered_at, record.deregistered_by, record.reason),
+            )
+        )
 
     def deregistrations(self) -> dict[str, DeregistrationRecord]:
         rows = self._read("SELECT name, deregistered_at, deregistered_by, reason FROM deregistrations ORDER BY seq")
@@ -416,8 +437,18 @@ class SqliteStore(RegistryStore):
     @staticmethod
     def _job(row) -> JobRecord:
         job_id, name, sites_json, topology, status, started_at, started_by, ended_at, model_version, error = row
-        return JobRecord(job_id, name, tuple(json.loads(sites_json)), topology, status, started_at, started_by,
-                         ended_at, model_version, error)
+        return JobRecord(
+            job_id,
+            name,
+            tuple(json.loads(sites_json)),
+            topology,
+            status,
+            started_at,
+            started_by,
+            ended_at,
+            model_version,
+            error,
+        )
 
     def start_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
         def fn(c):
@@ -426,8 +457,18 @@ class SqliteStore(RegistryStore):
                 return self._job(row), False
             c.execute(
                 f"INSERT INTO jobs ({self._JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (record.job_id, record.name, json.dumps(list(record.sites)), record.topology, record.status,
-                 record.started_at, record.started_by, record.ended_at, record.model_version, record.error),
+                (
+                    record.job_id,
+                    record.name,
+                    json.dumps(list(record.sites)),
+                    record.topology,
+                    record.status,
+                    record.started_at,
+                    record.started_by,
+                    record.ended_at,
+                    record.model_version,
+                    record.error,
+                ),
             )
             return record, True
 

@@ -9,6 +9,7 @@ once under their sha256, records point at them.  A commit is atomic: the blob
 and its record appear together or not at all.  ``(site, upload_id)`` is the
 idempotency key of an artifact upload, ``upload_id`` that of a combined model.
 """
+
 from __future__ import annotations
 
 import abc
@@ -220,7 +221,9 @@ class MemoryStore(RegistryStore):
 
     def token_states(self, role: str) -> dict[str, str]:
         with self._lock:
-            return {p: ("active" if rec is not None else "revoked") for (r, p), rec in self._tokens.items() if r == role}
+            return {
+                p: ("active" if rec is not None else "revoked") for (r, p), rec in self._tokens.items() if r == role
+            }
 
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:
         with self._lock:
@@ -252,8 +255,12 @@ class MemoryStore(RegistryStore):
         if base is None:
             return None
         return SiteRecord(
-            base.name, base.registered_at, base.last_heartbeat, dict(base.labels),
-            predictor=self._latest(name, "predictor"), sample=self._latest(name, "sample"),
+            base.name,
+            base.registered_at,
+            base.last_heartbeat,
+            dict(base.labels),
+            predictor=self._latest(name, "predictor"),
+            sample=self._latest(name, "sample"),
         )
 
     def get_site(self, name: str) -> SiteRecord | None:
@@ -306,8 +313,13 @@ class MemoryStore(RegistryStore):
                         return old, False
                     raise upload_conflict(upload_id)
             rec = CombinedModelRecord(
-                version=len(self._combined) + 1, upload_id=upload_id, sha256=sha256, size=len(data),
-                manifest_json=manifest_json, created_by=created_by, created_at=now,
+                version=len(self._combined) + 1,
+                upload_id=upload_id,
+                sha256=sha256,
+                size=len(data),
+                manifest_json=manifest_json,
+                created_by=created_by,
+                created_at=now,
             )
             self._blobs.setdefault(sha256, bytes(data))
             self._combined.append(rec)

@@ -9,6 +9,7 @@ A fast salted hash is sufficient because the secret carries 256 bits of
 entropy: there is no dictionary to attack, and a slow KDF would cost
 milliseconds on every RPC.
 """
+
 from __future__ import annotations
 
 import base64

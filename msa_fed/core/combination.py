@@ -9,6 +9,7 @@ for the regression model (h_k(x) a number) and the probability model (h_k(x) a v
 probabilities; g(x) is then a probability vector).  Combination weights are computed in log
 space, so no underflow of Q(k | x) can give 0 / 0.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -36,8 +37,7 @@ def qhat_partial(Q: np.ndarray, n_sources: int) -> np.ndarray:
     return share
 
 
-def site_point_set(Q: np.ndarray, qhat: np.ndarray, H: np.ndarray, loss: str,
-                   y: np.ndarray | None = None) -> PointSet:
+def site_point_set(Q: np.ndarray, qhat: np.ndarray, H: np.ndarray, loss: str, y: np.ndarray | None = None) -> PointSet:
     """The DC point set of one site: pi_i = 1/(p n_s), w_k(i) = pi_i Q(k|x_i) / Qhat(k)."""
     Q = np.asarray(Q, dtype=np.float64)
     n, p = Q.shape

@@ -25,6 +25,7 @@ the path has dropped enough, an active-set Newton step on L_k(z) = c (k in the s
 sum z = 1 tries to finish; it converges quadratically once the support is right.  Every
 evaluation is one oracle call (L and dL), so the method runs unchanged against sites.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -42,8 +43,9 @@ Callback = Callable[[int, np.ndarray, float], object]
 POLISH_BACKTRACKS = 5
 
 
-def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int = 8,
-                      support_tol: float = 1e-4) -> tuple[np.ndarray, float, np.ndarray, bool]:
+def polish_active_set(
+    ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int = 8, support_tol: float = 1e-4
+) -> tuple[np.ndarray, float, np.ndarray, bool]:
     """Newton on L_k(z) = c for k in S = {z_k >= support_tol max z}, sum_S z = 1, z = 0 off S.
 
     A step that leaves the simplex is cut at the boundary and the coordinate leaves S; steps are
@@ -91,10 +93,19 @@ def polish_active_set(ev: Evaluator, z: np.ndarray, tol: float, *, max_iter: int
     return z, g, s.array("L"), g <= tol
 
 
-def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, callback: Callback | None,
-                   history: list[float], *, corrector_tol: float = 1e-3, max_step: float = 5.0,
-                   polish_rel: float = 1e-2, wmin: float = 1e-6
-                   ) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+def logit_path_run(
+    ev: Evaluator,
+    n_sources: int,
+    tol: float,
+    max_iter: int,
+    callback: Callback | None,
+    history: list[float],
+    *,
+    corrector_tol: float = 1e-3,
+    max_step: float = 5.0,
+    polish_rel: float = 1e-2,
+    wmin: float = 1e-6,
+) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """Trace the logit path from the uniform point; returns (z, Gamma, L, converged, steps).
 
     max_iter caps the accepted continuation steps.  history gets Gamma at every path point and
@@ -127,8 +138,9 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
         w[:p] = np.clip(np.sqrt(p * np.exp(u[:p])), wmin, 1.0)
         return w
 
-    def correct(u: np.ndarray, w: np.ndarray, fix: np.ndarray | None = None, max_newton: int = 4,
-                h: float | None = None) -> tuple[np.ndarray, bool, int, np.ndarray, DCSums, np.ndarray]:
+    def correct(
+        u: np.ndarray, w: np.ndarray, fix: np.ndarray | None = None, max_newton: int = 4, h: float | None = None
+    ) -> tuple[np.ndarray, bool, int, np.ndarray, DCSums, np.ndarray]:
         """Newton back onto the path, each step of least weighted norm; ``fix`` adds the row
         fix.du = 0.  After a predictor step of length h the corrector must stay close (first
         correction <= h / 2) and contract (each correction <= half the previous one): otherwise
@@ -143,7 +155,7 @@ def logit_path_run(ev: Evaluator, n_sources: int, tol: float, max_iter: int, cal
                 return u, True, i, J, s, z
             if i == max_newton:
                 break
-            if fix is None:   # minimum ||w * du|| solution
+            if fix is None:  # minimum ||w * du|| solution
                 dv = -np.linalg.lstsq(J / w[None, :], H, rcond=None)[0]
                 du = dv / w
             else:

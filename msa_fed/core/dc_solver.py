@@ -24,6 +24,7 @@ process or at the sites:
 
 All record the history of Gamma and stop when Gamma <= ``tol``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -46,8 +47,9 @@ class LossOracle(Protocol):
 
     n_sources: int
 
-    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...],
-                 global_bound: float | None = None) -> DCSums: ...
+    def evaluate(
+        self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None
+    ) -> DCSums: ...
 
     def max_bound(self) -> float: ...
 
@@ -61,10 +63,8 @@ class LocalOracle:
         self.point_sets = list(point_sets)
         self.n_sources = int(point_sets[0].w.shape[1])
 
-    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...],
-                 global_bound: float | None = None) -> DCSums:
-        return sum_all(ps.evaluate(z, eta, what=what, global_bound=global_bound)
-                       for ps in self.point_sets)
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
+        return sum_all(ps.evaluate(z, eta, what=what, global_bound=global_bound) for ps in self.point_sets)
 
     def max_bound(self) -> float:
         return max(ps.max_bound() for ps in self.point_sets)
@@ -122,8 +122,9 @@ DCA_SLSQP_MAXITER = 100
 DCA_SLSQP_FTOL = 1e-14
 
 
-def _convexified_terms(ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.ndarray
-                       ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+def _convexified_terms(
+    ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.ndarray
+) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """u_k(z) - [v_k(z_t) + grad v_k(z_t).(z - z_t)] and its Jacobian: the DCA step's constraints."""
 
     def f(z: np.ndarray) -> np.ndarray:
@@ -137,8 +138,9 @@ def _convexified_terms(ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.nda
     return f, f_jac
 
 
-def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-             callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+def _dca_run(
+    ev: _Counter, z0: np.ndarray, tol: float, max_iter: int, callback: Callback | None, history: list[float]
+) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     p = z0.size
     z = z0.copy()
     s = ev(z, ("L", "v", "dv"))
@@ -152,8 +154,9 @@ def _dca_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         v0, dv0, zt = s.array("v"), s.array("dv"), z.copy()
         su0 = ev(zt, ("u", "du"))
         g0 = float(np.max(su0.array("u") - v0))
-        res = epigraph_slsqp(np.append(zt, g0), *_convexified_terms(ev, v0, dv0, zt),
-                             maxiter=DCA_SLSQP_MAXITER, ftol=DCA_SLSQP_FTOL)
+        res = epigraph_slsqp(
+            np.append(zt, g0), *_convexified_terms(ev, v0, dv0, zt), maxiter=DCA_SLSQP_MAXITER, ftol=DCA_SLSQP_FTOL
+        )
         z_new = project_simplex(res.x[:p])
         s_new = ev(z_new, ("L", "v", "dv"))
         gamma_new = gamma_from_losses(s_new.array("L"), z_new)
@@ -175,8 +178,9 @@ NEWTON_BACKTRACKS = 30
 NEWTON_MAX_STALLS = 2
 
 
-def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+def _newton_run(
+    ev: _Counter, z0: np.ndarray, tol: float, max_iter: int, callback: Callback | None, history: list[float]
+) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     z = z0.copy()
     s = ev(z, ("L", "dL"))
     gamma = gamma_from_losses(s.array("L"), z)
@@ -245,8 +249,9 @@ def _newton_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
 MINMAX_FTOL_FLOOR = 1e-15
 
 
-def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
-                callback: Callback | None, history: list[float]) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
+def _minmax_run(
+    ev: _Counter, z0: np.ndarray, tol: float, max_iter: int, callback: Callback | None, history: list[float]
+) -> tuple[np.ndarray, float, np.ndarray, bool, int]:
     """min over the simplex of max_k L_k(z), epigraph form with SLSQP and analytic dL.
 
     Returns like the other runs, but the value tracked in ``history`` is max_k L_k.
@@ -265,9 +270,14 @@ def _minmax_run(ev: _Counter, z0: np.ndarray, tol: float, max_iter: int,
         if callback:
             callback(it[0], zz, val)
 
-    res = epigraph_slsqp(np.append(z0, s0.array("L").max()),
-                         lambda z: ev(z, ("L", "dL")).array("L"), lambda z: ev(z, ("L", "dL")).array("dL"),
-                         maxiter=max_iter, ftol=max(tol, MINMAX_FTOL_FLOOR), callback=cb)
+    res = epigraph_slsqp(
+        np.append(z0, s0.array("L").max()),
+        lambda z: ev(z, ("L", "dL")).array("L"),
+        lambda z: ev(z, ("L", "dL")).array("dL"),
+        maxiter=max_iter,
+        ftol=max(tol, MINMAX_FTOL_FLOOR),
+        callback=cb,
+    )
     z = project_simplex(res.x[:p])
     s = ev(z, ("L", "dL"))
     if s.array("L").max() > s0.array("L").max():  # never return worse than the start
@@ -282,20 +292,50 @@ AUTO_DCA_ITER = 20
 AUTO_CHECKPOINT_NEWTON_ITER = 20
 
 
-def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_given: bool, tol: float,
-                max_iter: int, callback: Callback | None) -> tuple[DCResult, list[dict[str, Any]]]:
+def _gamma_runs(
+    ev: _Counter,
+    p: int,
+    method: str,
+    starts: list[np.ndarray],
+    z0_given: bool,
+    tol: float,
+    max_iter: int,
+    callback: Callback | None,
+) -> tuple[DCResult, list[dict[str, Any]]]:
     """Minimise Gamma with ``method``; returns the best result and a summary of every run."""
     best: DCResult | None = None
     runs: list[dict[str, Any]] = []
 
-    def keep(start: np.ndarray | None, z: np.ndarray, g: float, L: np.ndarray, ok: bool, it: int, used: str,
-             history: list[float]) -> bool:
+    def keep(
+        start: np.ndarray | None,
+        z: np.ndarray,
+        g: float,
+        L: np.ndarray,
+        ok: bool,
+        it: int,
+        used: str,
+        history: list[float],
+    ) -> bool:
         nonlocal best
-        runs.append({"start": None if start is None else np.asarray(start).tolist(), "gamma": g,
-                     "iterations": it, "method": used})
+        runs.append(
+            {
+                "start": None if start is None else np.asarray(start).tolist(),
+                "gamma": g,
+                "iterations": it,
+                "method": used,
+            }
+        )
         if best is None or g < best.gamma:
-            best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
-                            n_iter=it, n_evaluations=0, method=used)
+            best = DCResult(
+                z=z,
+                gamma=g,
+                losses=np.asarray(L),
+                history=history,
+                converged=ok,
+                n_iter=it,
+                n_evaluations=0,
+                method=used,
+            )
         return best.converged
 
     def result() -> tuple[DCResult, list[dict[str, Any]]]:
@@ -305,8 +345,9 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
     if method == "homotopy" or method == "auto":
         if method == "auto" and z0_given:  # a checkpoint: Newton from it may finish at once
             history: list[float] = []
-            z, g, L, ok, it = _newton_run(ev, starts[0], tol, min(max_iter, AUTO_CHECKPOINT_NEWTON_ITER), callback,
-                                          history)
+            z, g, L, ok, it = _newton_run(
+                ev, starts[0], tol, min(max_iter, AUTO_CHECKPOINT_NEWTON_ITER), callback, history
+            )
             if keep(starts[0], z, g, L, ok, it, "newton", history):
                 return result()
         history = []
@@ -336,11 +377,21 @@ def _gamma_runs(ev: _Counter, p: int, method: str, starts: list[np.ndarray], z0_
     return result()
 
 
-def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", method: str | None = None,
-             tol: float = 1e-9, max_iter: int = 200, n_restarts: int = 4,
-             random_state: int | np.random.Generator | None = 0, bound: str | None = None,
-             z0: np.ndarray | None = None, callback: Callback | None = None,
-             warn: bool = True) -> DCResult:
+def solve_dc(
+    oracle: LossOracle,
+    eta: float,
+    *,
+    objective: str = "minmax",
+    method: str | None = None,
+    tol: float = 1e-9,
+    max_iter: int = 200,
+    n_restarts: int = 4,
+    random_state: int | np.random.Generator | None = 0,
+    bound: str | None = None,
+    z0: np.ndarray | None = None,
+    callback: Callback | None = None,
+    warn: bool = True,
+) -> DCResult:
     """Solve for z over the simplex: min max_k L_k(z) (default) or min Gamma(z).
 
     The options are those of :class:`SolverConfig` (same names, same checks).
@@ -363,9 +414,15 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", metho
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
     callback : called as callback(iteration, z, gamma) after each accepted iterate.
     """
-    cfg = SolverConfig(objective=objective, method=method, tol=tol, max_iter=max_iter, n_restarts=n_restarts,
-                       bound=bound, z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1))
-                       ).validate()
+    cfg = SolverConfig(
+        objective=objective,
+        method=method,
+        tol=tol,
+        max_iter=max_iter,
+        n_restarts=n_restarts,
+        bound=bound,
+        z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1)),
+    ).validate()
     objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
     method, bound = cfg.method or "auto", cfg.bound or "pointwise"
     if not (np.isfinite(eta) and eta >= 0):
@@ -387,11 +444,20 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", metho
             history: list[float] = []
             z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
             g = gamma_from_losses(L, z)
-            runs.append({"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it,
-                         "method": "slsqp-minmax"})
+            runs.append(
+                {"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it, "method": "slsqp-minmax"}
+            )
             if best is None or val < float(np.max(best.losses)) - 1e-12:
-                best = DCResult(z=z, gamma=g, losses=np.asarray(L), history=history, converged=ok,
-                                n_iter=it, n_evaluations=0, method="slsqp-minmax")
+                best = DCResult(
+                    z=z,
+                    gamma=g,
+                    losses=np.asarray(L),
+                    history=history,
+                    converged=ok,
+                    n_iter=it,
+                    n_evaluations=0,
+                    method="slsqp-minmax",
+                )
     else:
         best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)
     assert best is not None  # there is at least one start
@@ -401,8 +467,12 @@ def solve_dc(oracle: LossOracle, eta: float, *, objective: str = "minmax", metho
     if not best.converged and warn:
         what = "Gamma" if objective == "gamma" else "max_k L_k"
         value = best.gamma if objective == "gamma" else best.max_loss
-        warnings.warn(f"DC solver ({best.method}) stopped without converging: {what}={value:.3g} "
-                      f"(tol={tol:g}, max_iter={max_iter})", ConvergenceWarning, stacklevel=2)
+        warnings.warn(
+            f"DC solver ({best.method}) stopped without converging: {what}={value:.3g} "
+            f"(tol={tol:g}, max_iter={max_iter})",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
     return best
 
 

@@ -14,6 +14,7 @@ Notation (DESIGN.md section 2), for the points i of this set:
 - K_z(i) = sum_k z_k w_k(i) + eta pi_i,  J_z(i) = sum_k (z_k w_k(i) + eta pi_i / p) H_k(i),
   g_z(i) = J_z(i) / K_z(i).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,8 +74,9 @@ class DCSums:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The present arrays by name (for messages crossing a site boundary)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "n" and getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "n" and getattr(self, f.name) is not None
+        }
 
 
 def sum_all(parts: Iterable[DCSums]) -> DCSums:
@@ -109,6 +111,7 @@ def one_blas_thread() -> AbstractContextManager[object]:
     if key not in _BLAS:
         try:
             from threadpoolctl import ThreadpoolController
+
             _BLAS.clear()
             _BLAS[key] = ThreadpoolController()
         except Exception:  # pragma: no cover - threadpoolctl ships with scikit-learn
@@ -156,9 +159,9 @@ class PointSet:
                 raise ValueError(f"shape mismatch: y {self.y.shape}, expected ({n},)")
             self.bound = np.max((self.H - self.y[:, None]) ** 2, axis=1)
         # products that do not depend on z or eta, computed once
-        self._WH = self.w * self.H                       # (n, p) w_k(i) H_k(i)
-        self._piH = self.pi * self.H.sum(axis=1)         # (n,)  pi_i sum_k H_k(i)
-        self._wsum = self.w.sum(axis=0)                  # (p,)
+        self._WH = self.w * self.H  # (n, p) w_k(i) H_k(i)
+        self._piH = self.pi * self.H.sum(axis=1)  # (n,)  pi_i sum_k H_k(i)
+        self._wsum = self.w.sum(axis=0)  # (p,)
 
     @property
     def n_points(self) -> int:
@@ -171,8 +174,9 @@ class PointSet:
         return float(self.bound.max())
 
     # ------------------------------------------------------------------ core evaluation
-    def evaluate(self, z: np.ndarray, eta: float, *, what: tuple[str, ...] = ("L",),
-                 global_bound: float | None = None) -> DCSums:
+    def evaluate(
+        self, z: np.ndarray, eta: float, *, what: tuple[str, ...] = ("L",), global_bound: float | None = None
+    ) -> DCSums:
         """Partial sums over this set at ``z``.
 
         what : subset of {"L", "dL", "u", "du", "v", "dv"}.
@@ -203,13 +207,20 @@ class PointSet:
             out["dv"] += self._wsum[None, :]
         return DCSums(n=n, **out)
 
-    def _block(self, sl: slice, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None,
-               out: dict[str, np.ndarray]) -> None:
+    def _block(
+        self,
+        sl: slice,
+        z: np.ndarray,
+        eta: float,
+        what: tuple[str, ...],
+        global_bound: float | None,
+        out: dict[str, np.ndarray],
+    ) -> None:
         """Add the sums over rows ``sl`` to the arrays of ``out`` (formulas of DESIGN.md section 3)."""
         w, pi, WH = self.w[sl], self.pi[sl], self._WH[sl]
         p = w.shape[1]
-        K = w @ z + eta * pi                       # K_z(i)
-        J = WH @ z + (eta / p) * self._piH[sl]     # J_z(i)
+        K = w @ z + eta * pi  # K_z(i)
+        J = WH @ z + (eta / p) * self._piH[sl]  # J_z(i)
         g = J / K
         need_grad = "dL" in what or "du" in what or "dv" in what
         if need_grad:
@@ -246,7 +257,7 @@ class PointSet:
             if "L" in what:
                 out["L"] -= w.T @ np.log(g)
             if "dL" in what:
-                out["dL"] -= (w / J[:, None]).T @ Gn     # dloss/dg = -1/g, Dg = Gn / K
+                out["dL"] -= (w / J[:, None]).T @ Gn  # dloss/dg = -1/g, Dg = Gn / K
             if not ("u" in what or "du" in what or "v" in what or "dv" in what):
                 return
             logK, logJ = np.log(K), np.log(J)

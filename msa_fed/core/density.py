@@ -15,6 +15,7 @@ high dimension is slow (one sentiment GMSA fit, 2192-d, took ~560 s), and its lo
 bounds can be far off in the tails at small bandwidths; the tests compare this module with
 the KDE's definition term by term and with scikit-learn's bandwidth choice.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -55,12 +56,12 @@ def gaussian_kde_log_density(X_query: ArrayLike, X_sample: ArrayLike, bandwidths
     out = np.empty((A.shape[0], h.size))
     rows = max(1, _BLOCK_BYTES // (8 * n))
     for start in range(0, A.shape[0], rows):
-        Q = A[start:start + rows] - center
+        Q = A[start : start + rows] - center
         D = _sq_norms(Q)[:, None] + B_sq[None, :]
         D -= 2.0 * (Q @ B.T)
         np.maximum(D, 0.0, out=D)
         for i, hh in enumerate(h):
-            out[start:start + rows, i] = logsumexp(D * (-0.5 / (hh * hh)), axis=1)
+            out[start : start + rows, i] = logsumexp(D * (-0.5 / (hh * hh)), axis=1)
     out += -np.log(n) - 0.5 * d * np.log(2.0 * np.pi * h * h)[None, :]
     return out
 
@@ -96,8 +97,9 @@ class KDEDomainModel:
     bandwidths_: np.ndarray
     samples_: list[np.ndarray]
 
-    def __init__(self, bandwidth: ArrayLike | None = None, feature_map: Any = None,
-                 random_state: int | None = 0) -> None:
+    def __init__(
+        self, bandwidth: ArrayLike | None = None, feature_map: Any = None, random_state: int | None = 0
+    ) -> None:
         self.bandwidth = bandwidth
         self.feature_map = feature_map
         self.random_state = random_state
@@ -108,8 +110,7 @@ class KDEDomainModel:
             X_per_domain = [self.feature_map.transform(X) for X in X_per_domain]
         self.n_sources = len(X_per_domain)
         if self.bandwidth is None:
-            self.bandwidths_ = np.array([select_bandwidth(X, random_state=self.random_state)
-                                         for X in X_per_domain])
+            self.bandwidths_ = np.array([select_bandwidth(X, random_state=self.random_state) for X in X_per_domain])
         else:
             bw = np.broadcast_to(np.asarray(self.bandwidth, dtype=np.float64), (self.n_sources,))
             if np.any(bw <= 0):
@@ -129,8 +130,9 @@ class KDEDomainModel:
         if self.feature_map is not None:
             X = self.feature_map.transform(X)
         X = np.asarray(X, dtype=np.float64)
-        return np.column_stack([gaussian_kde_log_density(X, S, h)[:, 0]
-                                for S, h in zip(self.samples_, self.bandwidths_)])
+        return np.column_stack(
+            [gaussian_kde_log_density(X, S, h)[:, 0] for S, h in zip(self.samples_, self.bandwidths_)]
+        )
 
     def predict_log_proba(self, X: ArrayLike) -> np.ndarray:
         logd = self.log_density(X)
@@ -148,8 +150,9 @@ class KDEDomainModel:
         return {}, arrays
 
     @classmethod
-    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
-                   n_sources: int) -> KDEDomainModel:
+    def from_state(
+        cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any, n_sources: int
+    ) -> KDEDomainModel:
         missing = [key for key in ["bandwidths"] + [f"kde_sample.{k}" for k in range(n_sources)] if key not in arrays]
         if missing:
             raise ValueError(f"KDE domain model state lacks arrays {missing}")

@@ -14,6 +14,7 @@ the shards are :class:`MaxentShard` objects; the Ray runtime calls the same clas
 actors and adds their results: synchronous data-parallel training that is equal to the pooled
 computation up to float rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,10 @@ def _torch_device(device: str) -> torch.device:
     """``device`` as a torch device that this process can use; ValueError otherwise."""
     dev = _parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"classifier device {device!r}: torch {torch.__version__} on this machine sees no CUDA "
-                         "device (CPU build or no GPU); use device='cpu'")
+        raise ValueError(
+            f"classifier device {device!r}: torch {torch.__version__} on this machine sees no CUDA "
+            "device (CPU build or no GPU); use device='cpu'"
+        )
     return dev
 
 
@@ -70,8 +73,16 @@ class MaxentShard:
     """One shard of the classifier's training set: features Phi (m, D) of points of one or
     more sites, their site indices k (m,) and per-point weights s (m,) = 1 / (p m_site)."""
 
-    def __init__(self, Phi: np.ndarray, k: np.ndarray, weight: np.ndarray, n_sources: int,
-                 device: str = "cpu", dtype: str = "float64", seed: int = 0) -> None:
+    def __init__(
+        self,
+        Phi: np.ndarray,
+        k: np.ndarray,
+        weight: np.ndarray,
+        n_sources: int,
+        device: str = "cpu",
+        dtype: str = "float64",
+        seed: int = 0,
+    ) -> None:
         tdtype = getattr(torch, dtype)
         self.device = _torch_device(device)
         self.Phi = torch.as_tensor(np.ascontiguousarray(Phi), dtype=tdtype, device=self.device)
@@ -86,8 +97,9 @@ class MaxentShard:
     def n_points(self) -> int:
         return int(self.Phi.shape[0])
 
-    def _loss_grad(self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor,
-                   scale: float = 1.0) -> tuple[float, np.ndarray]:
+    def _loss_grad(
+        self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor, scale: float = 1.0
+    ) -> tuple[float, np.ndarray]:
         # Small shards run faster on one thread: intra-op threading costs more than it saves
         # below a few million entries (measured: 15x slower with 2 threads on a loaded 2-core box).
         if Phi.numel() < SMALL_SHARD and Phi.device.type == "cpu":
@@ -99,8 +111,9 @@ class MaxentShard:
                 torch.set_num_threads(saved)
         return self._loss_grad_impl(theta, Phi, Y, s, scale)
 
-    def _loss_grad_impl(self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor,
-                        scale: float) -> tuple[float, np.ndarray]:
+    def _loss_grad_impl(
+        self, theta: np.ndarray, Phi: torch.Tensor, Y: torch.Tensor, s: torch.Tensor, scale: float
+    ) -> tuple[float, np.ndarray]:
         """Loss sum and gradient over the rows of Phi, in blocks of rows.
 
         The products run in the shard's dtype; every sum across blocks of rows (the loss, the
@@ -122,14 +135,14 @@ class MaxentShard:
         block = BLOCK_ELEMENTS if Phi.device.type == "cpu" else GPU_BLOCK_ELEMENTS
         rows = max(256, block // max(D, 1))
         for a in range(0, m, rows):
-            P, Yc, sc = Phi[a:a + rows], Y[a:a + rows], s[a:a + rows]
+            P, Yc, sc = Phi[a : a + rows], Y[a : a + rows], s[a : a + rows]
             logits = torch.addmm(b, P, W.T)
             top = logits.amax(dim=1, keepdim=True)
             E = torch.exp(logits - top)
             S = E.sum(dim=1, keepdim=True)
-            lse = (top + torch.log(S)).squeeze(1)          # log sum_k exp(logit_k), one exp only
+            lse = (top + torch.log(S)).squeeze(1)  # log sum_k exp(logit_k), one exp only
             loss += (sc * (lse - (logits * Yc).sum(1))).sum(dtype=acc)
-            R = E.div_(S).sub_(Yc).mul_(sc[:, None])        # (softmax - Y) s
+            R = E.div_(S).sub_(Yc).mul_(sc[:, None])  # (softmax - Y) s
             gW += (R.T @ P).to(acc)
             gb += R.sum(0, dtype=acc)
         grad = torch.cat([gW, gb[:, None]], dim=1).reshape(-1)
@@ -174,10 +187,17 @@ def _regularise(theta: np.ndarray, mu: float, n_features: int, n_sources: int) -
     return reg, g.reshape(-1)
 
 
-def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
-               config: ClassifierConfig, *, minibatch_oracle: MinibatchOracle | None = None,
-               n_points: int | None = None, theta0: np.ndarray | None = None,
-               progress: Progress | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+def fit_maxent(
+    gradient_oracle: GradientOracle,
+    n_features: int,
+    n_sources: int,
+    config: ClassifierConfig,
+    *,
+    minibatch_oracle: MinibatchOracle | None = None,
+    n_points: int | None = None,
+    theta0: np.ndarray | None = None,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Minimise F over theta = vec([W b]) with the given oracle; returns (theta, info).
 
     gradient_oracle(theta) -> (loss sum, gradient sum) over all shards (no regulariser).
@@ -206,15 +226,22 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
         # numpy/scipy BLAS on one thread: between oracle calls its idle workers spin and took
         # the cores from the oracle's own computation (measured: 2.5x slower per evaluation)
         with one_blas_thread():
-            res = minimize(objective, theta, jac=True, method="L-BFGS-B", callback=cb,
-                           options={"maxiter": config.max_iter, "ftol": config.tol, "gtol": config.gtol,
-                                    "maxcor": 20})
+            res = minimize(
+                objective,
+                theta,
+                jac=True,
+                method="L-BFGS-B",
+                callback=cb,
+                options={"maxiter": config.max_iter, "ftol": config.tol, "gtol": config.gtol, "maxcor": 20},
+            )
         theta = np.asarray(res.x)
-        info.update(objective=float(res.fun), n_iter=int(res.nit), converged=bool(res.success),
-                    message=str(res.message))
+        info.update(
+            objective=float(res.fun), n_iter=int(res.nit), converged=bool(res.success), message=str(res.message)
+        )
         if not res.success and res.nit >= config.max_iter:
-            warnings.warn(f"domain classifier: L-BFGS stopped on max_iter={config.max_iter}",
-                          ConvergenceWarning, stacklevel=2)
+            warnings.warn(
+                f"domain classifier: L-BFGS stopped on max_iter={config.max_iter}", ConvergenceWarning, stacklevel=2
+            )
         return theta, info
 
     if minibatch_oracle is None or n_points is None:
@@ -235,7 +262,7 @@ def fit_maxent(gradient_oracle: GradientOracle, n_features: int, n_sources: int,
                 m1 = b1 * m1 + (1 - b1) * g
                 m2 = b2 * m2 + (1 - b2) * g * g
                 lr = config.lr * 0.5 * (1.0 + math.cos(math.pi * (step - 1) / total))
-                theta = theta - lr * (m1 / (1 - b1 ** step)) / (np.sqrt(m2 / (1 - b2 ** step)) + eps)
+                theta = theta - lr * (m1 / (1 - b1**step)) / (np.sqrt(m2 / (1 - b2**step)) + eps)
         if progress is not None:
             progress(epoch + 1, None)
     obj, _ = objective(theta)
@@ -277,8 +304,9 @@ class DomainClassifier:
     #: the name of this kind of domain model in saved models and messages (core.domain_models)
     kind = "maxent"
 
-    def __init__(self, feature_map: Any, theta: np.ndarray, n_sources: int, mu: float,
-                 info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, feature_map: Any, theta: np.ndarray, n_sources: int, mu: float, info: dict[str, Any] | None = None
+    ) -> None:
         self.feature_map = feature_map
         self.n_sources = n_sources
         self.theta_ = np.asarray(theta, dtype=np.float64)
@@ -315,8 +343,9 @@ class DomainClassifier:
         return {"mu": self.mu}, {"theta": self.theta_}
 
     @classmethod
-    def from_state(cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any,
-                   n_sources: int) -> DomainClassifier:
+    def from_state(
+        cls, params: dict[str, Any], arrays: dict[str, Any], feature_map: Any, n_sources: int
+    ) -> DomainClassifier:
         return cls(feature_map, arrays["theta"], n_sources, params.get("mu", 0.0))
 
 
@@ -349,18 +378,33 @@ def fit_feature_map(feature_map: Any, X_unlabeled: Sequence[np.ndarray]) -> Any:
 def balanced_shards(Phis: Sequence[np.ndarray], config: ClassifierConfig, seed: int = 0) -> list[MaxentShard]:
     """One shard per site: site k's features with label k and weight 1 / (p m_k)."""
     p = len(Phis)
-    return [MaxentShard(Phi, np.full(Phi.shape[0], k), np.full(Phi.shape[0], 1.0 / (p * Phi.shape[0])),
-                        p, device=config.device, dtype=config.dtype, seed=shard_seed(seed, k))
-            for k, Phi in enumerate(Phis)]
+    return [
+        MaxentShard(
+            Phi,
+            np.full(Phi.shape[0], k),
+            np.full(Phi.shape[0], 1.0 / (p * Phi.shape[0])),
+            p,
+            device=config.device,
+            dtype=config.dtype,
+            seed=shard_seed(seed, k),
+        )
+        for k, Phi in enumerate(Phis)
+    ]
 
 
 #: (gradient oracle, mini-batch oracle) of a fitted feature map, computed outside this process
 Oracles = Callable[[Any], tuple[GradientOracle, Callable[[np.ndarray, int], tuple[float, np.ndarray]]]]
 
 
-def train_domain_classifier(X_unlabeled: Sequence[np.ndarray], feature_map: Any, config: ClassifierConfig,
-                            random_state: int | None = 0, progress: Progress | None = None, *,
-                            oracles: Oracles | None = None) -> DomainClassifier:
+def train_domain_classifier(
+    X_unlabeled: Sequence[np.ndarray],
+    feature_map: Any,
+    config: ClassifierConfig,
+    random_state: int | None = 0,
+    progress: Progress | None = None,
+    *,
+    oracles: Oracles | None = None,
+) -> DomainClassifier:
     """Fit the feature map on the pooled unlabelled sample (balanced) and train the classifier.
 
     oracles : None trains in this process on :func:`balanced_shards`; else ``oracles(feature_map)``
@@ -378,6 +422,7 @@ def train_domain_classifier(X_unlabeled: Sequence[np.ndarray], feature_map: Any,
     else:
         oracle, minibatch = oracles(feature_map)
         D = int(np.asarray(feature_map.transform(X_unlabeled[0][:1])).shape[1])
-    theta, info = fit_maxent(oracle, D, p, config, minibatch_oracle=minibatch,
-                             n_points=max(len(X) for X in X_unlabeled), progress=progress)
+    theta, info = fit_maxent(
+        oracle, D, p, config, minibatch_oracle=minibatch, n_points=max(len(X) for X in X_unlabeled), progress=progress
+    )
     return DomainClassifier(feature_map, theta, p, config.mu, info)

@@ -10,6 +10,7 @@ that a saved model never needs pickle.
 - ``rff``       : random Fourier features of the standardised input, approximating a
                   Gaussian-kernel RKHS (Rahimi and Recht)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -88,7 +89,8 @@ class OneHotFeatures(FeatureMap):
             if cats.size > self.max_categories:
                 raise ValueError(
                     f"onehot features: column {j} has {cats.size} distinct values, more than "
-                    f"max_categories={self.max_categories}; is it really categorical?")
+                    f"max_categories={self.max_categories}; is it really categorical?"
+                )
             self.categories_.append(cats)
         self.n_features_in_ = X.shape[1]
         return self
@@ -101,8 +103,7 @@ class OneHotFeatures(FeatureMap):
 
     def get_state(self) -> State:
         sizes = np.array([c.size for c in self.categories_], dtype=np.int64)
-        return {"max_categories": self.max_categories}, {
-            "sizes": sizes, "values": np.concatenate(self.categories_)}
+        return {"max_categories": self.max_categories}, {"sizes": sizes, "values": np.concatenate(self.categories_)}
 
     @classmethod
     def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> OneHotFeatures:
@@ -160,8 +161,9 @@ class RandomFourierFeatures(FeatureMap):
     weights_: np.ndarray
     offset_: np.ndarray
 
-    def __init__(self, n_components: int = 500, gamma: float | None = None,
-                 random_state: int | np.random.Generator | None = 0) -> None:
+    def __init__(
+        self, n_components: int = 500, gamma: float | None = None, random_state: int | np.random.Generator | None = 0
+    ) -> None:
         self.n_components = n_components
         self.gamma = gamma
         self.random_state = random_state
@@ -184,9 +186,15 @@ class RandomFourierFeatures(FeatureMap):
         return features
 
     def get_state(self) -> State:
-        return ({"n_components": self.n_components, "gamma": self.gamma},
-                {"mean": self.standard_.mean_, "scale": self.standard_.scale_,
-                 "weights": self.weights_, "offset": self.offset_})
+        return (
+            {"n_components": self.n_components, "gamma": self.gamma},
+            {
+                "mean": self.standard_.mean_,
+                "scale": self.standard_.scale_,
+                "weights": self.weights_,
+                "offset": self.offset_,
+            },
+        )
 
     @classmethod
     def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> RandomFourierFeatures:
@@ -222,12 +230,14 @@ def make_feature_map(spec: Any, random_state: int | np.random.Generator | None =
         return FEATURE_MAPS[name](**kwargs)
     if hasattr(spec, "fit") and hasattr(spec, "transform"):
         from sklearn.base import clone
+
         try:
             return clone(spec)
         except TypeError:
             return spec
-    raise ValueError(f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; "
-                     f"got {spec!r}")
+    raise ValueError(
+        f"features must be a name in {sorted(FEATURE_MAPS)} or a transformer with fit/transform; got {spec!r}"
+    )
 
 
 def feature_map_state(fmap: object) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
@@ -238,7 +248,8 @@ def feature_map_state(fmap: object) -> tuple[str, dict[str, Any], dict[str, np.n
             return name, params, arrays
     raise ValueError(
         f"cannot save a model whose feature map is a custom {type(fmap).__name__}: only the built-in "
-        f"maps {sorted(FEATURE_MAPS)} are stored without pickle")
+        f"maps {sorted(FEATURE_MAPS)} are stored without pickle"
+    )
 
 
 def feature_map_from_state(name: str, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> FeatureMap:

@@ -1,4 +1,5 @@
 """Helpers for points of the probability simplex."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

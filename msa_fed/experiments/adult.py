@@ -8,6 +8,7 @@ The test set (``adult.test``: 181 Doc, 16100 NDoc) is fixed; Doc-NDoc is the
 uniform mixture of the two, i.e. the mean of the two accuracies (the paper's
 Doc-NDoc column is that mean too: (70.0 + 80.5) / 2 = 75.25).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,7 @@ GMSA_OPTIONS = {"features": "onehot"}
 
 def onehot_encoder(categories) -> OneHotEncoder:
     """One-hot over the integer codes of every categorical column (all categories known upfront)."""
-    return OneHotEncoder(categories=[np.arange(len(c), dtype=float) for c in categories],
-                         handle_unknown="ignore")
+    return OneHotEncoder(categories=[np.arange(len(c), dtype=float) for c in categories], handle_unknown="ignore")
 
 
 def train_predictors(data, seed: int = 0):
@@ -43,14 +43,20 @@ def train_predictors(data, seed: int = 0):
     preds = []
     for doc in (True, False):
         mask = data.doc_train == doc
-        clf = make_pipeline(onehot_encoder(data.categories),
-                            LogisticRegression(max_iter=2000, random_state=seed))
+        clf = make_pipeline(onehot_encoder(data.categories), LogisticRegression(max_iter=2000, random_state=seed))
         preds.append(clf.fit(data.X_train[mask], data.y_train[mask]))
     return preds
 
 
-def run(seeds: int = 100, *, runtime: str = "local", quick: bool = False, plot_dir=None,
-        log=print, dmsa_options: dict | None = None) -> dict:
+def run(
+    seeds: int = 100,
+    *,
+    runtime: str = "local",
+    quick: bool = False,
+    plot_dir=None,
+    log=print,
+    dmsa_options: dict | None = None,
+) -> dict:
     """``seeds`` runs of the adaptation step; returns ``{method: {target: {mean, std}}}``."""
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 
@@ -60,11 +66,9 @@ def run(seeds: int = 100, *, runtime: str = "local", quick: bool = False, plot_d
     test_sets = {d: (data.X_test[m], data.y_test[m]) for d, m in test.items()}
 
     def acc(model):
-        return uniform_mixtures(
-            {d: float(np.mean(model.predict(X) == y)) for d, (X, y) in test_sets.items()}, MIXTURES)
+        return uniform_mixtures({d: float(np.mean(model.predict(X) == y)) for d, (X, y) in test_sets.items()}, MIXTURES)
 
-    fixed = {"h_Doc": predictors[0], "h_NDoc": predictors[1],
-             "unif": UniformCombination(predictors, "classification")}
+    fixed = {"h_Doc": predictors[0], "h_NDoc": predictors[1], "unif": UniformCombination(predictors, "classification")}
     fixed_acc = {m: acc(h) for m, h in fixed.items()}
     pools = {"Doc": np.flatnonzero(data.doc_train), "NDoc": np.flatnonzero(~data.doc_train)}
     dmsa_opts = {**DMSA_OPTIONS, **(dmsa_options or {})}

@@ -5,6 +5,7 @@ uniform combination is (1/p) sum_k h_k; the jointly trained model pools every
 site's labelled data, which a federated deployment may not do: it is a reference
 point for the experiments only.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -36,8 +37,7 @@ class UniformCombination:
             for k, c in enumerate(classes[1:], start=1):
                 if c.shape != classes[0].shape or np.any(c != classes[0]):
                     raise ValueError(
-                        f"predictor {k} has classes_ {c.tolist()}; expected {classes[0].tolist()} "
-                        "like predictor 0"
+                        f"predictor {k} has classes_ {c.tolist()}; expected {classes[0].tolist()} like predictor 0"
                     )
             self.classes_ = classes[0]
 
@@ -54,8 +54,13 @@ class UniformCombination:
         return np.mean([np.asarray(h.predict(X), dtype=np.float64) for h in self.predictors], axis=0)
 
 
-def fit_joint(make_estimator: Callable[[], object], X_list: Sequence[np.ndarray],
-              y_list: Sequence[np.ndarray], *, balance: bool = True):
+def fit_joint(
+    make_estimator: Callable[[], object],
+    X_list: Sequence[np.ndarray],
+    y_list: Sequence[np.ndarray],
+    *,
+    balance: bool = True,
+):
     """Train one model on the pooled labelled data of every source.
 
     ``make_estimator()`` returns an unfitted estimator whose ``fit(X, y, sample_weight=...)``
@@ -64,8 +69,9 @@ def fit_joint(make_estimator: Callable[[], object], X_list: Sequence[np.ndarray]
     mixture of the sources rather than the largest one.
     """
     if len(X_list) != len(y_list) or not X_list:
-        raise ValueError(f"X_list and y_list must be non-empty and of equal length; got "
-                         f"{len(X_list)} and {len(y_list)}")
+        raise ValueError(
+            f"X_list and y_list must be non-empty and of equal length; got {len(X_list)} and {len(y_list)}"
+        )
     X = np.concatenate([np.asarray(x) for x in X_list])
     y = np.concatenate([np.asarray(t) for t in y_list])
     n, p = len(y), len(X_list)

@@ -11,6 +11,7 @@ Trained weights are cached under :func:`msa_fed.experiments.data.cache_dir` (out
 the repository), keyed by a caller-supplied key that includes the seed and a hash
 of this file, saved with ``torch.save(state_dict)`` and loaded with ``weights_only=True``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,12 +30,12 @@ N_CLASSES = 10
 
 @dataclass(frozen=True)
 class CNNConfig:
-    hidden: int = 128       # width of the last hidden layer (the domain-classifier features)
-    epochs: int = 12        # enough for the per-domain training sets (0.7k to 6k images) to converge
-    batch_size: int = 64    # small batches: a few hundred optimiser steps even for optdigits
-    lr: float = 1e-3        # Adam default
+    hidden: int = 128  # width of the last hidden layer (the domain-classifier features)
+    epochs: int = 12  # enough for the per-domain training sets (0.7k to 6k images) to converge
+    batch_size: int = 64  # small batches: a few hundred optimiser steps even for optdigits
+    lr: float = 1e-3  # Adam default
     weight_decay: float = 1e-4  # light L2 so the softmax scores stay calibrated enough for the loss
-    augment: bool = True    # random +-1 pixel shifts; cheap and helps the small domains
+    augment: bool = True  # random +-1 pixel shifts; cheap and helps the small domains
 
 
 class DigitCNN(nn.Module):
@@ -43,12 +44,15 @@ class DigitCNN(nn.Module):
     def __init__(self, hidden: int = 128):
         super().__init__()
         self.conv = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         side = DIGIT_SIZE // 4
-        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64 * side * side, hidden), nn.ReLU(),
-                                nn.Dropout(0.3))
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64 * side * side, hidden), nn.ReLU(), nn.Dropout(0.3))
         self.out = nn.Linear(hidden, N_CLASSES)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +79,9 @@ def _shift(xb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def train_cnn(X: np.ndarray, y: np.ndarray, *, seed: int, config: CNNConfig = CNNConfig(),
-              sample_weight: np.ndarray | None = None) -> DigitCNN:
+def train_cnn(
+    X: np.ndarray, y: np.ndarray, *, seed: int, config: CNNConfig = CNNConfig(), sample_weight: np.ndarray | None = None
+) -> DigitCNN:
     """Train a DigitCNN with Adam on (n, 16, 16) or (n, 256) images; returns it in eval mode."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -89,7 +94,7 @@ def train_cnn(X: np.ndarray, y: np.ndarray, *, seed: int, config: CNNConfig = CN
     for _ in range(config.epochs):
         perm = torch.randperm(len(ys), generator=gen)
         for start in range(0, len(ys), config.batch_size):
-            idx = perm[start:start + config.batch_size]
+            idx = perm[start : start + config.batch_size]
             xb = _shift(xs[idx], gen) if config.augment else xs[idx]
             loss = (loss_fn(model(xb), ys[idx]) * ws[idx]).sum() / ws[idx].sum()
             opt.zero_grad()
@@ -103,8 +108,16 @@ def code_version() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
-def train_cached(key: str, X: np.ndarray, y: np.ndarray, *, seed: int,
-                 config: CNNConfig = CNNConfig(), sample_weight=None, use_cache: bool = True) -> DigitCNN:
+def train_cached(
+    key: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    seed: int,
+    config: CNNConfig = CNNConfig(),
+    sample_weight=None,
+    use_cache: bool = True,
+) -> DigitCNN:
     """``train_cnn`` with the weights cached under ``cache_dir()/digits``.
 
     ``key`` must identify the training data (domain, split, seed); the file name adds the
@@ -138,8 +151,10 @@ class CNNPredictor:
     def predict_proba(self, X) -> np.ndarray:
         """Softmax scores, shape (n, 10), rows summing to 1 (float64)."""
         xs = _as_images(X)
-        out = [torch.softmax(self.model(xs[i:i + self.batch_size]).double(), dim=1)
-               for i in range(0, len(xs), self.batch_size)]
+        out = [
+            torch.softmax(self.model(xs[i : i + self.batch_size]).double(), dim=1)
+            for i in range(0, len(xs), self.batch_size)
+        ]
         return torch.cat(out).numpy() if out else np.zeros((0, N_CLASSES))
 
     def predict(self, X) -> np.ndarray:
@@ -165,7 +180,7 @@ class HiddenFeatures(BaseEstimator, TransformerMixin):
         parts = []
         for m in self.models:
             m.eval()
-            parts.append(torch.cat([m.hidden(xs[i:i + 4096]) for i in range(0, len(xs), 4096)]))
+            parts.append(torch.cat([m.hidden(xs[i : i + 4096]) for i in range(0, len(xs), 4096)]))
         return torch.cat(parts, dim=1).double().numpy()
 
     def fit(self, X, y=None, sample_weight=None):

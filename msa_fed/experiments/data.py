@@ -9,6 +9,7 @@ against it before it is read.  A missing, unlisted or altered file raises
 :class:`~msa_fed.errors.ConfigError` naming the file, never a traceback from
 deep inside numpy.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -31,14 +32,32 @@ SUMS_FILE = "SHA256SUMS"
 DIGIT_SIZE = 16
 
 ADULT_COLUMNS = (
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-    "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-    "hours-per-week", "native-country", "income",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
 )
 #: The categorical columns used as features (the paper's "categorical features").
 ADULT_CATEGORICAL = (
-    "workclass", "education", "marital-status", "occupation", "relationship",
-    "race", "sex", "native-country",
+    "workclass",
+    "education",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "native-country",
 )
 SENTIMENT_DOMAINS = ("kitchen", "dvd", "books", "electronics")
 
@@ -99,8 +118,7 @@ def _require(path: Path, root: Path) -> Path:
     SHA256SUMS; a ConfigError naming it otherwise."""
     if not path.is_file():
         raise ConfigError(
-            f"data file not found: {path} (set MSA_FED_DATA to the directory described "
-            "in shared/data/README.md)"
+            f"data file not found: {path} (set MSA_FED_DATA to the directory described in shared/data/README.md)"
         )
     sums = _read_sums(root)
     if sums is not None:
@@ -109,8 +127,9 @@ def _require(path: Path, root: Path) -> Path:
             raise ConfigError(f"data file {path} is not listed in {root / SUMS_FILE}")
         actual = _sha256(path)
         if actual != sums[rel]:
-            raise ConfigError(f"data file {path} does not match its sha256 in {root / SUMS_FILE} "
-                              f"(expected {sums[rel]}, got {actual})")
+            raise ConfigError(
+                f"data file {path} does not match its sha256 in {root / SUMS_FILE} (expected {sums[rel]}, got {actual})"
+            )
     return path
 
 
@@ -156,9 +175,7 @@ def load_adult(path: str | os.PathLike | None = None) -> AdultData:
     train = _read_adult_rows(top / "adult" / "adult.data", top)
     test = _read_adult_rows(top / "adult" / "adult.test", top)
     cols = [ADULT_COLUMNS.index(c) for c in ADULT_CATEGORICAL]
-    categories = tuple(
-        tuple(sorted({r[j] for r in train} | {r[j] for r in test})) for j in cols
-    )
+    categories = tuple(tuple(sorted({r[j] for r in train} | {r[j] for r in test})) for j in cols)
     index = [{c: i for i, c in enumerate(cats)} for cats in categories]
     edu = ADULT_COLUMNS.index("education")
 
@@ -228,19 +245,18 @@ def _resize(images: np.ndarray, size: int = DIGIT_SIZE) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))[:, None]
     if t.shape[-1] == size:
         return t[:, 0].numpy()
-    out = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False,
-                        antialias=t.shape[-1] > size)
+    out = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False, antialias=t.shape[-1] > size)
     return out[:, 0].clamp_(0.0, 1.0).numpy()
 
 
 def _read_idx(path: Path, root: Path) -> np.ndarray:
     with gzip.open(_require(path, root), "rb") as fh:
         raw = fh.read()
-    magic, = struct.unpack(">I", raw[:4])
+    (magic,) = struct.unpack(">I", raw[:4])
     ndim = magic & 0xFF
     if magic >> 8 != 0x08:  # unsigned byte data
         raise ConfigError(f"{path}: not an idx file of unsigned bytes (magic {magic:#x})")
-    shape = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    shape = struct.unpack(">" + "I" * ndim, raw[4 : 4 + 4 * ndim])
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 

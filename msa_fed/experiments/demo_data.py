@@ -7,6 +7,7 @@ so the uniform average of the three predictors fails where domains meet, while t
 distribution-weighted combination uses the right predictor at every x.  Sizes are small so
 that the whole federated demo runs in about a minute.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,6 +35,5 @@ def make_federation(n_labeled: int = 400, n_unlabeled: int = 1000, n_test: int =
         Xl, yl = sample(name, n_labeled, rng)
         Xu, _ = sample(name, n_unlabeled, rng)
         Xt, yt = sample(name, n_test, rng)
-        out[name] = dict(X_train=Xtr, y_train=ytr, X_labeled=Xl, y_labeled=yl, X_unlabeled=Xu,
-                         X_test=Xt, y_test=yt)
+        out[name] = dict(X_train=Xtr, y_train=ytr, X_labeled=Xl, y_labeled=yl, X_unlabeled=Xu, X_test=Xt, y_test=yt)
     return out

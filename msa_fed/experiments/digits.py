@@ -15,6 +15,7 @@ Mixture columns are uniform mixtures (mean of the per-domain accuracies), ``mean
 the average of the seven columns.  The sample-efficiency curve (Figure 1) refits
 DMSA and GMSA on the first m adaptation points per domain.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -29,13 +30,19 @@ from msa_fed.experiments import cnn
 from msa_fed.experiments.data import load_digits_domains
 from msa_fed.experiments.report import summarise, uniform_mixtures
 
-DOMAINS = ("optdigits", "mnist", "usps")          # in the paper's column order (svhn first)
+DOMAINS = ("optdigits", "mnist", "usps")  # in the paper's column order (svhn first)
 LETTER = {"optdigits": "o", "mnist": "m", "usps": "u"}
 TARGETS = ("optdigits", "mnist", "usps", "mu", "ou", "om", "omu", "mean")
-MIXTURES = {"optdigits": ("optdigits",), "mnist": ("mnist",), "usps": ("usps",),
-            "mu": ("mnist", "usps"), "ou": ("optdigits", "usps"), "om": ("optdigits", "mnist"),
-            "omu": DOMAINS}
-TEST_SIZE = {"mnist": 3000, "optdigits": 497}       # usps: its official test set
+MIXTURES = {
+    "optdigits": ("optdigits",),
+    "mnist": ("mnist",),
+    "usps": ("usps",),
+    "mu": ("mnist", "usps"),
+    "ou": ("optdigits", "usps"),
+    "om": ("optdigits", "mnist"),
+    "omu": DOMAINS,
+}
+TEST_SIZE = {"mnist": 3000, "optdigits": 497}  # usps: its official test set
 ADAPT_SIZE = {"mnist": 1000, "usps": 1000, "optdigits": 500}
 CURVE_SIZES = (20, 50, 100, 200, 500, 1000)
 QUICK = {"train": 1200, "adapt": 200, "test": 600, "epochs": 3, "curve": (50, 200)}
@@ -50,9 +57,11 @@ _PAPER_ROWS = {
     "DMSA": "92.3 99.2 96.6 98.8 92.6 94.2 94.3 95.4",
 }
 PAPER = {m: {t: float(v) / 100 for t, v in zip(TARGETS, row.split())} for m, row in _PAPER_ROWS.items()}
-NOTE = ("Paper columns are svhn/mnist/usps (s = SVHN); ours use optdigits (o) in SVHN's place, so the "
-        "paper's CNN-s row is printed under CNN-o only for layout. Paper mixtures pool the test sets; ours "
-        "are uniform mixtures.")
+NOTE = (
+    "Paper columns are svhn/mnist/usps (s = SVHN); ours use optdigits (o) in SVHN's place, so the "
+    "paper's CNN-s row is printed under CNN-o only for layout. Paper mixtures pool the test sets; ours "
+    "are uniform mixtures."
+)
 #: mu chosen with ``tune_options`` on seed 0's adaptation sets (fit on 500, validate on the
 #: rest; candidates and scores in docs/RESULTS.md).  GMSA: KDE (5-fold CV bandwidth) on the
 #: hidden features, PCA-reduced to ``pca`` dimensions when chosen the same way (None: all 384).
@@ -62,7 +71,7 @@ GMSA_OPTIONS: dict = {"pca": 20}
 
 def make_splits(domains, quick: bool = False):
     """Fixed test indices and the pool the per-seed train/adaptation split is drawn from."""
-    rng = np.random.default_rng(20190601)            # the test sets never change with the seed
+    rng = np.random.default_rng(20190601)  # the test sets never change with the seed
     out = {}
     for name in DOMAINS:
         dom = domains[name]
@@ -70,9 +79,9 @@ def make_splits(domains, quick: bool = False):
             test, pool = np.arange(dom.test_start, len(dom.y)), np.arange(dom.test_start)
         else:
             perm = rng.permutation(len(dom.y))
-            test, pool = perm[:TEST_SIZE[name]], perm[TEST_SIZE[name]:]
+            test, pool = perm[: TEST_SIZE[name]], perm[TEST_SIZE[name] :]
         if quick:
-            test = test[:QUICK["test"]]
+            test = test[: QUICK["test"]]
         out[name] = (np.sort(test), pool)
     return out
 
@@ -88,18 +97,23 @@ def train_domain_models(domains, splits, seed: int, *, quick: bool = False, use_
         adapt[name] = pool[:n_adapt]
         train = pool[n_adapt:]
         if quick:
-            train = train[:QUICK["train"]]
+            train = train[: QUICK["train"]]
         train_sets[name] = train
         dom = domains[name]
         key = f"{name}-{'quick' if quick else 'full'}"
-        models[name] = cnn.train_cached(key, dom.X[train], dom.y[train], seed=seed, config=config,
-                                        use_cache=use_cache)
+        models[name] = cnn.train_cached(key, dom.X[train], dom.y[train], seed=seed, config=config, use_cache=use_cache)
     Xs = [domains[n].X[train_sets[n]] for n in DOMAINS]
     ys = [domains[n].y[train_sets[n]] for n in DOMAINS]
     w = np.concatenate([np.full(len(y), sum(map(len, ys)) / (len(ys) * len(y))) for y in ys])
-    models["joint"] = cnn.train_cached(f"joint-{'quick' if quick else 'full'}", np.concatenate(Xs),
-                                       np.concatenate(ys), seed=seed, config=config,
-                                       sample_weight=w, use_cache=use_cache)
+    models["joint"] = cnn.train_cached(
+        f"joint-{'quick' if quick else 'full'}",
+        np.concatenate(Xs),
+        np.concatenate(ys),
+        seed=seed,
+        config=config,
+        sample_weight=w,
+        use_cache=use_cache,
+    )
     return adapt, models
 
 
@@ -132,8 +146,16 @@ def gmsa_features(models, options: dict):
     return cnn.HiddenFeatures(models) if k is None else ReducedHiddenFeatures(models, k)
 
 
-def run(seeds: int = 3, *, runtime: str = "local", quick: bool = False, plot_dir=None,
-        log=print, use_cache: bool = True, dmsa_options: dict | None = None) -> dict:
+def run(
+    seeds: int = 3,
+    *,
+    runtime: str = "local",
+    quick: bool = False,
+    plot_dir=None,
+    log=print,
+    use_cache: bool = True,
+    dmsa_options: dict | None = None,
+) -> dict:
     """Table 2 for the largest adaptation size plus ``by_size`` (DMSA/GMSA over m)."""
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 
@@ -164,10 +186,14 @@ def run(seeds: int = 3, *, runtime: str = "local", quick: bool = False, plot_dir
                 X = domains[n].X[idx].reshape(-1, 256)
                 sites.append(SiteData(n, X, domains[n].y[idx], X, preds[n]))
             fitted = {
-                "GMSA": fit_gmsa(sites, "classification", random_state=s, runtime=runtime,
-                                 features=gmsa_features([models[n] for n in DOMAINS], GMSA_OPTIONS)),
-                "DMSA": fit_dmsa(sites, "classification", features=feats, random_state=s,
-                                 runtime=runtime, **dmsa_opts),
+                "GMSA": fit_gmsa(
+                    sites,
+                    "classification",
+                    random_state=s,
+                    runtime=runtime,
+                    features=gmsa_features([models[n] for n in DOMAINS], GMSA_OPTIONS),
+                ),
+                "DMSA": fit_dmsa(sites, "classification", features=feats, random_state=s, runtime=runtime, **dmsa_opts),
             }
             scored = {k: score(v) for k, v in fitted.items()}
             curve[m].append(scored)
@@ -182,8 +208,7 @@ def run(seeds: int = 3, *, runtime: str = "local", quick: bool = False, plot_dir
     return results
 
 
-def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 500,
-                 log=print) -> dict:
+def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 500, log=print) -> dict:
     """Validation accuracy of DMSA (or, with ``method="gmsa"``, GMSA) option sets.
 
     Uses seed ``seed``'s CNNs and adaptation sets: the model is fitted on the first ``n_fit``
@@ -209,8 +234,9 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
         if method == "dmsa":
             model = fit_dmsa(sites, "classification", random_state=seed, **{"features": feats, **opts})
         else:
-            model = fit_gmsa(sites, "classification", random_state=seed,
-                             features=gmsa_features([models[n] for n in DOMAINS], opts))
+            model = fit_gmsa(
+                sites, "classification", random_state=seed, features=gmsa_features([models[n] for n in DOMAINS], opts)
+            )
         per = {n: float(np.mean(model.predict(X) == y)) for n, (X, y) in val.items()}
         out[name] = float(np.mean(list(uniform_mixtures(per, MIXTURES).values())))
         log(f"digits {method} {name}: validation accuracy {out[name]:.4f}")
@@ -220,6 +246,7 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
 def plot_curve(results: dict, plot_dir) -> Path:
     """Figure 1: mean accuracy of GMSA and DMSA against adaptation samples per domain."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

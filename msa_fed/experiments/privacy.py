@@ -13,6 +13,7 @@ The sites are the experiments' own (same predictors, data and DMSA options); the
 classifier is trained once per data set and seed (a checkpoint) and reused for every epsilon,
 so the rows differ only by the DC step.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ DELTA = 1e-6
 DP_EVALUATIONS = 30
 #: cross-entropy clipped at 5 (a true-label probability below e^-5 = 0.7% counts as 0.7%)
 LOSS_CLIP = 5.0
-NOTE = ("synthetic, adult: accuracy on the uniform mixture of the domains (a fraction); "
-        "sentiment: test MSE on the uniform mixture of the four domains; eps=inf: DP off; by size: at most 5 seeds")
+NOTE = (
+    "synthetic, adult: accuracy on the uniform mixture of the domains (a fraction); "
+    "sentiment: test MSE on the uniform mixture of the four domains; eps=inf: DP off; by size: at most 5 seeds"
+)
 
 
 def method_name(eps: float) -> str:
@@ -52,9 +55,11 @@ def site_policy(eps: float, loss_clip: float, ratio_clip: float):
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / "policy.toml"
         if np.isfinite(eps):
-            f.write_text(f"[dp]\nenabled = true\nepsilon_per_job = {eps!r}\nepsilon_lifetime = 1e9\n"
-                         f"delta = {DELTA!r}\ndc_evaluations = {DP_EVALUATIONS}\nloss_clip = {loss_clip!r}\n"
-                         f"ratio_clip = {ratio_clip!r}\n")
+            f.write_text(
+                f"[dp]\nenabled = true\nepsilon_per_job = {eps!r}\nepsilon_lifetime = 1e9\n"
+                f"delta = {DELTA!r}\ndc_evaluations = {DP_EVALUATIONS}\nloss_clip = {loss_clip!r}\n"
+                f"ratio_clip = {ratio_clip!r}\n"
+            )
         else:
             f.write_text("")
         old = os.environ.get(POLICY_ENV)
@@ -158,9 +163,11 @@ def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_di
     per_target = {t: summarise([{"x": r} for r in rs])["x"] for t, rs in runs.items()}
     results = {method_name(e): {t: per_target[t][method_name(e)] for t in TARGETS} for e in EPSILONS}
     by_size = {}
-    for n in (QUICK_SIZES if quick else SIZES):
-        rs = [synthetic_seed(s, n, n_test, epsilons=(1.0, float("inf")), runtime=runtime)
-              for s in range(min(seeds, BY_SIZE_SEEDS))]
+    for n in QUICK_SIZES if quick else SIZES:
+        rs = [
+            synthetic_seed(s, n, n_test, epsilons=(1.0, float("inf")), runtime=runtime)
+            for s in range(min(seeds, BY_SIZE_SEEDS))
+        ]
         summ = summarise([{"x": r} for r in rs])["x"]
         by_size[str(n)] = {m: {"synthetic": summ[m]} for m in BY_SIZE_METHODS}
         log(f"privacy: synthetic n={n} per site done")
@@ -172,8 +179,9 @@ def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_di
 
 def points_for_one_point_of_accuracy(by_size: dict) -> int | None:
     """The smallest n (labelled points per site) from which DP at epsilon = 1 costs < 0.01 accuracy."""
-    ok = [int(n) for n, r in by_size.items()
-          if r["eps=inf"]["synthetic"]["mean"] - r["eps=1"]["synthetic"]["mean"] < 0.01]
+    ok = [
+        int(n) for n, r in by_size.items() if r["eps=inf"]["synthetic"]["mean"] - r["eps=1"]["synthetic"]["mean"] < 0.01
+    ]
     sizes = sorted(int(n) for n in by_size)
     for n in sizes:  # from n on, every larger size also passes
         if all(m in ok for m in sizes if m >= n):
@@ -204,9 +212,14 @@ def plot(results: dict, plot_dir) -> list[Path]:
     sizes = sorted(results["by_size"], key=int)
     ax = axes[3]
     for m in BY_SIZE_METHODS:
-        ax.errorbar([int(n) for n in sizes], [results["by_size"][n][m]["synthetic"]["mean"] for n in sizes],
-                    yerr=[results["by_size"][n][m]["synthetic"]["std"] for n in sizes], marker="o", capsize=3,
-                    label="no DP" if m == "eps=inf" else "DP, epsilon = 1")
+        ax.errorbar(
+            [int(n) for n in sizes],
+            [results["by_size"][n][m]["synthetic"]["mean"] for n in sizes],
+            yerr=[results["by_size"][n][m]["synthetic"]["std"] for n in sizes],
+            marker="o",
+            capsize=3,
+            label="no DP" if m == "eps=inf" else "DP, epsilon = 1",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("labelled points per site")
     ax.set_ylabel("accuracy (uniform mixture)")

@@ -5,6 +5,7 @@ that is exactly the JSON an experiment writes with ``--json``.  Accuracies are
 stored as fractions in [0, 1] and printed as percentages like the paper's tables;
 mean squared errors are stored and printed as they are.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,9 +61,16 @@ def _cell(stat, percent: bool, decimals: int) -> str:
     return text
 
 
-def format_table(title: str, results: Results, targets: Sequence[str], *,
-                 paper: Mapping | None = None, percent: bool = True,
-                 decimals: int = 1, notes: Sequence[str] = ()) -> str:
+def format_table(
+    title: str,
+    results: Results,
+    targets: Sequence[str],
+    *,
+    paper: Mapping | None = None,
+    percent: bool = True,
+    decimals: int = 1,
+    notes: Sequence[str] = (),
+) -> str:
     """A plain-text table: one row per method with our mean±std, and under it the paper's row.
 
     ``paper`` maps method -> target -> value (a float, a (mean, std) pair or None),

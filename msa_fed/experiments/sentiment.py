@@ -11,6 +11,7 @@ is trained on the domain's 1600 training reviews and frozen; the domain classifi
 the KDEs and z are learned on the same training reviews, as in the paper.  MSE is
 reported on the four test domains and on seven uniform mixtures of them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,16 +39,36 @@ SVR_TRANSFORMS = ("counts", "sqrt", "log1p", "binary")
 # column; the numbers show the ninth is KDE (in every row it is the mean of the K, D and E
 # columns) and the tenth KDB.
 _P = {
-    "K": ("1.42 2.20 2.35 1.67 1.81 2.01 2.07 1.81 1.76 1.99 1.91", "0.10 0.15 0.16 0.12 0.07 0.10 0.08 0.06 0.06 0.06 0.05"),
-    "D": ("2.09 1.77 2.13 2.10 1.93 2.11 2.00 2.11 1.99 2.00 2.02", "0.08 0.08 0.10 0.08 0.07 0.07 0.06 0.06 0.06 0.06 0.05"),
-    "B": ("2.16 1.98 1.71 2.21 2.07 1.96 1.97 2.03 2.12 1.95 2.02", "0.13 0.10 0.12 0.07 0.11 0.07 0.06 0.06 0.07 0.08 0.06"),
-    "E": ("1.65 2.35 2.45 1.50 2.00 1.97 2.10 1.86 1.83 2.15 1.99", "0.09 0.11 0.14 0.07 0.09 0.09 0.08 0.05 0.07 0.07 0.06"),
-    "unif": ("1.50 1.75 1.79 1.53 1.63 1.66 1.69 1.61 1.60 1.68 1.65", "0.06 0.09 0.10 0.07 0.06 0.08 0.06 0.05 0.05 0.05 0.05"),
-    "GMSA": ("1.42 1.88 1.80 1.51 1.65 1.66 1.73 1.58 1.60 1.70 1.65", "0.10 0.11 0.10 0.07 0.08 0.07 0.05 0.04 0.05 0.04 0.04"),
-    "DMSA": ("1.42 1.76 1.70 1.46 1.59 1.58 1.64 1.53 1.55 1.63 1.59", "0.08 0.07 0.11 0.07 0.06 0.07 0.05 0.04 0.04 0.04 0.04"),
+    "K": (
+        "1.42 2.20 2.35 1.67 1.81 2.01 2.07 1.81 1.76 1.99 1.91",
+        "0.10 0.15 0.16 0.12 0.07 0.10 0.08 0.06 0.06 0.06 0.05",
+    ),
+    "D": (
+        "2.09 1.77 2.13 2.10 1.93 2.11 2.00 2.11 1.99 2.00 2.02",
+        "0.08 0.08 0.10 0.08 0.07 0.07 0.06 0.06 0.06 0.06 0.05",
+    ),
+    "B": (
+        "2.16 1.98 1.71 2.21 2.07 1.96 1.97 2.03 2.12 1.95 2.02",
+        "0.13 0.10 0.12 0.07 0.11 0.07 0.06 0.06 0.07 0.08 0.06",
+    ),
+    "E": (
+        "1.65 2.35 2.45 1.50 2.00 1.97 2.10 1.86 1.83 2.15 1.99",
+        "0.09 0.11 0.14 0.07 0.09 0.09 0.08 0.05 0.07 0.07 0.06",
+    ),
+    "unif": (
+        "1.50 1.75 1.79 1.53 1.63 1.66 1.69 1.61 1.60 1.68 1.65",
+        "0.06 0.09 0.10 0.07 0.06 0.08 0.06 0.05 0.05 0.05 0.05",
+    ),
+    "GMSA": (
+        "1.42 1.88 1.80 1.51 1.65 1.66 1.73 1.58 1.60 1.70 1.65",
+        "0.10 0.11 0.10 0.07 0.08 0.07 0.05 0.04 0.05 0.04 0.04",
+    ),
+    "DMSA": (
+        "1.42 1.76 1.70 1.46 1.59 1.58 1.64 1.53 1.55 1.63 1.59",
+        "0.08 0.07 0.11 0.07 0.06 0.07 0.05 0.04 0.04 0.04 0.04",
+    ),
 }
-PAPER = {m: {t: (float(a), float(b)) for t, a, b in zip(TARGETS, ms.split(), ss.split())}
-         for m, (ms, ss) in _P.items()}
+PAPER = {m: {t: (float(a), float(b)) for t, a, b in zip(TARGETS, ms.split(), ss.split())} for m, (ms, ss) in _P.items()}
 
 
 class CountSVR(BaseEstimator):
@@ -123,7 +144,7 @@ def prepare_split(corpus, seed: int, n_train: int = N_TRAIN, n_test: int = N_TES
     idx = {}
     for letter, dom in LETTERS.items():
         perm = rng.permutation(len(corpus[dom][1]))
-        idx[letter] = (perm[:n_train], perm[n_train:n_train + n_test])
+        idx[letter] = (perm[:n_train], perm[n_train : n_train + n_test])
     train_texts = {l: [corpus[d][0][i] for i in idx[l][0]] for l, d in LETTERS.items()}
     vocab = build_vocabulary(train_texts)
     cv = CountVectorizer(vocabulary=vocab)
@@ -137,8 +158,15 @@ def prepare_split(corpus, seed: int, n_train: int = N_TRAIN, n_test: int = N_TES
     return vocab, out
 
 
-def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_dir=None,
-        log=print, dmsa_options: dict | None = None) -> dict:
+def run(
+    seeds: int = 10,
+    *,
+    runtime: str = "local",
+    quick: bool = False,
+    plot_dir=None,
+    log=print,
+    dmsa_options: dict | None = None,
+) -> dict:
     """``seeds`` random splits; returns ``{method: {target: {mean, std}}}`` of test MSE."""
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 
@@ -161,7 +189,6 @@ def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_di
         runs.append(res)
         log(f"sentiment: run {s + 1}/{seeds} done (vocabulary {len(vocab)} words)")
     return summarise(runs)
-
 
 
 class TextFeatures(BaseEstimator, TransformerMixin):
@@ -206,8 +233,9 @@ DMSA_OPTIONS: dict = {"features": TextFeatures("normalised"), "mu": 0.03}
 GMSA_OPTIONS: dict = {"features": TextFeatures("svd", 20)}
 
 
-def tune_svr(seed: int = 0, grid=(3.0, 10.0, 30.0), transforms=SVR_TRANSFORMS,
-             folds: int = 5) -> dict[tuple[str, float], float]:
+def tune_svr(
+    seed: int = 0, grid=(3.0, 10.0, 30.0), transforms=SVR_TRANSFORMS, folds: int = 5
+) -> dict[tuple[str, float], float]:
     """CV MSE of ``make_svr(C, transform)`` on seed ``seed``'s training reviews, averaged over
     domains, for every (transform, C).
 
@@ -218,14 +246,23 @@ def tune_svr(seed: int = 0, grid=(3.0, 10.0, 30.0), transforms=SVR_TRANSFORMS,
 
     _, split = prepare_split(load_sentiment(), seed)
     cv = KFold(folds, shuffle=True, random_state=seed)
-    return {(t, C): float(np.mean([-cross_val_score(make_svr(C, t), Xtr, ytr, cv=cv,
-                                                    scoring="neg_mean_squared_error").mean()
-                                   for Xtr, ytr, _, _ in split.values()]))
-            for t in transforms for C in grid}
+    return {
+        (t, C): float(
+            np.mean(
+                [
+                    -cross_val_score(make_svr(C, t), Xtr, ytr, cv=cv, scoring="neg_mean_squared_error").mean()
+                    for Xtr, ytr, _, _ in split.values()
+                ]
+            )
+        )
+        for t in transforms
+        for C in grid
+    }
 
 
-def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 1200,
-                 log=print) -> dict[str, dict]:
+def tune_options(
+    candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: int = 1200, log=print
+) -> dict[str, dict]:
     """Validation MSE of DMSA/GMSA option sets, on training reviews only.
 
     Seed ``seed``'s 1600 training reviews per domain are split ``n_fit`` / rest; the SVRs,
@@ -242,8 +279,12 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
     fitter = fit_dmsa if method == "dmsa" else fit_gmsa
     unif = UniformCombination(list(predictors.values()), "regression")
     mse = {l: float(np.mean((unif.predict(Xv) - yv) ** 2)) for l, (_, _, Xv, yv) in fit.items()}
-    out = {"unif": {"mean": float(np.mean(list(uniform_mixtures(mse, MIXTURES).values()))),
-                    "KDBE": uniform_mixtures(mse, MIXTURES)["KDBE"]}}
+    out = {
+        "unif": {
+            "mean": float(np.mean(list(uniform_mixtures(mse, MIXTURES).values()))),
+            "KDBE": uniform_mixtures(mse, MIXTURES)["KDBE"],
+        }
+    }
     log(f"unif: validation MSE mean {out['unif']['mean']:.4f}")
     for name, opts in candidates.items():
         model = fitter(sites, "regression", random_state=seed, **opts)

@@ -14,6 +14,7 @@ is scored on 20000 fresh test points per domain and on their uniform mixture.
 ``DMSA`` uses the feature map chosen on validation seeds (``DMSA_OPTIONS``);
 ``DMSA-threshold`` is the paper's threshold-feature Maxent, reported alongside.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,8 @@ TARGETS = ("D1", "D2", "D1-D2")
 MIXTURES = {"D1": ("D1",), "D2": ("D2",), "D1-D2": ("D1", "D2")}
 SIZES = (50, 100, 200, 500, 1000)
 QUICK_SIZES = (100, 1000)
-N_TRAIN = 1000      # points per domain for the frozen h_k
-N_TEST = 20000      # test points per domain
+N_TRAIN = 1000  # points per domain for the frozen h_k
+N_TEST = 20000  # test points per domain
 #: DMSA's domain-classifier options, chosen with ``validate_options`` on validation seeds
 #: 100-104 (fresh draws, disjoint from the evaluation seeds 0..N-1): conditional Maxent on
 #: random Fourier features of a Gaussian kernel (gamma=10 on the standardised input).
@@ -45,10 +46,12 @@ VALIDATION_SEEDS = range(100, 105)
 # Read off the paper's Figure 3 (accuracy at 1000 samples, approximately): DMSA is close to
 # 100% on both domains; the figure gives no exact values, so only DMSA's claim is listed.
 PAPER = {"DMSA-threshold": {"D1": 1.0, "D2": 1.0, "D1-D2": 1.0}}
-NOTE = ("N(m, s): s read as a standard deviation; D2's mixture weights 0.75/0.25/0.05 "
-        "renormalised to sum to 1. Paper row: '~100%' as stated in the text (Figure 3 has no table).\n"
-        "DMSA: Maxent on random Fourier features (gamma=10), chosen on validation seeds; "
-        "DMSA-threshold: the paper's threshold features.")
+NOTE = (
+    "N(m, s): s read as a standard deviation; D2's mixture weights 0.75/0.25/0.05 "
+    "renormalised to sum to 1. Paper row: '~100%' as stated in the text (Figure 3 has no table).\n"
+    "DMSA: Maxent on random Fourier features (gamma=10), chosen on validation seeds; "
+    "DMSA-threshold: the paper's threshold features."
+)
 
 
 def _weights(domain: str) -> np.ndarray:
@@ -85,8 +88,15 @@ def _accuracy(model, X, y) -> float:
     return float(np.mean(model.predict(X) == y))
 
 
-def run_seed(seed: int, sizes=SIZES, *, runtime: str = "local", n_test: int = N_TEST,
-             dmsa_options: dict | None = None, with_threshold: bool = True) -> dict:
+def run_seed(
+    seed: int,
+    sizes=SIZES,
+    *,
+    runtime: str = "local",
+    n_test: int = N_TEST,
+    dmsa_options: dict | None = None,
+    with_threshold: bool = True,
+) -> dict:
     """One seed: ``{n: {method: {target: accuracy}}}`` for every adaptation size n."""
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 
@@ -109,12 +119,14 @@ def run_seed(seed: int, sizes=SIZES, *, runtime: str = "local", n_test: int = N_
             sites.append(SiteData(dom, X, y, X, h))
         models = {
             "GMSA": fit_gmsa(sites, "classification", random_state=seed, runtime=runtime),
-            "DMSA": fit_dmsa(sites, "classification", random_state=seed, runtime=runtime,
-                             **{**DMSA_OPTIONS, **(dmsa_options or {})}),
+            "DMSA": fit_dmsa(
+                sites, "classification", random_state=seed, runtime=runtime, **{**DMSA_OPTIONS, **(dmsa_options or {})}
+            ),
         }
         if with_threshold:
-            models["DMSA-threshold"] = fit_dmsa(sites, "classification", random_state=seed,
-                                                runtime=runtime, **THRESHOLD_OPTIONS)
+            models["DMSA-threshold"] = fit_dmsa(
+                sites, "classification", random_state=seed, runtime=runtime, **THRESHOLD_OPTIONS
+            )
         res = {m: uniform_mixtures(acc, MIXTURES) for m, acc in fixed_acc.items()}
         for m, model in models.items():
             res[m] = uniform_mixtures({d: _accuracy(model, *test[d]) for d in DOMAINS}, MIXTURES)
@@ -122,8 +134,7 @@ def run_seed(seed: int, sizes=SIZES, *, runtime: str = "local", n_test: int = N_
     return out
 
 
-def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_dir=None,
-        log=print) -> dict:
+def run(seeds: int = 10, *, runtime: str = "local", quick: bool = False, plot_dir=None, log=print) -> dict:
     """All seeds; returns results for the largest size plus ``by_size`` (keys are sizes as str)."""
     sizes = QUICK_SIZES if quick else SIZES
     n_test = 5000 if quick else N_TEST
@@ -152,6 +163,7 @@ def validate_options(candidates: dict, seeds=VALIDATION_SEEDS, n: int = 1000) ->
 def plot(results: dict, plot_dir, seed: int = 0) -> list[Path]:
     """Figure 2 (true densities vs GMSA's 5-fold CV KDE, 1000 points) and Figure 3 (accuracy vs n); returns the PNG paths."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -170,8 +182,13 @@ def plot(results: dict, plot_dir, seed: int = 0) -> list[Path]:
         for dom, color in zip(DOMAINS, ("tab:blue", "tab:orange")):
             ax.plot(grid, density(dom, grid), color=color, label=f"{dom} true")
             sample_x, bw = kdes[dom]
-            ax.plot(grid, np.exp(gaussian_kde_log_density(grid[:, None], sample_x, bw)[:, 0]), "--", color=color,
-                    label=f"{dom} KDE (bandwidth {bw:.2g})")
+            ax.plot(
+                grid,
+                np.exp(gaussian_kde_log_density(grid[:, None], sample_x, bw)[:, 0]),
+                "--",
+                color=color,
+                label=f"{dom} KDE (bandwidth {bw:.2g})",
+            )
         for a, b in ((-0.5, 0.5), (3.5, hi)):
             if b > lo and a < hi:
                 ax.axvspan(max(a, lo), min(b, hi), color="green", alpha=0.1)

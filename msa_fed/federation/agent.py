@@ -24,6 +24,7 @@ its request log; it opens **no listening socket**.  It
 Errors sent back carry the library's own message for the library's own errors (a refusal, a
 configuration mismatch) and only the error's type name for anything else.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,14 @@ log = logging.getLogger(__name__)
 SILENCE_INTERVALS = 4
 RECONNECT_MAX_S = 30.0
 #: statuses after which reconnecting cannot help
-FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
-         grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.UNIMPLEMENTED}
+FATAL = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
 
 
 class SiteRefused(MsaFedError):
@@ -90,12 +97,16 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
     policy = load_policy(config.policy) if config.policy is not None else SitePolicy()
     audit = os.path.abspath(config.audit_log)
     if policy.audit_log and os.path.abspath(policy.audit_log) != audit:
-        raise ConfigError(f"site config: the policy's [budget] audit_log {policy.audit_log!r} is not site.toml's "
-                          f"audit_log {config.audit_log!r}; a site keeps one audit log (remove one of the two)")
+        raise ConfigError(
+            f"site config: the policy's [budget] audit_log {policy.audit_log!r} is not site.toml's "
+            f"audit_log {config.audit_log!r}; a site keeps one audit log (remove one of the two)"
+        )
     ledger = os.path.abspath(config.ledger_path)
     if policy.ledger and config.ledger and os.path.abspath(policy.ledger) != ledger:
-        raise ConfigError(f"site config: the policy's [budget] ledger {policy.ledger!r} is not site.toml's "
-                          f"ledger {config.ledger!r} (remove one of the two)")
+        raise ConfigError(
+            f"site config: the policy's [budget] ledger {policy.ledger!r} is not site.toml's "
+            f"ledger {config.ledger!r} (remove one of the two)"
+        )
     if policy.ledger and not config.ledger:
         ledger = os.path.abspath(policy.ledger)
     Path(audit).parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +141,7 @@ class SiteAgent:
         # a request's time counts against the job's site_timeout_s
         import msa_fed.core.density  # noqa: F401
         import msa_fed.core.domain_classifier  # noqa: F401
+
         self.book = JobBook(config.jobs_path)
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
@@ -149,17 +161,23 @@ class SiteAgent:
         if record.name != self.name:
             raise SiteRefused(f"the token belongs to site {record.name!r}, not {self.name!r}")
         if record.predictor is None or record.sample is None:
-            raise SiteRefused(f"site {self.name!r} has not published both a predictor and an unlabelled sample; "
-                              "run 'msa-fed site publish' first")
+            raise SiteRefused(
+                f"site {self.name!r} has not published both a predictor and an unlabelled sample; "
+                "run 'msa-fed site publish' first"
+            )
         if record.predictor.sha256 != self.predictor_sha256:
-            raise SiteRefused(f"predictor {self.config.predictor!r} (sha256 {self.predictor_sha256[:16]}...) is not "
-                              f"the predictor site {self.name!r} published ({record.predictor.sha256[:16]}...)")
+            raise SiteRefused(
+                f"predictor {self.config.predictor!r} (sha256 {self.predictor_sha256[:16]}...) is not "
+                f"the predictor site {self.name!r} published ({record.predictor.sha256[:16]}...)"
+            )
         X = self.data["X_unlabeled"]
         if record.sample.sha256 != self.sample_sha256:
-            raise SiteRefused(f"X_unlabeled of {self.config.data!r} ({X.shape[0]} x {X.shape[1]}, sha256 "
-                              f"{self.sample_sha256[:16]}... as float32) is not the sample site {self.name!r} "
-                              f"published ({record.sample.meta.get('rows')} x {record.sample.meta.get('cols')}, "
-                              f"{record.sample.sha256[:16]}...)")
+            raise SiteRefused(
+                f"X_unlabeled of {self.config.data!r} ({X.shape[0]} x {X.shape[1]}, sha256 "
+                f"{self.sample_sha256[:16]}... as float32) is not the sample site {self.name!r} "
+                f"published ({record.sample.meta.get('rows')} x {record.sample.meta.get('cols')}, "
+                f"{record.sample.sha256[:16]}...)"
+            )
 
     # ------------------------------------------------------------------ serving
     def stop(self):
@@ -187,9 +205,16 @@ class SiteAgent:
         out: queue.Queue = queue.Queue()
         done = threading.Event()
         state: dict[str, Any] = {"last": time.monotonic(), "interval": 5.0, "welcomed": False}
-        out.put(pb.SiteToRelay(hello=pb.Hello(site=self.name, agent_version=__version__,
-                                              predictor_sha256=self.predictor_sha256,
-                                              sample_sha256=self.sample_sha256)))
+        out.put(
+            pb.SiteToRelay(
+                hello=pb.Hello(
+                    site=self.name,
+                    agent_version=__version__,
+                    predictor_sha256=self.predictor_sha256,
+                    sample_sha256=self.sample_sha256,
+                )
+            )
+        )
 
         def outgoing():
             while True:
@@ -218,8 +243,10 @@ class SiteAgent:
                 if part == "welcome":
                     state["interval"] = max(0.05, msg.welcome.heartbeat_interval_s or 5.0)
                     state["welcomed"] = True
-                    self.echo(f"site {self.name}: connected to the registry {self.config.registry} "
-                              "(outgoing connection; no listening socket)")
+                    self.echo(
+                        f"site {self.name}: connected to the registry {self.config.registry} "
+                        "(outgoing connection; no listening socket)"
+                    )
                 elif part == "forward":
                     response = self.handle(msg.forward)
                     out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=response)))
@@ -251,8 +278,11 @@ class SiteAgent:
         try:
             method, msg = wire.from_proto(fwd.request, wire.REQUESTS)
             if method not in RELAY_METHODS:
-                raise PrivacyError("relay_methods", self.name, f"{method!r}: it does not answer it from its process "
-                                                               f"(it answers {sorted(RELAY_METHODS)})")
+                raise PrivacyError(
+                    "relay_methods",
+                    self.name,
+                    f"{method!r}: it does not answer it from its process (it answers {sorted(RELAY_METHODS)})",
+                )
             if method == "join_job":
                 if not isinstance(msg, m.JobSetup):
                     raise wire.WireError("join_job takes a JobSetup")
@@ -280,8 +310,9 @@ class SiteAgent:
 
     def _record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:
         """One record of the site's audit log, in the policy's format (``msa-fed site audit`` reads it)."""
-        self.audit.append({"site": self.name, "job": job, "admin": admin, "request": request, "outcome": outcome,
-                           **extra})
+        self.audit.append(
+            {"site": self.name, "job": job, "admin": admin, "request": request, "outcome": outcome, **extra}
+        )
 
     def _join(self, job: str, admin: str, msg: m.JobSetup) -> m.SiteInfo:
         sites = list(msg.sites)
@@ -296,17 +327,32 @@ class SiteAgent:
             raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
         state = self.book.seen(job, admin, sites)
         if self.config.accept_jobs == "approve" and state == "pending":
-            raise PrivacyError("accept_jobs", self.name, f"job {job!r}: it serves only approved jobs and job {job!r} "
-                                                         f"is pending: its operator runs 'msa-fed site approve {job}'")
+            raise PrivacyError(
+                "accept_jobs",
+                self.name,
+                f"job {job!r}: it serves only approved jobs and job {job!r} "
+                f"is pending: its operator runs 'msa-fed site approve {job}'",
+            )
         if msg.predictor_sha256[msg.index] != self.predictor_sha256:
-            raise ConfigError(f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
-                              f"{self.name!r}, which holds {self.predictor_sha256[:16]}...")
+            raise ConfigError(
+                f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
+                f"{self.name!r}, which holds {self.predictor_sha256[:16]}..."
+            )
         kind = "regression" if msg.task == "regression" else "probabilities"
         predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
         d = self.data
-        worker = SiteWorker(self.name, msg.index, d["X_labeled"], d["y_labeled"], d["X_unlabeled"],
-                            predictors=predictors, task=msg.task, loss=msg.loss, classes=msg.classes,
-                            **worker_policy_kwargs(self.policy, msg, job))
+        worker = SiteWorker(
+            self.name,
+            msg.index,
+            d["X_labeled"],
+            d["y_labeled"],
+            d["X_unlabeled"],
+            predictors=predictors,
+            task=msg.task,
+            loss=msg.loss,
+            classes=msg.classes,
+            **worker_policy_kwargs(self.policy, msg, job),
+        )
         info = worker.info()
         old = self.jobs.pop(job, None)
         if old is not None:  # joined again (the job restarted): the new worker replaces it
@@ -330,8 +376,11 @@ class SiteAgent:
     def _fetch(self, job: str, site: str) -> bytes:
         parts, header = [], None
         try:
-            for chunk in self._stub.FetchPredictor(pb.FetchPredictorRequest(job_id=job, site=site), timeout=120,
-                                                   metadata=(("authorization", f"Bearer {self.token}"),)):
+            for chunk in self._stub.FetchPredictor(
+                pb.FetchPredictorRequest(job_id=job, site=site),
+                timeout=120,
+                metadata=(("authorization", f"Bearer {self.token}"),),
+            ):
                 which = chunk.WhichOneof("part")
                 if which == "artifact" and header is None:
                     header = chunk.artifact
@@ -342,8 +391,9 @@ class SiteAgent:
                 else:
                     raise ConfigError(f"fetching the predictor of site {site!r}: unexpected message")
         except grpc.RpcError as exc:
-            raise ConfigError(f"cannot fetch the predictor of site {site!r}: "
-                              f"{exc.code().name}: {exc.details()}") from None
+            raise ConfigError(
+                f"cannot fetch the predictor of site {site!r}: {exc.code().name}: {exc.details()}"
+            ) from None
         return b"".join(parts)
 
     def close(self):

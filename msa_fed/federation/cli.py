@@ -1,9 +1,10 @@
 """``msa-fed site serve | jobs | approve``: the site's process in the federated topology.
 
-    msa-fed site serve   --config site.toml     # dial out to the registry and answer the job's requests
-    msa-fed site jobs    --config site.toml [--json]
-    msa-fed site approve JOB_ID --config site.toml
+msa-fed site serve   --config site.toml     # dial out to the registry and answer the job's requests
+msa-fed site jobs    --config site.toml [--json]
+msa-fed site approve JOB_ID --config site.toml
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,19 @@ def _config(args):
 def _serve(args) -> int:
     from msa_fed.federation.agent import SiteAgent
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     config = _config(args)
     agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
     previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         agent.check_published()
-        print(f"site {config.name}: predictor and unlabelled sample match what the site published; "
-              f"accepting jobs: {config.accept_jobs}", flush=True)
+        print(
+            f"site {config.name}: predictor and unlabelled sample match what the site published; "
+            f"accepting jobs: {config.accept_jobs}",
+            flush=True,
+        )
         # serve in a thread so that a signal handler can run while gRPC blocks the main thread
         errors = []
 
@@ -97,8 +102,11 @@ def _approve(args) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     site = command_group(sub, "site", "site commands (register, publish, serve, ...)")
-    serve = site.add_parser("serve", help="run the site's process: dial out to the registry and answer the "
-                                          "job's requests (federated topology; no listening socket)")
+    serve = site.add_parser(
+        "serve",
+        help="run the site's process: dial out to the registry and answer the "
+        "job's requests (federated topology; no listening socket)",
+    )
     serve.add_argument("--config", required=True, help="site.toml (see cluster/README.md)")
     serve.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
@@ -108,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     jobs.add_argument("--json", action="store_true")
     jobs.set_defaults(func=_jobs)
 
-    approve = site.add_parser("approve", help="admit a job (for accept_jobs = \"approve\")")
+    approve = site.add_parser("approve", help='admit a job (for accept_jobs = "approve")')
     approve.add_argument("job_id", help="the job's id, as listed by 'msa-fed site jobs'")
     approve.add_argument("--config", required=True, help="site.toml")
     approve.set_defaults(func=_approve)

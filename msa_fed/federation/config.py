@@ -18,6 +18,7 @@
 
 Relative paths are relative to the folder of ``site.toml``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,18 @@ from msa_fed.errors import ConfigError
 
 ACCEPT_JOBS = ("admin", "approve")
 _REQUIRED = ("name", "registry", "token_file", "data", "predictor", "audit_log")
-_PATHS = ("token_file", "tls_ca", "tls_cert", "tls_key", "data", "predictor", "policy", "audit_log", "jobs_db",
-          "ledger")
+_PATHS = (
+    "token_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "data",
+    "predictor",
+    "policy",
+    "audit_log",
+    "jobs_db",
+    "ledger",
+)
 _OPTIONAL = ("tls_ca", "tls_cert", "tls_key", "server_name", "insecure", "policy", "accept_jobs", "jobs_db", "ledger")
 
 
@@ -64,8 +75,9 @@ class SiteConfig:
             raise ConfigError(f"site config {str(path)!r} is not valid TOML: {exc}") from None
         unknown = sorted(set(doc) - set(_REQUIRED) - set(_OPTIONAL))
         if unknown:
-            raise ConfigError(f"site config {str(path)!r}: unknown key(s) {unknown}; expected some of "
-                              f"{sorted(_REQUIRED + _OPTIONAL)}")
+            raise ConfigError(
+                f"site config {str(path)!r}: unknown key(s) {unknown}; expected some of {sorted(_REQUIRED + _OPTIONAL)}"
+            )
         missing = [k for k in _REQUIRED if k not in doc]
         if missing:
             raise ConfigError(f"site config {str(path)!r}: missing key(s) {missing}")
@@ -110,8 +122,13 @@ class SiteConfig:
         return audit.with_name(audit.stem + ".ledger.db")
 
     def channel_kwargs(self) -> dict:
-        return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
-                    server_name=self.server_name)
+        return dict(
+            insecure=self.insecure,
+            tls_ca=self.tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            server_name=self.server_name,
+        )
 
     def read_token(self) -> str:
         p = Path(self.token_file)

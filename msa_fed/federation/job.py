@@ -5,6 +5,7 @@
 the sha256 the registry recorded), and returns a :class:`msa_fed.runtime.federated.FederatedSites`
 talking to the sites through the registry's relay with the job's admin token.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,12 +29,15 @@ class _JobSites(FederatedSites):
 def check_job_name(name: str) -> None:
     """A federated job's name is its id at the registry's relay: a ConfigError unless it is one."""
     if not JOB_ID_PATTERN.match(name):
-        raise ConfigError(f"job name {name!r} is the job's id at the registry's relay (sites approve jobs by "
-                          "it): use 1-128 letters, digits, '_', '.', ':' or '-'")
+        raise ConfigError(
+            f"job name {name!r} is the job's id at the registry's relay (sites approve jobs by "
+            "it): use 1-128 letters, digits, '_', '.', ':' or '-'"
+        )
 
 
-def federated_backend(config, admin_token: str, client, names, records, predictor_sha256, classes, loss: str,
-                      log=print) -> FederatedSites:
+def federated_backend(
+    config, admin_token: str, client, names, records, predictor_sha256, classes, loss: str, log=print
+) -> FederatedSites:
     """The backend of a federated job (see the module docstring).
 
     config : the job's :class:`msa_fed.jobs.config.JobConfig` (registry, tls_ca, insecure, name, and
@@ -46,16 +50,30 @@ def federated_backend(config, admin_token: str, client, names, records, predicto
     for name in names:
         rec = records[name].sample
         if rec is None:
-            raise ConfigError(f"site {name!r} has not published an unlabelled sample (msa-fed site publish "
-                              "--unlabeled ...); the federated topology trains the domain classifier on it")
+            raise ConfigError(
+                f"site {name!r} has not published an unlabelled sample (msa-fed site publish "
+                "--unlabeled ...); the federated topology trains the domain classifier on it"
+            )
         X, _ = client.download_sample(name, expected_sha256=rec.sha256)
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
     relay = RelayClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca)
     fit = config.fit
-    return _JobSites(names, relay, samples, job_id=config.name, predictor_sha256=list(predictor_sha256),
-                     task=fit.task, loss=loss, classes=classes, min_points=fit.min_points,
-                     site_timeout_s=fit.site_timeout_s, address=fit.ray.address,
-                     data_channel=fit.ray.data_channel, workers_per_site=fit.ray.workers_per_site,
-                     num_cpus=fit.ray.num_cpus, init_kwargs=dict(fit.ray.init_kwargs),
-                     max_restarts=fit.ray.max_restarts)
+    return _JobSites(
+        names,
+        relay,
+        samples,
+        job_id=config.name,
+        predictor_sha256=list(predictor_sha256),
+        task=fit.task,
+        loss=loss,
+        classes=classes,
+        min_points=fit.min_points,
+        site_timeout_s=fit.site_timeout_s,
+        address=fit.ray.address,
+        data_channel=fit.ray.data_channel,
+        workers_per_site=fit.ray.workers_per_site,
+        num_cpus=fit.ray.num_cpus,
+        init_kwargs=dict(fit.ray.init_kwargs),
+        max_restarts=fit.ray.max_restarts,
+    )

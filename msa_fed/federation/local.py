@@ -12,6 +12,7 @@ its predictor and unlabelled sample over gRPC as the site's operator would, writ
 ``site.toml``, data file and token file into ``workdir/<site>/``, and starts one
 ``msa-fed site serve --config site.toml`` subprocess per site.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,25 @@ class SiteFiles:
     predictor: bytes
 
 
-def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: str | None = None,
-              tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None) -> str:
-    lines = [f'name = "{name}"', f'registry = "{registry}"', 'token_file = "token.txt"',
-             'data = "data.npz"', 'predictor = "predictor.onnx"', 'audit_log = "audit.jsonl"',
-             f'accept_jobs = "{accept_jobs}"']
+def site_toml(
+    name: str,
+    registry: str,
+    *,
+    accept_jobs: str = "admin",
+    policy: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> str:
+    lines = [
+        f'name = "{name}"',
+        f'registry = "{registry}"',
+        'token_file = "token.txt"',
+        'data = "data.npz"',
+        'predictor = "predictor.onnx"',
+        'audit_log = "audit.jsonl"',
+        f'accept_jobs = "{accept_jobs}"',
+    ]
     if tls_ca is None:
         lines.append("insecure = true")
     else:
@@ -52,11 +67,25 @@ def site_toml(name: str, registry: str, *, accept_jobs: str = "admin", policy: s
 
 
 class LocalFederation:
-    def __init__(self, workdir, sites: dict[str, SiteFiles], *, accept_jobs: str = "admin", start_sites: bool = True,
-                 max_workers: int = 64, heartbeat_interval_s: float = 1.0, silence_timeout_s: float = 10.0,
-                 env: dict | None = None, tls=None, tls_ca: str | None = None, listen: str = "127.0.0.1:0",
-                 site_host=None, client_certs: dict | None = None, launcher: dict | None = None,
-                 policies: dict[str, str] | None = None):
+    def __init__(
+        self,
+        workdir,
+        sites: dict[str, SiteFiles],
+        *,
+        accept_jobs: str = "admin",
+        start_sites: bool = True,
+        max_workers: int = 64,
+        heartbeat_interval_s: float = 1.0,
+        silence_timeout_s: float = 10.0,
+        env: dict | None = None,
+        tls=None,
+        tls_ca: str | None = None,
+        listen: str = "127.0.0.1:0",
+        site_host=None,
+        client_certs: dict | None = None,
+        launcher: dict | None = None,
+        policies: dict[str, str] | None = None,
+    ):
         """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
         the CA file the sites and this process trust; site_host(name) : the registry host a site
         dials (default 127.0.0.1); client_certs : {site: (cert path, key path)} for mutual TLS;
@@ -102,8 +131,9 @@ class LocalFederation:
         self.store = SqliteStore(self.workdir / "registry.db")
         self.registry = Registry(self.store)
         self.admin_token = self.registry.issue_token("admin", "operator")
-        self.server = RegistryServer(self.registry, self.listen, insecure=self.tls is None, tls=self.tls,
-                                     max_workers=self.max_workers).start()
+        self.server = RegistryServer(
+            self.registry, self.listen, insecure=self.tls is None, tls=self.tls, max_workers=self.max_workers
+        ).start()
         for key, value in self.relay_settings.items():
             setattr(self.server.relay, key, value)
         self.address = f"127.0.0.1:{self.server.port}"
@@ -114,17 +144,26 @@ class LocalFederation:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "token.txt").write_text(token + "\n")
             os.chmod(folder / "token.txt", 0o600)
-            np.savez(folder / "data.npz", X_labeled=files.X_labeled, y_labeled=files.y_labeled,
-                     X_unlabeled=files.X_unlabeled)
+            np.savez(
+                folder / "data.npz", X_labeled=files.X_labeled, y_labeled=files.y_labeled, X_unlabeled=files.X_unlabeled
+            )
             (folder / "predictor.onnx").write_bytes(files.predictor)
             cert, key = self.client_certs.get(name, (None, None))
             policy = None
             if name in self.policies:
                 policy = "policy.toml"
                 (folder / policy).write_text(self.policies[name])
-            (folder / "site.toml").write_text(site_toml(
-                name, f"{self.site_host(name)}:{self.server.port}", accept_jobs=self.accept_jobs, tls_ca=self.tls_ca,
-                tls_cert=cert, tls_key=key, policy=policy))
+            (folder / "site.toml").write_text(
+                site_toml(
+                    name,
+                    f"{self.site_host(name)}:{self.server.port}",
+                    accept_jobs=self.accept_jobs,
+                    tls_ca=self.tls_ca,
+                    tls_cert=cert,
+                    tls_key=key,
+                    policy=policy,
+                )
+            )
             with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
                 client.register(name)
                 client.upload_predictor(files.predictor)
@@ -142,10 +181,16 @@ class LocalFederation:
         config = config or self.config_path(name)
         out = open(self.workdir / name / "serve.log", "ab")
         env = dict(os.environ if self.env is None else self.env)
-        cmd = list(self.launcher.get(name, ())) + [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config",
-                                                   str(config)]
-        proc = subprocess.Popen(cmd,
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(self.workdir / name))
+        cmd = list(self.launcher.get(name, ())) + [
+            sys.executable,
+            "-m",
+            "msa_fed.cli",
+            "site",
+            "serve",
+            "--config",
+            str(config),
+        ]
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(self.workdir / name))
         out.close()
         self.procs[name] = proc
         return proc
@@ -168,8 +213,9 @@ class LocalFederation:
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"site {n}'s process exited ({proc.returncode}):\n{self.log_text(n)[-3000:]}")
             time.sleep(0.1)
-        raise TimeoutError(f"sites {[n for n in names if n not in self.server.relay.connected()]} did not connect "
-                           f"within {timeout} s")
+        raise TimeoutError(
+            f"sites {[n for n in names if n not in self.server.relay.connected()]} did not connect within {timeout} s"
+        )
 
     def kill(self, name: str) -> None:
         proc = self.procs.get(name)

@@ -10,6 +10,7 @@
 answer is decoded with :mod:`msa_fed.runtime.wire` and must be a boundary response; anything
 else counts as the site's failure.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,27 +30,41 @@ from msa_fed.runtime.federated import SiteUnreachable
 CALL_MARGIN_S = 10.0
 
 
-def open_channel(address: str, *, insecure: bool = False, tls_ca=None, tls_cert=None, tls_key=None,
-                 server_name: str | None = None, flag: str = "registry") -> grpc.Channel:
+def open_channel(
+    address: str,
+    *,
+    insecure: bool = False,
+    tls_ca=None,
+    tls_cert=None,
+    tls_key=None,
+    server_name: str | None = None,
+    flag: str = "registry",
+) -> grpc.Channel:
     """A channel to the registry: TLS (``tls_ca``; mutual with ``tls_cert``/``tls_key``), or
     plaintext with ``insecure`` towards loopback only."""
     host, _ = parse_address(address, flag)
-    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
     if insecure:
         if tls_ca is not None or tls_cert is not None:
             raise ConfigError("insecure and tls_ca/tls_cert are mutually exclusive")
         if not is_loopback(host):
-            raise ConfigError(f"insecure would send the token in plaintext to {host!r}; it is only allowed "
-                              "towards loopback (127.0.0.1, ::1, localhost)")
+            raise ConfigError(
+                f"insecure would send the token in plaintext to {host!r}; it is only allowed "
+                "towards loopback (127.0.0.1, ::1, localhost)"
+            )
         return grpc.insecure_channel(address, options=options)
     if (tls_cert is None) != (tls_key is None):
         raise ConfigError("tls_cert and tls_key must be given together")
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
-    credentials = grpc.ssl_channel_credentials(root_certificates=_pem(tls_ca, "tls_ca"),
-                                               private_key=_pem(tls_key, "tls_key"),
-                                               certificate_chain=_pem(tls_cert, "tls_cert"))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls_ca, "tls_ca"),
+        private_key=_pem(tls_key, "tls_key"),
+        certificate_chain=_pem(tls_cert, "tls_cert"),
+    )
     return grpc.secure_channel(address, credentials, options=options)
 
 
@@ -101,8 +116,9 @@ class RelayClient:
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
             raise
         if len(response.results) != len(request.calls):
-            raise RegistryError("DATA_LOSS",
-                                f"the relay answered {len(response.results)} of {len(request.calls)} calls")
+            raise RegistryError(
+                "DATA_LOSS", f"the relay answered {len(response.results)} of {len(request.calls)} calls"
+            )
         out: list[Any] = []
         for (site, method, _), result in zip(calls, response.results):
             if result.site != site:

@@ -8,6 +8,7 @@
   or refused, each line carrying the sha256 of the previous one (a hash chain: an edited or
   removed line breaks every hash after it; :func:`verify_log` checks it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,10 @@ class JobBook:
         """Record that ``job_id`` asked to be served; its state (new jobs are "pending")."""
         now = time.time()
         with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, 'pending', ?, ?)",
-                             (job_id, admin, json.dumps(list(sites)), now, now))
+            self._db.execute(
+                "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, 'pending', ?, ?)",
+                (job_id, admin, json.dumps(list(sites)), now, now),
+            )
             return self._db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
 
     def set_state(self, job_id: str, state: str, *, create: bool = False) -> bool:
@@ -65,10 +68,13 @@ class JobBook:
 
     def jobs(self) -> list[dict]:
         with self._lock:
-            rows = self._db.execute("SELECT job_id, admin, sites, state, first_seen, changed_at FROM jobs "
-                                    "ORDER BY first_seen").fetchall()
-        return [dict(job_id=r[0], admin=r[1], sites=json.loads(r[2]), state=r[3], first_seen=r[4], changed_at=r[5])
-                for r in rows]
+            rows = self._db.execute(
+                "SELECT job_id, admin, sites, state, first_seen, changed_at FROM jobs ORDER BY first_seen"
+            ).fetchall()
+        return [
+            dict(job_id=r[0], admin=r[1], sites=json.loads(r[2]), state=r[3], first_seen=r[4], changed_at=r[5])
+            for r in rows
+        ]
 
 
 class RequestLog:

@@ -1,4 +1,5 @@
 """``msa-fed run`` (the federated job) and ``msa-fed demo``."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,16 +11,21 @@ def _run(args) -> int:
     if args.admin_token and args.admin_token_file:
         raise ValueError("give --admin-token or --admin-token-file, not both")
     # the whole job file is checked before any network work (and before the heavy imports)
-    config = JobConfig.from_toml(args.job, registry=args.registry, tls_ca=args.tls_ca,
-                                 insecure=True if args.insecure else None,
-                                 admin_token_file=args.admin_token_file)
+    config = JobConfig.from_toml(
+        args.job,
+        registry=args.registry,
+        tls_ca=args.tls_ca,
+        insecure=True if args.insecure else None,
+        admin_token_file=args.admin_token_file,
+    )
     if args.admin_token:
         check_admin_token(args.admin_token, "--admin-token")
     token = args.admin_token or read_token_file(config.admin_token_file)
     from msa_fed.jobs.run import report, run_job
 
-    _, model = run_job(config, token, verbose=not args.quiet, output_dir=args.output,
-                       upload_retry_for=args.upload_retry_for)
+    _, model = run_job(
+        config, token, verbose=not args.quiet, output_dir=args.output, upload_retry_for=args.upload_retry_for
+    )
     report(model)
     return 0
 
@@ -39,10 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--tls-ca", help="CA certificate of the registry (PEM)")
     run.add_argument("--insecure", action="store_true", help="plaintext to a loopback registry")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
-    run.add_argument("--output", metavar="DIR", help="save the combined model here before uploading it "
-                     "(default: <root>/<job id>/model, root $MSA_FED_OUTPUT_ROOT or msa-fed-jobs in the working dir)")
-    run.add_argument("--upload-retry-for", type=float, default=300.0, metavar="S",
-                     help="retry storing the model in an unreachable registry for S seconds (default 300)")
+    run.add_argument(
+        "--output",
+        metavar="DIR",
+        help="save the combined model here before uploading it "
+        "(default: <root>/<job id>/model, root $MSA_FED_OUTPUT_ROOT or msa-fed-jobs in the working dir)",
+    )
+    run.add_argument(
+        "--upload-retry-for",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="retry storing the model in an unreachable registry for S seconds (default 300)",
+    )
     run.set_defaults(func=_run)
 
     demo = sub.add_parser("demo", help="the federated flow end to end on built-in data (local Ray, loopback gRPC)")

@@ -15,6 +15,7 @@
    checked), and the model is downloaded again and evaluated against every baseline on target
    mixtures.
 """
+
 from __future__ import annotations
 
 import sys
@@ -87,12 +88,15 @@ def site_summary(folder) -> list[str]:
         if r.get("outcome") == "answered":
             answered[r["request"]] = answered.get(r["request"], 0) + 1
     refused = ", ".join(f"{r} x{c}" for r, c in sorted(summary["refused"].items())) or "nothing"
-    lines = [f"policy {Path(config.policy).name if config.policy else '(defaults)'}: min_points "
-             f"{policy.min_points}, max_point_share {policy.max_point_share:g}, eta_min {policy.eta_min:g}, "
-             f"{policy.dc_evaluations_per_job} DC evaluations per job, DP {'on' if policy.dp_enabled else 'off'}",
-             "answered " + (", ".join(f"{k} x{v}" for k, v in sorted(answered.items())) or "nothing")
-             + f"; refused {refused}; {summary['lines']} audit records, hash chain intact"
-             + (", length matches the ledger" if anchor is not None else "")]
+    lines = [
+        f"policy {Path(config.policy).name if config.policy else '(defaults)'}: min_points "
+        f"{policy.min_points}, max_point_share {policy.max_point_share:g}, eta_min {policy.eta_min:g}, "
+        f"{policy.dc_evaluations_per_job} DC evaluations per job, DP {'on' if policy.dp_enabled else 'off'}",
+        "answered "
+        + (", ".join(f"{k} x{v}" for k, v in sorted(answered.items())) or "nothing")
+        + f"; refused {refused}; {summary['lines']} audit records, hash chain intact"
+        + (", length matches the ledger" if anchor is not None else ""),
+    ]
     last: dict[str, dict] = {}
     for r in records:
         if r.get("decisions"):
@@ -124,25 +128,39 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
         files[name] = SiteFiles(d["X_labeled"], d["y_labeled"], d["X_unlabeled"], export_sklearn(h, n_features=2))
     with tempfile.TemporaryDirectory(prefix="msa-fed-demo-") as tmp:
         with LocalFederation(Path(tmp), files, policies={n: DEMO_POLICY for n in SITES}) as lf:
-            log(f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
-                f"SQLite at {Path(tmp) / 'registry.db'}")
+            log(
+                f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
+                f"SQLite at {Path(tmp) / 'registry.db'}"
+            )
             for name in SITES:
-                log(f"site {name}: registered over gRPC, published predictor and {len(fed[name]['X_unlabeled'])} "
-                    f"unlabelled points; {len(fed[name]['y_labeled'])} labelled points stay in its folder")
+                log(
+                    f"site {name}: registered over gRPC, published predictor and {len(fed[name]['X_unlabeled'])} "
+                    f"unlabelled points; {len(fed[name]['y_labeled'])} labelled points stay in its folder"
+                )
             ensure_ray(num_cpus=2)
             log("ray: local instance (the coordinator's cluster; it holds no labelled data)")
             lf.wait_connected(timeout=120)
-            log("sites: " + ", ".join(f"{n} (pid {lf.procs[n].pid})" for n in SITES)
-                + " run 'msa-fed site serve' and are connected to the registry (outgoing connections)")
-            job = JobConfig(name="demo", registry=lf.address, insecure=True, output_version="demo-v1",
-                            fit=FitConfig(runtime="ray", topology="federated")).validate()
+            log(
+                "sites: "
+                + ", ".join(f"{n} (pid {lf.procs[n].pid})" for n in SITES)
+                + " run 'msa-fed site serve' and are connected to the registry (outgoing connections)"
+            )
+            job = JobConfig(
+                name="demo",
+                registry=lf.address,
+                insecure=True,
+                output_version="demo-v1",
+                fit=FitConfig(runtime="ray", topology="federated"),
+            ).validate()
             record, model = run_job(job, lf.admin_token, log=log, verbose=True, output_dir=Path(tmp) / "job-output")
             report(model, log)
             with RegistryClient(lf.address, lf.admin_token, insecure=True) as admin:
                 data, rec = admin.download_combined_model(record.version)
                 stored = model_from_bytes(data)
-                log(f"downloaded combined model version {rec.version} from the registry and loaded it "
-                    f"(predictors checked by sha256)")
+                log(
+                    f"downloaded combined model version {rec.version} from the registry and loaded it "
+                    f"(predictors checked by sha256)"
+                )
             log("")
             log("what each site's process decided (its policy and its audit log):")
             for name in SITES:
@@ -150,8 +168,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
                     log(f"  {name}: {line}")
 
     # Baselines for the table are computed here with the sites' data, which only the demo has.
-    sites = [SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"], predictors[n])
-             for n in SITES]
+    sites = [SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"], predictors[n]) for n in SITES]
     gmsa = fit_gmsa(sites, "classification", random_state=random_state)
 
     def unif(X):
@@ -170,7 +187,6 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
 def main_demo(args) -> int:
     rows = run_demo(random_state=args.seed)
     if rows["DMSA"]["uniform"] < rows["unif"]["uniform"]:
-        print("error: DMSA was less accurate than the uniform combination on the uniform mixture",
-              file=sys.stderr)
+        print("error: DMSA was less accurate than the uniform combination on the uniform mixture", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ Used by :func:`msa_fed.jobs.run.run_job`:
   retrying an unreachable registry with backoff; when that fails, the error names the saved
   directory and the ``msa-fed model upload`` command that stores it later.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -33,7 +34,7 @@ from msa_fed.control.ops_models import (
 from msa_fed.control.ops_records import JOB_FAILED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
-DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"   # relative to the driver's working directory
+DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"  # relative to the driver's working directory
 #: environment variable naming another root for job outputs (``ray job submit`` runs the driver
 #: in a working directory that Ray may release, so cluster/jobs/run_msa.py points it elsewhere)
 OUTPUT_ROOT_ENV = "MSA_FED_OUTPUT_ROOT"
@@ -44,6 +45,8 @@ def output_root() -> Path:
     import os
 
     return Path(os.environ.get(OUTPUT_ROOT_ENV) or DEFAULT_OUTPUT_ROOT).expanduser()
+
+
 DEFAULT_UPLOAD_RETRY_S = 300.0
 
 
@@ -62,8 +65,14 @@ def new_job_id() -> str:
 class JobTracker:
     """The job's record in the registry; ``connect()`` opens a fresh admin :class:`RegistryClient`."""
 
-    def __init__(self, connect: Callable, job_id: str | None = None, name: str = "msa", topology: str = "ray",
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        connect: Callable,
+        job_id: str | None = None,
+        name: str = "msa",
+        topology: str = "ray",
+        log: Callable[[str], None] = print,
+    ):
         self.connect = connect
         self.job_id = job_id or new_job_id()
         self.name = name
@@ -89,8 +98,9 @@ class JobTracker:
         self.finish(JOB_SUCCEEDED, model_version)
 
     def failed(self, error: BaseException) -> None:
-        self.finish(JOB_FAILED, error=f"{type(error).__name__}: {error}" if not isinstance(error, MsaFedError)
-                    else str(error))
+        self.finish(
+            JOB_FAILED, error=f"{type(error).__name__}: {error}" if not isinstance(error, MsaFedError) else str(error)
+        )
 
 
 def select_sites(client, requested, registered: dict, log: Callable[[str], None] = print) -> list[str]:
@@ -124,13 +134,21 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
                 if key.startswith("site:"):
                     where = f"{node.get('NodeManagerAddress')} ({node.get('NodeID', '')[:8]})"
                     nodes.setdefault(key[5:], []).append(where)
-    channel = {"tls": "direct mutual-TLS data channel", "plain": "direct plaintext data channel (loopback)",
-               "off": "Ray actor calls"}.get(data_channel, data_channel)
+    channel = {
+        "tls": "direct mutual-TLS data channel",
+        "plain": "direct plaintext data channel (loopback)",
+        "off": "Ray actor calls",
+    }.get(data_channel, data_channel)
     if topology == "federated":  # labelled data stay in the site's process; its stand-in holds the published sample
-        return [f"site {n}: own process through the registry's relay, topology federated; its stand-in actor's "
-                f"classifier steps over {channel}" for n in names]
-    return [f"site {n}: node {', '.join(nodes.get(n, ['(any)']))}, topology {topology}, per-round calls over {channel}"
-            for n in names]
+        return [
+            f"site {n}: own process through the registry's relay, topology federated; its stand-in actor's "
+            f"classifier steps over {channel}"
+            for n in names
+        ]
+    return [
+        f"site {n}: node {', '.join(nodes.get(n, ['(any)']))}, topology {topology}, per-round calls over {channel}"
+        for n in names
+    ]
 
 
 def channel_lines(backend, data_channel: str) -> list[str]:
@@ -151,8 +169,9 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
     if model.domain_losses is not None:
         lines.append("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.domain_losses)))
-        lines.append(f"eta    = {model.eta:g}   max_k L_k(z) = {np.max(model.domain_losses):.4f}   "
-                     f"Gamma(z) = {model.gamma:.3g}")
+        lines.append(
+            f"eta    = {model.eta:g}   max_k L_k(z) = {np.max(model.domain_losses):.4f}   Gamma(z) = {model.gamma:.3g}"
+        )
     if epsilon is None:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
     if epsilon is not None:
@@ -160,8 +179,9 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     return lines
 
 
-def upload_command(saved: Path, registry: str, *, insecure: bool, tls_ca: str | None,
-                   admin_token_file: str | None) -> str:
+def upload_command(
+    saved: Path, registry: str, *, insecure: bool, tls_ca: str | None, admin_token_file: str | None
+) -> str:
     parts = ["msa-fed", "model", "upload", str(saved), "--registry", registry]
     if insecure:
         parts.append("--insecure")
@@ -177,12 +197,21 @@ def check_output_dir(output_dir) -> None:
         return
     path = Path(output_dir)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"--output {str(path)!r} already exists and is not an empty directory; "
-                          "the job never overwrites a result")
+        raise ConfigError(
+            f"--output {str(path)!r} already exists and is not an empty directory; the job never overwrites a result"
+        )
 
 
-def store_result(model, job: dict, connect: Callable, *, output_dir, retry_for: float, command: Callable[[Path], str],
-                 log: Callable[[str], None] = print):
+def store_result(
+    model,
+    job: dict,
+    connect: Callable,
+    *,
+    output_dir,
+    retry_for: float,
+    command: Callable[[Path], str],
+    log: Callable[[str], None] = print,
+):
     """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries.
 
     Returns the registry record; raises :class:`ResultNotStoredError` naming the saved directory
@@ -194,11 +223,14 @@ def store_result(model, job: dict, connect: Callable, *, output_dir, retry_for: 
     log(f"combined model saved to {saved.resolve()}")
     manifest = registry_manifest(read_manifest(saved))
     try:
-        return upload_with_retry(connect, pack_model(saved), manifest, retry_for=retry_for,
-                                 upload_id=f"job-{job['job_id']}", log=log)
+        return upload_with_retry(
+            connect, pack_model(saved), manifest, retry_for=retry_for, upload_id=f"job-{job['job_id']}", log=log
+        )
     except RegistryError as exc:
         attempts = getattr(exc, "attempts", 1)
         raise ResultNotStoredError(
             f"the combined model could not be stored in the registry ({exc.code}: {exc.message}; "
             f"{attempts} attempt(s) over up to {retry_for:g} s). It is saved in {saved.resolve()}; "
-            f"store it later with: {command(saved.resolve())}", saved.resolve()) from None
+            f"store it later with: {command(saved.resolve())}",
+            saved.resolve(),
+        ) from None

@@ -7,6 +7,7 @@ the DC solver's and the domain classifier's convergence, and the sites with the 
 their predictors; the plots are matplotlib PNGs embedded as base64, so the file needs no
 network and no other file.  ``write_report(model, path)`` does the same from Python.
 """
+
 from __future__ import annotations
 
 import base64
@@ -46,6 +47,7 @@ def _bars(names, values, ylabel, title, line=None, line_label=None):
             ax.axhline(line, color="#c0392b", linestyle="--", label=line_label)
             ax.legend(loc="lower right")
         ax.grid(axis="y", alpha=0.3)
+
     return draw
 
 
@@ -59,6 +61,7 @@ def _curve(values, xlabel, ylabel, title):
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
+
     return draw
 
 
@@ -82,42 +85,88 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     losses = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
     plots = [
         _img(_figure_png(_bars(names, model.z, "z_k", "mixture weights z")), "mixture weights z"),
-        _img(_figure_png(_bars(names, losses, "L_k(z)", "loss of g_z on each site's distribution",
-                               line=float(np.nanmax(losses)), line_label="max_k L_k(z)")), "per-site losses"),
-        _img(_figure_png(_curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')})")),
-             "solver convergence"),
-        _img(_figure_png(_curve(classifier.get("history") or [], "iteration" if classifier.get("optimizer") != "sgd"
-                                else "epoch", "loss", f"domain classifier ({classifier.get('optimizer', '?')})")),
-             "classifier convergence"),
+        _img(
+            _figure_png(
+                _bars(
+                    names,
+                    losses,
+                    "L_k(z)",
+                    "loss of g_z on each site's distribution",
+                    line=float(np.nanmax(losses)),
+                    line_label="max_k L_k(z)",
+                )
+            ),
+            "per-site losses",
+        ),
+        _img(
+            _figure_png(_curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')})")),
+            "solver convergence",
+        ),
+        _img(
+            _figure_png(
+                _curve(
+                    classifier.get("history") or [],
+                    "iteration" if classifier.get("optimizer") != "sgd" else "epoch",
+                    "loss",
+                    f"domain classifier ({classifier.get('optimizer', '?')})",
+                )
+            ),
+            "classifier convergence",
+        ),
     ]
     job = info.get("job") or {}
     shas = manifest.get("predictor_sha256") or [""] * len(names)
     n_lab, n_unl = info.get("n_labeled") or [""] * len(names), info.get("n_unlabeled") or [""] * len(names)
     site_rows = [_row("site", "z_k", "L_k(z)", "labelled points", "unlabelled points", "predictor sha256", head=True)]
     for k, name in enumerate(names):
-        site_rows.append(_row(name, f"{model.z[k]:.4f}", f"{losses[k]:.4f}", n_lab[k] if k < len(n_lab) else "",
-                              n_unl[k] if k < len(n_unl) else "", shas[k] if k < len(shas) else ""))
+        site_rows.append(
+            _row(
+                name,
+                f"{model.z[k]:.4f}",
+                f"{losses[k]:.4f}",
+                n_lab[k] if k < len(n_lab) else "",
+                n_unl[k] if k < len(n_unl) else "",
+                shas[k] if k < len(shas) else "",
+            )
+        )
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
         ("max_k L_k(z)", f"{np.nanmax(losses):.4f}"),
         ("Gamma(z)", f"{model.gamma:.4g}"),
-        ("solver", (f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations, converged: "
-                   f"{solver.get('converged', '?')}")),
-        ("classifier", (f"{classifier.get('optimizer', '?')}, {classifier.get('n_iter', '?')} iterations, objective "
-                       f"{classifier.get('objective', float('nan')):.6g}")),
+        (
+            "solver",
+            (
+                f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations, converged: "
+                f"{solver.get('converged', '?')}"
+            ),
+        ),
+        (
+            "classifier",
+            (
+                f"{classifier.get('optimizer', '?')}, {classifier.get('n_iter', '?')} iterations, objective "
+                f"{classifier.get('objective', float('nan')):.6g}"
+            ),
+        ),
         ("classes", json.dumps(manifest.get("classes"))),
-        ("job", f"{job.get('job', '-')} (id {job.get('job_id', '-')}, "
-                f"output version {job.get('output_version') or '-'})"),
+        (
+            "job",
+            f"{job.get('job', '-')} (id {job.get('job_id', '-')}, output version {job.get('output_version') or '-'})",
+        ),
         ("code version", manifest.get("code_version", "-")),
     ]
     epsilon = (info.get("privacy") or {}).get("epsilon")
     if epsilon is not None:
         facts.append(("differential privacy", f"epsilon spent = {float(epsilon):.4g}"))
     if record is not None:
-        facts = [("registry version", str(record.version)), ("model sha256", record.sha256),
-                 ("stored", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at))
-                  + f" by {record.created_by}")] + facts
+        facts = [
+            ("registry version", str(record.version)),
+            ("model sha256", record.sha256),
+            (
+                "stored",
+                time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at)) + f" by {record.created_by}",
+            ),
+        ] + facts
     title = f"msa_fed combined model {record.version}" if record is not None else "msa_fed combined model"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -17,6 +17,7 @@ Steps, each failing with one clear line before any training when something is wr
    registry version with its manifest (sites, artifact hashes, z, eta, Gamma, losses, code
    version, job id), retrying an unreachable registry; the run is recorded as a job.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -31,9 +32,18 @@ from msa_fed.core.combination import class_union
 from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
-from msa_fed.jobs.operations import (output_root, DEFAULT_UPLOAD_RETRY_S, JobTracker, channel_lines,
-                                     check_output_dir, select_sites, site_lines, store_result, summary_lines,
-                                     upload_command)
+from msa_fed.jobs.operations import (
+    output_root,
+    DEFAULT_UPLOAD_RETRY_S,
+    JobTracker,
+    channel_lines,
+    check_output_dir,
+    select_sites,
+    site_lines,
+    store_result,
+    summary_lines,
+    upload_command,
+)
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.site import SiteWorker
 
@@ -43,12 +53,30 @@ class JobSiteWorker(SiteWorker):
     (``data_path``; a relative path is under ``$MSA_FED_SITE_DATA`` on that node) and loads the
     published predictors from ONNX bytes through the safe loader (never unpickles)."""
 
-    def __init__(self, name: str, index: int, data_path: str, predictor_artifacts: list, task: str,
-                 loss: str, classes=None, min_points: int = 20):
-        predictors = [load_predictor(data, expected_sha256=sha, kind=predictor_kind(task))
-                      for data, sha in predictor_artifacts]
-        super().__init__(name, index, predictors=predictors, task=task, loss=loss, classes=classes,
-                         min_points=min_points, data_path=data_path)
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        data_path: str,
+        predictor_artifacts: list,
+        task: str,
+        loss: str,
+        classes=None,
+        min_points: int = 20,
+    ):
+        predictors = [
+            load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
+        ]
+        super().__init__(
+            name,
+            index,
+            predictors=predictors,
+            task=task,
+            loss=loss,
+            classes=classes,
+            min_points=min_points,
+            data_path=data_path,
+        )
 
 
 def model_to_bytes(model: CombinedModel) -> bytes:
@@ -63,9 +91,17 @@ def model_from_bytes(data: bytes) -> CombinedModel:
         return load_model(unpack_model(data, Path(tmp) / "model"))
 
 
-def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] = print,
-            verbose: bool = True, ray_init_kwargs: dict | None = None, output_dir=None,
-            upload_retry_for: float = DEFAULT_UPLOAD_RETRY_S, job_id: str | None = None) -> tuple[Any, CombinedModel]:
+def run_job(
+    config: JobConfig,
+    admin_token: str,
+    *,
+    log: Callable[[str], None] = print,
+    verbose: bool = True,
+    ray_init_kwargs: dict | None = None,
+    output_dir=None,
+    upload_retry_for: float = DEFAULT_UPLOAD_RETRY_S,
+    job_id: str | None = None,
+) -> tuple[Any, CombinedModel]:
     """Run the federated job; returns (registry record of the stored model, the model).
 
     The run is recorded in the registry (``msa-fed job show JOB_ID``).  The model is saved to
@@ -84,9 +120,17 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
     tracker = JobTracker(connect, job_id, name=config.name, topology=config.fit.topology, log=log)
     try:
-        record, model = _run_job(config, admin_token, tracker, connect, log=log, verbose=verbose,
-                                 ray_init_kwargs=ray_init_kwargs, output_dir=output_dir,
-                                 upload_retry_for=upload_retry_for)
+        record, model = _run_job(
+            config,
+            admin_token,
+            tracker,
+            connect,
+            log=log,
+            verbose=verbose,
+            ray_init_kwargs=ray_init_kwargs,
+            output_dir=output_dir,
+            upload_retry_for=upload_retry_for,
+        )
     except BaseException as exc:
         tracker.failed(exc)
         raise
@@ -94,8 +138,18 @@ def run_job(config: JobConfig, admin_token: str, *, log: Callable[[str], None] =
     return record, model
 
 
-def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, *, log, verbose, ray_init_kwargs,
-             output_dir, upload_retry_for) -> tuple[Any, CombinedModel]:
+def _run_job(
+    config: JobConfig,
+    admin_token: str,
+    tracker: JobTracker,
+    connect,
+    *,
+    log,
+    verbose,
+    ray_init_kwargs,
+    output_dir,
+    upload_retry_for,
+) -> tuple[Any, CombinedModel]:
     from msa_fed.control.client import RegistryClient
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
 
@@ -131,19 +185,32 @@ def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, 
         if fit.topology == "federated":  # the sites' own processes, through the registry's relay
             from msa_fed.federation.job import federated_backend
 
-            backend = federated_backend(config, admin_token, client, names, records,
-                                        [sha for _, sha in artifacts], classes, fit.loss, log=log)
+            backend = federated_backend(
+                config, admin_token, client, names, records, [sha for _, sha in artifacts], classes, fit.loss, log=log
+            )
         else:
             resources = ray.cluster_resources()
             absent = [n for n in names if f"site:{n}" not in resources]
             if absent:
                 raise ConfigError(
                     f"site(s) {absent} are registered but no Ray node carries the resource "
-                    + ", ".join(f"'site:{n}'" for n in absent) + "; start each site's node with "
-                    "ray start --resources='{\"site:<name>\": 1}'")
-            site_kwargs = [dict(name=n, index=k, data_path=config.site_data.format(site=n),
-                                predictor_artifacts=artifacts, task=fit.task, loss=fit.loss, classes=classes,
-                                min_points=fit.min_points) for k, n in enumerate(names)]
+                    + ", ".join(f"'site:{n}'" for n in absent)
+                    + "; start each site's node with "
+                    "ray start --resources='{\"site:<name>\": 1}'"
+                )
+            site_kwargs = [
+                dict(
+                    name=n,
+                    index=k,
+                    data_path=config.site_data.format(site=n),
+                    predictor_artifacts=artifacts,
+                    task=fit.task,
+                    loss=fit.loss,
+                    classes=classes,
+                    min_points=fit.min_points,
+                )
+                for k, n in enumerate(names)
+            ]
             backend = RaySites(site_kwargs, fit.ray, worker_cls=JobSiteWorker)
         with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
             for line in site_lines(names, data_channel, topology=fit.topology):
@@ -152,13 +219,23 @@ def _run_job(config: JobConfig, admin_token: str, tracker: JobTracker, connect, 
             for line in channel_lines(backend, data_channel):
                 log(line)
 
-        job = {"job": config.name, "job_id": tracker.job_id, "output_version": config.output_version,
-               "predictor_sha256": [sha for _, sha in artifacts]}
+        job = {
+            "job": config.name,
+            "job_id": tracker.job_id,
+            "output_version": config.output_version,
+            "predictor_sha256": [sha for _, sha in artifacts],
+        }
         output = Path(output_dir) if output_dir else output_root() / tracker.job_id / "model"
-        command = partial(upload_command, registry=config.registry, insecure=config.insecure, tls_ca=config.tls_ca,
-                          admin_token_file=config.admin_token_file)
-        record = store_result(model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command,
-                              log=log)
+        command = partial(
+            upload_command,
+            registry=config.registry,
+            insecure=config.insecure,
+            tls_ca=config.tls_ca,
+            admin_token_file=config.admin_token_file,
+        )
+        record = store_result(
+            model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command, log=log
+        )
         log(f"stored combined model version {record.version} (sha256 {record.sha256[:12]}...)")
         return record, model
 
@@ -167,4 +244,3 @@ def report(model: CombinedModel, log: Callable[[str], None] = print):
     """The final summary: z, per-site L_k(z), the objective, epsilon spent when DP is on."""
     for line in summary_lines(model):
         log(line)
-

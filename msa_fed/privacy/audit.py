@@ -5,6 +5,7 @@ the empty string for the first line), so editing or deleting a line breaks the c
 ledger keeps the number of lines and the hash of the last one (the anchor), so cutting lines
 off the end is detected too.  :func:`verify_log` checks both.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -54,8 +55,10 @@ class AuditLog:
                 summary = verify_log(p, anchor=None if ledger is None else ledger.anchor(self._key()))
                 self.count, self.head = summary["lines"], summary["head"]
             elif ledger is not None and ledger.anchor(self._key()) not in (None, (0, GENESIS)):
-                raise AuditError(f"audit log {self.path!r} is missing or empty but the ledger records "
-                                 f"{ledger.anchor(self._key())[0]} lines")
+                raise AuditError(
+                    f"audit log {self.path!r} is missing or empty but the ledger records "
+                    f"{ledger.anchor(self._key())[0]} lines"
+                )
             self._fh = open(p, "a+b")
 
     def _key(self) -> str:
@@ -120,7 +123,7 @@ def _last_line_hash(fd: int) -> str:
         body = data[:-1] if data.endswith(b"\n") else data
         cut = body.rfind(b"\n")
         if cut >= 0:
-            return line_hash(body[cut + 1:])
+            return line_hash(body[cut + 1 :])
     return line_hash(data[:-1] if data.endswith(b"\n") else data)
 
 
@@ -138,8 +141,9 @@ def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, sour
         except (ValueError, UnicodeDecodeError):
             raise AuditError(f"{source}: line {no} is not JSON (edited or corrupted)") from None
         if not isinstance(rec, dict) or rec.get("prev") != prev:
-            raise AuditError(f"{source}: line {no} does not chain to line {no - 1} "
-                             "(a line was edited, removed or reordered)")
+            raise AuditError(
+                f"{source}: line {no} does not chain to line {no - 1} (a line was edited, removed or reordered)"
+            )
         prev = line_hash(line)
         kind = str(rec.get("request", "?"))
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -156,12 +160,21 @@ def verify_lines(lines: list[bytes], anchor: tuple[int, str] | None = None, sour
     if anchor is not None:
         count, head = anchor
         if len(lines) < count:
-            raise AuditError(f"{source}: {len(lines)} lines but the ledger anchor records {count} "
-                             "(the log was truncated)")
+            raise AuditError(
+                f"{source}: {len(lines)} lines but the ledger anchor records {count} (the log was truncated)"
+            )
         if count and line_hash(lines[count - 1]) != head:
             raise AuditError(f"{source}: line {count} does not match the ledger anchor (the log was rewritten)")
-    return {"lines": len(lines), "head": prev, "requests": kinds, "refused": refused, "jobs": sorted(jobs),
-            "epsilon_by_job": epsilon, "first": first, "last": last}
+    return {
+        "lines": len(lines),
+        "head": prev,
+        "requests": kinds,
+        "refused": refused,
+        "jobs": sorted(jobs),
+        "epsilon_by_job": epsilon,
+        "first": first,
+        "last": last,
+    }
 
 
 def _iso(t):

@@ -1,4 +1,5 @@
 """``msa-fed site audit``: verify a site's audit log (hash chain and, with the ledger, its length)."""
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def _audit(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
-    print(f"audit log {log!s}: chain intact, {summary['lines']} records"
-          + (" (length matches the ledger)" if anchor is not None else " (no ledger given: length not checked)"))
+    print(
+        f"audit log {log!s}: chain intact, {summary['lines']} records"
+        + (" (length matches the ledger)" if anchor is not None else " (no ledger given: length not checked)")
+    )
     print(f"  from {summary['first']} to {summary['last']}, jobs: {len(summary['jobs'])}")
     for kind, count in sorted(summary["requests"].items()):
         print(f"  {kind}: {count}")

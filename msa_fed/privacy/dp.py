@@ -15,6 +15,7 @@ per job (``calibrate_dp_mechanism``) so that the planned number of answers (one 
 ``dp_dc_evaluations`` DC answers) spends exactly ``epsilon_per_job`` at ``delta``; an answer
 beyond the job's or the site's lifetime budget is refused.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,10 +48,15 @@ def calibrate(epsilon: float, delta: float, n_answers: int) -> float:
     import dp_accounting
     from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
-    return float(dp_accounting.calibrate_dp_mechanism(
-        make_accountant, lambda nm: SelfComposedDpEvent(GaussianDpEvent(nm), int(n_answers)),
-        float(epsilon), float(delta),
-        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)))
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            make_accountant,
+            lambda nm: SelfComposedDpEvent(GaussianDpEvent(nm), int(n_answers)),
+            float(epsilon),
+            float(delta),
+            dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+        )
+    )
 
 
 class DPAccountant:
@@ -73,13 +79,20 @@ class DPAccountant:
         nm, pol = self.noise_multiplier, self.policy
         after_life = epsilon_of(self.ledger.dp_events(None) + [(nm, 1)], pol.delta)
         if after_life > pol.epsilon_lifetime * (1 + 1e-6):
-            raise PrivacyError("dp_budget", self.site, f"the request: the site's lifetime epsilon_lifetime="
-                                                       f"{pol.epsilon_lifetime:g} is spent")
+            raise PrivacyError(
+                "dp_budget",
+                self.site,
+                f"the request: the site's lifetime epsilon_lifetime={pol.epsilon_lifetime:g} is spent",
+            )
         job = self.ledger.dp_events(self.job)
         after_job = epsilon_of(job + [(nm, 1)], pol.delta)
         if after_job > pol.epsilon_per_job * (1 + 1e-6):
-            raise PrivacyError("dp_budget", self.site, f"the request: job {self.job!r} has spent its epsilon_per_job="
-                                                       f"{pol.epsilon_per_job:g} (delta={pol.delta:g})")
+            raise PrivacyError(
+                "dp_budget",
+                self.site,
+                f"the request: job {self.job!r} has spent its epsilon_per_job="
+                f"{pol.epsilon_per_job:g} (delta={pol.delta:g})",
+            )
         self.ledger.add_dp_event(self.job, nm, 1)
         return {"epsilon_job": after_job, "noise_multiplier": nm}
 

@@ -4,6 +4,7 @@ A SQLite file named by the policy (``[budget] ledger``; in memory when empty), s
 survive a restart of the site process.  Also holds the audit log's anchor (line count and the
 hash of the last line), so that a truncated log is detected.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -53,10 +54,14 @@ class Ledger:
         hour = int((time.time() if t is None else t) // HOUR_S)
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
-                             "n = n + excluded.n", (job, kind, int(n)))
-            self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE SET "
-                             "n = n + excluded.n", (kind, hour, int(n)))
+            self._db.execute(
+                "INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET n = n + excluded.n",
+                (job, kind, int(n)),
+            )
+            self._db.execute(
+                "INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE SET n = n + excluded.n",
+                (kind, hour, int(n)),
+            )
             self._db.execute("COMMIT")
 
     def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
@@ -66,13 +71,21 @@ class Ledger:
         with self._lock:
             self._db.execute("BEGIN")
             for kind, n in counts:
-                self._db.execute("INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET "
-                                 "n = n + excluded.n", (job, kind, int(n)))
-                self._db.execute("INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE "
-                                 "SET n = n + excluded.n", (kind, hour, int(n)))
+                self._db.execute(
+                    "INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET n = n + excluded.n",
+                    (job, kind, int(n)),
+                )
+                self._db.execute(
+                    "INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE "
+                    "SET n = n + excluded.n",
+                    (kind, hour, int(n)),
+                )
             if anchor is not None:
-                self._db.execute("INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
-                                 "count = excluded.count, head = excluded.head", (anchor[0], int(anchor[1]), anchor[2]))
+                self._db.execute(
+                    "INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
+                    "count = excluded.count, head = excluded.head",
+                    (anchor[0], int(anchor[1]), anchor[2]),
+                )
             self._db.execute("COMMIT")
 
     def job_count(self, job: str, kind: str) -> int:
@@ -85,15 +98,17 @@ class Ledger:
         included, so the window is at least a day: stricter, never looser)."""
         hour = int((time.time() if now is None else now) // HOUR_S)
         with self._lock:
-            row = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM hourly_queries WHERE kind = ? AND hour >= ?",
-                                   (kind, hour - 24)).fetchone()
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(n), 0) FROM hourly_queries WHERE kind = ? AND hour >= ?", (kind, hour - 24)
+            ).fetchone()
         return int(row[0])
 
     # ------------------------------------------------------------------ DP
     def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
         with self._lock:
-            self._db.execute("INSERT INTO dp_events VALUES (?, ?, ?, ?)", (job, time.time(), float(noise_multiplier),
-                                                                           int(count)))
+            self._db.execute(
+                "INSERT INTO dp_events VALUES (?, ?, ?, ?)", (job, time.time(), float(noise_multiplier), int(count))
+            )
 
     def dp_events(self, job: str | None = None) -> list[tuple[float, int]]:
         """(noise multiplier, count) pairs, of one job or of the site's lifetime."""
@@ -109,8 +124,11 @@ class Ledger:
     # ------------------------------------------------------------------ audit anchor
     def set_anchor(self, log: str, count: int, head: str):
         with self._lock:
-            self._db.execute("INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
-                             "count = excluded.count, head = excluded.head", (log, int(count), head))
+            self._db.execute(
+                "INSERT INTO audit_anchor VALUES (?, ?, ?) ON CONFLICT(log) DO UPDATE SET "
+                "count = excluded.count, head = excluded.head",
+                (log, int(count), head),
+            )
 
     def anchor(self, log: str) -> tuple[int, str] | None:
         with self._lock:

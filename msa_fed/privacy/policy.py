@@ -41,6 +41,7 @@ File layout (every section and key optional; unknown ones are errors naming them
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
 """
+
 from __future__ import annotations
 
 import math
@@ -102,31 +103,90 @@ class SitePolicy:
 
 #: file section -> {key in the file: field name}
 SECTIONS: dict[str, dict[str, str]] = {
-    "limits": {k: k for k in ("min_points", "min_effective_points", "max_point_share", "weight_floor",
-                              "mu_min", "eta_min", "scale_floor", "mean_bound", "max_thresholds",
-                              "max_components", "rff_gamma_max", "kde_bandwidth_floor", "feature_maps",
-                              "allow_custom_feature_map")},
-    "budget": {k: k for k in ("domain_models_per_job", "dc_evaluations_per_job", "domain_models_per_day",
-                              "dc_evaluations_per_day", "ledger", "audit_log")},
-    "dp": {"enabled": "dp_enabled", "epsilon_per_job": "epsilon_per_job", "epsilon_lifetime": "epsilon_lifetime",
-           "delta": "delta", "dc_evaluations": "dp_dc_evaluations", "loss_clip": "loss_clip",
-           "ratio_clip": "ratio_clip"},
+    "limits": {
+        k: k
+        for k in (
+            "min_points",
+            "min_effective_points",
+            "max_point_share",
+            "weight_floor",
+            "mu_min",
+            "eta_min",
+            "scale_floor",
+            "mean_bound",
+            "max_thresholds",
+            "max_components",
+            "rff_gamma_max",
+            "kde_bandwidth_floor",
+            "feature_maps",
+            "allow_custom_feature_map",
+        )
+    },
+    "budget": {
+        k: k
+        for k in (
+            "domain_models_per_job",
+            "dc_evaluations_per_job",
+            "domain_models_per_day",
+            "dc_evaluations_per_day",
+            "ledger",
+            "audit_log",
+        )
+    },
+    "dp": {
+        "enabled": "dp_enabled",
+        "epsilon_per_job": "epsilon_per_job",
+        "epsilon_lifetime": "epsilon_lifetime",
+        "delta": "delta",
+        "dc_evaluations": "dp_dc_evaluations",
+        "loss_clip": "loss_clip",
+        "ratio_clip": "ratio_clip",
+    },
 }
 
-_INTS = {"min_points", "max_thresholds", "max_components", "domain_models_per_job", "dc_evaluations_per_job",
-         "domain_models_per_day", "dc_evaluations_per_day", "dp_dc_evaluations"}
+_INTS = {
+    "min_points",
+    "max_thresholds",
+    "max_components",
+    "domain_models_per_job",
+    "dc_evaluations_per_job",
+    "domain_models_per_day",
+    "dc_evaluations_per_day",
+    "dp_dc_evaluations",
+}
 _BOOLS = {"allow_custom_feature_map", "dp_enabled"}
 _STRS = {"ledger", "audit_log"}
 #: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
-HIGHER_IS_STRICTER = {"min_points", "min_effective_points", "weight_floor", "mu_min", "eta_min", "scale_floor",
-                      "kde_bandwidth_floor"}
-LOWER_IS_STRICTER = {"max_point_share", "mean_bound", "max_thresholds", "max_components", "rff_gamma_max",
-                     "domain_models_per_job", "dc_evaluations_per_job", "domain_models_per_day",
-                     "dc_evaluations_per_day", "epsilon_per_job", "epsilon_lifetime", "delta",
-                     "dp_dc_evaluations", "loss_clip", "ratio_clip"}
+HIGHER_IS_STRICTER = {
+    "min_points",
+    "min_effective_points",
+    "weight_floor",
+    "mu_min",
+    "eta_min",
+    "scale_floor",
+    "kde_bandwidth_floor",
+}
+LOWER_IS_STRICTER = {
+    "max_point_share",
+    "mean_bound",
+    "max_thresholds",
+    "max_components",
+    "rff_gamma_max",
+    "domain_models_per_job",
+    "dc_evaluations_per_job",
+    "domain_models_per_day",
+    "dc_evaluations_per_day",
+    "epsilon_per_job",
+    "epsilon_lifetime",
+    "delta",
+    "dp_dc_evaluations",
+    "loss_clip",
+    "ratio_clip",
+}
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
-JOB_KEYS = (HIGHER_IS_STRICTER | LOWER_IS_STRICTER | {"feature_maps", "allow_custom_feature_map", "dp_enabled"}) \
-    - {"epsilon_lifetime"}
+JOB_KEYS = (HIGHER_IS_STRICTER | LOWER_IS_STRICTER | {"feature_maps", "allow_custom_feature_map", "dp_enabled"}) - {
+    "epsilon_lifetime"
+}
 
 
 def _check_type(name: str, value):
@@ -153,13 +213,33 @@ def _check_type(name: str, value):
 def validate(policy: SitePolicy) -> SitePolicy:
     for f in fields(policy):
         _check_type(f.name, getattr(policy, f.name))
-    positive = ["min_effective_points", "mu_min", "eta_min", "scale_floor", "mean_bound", "rff_gamma_max",
-                "kde_bandwidth_floor", "epsilon_per_job", "epsilon_lifetime", "delta", "loss_clip", "ratio_clip"]
+    positive = [
+        "min_effective_points",
+        "mu_min",
+        "eta_min",
+        "scale_floor",
+        "mean_bound",
+        "rff_gamma_max",
+        "kde_bandwidth_floor",
+        "epsilon_per_job",
+        "epsilon_lifetime",
+        "delta",
+        "loss_clip",
+        "ratio_clip",
+    ]
     for name in positive:
         if not getattr(policy, name) > 0:
             raise ConfigError(f"site policy: {name} must be > 0; got {getattr(policy, name)!r}")
-    at_least_one = ["min_points", "max_thresholds", "max_components", "domain_models_per_job",
-                    "dc_evaluations_per_job", "domain_models_per_day", "dc_evaluations_per_day", "dp_dc_evaluations"]
+    at_least_one = [
+        "min_points",
+        "max_thresholds",
+        "max_components",
+        "domain_models_per_job",
+        "dc_evaluations_per_job",
+        "domain_models_per_day",
+        "dc_evaluations_per_day",
+        "dp_dc_evaluations",
+    ]
     for name in at_least_one:
         if getattr(policy, name) < 1:
             raise ConfigError(f"site policy: {name} must be >= 1; got {getattr(policy, name)!r}")
@@ -170,8 +250,10 @@ def validate(policy: SitePolicy) -> SitePolicy:
     if not policy.delta < 1:
         raise ConfigError(f"site policy: delta must be < 1; got {policy.delta!r}")
     if policy.epsilon_per_job > policy.epsilon_lifetime:
-        raise ConfigError(f"site policy: epsilon_per_job ({policy.epsilon_per_job}) exceeds epsilon_lifetime "
-                          f"({policy.epsilon_lifetime})")
+        raise ConfigError(
+            f"site policy: epsilon_per_job ({policy.epsilon_per_job}) exceeds epsilon_lifetime "
+            f"({policy.epsilon_lifetime})"
+        )
     return policy
 
 
@@ -185,8 +267,9 @@ def policy_from_mapping(doc: Mapping[str, Any], source: str = "site policy") -> 
             raise ConfigError(f"{source}: [{section}] must be a table")
         for key, value in body.items():
             if key not in SECTIONS[section]:
-                raise ConfigError(f"{source}: unknown key {key!r} in [{section}]; expected some of "
-                                  f"{sorted(SECTIONS[section])}")
+                raise ConfigError(
+                    f"{source}: unknown key {key!r} in [{section}]; expected some of {sorted(SECTIONS[section])}"
+                )
             name = SECTIONS[section][key]
             _check_type(name, value)
             values[name] = tuple(value) if name == "feature_maps" else value
@@ -228,8 +311,9 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
     changes: dict[str, Any] = {}
     for key, value in req.items():
         if key not in JOB_KEYS:
-            raise ConfigError(f"job privacy request: {key!r} cannot be set by a job; it may set some of "
-                              f"{sorted(JOB_KEYS)}")
+            raise ConfigError(
+                f"job privacy request: {key!r} cannot be set by a job; it may set some of {sorted(JOB_KEYS)}"
+            )
         _check_type(key, value)
         current = getattr(policy, key)
         if key in HIGHER_IS_STRICTER:

@@ -18,6 +18,7 @@ K_z(i) = sum_k z_k w_k(i) + eta pi_i mixes the columns, and the share of one poi
 mixture is at most its largest share in a column (mediant inequality), so checking the
 columns of w and c covers K_z and the loss sums L_k, u_k, v_k.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,11 @@ def _fail(rule: str, site: str, detail: str):
 
 def check_min_points(n: int, policy: SitePolicy, site: str, what: str = "labelled") -> dict:
     if n < policy.min_points:
-        _fail("min_points", site, f"to aggregate over {n} {what} points: fewer than the site's minimum of "
-                                 f"{policy.min_points}")
+        _fail(
+            "min_points",
+            site,
+            f"to aggregate over {n} {what} points: fewer than the site's minimum of {policy.min_points}",
+        )
     return {"min_points": int(n)}
 
 
@@ -99,11 +103,18 @@ def concentration(R: np.ndarray, tau: float) -> tuple[float, float]:
 def check_concentration(R: np.ndarray, policy: SitePolicy, site: str, what: str) -> dict:
     share, ess = concentration(R, policy.weight_floor)
     if not share <= policy.max_point_share:
-        _fail("concentration", site, f"one labelled point carries {share:.3g} of the {what} sums "
-                                     f"(max_point_share={policy.max_point_share:g})")
+        _fail(
+            "concentration",
+            site,
+            f"one labelled point carries {share:.3g} of the {what} sums (max_point_share={policy.max_point_share:g})",
+        )
     if not ess >= policy.min_effective_points:
-        _fail("concentration", site, f"the {what} weights have an effective sample size of {ess:.3g} "
-                                     f"(min_effective_points={policy.min_effective_points:g})")
+        _fail(
+            "concentration",
+            site,
+            f"the {what} weights have an effective sample size of {ess:.3g} "
+            f"(min_effective_points={policy.min_effective_points:g})",
+        )
     return {f"{what}_share": share, f"{what}_ess": ess}
 
 
@@ -122,14 +133,21 @@ def _check_standard(site: str, policy: SitePolicy, mean, scale, X: np.ndarray, n
     floor = np.where(sd > 0, policy.scale_floor * sd, 0.0)
     if np.any(scale <= 0) or np.any(scale < floor):
         j = int(np.argmin(scale - floor))
-        _fail("feature_scale", site, f"{name} map: scale[{j}]={scale[j]:.3g} is below scale_floor * the site's "
-                                     f"std ({policy.scale_floor:g} * {sd[j]:.3g})")
+        _fail(
+            "feature_scale",
+            site,
+            f"{name} map: scale[{j}]={scale[j]:.3g} is below scale_floor * the site's "
+            f"std ({policy.scale_floor:g} * {sd[j]:.3g})",
+        )
     off = np.abs(mean - X.mean(axis=0))
     lim = policy.mean_bound * np.maximum(sd, scale)
     if np.any(off > lim):
         j = int(np.argmax(off - lim))
-        _fail("feature_mean", site, f"{name} map: mean[{j}] lies {off[j]:.3g} from the site's mean "
-                                    f"(mean_bound={policy.mean_bound:g} std)")
+        _fail(
+            "feature_mean",
+            site,
+            f"{name} map: mean[{j}] lies {off[j]:.3g} from the site's mean (mean_bound={policy.mean_bound:g} std)",
+        )
     return {"min_scale_ratio": float(np.min(scale / np.where(sd > 0, sd, scale)))}
 
 
@@ -142,8 +160,13 @@ def _arrays_finite(arrays: dict, site: str, name: str):
 
 def check_feature_map(state, X: np.ndarray, policy: SitePolicy, site: str) -> dict:
     """A built-in feature map's (name, params, arrays), checked against the site's own X."""
-    if not (isinstance(state, tuple) and len(state) == 3 and isinstance(state[0], str)
-            and isinstance(state[1], dict) and isinstance(state[2], dict)):
+    if not (
+        isinstance(state, tuple)
+        and len(state) == 3
+        and isinstance(state[0], str)
+        and isinstance(state[1], dict)
+        and isinstance(state[2], dict)
+    ):
         _fail("feature_map", site, "malformed feature map")
     name, params, arrays = state
     if name not in policy.feature_maps:
@@ -166,8 +189,11 @@ def check_feature_map(state, X: np.ndarray, policy: SitePolicy, site: str) -> di
         if d != 1 or t.ndim != 1 or t.size < 1:
             _fail("feature_map", site, "threshold map: needs 1-D inputs and at least one threshold")
         if t.size > policy.max_thresholds:
-            _fail("feature_map", site, f"threshold map: {t.size} thresholds, more than max_thresholds="
-                                       f"{policy.max_thresholds}")
+            _fail(
+                "feature_map",
+                site,
+                f"threshold map: {t.size} thresholds, more than max_thresholds={policy.max_thresholds}",
+            )
         if np.any(np.diff(t) <= 0):
             _fail("feature_map", site, "threshold map: thresholds must be strictly increasing")
         out["n_thresholds"] = int(t.size)
@@ -177,13 +203,19 @@ def check_feature_map(state, X: np.ndarray, policy: SitePolicy, site: str) -> di
         if W.ndim != 2 or W.shape[0] != d or b.shape != (W.shape[1],) or W.shape[1] < 1:
             _fail("feature_map", site, "rff map: weights and offset do not match the site's columns")
         if W.shape[1] > policy.max_components:
-            _fail("feature_map", site, f"rff map: {W.shape[1]} components, more than max_components="
-                                       f"{policy.max_components}")
-        gamma = float(np.mean(W ** 2) / 2.0)
+            _fail(
+                "feature_map",
+                site,
+                f"rff map: {W.shape[1]} components, more than max_components={policy.max_components}",
+            )
+        gamma = float(np.mean(W**2) / 2.0)
         # W ~ N(0, 2 gamma): no single frequency beyond 8 standard deviations of the allowed spread
         if gamma > policy.rff_gamma_max or np.abs(W).max() > 8.0 * math.sqrt(2.0 * policy.rff_gamma_max):
-            _fail("feature_map", site, f"rff map: frequencies too sharp (gamma={gamma:.3g}, rff_gamma_max="
-                                       f"{policy.rff_gamma_max:g})")
+            _fail(
+                "feature_map",
+                site,
+                f"rff map: frequencies too sharp (gamma={gamma:.3g}, rff_gamma_max={policy.rff_gamma_max:g})",
+            )
         out.update(_check_standard(site, policy, arrays.get("mean"), arrays.get("scale"), X, name))
         out["rff_gamma"] = gamma
     return out
@@ -204,8 +236,12 @@ def check_theta(theta, n_sources: int, policy: SitePolicy, site: str) -> dict:
     sq = float(np.sum(Wb[:, :-1] ** 2))
     lim = math.log(p) / policy.mu_min
     if sq > lim * (1 + 1e-9):
-        _fail("theta_norm", site, f"|W|^2 = {sq:.4g} exceeds log p / mu_min = {lim:.4g} (mu_min={policy.mu_min:g}): "
-                                  "no Maxent optimum with mu >= mu_min is that sharp")
+        _fail(
+            "theta_norm",
+            site,
+            f"|W|^2 = {sq:.4g} exceeds log p / mu_min = {lim:.4g} (mu_min={policy.mu_min:g}): "
+            "no Maxent optimum with mu >= mu_min is that sharp",
+        )
     return {"theta_sq": sq, "theta_sq_limit": lim}
 
 
@@ -216,8 +252,12 @@ def check_kde(bandwidths, samples, Phi_site: np.ndarray, n_sources: int, policy:
     sd = float(np.mean(_std(Phi_site))) if Phi_site.size else 0.0
     floor = policy.kde_bandwidth_floor * sd
     if np.any(bw <= 0) or np.any(bw < floor):
-        _fail("kde", site, f"KDE bandwidth {bw.min():.3g} is below kde_bandwidth_floor * the site's std "
-                           f"({policy.kde_bandwidth_floor:g} * {sd:.3g})")
+        _fail(
+            "kde",
+            site,
+            f"KDE bandwidth {bw.min():.3g} is below kde_bandwidth_floor * the site's std "
+            f"({policy.kde_bandwidth_floor:g} * {sd:.3g})",
+        )
     few = [len(s) for s in samples if len(s) < policy.min_points]
     if few:
         _fail("kde", site, f"KDE sample of {few[0]} points, fewer than min_points={policy.min_points}")

@@ -14,6 +14,7 @@ noise into a corner.  It always terminates with a point of
 the simplex: when a site refuses because its budget is spent, it stops evaluating and fits
 what it has.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -38,7 +39,7 @@ def _design(p: int, n: int, rng) -> np.ndarray:
     pts = [np.eye(p)[k] for k in range(p)] + [np.full(p, 1.0 / p)]
     while len(pts) < n:
         pts.append(rng.dirichlet(np.ones(p)))
-    return np.array(pts[:max(n, 1)])
+    return np.array(pts[: max(n, 1)])
 
 
 def _candidates(p: int, rng, n: int = 20000) -> np.ndarray:
@@ -70,21 +71,31 @@ def _choose(Z, Ls, C, ridge, ucb, weights=None):
     w = np.ones(m) if weights is None else weights
     Fw = F * w[:, None]
     A = np.linalg.inv(F.T @ Fw + ridge * np.eye(F.shape[1]))
-    coef = A @ Fw.T @ Ls                                                      # (features, p)
+    coef = A @ Fw.T @ Ls  # (features, p)
     FC = _features(C, full)
-    pred = FC @ coef                                                          # (candidates, p)
+    pred = FC @ coef  # (candidates, p)
     # pessimistic choice: the upper confidence bound of each L_k (noise level estimated from the
     # residuals), so that noise and extrapolation do not pull z to a corner of the simplex
     dof = max(float(w.sum()) - F.shape[1], 1.0)
     sigma = np.sqrt(np.sum(w[:, None] * (Ls - F @ coef) ** 2, axis=0) / dof)  # (p,)
-    se = np.sqrt(np.maximum(np.einsum("cf,fg,cg->c", FC, A, FC), 0.0))        # (candidates,)
+    se = np.sqrt(np.maximum(np.einsum("cf,fg,cg->c", FC, A, FC), 0.0))  # (candidates,)
     worst = (pred + ucb * se[:, None] * sigma[None, :]).max(axis=1)
     best = int(np.argmin(worst))
     return best, pred[best], float(worst[best])
 
 
-def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1e-6, ucb: float = 2.0,
-                local_share: float = 0.4, radius: float = 0.3, random_state=0, callback=None) -> DCResult:
+def solve_noisy(
+    oracle,
+    eta: float,
+    *,
+    n_evaluations: int = 30,
+    ridge: float = 1e-6,
+    ucb: float = 2.0,
+    local_share: float = 0.4,
+    radius: float = 0.3,
+    random_state=0,
+    callback=None,
+) -> DCResult:
     """min over the simplex of max_k (surrogate L_k(z) + ucb * its standard error), from at most
     ``n_evaluations`` noisy answers: a global design, then ``local_share`` of the answers in a
     neighbourhood (``radius``) of the first choice, where a locally weighted surrogate decides."""
@@ -97,8 +108,16 @@ def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1
     more = _ask(oracle, eta, _design(p, n - n_local, rng), Z, Ls)
     if not Z:
         z = np.full(p, 1.0 / p)
-        return DCResult(z=z, gamma=float("nan"), losses=np.full(p, np.nan), history=[], converged=False,
-                        n_iter=0, n_evaluations=0, method="dp-surrogate")
+        return DCResult(
+            z=z,
+            gamma=float("nan"),
+            losses=np.full(p, np.nan),
+            history=[],
+            converged=False,
+            n_iter=0,
+            n_evaluations=0,
+            method="dp-surrogate",
+        )
     C = _candidates(p, rng)
     best, losses, value = _choose(np.array(Z), np.array(Ls), C, ridge, ucb)
     z = C[best]
@@ -107,7 +126,7 @@ def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1
         local = (1 - radius) * z[None, :] + radius * rng.dirichlet(np.ones(p), size=n_local)
         _ask(oracle, eta, local, Z, Ls)
         Za, La = np.array(Z), np.array(Ls)
-        weights = np.exp(-np.sum((Za - z) ** 2, axis=1) / (2 * radius ** 2))
+        weights = np.exp(-np.sum((Za - z) ** 2, axis=1) / (2 * radius**2))
         CL = np.vstack([z[None, :], (1 - radius) * z[None, :] + radius * C])
         best, losses, value = _choose(Za, La, CL, ridge, ucb, weights)
         z = CL[best]
@@ -117,5 +136,13 @@ def solve_noisy(oracle, eta: float, *, n_evaluations: int = 30, ridge: float = 1
     gamma = float(losses.max() - z @ losses)
     if callback is not None:
         callback(len(history), z, value)
-    return DCResult(z=z, gamma=gamma, losses=losses, history=history, converged=True, n_iter=len(history),
-                    n_evaluations=len(Z), method="dp-surrogate")
+    return DCResult(
+        z=z,
+        gamma=gamma,
+        losses=losses,
+        history=history,
+        converged=True,
+        n_iter=len(history),
+        n_evaluations=len(Z),
+        method="dp-surrogate",
+    )

@@ -26,6 +26,7 @@ Any failure of the channel (the actor restarted, a socket error, a time-out) fal
 Ray call for that site and round, with Ray's restart and replay logic; the channel is reopened
 afterwards.  The answers are bit for bit those of the Ray path (same worker methods).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -80,13 +81,20 @@ def make_identity(common_name: str) -> tuple[str, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64] or "msa-fed")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return cert.public_bytes(serialization.Encoding.PEM).decode("ascii"), key_pem
 
 
@@ -286,12 +294,19 @@ def serve_channel(target, name: str, offer: m.ChannelOffer) -> m.ChannelAddress:
 class ChannelClient:
     """The coordinator's connection to one site actor's channel server."""
 
-    def __init__(self, address: m.ChannelAddress, mode: str, identity: tuple[str, bytes] | None,
-                 timeout_s: float, connect_timeout_s: float = HANDSHAKE_TIMEOUT_S):
+    def __init__(
+        self,
+        address: m.ChannelAddress,
+        mode: str,
+        identity: tuple[str, bytes] | None,
+        timeout_s: float,
+        connect_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    ):
         check_mode(mode)
         if mode == "plain" and not _is_loopback(address.host):
-            raise ConfigError(f"a plaintext data channel is allowed only on loopback, not to {address.host}; "
-                              "use data_channel='tls'")
+            raise ConfigError(
+                f"a plaintext data channel is allowed only on loopback, not to {address.host}; use data_channel='tls'"
+            )
         sock = socket.create_connection((address.host, address.port), timeout=connect_timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -6,6 +6,7 @@ One code path for every runtime.  The coordinator talks to its sites only throug
 :mod:`msa_fed.runtime.ray_sites`).  Every message that crosses is one of
 :mod:`msa_fed.runtime.messages` and can be recorded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,14 @@ class Coordinator:
     solver_callback : called as callback(iteration, z, value) after each solver iteration.
     """
 
-    def __init__(self, backend: Backend, predictors: list, config: FitConfig, recorder: m.Recorder | None = None,
-                 solver_callback: Callable | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        predictors: list,
+        config: FitConfig,
+        recorder: m.Recorder | None = None,
+        solver_callback: Callable | None = None,
+    ):
         if not isinstance(config, FitConfig):
             raise TypeError(f"config must be a FitConfig; got {type(config).__name__}")
         self.backend = backend
@@ -68,11 +75,17 @@ class Coordinator:
     def _check_min_points(self):
         """Fail before any work when a site would refuse to aggregate (the sites enforce it too)."""
         need = int(self.config.min_points)
-        few = [f"site {i.name!r} has {n} {what} points" for i in self.infos
-               for n, what in ((i.n_labeled, "labelled"), (i.n_unlabeled, "unlabelled")) if n < need]
+        few = [
+            f"site {i.name!r} has {n} {what} points"
+            for i in self.infos
+            for n, what in ((i.n_labeled, "labelled"), (i.n_unlabeled, "unlabelled"))
+            if n < need
+        ]
         if few:
-            raise PrivacyError(f"{'; '.join(few)}: fewer than min_points={need}, the least a site "
-                               "aggregates over; add data to the site or leave it out of the run")
+            raise PrivacyError(
+                f"{'; '.join(few)}: fewer than min_points={need}, the least a site "
+                "aggregates over; add data to the site or leave it out of the run"
+            )
 
     def shutdown(self):
         self.backend.shutdown()
@@ -115,12 +128,19 @@ class Coordinator:
 
     def _fingerprint(self, sample_digest: str) -> str:
         cfg = self.config
-        key = json.dumps({
-            "sites": [(i.name, i.n_labeled, i.n_unlabeled, i.n_features) for i in self.infos],
-            "task": cfg.task, "method": cfg.method, "features": repr(cfg.features), "eta": cfg.eta,
-            "classifier": repr(cfg.classifier), "seed": cfg.random_state,
-            "samples": sample_digest,
-        }, sort_keys=True)
+        key = json.dumps(
+            {
+                "sites": [(i.name, i.n_labeled, i.n_unlabeled, i.n_features) for i in self.infos],
+                "task": cfg.task,
+                "method": cfg.method,
+                "features": repr(cfg.features),
+                "eta": cfg.eta,
+                "classifier": repr(cfg.classifier),
+                "seed": cfg.random_state,
+                "samples": sample_digest,
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def train_domain_model(self, progress: Progress):
@@ -151,15 +171,26 @@ class Coordinator:
 
         def oracles(fmap):
             state, custom = m.feature_map_fields(fmap)
-            setup = m.ShardSetup(feature_map=state, custom_feature_map=custom, n_sources=self.p,
-                                 dtype=ccfg.dtype, device=ccfg.device, seed=cfg.random_state)
+            setup = m.ShardSetup(
+                feature_map=state,
+                custom_feature_map=custom,
+                n_sources=self.p,
+                dtype=ccfg.dtype,
+                device=ccfg.device,
+                seed=cfg.random_state,
+            )
             self.setup_log.add("setup_shard", setup)
             self.backend.call_shards("setup_shard", setup)
-            return (lambda theta: gather(m.ThetaRequest(theta=theta)),
-                    lambda theta, step: gather(m.ThetaRequest(theta=theta, step=step, batch_size=ccfg.batch_size)))
+            return (
+                lambda theta: gather(m.ThetaRequest(theta=theta)),
+                lambda theta, step: gather(m.ThetaRequest(theta=theta, step=step, batch_size=ccfg.batch_size)),
+            )
 
-        bar = progress.bar("domain classifier", unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
-                           total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs)
+        bar = progress.bar(
+            "domain classifier",
+            unit="it" if ccfg.optimizer == "lbfgs" else "epoch",
+            total=None if ccfg.optimizer == "lbfgs" else ccfg.epochs,
+        )
 
         curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
 
@@ -171,13 +202,21 @@ class Coordinator:
                 curve.append(float(shown))
                 losses.clear()
 
-        model = train_domain_classifier(samples, make_feature_map(cfg.features, cfg.random_state), ccfg,
-                                        random_state=cfg.random_state, progress=advance, oracles=oracles)
+        model = train_domain_classifier(
+            samples,
+            make_feature_map(cfg.features, cfg.random_state),
+            ccfg,
+            random_state=cfg.random_state,
+            progress=advance,
+            oracles=oracles,
+        )
         model.info_ = {**model.info_, "history": curve}
         bar.close()
         info = model.info_
-        progress.note(f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
-                      f"after {info['n_iter']} iterations")
+        progress.note(
+            f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
+            f"after {info['n_iter']} iterations"
+        )
         self.checkpoint.update(theta=model.theta_.tolist())
         return model
 
@@ -210,15 +249,24 @@ class Coordinator:
         qhat, oracle = self.prepare_dc(dm)
         ckpt = self.checkpoint.state
         solver = cfg.solver
-        solver_opts = dict(objective=solver.objective, method=solver.method, tol=solver.tol,
-                           max_iter=solver.max_iter, n_restarts=solver.n_restarts, bound=solver.bound,
-                           z0=None if solver.z0 is None else np.asarray(solver.z0), random_state=cfg.random_state)
+        solver_opts = dict(
+            objective=solver.objective,
+            method=solver.method,
+            tol=solver.tol,
+            max_iter=solver.max_iter,
+            n_restarts=solver.n_restarts,
+            bound=solver.bound,
+            z0=None if solver.z0 is None else np.asarray(solver.z0),
+            random_state=cfg.random_state,
+        )
         shown = "max_k L_k" if solver.objective == "minmax" else "Gamma"  # what the solver minimises
         if "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
             # "gamma" holds the value the solver last reported: its objective during the solve, Gamma at the end
-            progress.note(f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
-                          f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}")
+            progress.note(
+                f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
+                f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}"
+            )
         bar = progress.bar("DC solver", unit="it", total=None)
 
         def callback(it, z, gamma):
@@ -232,25 +280,50 @@ class Coordinator:
             from msa_fed.privacy.solver import solve_noisy
 
             progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
-            res = solve_noisy(oracle, cfg.eta, n_evaluations=DP_EVALUATIONS,
-                              random_state=solver_opts.get("random_state", 0), callback=callback)
+            res = solve_noisy(
+                oracle,
+                cfg.eta,
+                n_evaluations=DP_EVALUATIONS,
+                random_state=solver_opts.get("random_state", 0),
+                callback=callback,
+            )
         else:
             res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
-        progress.note(f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
-                      f"{res.n_evaluations} distributed evaluations; converged={res.converged}")
-        self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter,
-                               done=True)
-        info = {"solver": {"method": res.method, "n_iter": res.n_iter, "n_evaluations": res.n_evaluations,
-                           "converged": res.converged, "restarts": res.restarts},
-                "classifier": getattr(dm, "info_", {}),
-                "n_labeled": [i.n_labeled for i in self.infos],
-                "n_unlabeled": [i.n_unlabeled for i in self.infos]}
-        return CombinedModel(method=cfg.method, task=cfg.task, site_names=[i.name for i in self.infos],
-                             domain_model=dm, qhat=qhat, z=res.z, eta=cfg.eta, predictors=self.predictors,
-                             n_features=self.n_features, classes=self._classes(), gamma=res.gamma,
-                             domain_losses=res.losses, history=res.history, info=info,
-                             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos})
+        progress.note(
+            f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
+            f"{res.n_evaluations} distributed evaluations; converged={res.converged}"
+        )
+        self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
+        info = {
+            "solver": {
+                "method": res.method,
+                "n_iter": res.n_iter,
+                "n_evaluations": res.n_evaluations,
+                "converged": res.converged,
+                "restarts": res.restarts,
+            },
+            "classifier": getattr(dm, "info_", {}),
+            "n_labeled": [i.n_labeled for i in self.infos],
+            "n_unlabeled": [i.n_unlabeled for i in self.infos],
+        }
+        return CombinedModel(
+            method=cfg.method,
+            task=cfg.task,
+            site_names=[i.name for i in self.infos],
+            domain_model=dm,
+            qhat=qhat,
+            z=res.z,
+            eta=cfg.eta,
+            predictors=self.predictors,
+            n_features=self.n_features,
+            classes=self._classes(),
+            gamma=res.gamma,
+            domain_losses=res.losses,
+            history=res.history,
+            info=info,
+            epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos},
+        )
 
 
 class DistributedOracle:
@@ -262,8 +335,9 @@ class DistributedOracle:
         self.on_parts = on_parts  # sees every round's partials (the coordinator notes DP epsilon)
 
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
-        msg = m.DCRequest(z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what),
-                          global_bound=global_bound)
+        msg = m.DCRequest(
+            z=np.asarray(z, dtype=np.float64), eta=float(eta), what=tuple(what), global_bound=global_bound
+        )
         parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
         if self.on_parts is not None:
             self.on_parts(parts)

@@ -35,6 +35,7 @@ the site is back.  A site process that restarted within that time has lost the j
 answers ``SiteStateLost`` and this backend replays the job's setup to it (join, domain model,
 Qhat) and carries on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,15 @@ RETRY_PAUSE_S = 0.5
 #: a site that lost the job's state again right after it was replayed this often fails the run
 MAX_REJOINS = 3
 #: the one response type each relayed method may return
-ANSWER_TYPES = {"join_job": m.SiteInfo, "info": m.SiteInfo, "set_domain_model": m.QhatPartial, "set_qhat": m.Ack,
-                "dc_evaluate": m.DCPartial, "max_bound": m.BoundMax, "ping": m.Ack}
+ANSWER_TYPES = {
+    "join_job": m.SiteInfo,
+    "info": m.SiteInfo,
+    "set_domain_model": m.QhatPartial,
+    "set_qhat": m.Ack,
+    "dc_evaluate": m.DCPartial,
+    "max_bound": m.BoundMax,
+    "ping": m.Ack,
+}
 _REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
 
 
@@ -92,8 +100,9 @@ class PublishedSample:
         self.name, self.index = name, int(index)
         self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
         if self.X_unlabeled.ndim != 2:
-            raise ConfigError(f"site {name!r}: the published sample must be a matrix; "
-                              f"got shape {self.X_unlabeled.shape}")
+            raise ConfigError(
+                f"site {name!r}: the published sample must be a matrix; got shape {self.X_unlabeled.shape}"
+            )
         self.min_points = int(min_points)
         self.incarnation = uuid.uuid4().hex
         self._shard = None
@@ -101,20 +110,28 @@ class PublishedSample:
         import msa_fed.core.domain_classifier  # noqa: F401
 
     def info(self, _=None) -> m.SiteInfo:
-        return m.SiteInfo(name=self.name, n_features=int(self.X_unlabeled.shape[1]), n_labeled=0,
-                          n_unlabeled=int(self.X_unlabeled.shape[0]), task="")
+        return m.SiteInfo(
+            name=self.name,
+            n_features=int(self.X_unlabeled.shape[1]),
+            n_labeled=0,
+            n_unlabeled=int(self.X_unlabeled.shape[0]),
+            task="",
+        )
 
     def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
         return m.UnlabeledSample(X=self.X_unlabeled)
 
     def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
-        return m.UnlabeledSample(X=self.X_unlabeled[msg.start:msg.stop])
+        return m.UnlabeledSample(X=self.X_unlabeled[msg.start : msg.stop])
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
         mk = self.X_unlabeled.shape[0]
         if mk < self.min_points:
-            raise PrivacyError("min_points", self.name, f"its published sample: {mk} unlabelled points, fewer than "
-                                                        f"min_points={self.min_points}")
+            raise PrivacyError(
+                "min_points",
+                self.name,
+                f"its published sample: {mk} unlabelled points, fewer than min_points={self.min_points}",
+            )
         start, stop = split_rows(mk, msg.workers_per_site)[0]
         self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
         return m.Ack(self.incarnation)
@@ -141,8 +158,9 @@ class _StandIns(RaySites):
         free = ray.available_resources().get("CPU", 0.0)
         share = 0.5 * free / max(1, len(self.names) * self.workers_per_site)
         cpus = self.num_cpus if self.num_cpus is not None else _cpu_share(share)
-        return [dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts, num_cpus=cpus)
-                for _ in self.names]
+        return [
+            dict(max_restarts=self.max_restarts, max_task_retries=self.max_restarts, num_cpus=cpus) for _ in self.names
+        ]
 
 
 class _ActorSetupLog(SetupLog):
@@ -180,10 +198,26 @@ class FederatedSites:
         stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).
     """
 
-    def __init__(self, names, relay, samples, *, job_id: str, predictor_sha256, task: str = "classification",
-                 loss: str = "cross_entropy", classes=None, min_points: int = 20, site_timeout_s: float = 60.0,
-                 workers_per_site: int = 1, num_cpus: float | None = None, address: str | None = None,
-                 data_channel: str = "tls", init_kwargs: dict | None = None, max_restarts: int = 3):
+    def __init__(
+        self,
+        names,
+        relay,
+        samples,
+        *,
+        job_id: str,
+        predictor_sha256,
+        task: str = "classification",
+        loss: str = "cross_entropy",
+        classes=None,
+        min_points: int = 20,
+        site_timeout_s: float = 60.0,
+        workers_per_site: int = 1,
+        num_cpus: float | None = None,
+        address: str | None = None,
+        data_channel: str = "tls",
+        init_kwargs: dict | None = None,
+        max_restarts: int = 3,
+    ):
         self.names = [str(n) for n in names]
         if len(samples) != len(self.names) or len(predictor_sha256) != len(self.names):
             raise ValueError("samples and predictor_sha256 need one entry per site")
@@ -193,16 +227,34 @@ class FederatedSites:
         self.samples = [np.asarray(X, dtype=np.float64) for X in samples]
         self.job_id = str(job_id)
         self.site_timeout_s = float(site_timeout_s)
-        self.join = [m.JobSetup(job_id=self.job_id, sites=tuple(self.names), index=i,
-                                predictor_sha256=tuple(predictor_sha256), task=task, loss=loss,
-                                classes=None if classes is None else np.asarray(classes), min_points=int(min_points))
-                     for i in range(len(self.names))]
+        self.join = [
+            m.JobSetup(
+                job_id=self.job_id,
+                sites=tuple(self.names),
+                index=i,
+                predictor_sha256=tuple(predictor_sha256),
+                task=task,
+                loss=loss,
+                classes=None if classes is None else np.asarray(classes),
+                min_points=int(min_points),
+            )
+            for i in range(len(self.names))
+        ]
         self.stand_ins = _StandIns(
-            [dict(name=n, index=i, X_unlabeled=X, min_points=int(min_points))
-             for i, (n, X) in enumerate(zip(self.names, self.samples))],
-            worker_cls=PublishedSample, workers_per_site=workers_per_site, num_cpus=num_cpus, address=address,
-            data_channel=data_channel, init_kwargs=init_kwargs, max_restarts=max_restarts,
-            retry_timeout_s=self.site_timeout_s, start_timeout_s=self.site_timeout_s)
+            [
+                dict(name=n, index=i, X_unlabeled=X, min_points=int(min_points))
+                for i, (n, X) in enumerate(zip(self.names, self.samples))
+            ],
+            worker_cls=PublishedSample,
+            workers_per_site=workers_per_site,
+            num_cpus=num_cpus,
+            address=address,
+            data_channel=data_channel,
+            init_kwargs=init_kwargs,
+            max_restarts=max_restarts,
+            retry_timeout_s=self.site_timeout_s,
+            start_timeout_s=self.site_timeout_s,
+        )
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
         self._open = False
@@ -228,9 +280,12 @@ class FederatedSites:
             if info.name != name:
                 raise SiteError(name, f"answered as site {info.name!r}")
             if (info.n_unlabeled, info.n_features) != X.shape:
-                raise SiteError(name, f"holds {info.n_unlabeled} unlabelled points of width {info.n_features}, but its "
-                                      f"published sample has shape {X.shape}; republish it (the site's process "
-                                      "checks this at start too)")
+                raise SiteError(
+                    name,
+                    f"holds {info.n_unlabeled} unlabelled points of width {info.n_features}, but its "
+                    f"published sample has shape {X.shape}; republish it (the site's process "
+                    "checks this at start too)",
+                )
         self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
         return infos
 
@@ -290,8 +345,10 @@ class FederatedSites:
             self._record("to_site", self.names[i], method, msg)
         while left:
             now = time.monotonic()
-            timeout = min(self.site_timeout_s - (now - first_failure[j]) if j in first_failure else self.site_timeout_s
-                          for j in left)
+            timeout = min(
+                self.site_timeout_s - (now - first_failure[j]) if j in first_failure else self.site_timeout_s
+                for j in left
+            )
             calls = [(self.names[todo[j][0]], todo[j][1], todo[j][2]) for j in left]
             started = time.monotonic()
             results = self.relay.call(self.job_id, calls, max(0.5, timeout))
@@ -304,10 +361,13 @@ class FederatedSites:
                         raise SiteError(name, f"the registry refused to relay {method}: {res.detail}")
                     since = first_failure.setdefault(j, started)  # a hung site: counted from the call
                     if time.monotonic() - since >= self.site_timeout_s:
-                        raise SiteError(name, f"no answer through the registry for {self.site_timeout_s:g} s "
-                                              f"(site_timeout_s; {res.detail}); is its 'msa-fed site serve' "
-                                              "running? Once it is back, rerun the job: it resumes from "
-                                              "its checkpoint_dir")
+                        raise SiteError(
+                            name,
+                            f"no answer through the registry for {self.site_timeout_s:g} s "
+                            f"(site_timeout_s; {res.detail}); is its 'msa-fed site serve' "
+                            "running? Once it is back, rerun the job: it resumes from "
+                            "its checkpoint_dir",
+                        )
                     retry.append(j)
                 elif isinstance(res, wire.RemoteError):
                     if res.kind == SiteStateLost.__name__ and replay and method != "join_job":
@@ -344,12 +404,11 @@ class FederatedSites:
 
 
 def _finite(a, shape) -> bool:
-    return (isinstance(a, np.ndarray) and a.dtype.kind in "fiu" and a.shape == shape
-            and bool(np.all(np.isfinite(a))))
+    return isinstance(a, np.ndarray) and a.dtype.kind in "fiu" and a.shape == shape and bool(np.all(np.isfinite(a)))
 
 
 def _check_answer(method: str, msg, p: int) -> str:
-    """"" when ``msg`` is an answer the coordinator accepts for ``method`` from a site process
+    """ "" when ``msg`` is an answer the coordinator accepts for ``method`` from a site process
     (its type, and the shapes of its sums for a job of p sites), else what is wrong with it.
     A site is another party: its answers are checked before any use."""
     want = ANSWER_TYPES[method]

@@ -5,6 +5,7 @@ tests, small data and ``fit_dmsa(runtime="local")``.  ``workers_per_site`` split
 classifier shard over in-process :class:`ShardWorker` helpers exactly as the Ray runtime does
 over actors (see :mod:`msa_fed.runtime.shards`).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -6,6 +6,7 @@ summed over the site's points (DESIGN.md section 4).  Nothing here is per labell
 :class:`Recorder` captures every request and response that crosses, for audits and the
 privacy test.
 """
+
 from __future__ import annotations
 
 import threading
@@ -155,8 +156,15 @@ def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
     kind, _, arrays = domain_model_state(model)
     state, custom = feature_map_fields(model.feature_map)
     samples = tuple(arrays[f"kde_sample.{k}"] for k in range(n_sources) if f"kde_sample.{k}" in arrays)
-    return DomainModelSpec(kind=kind, n_sources=n_sources, feature_map=state, custom_feature_map=custom,
-                           theta=arrays.get("theta"), bandwidths=arrays.get("bandwidths"), samples=samples)
+    return DomainModelSpec(
+        kind=kind,
+        n_sources=n_sources,
+        feature_map=state,
+        custom_feature_map=custom,
+        theta=arrays.get("theta"),
+        bandwidths=arrays.get("bandwidths"),
+        samples=samples,
+    )
 
 
 def domain_model_from_spec(spec: DomainModelSpec):
@@ -224,7 +232,7 @@ class ChannelOffer(Message):
 class SiteInfo(Message):
     name: str
     n_features: int
-    n_labeled: int      # a count, not data
+    n_labeled: int  # a count, not data
     n_unlabeled: int
     task: str
     classes: np.ndarray | None = None  # class labels of the site's predictor (public)

@@ -9,6 +9,7 @@ so each step writes one plain line per iteration instead::
 
 Silent when not verbose.  ``MSA_FED_PROGRESS=bars|lines`` forces one style.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,10 @@ class LineBar:
         self._closed = True
         self._flush_pending()
         plural = "s" if self.n != 1 else ""
-        self._emit(f"done after {self.n} {self._word()}{plural} in {time.perf_counter() - self._t0:.1f} s"
-                   + (f", {self.postfix}" if self.postfix else ""))
+        self._emit(
+            f"done after {self.n} {self._word()}{plural} in {time.perf_counter() - self._t0:.1f} s"
+            + (f", {self.postfix}" if self.postfix else "")
+        )
 
 
 def use_bars(stream=None) -> bool:

@@ -14,6 +14,7 @@ replays the set-up log; ``ActorDiedError`` (or any ``RayActorError``) is final w
 GCS actor table says the actor is ``DEAD`` (killed with ``no_restart``, restarts exhausted,
 constructor failed): the run fails with a :class:`SiteError` naming the site and Ray's cause.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,10 +30,19 @@ from msa_fed.runtime.channel import CHANNEL_METHODS, ChannelClient, ChannelError
 from msa_fed.core.options import from_mapping
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.config import RayConfig
-from msa_fed.runtime.ray_actors import (LARGE_ARG_BYTES, SITE_RESOURCE_PREFIX, SITE_RESOURCE_SHARE,  # noqa: F401 - re-exported
-                                        actor_status, ensure_ray, last_line, original_error, placement)
+from msa_fed.runtime.ray_actors import (
+    LARGE_ARG_BYTES,
+    SITE_RESOURCE_PREFIX,  # noqa: F401 - re-exported
+    SITE_RESOURCE_SHARE,  # noqa: F401 - re-exported
+    actor_status,
+    ensure_ray,
+    last_line,
+    original_error,
+    placement,
+)
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
+
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
 #: after a data channel could not be opened, the calls go through Ray for this long before a
@@ -66,8 +76,7 @@ class RaySites:
     worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
     """
 
-    def __init__(self, site_kwargs: list[dict], config: RayConfig | None = None, *, worker_cls=SiteWorker,
-                 **options):
+    def __init__(self, site_kwargs: list[dict], config: RayConfig | None = None, *, worker_cls=SiteWorker, **options):
         if config is None:
             config = from_mapping(RayConfig, options, "RaySites: ")
         elif options:
@@ -89,7 +98,7 @@ class RaySites:
         self.helpers: list[_Endpoint] = []
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
-        self._placement_cache = None   # actor options per site
+        self._placement_cache = None  # actor options per site
         self._arg_refs: list[dict] = []
 
     @property
@@ -113,10 +122,14 @@ class RaySites:
         site_cls = ray.remote(self.worker_cls)
         # large constructor arguments (in-process data) go to the object store; holding their
         # references for the backend's life keeps them there for actor restarts
-        self._arg_refs = [{k: ray.put(v) if isinstance(v, np.ndarray) and v.nbytes > LARGE_ARG_BYTES else v
-                           for k, v in kw.items()} for kw in self.site_kwargs]
-        self.sites = [_Endpoint(name, i, site_cls.options(**opts).remote(**kw))
-                      for i, (name, kw, opts) in enumerate(zip(self.names, self._arg_refs, placement_opts))]
+        self._arg_refs = [
+            {k: ray.put(v) if isinstance(v, np.ndarray) and v.nbytes > LARGE_ARG_BYTES else v for k, v in kw.items()}
+            for kw in self.site_kwargs
+        ]
+        self.sites = [
+            _Endpoint(name, i, site_cls.options(**opts).remote(**kw))
+            for i, (name, kw, opts) in enumerate(zip(self.names, self._arg_refs, placement_opts))
+        ]
         self.helpers = []
         try:
             infos = self._gather(self.sites, "info", [None] * len(self.sites), timeout=self.start_timeout_s)
@@ -124,8 +137,9 @@ class RaySites:
                 helper_cls = ray.remote(ShardWorker)
                 for i, info in enumerate(infos):
                     for start, stop in split_rows(info.n_unlabeled, self.workers_per_site)[1:]:
-                        handle = helper_cls.options(**placement_opts[i]).remote(info.name, i, start, stop,
-                                                                                 info.n_unlabeled)
+                        handle = helper_cls.options(**placement_opts[i]).remote(
+                            info.name, i, start, stop, info.n_unlabeled
+                        )
                         self.helpers.append(_Endpoint(info.name, i, handle, rows=(start, stop)))
                 for e, ref in [(e, self._load_rows(e)) for e in self.helpers]:
                     self._get(e, ref, lambda e=e: self._load_rows(e), "load_rows", replay=False)
@@ -173,16 +187,27 @@ class RaySites:
         self._get(e, self._load_rows(e), lambda: self._load_rows(e), "load_rows", replay=False)
         msg = self.setup_log.get("setup_shard")
         if method != "setup_shard" and msg is not None:
-            self._get(e, e.handle.setup_shard.remote(msg), lambda: e.handle.setup_shard.remote(msg),
-                      "setup_shard", replay=False)
+            self._get(
+                e,
+                e.handle.setup_shard.remote(msg),
+                lambda: e.handle.setup_shard.remote(msg),
+                "setup_shard",
+                replay=False,
+            )
 
     def _get(self, e: _Endpoint, ref, resubmit, method: str, replay: bool, wait_s: float | None = None):
         """The answer of ``ref``; ``resubmit()`` sends the same call again (after a restart).
 
         wait_s : how long to wait at most (default ``retry_timeout_s``); then a SiteError."""
         import ray
-        from ray.exceptions import (ActorDiedError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError,
-                                    UnserializableException)
+        from ray.exceptions import (
+            ActorDiedError,
+            GetTimeoutError,
+            ObjectLostError,
+            RayActorError,
+            RayTaskError,
+            UnserializableException,
+        )
 
         deadline = time.monotonic() + (self.retry_timeout_s if wait_s is None else max(0.0, wait_s))
         while True:
@@ -190,9 +215,12 @@ class RaySites:
                 return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except GetTimeoutError:  # a node lost or stuck: Ray may wait for it for ever, the job does not
                 state, _ = actor_status(e.handle)
-                raise SiteError(e.name, f"no answer to {method} within {self.retry_timeout_s:g} s "
-                                        f"(retry_timeout_s; the site's actor is "
-                                        f"{state or 'in an unknown state'})") from None
+                raise SiteError(
+                    e.name,
+                    f"no answer to {method} within {self.retry_timeout_s:g} s "
+                    f"(retry_timeout_s; the site's actor is "
+                    f"{state or 'in an unknown state'})",
+                ) from None
             except RayTaskError as exc:  # raised by the site's own code
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
                 if isinstance(cause, SiteStateLost) and replay and time.monotonic() < deadline:
@@ -209,13 +237,17 @@ class RaySites:
                 init_failed = isinstance(exc, RayActorError) and exc.actor_init_failed
                 if init_failed or state == "DEAD" or (state is None and isinstance(exc, ActorDiedError)):
                     if init_failed:
-                        raise SiteError(e.name, "the site's actor failed to start: "
-                                                + original_error(e.name, why or str(exc))) from None
+                        raise SiteError(
+                            e.name, "the site's actor failed to start: " + original_error(e.name, why or str(exc))
+                        ) from None
                     detail = why or last_line(str(exc)) or type(exc).__name__
                     raise SiteError(e.name, f"the site's actor died and will not be restarted: {detail}") from None
                 if time.monotonic() > deadline:
-                    raise SiteError(e.name, f"the site's actor did not come back within {self.retry_timeout_s:g} s "
-                                            f"(state {state or 'unknown'}, {type(exc).__name__})") from None
+                    raise SiteError(
+                        e.name,
+                        f"the site's actor did not come back within {self.retry_timeout_s:g} s "
+                        f"(state {state or 'unknown'}, {type(exc).__name__})",
+                    ) from None
                 time.sleep(RETRY_PAUSE_S)  # restarting: Ray queues the call until the actor is back
                 ref = resubmit()
 
@@ -248,17 +280,22 @@ class RaySites:
                 e = endpoints[refs.index(pending[0])]
                 state, _ = actor_status(e.handle)
                 if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY", None):
-                    raise SiteError(e.name, f"Ray could not start the site's actor within {timeout:g} s (state "
-                                            f"{state or 'unknown'}): the cluster lacks the CPUs or resources it "
-                                            f"asks for ({self._asks(e)})")
+                    raise SiteError(
+                        e.name,
+                        f"Ray could not start the site's actor within {timeout:g} s (state "
+                        f"{state or 'unknown'}): the cluster lacks the CPUs or resources it "
+                        f"asks for ({self._asks(e)})",
+                    )
         from ray.exceptions import GetTimeoutError
 
         try:
             outs = ray.get(refs, timeout=self.retry_timeout_s)  # the common case: one wait for all
         except Exception as exc:  # noqa: BLE001 - sort out which call failed and why, one by one
             wait = 0.0 if isinstance(exc, GetTimeoutError) else None  # timed out: name the site now
-            outs = [self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True,
-                              wait_s=wait) for e, ref, msg in zip(endpoints, refs, msgs)]
+            outs = [
+                self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True, wait_s=wait)
+                for e, ref, msg in zip(endpoints, refs, msgs)
+            ]
         for e, out in zip(endpoints, outs):
             c.record("from_site", e.name, method, out)
         return outs
@@ -293,17 +330,24 @@ class RaySites:
                 addr = self._get(e, ref, lambda e=e: e.handle.open_channel.remote(offer), "open_channel", replay=False)
                 c.record("from_site", e.name, "open_channel", addr)
                 if self.data_channel == "plain" and addr.node_id != here:
-                    raise ConfigError(f"site {e.name!r} runs on another node than the coordinator; a plaintext "
-                                      "data channel is allowed only on loopback: use data_channel='tls'")
+                    raise ConfigError(
+                        f"site {e.name!r} runs on another node than the coordinator; a plaintext "
+                        "data channel is allowed only on loopback: use data_channel='tls'"
+                    )
                 e.channel = ChannelClient(addr, self.data_channel, self._identity, timeout_s=self.retry_timeout_s)
                 e.channel_failures = 0
             except ConfigError:
                 raise
             except (OSError, MsaFedError) as exc:  # the Ray path works on, and reports a dead site itself
-                pause = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2 ** e.channel_failures)
+                pause = min(CHANNEL_RETRY_MAX_S, CHANNEL_RETRY_S * 2**e.channel_failures)
                 e.channel_failures += 1
-                log.warning("cannot open the data channel to %s (%s); its calls go through Ray (next try in %g s; "
-                            "data_channel='off' turns the channel off)", e.name, exc, pause)
+                log.warning(
+                    "cannot open the data channel to %s (%s); its calls go through Ray (next try in %g s; "
+                    "data_channel='off' turns the channel off)",
+                    e.name,
+                    exc,
+                    pause,
+                )
                 e.channel_retry_at = time.monotonic() + pause
 
     def _gather_channel(self, endpoints: list[_Endpoint], method: str, msgs: list) -> list:
@@ -337,8 +381,14 @@ class RaySites:
             refs[j] = self._call(e, method, msgs[j])
         for j, ref in refs.items():
             e, msg = endpoints[j], msgs[j]
-            outs[j] = self._get(e, ref, lambda e=e, msg=msg: self._call(e, method, msg), method, replay=True,
-                                wait_s=started + self.retry_timeout_s - time.monotonic())
+            outs[j] = self._get(
+                e,
+                ref,
+                lambda e=e, msg=msg: self._call(e, method, msg),
+                method,
+                replay=True,
+                wait_s=started + self.retry_timeout_s - time.monotonic(),
+            )
         for e, out in zip(endpoints, outs):
             c.record("from_site", e.name, method, out)
         return outs

@@ -12,6 +12,7 @@ objective):
   step, same permutation of range(m_k)) and sums over the chosen rows that fall in its block,
   with the site's scale m_k / b.  The union over blocks is the site's mini-batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,8 +45,17 @@ class RowShard:
     Phi : ndarray (stop - start, D), the feature map applied to those rows.
     """
 
-    def __init__(self, Phi: np.ndarray, index: int, start: int, n_total: int, n_sources: int,
-                 device: str = "cpu", dtype: str = "float64", seed: int = 0):
+    def __init__(
+        self,
+        Phi: np.ndarray,
+        index: int,
+        start: int,
+        n_total: int,
+        n_sources: int,
+        device: str = "cpu",
+        dtype: str = "float64",
+        seed: int = 0,
+    ):
         from msa_fed.core.domain_classifier import MaxentShard
 
         rows = Phi.shape[0]
@@ -53,8 +63,15 @@ class RowShard:
         if not (0 <= self.start <= self.stop <= self.n_total):
             raise ValueError(f"rows [{self.start}, {self.stop}) do not fit a shard of {self.n_total} points")
         self.seed = seed
-        self.shard = MaxentShard(Phi, np.full(rows, index), np.full(rows, 1.0 / (n_sources * n_total)),
-                                 n_sources, device=device, dtype=dtype, seed=seed)
+        self.shard = MaxentShard(
+            Phi,
+            np.full(rows, index),
+            np.full(rows, 1.0 / (n_sources * n_total)),
+            n_sources,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+        )
         self.whole = rows == n_total
 
     @property

@@ -6,6 +6,7 @@ takes one request message (or None) and returns one response message from
 :mod:`msa_fed.runtime.messages`: that is the whole surface of a site.  :class:`ShardWorker` is
 a site's helper for data-parallel classifier training (``workers_per_site > 1``).
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,10 @@ def resolve_site_path(name: str, data_path) -> Path:
     if not path.is_absolute():
         base = os.environ.get(SITE_DATA_ENV)
         if not base:
-            raise ConfigError(f"site {name!r}: data_path {str(data_path)!r} is relative but {SITE_DATA_ENV} "
-                              "is not set on the site's node; give an absolute path or set it")
+            raise ConfigError(
+                f"site {name!r}: data_path {str(data_path)!r} is relative but {SITE_DATA_ENV} "
+                "is not set on the site's node; give an absolute path or set it"
+            )
         path = Path(base) / path
     return path
 
@@ -84,8 +87,9 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in SITE_DATA_KEYS if k not in npz.files]
             if missing:
-                raise ConfigError(f"site {name!r}: data file {str(path)!r} lacks arrays {missing}; "
-                                  f"expected {list(SITE_DATA_KEYS)}")
+                raise ConfigError(
+                    f"site {name!r}: data file {str(path)!r} lacks arrays {missing}; expected {list(SITE_DATA_KEYS)}"
+                )
             out = {k: npz[k] for k in SITE_DATA_KEYS}
     except (OSError, ValueError) as exc:
         if isinstance(exc, ConfigError):
@@ -93,8 +97,10 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
         raise ConfigError(f"site {name!r}: cannot read data file {str(path)!r}: {exc}") from None
     Xl, y, Xu = out["X_labeled"], out["y_labeled"], out["X_unlabeled"]
     if Xl.ndim != 2 or Xu.ndim != 2 or y.shape != (Xl.shape[0],) or Xu.shape[1] != Xl.shape[1]:
-        raise ConfigError(f"site {name!r}: data file {str(path)!r} has inconsistent shapes: X_labeled {Xl.shape}, "
-                          f"y_labeled {y.shape}, X_unlabeled {Xu.shape}; expected (n, d), (n,), (m, d)")
+        raise ConfigError(
+            f"site {name!r}: data file {str(path)!r} has inconsistent shapes: X_labeled {Xl.shape}, "
+            f"y_labeled {y.shape}, X_unlabeled {Xu.shape}; expected (n, d), (n,), (m, d)"
+        )
     for key in ("X_labeled", "X_unlabeled"):
         if out[key].dtype.kind not in "biuf" or not np.all(np.isfinite(out[key])):
             raise ConfigError(f"site {name!r}: data file {str(path)!r}: {key} must be finite numbers")
@@ -130,8 +136,16 @@ def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n
 
     fmap = m.feature_map_of(fmap_msg.feature_map, fmap_msg.custom_feature_map)
     Phi = np.asarray(fmap.transform(X), dtype=np.float64)
-    return RowShard(Phi, index, start, n_total, fmap_msg.n_sources, device=fmap_msg.device,
-                    dtype=fmap_msg.dtype, seed=shard_seed(fmap_msg.seed, index))
+    return RowShard(
+        Phi,
+        index,
+        start,
+        n_total,
+        fmap_msg.n_sources,
+        device=fmap_msg.device,
+        dtype=fmap_msg.dtype,
+        seed=shard_seed(fmap_msg.seed, index),
+    )
 
 
 class SiteWorker:
@@ -149,10 +163,23 @@ class SiteWorker:
     requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
-    def __init__(self, name: str, index: int, X_labeled=None, y_labeled=None, X_unlabeled=None,
-                 predictors=(), task: str = "classification", loss: str = "cross_entropy", classes=None,
-                 min_points: int = 20, data_path=None, policy: SitePolicy | None = None, job_id: str = "",
-                 privacy: dict | None = None):
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        X_labeled=None,
+        y_labeled=None,
+        X_unlabeled=None,
+        predictors=(),
+        task: str = "classification",
+        loss: str = "cross_entropy",
+        classes=None,
+        min_points: int = 20,
+        data_path=None,
+        policy: SitePolicy | None = None,
+        job_id: str = "",
+        privacy: dict | None = None,
+    ):
         self.name = name
         self.index = index
         self.data_path = None if data_path is None else str(data_path)
@@ -175,16 +202,37 @@ class SiteWorker:
         self._Q = None
         self._points = None
         self._shard = None
-        self._spec_key = None      # digest of the domain model in force (replays are not new models)
-        self._own_partial = None   # this site's exact Qhat partial for that model
+        self._spec_key = None  # digest of the domain model in force (replays are not new models)
+        self._own_partial = None  # this site's exact Qhat partial for that model
         self._checked_eta: dict = {}
 
     @classmethod
-    def from_path(cls, name: str, index: int, data_path, predictors, task: str, loss: str, classes=None,
-                  min_points: int = 20, policy: SitePolicy | None = None, job_id: str = "") -> "SiteWorker":
+    def from_path(
+        cls,
+        name: str,
+        index: int,
+        data_path,
+        predictors,
+        task: str,
+        loss: str,
+        classes=None,
+        min_points: int = 20,
+        policy: SitePolicy | None = None,
+        job_id: str = "",
+    ) -> "SiteWorker":
         """A site whose data are read from ``data_path`` on this node."""
-        worker = cls(name, index, predictors=predictors, task=task, loss=loss, classes=classes,
-                     min_points=min_points, data_path=data_path, policy=policy, job_id=job_id)
+        worker = cls(
+            name,
+            index,
+            predictors=predictors,
+            task=task,
+            loss=loss,
+            classes=classes,
+            min_points=min_points,
+            data_path=data_path,
+            policy=policy,
+            job_id=job_id,
+        )
         worker._data()
         return worker
 
@@ -209,16 +257,30 @@ class SiteWorker:
             cols = []
             for k, h in enumerate(self.predictors):
                 # the unlabelled sample too: the combined model will be used on points like them
-                predictor_outputs(h, self.X_unlabeled, self.task, self.classes,
-                                  who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points")
-                out = predictor_outputs(h, self.X_labeled, self.task, self.classes,
-                                        who=f"site {self.name!r}, predictor {k}, on the site's labelled points")
+                predictor_outputs(
+                    h,
+                    self.X_unlabeled,
+                    self.task,
+                    self.classes,
+                    who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
+                )
+                out = predictor_outputs(
+                    h,
+                    self.X_labeled,
+                    self.task,
+                    self.classes,
+                    who=f"site {self.name!r}, predictor {k}, on the site's labelled points",
+                )
                 if self.task == "regression":
                     cols.append(out)
                 else:
                     idx = np.searchsorted(self.classes, self.y_labeled)
-                    if np.any(idx >= self.classes.size) or np.any(self.classes[np.minimum(idx, self.classes.size - 1)] != self.y_labeled):
-                        raise ConfigError(f"site {self.name!r}: labels outside the predictors' classes {self.classes.tolist()}")
+                    if np.any(idx >= self.classes.size) or np.any(
+                        self.classes[np.minimum(idx, self.classes.size - 1)] != self.y_labeled
+                    ):
+                        raise ConfigError(
+                            f"site {self.name!r}: labels outside the predictors' classes {self.classes.tolist()}"
+                        )
                     cols.append(out[np.arange(out.shape[0]), idx])
             self._H = np.column_stack(cols)
         return self._H
@@ -228,9 +290,14 @@ class SiteWorker:
         self._data()
         own = self.predictors[self.index]
         classes = np.asarray(own.classes_) if self.task == "classification" else None
-        return m.SiteInfo(name=self.name, n_features=int(self.X_labeled.shape[1]),
-                          n_labeled=int(self.X_labeled.shape[0]), n_unlabeled=int(self.X_unlabeled.shape[0]),
-                          task=self.task, classes=classes)
+        return m.SiteInfo(
+            name=self.name,
+            n_features=int(self.X_labeled.shape[1]),
+            n_labeled=int(self.X_labeled.shape[0]),
+            n_unlabeled=int(self.X_unlabeled.shape[0]),
+            task=self.task,
+            classes=classes,
+        )
 
     def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
         self._data()
@@ -240,7 +307,7 @@ class SiteWorker:
         """Rows of the published unlabelled sample, for a helper worker on this site's node (with
         Ray the answer goes to the helper by reference, never through the coordinator)."""
         self._data()
-        return m.UnlabeledSample(X=self.X_unlabeled[msg.start:msg.stop])
+        return m.UnlabeledSample(X=self.X_unlabeled[msg.start : msg.stop])
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
         self._data()
@@ -262,8 +329,12 @@ class SiteWorker:
             return
         if state is None:
             if not (self.policy.allow_custom_feature_map and not in_ray_actor()):
-                raise PrivacyError("feature_map", self.name, "the request: custom feature maps are accepted only from an "
-                                                             "in-process caller (the site's own process)")
+                raise PrivacyError(
+                    "feature_map",
+                    self.name,
+                    "the request: custom feature maps are accepted only from an "
+                    "in-process caller (the site's own process)",
+                )
             dec["feature_map"] = "custom (in-process)"
             return
         dec.update(rules.check_feature_map(state, X, self.policy, self.name))
@@ -272,8 +343,9 @@ class SiteWorker:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
         self._data()
         n = int(self.X_labeled.shape[0])
-        with self.guard.request("set_domain_model", n_labeled=n, n_sources=int(msg.n_sources),
-                                model=str(msg.kind)) as dec:
+        with self.guard.request(
+            "set_domain_model", n_labeled=n, n_sources=int(msg.n_sources), model=str(msg.kind)
+        ) as dec:
             dec.update(self._require(n, "labelled"))
             key = _spec_digest(msg)
             if key != self._spec_key:  # a replay of the model in force is not a new query
@@ -283,7 +355,11 @@ class SiteWorker:
                 dec.update(rules.check_theta(msg.theta, msg.n_sources, self.policy, self.name))
             model = build_domain_model(msg)
             if msg.kind == "kde":
-                Phi = self.X_labeled if model.feature_map is None else np.asarray(model.feature_map.transform(self.X_labeled))
+                Phi = (
+                    self.X_labeled
+                    if model.feature_map is None
+                    else np.asarray(model.feature_map.transform(self.X_labeled))
+                )
                 dec.update(rules.check_kde(msg.bandwidths, msg.samples, Phi, msg.n_sources, self.policy, self.name))
             Q = model.predict_proba(self.X_labeled)
             self._Q = self._points = self._own_partial = self._spec_key = None
@@ -303,8 +379,9 @@ class SiteWorker:
         """Concentration of the u_k / v_k weights c_k(i) = w_k(i) + eta pi_i (ratio q_k + eta)."""
         if eta not in self._checked_eta:
             pts = self._points
-            self._checked_eta[eta] = rules.check_concentration(pts.w / pts.pi[:, None] + eta, self.policy,
-                                                               self.name, "c")
+            self._checked_eta[eta] = rules.check_concentration(
+                pts.w / pts.pi[:, None] + eta, self.policy, self.name, "c"
+            )
         dec.update(self._checked_eta[eta])
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
@@ -348,8 +425,12 @@ class SiteWorker:
                 from msa_fed.privacy.dp import clipped_losses
 
                 if what != ("L",):
-                    raise PrivacyError("dp_what", self.name, f"the request: with differential privacy on, the site answers the "
-                                                             f"losses L only; asked for {list(what)}")
+                    raise PrivacyError(
+                        "dp_what",
+                        self.name,
+                        f"the request: with differential privacy on, the site answers the "
+                        f"losses L only; asked for {list(what)}",
+                    )
                 dec.update(dp.spend())
                 L, sens = clipped_losses(pts, msg.z, eta, self.policy)
                 sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
@@ -360,8 +441,11 @@ class SiteWorker:
             raise SiteStateLost(self.name)
         with self.guard.request("max_bound", n_labeled=self._points.n_points) as dec:
             if self.guard.dp is not None:
-                raise PrivacyError("dp_what", self.name, "the request: with differential privacy on, the site does not answer "
-                                                         "the largest per-point bound")
+                raise PrivacyError(
+                    "dp_what",
+                    self.name,
+                    "the request: with differential privacy on, the site does not answer the largest per-point bound",
+                )
             dec.update(self.guard.charge("dc_evaluation"))
             value = self._points.max_bound()
         return m.BoundMax(value)

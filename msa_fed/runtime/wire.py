@@ -16,6 +16,7 @@ federated relay (``relay.proto`` embeds the same two messages).
   does not match its shape.  A peer can make a call fail, never run code (nothing is unpickled)
   or make the receiver allocate more than the message it sent.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,13 +64,24 @@ class RemoteError(Exception):
 
 # the body field of SiteRequest / SiteResponse for each message type (None: no payload)
 _REQUEST_FIELDS = {
-    m.JobSetup: "job_setup", m.DomainModelSpec: "domain_model", m.ShardSetup: "shard_setup",
-    m.ThetaRequest: "theta", m.RowRange: "row_range", m.QhatBroadcast: "qhat", m.DCRequest: "dc",
+    m.JobSetup: "job_setup",
+    m.DomainModelSpec: "domain_model",
+    m.ShardSetup: "shard_setup",
+    m.ThetaRequest: "theta",
+    m.RowRange: "row_range",
+    m.QhatBroadcast: "qhat",
+    m.DCRequest: "dc",
     m.ChannelOffer: "channel_offer",
 }
 _RESPONSE_FIELDS = {
-    m.SiteInfo: "info", m.UnlabeledSample: "sample", m.GradSum: "grad", m.QhatPartial: "qhat",
-    m.DCPartial: "dc", m.BoundMax: "bound", m.Ack: "ack", m.ChannelAddress: "channel_address",
+    m.SiteInfo: "info",
+    m.UnlabeledSample: "sample",
+    m.GradSum: "grad",
+    m.QhatPartial: "qhat",
+    m.DCPartial: "dc",
+    m.BoundMax: "bound",
+    m.Ack: "ack",
+    m.ChannelAddress: "channel_address",
 }
 
 
@@ -114,7 +126,7 @@ def _array(a: pb.NdArray, what: str) -> np.ndarray:
         raise WireError(f"{what}: array of dtype {a.dtype[:16]!r} not allowed")
     shape = tuple(a.shape)
     if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
-        raise WireError(f"{what}: array shape {shape[:MAX_NDIM + 1]} not allowed")
+        raise WireError(f"{what}: array shape {shape[: MAX_NDIM + 1]} not allowed")
     dtype = np.dtype(a.dtype)
     if math.prod(shape) * dtype.itemsize != len(a.data):
         raise WireError(f"{what}: array of shape {shape} and dtype {dtype} does not fill {len(a.data)} bytes")
@@ -163,8 +175,11 @@ def _feature_map(parent, what: str):
     if not parent.HasField("feature_map"):
         return None
     f = parent.feature_map
-    return (f.name, {k: _scalar(v) for k, v in f.params.items()},
-            {k: _array(v, f"{what}.feature_map.{k}") for k, v in f.arrays.items()})
+    return (
+        f.name,
+        {k: _scalar(v) for k, v in f.params.items()},
+        {k: _array(v, f"{what}.feature_map.{k}") for k, v in f.arrays.items()},
+    )
 
 
 def _no_custom(msg):
@@ -274,21 +289,41 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
 
 def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
     if cls is m.JobSetup:
-        return m.JobSetup(job_id=b.job_id, sites=tuple(b.sites), index=b.index,
-                          predictor_sha256=tuple(b.predictor_sha256), task=b.task, loss=b.loss,
-                          classes=_opt_array(b, "classes", what), min_points=b.min_points)
+        return m.JobSetup(
+            job_id=b.job_id,
+            sites=tuple(b.sites),
+            index=b.index,
+            predictor_sha256=tuple(b.predictor_sha256),
+            task=b.task,
+            loss=b.loss,
+            classes=_opt_array(b, "classes", what),
+            min_points=b.min_points,
+        )
     if cls is m.DomainModelSpec:
-        return m.DomainModelSpec(kind=b.kind, n_sources=b.n_sources, feature_map=_feature_map(b, what),
-                                 theta=_opt_array(b, "theta", what), bandwidths=_opt_array(b, "bandwidths", what),
-                                 samples=tuple(_array(a, f"{what}.samples") for a in b.samples))
+        return m.DomainModelSpec(
+            kind=b.kind,
+            n_sources=b.n_sources,
+            feature_map=_feature_map(b, what),
+            theta=_opt_array(b, "theta", what),
+            bandwidths=_opt_array(b, "bandwidths", what),
+            samples=tuple(_array(a, f"{what}.samples") for a in b.samples),
+        )
     if cls is m.ShardSetup:
-        return m.ShardSetup(feature_map=_feature_map(b, what), custom_feature_map=None, n_sources=b.n_sources,
-                            dtype=b.dtype, device=b.device, seed=b.seed, workers_per_site=b.workers_per_site)
+        return m.ShardSetup(
+            feature_map=_feature_map(b, what),
+            custom_feature_map=None,
+            n_sources=b.n_sources,
+            dtype=b.dtype,
+            device=b.device,
+            seed=b.seed,
+            workers_per_site=b.workers_per_site,
+        )
     if cls is m.ThetaRequest:
         if not b.HasField("theta"):
             raise WireError(f"{what}: theta is missing")
-        return m.ThetaRequest(theta=_array(b.theta, f"{what}.theta"), step=b.step if b.HasField("step") else None,
-                              batch_size=b.batch_size)
+        return m.ThetaRequest(
+            theta=_array(b.theta, f"{what}.theta"), step=b.step if b.HasField("step") else None, batch_size=b.batch_size
+        )
     if cls is m.RowRange:
         return m.RowRange(start=b.start, stop=b.stop)
     if cls is m.QhatBroadcast:
@@ -298,13 +333,23 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
     if cls is m.DCRequest:
         if not b.HasField("z"):
             raise WireError(f"{what}: z is missing")
-        return m.DCRequest(z=_array(b.z, f"{what}.z"), eta=b.eta, what=tuple(b.what),
-                           global_bound=b.global_bound if b.HasField("global_bound") else None)
+        return m.DCRequest(
+            z=_array(b.z, f"{what}.z"),
+            eta=b.eta,
+            what=tuple(b.what),
+            global_bound=b.global_bound if b.HasField("global_bound") else None,
+        )
     if cls is m.ChannelOffer:
         return m.ChannelOffer(mode=b.mode, peer_cert=b.peer_cert)
     if cls is m.SiteInfo:
-        return m.SiteInfo(name=b.name, n_features=b.n_features, n_labeled=b.n_labeled, n_unlabeled=b.n_unlabeled,
-                          task=b.task, classes=_opt_array(b, "classes", what))
+        return m.SiteInfo(
+            name=b.name,
+            n_features=b.n_features,
+            n_labeled=b.n_labeled,
+            n_unlabeled=b.n_unlabeled,
+            task=b.task,
+            classes=_opt_array(b, "classes", what),
+        )
     if cls is m.UnlabeledSample:
         if not b.HasField("X"):
             raise WireError(f"{what}: X is missing")
@@ -321,8 +366,10 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
         if not b.HasField("sums"):
             raise WireError("malformed DC sums: missing")
         s = b.sums
-        return m.DCPartial(sums=DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"},
-                                       n=s.n), epsilon=_epsilon(b.epsilon, what))
+        return m.DCPartial(
+            sums=DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"}, n=s.n),
+            epsilon=_epsilon(b.epsilon, what),
+        )
     if cls is m.BoundMax:
         return m.BoundMax(value=b.value)
     if cls is m.Ack:
@@ -421,6 +468,8 @@ def decode(frame: bytes, allowed: dict[str, type]):
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin: any parse failure
         raise WireError(f"not a {envelope_cls.__name__}: {type(exc).__name__}") from None
     if len(UnknownFieldSet(envelope)):
-        raise WireError(f"not a message that may cross here: fields unknown to {envelope_cls.__name__} "
-                        "(a message of the other direction?)")
+        raise WireError(
+            f"not a message that may cross here: fields unknown to {envelope_cls.__name__} "
+            "(a message of the other direction?)"
+        )
     return from_proto(envelope, allowed)

@@ -1,4 +1,5 @@
 """Output checks used where predictions are used (site points, predict time)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,10 +17,15 @@ def test_good_outputs_pass_unchanged():
     assert checked_proba(np.zeros((0, 2)), 0, 2, "h").shape == (0, 2)
 
 
-@pytest.mark.parametrize("row, reason", [
-    ([np.nan, 1.0], "NaN or inf"), ([np.inf, 0.0], "NaN or inf"), ([-0.5, 1.5], r"outside \[0, 1\]"),
-    ([0.5, 0.4], "do not sum to 1"),
-])
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        ([np.nan, 1.0], "NaN or inf"),
+        ([np.inf, 0.0], "NaN or inf"),
+        ([-0.5, 1.5], r"outside \[0, 1\]"),
+        ([0.5, 0.4], "do not sum to 1"),
+    ],
+)
 def test_bad_probabilities_name_the_predictor_and_the_row(row, reason):
     P = GOOD.copy()
     P[2] = row

@@ -5,6 +5,7 @@ process per site, the registry server as its own process, sites registering and 
 through the `msa-fed` CLI, and `ray job submit` running cluster/jobs/run_msa.py.  Every
 process is started in its own process group and killed at the end, even on failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,12 @@ class Procs:
 def node_ports() -> list[str]:
     """Ports that every Ray node binds at a fixed default: several nodes on one host (and any
     other Ray on it) would collide, so each node gets free ones."""
-    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+    return [
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+    ]
 
 
 def cli(*args, env=None, check=True):
@@ -106,8 +111,9 @@ def federation(tmp_path_factory):
         (tmp / "admin_token").write_text(admin)
         port = free_port()
         address = f"127.0.0.1:{port}"
-        server = procs.start([str(BIN / "msa-fed"), "registry", "serve", "--db", str(db), "--listen", address,
-                              "--insecure"], env=env)
+        server = procs.start(
+            [str(BIN / "msa-fed"), "registry", "serve", "--db", str(db), "--listen", address, "--insecure"], env=env
+        )
 
         def up():
             if server.poll() is not None:
@@ -119,16 +125,27 @@ def federation(tmp_path_factory):
         fed = make_federation(n_labeled=200, n_unlabeled=300, n_test=1000)
         for name in SITES:
             d = fed[name]
-            token = cli("admin", "issue-token", "--db", str(db), "--site", name, env=env).stdout.strip().splitlines()[-1]
+            token = (
+                cli("admin", "issue-token", "--db", str(db), "--site", name, env=env).stdout.strip().splitlines()[-1]
+            )
             h = LogisticRegression().fit(d["X_train"], d["y_train"])
             (tmp / f"{name}.onnx").write_bytes(export_sklearn(h, n_features=2))
             np.save(tmp / f"{name}_unlabeled.npy", d["X_unlabeled"])
-            np.savez(tmp / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"],
-                     X_unlabeled=d["X_unlabeled"])
+            np.savez(
+                tmp / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"], X_unlabeled=d["X_unlabeled"]
+            )
             common = ["--registry", address, "--token", token, "--insecure"]
             cli("site", "register", *common, "--name", name, env=env)
-            cli("site", "publish", *common, "--predictor", str(tmp / f"{name}.onnx"),
-                "--unlabeled", str(tmp / f"{name}_unlabeled.npy"), env=env)
+            cli(
+                "site",
+                "publish",
+                *common,
+                "--predictor",
+                str(tmp / f"{name}.onnx"),
+                "--unlabeled",
+                str(tmp / f"{name}_unlabeled.npy"),
+                env=env,
+            )
         yield dict(tmp=tmp, address=address, admin=admin, fed=fed, env=env, db=db)
     finally:
         procs.stop_all()
@@ -140,7 +157,8 @@ def write_job(tmp: Path, address: str, sites=(), name="job") -> Path:
         f'name = "{name}"\n[registry]\naddress = "{address}"\ninsecure = true\n'
         f'admin_token_file = "{tmp / "admin_token"}"\n'
         f'[model]\ntask = "classification"\nfeatures = "standard"\n'
-        f'[run]\ntopology = "cluster"\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n')
+        f'[run]\ntopology = "cluster"\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n'
+    )
     return job
 
 
@@ -199,37 +217,94 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     procs = Procs(tmp_path)
     gcs_port, dash_port = free_port(), free_port()
     # Ray's token authentication stays on: every process of this cluster shares one token
-    env = dict(f["env"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-               # a loaded two-core machine starts a node's dashboard agent slowly; the raylet's
-               # default wait for it is short and kills the node
-               RAY_agent_register_timeout_ms="120000",
-               MSA_FED_OUTPUT_ROOT=str(tmp_path / "job-outputs"))  # the job saves its model here
+    env = dict(
+        f["env"],
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        # a loaded two-core machine starts a node's dashboard agent slowly; the raylet's
+        # default wait for it is short and kills the node
+        RAY_agent_register_timeout_ms="120000",
+        MSA_FED_OUTPUT_ROOT=str(tmp_path / "job-outputs"),
+    )  # the job saves its model here
     env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # conftest's loopback switch: `ray start` refuses workers under it
+    env.pop(
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None
+    )  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")
     try:
-        procs.start([ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=1", "--object-store-memory=200000000",
-                     f"--dashboard-port={dash_port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                     "--disable-usage-stats", *node_ports()], env=env)
-        wait_for(lambda: subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env,
-                                        capture_output=True).returncode == 0, 90, "the Ray head")
+        procs.start(
+            [
+                ray_bin,
+                "start",
+                "--head",
+                "--block",
+                f"--port={gcs_port}",
+                "--num-cpus=1",
+                "--object-store-memory=200000000",
+                f"--dashboard-port={dash_port}",
+                "--dashboard-host=127.0.0.1",
+                "--include-dashboard=true",
+                "--disable-usage-stats",
+                *node_ports(),
+            ],
+            env=env,
+        )
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env, capture_output=True
+                ).returncode
+                == 0
+            ),
+            90,
+            "the Ray head",
+        )
+
         def joined(name):
-            out = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env,
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env, capture_output=True, text=True
+            )
             return f"site:{name}" in out.stdout
 
         # one worker node per site, started one after the other (two cores: parallel starts time out)
         for name in JOB_SITES:
-            procs.start([ray_bin, "start", "--block", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=1",
-                         "--object-store-memory=200000000", f"--resources={json.dumps({f'site:{name}': 1})}",
-                         "--disable-usage-stats", *node_ports()], env=env)
+            procs.start(
+                [
+                    ray_bin,
+                    "start",
+                    "--block",
+                    f"--address=127.0.0.1:{gcs_port}",
+                    "--num-cpus=1",
+                    "--object-store-memory=200000000",
+                    f"--resources={json.dumps({f'site:{name}': 1})}",
+                    "--disable-usage-stats",
+                    *node_ports(),
+                ],
+                env=env,
+            )
             wait_for(lambda: joined(name), 120, f"the node of site {name}")
-        intruder = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], capture_output=True,
-                                  text=True, env=dict(env, RAY_AUTH_TOKEN=secrets.token_hex(32)))
+        intruder = subprocess.run(
+            [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"],
+            capture_output=True,
+            text=True,
+            env=dict(env, RAY_AUTH_TOKEN=secrets.token_hex(32)),
+        )
         assert intruder.returncode != 0 and "InvalidAuthToken" in intruder.stderr
         job = write_job(f["tmp"], f["address"], sites=JOB_SITES, name="submitted")
-        submit = [ray_bin, "job", "submit", f"--address=http://127.0.0.1:{dash_port}", "--working-dir", str(REPO),
-                  "--", sys.executable, "cluster/jobs/run_msa.py", "--job", str(job), "--quiet"]
+        submit = [
+            ray_bin,
+            "job",
+            "submit",
+            f"--address=http://127.0.0.1:{dash_port}",
+            "--working-dir",
+            str(REPO),
+            "--",
+            sys.executable,
+            "cluster/jobs/run_msa.py",
+            "--job",
+            str(job),
+            "--quiet",
+        ]
         lost_dir_retries = 1
         for _ in range(30):  # the head's job agent comes up some seconds after the head itself
             sub = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=420)

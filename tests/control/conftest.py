@@ -1,4 +1,5 @@
 """Fixtures of the control-plane tests: both stores, a registry, a real server on port 0."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Helpers shared by the control-plane tests: tiny ONNX models and test certificates."""
+
 from __future__ import annotations
 
 import datetime
@@ -45,7 +46,8 @@ def softmax_onnx(weights, *, classes=None, softmax: bool = True, metadata: dict 
     if softmax:
         nodes.append(helper.make_node("Softmax", ["logits"], ["p"], axis=1))
     graph = helper.make_graph(
-        nodes, "softmax",
+        nodes,
+        "softmax",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", w.shape[0]])],
         [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["n", w.shape[1]])],
         [numpy_helper.from_array(w, "W")],
@@ -55,7 +57,8 @@ def softmax_onnx(weights, *, classes=None, softmax: bool = True, metadata: dict 
     classes = list(range(w.shape[1])) if classes is None else classes
     props = (
         {META_KIND: "probabilities", META_N_FEATURES: str(w.shape[0]), META_CLASSES: json.dumps(classes)}
-        if metadata is None else metadata
+        if metadata is None
+        else metadata
     )
     helper.set_model_props(model, props)
     return model.SerializeToString()
@@ -104,29 +107,55 @@ def make_pki(common_name: str = "msa-fed test CA") -> Pki:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
-        x509.CertificateBuilder().subject_name(name(common_name)).issuer_name(name(common_name))
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(name(common_name))
+        .issuer_name(name(common_name))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(ca_key, hashes.SHA256())
     )
 
     server_cert, server_key = _leaf(
-        ca_cert, ca_key, "localhost", "server",
+        ca_cert,
+        ca_key,
+        "localhost",
+        "server",
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
     client_cert, client_key = _leaf(ca_cert, ca_key, "site-a", "client", None)
-    return Pki(ca_cert.public_bytes(serialization.Encoding.PEM), server_cert, server_key, client_cert, client_key,
-               _pem_key(ca_key))
+    return Pki(
+        ca_cert.public_bytes(serialization.Encoding.PEM),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+        _pem_key(ca_key),
+    )
 
 
 def _pem_key(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _leaf(ca_cert, ca_key, cn: str, usage: str, san) -> tuple[bytes, bytes]:
@@ -139,12 +168,20 @@ def _leaf(ca_cert, ca_key, cn: str, usage: str, san) -> tuple[bytes, bytes]:
     now = datetime.datetime.now(datetime.timezone.utc)
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(
-            [ExtendedKeyUsageOID.SERVER_AUTH if usage == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH if usage == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
     )
     if san:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)

@@ -5,6 +5,7 @@ huge declared widths, too many concurrent streams, a certificate for one site
 with another site's token, a newline in a site name, and models built to make
 a library echo server files in its error text.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def md(token: str):
 
 def stalled_predictor_upload(release: threading.Event, size: int = 4096, n_features: int = 0):
     """A header, one chunk, then silence until ``release`` (the client stays connected)."""
-    header = pb.PredictorHeader(upload_id=f"stall-{os.urandom(4).hex()}", sha256="0" * 64, size=size,
-                                n_features=n_features)
+    header = pb.PredictorHeader(
+        upload_id=f"stall-{os.urandom(4).hex()}", sha256="0" * 64, size=size, n_features=n_features
+    )
     yield pb.UploadPredictorRequest(header=header)
     yield pb.UploadPredictorRequest(chunk=b"\x08" * 16)
     release.wait(120)
@@ -109,8 +111,12 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
         asker.start()
         channel = grpc.insecure_channel(server.address)
         stub = pb_grpc.RegistryStub(channel)
-        futures = [stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(evil[k % attackers]),
-                                               timeout=120) for k in range(40)]
+        futures = [
+            stub.UploadPredictor.future(
+                stalled_predictor_upload(release), metadata=md(evil[k % attackers]), timeout=120
+            )
+            for k in range(40)
+        ]
         try:
             admitted = min(40, attackers * 2, server.max_streams)
             # all but the admitted ones are refused at once, RESOURCE_EXHAUSTED
@@ -125,8 +131,10 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
             time.sleep(1.0)
             # then the watchdog cuts the silent streams off and frees their slots and bytes
             wait_for(lambda: all(f.done() for f in futures), "the stalled streams to be cut off", timeout=60)
-            assert {future_code(f) for f in futures[:]} <= {grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                          grpc.StatusCode.CANCELLED}
+            assert {future_code(f) for f in futures[:]} <= {
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.CANCELLED,
+            }
             assert sum(future_code(f) == grpc.StatusCode.CANCELLED for f in futures) == admitted
             wait_for(lambda: server.interceptor.slots.used == 0, "the slots to be released", timeout=10)
             wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released", timeout=10)
@@ -154,21 +162,36 @@ def test_concurrent_uploads_beyond_the_per_token_cap_are_resource_exhausted():
         channel = grpc.insecure_channel(server.address)
         stub = pb_grpc.RegistryStub(channel)
         try:
-            held = [stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]),
-                                                timeout=60) for _ in range(2)]
+            held = [
+                stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]), timeout=60)
+                for _ in range(2)
+            ]
             wait_for(lambda: server.interceptor.slots.used == 2, "two admitted uploads")
             for attempt in range(3):  # the third, fourth, ... stream of the same token
                 with pytest.raises(grpc.RpcError) as err:
-                    stub.UploadSample(iter([pb.UploadSampleRequest(header=pb.SampleHeader(
-                        upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"))]),
-                        metadata=md(tokens["evil"]), timeout=30)
+                    stub.UploadSample(
+                        iter(
+                            [
+                                pb.UploadSampleRequest(
+                                    header=pb.SampleHeader(
+                                        upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"
+                                    )
+                                )
+                            ]
+                        ),
+                        metadata=md(tokens["evil"]),
+                        timeout=30,
+                    )
                 assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert "limit per caller is 2" in err.value.details()
                 assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
             # a download is a stream too
             with pytest.raises(grpc.RpcError) as err:
-                list(stub.DownloadCombinedModel(pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]),
-                                                timeout=30))
+                list(
+                    stub.DownloadCombinedModel(
+                        pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]), timeout=30
+                    )
+                )
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             # another site is not limited by the attacker's streams
             with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
@@ -187,8 +210,9 @@ def test_concurrent_uploads_beyond_the_per_token_cap_are_resource_exhausted():
 
 def test_probe_memory_is_charged_before_the_upload_is_read():
     probe = 50_000_000
-    registry = Registry(MemoryStore(), Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe,
-                                              transfer_idle_s=60))
+    registry = Registry(
+        MemoryStore(), Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe, transfer_idle_s=60)
+    )
     tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
     release = threading.Event()
     with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
@@ -198,11 +222,13 @@ def test_probe_memory_is_charged_before_the_upload_is_read():
         channel = grpc.insecure_channel(server.address)
         stub = pb_grpc.RegistryStub(channel)
         try:
-            held = stub.UploadPredictor.future(stalled_predictor_upload(release, size=4096),
-                                               metadata=md(tokens["evil"]), timeout=60)
+            held = stub.UploadPredictor.future(
+                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+            )
             wait_for(lambda: server.servicer.upload_bytes_in_flight == 4096 + probe, "the reservation")
-            held2 = stub.UploadPredictor.future(stalled_predictor_upload(release, size=4096),
-                                                metadata=md(tokens["evil"]), timeout=60)
+            held2 = stub.UploadPredictor.future(
+                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+            )
             wait_for(lambda: server.servicer.upload_bytes_in_flight == 2 * (4096 + probe), "the second reservation")
             with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
                 # a third probe does not fit beside two: refused before a byte is read, as temporary
@@ -220,8 +246,10 @@ def test_probe_memory_is_charged_before_the_upload_is_read():
     # a predictor whose probe can never fit is told so, not asked to retry
     small = Registry(MemoryStore(), Limits(max_upload_bytes_in_flight=10_000_000, probe_memory_bytes=probe))
     token = small.issue_token("site", "a")
-    with RegistryServer(small, "127.0.0.1:0", insecure=True) as server, \
-            RegistryClient(server.address, token, insecure=True, retries=0) as client:
+    with (
+        RegistryServer(small, "127.0.0.1:0", insecure=True) as server,
+        RegistryClient(server.address, token, insecure=True, retries=0) as client,
+    ):
         client.register("a")
         with pytest.raises(RegistryError) as err:
             client.upload_predictor(linear_onnx([1.0]))
@@ -237,9 +265,26 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(db), "--listen", "127.0.0.1:0",
-             "--insecure", "--log-level", "INFO", *extra],
-            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            [
+                sys.executable,
+                "-m",
+                "msa_fed.cli",
+                "registry",
+                "serve",
+                "--db",
+                str(db),
+                "--listen",
+                "127.0.0.1:0",
+                "--insecure",
+                "--log-level",
+                "INFO",
+                *extra,
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
         )
         deadline = time.monotonic() + 120
         while True:
@@ -290,7 +335,8 @@ def served(tmp_path_factory):
 def model_with_width(declared: int) -> bytes:
     """A tiny regression model that declares ``declared`` features and accepts any input width."""
     graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["X", "axes"], ["y"], keepdims=1)], "wide",
+        [helper.make_node("ReduceSum", ["X", "axes"], ["y"], keepdims=1)],
+        "wide",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "d"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
         [numpy_helper.from_array(np.array([1], np.int64), "axes")],
@@ -339,12 +385,15 @@ def sparse_external_model(location: str, n: int = 2) -> bytes:
     for key, value in (("location", location), ("offset", "0"), ("length", str(8 * n))):
         entry = values.external_data.add()
         entry.key, entry.value = key, value
-    sparse = onnx.SparseTensorProto(values=values, indices=numpy_helper.from_array(np.arange(n, dtype=np.int64), "i"),
-                                    dims=[n])
+    sparse = onnx.SparseTensorProto(
+        values=values, indices=numpy_helper.from_array(np.arange(n, dtype=np.int64), "i"), dims=[n]
+    )
     graph = helper.make_graph(
-        [helper.make_node("Constant", [], ["leaked"], sparse_value=sparse),
-         helper.make_node("Gather", ["X", "leaked"], ["g"], axis=1),
-         helper.make_node("ReduceSum", ["g", "axes"], ["y"], keepdims=1)],
+        [
+            helper.make_node("Constant", [], ["leaked"], sparse_value=sparse),
+            helper.make_node("Gather", ["X", "leaked"], ["g"], axis=1),
+            helper.make_node("ReduceSum", ["g", "axes"], ["y"], keepdims=1),
+        ],
         "leak",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
@@ -359,13 +408,17 @@ def sparse_external_model(location: str, n: int = 2) -> bytes:
 def out_of_range_gather_model() -> bytes:
     """A model onnxruntime fails on with its own error text (an index it prints)."""
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["X", "idx"], ["g"], axis=1),
-         helper.make_node("ReduceSum", ["g", "axes"], ["y"], keepdims=1)],
+        [
+            helper.make_node("Gather", ["X", "idx"], ["g"], axis=1),
+            helper.make_node("ReduceSum", ["g", "axes"], ["y"], keepdims=1),
+        ],
         "oob",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        [numpy_helper.from_array(np.array([987654321], np.int64), "idx"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        [
+            numpy_helper.from_array(np.array([987654321], np.int64), "idx"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -375,7 +428,7 @@ def out_of_range_gather_model() -> bytes:
 
 def secret_renderings() -> list[str]:
     """The secret as text and as the int64 values a Gather error would print."""
-    words = [int.from_bytes(SECRET[i:i + 8], "little", signed=True) for i in range(0, 16, 8)]
+    words = [int.from_bytes(SECRET[i : i + 8], "little", signed=True) for i in range(0, 16, 8)]
     return [SECRET.decode(), SECRET[:8].decode()] + [str(w) for w in words]
 
 
@@ -412,8 +465,10 @@ def test_no_file_byte_or_library_text_reaches_the_client(served):
 def test_a_malformed_manifest_gets_no_parser_text():
     registry = Registry(MemoryStore())
     token = registry.issue_token("admin", "admin")
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server, \
-            RegistryClient(server.address, token, insecure=True, retries=0) as admin:
+    with (
+        RegistryServer(registry, "127.0.0.1:0", insecure=True) as server,
+        RegistryClient(server.address, token, insecure=True, retries=0) as admin,
+    ):
         for manifest in ('{"a": 1,,}', "[" * 100_000):
             with pytest.raises(RegistryError) as err:
                 admin.upload_combined_model(b"model", manifest)
@@ -524,8 +579,7 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
     peak_reads = [0]
     # the attacker comes from 127.0.0.1, the honest site from ::1 (the health check is keyed by address)
     with RegistryServer(registry, "localhost:0", insecure=True, max_workers=32) as server:
-        honest = RegistryClient(f"[::1]:{server.port}", honest_token, insecure=True, retries=0, timeout=30,
-                                busy_wait=0)
+        honest = RegistryClient(f"[::1]:{server.port}", honest_token, insecure=True, retries=0, timeout=30, busy_wait=0)
         honest.register("honest")
 
         def keep_asking():
@@ -537,8 +591,9 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
                     except Exception as exc:  # noqa: BLE001 - asserted below
                         failures.append(f"{name}: {exc}")
                     latencies[name].append(time.perf_counter() - t0)
-                peak_reads[0] = max(peak_reads[0],
-                                    server.interceptor.reads.used + server.interceptor.anonymous_reads.used)
+                peak_reads[0] = max(
+                    peak_reads[0], server.interceptor.reads.used + server.interceptor.anonymous_reads.used
+                )
                 time.sleep(0.02)
 
         asker = threading.Thread(target=keep_asking)
@@ -546,10 +601,13 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
         channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             calls = {
-                "site token": [half_open_call(channel, "/msa_fed.v1.Registry/Heartbeat", md(evil_token), release)
-                               for _ in range(40)],
-                "no token": [half_open_call(channel, "/msa_fed.v1.Registry/RegisterSite", (), release)
-                             for _ in range(40)],
+                "site token": [
+                    half_open_call(channel, "/msa_fed.v1.Registry/Heartbeat", md(evil_token), release)
+                    for _ in range(40)
+                ],
+                "no token": [
+                    half_open_call(channel, "/msa_fed.v1.Registry/RegisterSite", (), release) for _ in range(40)
+                ],
                 "health": [half_open_call(channel, "/grpc.health.v1.Health/Check", (), release) for _ in range(40)],
             }
             everything = [f for group in calls.values() for f in group]
@@ -560,8 +618,11 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
                 assert codes[name] == ["CANCELLED", "RESOURCE_EXHAUSTED"], (name, codes[name])
                 cut = sum(future_code(f) == grpc.StatusCode.CANCELLED for f in calls[name])
                 assert cut == registry.limits.max_pending_reads_per_caller, name
-            wait_for(lambda: server.interceptor.reads.used + server.interceptor.anonymous_reads.used == 0,
-                     "the read slots to be released", timeout=10)
+            wait_for(
+                lambda: server.interceptor.reads.used + server.interceptor.anonymous_reads.used == 0,
+                "the read slots to be released",
+                timeout=10,
+            )
             time.sleep(0.5)
         finally:
             release.set()
@@ -603,8 +664,10 @@ class _LeakyStore(MemoryStore):
 def test_internal_errors_reach_the_client_as_a_fixed_reason_and_an_incident_id(caplog):
     registry = Registry(_LeakyStore())
     token = registry.issue_token("site", "a")
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server, \
-            RegistryClient(server.address, token, insecure=True, retries=0) as client:
+    with (
+        RegistryServer(registry, "127.0.0.1:0", insecure=True) as server,
+        RegistryClient(server.address, token, insecure=True, retries=0) as client,
+    ):
         with pytest.raises(RegistryError) as err:
             client.heartbeat()
         assert err.value.code == "INTERNAL"

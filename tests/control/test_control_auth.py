@@ -1,4 +1,5 @@
 """Authentication and authorisation matrix over a real server on port 0 (both stores)."""
+
 from __future__ import annotations
 
 import grpc
@@ -73,8 +74,15 @@ def wrong_secret(token: str) -> str:
 @pytest.mark.parametrize("method", sorted(CALLS))
 def test_bad_credentials_are_unauthenticated(env, method):
     server, tok = env
-    for token in (None, "garbage", "mft1.site.a.", wrong_secret(tok["a"]), tok["revoked"],
-                  tok["a"].replace(".site.a.", ".site.b."), tok["admin"].replace(".admin.admin.", ".site.admin.")):
+    for token in (
+        None,
+        "garbage",
+        "mft1.site.a.",
+        wrong_secret(tok["a"]),
+        tok["revoked"],
+        tok["a"].replace(".site.a.", ".site.b."),
+        tok["admin"].replace(".admin.admin.", ".site.admin."),
+    ):
         assert code_of(server, token, method) == "UNAUTHENTICATED", (method, token and token[:12])
 
 
@@ -181,9 +189,9 @@ def test_health_needs_no_token_but_reflection_does(env):
     with pytest.raises(grpc.RpcError) as err:
         list(stub.ServerReflectionInfo(iter([request]), timeout=10))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    responses = list(stub.ServerReflectionInfo(
-        iter([request]), timeout=10, metadata=(("authorization", f"Bearer {tok['b']}"),)
-    ))
+    responses = list(
+        stub.ServerReflectionInfo(iter([request]), timeout=10, metadata=(("authorization", f"Bearer {tok['b']}"),))
+    )
     services = {s.name for s in responses[0].list_services_response.service}
     assert "msa_fed.v1.Registry" in services and "grpc.health.v1.Health" in services
     channel.close()

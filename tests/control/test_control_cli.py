@@ -1,4 +1,5 @@
 """The ``msa-fed registry | admin | site`` contract, run through ``msa_fed.cli.main`` in-process."""
+
 from __future__ import annotations
 
 import json
@@ -66,16 +67,28 @@ def test_site_flow_through_the_cli(run, db, served, tmp_path):
     token = issue(run, db, "--site", "a")
     admin_token = issue(run, db, "--admin")
     addr = served.address
-    rc, out, _ = run("site", "register", "--registry", addr, "--token", token, "--name", "a", "--insecure",
-                     "--label", "city=Lyon")
+    rc, out, _ = run(
+        "site", "register", "--registry", addr, "--token", token, "--name", "a", "--insecure", "--label", "city=Lyon"
+    )
     assert rc == 0 and "site 'a' registered" in out
 
     model, sample = tmp_path / "model.onnx", tmp_path / "sample.npy"
     model.write_bytes(linear_onnx([1.0, 2.0]))
     X = np.arange(10, dtype=np.float64).reshape(5, 2)
     np.save(sample, X)
-    rc, out, err = run("site", "publish", "--registry", addr, "--token", token, "--insecure",
-                       "--predictor", model, "--unlabeled", sample)
+    rc, out, err = run(
+        "site",
+        "publish",
+        "--registry",
+        addr,
+        "--token",
+        token,
+        "--insecure",
+        "--predictor",
+        model,
+        "--unlabeled",
+        sample,
+    )
     assert rc == 0, err
     assert "published predictor sha256=" in out and "shape=(5, 2)" in out
 
@@ -98,7 +111,9 @@ def test_site_flow_through_the_cli(run, db, served, tmp_path):
     assert lines[1].startswith("a ") and "active" in lines[1] and status["predictor"]["sha256"][:12] in lines[1]
     rc, out, _ = run("admin", "list-sites", "--db", db, "--json")
     listing = json.loads(out)
-    assert [r["name"] for r in listing] == ["a"] and listing[0]["site"]["predictor"]["sha256"] == status["predictor"]["sha256"]
+    assert [r["name"] for r in listing] == ["a"] and listing[0]["site"]["predictor"]["sha256"] == status["predictor"][
+        "sha256"
+    ]
 
 
 def test_auth_errors_are_one_clear_line(run, db, served):
@@ -138,8 +153,9 @@ def test_input_errors_are_one_clear_line(run, db, served, tmp_path):
     rc, _, err = run("site", "publish", "--registry", addr, "--token", token, "--insecure", "--unlabeled", objects)
     assert_one_line_error(rc, err)
     assert "--unlabeled" in err
-    rc, _, err = run("site", "publish", "--registry", addr, "--token", token, "--insecure",
-                     "--predictor", tmp_path / "missing.onnx")
+    rc, _, err = run(
+        "site", "publish", "--registry", addr, "--token", token, "--insecure", "--predictor", tmp_path / "missing.onnx"
+    )
     assert_one_line_error(rc, err)
     rc, _, err = run("site", "status", "--registry", "10.0.0.1:7443", "--token", token, "--insecure")
     assert_one_line_error(rc, err)
@@ -180,8 +196,15 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    with RegistryClient(address, token, tls_ca=paths["ca"], tls_cert=paths["client_cert"],
-                                        tls_key=paths["client_key"], retries=0, timeout=5) as client:
+                    with RegistryClient(
+                        address,
+                        token,
+                        tls_ca=paths["ca"],
+                        tls_cert=paths["client_cert"],
+                        tls_key=paths["client_key"],
+                        retries=0,
+                        timeout=5,
+                    ) as client:
                         outcome["site"] = client.register("site-a").name
                         break
                 except Exception as exc:
@@ -195,8 +218,22 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
     previous = signal.getsignal(signal.SIGTERM)
     helper = threading.Thread(target=site_then_stop)
     helper.start()
-    rc, out, err = run("registry", "serve", "--db", db, "--listen", address, "--tls-cert", paths["server_cert"],
-                       "--tls-key", paths["server_key"], "--tls-ca", paths["ca"], "--log-level", "ERROR")
+    rc, out, err = run(
+        "registry",
+        "serve",
+        "--db",
+        db,
+        "--listen",
+        address,
+        "--tls-cert",
+        paths["server_cert"],
+        "--tls-key",
+        paths["server_key"],
+        "--tls-ca",
+        paths["ca"],
+        "--log-level",
+        "ERROR",
+    )
     helper.join(30)
     assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored
     assert outcome == {"site": "site-a"}, outcome
@@ -207,10 +244,31 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
 
         tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"])
         with RegistryServer(Registry(store), "127.0.0.1:0", tls=tls) as server:
-            rc, out, err = run("site", "register", "--registry", f"localhost:{server.port}", "--token", token,
-                               "--name", "site-a", "--tls-ca", paths["ca"])
+            rc, out, err = run(
+                "site",
+                "register",
+                "--registry",
+                f"localhost:{server.port}",
+                "--token",
+                token,
+                "--name",
+                "site-a",
+                "--tls-ca",
+                paths["ca"],
+            )
             assert rc == 0, err
-            rc, _, err = run("site", "register", "--registry", f"localhost:{server.port}", "--token", token,
-                             "--name", "site-a", "--insecure", "--timeout", "5")
+            rc, _, err = run(
+                "site",
+                "register",
+                "--registry",
+                f"localhost:{server.port}",
+                "--token",
+                token,
+                "--name",
+                "site-a",
+                "--insecure",
+                "--timeout",
+                "5",
+            )
             assert_one_line_error(rc, err)
             assert err.startswith("error: UNAVAILABLE")

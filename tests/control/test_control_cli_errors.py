@@ -1,4 +1,5 @@
 """Bad input to every control-plane command gives one ``error:`` line, before anything large is read."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,14 +54,17 @@ def test_serve_refuses_non_finite_or_non_positive_limits(run, tmp_path, flag, va
     assert not db.exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--workers", "0"], "--workers"),
-    (["--workers", "1"], "--workers"),
-    (["--max-features", "0"], "--max-features"),
-    (["--max-streams-per-token=-2"], "--max-streams-per-token"),
-    (["--transfer-idle-s", "nan"], "--transfer-idle-s"),
-    (["--transfer-idle-s", "0"], "--transfer-idle-s"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "1"], "--workers"),
+        (["--max-features", "0"], "--max-features"),
+        (["--max-streams-per-token=-2"], "--max-streams-per-token"),
+        (["--transfer-idle-s", "nan"], "--transfer-idle-s"),
+        (["--transfer-idle-s", "0"], "--transfer-idle-s"),
+    ],
+)
 def test_serve_refuses_bad_resource_options(run, tmp_path, args, fragment):
     rc, _, err = run("registry", "serve", "--db", tmp_path / "new.db", "--listen", "127.0.0.1:0", "--insecure", *args)
     one_error_line(rc, err, fragment)
@@ -83,8 +87,12 @@ def test_token_file_that_is_a_directory_missing_huge_or_binary(run, served, tmp_
         f.truncate(50 * 2**30)  # sparse: stat says 50 GiB; it must not be read
     binary = tmp_path / "binary.token"
     binary.write_bytes(b"\xff\xfe\x00\x01")
-    for path, fragment in ((tmp_path, "is a directory"), (tmp_path / "missing", "does not exist"),
-                           (huge, "is 53687091200 bytes; the limit is 4096"), (binary, "not ASCII")):
+    for path, fragment in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing", "does not exist"),
+        (huge, "is 53687091200 bytes; the limit is 4096"),
+        (binary, "not ASCII"),
+    ):
         rc, _, err = run("site", "heartbeat", "--registry", address, "--insecure", "--token-file", path)
         one_error_line(rc, err, "--token-file", fragment)
     rc, _, err = run("site", "heartbeat", "--registry", address, "--insecure", "--token", "t", "--token-file", binary)
@@ -134,8 +142,13 @@ def test_publish_unlabeled_with_a_crafted_npy_header(run, served, tmp_path):
     np.save(big, np.zeros((300_000, 1), dtype=np.float32))  # 1.2 MB
     rc, _, err = run(*base, big, "--max-sample-mb", "1")
     one_error_line(rc, err, "the limit is 1048576")
-    for name, shape, descr in (("objects", (2, 2), "|O"), ("3d", (2, 2, 2), "<f4"), ("1d", (4,), "<f4"),
-                               ("structured", (2, 2), [("a", "<f4")]), ("empty", (0, 3), "<f4")):
+    for name, shape, descr in (
+        ("objects", (2, 2), "|O"),
+        ("3d", (2, 2, 2), "<f4"),
+        ("1d", (4,), "<f4"),
+        ("structured", (2, 2), [("a", "<f4")]),
+        ("empty", (0, 3), "<f4"),
+    ):
         path = tmp_path / f"{name}.npy"
         n = int(np.prod(shape))
         write_npy_header(path, shape, descr, b"\x00" * (n * 4))

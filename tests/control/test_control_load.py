@@ -1,4 +1,5 @@
 """200 concurrent site clients against one server: none lost, none duplicated, server responsive."""
+
 from __future__ import annotations
 
 import hashlib

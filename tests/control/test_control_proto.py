@@ -1,4 +1,5 @@
 """The committed generated code equals what protos/generate.py produces now."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,13 +20,24 @@ def test_generated_code_is_up_to_date(tmp_path):
     written = load_generator().generate(tmp_path)
     sorted(p.name for p in written)
     control = sorted(p.name for p in written if p.parent == tmp_path)
-    assert control == ["operations_pb2.py", "operations_pb2.pyi", "operations_pb2_grpc.py", "registry_pb2.py", "registry_pb2.pyi", "registry_pb2_grpc.py",
-                       "relay_pb2.py", "relay_pb2.pyi", "relay_pb2_grpc.py"]
+    assert control == [
+        "operations_pb2.py",
+        "operations_pb2.pyi",
+        "operations_pb2_grpc.py",
+        "registry_pb2.py",
+        "registry_pb2.pyi",
+        "registry_pb2_grpc.py",
+        "relay_pb2.py",
+        "relay_pb2.pyi",
+        "relay_pb2_grpc.py",
+    ]
     committed = sorted(p.name for p in COMMITTED.glob("*_pb2*"))
     assert committed == control, "generated files were added or removed; rerun protos/generate.py"
     for path in written:  # the runtime layer's boundary_pb2* are under tmp_path/runtime_proto
         where = COMMITTED if path.parent == tmp_path else REPO / "msa_fed" / "runtime" / "proto"
-        assert (where / path.name).read_text() == path.read_text(), f"{path.name} differs; rerun: python protos/generate.py"
+        assert (where / path.name).read_text() == path.read_text(), (
+            f"{path.name} differs; rerun: python protos/generate.py"
+        )
 
 
 def test_generated_stub_imports_from_the_package():

@@ -1,4 +1,5 @@
 """Restart persistence: SIGKILL the registry process, restart it on the same database."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,9 +26,23 @@ LISTENING = re.compile(r"registry listening on (\S+)")
 
 def start_registry(db) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(db),
-         "--listen", "127.0.0.1:0", "--insecure", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "msa_fed.cli",
+            "registry",
+            "serve",
+            "--db",
+            str(db),
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -72,11 +87,12 @@ def test_sigkill_and_restart_keeps_everything(tmp_path):
         half_sent = threading.Event()
 
         def stalled():
-            header = pb.SampleHeader(upload_id="in-flight", sha256=hashlib.sha256(big).hexdigest(),
-                                     rows=300_000, cols=4, dtype="float32")
+            header = pb.SampleHeader(
+                upload_id="in-flight", sha256=hashlib.sha256(big).hexdigest(), rows=300_000, cols=4, dtype="float32"
+            )
             yield pb.UploadSampleRequest(header=header)
             yield pb.UploadSampleRequest(chunk=big[: 2**20])
-            yield pb.UploadSampleRequest(chunk=big[2**20: 2 * 2**20])
+            yield pb.UploadSampleRequest(chunk=big[2**20 : 2 * 2**20])
             half_sent.set()
             time.sleep(30)  # never finishes: the server is killed meanwhile
 

@@ -1,4 +1,5 @@
 """What only the SQLite store promises: durability, schema versioning, two processes on one file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,15 @@ def test_state_survives_reopen(tmp_path):
         tok = reg.issue_token("site", "a")
         store.register_site("a", {"city": "x"}, 1.0)
         data = b"\x00\x00\x80\x3f" * 3
-        rec = ArtifactRecord("a", "u1", "sample", hashlib.sha256(data).hexdigest(), len(data),
-                             {"rows": 1, "cols": 3, "dtype": "float32"}, 2.0)
+        rec = ArtifactRecord(
+            "a",
+            "u1",
+            "sample",
+            hashlib.sha256(data).hexdigest(),
+            len(data),
+            {"rows": 1, "cols": 3, "dtype": "float32"},
+            2.0,
+        )
         store.commit_artifact(rec, data)
         store.commit_combined_model("j", hashlib.sha256(b"m").hexdigest(), b"m", "{}", "admin", 3.0)
     with SqliteStore(path, create=False) as store:
@@ -77,7 +85,11 @@ def test_tokens_are_stored_only_as_salted_hashes(tmp_path):
         reg = Registry(store)
         t1 = reg.issue_token("site", "a")
         t2 = reg.issue_token("site", "b")
-    raw = path.read_bytes() + (tmp_path / "r.db-wal").read_bytes() if (tmp_path / "r.db-wal").exists() else path.read_bytes()
+    raw = (
+        path.read_bytes() + (tmp_path / "r.db-wal").read_bytes()
+        if (tmp_path / "r.db-wal").exists()
+        else path.read_bytes()
+    )
     for tok in (t1, t2):
         secret = tok.rsplit(".", 1)[1]
         assert secret.encode() not in raw

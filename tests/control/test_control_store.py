@@ -1,4 +1,5 @@
 """One suite for both RegistryStore implementations (memory and SQLite)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,9 @@ def sha(data: bytes) -> str:
 
 
 def artifact(site: str, upload_id: str, data: bytes, kind: str = "sample", t: float = 1.0) -> ArtifactRecord:
-    return ArtifactRecord(site, upload_id, kind, sha(data), len(data), {"rows": 1, "cols": len(data) // 4, "dtype": "float32"}, t)
+    return ArtifactRecord(
+        site, upload_id, kind, sha(data), len(data), {"rows": 1, "cols": len(data) // 4, "dtype": "float32"}, t
+    )
 
 
 def token(principal: str, salt: bytes, role: str = "site") -> TokenRecord:

@@ -1,4 +1,5 @@
 """TLS and mutual TLS end to end, with certificates generated in the test."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,19 +56,33 @@ def test_mutual_tls(registry, pki, other_pki, tmp_path):
     tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"], paths["ca"])
     with RegistryServer(registry, "127.0.0.1:0", tls=tls) as server:
         assert server.mode == "mutual TLS"
-        with RegistryClient(server.address, token, tls_ca=paths["ca"], tls_cert=paths["client_cert"],
-                            tls_key=paths["client_key"], retries=0) as client:
+        with RegistryClient(
+            server.address,
+            token,
+            tls_ca=paths["ca"],
+            tls_cert=paths["client_cert"],
+            tls_key=paths["client_key"],
+            retries=0,
+        ) as client:
             assert client.register("site-a").name == "site-a"
         # no client certificate
         with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0, timeout=5) as client:
             expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
         # a client certificate from a CA the server does not trust
-        with RegistryClient(server.address, token, tls_ca=pki.ca, tls_cert=other_pki.client_cert,
-                            tls_key=other_pki.client_key, retries=0, timeout=5) as client:
+        with RegistryClient(
+            server.address,
+            token,
+            tls_ca=pki.ca,
+            tls_cert=other_pki.client_cert,
+            tls_key=other_pki.client_key,
+            retries=0,
+            timeout=5,
+        ) as client:
             expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
         # a good certificate does not replace the token
-        with RegistryClient(server.address, None, tls_ca=pki.ca, tls_cert=pki.client_cert,
-                            tls_key=pki.client_key, retries=0) as client:
+        with RegistryClient(
+            server.address, None, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key, retries=0
+        ) as client:
             expect_code(lambda: client.heartbeat(), "UNAUTHENTICATED")
 
 

@@ -1,4 +1,5 @@
 """Artifact and sample uploads, downloads and combined models over a real server (both stores)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -126,10 +127,14 @@ def test_stream_framing_errors(server, tokens, site_a, store):
         "two headers": [pb.UploadPredictorRequest(header=good), pb.UploadPredictorRequest(header=good)],
         "short": [pb.UploadPredictorRequest(header=good), pb.UploadPredictorRequest(chunk=data[:-1])],
         "long": [pb.UploadPredictorRequest(header=good), pb.UploadPredictorRequest(chunk=data + b"x")],
-        "bad sha": [pb.UploadPredictorRequest(header=pb.PredictorHeader(upload_id="f", sha256="0" * 64, size=len(data))),
-                    pb.UploadPredictorRequest(chunk=data)],
-        "bad upload id": [pb.UploadPredictorRequest(header=pb.PredictorHeader(upload_id="../x", sha256=sha(data), size=len(data))),
-                          pb.UploadPredictorRequest(chunk=data)],
+        "bad sha": [
+            pb.UploadPredictorRequest(header=pb.PredictorHeader(upload_id="f", sha256="0" * 64, size=len(data))),
+            pb.UploadPredictorRequest(chunk=data),
+        ],
+        "bad upload id": [
+            pb.UploadPredictorRequest(header=pb.PredictorHeader(upload_id="../x", sha256=sha(data), size=len(data))),
+            pb.UploadPredictorRequest(chunk=data),
+        ],
         "zero size": [pb.UploadPredictorRequest(header=pb.PredictorHeader(upload_id="f", sha256=sha(data), size=0))],
     }
     for name, messages in cases.items():
@@ -152,7 +157,9 @@ def test_size_limits():
             # one gRPC message above the server's 4 MiB limit is refused by gRPC itself
             channel, stub = raw_stub(server)
             big = pb.UploadSampleRequest(chunk=b"\x00" * (5 * 2**20))
-            header = pb.UploadSampleRequest(header=pb.SampleHeader(upload_id="x", sha256="0" * 64, rows=1, cols=1, dtype="float32"))
+            header = pb.UploadSampleRequest(
+                header=pb.SampleHeader(upload_id="x", sha256="0" * 64, rows=1, cols=1, dtype="float32")
+            )
             with pytest.raises(grpc.RpcError) as err:
                 stub.UploadSample(iter([header, big]), metadata=(("authorization", f"Bearer {token}"),), timeout=10)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -272,8 +279,9 @@ def test_bytes_in_flight_are_bounded_and_released():
         with RegistryClient(server.address, token, insecure=True, retries=0, busy_wait=0) as client:
             client.register("a")
             channel, stub = raw_stub(server)
-            slow = threading.Thread(target=lambda: pytest.raises(grpc.RpcError, stub.UploadSample, stalled(),
-                                                                  metadata=md, timeout=30))
+            slow = threading.Thread(
+                target=lambda: pytest.raises(grpc.RpcError, stub.UploadSample, stalled(), metadata=md, timeout=30)
+            )
             slow.start()
             # wait for the slow upload's reservation itself: a probe racing it for the budget
             # could win and make the slow upload the one refused

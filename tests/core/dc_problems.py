@@ -12,6 +12,7 @@ Two families, both built with the library's own :func:`site_point_set`:
     about where each h_k is good, which gives several equilibria with narrow basins
     (the hard case for local solvers).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,7 @@ def _split(n: int, p: int, rng) -> np.ndarray:
     return rng.multinomial(n - 2 * p, np.ones(p) / p) + 2
 
 
-def make_dc_problem(p: int, n: int, loss: str, *, kind: str = "coupled", random_state=0,
-                    d: int = 3) -> list[PointSet]:
+def make_dc_problem(p: int, n: int, loss: str, *, kind: str = "coupled", random_state=0, d: int = 3) -> list[PointSet]:
     """p sites' point sets with n labelled points in all; returns a list of p PointSets."""
     rng = np.random.default_rng(random_state)
     sizes = _split(n, p, rng)
@@ -37,12 +37,12 @@ def make_dc_problem(p: int, n: int, loss: str, *, kind: str = "coupled", random_
         phase = rng.uniform(0, 2 * np.pi, size=p)
         for s, ns in enumerate(sizes):
             X = rng.normal(size=(ns, d)) + mus[s]
-            logits = -0.5 * 0.7 * ((X[:, None, :] - mus[None]) ** 2).sum(-1)   # tempered posterior
+            logits = -0.5 * 0.7 * ((X[:, None, :] - mus[None]) ** 2).sum(-1)  # tempered posterior
             Q = np.exp(logits - logits.max(1, keepdims=True))
             Q /= Q.sum(1, keepdims=True)
             f = np.sin(X @ a) + 0.5 * X[:, 0]
-            dist = np.sqrt(((X[:, None, :] - mus[None]) ** 2).sum(-1) / d)         # (ns, p)
-            bias = 0.3 * dist * np.cos(X @ dirs.T + phase)                        # h_k's error
+            dist = np.sqrt(((X[:, None, :] - mus[None]) ** 2).sum(-1) / d)  # (ns, p)
+            bias = 0.3 * dist * np.cos(X @ dirs.T + phase)  # h_k's error
             if loss == "squared":
                 y = f + 0.1 * rng.normal(size=ns)
                 H = f[:, None] + bias

@@ -3,6 +3,7 @@
 Written from the design document term by term (one loop over the sources, explicit c_k(i) =
 w_k(i) + eta pi_i), independently of the blocked implementation in ``msa_fed.core.dc_terms``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,13 @@ def pooled(point_sets: list[PointSet]) -> PointSet:
     """One PointSet with the points of all sets (the sums are the same)."""
     ps0 = point_sets[0]
     y = None if ps0.loss != "squared" else np.concatenate([ps.y for ps in point_sets])
-    return PointSet(w=np.vstack([ps.w for ps in point_sets]), pi=np.concatenate([ps.pi for ps in point_sets]),
-                    H=np.vstack([ps.H for ps in point_sets]), y=y, loss=ps0.loss)
+    return PointSet(
+        w=np.vstack([ps.w for ps in point_sets]),
+        pi=np.concatenate([ps.pi for ps in point_sets]),
+        H=np.vstack([ps.H for ps in point_sets]),
+        y=y,
+        loss=ps0.loss,
+    )
 
 
 def reference_terms(ps: PointSet, z, eta: float, global_bound: float | None = None) -> dict:
@@ -50,8 +56,8 @@ def reference_terms(ps: PointSet, z, eta: float, global_bound: float | None = No
 def losses_on_grid(ps: PointSet, Z: np.ndarray, eta: float) -> np.ndarray:
     """L_k(z) for every row z of Z (G, p), vectorised over the grid: ndarray (G, p)."""
     p = ps.w.shape[1]
-    K = ps.w @ Z.T + eta * ps.pi[:, None]                                  # (n, G)
-    J = (ps.w * ps.H) @ Z.T + (eta / p) * (ps.pi * ps.H.sum(1))[:, None]   # (n, G)
+    K = ps.w @ Z.T + eta * ps.pi[:, None]  # (n, G)
+    J = (ps.w * ps.H) @ Z.T + (eta / p) * (ps.pi * ps.H.sum(1))[:, None]  # (n, G)
     g = J / K
     loss = (g - ps.y[:, None]) ** 2 if ps.loss == "squared" else -np.log(g)
     return (ps.w.T @ loss).T

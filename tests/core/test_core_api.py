@@ -1,4 +1,5 @@
 """The public in-process API on a tiny synthetic problem: fits, bad inputs, save / load."""
+
 from __future__ import annotations
 
 import warnings
@@ -101,8 +102,9 @@ def test_nan_or_inf_features_are_refused(sites, bad, field):
     s = sites[0]
     X = getattr(s, field).copy()
     X[3, 1] = bad
-    kwargs = dict(name="broken", X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
-                  predictor=s.predictor)
+    kwargs = dict(
+        name="broken", X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled, predictor=s.predictor
+    )
     kwargs[field] = X
     with pytest.raises(ValueError, match=f"site 'broken': {field} contains NaN or inf"):
         SiteData(**kwargs)

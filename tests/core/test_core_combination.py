@@ -1,4 +1,5 @@
 """The distribution-weighted combination: stability, Proposition 1, the empirical weights."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,10 +45,14 @@ def test_weights_match_the_formula_and_rows_sum_to_one(eta):
 
 
 def test_eta_zero_is_stable_for_huge_log_q_differences():
-    log_Q = np.array([[0.0, -800.0, -1200.0],
-                      [-900.0, -1e4, 0.0],
-                      [-745.0, -746.0, -1e5],     # Q underflows to 0 for every k in float64
-                      [-5000.0, -5000.0, -5000.0]])
+    log_Q = np.array(
+        [
+            [0.0, -800.0, -1200.0],
+            [-900.0, -1e4, 0.0],
+            [-745.0, -746.0, -1e5],  # Q underflows to 0 for every k in float64
+            [-5000.0, -5000.0, -5000.0],
+        ]
+    )
     z = np.array([0.2, 0.5, 0.3])
     for eta in (0.0, 1e-6):
         a = combination_weights(log_Q, np.log([0.3, 0.3, 0.4]), z, eta)
@@ -66,8 +71,8 @@ def test_proposition_1_gmsa_with_induced_densities_is_dmsa():
     n, p, c = 40, 3, 4
     Q = softmax(rng.normal(size=(n, p)) * 1.5)
     qhat = np.array([0.2, 0.5, 0.3])
-    Dx = rng.gamma(2.0, size=n)                      # any positive density values D(x)
-    Dk = Q * Dx[:, None] / qhat                      # (n, p)
+    Dx = rng.gamma(2.0, size=n)  # any positive density values D(x)
+    Dk = Q * Dx[:, None] / qhat  # (n, p)
     z = rng.dirichlet(np.ones(p))
     zp = paper_z(z, qhat)
     assert_allclose(zp, (z / qhat) / np.sum(z / qhat))

@@ -1,4 +1,5 @@
 """solve_dc against exhaustive simplex grids, and the solver's contract (history, warnings, z0)."""
+
 from __future__ import annotations
 
 import warnings
@@ -16,9 +17,12 @@ from msa_fed.core.simplex import check_simplex, project_simplex, simplex_grid
 GRID_STEP = {2: 0.002, 3: 0.01}
 ETA = 1e-2
 # (p, loss, kind, seed): random problems of both loss kinds, both generators
-CASES = [(p, loss, kind, seed)
-         for p in (2, 3) for loss in ("squared", "cross_entropy")
-         for kind, seed in (("coupled", 0), ("coupled", 1), ("harsh", 2))]
+CASES = [
+    (p, loss, kind, seed)
+    for p in (2, 3)
+    for loss in ("squared", "cross_entropy")
+    for kind, seed in (("coupled", 0), ("coupled", 1), ("harsh", 2))
+]
 
 
 def case_id(case):
@@ -60,8 +64,9 @@ def test_dca_never_increases_gamma(loss):
         oracle, _ = make(3, loss, "harsh", seed, n=150)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            res = solve_dc(oracle, ETA, objective="gamma", method="dca", max_iter=10, n_restarts=1, tol=1e-12,
-                           random_state=seed)
+            res = solve_dc(
+                oracle, ETA, objective="gamma", method="dca", max_iter=10, n_restarts=1, tol=1e-12, random_state=seed
+            )
         assert len(res.history) >= 2
         assert np.all(np.diff(res.history) <= 0.0), res.history
         assert res.history[-1] == pytest.approx(res.gamma)

@@ -1,4 +1,5 @@
 """The DC quantities of DESIGN.md sections 2 and 3: values, gradients, the identity, convexity."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """The brute-force Gaussian KDE against slow references: the KDE's definition computed term by
 term (same log densities to float rounding, same GMSA posterior) and scikit-learn's
 GridSearchCV over KernelDensity (same bandwidth chosen by 5-fold CV)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,12 @@ from msa_fed.core.density import KDEDomainModel, gaussian_kde_log_density, selec
 def _reference_select(X, n_grid=20, cv=5, random_state=0):
     scale = float(np.mean(np.std(X, axis=0))) or 1.0
     grid = scale * np.logspace(-3.0, 0.5, n_grid)
-    search = GridSearchCV(KernelDensity(kernel="gaussian"), {"bandwidth": grid},
-                          cv=KFold(min(cv, len(X)), shuffle=True, random_state=random_state), n_jobs=1)
+    search = GridSearchCV(
+        KernelDensity(kernel="gaussian"),
+        {"bandwidth": grid},
+        cv=KFold(min(cv, len(X)), shuffle=True, random_state=random_state),
+        n_jobs=1,
+    )
     return float(search.fit(X).best_params_["bandwidth"])
 
 
@@ -46,8 +51,9 @@ def test_kernel_density_agrees_where_its_tree_is_accurate():
     S = rng.normal(size=(300, 3))
     Q = rng.normal(size=(100, 3)) * 1.5
     for h in (0.5, 1.0, 3.0):
-        np.testing.assert_allclose(gaussian_kde_log_density(Q, S, h)[:, 0],
-                                   KernelDensity(bandwidth=h).fit(S).score_samples(Q), rtol=1e-9)
+        np.testing.assert_allclose(
+            gaussian_kde_log_density(Q, S, h)[:, 0], KernelDensity(bandwidth=h).fit(S).score_samples(Q), rtol=1e-9
+        )
 
 
 @pytest.mark.parametrize("seed,shape", [(0, (200, 1)), (1, (150, 4)), (2, (120, 30)), (3, (60, 2))])
@@ -64,8 +70,9 @@ def test_count_data_with_duplicates():
     assert (np.unique(X, axis=0).shape[0]) < 200
     assert select_bandwidth(X) == pytest.approx(_reference_select(X), rel=1e-12)
     h = select_bandwidth(X)
-    np.testing.assert_allclose(gaussian_kde_log_density(X[:50], X, h)[:, 0], _exact_log_density(X[:50], X, h),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        gaussian_kde_log_density(X[:50], X, h)[:, 0], _exact_log_density(X[:50], X, h), rtol=1e-9
+    )
 
 
 def test_domain_model_posterior_matches_the_definition():
@@ -94,8 +101,11 @@ def test_bandwidth_choice_is_the_exact_cross_validation_argmax(kind):
     """The chosen bandwidth maximises the held-out log-likelihood computed from the definition
     (scikit-learn's tree can pick another grid point: its tail errors reach whole nats)."""
     rng = np.random.default_rng(3)
-    X = (rng.normal(size=(250, 40)) + (rng.random(250) < 0.3)[:, None] * 2.0 if kind == "gauss"
-         else rng.poisson(0.05, size=(250, 300)).astype(float))
+    X = (
+        rng.normal(size=(250, 40)) + (rng.random(250) < 0.3)[:, None] * 2.0
+        if kind == "gauss"
+        else rng.poisson(0.05, size=(250, 300)).astype(float)
+    )
     grid = float(np.mean(np.std(X, axis=0))) * np.logspace(-3.0, 0.5, 20)
     scores = np.zeros(grid.size)
     for train, test in KFold(5, shuffle=True, random_state=0).split(X):

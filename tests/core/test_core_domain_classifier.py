@@ -1,4 +1,5 @@
 """The conditional-Maxent domain classifier against scikit-learn's LogisticRegression."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -97,8 +98,9 @@ def test_sgd_gets_close_to_the_optimum():
     Xs = samples()
     fmap = StandardFeatures()
     exact = train_domain_classifier(Xs, fmap, ClassifierConfig(mu=MU))
-    sgd = train_domain_classifier(Xs, StandardFeatures(), ClassifierConfig(mu=MU, optimizer="sgd", epochs=60,
-                                                                          batch_size=32, lr=0.05))
+    sgd = train_domain_classifier(
+        Xs, StandardFeatures(), ClassifierConfig(mu=MU, optimizer="sgd", epochs=60, batch_size=32, lr=0.05)
+    )
     Phis = [exact.feature_map.transform(X) for X in Xs]
     f_exact, f_sgd = objective(exact.theta_, Phis, MU), objective(sgd.theta_, Phis, MU)
     assert f_exact <= f_sgd <= f_exact * (1 + 2e-2), (f_exact, f_sgd)
@@ -117,8 +119,12 @@ def test_balanced_weighting_ignores_sample_size():
     assert_allclose(b.predict_proba(X), a.predict_proba(X), atol=1e-5)
     # while an unbalanced fit (one weight per point) does move
     Phis = [a.feature_map.transform(X) for X in dup]
-    shard = MaxentShard(np.vstack(Phis), np.concatenate([np.full(len(P), k) for k, P in enumerate(Phis)]),
-                        np.full(sum(len(P) for P in Phis), 1.0 / sum(len(P) for P in Phis)), 3)
+    shard = MaxentShard(
+        np.vstack(Phis),
+        np.concatenate([np.full(len(P), k) for k, P in enumerate(Phis)]),
+        np.full(sum(len(P) for P in Phis), 1.0 / sum(len(P) for P in Phis)),
+        3,
+    )
     theta, _ = fit_maxent(sum_oracle([shard]), Phis[0].shape[1], 3, ClassifierConfig(mu=MU))
     assert np.max(np.abs(theta - a.theta_)) > 1e-2
 

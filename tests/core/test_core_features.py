@@ -1,4 +1,5 @@
 """Feature maps of the domain classifier: shapes, exact state round trips, input errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,7 +53,7 @@ def test_standard_features_are_standardised_with_weights():
     f = StandardFeatures().fit(X_NUM, sample_weight=w)
     Z = f.transform(X_NUM)
     np.testing.assert_allclose(np.average(Z, axis=0, weights=w), 0.0, atol=1e-12)
-    np.testing.assert_allclose(np.average(Z ** 2, axis=0, weights=w), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.average(Z**2, axis=0, weights=w), 1.0, rtol=1e-12)
     const = np.column_stack([X_NUM[:, 0], np.full(300, 7.0)])
     assert np.all(np.isfinite(StandardFeatures().fit(const).transform(const)))
 

@@ -1,4 +1,5 @@
 """msa_fed/core is pure math: no module there imports ray or grpc (DESIGN.md section 5)."""
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,9 @@ def forbidden(name: str) -> bool:
 
 
 def test_scanner_sees_every_import_form():
-    src = ("import ray\nfrom grpc import aio\nimport importlib\nimportlib.import_module('ray.util')\n"
-           "__import__('grpc')\n")
+    src = (
+        "import ray\nfrom grpc import aio\nimport importlib\nimportlib.import_module('ray.util')\n__import__('grpc')\n"
+    )
     assert [n for n in imported_modules(src) if forbidden(n)] == ["ray", "grpc", "ray.util", "grpc"]
     assert not forbidden("rayleigh") and not forbidden("numpy")
 

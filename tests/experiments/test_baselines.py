@@ -1,4 +1,5 @@
 """Uniform combination and the jointly trained baseline."""
+
 import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression, LogisticRegression

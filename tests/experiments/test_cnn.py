@@ -1,4 +1,5 @@
 """The digits CNN, its predictor wrapper, the hidden-layer feature map and the weight cache."""
+
 import numpy as np
 import pytest
 import torch
@@ -55,8 +56,7 @@ def test_cache_round_trip_outside_the_repo(tmp_path, monkeypatch):
     monkeypatch.setattr(cnn, "train_cnn", boom)
     second = cnn.train_cached("toy", X, y, seed=1, config=FAST)
     Xt = _toy(50, seed=2)[0]
-    np.testing.assert_allclose(cnn.CNNPredictor(first).predict_proba(Xt),
-                               cnn.CNNPredictor(second).predict_proba(Xt))
+    np.testing.assert_allclose(cnn.CNNPredictor(first).predict_proba(Xt), cnn.CNNPredictor(second).predict_proba(Xt))
     # the weights file is a plain state_dict that loads with weights_only=True
     state = torch.load(files[0], weights_only=True)
     assert set(state) == set(first.state_dict())
@@ -76,8 +76,9 @@ def test_hidden_features_concatenate_and_standardise():
     # raw features of the first block are the first network's last hidden layer
     with torch.no_grad():
         raw0 = models[0].hidden(torch.from_numpy(X[:, None])).double().numpy()
-    np.testing.assert_allclose(H[:, :FAST.hidden] * fmap.scale_[:FAST.hidden] + fmap.mean_[:FAST.hidden],
-                               raw0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        H[:, : FAST.hidden] * fmap.scale_[: FAST.hidden] + fmap.mean_[: FAST.hidden], raw0, rtol=1e-5, atol=1e-5
+    )
     # scikit-learn can clone the unfitted map (fit_dmsa clones custom feature maps)
     fresh = clone(fmap)
     assert not hasattr(fresh, "mean_") and len(fresh.models) == 2

@@ -1,4 +1,5 @@
 """The data loaders read the offline data sets with the row counts of shared/data/README.md."""
+
 import numpy as np
 import pytest
 

@@ -4,6 +4,7 @@ Each runs the real pipeline (real data, real fit_dmsa / fit_gmsa) on a subsample
 the output contract (JSON schema, targets, figures) and properties that must hold however
 the random draws fall.
 """
+
 import json
 
 import numpy as np
@@ -56,7 +57,8 @@ def test_adult_quick(tmp_path):
     for method, by_target in res.items():
         assert list(by_target) == list(adult.TARGETS)
         assert by_target["Doc-NDoc"]["mean"] == pytest.approx(
-            (by_target["Doc"]["mean"] + by_target["NDoc"]["mean"]) / 2)
+            (by_target["Doc"]["mean"] + by_target["NDoc"]["mean"]) / 2
+        )
     # the frozen predictors do not depend on the run: zero spread
     assert res["h_Doc"]["NDoc"]["std"] == 0.0 and res["unif"]["Doc"]["std"] == 0.0
     # each h_k is best on its own domain; DMSA beats the uniform combination on the mixture

@@ -1,4 +1,5 @@
 """``--runtime ray`` gives the same experiment numbers as ``--runtime local``."""
+
 import pytest
 
 from msa_fed.experiments import synthetic
@@ -6,8 +7,9 @@ from msa_fed.experiments import synthetic
 
 def test_synthetic_ray_matches_local():
     # one seed, one adaptation size: DMSA and GMSA fitted through Ray site actors and in-process
-    runs = {rt: synthetic.run_seed(0, (100,), runtime=rt, n_test=2000, with_threshold=False)[100]
-            for rt in ("local", "ray")}
+    runs = {
+        rt: synthetic.run_seed(0, (100,), runtime=rt, n_test=2000, with_threshold=False)[100] for rt in ("local", "ray")
+    }
     assert runs["local"].keys() == runs["ray"].keys()
     for method, by_target in runs["local"].items():
         for target, value in by_target.items():

@@ -1,4 +1,5 @@
 """Aggregation, table and JSON helpers of the experiments."""
+
 import json
 
 import numpy as np
@@ -10,8 +11,7 @@ from msa_fed.experiments import report
 def test_summarise_matches_numpy():
     rng = np.random.default_rng(0)
     vals = rng.normal(size=(7, 2, 3))
-    runs = [{m: {t: vals[r, i, j] for j, t in enumerate("abc")} for i, m in enumerate(("A", "B"))}
-            for r in range(7)]
+    runs = [{m: {t: vals[r, i, j] for j, t in enumerate("abc")} for i, m in enumerate(("A", "B"))} for r in range(7)]
     out = report.summarise(runs)
     assert list(out) == ["A", "B"] and list(out["A"]) == ["a", "b", "c"]
     np.testing.assert_allclose(out["B"]["c"]["mean"], vals[:, 1, 2].mean())
@@ -37,14 +37,12 @@ def test_table_shows_ours_and_paper_side_by_side():
     paper = next(l for l in lines if l.strip().startswith("paper"))
     assert "71.2±1.0" in ours and "80.0±0.0" in ours
     assert "70.0±0.8" in paper and "80.5" in paper
-    mse = report.format_table("T", {"unif": {"K": {"mean": 1.5012, "std": 0.06}}}, ["K"],
-                              percent=False, decimals=2)
+    mse = report.format_table("T", {"unif": {"K": {"mean": 1.5012, "std": 0.06}}}, ["K"], percent=False, decimals=2)
     assert "1.50±0.06" in mse
 
 
 def test_json_round_trip_and_schema(tmp_path):
-    res = {"DMSA": {"a": {"mean": 0.5, "std": 0.1}},
-           "by_size": {"50": {"DMSA": {"a": {"mean": 0.4, "std": 0.2}}}}}
+    res = {"DMSA": {"a": {"mean": 0.5, "std": 0.1}}, "by_size": {"50": {"DMSA": {"a": {"mean": 0.4, "std": 0.2}}}}}
     path = report.write_json(tmp_path / "sub" / "r.json", res)
     loaded = json.loads(path.read_text())
     assert loaded == res

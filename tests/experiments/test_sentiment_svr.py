@@ -1,5 +1,6 @@
 """The sentiment experiment's per-domain regressor: its fast predict (one sparse-dense product)
 equals scikit-learn's SVR.predict on the same transformed counts, for every count transform."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Fixtures of the federation tests: real registries, real `msa-fed site serve` processes, local Ray."""
+
 from __future__ import annotations
 
 import sys

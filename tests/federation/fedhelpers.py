@@ -1,4 +1,5 @@
 """Data and checks shared by the federation tests."""
+
 from __future__ import annotations
 
 import os
@@ -42,9 +43,21 @@ def local_kwargs(files: dict[str, SiteFiles], names, min_points: int = 20):
     """SiteWorker keyword arguments for runtime="local" with the same ONNX predictors."""
     preds = [load_predictor(files[n].predictor, kind="probabilities") for n in names]
     classes = np.unique(np.concatenate([p.classes_ for p in preds]))
-    kw = [dict(name=n, index=k, X_labeled=files[n].X_labeled, y_labeled=files[n].y_labeled,
-               X_unlabeled=files[n].X_unlabeled, predictors=preds, task="classification", loss="cross_entropy",
-               classes=classes, min_points=min_points) for k, n in enumerate(names)]
+    kw = [
+        dict(
+            name=n,
+            index=k,
+            X_labeled=files[n].X_labeled,
+            y_labeled=files[n].y_labeled,
+            X_unlabeled=files[n].X_unlabeled,
+            predictors=preds,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=min_points,
+        )
+        for k, n in enumerate(names)
+    ]
     return kw, preds, classes
 
 
@@ -56,7 +69,7 @@ def _socket_inodes(pid: int) -> set[str]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            out.add(target[len("socket:["):-1])
+            out.add(target[len("socket:[") : -1])
     return out
 
 
@@ -99,11 +112,17 @@ def make_pki(folder: Path, server_ips=("127.0.0.1",), clients=()) -> dict[str, s
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("federation test CA")).issuer_name(name("federation test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("federation test CA"))
+        .issuer_name(name("federation test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     out = {}
 
     def write(label, data: bytes):
@@ -115,20 +134,34 @@ def make_pki(folder: Path, server_ips=("127.0.0.1",), clients=()) -> dict[str, s
 
     def leaf(label, cn, usage, san):
         key = ec.generate_private_key(ec.SECP256R1())
-        builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
         if san:
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         cert = builder.sign(ca_key, hashes.SHA256())
         write(f"{label}_cert", cert.public_bytes(serialization.Encoding.PEM))
-        write(f"{label}_key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                serialization.NoEncryption()))
+        write(
+            f"{label}_key",
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+        )
 
-    leaf("server", "registry", ExtendedKeyUsageOID.SERVER_AUTH,
-         [x509.DNSName("localhost")] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips])
+    leaf(
+        "server",
+        "registry",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost")] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips],
+    )
     for client in clients:
         leaf(client, client, ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName(client)])
     return out
@@ -144,8 +177,16 @@ def fit_config(solver=None, **kw):
     return FitConfig(solver=solver, **kw)
 
 
-def job_config(name: str, registry: str, *, topology: str = "federated", data_channel: str = "plain",
-               site_timeout_s: float | None = None, checkpoint_dir=None, **job):
+def job_config(
+    name: str,
+    registry: str,
+    *,
+    topology: str = "federated",
+    data_channel: str = "plain",
+    site_timeout_s: float | None = None,
+    checkpoint_dir=None,
+    **job,
+):
     """A validated JobConfig of a test job (the fit's topology and the Ray options set here)."""
     from msa_fed.jobs.config import JobConfig
     from msa_fed.runtime.config import FitConfig, RayConfig

@@ -8,6 +8,7 @@
 - random bytes and random protobuf messages of either envelope decode to a boundary message or
   raise WireError, never anything else.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -42,14 +43,33 @@ def _equal(a, b):
 
 
 REQUESTS = [
-    m.JobSetup(job_id="job-1", sites=("a", "b", "c"), index=1, predictor_sha256=("0" * 64, "1" * 64, "2" * 64),
-               task="classification", loss="cross_entropy", classes=np.array([0, 1, 2]), min_points=25),
+    m.JobSetup(
+        job_id="job-1",
+        sites=("a", "b", "c"),
+        index=1,
+        predictor_sha256=("0" * 64, "1" * 64, "2" * 64),
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1, 2]),
+        min_points=25,
+    ),
     m.JobSetup(job_id="r", sites=("a", "b"), index=0, predictor_sha256=("x", "y"), task="regression", loss="squared"),
     m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=FMAP, theta=RNG.normal(size=21)),
-    m.DomainModelSpec(kind="kde", n_sources=2, bandwidths=np.array([0.5, 0.7]),
-                      samples=(RNG.normal(size=(4, 3)), RNG.normal(size=(5, 3)).astype(np.float32))),
-    m.ShardSetup(feature_map=FMAP, custom_feature_map=None, n_sources=3, dtype="float32", device="cuda:1", seed=7,
-                 workers_per_site=4),
+    m.DomainModelSpec(
+        kind="kde",
+        n_sources=2,
+        bandwidths=np.array([0.5, 0.7]),
+        samples=(RNG.normal(size=(4, 3)), RNG.normal(size=(5, 3)).astype(np.float32)),
+    ),
+    m.ShardSetup(
+        feature_map=FMAP,
+        custom_feature_map=None,
+        n_sources=3,
+        dtype="float32",
+        device="cuda:1",
+        seed=7,
+        workers_per_site=4,
+    ),
     m.ThetaRequest(theta=RNG.normal(size=(21,)), step=None, batch_size=0),
     m.RowRange(start=10, stop=20),
     m.QhatBroadcast(qhat=np.array([0.2, 0.3, 0.5]), eta=0.01),
@@ -92,11 +112,17 @@ def test_what_may_not_cross_is_refused():
     with pytest.raises(wire.WireError, match="only in-process"):
         wire.encode("x", m.DomainModelSpec(kind="maxent", n_sources=2, custom_feature_map=object()), wire.REQUESTS)
     with pytest.raises(wire.WireError, match="dtype"):
-        wire.encode("x", m.SiteInfo(name="a", n_features=1, n_labeled=1, n_unlabeled=1, task="c",
-                                    classes=np.array(["yes", "no"])), wire.RESPONSES)
+        wire.encode(
+            "x",
+            m.SiteInfo(name="a", n_features=1, n_labeled=1, n_unlabeled=1, task="c", classes=np.array(["yes", "no"])),
+            wire.RESPONSES,
+        )
     with pytest.raises(wire.WireError, match="parameter"):
-        wire.encode("x", m.ShardSetup(feature_map=("standard", {"f": object()}, {}), custom_feature_map=None,
-                                      n_sources=2), wire.REQUESTS)
+        wire.encode(
+            "x",
+            m.ShardSetup(feature_map=("standard", {"f": object()}, {}), custom_feature_map=None, n_sources=2),
+            wire.REQUESTS,
+        )
     with pytest.raises(wire.WireError, match="not a message that may cross"):
         wire.to_proto("x", m.BoundMax(1.0), wire.REQUESTS)
     with pytest.raises(wire.WireError, match="not an identifier"):
@@ -107,8 +133,14 @@ def test_what_may_not_cross_is_refused():
     with pytest.raises(wire.WireError):
         wire.decode(wire.encode("x", RESPONSES[0], wire.RESPONSES), wire.REQUESTS)
     # a peer's malformed feature-map array
-    bad = pb.SiteRequest(method="x", shard_setup=pb.ShardSetup(feature_map=pb.FeatureMap(
-        name="standard", arrays={"mean": pb.NdArray(dtype="<f8", shape=[3], data=b"\x00" * 7)})))
+    bad = pb.SiteRequest(
+        method="x",
+        shard_setup=pb.ShardSetup(
+            feature_map=pb.FeatureMap(
+                name="standard", arrays={"mean": pb.NdArray(dtype="<f8", shape=[3], data=b"\x00" * 7)}
+            )
+        ),
+    )
     with pytest.raises(wire.WireError, match="does not fill"):
         wire.from_proto(bad, wire.REQUESTS)
 
@@ -158,7 +190,7 @@ def test_random_bytes_raise_only_wire_error(data, request_direction):
 def test_corrupted_requests_raise_only_wire_error(pos, junk, k):
     frame = bytearray(wire.encode("dc_evaluate", REQUESTS[k], wire.REQUESTS))
     pos = min(pos, len(frame) - 1)
-    frame[pos:pos + len(junk)] = junk
+    frame[pos : pos + len(junk)] = junk
     try:
         wire.decode(bytes(frame), wire.REQUESTS)
     except wire.WireError:

@@ -6,6 +6,7 @@
   ever) ends the run within site_timeout_s with an error naming the site, through the data
   channel and through Ray actor calls alike.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,13 @@ NAMES = ("a", "b", "c")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             resources={"site:a": 1, "site:b": 1, "site:c": 1})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        resources={"site:a": 1, "site:b": 1, "site:c": 1},
+    )
     yield ray
     ray.shutdown()
 
@@ -95,9 +101,12 @@ def test_a_site_frozen_mid_solve_ends_the_run_within_the_timeout(local_ray, file
             flag.write_text("frozen")
             frozen_at.append(time.monotonic())
 
-    coord = Coordinator(backend, preds, fit_config(classifier=ClassifierConfig(mu=1e-3),
-                                                  solver={"objective": "gamma", "method": "dca"}),
-                        solver_callback=freeze)
+    coord = Coordinator(
+        backend,
+        preds,
+        fit_config(classifier=ClassifierConfig(mu=1e-3), solver={"objective": "gamma", "method": "dca"}),
+        solver_callback=freeze,
+    )
     with pytest.raises(SiteError) as info:
         with coord:
             coord.fit()

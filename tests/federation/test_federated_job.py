@@ -8,6 +8,7 @@ three `msa-fed site serve` subprocesses that dial out to it, and a local Ray.
 - a site process holds no listening TCP socket, only its outgoing connection to the registry;
 - a site with accept_jobs = "approve" refuses a job until `msa-fed site approve` admits it.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -39,8 +40,13 @@ def files():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             resources={f"site:{n}": 1 for n in NAMES})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        resources={f"site:{n}": 1 for n in NAMES},
+    )
     yield ray
     ray.shutdown()
 
@@ -79,8 +85,9 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
     np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)
     np.testing.assert_allclose(model.qhat, local.qhat, rtol=0, atol=1e-12)
     # the cluster topology: site actors on the sites' Ray nodes, reading the same files
-    cluster_job = _job(federation, name="clusterjob", topology="cluster",
-                       site_data=str(federation.workdir / "{site}" / "data.npz"))
+    cluster_job = _job(
+        federation, name="clusterjob", topology="cluster", site_data=str(federation.workdir / "{site}" / "data.npz")
+    )
     _, cluster = _run(cluster_job, federation)
     np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
 
@@ -129,8 +136,12 @@ def test_each_site_logged_what_it_answered(federated, federation):
         (model_rec,) = [r for r in records if r.get("job") == "fedjob" and r.get("request") == "set_domain_model"]
         assert model_rec["decisions"] and model_rec["site"] == name
         # `msa-fed site audit` verifies the same log against the same ledger
-        out = subprocess.run([sys.executable, "-m", "msa_fed.cli", "site", "audit", "--log", str(path), "--ledger",
-                              str(ledger_path)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "msa_fed.cli", "site", "audit", "--log", str(path), "--ledger", str(ledger_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and "chain intact" in out.stdout and "matches the ledger" in out.stdout, out
     # an edited line breaks the chain
     path = federation.workdir / "north" / "audit.jsonl"
@@ -178,17 +189,26 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
         with pytest.raises(PrivacyError, match="job 'needs-approval' is pending"):
             _run(job, fed)
         cli = [sys.executable, "-m", "msa_fed.cli", "site"]
-        listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True,
-                                text=True, timeout=120)
+        listed = subprocess.run(
+            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
+        )
         assert listed.returncode == 0 and "needs-approval" in listed.stdout and "pending" in listed.stdout
         for name in two:
-            done = subprocess.run(cli + ["approve", "needs-approval", "--config", str(fed.config_path(name))],
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                cli + ["approve", "needs-approval", "--config", str(fed.config_path(name))],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert done.returncode == 0, done.stderr
         _, model = _run(job, fed)
         assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
-        listed = subprocess.run(cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
-                                capture_output=True, text=True, timeout=120)
+        listed = subprocess.run(
+            cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert '"state": "served"' in listed.stdout
 
 
@@ -208,8 +228,10 @@ def test_a_sites_own_policy_refuses_and_the_job_reports_it_typed(local_ray, tmp_
         assert (info.value.rule, info.value.site) == ("min_points", "east"), str(info.value)
         assert str(info.value).startswith("site 'east' refuses") and "\n" not in str(info.value)
         records = [json.loads(x) for x in (fed.workdir / "east" / "audit.jsonl").read_text().splitlines()]
-        assert any(r.get("job") == "too-strict" and r.get("outcome") == "refused" and r.get("rule") == "min_points"
-                   for r in records), records[-3:]
+        assert any(
+            r.get("job") == "too-strict" and r.get("outcome") == "refused" and r.get("rule") == "min_points"
+            for r in records
+        ), records[-3:]
 
 
 def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federation, files):
@@ -227,9 +249,15 @@ def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federatio
     kw, preds, classes = local_kwargs(files, ORDER)
     rec = m.Recorder()
     with RelayClient(federation.address, federation.admin_token, insecure=True) as relay:
-        backend = FederatedSites(ORDER, relay, [files[n].X_unlabeled for n in ORDER], job_id="audited",
-                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in ORDER], classes=classes,
-                                 data_channel="plain")
+        backend = FederatedSites(
+            ORDER,
+            relay,
+            [files[n].X_unlabeled for n in ORDER],
+            job_id="audited",
+            predictor_sha256=[sha256_hex(files[n].predictor) for n in ORDER],
+            classes=classes,
+            data_channel="plain",
+        )
         config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
         with Coordinator(backend, preds, config, recorder=rec) as c:
             model = c.fit()

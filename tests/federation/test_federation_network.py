@@ -8,6 +8,7 @@
   federated job runs through them and gives the z of runtime="local"; from inside a namespace
   neither another site's network nor the host's other addresses are reachable.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,13 +50,15 @@ def test_mutual_tls_binds_the_stream_to_the_certified_site(tmp_path, files):
             res = relay.call("tls-job", [(n, "ping", None) for n in NAMES], 30)
             assert [r.kind for r in res] == ["SiteStateLost", "SiteStateLost"]  # the site processes answered
         # east's token with north's certificate: refused at the Hello
-        creds = grpc.ssl_channel_credentials(open(pki["ca"], "rb").read(), open(pki["north_key"], "rb").read(),
-                                             open(pki["north_cert"], "rb").read())
+        creds = grpc.ssl_channel_credentials(
+            open(pki["ca"], "rb").read(), open(pki["north_key"], "rb").read(), open(pki["north_cert"], "rb").read()
+        )
         channel = grpc.secure_channel(fed.address, creds)
         out: queue.Queue = queue.Queue()
         out.put(pb.SiteToRelay(hello=pb.Hello(site="east")))
-        call = pb_grpc.RelayStub(channel).Connect(iter(out.get, None),
-                                                  metadata=(("authorization", f"Bearer {fed.tokens['east']}"),))
+        call = pb_grpc.RelayStub(channel).Connect(
+            iter(out.get, None), metadata=(("authorization", f"Bearer {fed.tokens['east']}"),)
+        )
         with pytest.raises(grpc.RpcError) as info:
             next(call)
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -116,11 +119,17 @@ def namespaces():
 
 def _connect_from(ns: str, host: str, port: int) -> str:
     """Try a TCP connection from inside namespace ``ns``; "ok" or the error's name."""
-    code = ("import socket,sys\n"
-            "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print('ok')\n"
-            "except OSError as e:\n print(type(e).__name__, e.errno)")
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, host, str(port)],
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import socket,sys\n"
+        "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print('ok')\n"
+        "except OSError as e:\n print(type(e).__name__, e.errno)"
+    )
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code, host, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.stdout.strip() or out.stderr.strip()
 
 
@@ -154,8 +163,15 @@ def _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher):
 
     from msa_fed.jobs.run import run_job
 
-    with LocalFederation(tmp_path / "fed", {n: files[n] for n in names}, tls=tls, tls_ca=pki["ca"],
-                         listen="0.0.0.0:0", site_host=lambda n: namespaces[n][1], launcher=launcher) as fed:
+    with LocalFederation(
+        tmp_path / "fed",
+        {n: files[n] for n in names},
+        tls=tls,
+        tls_ca=pki["ca"],
+        listen="0.0.0.0:0",
+        site_host=lambda n: namespaces[n][1],
+        launcher=launcher,
+    ) as fed:
         fed.wait_connected(timeout=180)
         port = fed.server.port
         for n in names:

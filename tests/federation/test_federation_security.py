@@ -13,6 +13,7 @@
   job resumed from its checkpoint once the site is back gives the same z; a site that comes back
   within site_timeout_s gets the job's state replayed and the job carries on to the same z.
 """
+
 from __future__ import annotations
 
 import json
@@ -127,8 +128,12 @@ def test_a_token_of_site_a_cannot_serve_as_b(fed):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(bad)],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 1 and "error: the token belongs to site 'east', not 'west'" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -148,8 +153,13 @@ def test_site_tokens_cannot_drive_jobs(fed):
     channel = grpc.insecure_channel(fed.address)
     stub = pb_grpc.RelayStub(channel)
     with pytest.raises(grpc.RpcError) as info:
-        list(stub.FetchPredictor(pb.FetchPredictorRequest(job_id="two", site="west"),
-                                 metadata=(("authorization", f"Bearer {fed.tokens['east']}"),), timeout=30))
+        list(
+            stub.FetchPredictor(
+                pb.FetchPredictorRequest(job_id="two", site="west"),
+                metadata=(("authorization", f"Bearer {fed.tokens['east']}"),),
+                timeout=30,
+            )
+        )
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     channel.close()
 
@@ -161,9 +171,11 @@ def test_the_site_process_answers_only_its_methods(fed):
         res = admin.call("probe", [("east", "max_bound", None)], 30)
         assert isinstance(res[0], wire.RemoteError) and res[0].kind == "SiteStateLost"  # not joined yet
         req = wire.to_proto("unlabeled_sample", None, wire.REQUESTS)
-        r = admin._stub.Call(pb.CallRequest(job_id="probe", timeout_s=30,
-                                            calls=[pb.SiteCall(site="east", request=req)]),
-                             metadata=admin._metadata, timeout=60)
+        r = admin._stub.Call(
+            pb.CallRequest(job_id="probe", timeout_s=30, calls=[pb.SiteCall(site="east", request=req)]),
+            metadata=admin._metadata,
+            timeout=60,
+        )
         method, err = wire.from_proto(r.results[0].response, wire.RESPONSES)
         assert isinstance(err, wire.RemoteError) and err.kind == "PrivacyError" and "does not answer" in err.text
 
@@ -253,8 +265,10 @@ def test_a_hostile_site_makes_the_job_fail_naming_it(fed, files, kind):
         if kind == "wrong type":  # an unlabelled "sample" in place of the site's summary
             return wire.to_proto(fwd.request.method, m.UnlabeledSample(X=np.zeros((3, 2))), wire.RESPONSES)
         if kind == "bad array":
-            return bpb.SiteResponse(method=fwd.request.method, info=bpb.SiteSummary(
-                name="west", classes=bpb.NdArray(dtype="|O8", shape=[1], data=bytes(8))))
+            return bpb.SiteResponse(
+                method=fwd.request.method,
+                info=bpb.SiteSummary(name="west", classes=bpb.NdArray(dtype="|O8", shape=[1], data=bytes(8))),
+            )
         return wire.to_proto("dc_evaluate", m.BoundMax(1.0), wire.RESPONSES)
 
     deadline = time.monotonic() + 60
@@ -264,16 +278,25 @@ def test_a_hostile_site_makes_the_job_fail_naming_it(fed, files, kind):
     fed.wait_connected(["west"], timeout=60)
     try:
         with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
-            backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES],
-                                     job_id="h-" + kind.replace(" ", "-"),
-                                     predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
-                                     classes=np.array([0, 1]), site_timeout_s=20, data_channel="plain")
+            backend = FederatedSites(
+                list(NAMES),
+                relay,
+                [files[n].X_unlabeled for n in NAMES],
+                job_id="h-" + kind.replace(" ", "-"),
+                predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
+                classes=np.array([0, 1]),
+                site_timeout_s=20,
+                data_channel="plain",
+            )
             with pytest.raises(SiteError) as info:
                 backend.start(_Recorder())
             backend.shutdown()
         assert info.value.site == "west"
-        assert {"wrong type": "UnlabeledSample where a SiteInfo", "bad array": "not allowed",
-                "wrong method": "answered"}[kind] in str(info.value)
+        assert {
+            "wrong type": "UnlabeledSample where a SiteInfo",
+            "bad array": "not allowed",
+            "wrong method": "answered",
+        }[kind] in str(info.value)
     finally:
         out.put(None)
         channel.close()
@@ -289,18 +312,31 @@ class _Recorder:
 
 def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0, job_id="solve"):
     relay = RelayClient(fed.address, fed.admin_token, insecure=True)
-    backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id=job_id,
-                             predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES], classes=classes,
-                             site_timeout_s=timeout_s, data_channel="plain")
-    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA,
-                       checkpoint_dir=str(ckpt))
+    backend = FederatedSites(
+        list(NAMES),
+        relay,
+        [files[n].X_unlabeled for n in NAMES],
+        job_id=job_id,
+        predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
+        classes=classes,
+        site_timeout_s=timeout_s,
+        data_channel="plain",
+    )
+    config = fit_config(
+        task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA, checkpoint_dir=str(ckpt)
+    )
     return relay, Coordinator(backend, preds, config, solver_callback=callback)
 
 
 def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(local_ray, fed, files, tmp_path):
     kw, preds, classes = local_kwargs(files, NAMES)
-    full = Coordinator(LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3),
-                                                        solver=DCA)).start().fit()
+    full = (
+        Coordinator(
+            LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA)
+        )
+        .start()
+        .fit()
+    )
     killed_at = []
     timeout_s = 5.0
     # a generous timeout while the job sets up (the machine is shared), the short one from the kill on
@@ -337,23 +373,30 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
 
 def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, files, tmp_path):
     kw, preds, classes = local_kwargs(files, NAMES)
-    full = Coordinator(LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3),
-                                                        solver=DCA)).start().fit()
+    full = (
+        Coordinator(
+            LocalSites(kw), preds, fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA)
+        )
+        .start()
+        .fit()
+    )
 
     def restart_west(it, z, gamma):
         if it == 1:
             fed.kill("west")
             fed.spawn("west")  # a new process: it has lost the job's state
 
-    relay, coord = _federated(fed, files, classes, preds, tmp_path / "ckpt", restart_west, timeout_s=120,
-                              job_id="replay")
+    relay, coord = _federated(
+        fed, files, classes, preds, tmp_path / "ckpt", restart_west, timeout_s=120, job_id="replay"
+    )
     with coord:
         model = coord.fit()
     relay.close()
     np.testing.assert_allclose(model.z, full.z, rtol=0, atol=1e-9)
     log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
-    joins = [e for e in log if e.get("request") == "join_job" and e.get("job") == "replay"
-             and e.get("outcome") == "answered"]
+    joins = [
+        e for e in log if e.get("request") == "join_job" and e.get("job") == "replay" and e.get("outcome") == "answered"
+    ]
     assert len(joins) == 2  # joined, restarted, joined again (replayed)
     # the restarted process was given the domain model again (from the job's set-up log)
     models = [e for e in log if e.get("request") == "set_domain_model" and e.get("job") == "replay"]
@@ -370,9 +413,16 @@ def test_a_frozen_site_ends_the_job_within_the_timeout(fed, files):
     timeout_s = 5.0
     with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
         relay.open_job("frozen", list(NAMES))
-        backend = FederatedSites(list(NAMES), relay, [files[n].X_unlabeled for n in NAMES], job_id="frozen",
-                                 predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
-                                 classes=np.array([0, 1]), site_timeout_s=120, data_channel="plain")
+        backend = FederatedSites(
+            list(NAMES),
+            relay,
+            [files[n].X_unlabeled for n in NAMES],
+            job_id="frozen",
+            predictor_sha256=[sha256_hex(files[n].predictor) for n in NAMES],
+            classes=np.array([0, 1]),
+            site_timeout_s=120,
+            data_channel="plain",
+        )
         backend.coordinator = _Recorder()
         infos = backend._relay([(i, "join_job", backend.join[i]) for i in range(3)])
         assert [i.name for i in infos] == list(NAMES)

@@ -1,6 +1,7 @@
 """The relay in-process (a real gRPC server on port 0, raw site streams, no site processes):
 it never lets site streams take every worker thread of the registry, heartbeats on the stream
 are recorded as the site's heartbeat, and a site cannot answer calls it was not sent."""
+
 from __future__ import annotations
 
 import queue
@@ -36,8 +37,9 @@ class RawSite:
         self.channel = grpc.insecure_channel(address)
         self.out: queue.Queue = queue.Queue()
         self.out.put(pb.SiteToRelay(hello=pb.Hello(site=name)))
-        self.call = pb_grpc.RelayStub(self.channel).Connect(iter(self.out.get, None),
-                                                            metadata=(("authorization", f"Bearer {token}"),))
+        self.call = pb_grpc.RelayStub(self.channel).Connect(
+            iter(self.out.get, None), metadata=(("authorization", f"Bearer {token}"),)
+        )
         self.answer = answer
         self.error = None
         self.forwards = []
@@ -96,13 +98,17 @@ def test_stream_heartbeats_are_recorded_and_answers_must_match_a_call(registry):
     ack = wire.to_proto("ping", m.Ack("real"), wire.RESPONSES)
     with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
         server.relay.heartbeat_interval_s = 0.2
+
         # b answers every forward it gets, and also tries to answer a's calls by guessing ids
         def b_answer(fwd):
             for guess in range(max(1, fwd.call_id - 3), fwd.call_id + 4):
                 if guess == fwd.call_id:
                     continue
-                b.out.put(pb.SiteToRelay(answer=pb.Answer(call_id=guess, response=wire.to_proto(
-                    "ping", m.Ack("forged"), wire.RESPONSES))))
+                b.out.put(
+                    pb.SiteToRelay(
+                        answer=pb.Answer(call_id=guess, response=wire.to_proto("ping", m.Ack("forged"), wire.RESPONSES))
+                    )
+                )
             return pb.SiteToRelay(answer=pb.Answer(call_id=fwd.call_id, response=ack))
 
         a = RawSite(server.address, tokens["a"], "a")  # a stays silent

@@ -1,6 +1,7 @@
 """`msa-fed site serve | jobs | approve` and the job file's topology keys: clear one-line errors.
 
 Run in-process through msa_fed.cli.main (what the `msa-fed` command calls)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,15 @@ from msa_fed.errors import ConfigError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.jobs.config import JobConfig
 
-BASE = {"name": "east", "registry": "127.0.0.1:50051", "token_file": "token.txt", "insecure": True,
-        "data": "data.npz", "predictor": "predictor.onnx", "audit_log": "audit.jsonl"}
+BASE = {
+    "name": "east",
+    "registry": "127.0.0.1:50051",
+    "token_file": "token.txt",
+    "insecure": True,
+    "data": "data.npz",
+    "predictor": "predictor.onnx",
+    "audit_log": "audit.jsonl",
+}
 
 
 def _toml(values: dict) -> str:
@@ -36,15 +44,18 @@ def _error(capsys, argv) -> str:
     return err
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"colour": "blue"}, "unknown key(s) ['colour']"),
-    ({"registry": None}, "missing key(s) ['registry']"),
-    ({"registry": "10.1.2.3:50051"}, "insecure = true is allowed only towards a loopback registry"),
-    ({"accept_jobs": "anyone"}, "accept_jobs must be one of ['admin', 'approve']"),
-    ({"insecure": "yes"}, "insecure must be a bool"),
-    ({"tls_cert": "c.pem", "insecure": None}, "tls_cert and tls_key must be given together"),
-    ({"name": "no spaces"}, "is not a valid site name"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"colour": "blue"}, "unknown key(s) ['colour']"),
+        ({"registry": None}, "missing key(s) ['registry']"),
+        ({"registry": "10.1.2.3:50051"}, "insecure = true is allowed only towards a loopback registry"),
+        ({"accept_jobs": "anyone"}, "accept_jobs must be one of ['admin', 'approve']"),
+        ({"insecure": "yes"}, "insecure must be a bool"),
+        ({"tls_cert": "c.pem", "insecure": None}, "tls_cert and tls_key must be given together"),
+        ({"name": "no spaces"}, "is not a valid site name"),
+    ],
+)
 def test_bad_site_config_is_one_error_line(tmp_path, capsys, changes, match):
     err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, **changes))])
     assert match in err
@@ -63,8 +74,12 @@ def test_missing_files_are_named(tmp_path, capsys):
 def _site_files(tmp_path):
     (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", X_labeled=rng.normal(size=(30, 2)), y_labeled=np.zeros(30),
-             X_unlabeled=rng.normal(size=(30, 2)))
+    np.savez(
+        tmp_path / "data.npz",
+        X_labeled=rng.normal(size=(30, 2)),
+        y_labeled=np.zeros(30),
+        X_unlabeled=rng.normal(size=(30, 2)),
+    )
     (tmp_path / "predictor.onnx").write_bytes(b"x")
 
 
@@ -93,8 +108,16 @@ def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path)
     assert policy.ledger == str(tmp_path / "audit.ledger.db")
     defaults = load_site_policy(SiteConfig.from_toml(_write(tmp_path)))
     assert defaults.min_points == 20 and defaults.ledger == str(tmp_path / "audit.ledger.db")
-    job = m.JobSetup(job_id="j", sites=("east", "west"), index=0, predictor_sha256=("a", "b"),
-                     task="classification", loss="cross_entropy", classes=None, min_points=5)
+    job = m.JobSetup(
+        job_id="j",
+        sites=("east", "west"),
+        index=0,
+        predictor_sha256=("a", "b"),
+        task="classification",
+        loss="cross_entropy",
+        classes=None,
+        min_points=5,
+    )
     assert worker_policy_kwargs(policy, job, "j") == {"min_points": 5, "policy": policy, "job_id": "j"}
     (tmp_path / "other.toml").write_text(f'[budget]\naudit_log = "{tmp_path / "elsewhere.jsonl"}"\n')
     with pytest.raises(ConfigError, match="one audit log"):
@@ -116,13 +139,17 @@ def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
 
 def test_job_file_topology_keys(tmp_path):
     path = tmp_path / "job.toml"
-    path.write_text('[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "federated"\n'
-                    'site_timeout_s = 5\n')
+    path.write_text(
+        '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "federated"\nsite_timeout_s = 5\n'
+    )
     job = JobConfig.from_toml(path)
     assert job.topology == "federated" and job.fit.site_timeout_s == 5
     assert JobConfig(registry="127.0.0.1:1").topology == "federated"  # the default
-    for run, match in (('topology = "mesh"', "topology must be"), ("site_timeout_s = 0", "site_timeout_s must be"),
-                       ('site_timeout_s = "60"', "site_timeout_s must be")):
+    for run, match in (
+        ('topology = "mesh"', "topology must be"),
+        ("site_timeout_s = 0", "site_timeout_s must be"),
+        ('site_timeout_s = "60"', "site_timeout_s must be"),
+    ):
         path.write_text(f'[registry]\naddress = "127.0.0.1:1"\n[run]\n{run}\n')
         with pytest.raises(ConfigError, match=match):
             JobConfig.from_toml(path)

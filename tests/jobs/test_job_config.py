@@ -240,9 +240,13 @@ def test_ray_options_apply_to_both_topologies(tmp_path):
     """The federated topology's stand-in actors run on Ray too: ray_address and data_channel are
     valid under either topology."""
     for topology in ("federated", "cluster"):
-        job = JobConfig.from_toml(write(
-            tmp_path, f'[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "{topology}"\n'
-                      'ray_address = "h:1"\ndata_channel = "plain"\n'))
+        job = JobConfig.from_toml(
+            write(
+                tmp_path,
+                f'[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n[run]\ntopology = "{topology}"\n'
+                'ray_address = "h:1"\ndata_channel = "plain"\n',
+            )
+        )
         assert job.fit.ray.address == "h:1" and job.fit.ray.data_channel == "plain" and job.topology == topology
 
 

@@ -1,4 +1,5 @@
 """Fixtures of the operations tests: both stores, a registry with tokens, a real server on port 0."""
+
 from __future__ import annotations
 
 import pytest

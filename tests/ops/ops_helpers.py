@@ -1,4 +1,5 @@
 """Helpers of the operations tests: a registry subprocess, the CLI as a subprocess, a federation's sites."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,15 @@ def env() -> dict:
 
 def cli(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
     """Run ``msa-fed ARGS`` in a new process; (exit status, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "msa_fed.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env(), cwd=cwd, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
+        cwd=cwd,
+        check=False,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -72,8 +80,22 @@ class RegistryProcess:
         self.address = None
 
     def start(self) -> RegistryProcess:
-        args = [sys.executable, "-m", "msa_fed.cli", "registry", "serve", "--db", str(self.db),
-                "--listen", f"127.0.0.1:{self.port}", "--insecure", "--workers", "16", "--log-level", "WARNING"]
+        args = [
+            sys.executable,
+            "-m",
+            "msa_fed.cli",
+            "registry",
+            "serve",
+            "--db",
+            str(self.db),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--insecure",
+            "--workers",
+            "16",
+            "--log-level",
+            "WARNING",
+        ]
         if self.audit_log:
             args += ["--audit-log", str(self.audit_log)]
         deadline = time.monotonic() + 120
@@ -139,8 +161,9 @@ def publish_sites(address: str, tokens: dict, data_dir: Path, random_state: int 
             site.upload_predictor(export_sklearn(h, n_features=2))
             site.upload_sample(d["X_unlabeled"])
             site.heartbeat()
-        np.savez(data_dir / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"],
-                 X_unlabeled=d["X_unlabeled"])
+        np.savez(
+            data_dir / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"], X_unlabeled=d["X_unlabeled"]
+        )
     return fed
 
 
@@ -174,6 +197,12 @@ sys.exit(main(sys.argv[1:]))
 
 
 def start_job(*args, cwd=None) -> tuple[subprocess.Popen, Lines]:
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "run", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**env(), "MSA_FED_PROGRESS": "lines"}, cwd=cwd)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "run", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env(), "MSA_FED_PROGRESS": "lines"},
+        cwd=cwd,
+    )
     return proc, Lines(proc.stdout)

@@ -1,4 +1,5 @@
 """The registry audit log: a JSON line for every RPC, refusals included, with sha256 of what moved."""
+
 from __future__ import annotations
 
 import hashlib
@@ -46,12 +47,12 @@ def test_every_rpc_is_logged_with_principal_outcome_and_sha256(audited):
         site.upload_predictor(onnx)
         site.upload_sample(X)
         with pytest.raises(RegistryError):
-            site.upload_combined_model(b"x", {})                       # PERMISSION_DENIED (role)
+            site.upload_combined_model(b"x", {})  # PERMISSION_DENIED (role)
     with RegistryClient(server.address, other_token, insecure=True, retries=0) as other, pytest.raises(RegistryError):
-        other.get_site("a")                                         # PERMISSION_DENIED (domain rule)
+        other.get_site("a")  # PERMISSION_DENIED (domain rule)
     forged = site_token[:-3] + ("aaa" if not site_token.endswith("aaa") else "bbb")
     with RegistryClient(server.address, forged, insecure=True, retries=0) as bad, pytest.raises(RegistryError):
-        bad.list_sites()                                            # UNAUTHENTICATED
+        bad.list_sites()  # UNAUTHENTICATED
     model = b"combined model bytes" * 1000
     with RegistryClient(server.address, admin_token, insecure=True, retries=0) as admin:
         admin.download_predictor("a")
@@ -64,10 +65,17 @@ def test_every_rpc_is_logged_with_principal_outcome_and_sha256(audited):
     entries = read_log(log_path)
     by = [(e["method"].rsplit("/", 1)[1], e["outcome"]) for e in entries]
     assert by == [
-        ("RegisterSite", "OK"), ("UploadPredictor", "OK"), ("UploadSample", "OK"),
-        ("UploadCombinedModel", "PERMISSION_DENIED"), ("GetSite", "PERMISSION_DENIED"),
-        ("ListSites", "UNAUTHENTICATED"), ("DownloadPredictor", "OK"), ("UploadCombinedModel", "OK"),
-        ("DownloadCombinedModel", "OK"), ("ListJobs", "OK"), ("ListSites", "UNAUTHENTICATED"),
+        ("RegisterSite", "OK"),
+        ("UploadPredictor", "OK"),
+        ("UploadSample", "OK"),
+        ("UploadCombinedModel", "PERMISSION_DENIED"),
+        ("GetSite", "PERMISSION_DENIED"),
+        ("ListSites", "UNAUTHENTICATED"),
+        ("DownloadPredictor", "OK"),
+        ("UploadCombinedModel", "OK"),
+        ("DownloadCombinedModel", "OK"),
+        ("ListJobs", "OK"),
+        ("ListSites", "UNAUTHENTICATED"),
     ]
     up_pred, up_sample, refused_role, refused_rule, forged_e, down_pred, up_model, down_model, ops_e, anon = entries[1:]
     sha = hashlib.sha256(onnx).hexdigest()

@@ -1,5 +1,6 @@
 """``msa-fed model | job | admin`` commands through real processes: a registry subprocess on
 loopback with its SQLite file, and each command as its own process."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,16 @@ def model_dirs(tmp_path_factory):
     out = []
     for seed in (1, 2):
         fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=seed)
-        sites = [msa_fed.SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"],
-                                  LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"])) for n in SITES]
+        sites = [
+            msa_fed.SiteData(
+                n,
+                fed[n]["X_labeled"],
+                fed[n]["y_labeled"],
+                fed[n]["X_unlabeled"],
+                LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+            )
+            for n in SITES
+        ]
         model = msa_fed.fit_dmsa(sites, task="classification", random_state=seed)
         out.append(model.save(tmp_path_factory.mktemp(f"model{seed}") / "model"))
     return out, fed["north"]["X_test"]
@@ -62,8 +71,9 @@ def test_model_upload_list_show_download_promote(served, model_dirs, tmp_path):
 
     rc, out, err = ops(served, "model", "download", "1", "--out", tmp_path / "v1")
     assert rc == 0 and "load_model" in out, err
-    np.testing.assert_allclose(msa_fed.load_model(tmp_path / "v1").predict_proba(X),
-                               msa_fed.load_model(first).predict_proba(X))
+    np.testing.assert_allclose(
+        msa_fed.load_model(tmp_path / "v1").predict_proba(X), msa_fed.load_model(first).predict_proba(X)
+    )
     rc, _, err = ops(served, "model", "download", "1", "--out", tmp_path / "v1")
     assert rc == 1 and err.startswith("error: ") and "not an empty directory" in err and len(err.splitlines()) == 1
 
@@ -137,8 +147,9 @@ def test_job_list_and_show(served):
 def test_admin_commands_need_the_admin_token(served, tmp_path):
     reg, tokens, _ = served
     (tmp_path / "site_token").write_text(tokens["a"])
-    rc, _, err = cli("model", "list", "--registry", reg.address, "--insecure",
-                     "--admin-token-file", tmp_path / "site_token")
+    rc, _, err = cli(
+        "model", "list", "--registry", reg.address, "--insecure", "--admin-token-file", tmp_path / "site_token"
+    )
     assert rc == 1 and err.startswith("error: PERMISSION_DENIED")
     rc, _, err = cli("model", "list", "--registry", reg.address, "--insecure", "--admin-token-file", tmp_path / "none")
     assert rc == 1 and err.strip() == f"error: --admin-token-file {str(tmp_path / 'none')!r} not found"

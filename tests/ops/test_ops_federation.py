@@ -1,4 +1,5 @@
 """The single-machine walkthrough (``make federation`` = deploy/federation.sh) runs end to end."""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,14 @@ def _free_base(start: int = 27200, span: int = 200) -> int:
 @pytest.mark.slow
 def test_make_federation_walkthrough():
     base = _free_base()
-    proc = subprocess.run(["bash", str(REPO / "deploy" / "federation.sh")], capture_output=True, text=True,
-                          timeout=1500, env={**env(), "PY": sys.executable, "BASE_PORT": str(base)}, check=False)
+    proc = subprocess.run(
+        ["bash", str(REPO / "deploy" / "federation.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**env(), "PY": sys.executable, "BASE_PORT": str(base)},
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     work = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("working folder: "))

@@ -4,6 +4,7 @@ The two failure paths: the registry goes down while the job stores its result (b
 few seconds: the retried upload succeeds; down for good: the error names the saved model and
 the command that stores it later), and a job that names a deregistered or revoked site.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,10 @@ def test_registry_down_during_upload_then_back(federation):
     job = write_job(tmp / "job.toml", reg.address, token_file, data_dir)
     proc, out = start_job("--job", job, "--output", tmp / "result", "--upload-retry-for", "240", cwd=tmp)
     try:
-        out.wait_for("site west: node", timeout=600)   # every registry read is done; training starts
+        out.wait_for("site west: node", timeout=600)  # every registry read is done; training starts
         reg.stop()
         out.wait_for("storing the model failed (UNAVAILABLE)", timeout=600)
-        reg.start()                                     # same port, same database
+        reg.start()  # same port, same database
         assert proc.wait(timeout=600) == 0, out.text()
     finally:
         proc.kill()
@@ -60,8 +61,10 @@ def test_registry_down_during_upload_then_back(federation):
     assert f"combined model saved to {tmp / 'result'}" in text
     # a line per site: node, topology and channel; progress as one line per iteration
     for site in SITES:
-        assert any(line.startswith(f"site {site}: node ") and "topology cluster" in line
-                   and "plaintext data channel" in line for line in out.lines), out.text()
+        assert any(
+            line.startswith(f"site {site}: node ") and "topology cluster" in line and "plaintext data channel" in line
+            for line in out.lines
+        ), out.text()
     assert any(line.startswith("DC solver: iteration 1") for line in out.lines), text
     assert any(line.startswith("DC solver: done after") for line in out.lines), text
     assert any(line.startswith("L_k(z) = east=") for line in out.lines), text  # the final summary
@@ -92,8 +95,9 @@ def test_registry_down_for_good_names_the_saved_model_and_the_command(federation
     saved = tmp / "msa-fed-jobs" / job_id / "model"
     assert f"It is saved in {saved}" in error[0] and "UNAVAILABLE" in error[0]
     command = error[0].split("store it later with: ", 1)[1]
-    assert command == (f"msa-fed model upload {saved} --registry {reg.address} --insecure "
-                       f"--admin-token-file {token_file}")
+    assert command == (
+        f"msa-fed model upload {saved} --registry {reg.address} --insecure --admin-token-file {token_file}"
+    )
     assert msa_fed.load_model(saved).site_names == list(SITES)
     # later: the registry is back, the operator runs exactly the printed command
     reg.start()
@@ -144,6 +148,8 @@ def test_an_occupied_output_folder_stops_the_job_before_any_work(tmp_path):
     (tmp_path / "token").write_text("mft1.admin.admin.x")
     job = write_job(tmp_path / "job.toml", "127.0.0.1:1", tmp_path / "token", tmp_path)  # no registry there
     rc, _, err = cli("run", "--job", job, "--output", tmp_path / "result")
-    assert rc == 1 and err.strip() == (f"error: --output {str(tmp_path / 'result')!r} already exists and is not an "
-                                       "empty directory; the job never overwrites a result")
+    assert rc == 1 and err.strip() == (
+        f"error: --output {str(tmp_path / 'result')!r} already exists and is not an "
+        "empty directory; the job never overwrites a result"
+    )
     assert (tmp_path / "result" / "manifest.json").read_text() == "{}"

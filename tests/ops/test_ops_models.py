@@ -1,4 +1,5 @@
 """The stored model format: a real model packed and unpacked, and hostile archives refused."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,16 @@ def model_dir(tmp_path_factory):
     from msa_fed.experiments.demo_data import SITES, make_federation
 
     fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
-    sites = [msa_fed.SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"],
-                              LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"])) for n in SITES]
+    sites = [
+        msa_fed.SiteData(
+            n,
+            fed[n]["X_labeled"],
+            fed[n]["y_labeled"],
+            fed[n]["X_unlabeled"],
+            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+        )
+        for n in SITES
+    ]
     model = msa_fed.fit_dmsa(sites, task="classification")
     path = model.save(tmp_path_factory.mktemp("model") / "model")
     return path, fed["north"]["X_test"]
@@ -106,8 +115,10 @@ def test_total_size_and_member_count_are_bounded(tmp_path):
     big = _archive([_file("model/manifest.json"), _file("model/arrays.npz", b"\x00" * 5000)])
     with pytest.raises(ArtifactError, match="more than"):
         unpack_model(big, tmp_path / "out", max_total_bytes=4000)
-    many = _archive([_file("model/manifest.json"), _file("model/arrays.npz")]
-                    + [_file(f"model/predictors/{k}.onnx", b"") for k in range(5000)])
+    many = _archive(
+        [_file("model/manifest.json"), _file("model/arrays.npz")]
+        + [_file(f"model/predictors/{k}.onnx", b"") for k in range(5000)]
+    )
     with pytest.raises(ArtifactError):
         unpack_model(many, tmp_path / "out")
 

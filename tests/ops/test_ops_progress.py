@@ -1,4 +1,5 @@
 """Progress output: one line per iteration off a terminal, tqdm bars on one."""
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,11 @@ def test_one_line_per_iteration_with_its_postfix():
     bar.close()
     bar.close()  # idempotent
     lines = out.getvalue().splitlines()
-    assert lines[:3] == ["DC solver: iteration 1, max_k L_k=0.5", "DC solver: iteration 2, max_k L_k=0.41",
-                         "DC solver: iteration 3, max_k L_k=0.4"]
+    assert lines[:3] == [
+        "DC solver: iteration 1, max_k L_k=0.5",
+        "DC solver: iteration 2, max_k L_k=0.41",
+        "DC solver: iteration 3, max_k L_k=0.4",
+    ]
     assert lines[3].startswith("DC solver: done after 3 iterations in ") and lines[3].endswith("max_k L_k=0.4")
     assert len(lines) == 4 and "\r" not in out.getvalue()
 
@@ -66,8 +70,16 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
 
     monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
     fed = make_federation(n_labeled=100, n_unlabeled=150, n_test=10, random_state=4)
-    sites = [msa_fed.SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"],
-                              LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"])) for n in SITES]
+    sites = [
+        msa_fed.SiteData(
+            n,
+            fed[n]["X_labeled"],
+            fed[n]["y_labeled"],
+            fed[n]["X_unlabeled"],
+            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+        )
+        for n in SITES
+    ]
     real_solve, seen = coordinator.solve_dc, []
 
     def interrupted_solve(oracle, eta, callback=None, **kw):
@@ -76,6 +88,7 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
             seen.append(value)
             if len(seen) == 2:
                 raise KeyboardInterrupt
+
         return real_solve(oracle, eta, callback=cb, **kw)
 
     monkeypatch.setattr(coordinator, "solve_dc", interrupted_solve)

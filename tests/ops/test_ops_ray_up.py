@@ -12,6 +12,7 @@ What it takes (so the test needs root, OpenSSH's sshd and rsync; it is skipped w
 - Ray started by ``head_start_ray_commands`` on non-default ports with its own temp dir (never
   ``ray stop``, which would stop every Ray of that user on the machine), stopped by PID at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1800),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a user and runs sshd)"),
-    pytest.mark.skipif(not (Path(SSHD).is_file() and shutil.which("rsync") and shutil.which("ssh-keygen")),
-                       reason="needs OpenSSH sshd, ssh-keygen and rsync (apt-get install openssh-server rsync)"),
+    pytest.mark.skipif(
+        not (Path(SSHD).is_file() and shutil.which("rsync") and shutil.which("ssh-keygen")),
+        reason="needs OpenSSH sshd, ssh-keygen and rsync (apt-get install openssh-server rsync)",
+    ),
 ]
 
 PROXY = """import socket, sys, threading
@@ -70,8 +73,9 @@ def _free_port() -> int:
 def _run(*args, timeout=None, **kwargs):
     """Run a command; on timeout, return what it printed (a CompletedProcess with returncode -9)."""
     try:
-        return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False, timeout=timeout,
-                              **kwargs)
+        return subprocess.run(
+            [str(a) for a in args], capture_output=True, text=True, check=False, timeout=timeout, **kwargs
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
@@ -116,17 +120,21 @@ def ssh_head():
         (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
         (home / ".ssh" / "authorized_keys").write_text((tmp / "id_ed25519.pub").read_text())
         (home / ".bashrc").write_text(
-            f"export PATH={Path(sys.executable).parent}:$PATH\nexport PYTHONPATH={REPO}\n"
-            "export GRPC_VERBOSITY=ERROR\n")
+            f"export PATH={Path(sys.executable).parent}:$PATH\nexport PYTHONPATH={REPO}\nexport GRPC_VERBOSITY=ERROR\n"
+        )
         port = _free_port()
         (tmp / "sshd_config").write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\nPidFile {tmp / 'sshd.pid'}\n"
             "AuthorizedKeysFile .ssh/authorized_keys\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            f"UsePAM no\nAllowUsers {USER}\nPermitRootLogin prohibit-password\nStrictModes no\n")
+            f"UsePAM no\nAllowUsers {USER}\nPermitRootLogin prohibit-password\nStrictModes no\n"
+        )
         (tmp / "proxy.py").write_text(PROXY)
         Path("/run/sshd").mkdir(exist_ok=True)
-        sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp / "sshd_config")], stdout=subprocess.DEVNULL,
-                                stderr=open(tmp / "sshd.log", "w"))  # noqa: SIM115
+        sshd = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(tmp / "sshd_config")],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / "sshd.log", "w"),
+        )  # noqa: SIM115
         for _ in range(100):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -162,33 +170,60 @@ def test_ray_up_and_ray_submit_run_the_job(ssh_head):
         (tmp / "jobs" / "job.toml").write_text(
             f'name = "ray-up"\n[registry]\naddress = "{reg.address}"\ninsecure = true\n'
             f'admin_token_file = "{token_file}"\n[run]\nsite_data = "{tmp}/site-data/{{site}}.npz"\n'
-            f'topology = "cluster"\nray_address = "127.0.0.1:{gcs}"\ndata_channel = "tls"\n')
+            f'topology = "cluster"\nray_address = "127.0.0.1:{gcs}"\ndata_channel = "tls"\n'
+        )
         name = f"msafed-test-{secrets.token_hex(3)}"
         config = {
             "cluster_name": name,
             "provider": {"type": "local", "head_ip": "127.0.0.1", "worker_ips": []},
-            "auth": {"ssh_user": USER, "ssh_private_key": str(tmp / "id_ed25519"),
-                     "ssh_proxy_command": f"{sys.executable} {tmp / 'proxy.py'} 127.0.0.1 {ssh_port}"},
-            "min_workers": 0, "max_workers": 0,
+            "auth": {
+                "ssh_user": USER,
+                "ssh_private_key": str(tmp / "id_ed25519"),
+                "ssh_proxy_command": f"{sys.executable} {tmp / 'proxy.py'} 127.0.0.1 {ssh_port}",
+            },
+            "min_workers": 0,
+            "max_workers": 0,
             "file_mounts": {"~/msa-fed/jobs": str(tmp / "jobs")},
-            "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
             "head_start_ray_commands": [
-                (f"ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={ports[0]} "
-                f"--include-dashboard=false --dashboard-agent-listen-port={ports[1]} "
-                f"--dashboard-agent-grpc-port={ports[2]} --runtime-env-agent-port={ports[3]} "
-                f"--metrics-export-port={ports[4]} --num-cpus=2 --temp-dir={tmp / 'ray'} --disable-usage-stats "
-                "--resources='{\"site:north\": 1, \"site:east\": 1, \"site:west\": 1}'")],
+                (
+                    f"ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={ports[0]} "
+                    f"--include-dashboard=false --dashboard-agent-listen-port={ports[1]} "
+                    f"--dashboard-agent-grpc-port={ports[2]} --runtime-env-agent-port={ports[3]} "
+                    f"--metrics-export-port={ports[4]} --num-cpus=2 --temp-dir={tmp / 'ray'} --disable-usage-stats "
+                    '--resources=\'{"site:north": 1, "site:east": 1, "site:west": 1}\''
+                )
+            ],
             "worker_start_ray_commands": [],
         }
         (tmp / "cluster.json").write_text(json.dumps(config))  # YAML is a superset of JSON
         cluster_env = {**env(), "HOME": str(tmp / "launcher-home")}
         (tmp / "launcher-home").mkdir()
-        up = _run(RAY, "up", "-y", "--no-config-cache", "--log-style=record", tmp / "cluster.json", timeout=240,
-                  env=cluster_env)
+        up = _run(
+            RAY,
+            "up",
+            "-y",
+            "--no-config-cache",
+            "--log-style=record",
+            tmp / "cluster.json",
+            timeout=240,
+            env=cluster_env,
+        )
         assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
-        submit = _run(RAY, "submit", tmp / "cluster.json", REPO / "cluster" / "jobs" / "run_msa.py",
-                      "--job", "~/msa-fed/jobs/job.toml", "--output", tmp / "out" / "model",
-                      timeout=900, env=cluster_env)
+        submit = _run(
+            RAY,
+            "submit",
+            tmp / "cluster.json",
+            REPO / "cluster" / "jobs" / "run_msa.py",
+            "--job",
+            "~/msa-fed/jobs/job.toml",
+            "--output",
+            tmp / "out" / "model",
+            timeout=900,
+            env=cluster_env,
+        )
         text = submit.stdout + submit.stderr
         assert submit.returncode == 0, text[-6000:]
         assert "stored combined model version 1" in text

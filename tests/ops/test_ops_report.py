@@ -1,4 +1,5 @@
 """``msa-fed model report``: the HTML a person opens, checked in a real headless browser."""
+
 from __future__ import annotations
 
 import base64
@@ -25,8 +26,16 @@ def report(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("report")
     fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=3)
-    sites = [msa_fed.SiteData(n, fed[n]["X_labeled"], fed[n]["y_labeled"], fed[n]["X_unlabeled"],
-                              LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"])) for n in SITES]
+    sites = [
+        msa_fed.SiteData(
+            n,
+            fed[n]["X_labeled"],
+            fed[n]["y_labeled"],
+            fed[n]["X_unlabeled"],
+            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+        )
+        for n in SITES
+    ]
     model = msa_fed.fit_dmsa(sites, task="classification")
     model_dir = model.save(tmp / "model")
     db = tmp / "registry.db"
@@ -57,13 +66,17 @@ def test_report_holds_z_losses_sites_sha256_and_four_plots(report):
     for sha in json.loads((model_dir / "manifest.json").read_text())["predictor_sha256"]:
         assert sha in text
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', text)
-    assert [alt for alt, _ in images] == ["mixture weights z", "per-site losses", "solver convergence",
-                                          "classifier convergence"]
+    assert [alt for alt, _ in images] == [
+        "mixture weights z",
+        "per-site losses",
+        "solver convergence",
+        "classifier convergence",
+    ]
     for alt, b64 in images:
         pixels = _pixels(base64.b64decode(b64))
         assert pixels.std() > 10, f"plot {alt!r} is blank"
     assert "no iterations recorded" not in html.unescape(text)  # both convergence curves have data
-    assert "http://" not in text and "https://" not in text    # self-contained
+    assert "http://" not in text and "https://" not in text  # self-contained
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -71,9 +84,21 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     path, _, _ = report
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,2200",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", path.resolve().as_uri()],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1280,2200",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            path.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert shot.is_file(), proc.stderr[-2000:]
     pixels = _pixels(shot.read_bytes())

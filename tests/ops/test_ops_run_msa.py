@@ -1,4 +1,5 @@
 """cluster/jobs/run_msa.py reads every input from the working directory before ray.init."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -50,8 +51,7 @@ def test_inputs_are_read_before_ray_init_and_survive_the_working_dir(run_msa, tm
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", released_init)
     monkeypatch.setattr(msa_fed.cli, "main", fake_cli)
-    assert run_msa.main(["--job", "jobs/job.toml", "--admin-token-file=secrets/admin_token",
-                         "--registry", "h:1"]) == 0
+    assert run_msa.main(["--job", "jobs/job.toml", "--admin-token-file=secrets/admin_token", "--registry", "h:1"]) == 0
     assert seen["init"] and not work.exists()
     assert seen["job"].startswith('name = "x"') and seen["token"] == "mft1.admin.admin.secret\n"
     assert seen["ca"].startswith("-----BEGIN")
@@ -70,6 +70,6 @@ def test_ray_address_comes_from_the_job_file_unless_ray_address_is_set(run_msa, 
     job = tmp_path / "job.toml"
     job.write_text('[run]\nray_address = "127.0.0.1:27001"\n')
     assert run_msa.job_ray_address(["--job", str(job)]) == "127.0.0.1:27001"
-    job.write_text('[run]\nsites = []\n')
+    job.write_text("[run]\nsites = []\n")
     assert run_msa.job_ray_address(["--job", str(job)]) is None
     assert run_msa.job_ray_address(["--registry", "h:1"]) is None

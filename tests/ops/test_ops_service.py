@@ -1,4 +1,5 @@
 """The Operations gRPC service against a real server on port 0 (memory and SQLite stores)."""
+
 from __future__ import annotations
 
 import grpc
@@ -88,8 +89,12 @@ def test_job_records(admin):
     assert failed.status == "failed" and failed.ended_at and "deregistered" in failed.error
     assert [j.job_id for j in ops.list_jobs()] == ["j-1"]
     assert ops.get_job("j-1") == failed
-    for bad in (lambda: ops.finish_job("j-1", "exploded"), lambda: ops.finish_job("j-1", "succeeded", 5),
-                lambda: ops.start_job("../etc", "x", [], "ray"), lambda: ops.start_job("j2", "x", ["bad name"], "ray")):
+    for bad in (
+        lambda: ops.finish_job("j-1", "exploded"),
+        lambda: ops.finish_job("j-1", "succeeded", 5),
+        lambda: ops.start_job("../etc", "x", [], "ray"),
+        lambda: ops.start_job("j2", "x", ["bad name"], "ray"),
+    ):
         with pytest.raises(RegistryError) as err:
             bad()
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND")
@@ -106,8 +111,10 @@ def test_every_operation_is_admin_only(method, registry, server):
     request_type = getattr(ops_pb, descriptor.input_type.name)
     with grpc.insecure_channel(server.address) as channel:
         stub = getattr(ops_grpc.OperationsStub(channel), method)
-        for metadata, code in ((((("authorization", f"Bearer {site_token}"),)), grpc.StatusCode.PERMISSION_DENIED),
-                               ((), grpc.StatusCode.UNAUTHENTICATED)):
+        for metadata, code in (
+            (((("authorization", f"Bearer {site_token}"),)), grpc.StatusCode.PERMISSION_DENIED),
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 stub(request_type(), metadata=metadata, timeout=30)
             assert err.value.code() == code

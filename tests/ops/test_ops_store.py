@@ -1,4 +1,5 @@
 """The operations part of the store contract, run against both stores (memory and SQLite)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +28,10 @@ def test_latest_is_newest_until_an_older_version_is_promoted(store):
     assert store.get_combined_model().version == 3
     store.promote_model(1, 10.0, "admin", "v3 is poisoned")
     assert store.current_model_version() == 1
-    assert store.get_combined_model().version == 1          # what clients get as "latest"
-    assert store.get_combined_model(3).version == 3         # explicit versions are unaffected
+    assert store.get_combined_model().version == 1  # what clients get as "latest"
+    assert store.get_combined_model(3).version == 3  # explicit versions are unaffected
     assert [m.version for m in store.list_combined_models()] == [1, 2, 3]
-    commit_model(store, 4)                                   # a new model becomes current again
+    commit_model(store, 4)  # a new model becomes current again
     assert store.get_combined_model().version == 4
     store.promote_model(2, 11.0, "admin", "")
     assert store.get_combined_model().version == 2
@@ -75,7 +76,10 @@ def test_jobs_start_idempotent_finish_and_list_newest_first(store):
     assert [j.job_id for j in store.list_jobs(limit=1)] == ["j2"]
     done = store.finish_job("j1", "failed", 5.0, None, "site 'b' was deregistered")
     assert (done.status, done.ended_at, done.model_version, done.error) == (
-        "failed", 5.0, None, "site 'b' was deregistered"
+        "failed",
+        5.0,
+        None,
+        "site 'b' was deregistered",
     )
     assert store.get_job("j1") == done
     assert store.get_job("j1").sites == ("a", "b")

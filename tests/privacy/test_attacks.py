@@ -9,6 +9,7 @@ them is the query budget.  The multi-column variant (p = 21 coordinator-chosen s
 point per column) is NOT stopped without DP: its test records that limit; with DP on it
 reads noise.
 """
+
 import math
 
 import numpy as np
@@ -58,8 +59,9 @@ def _isolation_1d(worker, X, y, *, coef, eta, qhat_mode, inside_logit, known_x=F
         r = c.ask("set_domain_model", A.threshold_spec(t, [-coef, coef], inside_logit - coef))
         if r is None:
             continue
-        Q0 = 1 / (1 + np.exp(-(np.where(X[:, 0] <= t[1], coef, 0) - np.where(X[:, 0] <= t[0], coef, 0)
-                                + inside_logit - coef)))
+        Q0 = 1 / (
+            1 + np.exp(-(np.where(X[:, 0] <= t[1], coef, 0) - np.where(X[:, 0] <= t[0], coef, 0) + inside_logit - coef))
+        )
         qhat = np.array([1.0, 1.0]) if qhat_mode == "ones" else np.array([0.5, 0.5])
         if c.ask("set_qhat", m.QhatBroadcast(qhat=qhat, eta=eta)) is None:
             continue
@@ -84,8 +86,14 @@ def test_point_isolation_1d_as_filed_is_refused(dp):
 
 def test_point_isolation_1d_without_the_rules_recovers_every_label():
     """Sanity of the attack itself: with every limit lifted it reads all 60 labels."""
-    loose = SitePolicy(min_effective_points=1e-9, max_point_share=1.0, mu_min=1e-12, eta_min=1e-300,
-                       domain_models_per_job=10 ** 6, domain_models_per_day=10 ** 6)
+    loose = SitePolicy(
+        min_effective_points=1e-9,
+        max_point_share=1.0,
+        mu_min=1e-12,
+        eta_min=1e-300,
+        domain_models_per_job=10**6,
+        domain_models_per_day=10**6,
+    )
     worker, X, y = A.victim(1, policy=loose)
     _c, decoded = _isolation_1d(worker, X, y, coef=200.0, eta=1e-300, qhat_mode="half", inside_logit=100.0)
     assert A.score(decoded, y) == A.N
@@ -101,8 +109,9 @@ def test_point_isolation_1d_policy_aware(dp, tmp_path):
     decoded_all, refusals = {}, {}
     for job in range(30):
         worker, X, y = A.victim(1, policy=pol, job_id=f"job{job}")
-        c, decoded = _isolation_1d(worker, X, y, coef=coef, eta=pol.eta_min, qhat_mode="half", inside_logit=-3.0,
-                                   known_x=True)
+        c, decoded = _isolation_1d(
+            worker, X, y, coef=coef, eta=pol.eta_min, qhat_mode="half", inside_logit=-3.0, known_x=True
+        )
         decoded_all.update(decoded)
         for k, v in c.refusals.items():
             refusals[k] = refusals.get(k, 0) + v
@@ -163,8 +172,14 @@ def test_differencing_2d_as_filed_is_refused(dp):
 
 
 def test_differencing_2d_without_the_rules_recovers_labels():
-    loose = SitePolicy(min_effective_points=1e-9, max_point_share=1.0, mu_min=1e-12, eta_min=1e-300,
-                       domain_models_per_job=10 ** 6, domain_models_per_day=10 ** 6)
+    loose = SitePolicy(
+        min_effective_points=1e-9,
+        max_point_share=1.0,
+        mu_min=1e-12,
+        eta_min=1e-300,
+        domain_models_per_job=10**6,
+        domain_models_per_day=10**6,
+    )
     worker, X, y = A.victim(2, policy=loose)
     _c, decoded = _differencing_2d(worker, X, y, scale_w=9e4, eta=1e-300)
     assert len(decoded) >= 25 and all(decoded[i] == y[i] for i in decoded)
@@ -194,8 +209,19 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
     X, y, Xu = A.victim_data(1, n=3)
     policy = SitePolicy(**(DP1 if dp else {}))
     for kw in ({"min_points": 1}, {"min_points": 1, "privacy": {"min_points": 1}}):
-        worker = A.SiteWorker("tiny", 0, X, y, Xu, predictors=A.predictors(1), task="classification",
-                              loss="cross_entropy", classes=np.array([0, 1]), policy=policy, **kw)
+        worker = A.SiteWorker(
+            "tiny",
+            0,
+            X,
+            y,
+            Xu,
+            predictors=A.predictors(1),
+            task="classification",
+            loss="cross_entropy",
+            classes=np.array([0, 1]),
+            policy=policy,
+            **kw,
+        )
         assert worker.policy.min_points == 20
         c = A.Coordinator(worker)
         spec = A.threshold_spec([0.0], [1.0], 0.0)
@@ -207,9 +233,19 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
 
 def test_job_requests_only_tighten():
     X, y, Xu = A.victim_data(1)
-    w = A.SiteWorker("v", 0, X, y, Xu, predictors=A.predictors(1), task="classification", loss="cross_entropy",
-                     classes=np.array([0, 1]), min_points=40, privacy={"mu_min": 1.0, "eta_min": 0.0,
-                                                                        "domain_models_per_job": 10 ** 9})
+    w = A.SiteWorker(
+        "v",
+        0,
+        X,
+        y,
+        Xu,
+        predictors=A.predictors(1),
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1]),
+        min_points=40,
+        privacy={"mu_min": 1.0, "eta_min": 0.0, "domain_models_per_job": 10**9},
+    )
     assert w.policy.min_points == 40 and w.policy.mu_min == 1.0
     assert w.policy.eta_min == SitePolicy().eta_min
     assert w.policy.domain_models_per_job == SitePolicy().domain_models_per_job
@@ -223,15 +259,25 @@ def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
     order = np.argsort(X[:, 0])
     xs = X[order, 0]
     preds = A.predictors(1)
-    worker = A.SiteWorker("victim", 0, X, y, X, predictors=[preds[0]] * (p - 1) + [preds[1]],
-                          task="classification", loss="cross_entropy", classes=np.array([0, 1]), **worker_kw)
+    worker = A.SiteWorker(
+        "victim",
+        0,
+        X,
+        y,
+        X,
+        predictors=[preds[0]] * (p - 1) + [preds[1]],
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1]),
+        **worker_kw,
+    )
     c_ = A.Coordinator(worker)
     h0 = preds[0]
     P = h0.predict_proba(X)
     decoded = {}
     pi = 1.0 / (p * n)
     for m_ in range(3):
-        ranks = list(range(m_, n, 3))[:p - 1]
+        ranks = list(range(m_, n, 3))[: p - 1]
         t = []
         for r in ranks:
             lo = (xs[r - 1] + xs[r]) / 2 if r else xs[r] - 1.0
@@ -242,9 +288,12 @@ def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
         theta = np.zeros((p, T + 1))
         for k in range(p - 1):
             theta[k, 2 * k], theta[k, 2 * k + 1], theta[k, T] = -c, c, -(c + 5.0)
-        spec = m.DomainModelSpec(kind="maxent", n_sources=p,
-                                 feature_map=("threshold", {"n_thresholds": T}, {"thresholds": t}),
-                                 theta=theta.reshape(-1))
+        spec = m.DomainModelSpec(
+            kind="maxent",
+            n_sources=p,
+            feature_map=("threshold", {"n_thresholds": T}, {"thresholds": t}),
+            theta=theta.reshape(-1),
+        )
         if c_.ask("set_domain_model", spec) is None:
             continue
         qhat = np.full(p, 0.04)

@@ -1,6 +1,7 @@
 """The solver for sites that answer with DP noise: terminates on the simplex, near the optimum
 when the noise is small, near the centre (not a corner) when the noise swamps the losses, and
 stops cleanly when a site's budget is spent."""
+
 import numpy as np
 import pytest
 
@@ -12,7 +13,7 @@ from msa_fed.privacy.solver import solve_noisy
 class NoisyOracle:
     """L_k(z) = |z - e_k|^2 scaled per domain, plus Gaussian noise; refuses after ``budget`` answers."""
 
-    def __init__(self, p, sigma, budget=10 ** 9, seed=0, scales=None):
+    def __init__(self, p, sigma, budget=10**9, seed=0, scales=None):
         self.n_sources = p
         self.sigma = sigma
         self.budget = budget
@@ -52,7 +53,9 @@ def test_heavy_noise_stays_near_the_centre_and_budget_stops_it():
     res0 = solve_noisy(NoisyOracle(3, 1.0, budget=0), 0.01)
     assert np.allclose(res0.z, 1 / 3) and res0.n_evaluations == 0 and not res0.converged
     with pytest.raises(PrivacyError):  # other refusals are not swallowed
+
         class Refusing(NoisyOracle):
             def evaluate(self, *a, **k):
                 raise PrivacyError("concentration", "s", "the request: no")
+
         solve_noisy(Refusing(2, 1.0), 0.01)

@@ -1,5 +1,6 @@
 """The privacy experiment's pieces: DP off gives the plain fit's number, DP on a valid model,
 and the "points per site" read-off."""
+
 import numpy as np
 import pytest
 

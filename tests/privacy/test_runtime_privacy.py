@@ -1,5 +1,6 @@
 """The policy inside the runtimes: a DP run end to end (epsilon in the model's manifest), the
 coordinator's one-line refusal, and a Ray site actor reading its policy from its own node."""
+
 from __future__ import annotations
 
 import sys
@@ -85,8 +86,9 @@ def test_ray_site_reads_its_policy_from_its_own_node(sites, tmp_path, monkeypatc
         for k in kw:
             k["policy"] = SitePolicy(min_points=1)  # the job tries to loosen: it can only tighten
         with pytest.raises(PrivacyError) as err:
-            with Coordinator(RaySites(kw, data_channel="off"), [s.predictor for s in sites],
-                             FitConfig(min_points=1)) as c:
+            with Coordinator(
+                RaySites(kw, data_channel="off"), [s.predictor for s in sites], FitConfig(min_points=1)
+            ) as c:
                 c.fit()
         assert err.value.rule == "min_points" and err.value.site == "a"
         assert "minimum of 50" in str(err.value) and "\n" not in str(err.value)

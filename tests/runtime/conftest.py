@@ -1,4 +1,5 @@
 """Fixtures of the runtime tests.  Ray-using modules start their own local Ray (module scope)."""
+
 from __future__ import annotations
 
 import sys

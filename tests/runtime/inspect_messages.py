@@ -1,4 +1,5 @@
 """The privacy audit of recorded boundary messages (DESIGN.md section 4)."""
+
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
@@ -34,7 +35,7 @@ CERT_FIELDS = ("cert", "peer_cert")  # the data channel's ephemeral certificates
 
 
 def _is_certificate(text) -> bool:
-    """"" or exactly one PEM X.509 certificate (nothing else hidden in the text)."""
+    """ "" or exactly one PEM X.509 certificate (nothing else hidden in the text)."""
     if text == "":
         return True
     from cryptography import x509

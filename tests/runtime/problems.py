@@ -1,4 +1,5 @@
 """Small synthetic federations for the runtime tests (deterministic from a seed)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,9 @@ N_UNLABELED = (60, 72, 84)
 N_FEATURES = 4
 
 
-def make_sites(n_labeled=N_LABELED, n_unlabeled=N_UNLABELED, d: int = N_FEATURES, random_state: int = 0,
-               names=None) -> list[SiteData]:
+def make_sites(
+    n_labeled=N_LABELED, n_unlabeled=N_UNLABELED, d: int = N_FEATURES, random_state: int = 0, names=None
+) -> list[SiteData]:
     """p = len(n_labeled) sites: shifted Gaussian inputs, a different linear rule per site,
     each site's predictor a logistic regression on its own extra training sample."""
     rng = np.random.default_rng(random_state)
@@ -44,6 +46,18 @@ def site_kwargs(sites: list[SiteData], min_points: int = 20) -> list[dict]:
     """SiteWorker keyword arguments, as :func:`msa_fed.api.make_backend` builds them."""
     predictors = [s.predictor for s in sites]
     classes = class_union(s.predictor.classes_ for s in sites)
-    return [dict(name=s.name, index=k, X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled,
-                 predictors=predictors, task="classification", loss="cross_entropy", classes=classes,
-                 min_points=min_points) for k, s in enumerate(sites)]
+    return [
+        dict(
+            name=s.name,
+            index=k,
+            X_labeled=s.X_labeled,
+            y_labeled=s.y_labeled,
+            X_unlabeled=s.X_unlabeled,
+            predictors=predictors,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=min_points,
+        )
+        for k, s in enumerate(sites)
+    ]

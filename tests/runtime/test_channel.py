@@ -7,6 +7,7 @@
   certificate refuses the site; plaintext is refused off loopback; methods other than the
   per-round ones are refused; a site's own error comes back as its error type.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -101,24 +102,27 @@ def _grad(dtype="<f8", shape=(2,), data=bytes(16)) -> dict:
     return dict(method="x", grad=pb.GradSum(loss=1.0, n=1, grad=pb.NdArray(dtype=dtype, shape=shape, data=data)))
 
 
-@pytest.mark.parametrize("frame,match", [
-    (b"", "no body"),
-    (b"\xff\xff\xff", "not a SiteResponse"),
-    (b"\x0a\x05ab", "not a SiteResponse"),  # a length running past the end
-    (_response(method="max_bound"), "no body"),
-    (_response(bound={"value": 1.0}), "names no method"),
-    (_response(method="Max Bound!", bound={"value": 1.0}), "names no method"),
-    (_response(**_grad(dtype="|O8")), "not allowed"),
-    (_response(**_grad(dtype="<U4")), "not allowed"),
-    (_response(**_grad(dtype="f8,i4")), "not allowed"),
-    (_response(**_grad(shape=(3,))), "fill"),
-    (_response(**_grad(shape=(-2, -1))), "not allowed"),
-    (_response(**_grad(shape=(1,) * 9, data=bytes(8))), "not allowed"),
-    (_response(**_grad(shape=(2**40, 2**40), data=bytes(16))), "fill"),
-    (_response(method="x", grad={"loss": 1.0}), "grad is missing"),
-    (_response(method="dc_evaluate", dc={}), "malformed DC sums"),
-    (_response(method="dc_evaluate", dc={"sums": {"L": {}}}), "empty"),
-])
+@pytest.mark.parametrize(
+    "frame,match",
+    [
+        (b"", "no body"),
+        (b"\xff\xff\xff", "not a SiteResponse"),
+        (b"\x0a\x05ab", "not a SiteResponse"),  # a length running past the end
+        (_response(method="max_bound"), "no body"),
+        (_response(bound={"value": 1.0}), "names no method"),
+        (_response(method="Max Bound!", bound={"value": 1.0}), "names no method"),
+        (_response(**_grad(dtype="|O8")), "not allowed"),
+        (_response(**_grad(dtype="<U4")), "not allowed"),
+        (_response(**_grad(dtype="f8,i4")), "not allowed"),
+        (_response(**_grad(shape=(3,))), "fill"),
+        (_response(**_grad(shape=(-2, -1))), "not allowed"),
+        (_response(**_grad(shape=(1,) * 9, data=bytes(8))), "not allowed"),
+        (_response(**_grad(shape=(2**40, 2**40), data=bytes(16))), "fill"),
+        (_response(method="x", grad={"loss": 1.0}), "grad is missing"),
+        (_response(method="dc_evaluate", dc={}), "malformed DC sums"),
+        (_response(method="dc_evaluate", dc={"sums": {"L": {}}}), "empty"),
+    ],
+)
 def test_wire_rejects_malformed_frames(frame, match):
     with pytest.raises(wire.WireError, match=match):
         wire.decode(frame, wire.RESPONSES)
@@ -126,8 +130,11 @@ def test_wire_rejects_malformed_frames(frame, match):
 
 def test_wire_refuses_a_custom_feature_map_object():
     with pytest.raises(wire.WireError, match="only in-process"):
-        wire.encode("setup_shard", m.ShardSetup(feature_map=None, custom_feature_map=StandardFeatures(),
-                                                n_sources=2), wire.REQUESTS)
+        wire.encode(
+            "setup_shard",
+            m.ShardSetup(feature_map=None, custom_feature_map=StandardFeatures(), n_sources=2),
+            wire.REQUESTS,
+        )
 
 
 def test_every_boundary_type_is_in_the_schema():
@@ -152,7 +159,7 @@ def test_wire_decode_of_garbage_raises_only_wire_error(data):
 def test_wire_decode_of_a_corrupted_frame_raises_only_wire_error(pos, junk):
     frame = bytearray(wire.encode("dc_evaluate", m.DCPartial(sums=SUMS), wire.RESPONSES))
     pos = min(pos, len(frame) - 1)
-    frame[pos:pos + len(junk)] = junk
+    frame[pos : pos + len(junk)] = junk
     try:
         wire.decode(bytes(frame), wire.RESPONSES)
     except wire.WireError:

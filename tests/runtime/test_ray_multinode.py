@@ -1,6 +1,7 @@
 """Three Ray nodes on one machine, each carrying its ``site:<name>`` resource and its own data
 directory (``MSA_FED_SITE_DATA`` in that node's environment): every site actor runs on its
 node and reads its private data from that node's disk; the driver never opens the files."""
+
 from __future__ import annotations
 
 import os
@@ -69,23 +70,28 @@ def cluster(tmp_path_factory):
 def test_each_site_runs_on_its_node_and_reads_its_data_there(cluster):
     sites = make_sites(names=list(NAMES))
     for s in sites:  # the same relative file name on every node, different contents
-        np.savez(cluster[s.name] / "site.npz", X_labeled=s.X_labeled, y_labeled=s.y_labeled,
-                 X_unlabeled=s.X_unlabeled)
+        np.savez(cluster[s.name] / "site.npz", X_labeled=s.X_labeled, y_labeled=s.y_labeled, X_unlabeled=s.X_unlabeled)
     kwargs = site_kwargs(sites)
     for kw in kwargs:
         for key in ("X_labeled", "y_labeled", "X_unlabeled"):
             del kw[key]
         kw["data_path"] = "site.npz"  # resolved on the site's node, under its MSA_FED_SITE_DATA
     assert "MSA_FED_SITE_DATA" not in os.environ
-    node_of = {key[len(SITE_RESOURCE_PREFIX):]: node["NodeID"] for node in ray.nodes() if node["Alive"]
-               for key in node["Resources"] if key.startswith(SITE_RESOURCE_PREFIX)}
+    node_of = {
+        key[len(SITE_RESOURCE_PREFIX) :]: node["NodeID"]
+        for node in ray.nodes()
+        if node["Alive"]
+        for key in node["Resources"]
+        if key.startswith(SITE_RESOURCE_PREFIX)
+    }
     assert len(set(node_of.values())) == 3
 
     backend = RaySites(kwargs)
     with Coordinator(backend, [s.predictor for s in sites], FitConfig()) as coordinator:
         assert [a.node_id for a in coordinator.call_all("ping", None)] == [node_of[n] for n in NAMES]
-        assert [(i.n_labeled, i.n_unlabeled) for i in coordinator.infos] == \
-            [(len(s.y_labeled), len(s.X_unlabeled)) for s in sites]
+        assert [(i.n_labeled, i.n_unlabeled) for i in coordinator.infos] == [
+            (len(s.y_labeled), len(s.X_unlabeled)) for s in sites
+        ]
         model = coordinator.fit()
         # the pings above and every round went over the TLS data channel to the site's node
         assert backend.channel_status() == {n: True for n in NAMES}
@@ -107,8 +113,12 @@ def test_a_site_without_a_node_is_named(cluster):
 
 def test_a_missing_data_file_on_a_node_names_the_site(cluster):
     sites = make_sites(names=["a", "b"], n_labeled=(41, 53), n_unlabeled=(60, 72))
-    np.savez(cluster["a"] / "only-a.npz", X_labeled=sites[0].X_labeled, y_labeled=sites[0].y_labeled,
-             X_unlabeled=sites[0].X_unlabeled)
+    np.savez(
+        cluster["a"] / "only-a.npz",
+        X_labeled=sites[0].X_labeled,
+        y_labeled=sites[0].y_labeled,
+        X_unlabeled=sites[0].X_unlabeled,
+    )
     kwargs = site_kwargs(sites)
     for kw in kwargs:
         for key in ("X_labeled", "y_labeled", "X_unlabeled"):

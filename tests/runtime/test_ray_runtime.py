@@ -3,6 +3,7 @@ model as the local runtime, the privacy audit of a full run, data-parallel SGD w
 workers per site, and fault tolerance (a site killed mid-solve restarts and the run gives the
 same z; a site killed for good fails the run naming it; a stopped run resumes from its
 checkpoint directory to the same z)."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ def warm(local_ray, sites):
 
 
 def _coordinator(backend, sites, recorder=None, callback=None, **config):
-    return Coordinator(backend, [s.predictor for s in sites], FitConfig(**config), recorder=recorder,
-                       solver_callback=callback).start()
+    return Coordinator(
+        backend, [s.predictor for s in sites], FitConfig(**config), recorder=recorder, solver_callback=callback
+    ).start()
 
 
 def _fit(backend, sites, recorder=None, **config):
@@ -89,12 +91,16 @@ def test_ray_equals_local(warm, sites, options):
     local = msa_fed.fit_dmsa(sites, runtime="local", classifier_options=options)
     np.testing.assert_allclose(model.z, local.z, atol=1e-6)
     np.testing.assert_allclose(model.domain_proba(_probe(sites)), local.domain_proba(_probe(sites)), atol=1e-4)
-    np.testing.assert_allclose(model.domain_model.predict_proba(_probe(sites)),
-                               _single_process(sites, options).predict_proba(_probe(sites)), atol=1e-4)
+    np.testing.assert_allclose(
+        model.domain_model.predict_proba(_probe(sites)),
+        _single_process(sites, options).predict_proba(_probe(sites)),
+        atol=1e-4,
+    )
     np.testing.assert_allclose(model.qhat, local.qhat, atol=1e-10)
     if options is not None:  # one mini-batch gradient from each site per SGD step
-        steps = [r for r in rec.records if r[0] == "to_site" and r[2] == "classifier_loss_grad"
-                 and r[3].step is not None]
+        steps = [
+            r for r in rec.records if r[0] == "to_site" and r[2] == "classifier_loss_grad" and r[3].step is not None
+        ]
         per_epoch = int(np.ceil(max(len(s.X_unlabeled) for s in sites) / SGD["batch_size"]))
         assert len(steps) == 3 * SGD["epochs"] * per_epoch
 
@@ -111,13 +117,22 @@ def test_privacy_audit_of_a_full_ray_run(warm, sites):
     evals = [r for r in rec.records if r[0] == "from_site" and r[2] == "dc_evaluate"]
     assert len(evals) == 3 * model.info["solver"]["n_evaluations"]
     assert {r[1] for r in evals} == {"a", "b", "c"}
-    assert {"info", "unlabeled_sample", "setup_shard", "classifier_loss_grad", "set_domain_model", "set_qhat",
-            "dc_evaluate"} <= {r[2] for r in rec.records}
+    assert {
+        "info",
+        "unlabeled_sample",
+        "setup_shard",
+        "classifier_loss_grad",
+        "set_domain_model",
+        "set_qhat",
+        "dc_evaluate",
+    } <= {r[2] for r in rec.records}
     # and the audit does catch what it looks for
-    leak = [("from_site", "b", "dc_evaluate", m.GradSum(loss=0.0, grad=np.zeros(n_labeled["b"]), n=1)),
-            ("from_site", "a", "info", m.UnlabeledSample(X=sites[0].y_labeled[:5].astype(np.int64))),
-            ("from_site", "c", "info", m.BoundMax(value=object())),
-            ("from_site", "c", "info", ("a tuple", sites[2].y_labeled))]
+    leak = [
+        ("from_site", "b", "dc_evaluate", m.GradSum(loss=0.0, grad=np.zeros(n_labeled["b"]), n=1)),
+        ("from_site", "a", "info", m.UnlabeledSample(X=sites[0].y_labeled[:5].astype(np.int64))),
+        ("from_site", "c", "info", m.BoundMax(value=object())),
+        ("from_site", "c", "info", ("a tuple", sites[2].y_labeled)),
+    ]
     assert len(audit(leak, n_labeled)) == 4
 
 
@@ -132,12 +147,16 @@ def test_fit_dmsa_ray_with_more_workers_per_site(local_ray):
     rows): data-parallel SGD equals single-process SGD, and z equals runtime="local"."""
     sites = make_sites(n_labeled=(41, 53), n_unlabeled=(60, 72))
     rec = m.Recorder()
-    model = msa_fed.fit_dmsa(sites, runtime="ray", classifier_options=SGD, recorder=rec,
-                             ray_options={"workers_per_site": 2})
+    model = msa_fed.fit_dmsa(
+        sites, runtime="ray", classifier_options=SGD, recorder=rec, ray_options={"workers_per_site": 2}
+    )
     local = msa_fed.fit_dmsa(sites, runtime="local", classifier_options=SGD)
     np.testing.assert_allclose(model.z, local.z, atol=1e-6)
-    np.testing.assert_allclose(model.domain_model.predict_proba(_probe(sites)),
-                               _single_process(sites, SGD).predict_proba(_probe(sites)), atol=1e-4)
+    np.testing.assert_allclose(
+        model.domain_model.predict_proba(_probe(sites)),
+        _single_process(sites, SGD).predict_proba(_probe(sites)),
+        atol=1e-4,
+    )
     answers = [r[3] for r in rec.records if r[0] == "from_site" and r[2] == "classifier_loss_grad"]
     assert len(answers) % 4 == 0
     assert sorted(a.n for a in answers[:4]) == [30, 30, 36, 36]  # halves of 60 and 72 rows
@@ -197,8 +216,11 @@ def test_a_site_the_channel_cannot_reach_is_served_through_ray(warm, sites, monk
     through_ray = []
     real_call = RaySites._call
     monkeypatch.setattr(ray_sites, "ChannelClient", client)
-    monkeypatch.setattr(RaySites, "_call", lambda self, e, method, msg: through_ray.append((e.name, method))
-                        or real_call(self, e, method, msg))
+    monkeypatch.setattr(
+        RaySites,
+        "_call",
+        lambda self, e, method, msg: through_ray.append((e.name, method)) or real_call(self, e, method, msg),
+    )
     try:
         with caplog.at_level("WARNING", logger="msa_fed.runtime.ray_sites"):
             model = _fit(warm, sites)
@@ -255,11 +277,14 @@ def test_stopped_run_resumes_from_its_checkpoint(warm, sites, tmp_path):
 
 def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
     """Last in the module: it leaves the warm backend with a dead site."""
+
     def kill_c(it, z, gamma):
         if it == 2:
             ray.kill(warm.actors[2], no_restart=True)
 
-    with pytest.raises(SiteError, match=r"^site 'c': the site's actor died and will not be restarted: .*ray.kill") as err:
+    with pytest.raises(
+        SiteError, match=r"^site 'c': the site's actor died and will not be restarted: .*ray.kill"
+    ) as err:
         _coordinator(warm, sites, callback=kill_c).fit()
     assert err.value.site == "c"
     assert actor_status(warm.actors[2])[0] == "DEAD"

@@ -1,5 +1,6 @@
 """The runtime without Ray: shards split over workers, site data from disk, the privacy minimum,
 checkpoints.  The Ray modules run the same classes inside actors."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -124,8 +125,15 @@ def test_site_reads_its_data_from_its_node(tmp_path, monkeypatch, sites):
     info = w.info()
     assert (info.n_labeled, info.n_unlabeled) == (41, 60)
     np.testing.assert_array_equal(w.y_labeled, arrays["y_labeled"])
-    w2 = SiteWorker.from_path(kw["name"], 0, tmp_path / "node" / "a.npz", kw["predictors"], "classification",
-                              "cross_entropy", classes=kw["classes"])
+    w2 = SiteWorker.from_path(
+        kw["name"],
+        0,
+        tmp_path / "node" / "a.npz",
+        kw["predictors"],
+        "classification",
+        "cross_entropy",
+        classes=kw["classes"],
+    )
     np.testing.assert_array_equal(w2.X_unlabeled, arrays["X_unlabeled"])
     with pytest.raises(ConfigError, match=r"site 'a': data file .*missing.npz' not found on the site's node"):
         SiteWorker(**kw, data_path="missing.npz").info()
@@ -138,8 +146,12 @@ def test_site_data_file_is_never_unpickled(tmp_path, sites):
     kw = site_kwargs(sites)[0]
     for k in ("X_labeled", "y_labeled", "X_unlabeled"):
         kw.pop(k)
-    np.savez(tmp_path / "evil.npz", X_labeled=np.zeros((30, 4)), y_labeled=np.array([object()] * 30, dtype=object),
-             X_unlabeled=np.zeros((30, 4)))
+    np.savez(
+        tmp_path / "evil.npz",
+        X_labeled=np.zeros((30, 4)),
+        y_labeled=np.array([object()] * 30, dtype=object),
+        X_unlabeled=np.zeros((30, 4)),
+    )
     with pytest.raises(ConfigError, match="cannot read data file .*pickle"):
         SiteWorker(**kw, data_path=tmp_path / "evil.npz").info()
     np.savez(tmp_path / "short.npz", X_labeled=np.zeros((30, 4)), X_unlabeled=np.zeros((30, 4)))
@@ -153,9 +165,13 @@ def test_every_site_method_answers_a_boundary_message(sites):
     fmap = StandardFeatures().fit(np.vstack([s.X_unlabeled for s in sites]))
     from msa_fed.core.features import feature_map_state
 
-    answers = [w.info(), w.unlabeled_sample(), w.ping(),
-               w.setup_shard(m.ShardSetup(feature_map=feature_map_state(fmap), custom_feature_map=None, n_sources=3)),
-               w.classifier_loss_grad(m.ThetaRequest(theta=np.zeros(15)))]
+    answers = [
+        w.info(),
+        w.unlabeled_sample(),
+        w.ping(),
+        w.setup_shard(m.ShardSetup(feature_map=feature_map_state(fmap), custom_feature_map=None, n_sources=3)),
+        w.classifier_loss_grad(m.ThetaRequest(theta=np.zeros(15))),
+    ]
     spec = m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=feature_map_state(fmap), theta=np.zeros(15))
     answers.append(w.set_domain_model(spec))
     answers.append(w.set_qhat(m.QhatBroadcast(qhat=np.full(3, 1 / 3), eta=0.01)))
@@ -165,8 +181,20 @@ def test_every_site_method_answers_a_boundary_message(sites):
     w._channel_server.close()
     assert all(isinstance(a, m.RESPONSE_TYPES) for a in answers)
     public = {n for n in dir(SiteWorker) if not n.startswith("_") and callable(getattr(SiteWorker, n))}
-    assert public == {"info", "unlabeled_sample", "unlabeled_rows", "ping", "setup_shard", "classifier_loss_grad",
-                      "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "from_path", "open_channel"}
+    assert public == {
+        "info",
+        "unlabeled_sample",
+        "unlabeled_rows",
+        "ping",
+        "setup_shard",
+        "classifier_loss_grad",
+        "set_domain_model",
+        "set_qhat",
+        "dc_evaluate",
+        "max_bound",
+        "from_path",
+        "open_channel",
+    }
 
 
 def test_messages_round_trip_through_their_compact_form(sites):
@@ -177,11 +205,14 @@ def test_messages_round_trip_through_their_compact_form(sites):
     from msa_fed.core.features import feature_map_state
 
     fmap = StandardFeatures().fit(sites[0].X_unlabeled)
-    msgs = [m.DCRequest(z=np.full(3, 1 / 3), eta=0.01, what=("L", "dL"), global_bound=2.0),
-            m.DCPartial(DCSums(L=np.arange(3.0), dL=np.eye(3), n=41)),
-            m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=feature_map_state(fmap), theta=np.ones(15)),
-            m.UnlabeledSample(X=np.random.default_rng(0).normal(size=(5000, 4))),  # large: left to Ray
-            m.SiteInfo("a", 4, 41, 60, "classification", np.array([0, 1])), m.Ack("x", "node")]
+    msgs = [
+        m.DCRequest(z=np.full(3, 1 / 3), eta=0.01, what=("L", "dL"), global_bound=2.0),
+        m.DCPartial(DCSums(L=np.arange(3.0), dL=np.eye(3), n=41)),
+        m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=feature_map_state(fmap), theta=np.ones(15)),
+        m.UnlabeledSample(X=np.random.default_rng(0).normal(size=(5000, 4))),  # large: left to Ray
+        m.SiteInfo("a", 4, 41, 60, "classification", np.array([0, 1])),
+        m.Ack("x", "node"),
+    ]
     for msg in msgs:
         back = pickle.loads(pickle.dumps(msg))
         assert type(back) is type(msg)
