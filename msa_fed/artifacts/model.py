@@ -210,7 +210,7 @@ class CombinedModel:
         manifest["predictor_sha256"] = hashes
         tmp = path / "arrays.npz.tmp"
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
         os.replace(tmp, path / "arrays.npz")
         tmp = path / "manifest.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -295,7 +295,7 @@ class Registry:
                 f"predictor takes n_features={predictor.n_features_in_} but site {site.name!r} published a sample "
                 f"with {site.sample.meta['cols']} columns"
             )
-        classes = predictor.classes_.tolist() if predictor.kind == "probabilities" else None
+        classes = predictor.classes_.tolist() if predictor.kind == "probabilities" else None  # type: ignore[attr-defined]
         meta = {"output_kind": predictor.kind, "n_features": predictor.n_features_in_, "classes": classes}
         record = ArtifactRecord(principal.name, upload_id, KIND_PREDICTOR, sha256, len(data), meta, self.clock())
         return self.store.commit_artifact(record, data)

@@ -231,7 +231,9 @@ class SqliteStore(RegistryStore):
                 (name, now, labels_json),
             )
         )
-        return self.get_site(name)
+        record = self.get_site(name)
+        assert record is not None  # just written
+        return record
 
     def heartbeat(self, name: str, now: float) -> bool:
         return self._write(

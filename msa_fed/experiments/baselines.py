@@ -8,7 +8,7 @@ point for the experiments only.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -79,4 +79,5 @@ def fit_joint(
         w = np.concatenate([np.full(len(t), n / (p * len(t))) for t in y_list])
     else:
         w = np.ones(n)
-    return make_estimator().fit(X, y, sample_weight=w)
+    estimator: Any = make_estimator()
+    return estimator.fit(X, y, sample_weight=w)

@@ -125,12 +125,13 @@ def make_svr(C: float = SVR_C, transform: str = SVR_TRANSFORM) -> CountSVR:
 
 def build_vocabulary(train_texts: dict[str, list[str]], min_count: int = 2) -> list[str]:
     """Words occurring at least ``min_count`` times in the training texts of every domain (sorted)."""
-    vocab = None
+    vocab: set[str] | None = None
     for texts in train_texts.values():
         cv = CountVectorizer().fit(texts)
         counts = np.asarray(cv.transform(texts).sum(axis=0)).ravel()
         words = {w for w, j in cv.vocabulary_.items() if counts[j] >= min_count}
         vocab = words if vocab is None else vocab & words
+    assert vocab is not None  # at least one domain
     return sorted(vocab)
 
 

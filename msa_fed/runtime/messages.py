@@ -89,7 +89,7 @@ class Message:
             elif isinstance(v, DCSums):
                 out.extend(v.arrays().values())
 
-        for f in fields(self):
+        for f in fields(self):  # type: ignore[arg-type]  # every Message subclass is a dataclass
             walk(getattr(self, f.name))
         return out
 

@@ -35,7 +35,7 @@ from msa_fed.runtime.proto import boundary_pb2 as pb
 DTYPES = frozenset(
     np.dtype(t).newbyteorder(order).str
     for t in ("b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8")
-    for order in "<>"
+    for order in ("<", ">")
 )
 MAX_NDIM = 8
 _METHOD = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
