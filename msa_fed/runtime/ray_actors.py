@@ -24,6 +24,11 @@ SITE_RESOURCE_SHARE = 0.01
 LARGE_ARG_BYTES = 100 * 1024
 
 
+log = logging.getLogger(__name__)
+#: tries to start or attach to Ray before giving up (see ensure_ray)
+RAY_START_ATTEMPTS = 2
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs):
     """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a new local Ray (once).
 
@@ -39,7 +44,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
     kwargs.update(init_kwargs)
     if address == "local" and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
-    ray.init(address=address, **kwargs)
+    for attempt in range(RAY_START_ATTEMPTS):
+        try:
+            ray.init(address=address, **kwargs)
+            break
+        except Exception as exc:  # Ray raises a bare Exception when its raylet starts too slowly
+            # measured: on a loaded 2-core machine a local raylet can miss Ray's fixed 30 s wait
+            if "timed out during startup" not in str(exc) or attempt + 1 == RAY_START_ATTEMPTS:
+                raise
+            log.warning("Ray did not start in time (machine loaded?); trying again")
+            ray.shutdown()
     return ray
 
 
