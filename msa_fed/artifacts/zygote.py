@@ -90,7 +90,7 @@ def _forked_child(fd: int, job: dict) -> None:
         os.dup2(fd, 1)
         os.closerange(3, 1 << 16)  # the control socket, the selector, fd: nothing but 0, 1, 2
         os.chdir(job["cwd"])
-        from msa_fed.artifacts.sandbox import child
+        from msa_fed.artifacts.sandbox_process import child
 
         code = child(job["req"])
     finally:
@@ -112,7 +112,7 @@ class _Zygote:
     """The caller's handle on its helper process; thread-safe."""
 
     def __init__(self):
-        from msa_fed.artifacts.sandbox import CHILD_ENV, package_root
+        from msa_fed.artifacts.sandbox_process import CHILD_ENV, package_root
 
         self._cwd = tempfile.TemporaryDirectory(prefix="msa_fed_zygote_", ignore_cleanup_errors=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -182,6 +182,13 @@ class _Zygote:
     def close(self) -> None:
         self.alive = False
         try:
+            # shutdown, not only close: the reader thread is blocked in recv on this socket, and
+            # Linux keeps a socket open (the helper sees no end of file) while a call still uses
+            # it; measured: the helper then sat out the whole 5 s wait below on every close
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self.sock.close()
         except OSError:
             pass
@@ -231,7 +238,7 @@ atexit.register(shutdown)
 def run_in_zygote(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int | None] | None:
     """One load in a child forked by the helper: (output, timed_out, exit status), or None when
     no helper could be had (the caller then spawns)."""
-    from msa_fed.artifacts.sandbox import exchange, kill_group
+    from msa_fed.artifacts.sandbox_process import exchange, kill_group
 
     zygote = _get()
     if zygote is None:

@@ -9,11 +9,14 @@ without loading either.  Each field is declared with its documentation and its c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from msa_fed.core.options import Choice, Integer, Number, Optional, Text, normalise, option
+
+if TYPE_CHECKING:
+    import torch
 
 #: the two tasks: a probability model with the cross-entropy, a regression model with the squared loss
 TASKS = ("classification", "regression")
@@ -57,10 +60,19 @@ class ClassifierConfig:
         """Every field checked (TypeError / ValueError naming it); returns self."""
         normalise(self)
         if self.device != "cpu":  # the string only: whether a GPU is there is checked where the shards live
-            from msa_fed.core.domain_classifier import _parse_device
-
-            _parse_device(self.device)
+            parse_device(self.device)
         return self
+
+
+def parse_device(device: str) -> torch.device:
+    """``device`` as a torch device (the string only; whether this process can use it is checked
+    where the shards live); ValueError naming it otherwise.  Imports torch on first use."""
+    import torch
+
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
 
 
 METHODS = ("auto", "homotopy", "newton", "dca")

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
-from msa_fed.core.config import ClassifierConfig
+from msa_fed.core.config import ClassifierConfig, parse_device
 from msa_fed.core.dc_terms import one_blas_thread
 
 
@@ -51,16 +51,9 @@ BLOCK_ELEMENTS = 1 << 22
 GPU_BLOCK_ELEMENTS = 1 << 27
 
 
-def _parse_device(device: str) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
-
-
 def _torch_device(device: str) -> torch.device:
     """``device`` as a torch device that this process can use; ValueError otherwise."""
-    dev = _parse_device(device)
+    dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"classifier device {device!r}: torch {torch.__version__} on this machine sees no CUDA "

@@ -1,4 +1,5 @@
-"""Helpers of the operations tests: a registry subprocess, the CLI as a subprocess, a federation's sites."""
+"""Helpers of the operations tests: a registry subprocess, the CLI in this process or as a subprocess, a
+federation's sites."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cli_runner import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +25,12 @@ def env() -> dict:
     return e
 
 
-def cli(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
+def cli(*args, cwd=None) -> tuple[int, str, str]:
+    """Run ``msa-fed ARGS`` in this process (tests/cli_runner.py); (exit status, stdout, stderr)."""
+    return run_cli(*args, cwd=cwd)
+
+
+def cli_process(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
     """Run ``msa-fed ARGS`` in a new process; (exit status, stdout, stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "msa_fed.cli", *map(str, args)],
