@@ -7,6 +7,7 @@ import argparse
 
 def _run(args) -> int:
     from msa_fed.jobs.config import JobConfig, check_admin_token, read_token_file
+    from msa_fed.jobs.operations import check_output_dir
 
     if args.admin_token and args.admin_token_file:
         raise ValueError("give --admin-token or --admin-token-file, not both")
@@ -21,7 +22,8 @@ def _run(args) -> int:
     if args.admin_token:
         check_admin_token(args.admin_token, "--admin-token")
     token = args.admin_token or read_token_file(config.admin_token_file)
-    from msa_fed.jobs.run import report, run_job
+    check_output_dir(args.output)
+    from msa_fed.jobs.run import report, run_job  # torch, Ray: only once the whole input is checked
 
     _, model = run_job(
         config, token, verbose=not args.quiet, output_dir=args.output, upload_retry_for=args.upload_retry_for

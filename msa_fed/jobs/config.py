@@ -106,6 +106,14 @@ class JobConfig:
         _validate_fit(self.fit)
         if len(set(self.sites)) != len(self.sites):
             raise ConfigError(f"[run] sites names a site twice: {list(self.sites)}")
+        if self.fit.topology == "federated":
+            from msa_fed.control.relay import JOB_ID_PATTERN
+
+            if not JOB_ID_PATTERN.match(self.name):
+                raise ConfigError(
+                    f"job name {self.name!r} is the job's id at the registry's relay (sites approve jobs by "
+                    "it): use 1-128 letters, digits, '_', '.', ':' or '-'"
+                )
         if not self.registry:
             raise ConfigError("no registry address: give --registry or [registry] address in the job file")
         host, _ = parse_address(self.registry, self._label("registry", "[registry] address"))
