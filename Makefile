@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo federation lint typecheck test test-fast bench proto clean
+.PHONY: setup demo federation lint typecheck test test-fast test-quick bench proto clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,15 @@ test: setup typecheck
 # core, control, the in-process API, local runtime, artifacts: no Ray, no data sets, no long runs
 test-fast: setup
 	$(BIN)/python -m pytest -q -x -m "not slow and not ray and not cluster and not data"
+
+# the inner loop: core math, configuration, the control plane on port 0, the in-process API and CLI,
+# artifacts (marker quick, tests/conftest.py).  Under a minute on an idle two-core machine; the run
+# fails when it passes its budget: CPU seconds (load does not stretch them) and wall seconds scaled
+# by the load per core (sleeps show there)
+QUICK_CPU_S  ?= 50
+QUICK_WALL_S ?= 60
+test-quick: setup
+	MSA_FED_QUICK_CPU_S=$(QUICK_CPU_S) MSA_FED_QUICK_WALL_S=$(QUICK_WALL_S) $(BIN)/python -m pytest -q -x -m quick
 
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,28 @@ DATA_TESTS = {
 }
 #: fixtures that start a local Ray
 RAY_FIXTURES = {"local_ray"}
+#: `make test-quick`, the inner loop's tier (marker "quick"): every test outside the four markers
+#: above except these, which take seconds each (a watchdog's timeout, a registry or job process,
+#: a browser): they run in `make test-fast` and `make test`
+NOT_QUICK = (
+    "control/test_control_attacks.py",  # floods that wait for the server's idle/read timeouts
+    "control/test_control_restart.py",  # SIGKILL and restart of a registry process
+    "control/test_control_cli.py::test_registry_serve",  # `registry serve` processes until SIGTERM
+    "ops/test_ops_cli.py",  # a registry process and a module of fitted models
+    "ops/test_ops_job.py",  # a registry process, three sites, the job driver
+    "ops/test_ops_report.py",  # a fitted model's report, rendered by a headless browser
+    "federation/test_relay_limits.py::test_stream_heartbeats",  # waits out heartbeat intervals
+    "jobs/test_errors_before_imports.py",  # a fresh interpreter per case (what it imports is the point)
+    "test_artifacts.py::test_a_graph_that_never_ends_is_stopped",  # runs into the sandbox's CPU and clock limits
+    "privacy/test_attacks.py::test_point_isolation_1d_policy_aware",  # 30 jobs against one site's ledger
+    "privacy/test_attacks.py::test_differencing_2d_policy_aware",  # the same
+)
+#: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
+#: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
+#: wall time passes MSA_FED_QUICK_WALL_S times the machine's load per core (a loaded machine
+#: stretches wall time, not CPU time; sleeps show in wall time only)
+QUICK_CPU_ENV, QUICK_WALL_ENV = "MSA_FED_QUICK_CPU_S", "MSA_FED_QUICK_WALL_S"
+_STARTED = time.monotonic()
 #: pytest-timeout limit of a slow test (the default, 300 s in pyproject.toml, is for the rest): an
 #: end-to-end run on a loaded two-core machine can take several times its idle duration
 SLOW_TIMEOUT_S = 900
@@ -65,6 +88,27 @@ def markers_for(rel: str, name: str, fixtures: set[str]) -> set[str]:
     return found
 
 
+def is_quick(rel: str, name: str, marks: set[str]) -> bool:
+    """Whether the test ``name`` in ``rel`` (with the markers ``marks``) is in the quick tier."""
+    test_id = f"{rel}::{name}"
+    return not marks & {"slow", "ray", "cluster", "data"} and not any(test_id.startswith(p) for p in NOT_QUICK)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m quick``, the files that hold no quick test are not even imported (several import
+    Ray or start helpers at import time: seconds of the tier's budget)."""
+    if config.getoption("markexpr", "") != "quick":
+        return None
+    try:
+        rel = Path(str(collection_path)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+    whole = [*MARKERS_BY_PATH, *(p for p in NOT_QUICK if "::" not in p)]
+    if any(rel == p or (p.endswith("/") and (rel + "/").startswith(p)) for p in whole):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         try:
@@ -74,6 +118,8 @@ def pytest_collection_modifyitems(config, items):
         marks = markers_for(rel, item.name, set(getattr(item, "fixturenames", ())))
         for mark in sorted(marks):
             item.add_marker(mark)
+        if is_quick(rel, item.name, {m.name for m in item.iter_markers()}):
+            item.add_marker("quick")
         if ("slow" in marks or "cluster" in marks) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
@@ -86,3 +132,46 @@ def _ray_does_not_leak_between_modules():
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+def quick_budget_exceeded(cpu_s: float, wall_s: float, load_per_core: float, env=os.environ) -> str | None:
+    """Why the quick tier is over its budget (None when it is not, or when no budget is set)."""
+    problems = []
+    if env.get(QUICK_CPU_ENV) and cpu_s > float(env[QUICK_CPU_ENV]):
+        problems.append(f"{cpu_s:.1f} s of CPU time, budget {QUICK_CPU_ENV}={env[QUICK_CPU_ENV]} s")
+    if env.get(QUICK_WALL_ENV):
+        allowed = float(env[QUICK_WALL_ENV]) * max(1.0, load_per_core)
+        if wall_s > allowed:
+            problems.append(
+                f"{wall_s:.1f} s of wall time, budget {QUICK_WALL_ENV}={env[QUICK_WALL_ENV]} s "
+                f"x load per core {load_per_core:.2f} = {allowed:.0f} s"
+            )
+    if not problems:
+        return None
+    return (
+        "the quick tier is over its budget: "
+        + "; ".join(problems)
+        + (". Move the slow tests out (NOT_QUICK in tests/conftest.py) or make them faster.")
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus != 0 or not (os.environ.get(QUICK_CPU_ENV) or os.environ.get(QUICK_WALL_ENV)):
+        return
+    zygote = sys.modules.get("msa_fed.artifacts.zygote")
+    if zygote is not None:  # the sandbox's fork helper: its CPU time (and its children's) counts once waited for
+        zygote.shutdown()
+    t = os.times()
+    cpu_s = t.user + t.system + t.children_user + t.children_system
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    reason = quick_budget_exceeded(cpu_s, time.monotonic() - _STARTED, load)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reason is None:
+        if reporter is not None:
+            reporter.write_line(
+                f"quick tier: {cpu_s:.1f} s CPU, {time.monotonic() - _STARTED:.1f} s wall, load per core {load:.2f}"
+            )
+        return
+    if reporter is not None:
+        reporter.write_line(reason, red=True, bold=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

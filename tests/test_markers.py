@@ -4,14 +4,17 @@ reads the data sets slips into the fast tier."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 # tests/conftest.py by its path (several conftest modules share that name)
 _spec = importlib.util.spec_from_file_location("_suite_conftest", Path(__file__).with_name("conftest.py"))
 _conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_conftest)
-TESTS, markers_for = _conftest.TESTS, _conftest.markers_for
+TESTS, markers_for, is_quick = _conftest.TESTS, _conftest.markers_for, _conftest.is_quick
 
 #: source text that starts or attaches to a Ray cluster, or reads the shared data sets (a test
 #: that works on its own directory, tmp_path or the data_root fixture, does not)
@@ -58,3 +61,44 @@ def test_every_test_that_reads_the_data_sets_is_marked_data():
             ):
                 unmarked.append(f"{rel}::{m.group(1)}")
     assert unmarked == []
+
+
+def test_the_quick_tier_is_what_no_marker_and_no_exclusion_leaves():
+    assert is_quick("core/test_core_api.py", "test_x", set())
+    assert not is_quick("core/test_core_api.py", "test_x", {"ray"})
+    assert not is_quick("ops/test_ops_job.py", "test_x", {"slow"})
+    assert not is_quick("control/test_control_attacks.py", "test_x", set())  # a whole file
+    assert not is_quick("test_artifacts.py", "test_a_graph_that_never_ends_is_stopped[spawn]", set())  # one test
+    assert is_quick("test_artifacts.py", "test_torch_round_trip", set())
+
+
+def test_the_quick_budget_counts_cpu_time_and_scales_wall_time_by_the_load():
+    over = _conftest.quick_budget_exceeded
+    env = {_conftest.QUICK_CPU_ENV: "50", _conftest.QUICK_WALL_ENV: "60"}
+    assert over(40.0, 55.0, 0.5, env) is None
+    assert "51.0 s of CPU time" in over(51.0, 10.0, 0.5, env)
+    assert over(40.0, 100.0, 2.0, env) is None  # a loaded machine: 120 s allowed
+    assert "100.0 s of wall time" in over(40.0, 100.0, 1.0, env)
+    assert over(1e6, 1e6, 1.0, {}) is None  # no budget set: any other run of the suite
+
+
+def test_a_run_over_its_budget_fails_even_when_its_tests_pass():
+    env = dict(os.environ, **{_conftest.QUICK_CPU_ENV: "0.001"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_markers_by_path_and_fixture",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=TESTS.parent,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "the quick tier is over its budget" in proc.stdout and "MSA_FED_QUICK_CPU_S=0.001" in proc.stdout
