@@ -4,12 +4,11 @@ registry listening), and every option reaching the fit's configuration tree."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 
 from msa_fed.core.dc_solver import SolverConfig
@@ -185,16 +184,11 @@ def test_token_file_errors(tmp_path):
         read_token_file(str(tmp_path / "empty"))
 
 
-def run_cli(*args, timeout=120) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        RAY_ADDRESS="",
-        GRPC_VERBOSITY="ERROR",
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "msa_fed.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
-    )
+def run_cli(*args) -> subprocess.CompletedProcess:
+    """``msa-fed ARGS`` in this process (tests/cli_runner.py); what a fresh process imports before
+    such an error is tests/jobs/test_errors_before_imports.py's concern."""
+    rc, out, err = cli_runner.run_cli(*args, cwd=ROOT)
+    return subprocess.CompletedProcess(["msa-fed", *args], rc, out, err)
 
 
 @pytest.mark.parametrize(
