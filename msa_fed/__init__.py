@@ -1,7 +1,8 @@
 """msa_fed: federated discriminative multiple-source adaptation (DMSA).
 
-Public in-process API: :class:`SiteData`, :func:`fit_dmsa`, :func:`fit_gmsa`,
-:func:`load_model`, :class:`CombinedModel`.  They are imported on first use, so that
+Public in-process API: :class:`SiteData`, :func:`fit_dmsa`, :func:`fit_gmsa`, the estimators
+:class:`DMSA` and :class:`GMSA` (scikit-learn's conventions), :func:`load_model`,
+:class:`CombinedModel`.  They are imported on first use, so that
 the command line (registry, admin, site commands) starts without loading torch.
 """
 
@@ -11,6 +12,8 @@ _LAZY = {
     "SiteData": "msa_fed.api",
     "fit_dmsa": "msa_fed.api",
     "fit_gmsa": "msa_fed.api",
+    "DMSA": "msa_fed.estimators",
+    "GMSA": "msa_fed.estimators",
     "load_model": "msa_fed.artifacts.model",
     "CombinedModel": "msa_fed.artifacts.model",
 }

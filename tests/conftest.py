@@ -175,3 +175,37 @@ def pytest_sessionfinish(session, exitstatus):
     if reporter is not None:
         reporter.write_line(reason, red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def demo_federation():
+    """The demo's three sites, small (150 labelled, 200 unlabelled points each), with their
+    predictors: ``(sites, fed)`` where ``fed`` is make_federation's dict (test sets included).
+    Shared by every test that needs a realistic fitted model; nothing may change them."""
+    from sklearn.linear_model import LogisticRegression
+
+    import msa_fed
+    from msa_fed.experiments.demo_data import SITES, make_federation
+
+    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
+    sites = [
+        msa_fed.SiteData(
+            n,
+            fed[n]["X_labeled"],
+            fed[n]["y_labeled"],
+            fed[n]["X_unlabeled"],
+            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+        )
+        for n in SITES
+    ]
+    return sites, fed
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(demo_federation, tmp_path_factory):
+    """``fit_dmsa`` on :func:`demo_federation`, saved once: ``(path, X_test of site north)``."""
+    import msa_fed
+
+    sites, fed = demo_federation
+    model = msa_fed.fit_dmsa(sites, task="classification")
+    return model.save(tmp_path_factory.mktemp("demo_model") / "model"), fed["north"]["X_test"]

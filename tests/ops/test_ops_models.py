@@ -9,31 +9,16 @@ import tarfile
 import numpy as np
 import pytest
 from ops_helpers import REPO
-from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 from msa_fed.control.ops_models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from msa_fed.experiments.demo_data import SITES, make_federation
-
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
-    model = msa_fed.fit_dmsa(sites, task="classification")
-    path = model.save(tmp_path_factory.mktemp("model") / "model")
-    return path, fed["north"]["X_test"]
+@pytest.fixture
+def model_dir(demo_model_dir):
+    """The suite's shared fitted model (tests/conftest.py)."""
+    return demo_model_dir
 
 
 def test_round_trip_opens_with_load_model(model_dir, tmp_path):
