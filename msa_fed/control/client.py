@@ -26,24 +26,23 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_hex
+from msa_fed.control.connection import FLAG_LABELS, MAX_PEM_BYTES, Connection, read_pem  # noqa: F401 - MAX_PEM_BYTES: importers
 from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
 from msa_fed.control.proto import registry_pb2 as pb
 from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
 from msa_fed.control.tokens import parse_token
-from msa_fed.control.transport import MAX_MESSAGE_BYTES, is_loopback, parse_address
+from msa_fed.control.transport import parse_address
 from msa_fed.errors import ConfigError, RegistryError
 
 UPLOAD_CHUNK_BYTES = 1 << 20
-MAX_PEM_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -52,21 +51,7 @@ class HeartbeatInfo:
     latest_combined_version: int
 
 
-def _pem(value, flag: str) -> bytes | None:
-    """PEM bytes from bytes or a file path."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value
-    path = Path(value)
-    if not path.is_file():
-        raise ConfigError(f"{flag} {str(path)!r} is not a readable file; expected a PEM file")
-    if path.stat().st_size > MAX_PEM_BYTES:
-        raise ConfigError(f"{flag} {str(path)!r} is larger than {MAX_PEM_BYTES} bytes; expected a PEM file")
-    data = path.read_bytes()
-    if b"-----BEGIN" not in data:
-        raise ConfigError(f"{flag} {str(path)!r} is not PEM (no '-----BEGIN' line)")
-    return data
+_pem = read_pem  # the name the relay's client imported before msa_fed.control.connection
 
 
 def _one_line(text: str) -> str:
@@ -134,32 +119,20 @@ class RegistryClient:
         self.transfer_timeout = transfer_timeout
         self.retries = retries
         self.busy_wait = busy_wait
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
-        if insecure:
-            if tls_ca is not None or tls_cert is not None:
-                raise ConfigError("--insecure and --tls-ca/--tls-cert are mutually exclusive")
-            if not is_loopback(host):
-                raise ConfigError(
-                    f"--insecure would send the token in plaintext to {host!r}; it is only allowed towards loopback"
-                )
-            self._channel = grpc.insecure_channel(address, options=options)
-        else:
-            if (tls_cert is None) != (tls_key is None):
-                raise ConfigError("--tls-cert and --tls-key must be given together")
-            if server_name:
-                options.append(("grpc.ssl_target_name_override", server_name))
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_pem(tls_ca, "--tls-ca"),
-                private_key=_pem(tls_key, "--tls-key"),
-                certificate_chain=_pem(tls_cert, "--tls-cert"),
-            )
-            self._channel = grpc.secure_channel(address, credentials, options=options)
+        self.connection = Connection(
+            address,
+            token,
+            insecure=insecure,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            server_name=server_name,
+            timeout=timeout,
+        )
+        self._channel = self.connection.open_channel(FLAG_LABELS)
         self._stub = pb_grpc.RegistryStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = self.connection.metadata()
 
     # plumbing ------------------------------------------------------------------
     def close(self) -> None:

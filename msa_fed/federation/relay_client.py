@@ -18,11 +18,11 @@ from typing import Any
 
 import grpc
 
-from msa_fed.control.client import _error, _pem
+from msa_fed.control.client import _error
+from msa_fed.control.connection import KEY_LABELS, Connection
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
-from msa_fed.control.server import MAX_MESSAGE_BYTES, is_loopback, parse_address
-from msa_fed.errors import ConfigError, RegistryError
+from msa_fed.errors import RegistryError
 from msa_fed.runtime import wire
 from msa_fed.runtime.federated import SiteUnreachable
 
@@ -30,42 +30,10 @@ from msa_fed.runtime.federated import SiteUnreachable
 CALL_MARGIN_S = 10.0
 
 
-def open_channel(
-    address: str,
-    *,
-    insecure: bool = False,
-    tls_ca=None,
-    tls_cert=None,
-    tls_key=None,
-    server_name: str | None = None,
-    flag: str = "registry",
-) -> grpc.Channel:
-    """A channel to the registry: TLS (``tls_ca``; mutual with ``tls_cert``/``tls_key``), or
-    plaintext with ``insecure`` towards loopback only."""
-    host, _ = parse_address(address, flag)
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
-    if insecure:
-        if tls_ca is not None or tls_cert is not None:
-            raise ConfigError("insecure and tls_ca/tls_cert are mutually exclusive")
-        if not is_loopback(host):
-            raise ConfigError(
-                f"insecure would send the token in plaintext to {host!r}; it is only allowed "
-                "towards loopback (127.0.0.1, ::1, localhost)"
-            )
-        return grpc.insecure_channel(address, options=options)
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("tls_cert and tls_key must be given together")
-    if server_name:
-        options.append(("grpc.ssl_target_name_override", server_name))
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_pem(tls_ca, "tls_ca"),
-        private_key=_pem(tls_key, "tls_key"),
-        certificate_chain=_pem(tls_cert, "tls_cert"),
-    )
-    return grpc.secure_channel(address, credentials, options=options)
+def open_channel(address: str, *, flag: str = "registry", **tls: Any) -> grpc.Channel:
+    """A channel to the registry (``tls``: insecure, tls_ca, tls_cert, tls_key, server_name): the
+    shared builder, :class:`msa_fed.control.connection.Connection`, holds the TLS / loopback rule."""
+    return Connection(address, **tls).open_channel({**KEY_LABELS, "address": flag})
 
 
 class RelayClient:
