@@ -13,8 +13,8 @@ def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) 
     """The sub-command table of group ``name`` (``msa-fed NAME COMMAND``), created on first use."""
     existing = subparsers.choices.get(name)
     if existing is not None:
-        return existing._msa_fed_commands  # type: ignore[attr-defined]
+        return existing._msa_fed_commands
     parser = subparsers.add_parser(name, help=help)
     commands = parser.add_subparsers(dest=f"{name.replace('-', '_')}_command", metavar="COMMAND", required=True)
-    parser._msa_fed_commands = commands  # type: ignore[attr-defined]
+    parser._msa_fed_commands = commands
     return commands

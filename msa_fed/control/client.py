@@ -26,6 +26,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -179,7 +180,7 @@ class RegistryClient:
         stub_method = getattr(self._stub, method)
         return self._call(lambda: stub_method(messages(), metadata=self._metadata, timeout=self.transfer_timeout))
 
-    def _download(self, method, request) -> tuple[object, bytes]:
+    def _download(self, method, request) -> tuple[Any, bytes]:
         def fetch():
             header, parts = None, []
             for msg in getattr(self._stub, method)(request, metadata=self._metadata, timeout=self.transfer_timeout):

@@ -147,6 +147,9 @@ class Registry:
     ``clock`` returns unix seconds (tests may inject a fake one).
     """
 
+    #: whether a site's stream is connected to the relay (set by the server that runs the relay)
+    site_connected: Callable[[str], bool] | None = None
+
     def __init__(self, store: RegistryStore, limits: Limits = Limits(), clock: Callable[[], float] = time.time):
         self.store = store
         self.limits = limits

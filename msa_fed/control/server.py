@@ -165,6 +165,7 @@ class RegistryServer:
             if self.insecure:
                 port = server.add_insecure_port(bind)
             else:
+                assert self.tls is not None  # check_transport: TLS unless insecure
                 port = server.add_secure_port(bind, server_credentials(self.tls))
         except RuntimeError as exc:
             self.interceptor.close()
@@ -183,18 +184,21 @@ class RegistryServer:
     def mode(self) -> str:
         if self.insecure:
             return "plaintext, loopback only"
-        return "mutual TLS" if self.tls.client_ca else "TLS"
+        return "mutual TLS" if self.tls is not None and self.tls.client_ca else "TLS"
 
     def stop(self, grace: float | None = 1.0) -> None:
         if self._server is None:
             return
-        self._health.enter_graceful_shutdown()
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self.interceptor.close()
         self._server = None
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._server.wait_for_termination(timeout)
+        if self._server is None:
+            return True  # never started, or stopped
+        return bool(self._server.wait_for_termination(timeout))
 
     def __enter__(self) -> "RegistryServer":
         return self.start()

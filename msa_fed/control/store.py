@@ -196,8 +196,9 @@ class MemoryStore(RegistryStore):
     def put_token(self, record: TokenRecord) -> None:
         with self._lock:
             key = (record.role, record.principal)
-            if self._tokens.get(key) is not None:
-                self._revoked.setdefault(key, []).insert(0, self._tokens[key])
+            current = self._tokens.get(key)
+            if current is not None:
+                self._revoked.setdefault(key, []).insert(0, current)
             self._tokens[key] = record
 
     def get_token(self, role: str, principal: str) -> TokenRecord | None:
@@ -234,7 +235,9 @@ class MemoryStore(RegistryStore):
                 last_heartbeat=old.last_heartbeat if old else None,
                 labels=dict(labels),
             )
-            return self._site_view(name)
+            view = self._site_view(name)
+            assert view is not None  # just stored
+            return view
 
     def heartbeat(self, name: str, now: float) -> bool:
         with self._lock:
@@ -269,7 +272,7 @@ class MemoryStore(RegistryStore):
 
     def list_sites(self) -> list[SiteRecord]:
         with self._lock:
-            return [self._site_view(n) for n in sorted(self._sites)]
+            return [view for n in sorted(self._sites) if (view := self._site_view(n)) is not None]
 
     def deregister_site(self, name: str) -> bool:
         with self._lock:

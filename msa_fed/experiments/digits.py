@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ MIXTURES = {
 TEST_SIZE = {"mnist": 3000, "optdigits": 497}  # usps: its official test set
 ADAPT_SIZE = {"mnist": 1000, "usps": 1000, "optdigits": 500}
 CURVE_SIZES = (20, 50, 100, 200, 500, 1000)
-QUICK = {"train": 1200, "adapt": 200, "test": 600, "epochs": 3, "curve": (50, 200)}
+QUICK: dict[str, Any] = {"train": 1200, "adapt": 200, "test": 600, "epochs": 3, "curve": (50, 200)}
 # Paper Table 2 with svhn in the optdigits column (a different domain: not comparable).
 _PAPER_ROWS = {
     "CNN-o": "92.3 66.9 65.6 66.7 90.4 85.2 84.2 78.8",
@@ -171,7 +172,8 @@ def run(
         return res
 
     dmsa_opts = {**DMSA_OPTIONS, **(dmsa_options or {})}
-    runs, curve = [], {m: [] for m in sizes}
+    runs: list[dict] = []
+    curve: dict[int, list[dict]] = {m: [] for m in sizes}
     for s in range(seeds):
         adapt, models = train_domain_models(domains, splits, s, quick=quick, use_cache=use_cache)
         preds = {n: cnn.CNNPredictor(models[n]) for n in DOMAINS}

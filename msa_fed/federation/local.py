@@ -107,7 +107,7 @@ class LocalFederation:
         self.procs: dict[str, subprocess.Popen] = {}
         self.tokens: dict[str, str] = {}
         self.server: Any = None
-        self.store = None
+        self.store: Any = None
 
     # ------------------------------------------------------------------ set-up
     def __enter__(self) -> LocalFederation:

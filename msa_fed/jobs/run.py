@@ -167,9 +167,11 @@ def _run_job(
         if unpublished:
             raise ConfigError(f"site(s) {unpublished} have not published a predictor")
         log(f"registered sites: {', '.join(names)}")
-        artifacts, predictors = [], []
+        artifacts: list[tuple[bytes, str]] = []
+        predictors: list[Any] = []
         for n in names:
             rec = records[n].predictor
+            assert rec is not None  # unpublished sites are refused above
             data, _ = client.download_predictor(n, expected_sha256=rec.sha256)
             try:
                 predictors.append(load_predictor(data, expected_sha256=rec.sha256, kind=predictor_kind(fit.task)))

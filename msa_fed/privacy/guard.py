@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from typing import Any
 
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.audit import AuditLog
@@ -30,7 +31,7 @@ class SiteGuard:
         self.job = job or uuid.uuid4().hex
         self.ledger = Ledger(policy.ledger)
         self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
-        self._dp = None
+        self._dp: Any = None  # a DPAccountant once DP is on (msa_fed.privacy.dp imports dp-accounting)
         self._pending = threading.local()  # counts charged by the request in progress (this thread)
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class Coordinator:
         self.config = config.validate()
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.solver_callback = solver_callback
-        self.infos: list[m.SiteInfo] | None = None
+        self.infos: list[m.SiteInfo] = []  # set by start()
         self.setup_log = SetupLog()
         self.checkpoint = Checkpoint(config.checkpoint_dir)
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
@@ -124,7 +124,7 @@ class Coordinator:
     def _classes(self):
         if self.config.task != "classification":
             return None
-        return class_union(i.classes for i in self.infos)
+        return class_union(cast(np.ndarray, i.classes) for i in self.infos)  # classification: every site has them
 
     def _fingerprint(self, sample_digest: str) -> str:
         cfg = self.config
@@ -241,7 +241,7 @@ class Coordinator:
 
     def fit(self) -> CombinedModel:
         cfg = self.config
-        if self.infos is None:
+        if not self.infos:
             self.start()
         progress = Progress(cfg.verbose)
         self.setup_log.clear()
@@ -249,7 +249,7 @@ class Coordinator:
         qhat, oracle = self.prepare_dc(dm)
         ckpt = self.checkpoint.state
         solver = cfg.solver
-        solver_opts = dict(
+        solver_opts: dict[str, Any] = dict(
             objective=solver.objective,
             method=solver.method,
             tol=solver.tol,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,8 @@ class Message:
     shape); they rebuild as the same message, with read-only arrays, as Ray gives anyway.
     """
 
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every message is a dataclass
+
     def __reduce__(self):
         return (_rebuild, (type(self), tuple(_pack(getattr(self, f.name)) for f in fields(self))))
 
@@ -89,7 +91,7 @@ class Message:
             elif isinstance(v, DCSums):
                 out.extend(v.arrays().values())
 
-        for f in fields(self):  # type: ignore[arg-type]  # every Message subclass is a dataclass
+        for f in fields(self):
             walk(getattr(self, f.name))
         return out
 

@@ -83,7 +83,7 @@ class RaySites:
             raise TypeError("give RaySites a RayConfig or its fields as keyword arguments, not both")
         self.config = config.validate()
         self.data_channel = check_mode(config.data_channel)
-        self._identity = None  # the coordinator's ephemeral (certificate, key) for the channel
+        self._identity: tuple[str, bytes] | None = None  # the coordinator's ephemeral (cert, key) for the channel
         self.site_kwargs = site_kwargs
         self.num_cpus = config.num_cpus
         self.max_restarts = config.max_restarts
@@ -98,7 +98,7 @@ class RaySites:
         self.helpers: list[_Endpoint] = []
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
-        self._placement_cache = None  # actor options per site
+        self._placement_cache: list[dict] | None = None  # actor options per site
         self._arg_refs: list[dict] = []
 
     @property
@@ -155,6 +155,7 @@ class RaySites:
     def _load_rows(self, e: _Endpoint):
         """Have site e.site send helper e its rows, by reference: they go from the site's actor
         to the helper on the same node, never through the coordinator."""
+        assert e.rows is not None  # a helper endpoint
         req = m.RowRange(*e.rows)
         self.recorder.record("to_site", e.name, "unlabeled_rows", req)
         return e.handle.load_rows.remote(self.sites[e.site].handle.unlabeled_rows.remote(req))
@@ -252,7 +253,7 @@ class RaySites:
                 ref = resubmit()
 
     def _asks(self, e: _Endpoint) -> str:
-        opts = self._placement_cache[e.site] if self._placement_cache else {}
+        opts: dict = self._placement_cache[e.site] if self._placement_cache else {}
         return ", ".join(f"{k}={v}" for k, v in opts.items() if k in ("num_cpus", "resources"))
 
     def _call(self, e: _Endpoint, method: str, msg):
@@ -372,6 +373,7 @@ class RaySites:
         for j in sent:
             e = endpoints[j]
             try:
+                assert e.channel is not None  # sent over it above
                 outs[j] = e.channel.receive(method)
                 continue
             except wire.RemoteError:
@@ -406,7 +408,8 @@ class RaySites:
         """{endpoint name (helpers as name[start:stop]): whether its data channel is open}."""
         out = {}
         for e in self.sites + self.helpers:
-            out[e.name if not e.helper else f"{e.name}[{e.rows[0]}:{e.rows[1]}]"] = e.channel is not None
+            rows = e.rows or (0, 0)  # a helper has its rows
+            out[e.name if not e.helper else f"{e.name}[{rows[0]}:{rows[1]}]"] = e.channel is not None
         return out
 
     def call_one(self, i: int, method: str, msg, replay: bool = True):

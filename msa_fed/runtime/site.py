@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -163,6 +164,18 @@ class SiteWorker:
     requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
+    # None until set: the private data (given, or read from data_path on first use) and the
+    # state of the domain model in force
+    X_labeled: Any
+    y_labeled: Any
+    X_unlabeled: Any
+    _H: Any
+    _Q: Any
+    _points: Any
+    _shard: Any
+    _spec_key: Any
+    _own_partial: Any
+
     def __init__(
         self,
         name: str,
@@ -274,6 +287,7 @@ class SiteWorker:
                 if self.task == "regression":
                     cols.append(out)
                 else:
+                    assert self.classes is not None  # classification: the job's classes
                     idx = np.searchsorted(self.classes, self.y_labeled)
                     if np.any(idx >= self.classes.size) or np.any(
                         self.classes[np.minimum(idx, self.classes.size - 1)] != self.y_labeled
@@ -506,6 +520,9 @@ class ShardWorker:
     [start, stop) of the site's published unlabelled sample (n_total points), sent to it by the
     site itself (:meth:`load_rows`).  Runs on the site's node (same ``site:<name>`` resource)
     and answers only gradient sums."""
+
+    X_rows: Any  # None until load_rows
+    _shard: Any
 
     def __init__(self, name: str, index: int, start: int, stop: int, n_total: int):
         self.name = name
