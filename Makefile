@@ -45,7 +45,7 @@ test-fast: setup
 # artifacts (marker quick, tests/conftest.py).  Under a minute on an idle two-core machine; the run
 # fails when it passes its budget: CPU seconds (load does not stretch them) and wall seconds scaled
 # by the load per core (sleeps show there)
-QUICK_CPU_S  ?= 50
+QUICK_CPU_S  ?= 60
 QUICK_WALL_S ?= 60
 test-quick: setup
 	MSA_FED_QUICK_CPU_S=$(QUICK_CPU_S) MSA_FED_QUICK_WALL_S=$(QUICK_WALL_S) $(BIN)/python -m pytest -q -x -m quick

@@ -63,6 +63,11 @@ NOT_QUICK = (
     "test_artifacts.py::test_a_graph_that_never_ends_is_stopped",  # runs into the sandbox's CPU and clock limits
     "privacy/test_attacks.py::test_point_isolation_1d_policy_aware",  # 30 jobs against one site's ledger
     "privacy/test_attacks.py::test_differencing_2d_policy_aware",  # the same
+    # hostile models that run into the sandbox's memory limit, or parse for seconds
+    "artifacts/test_hostile_models.py::test_a_memory_bomb_is_stopped_by_the_sandbox_limit",
+    "artifacts/test_hostile_models.py::test_a_parser_amplification_bomb_is_parsed_only_in_the_sandbox",
+    "artifacts/test_hostile_models.py::test_a_huge_declared_width_costs_this_process_nothing",
+    "control/test_control_fuzz.py::test_corrupted_predictors_are_refused_or_still_valid",  # a sandbox per example
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
@@ -168,11 +173,13 @@ def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reason is None:
         if reporter is not None:
-            reporter.write_line(
-                f"quick tier: {cpu_s:.1f} s CPU, {time.monotonic() - _STARTED:.1f} s wall, load per core {load:.2f}"
+            reporter.write_sep(
+                "-",
+                f"quick tier: {cpu_s:.1f} s CPU, {time.monotonic() - _STARTED:.1f} s wall, load per core {load:.2f}",
             )
         return
     if reporter is not None:
+        reporter.ensure_newline()
         reporter.write_line(reason, red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
