@@ -173,14 +173,14 @@ def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reason is None:
         if reporter is not None:
-            reporter.ensure_newline()
+            reporter.line("")  # after the progress line
             reporter.write_sep(
                 "-",
                 f"quick tier: {cpu_s:.1f} s CPU, {time.monotonic() - _STARTED:.1f} s wall, load per core {load:.2f}",
             )
         return
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.line("")  # after the progress line
         reporter.write_line(reason, red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
