@@ -7,6 +7,7 @@ A new package or top-level module must be placed in :data:`LAYERS` (the test say
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,7 @@ def layer_of(name: str) -> int | None:
     return best
 
 
+@cache
 def graph() -> dict[str, set[str]]:
     known = set(MODULES)
     return {name: imports_of(name, path.read_text(), known) for name, path in MODULES.items()}
