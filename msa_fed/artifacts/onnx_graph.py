@@ -358,8 +358,11 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
 
 
 def _finite(g: _Graph, T: str) -> str:
-    """A bool scalar: every value of T is finite (x - x is 0 for finite x, NaN otherwise)."""
-    return g.op("Equal", [g.op("ReduceSum", [g.op("Sub", [T, T])], keepdims=0), g.const(0.0, "zero")])
+    """A bool scalar: every value of T is finite.  The sum of all values is NaN or infinite when
+    one is; a sum of finite float32 values cannot overflow in float64 (in a float32 graph it can,
+    which only refuses the fast path)."""
+    total = g.op("ReduceSum", [T], keepdims=0)
+    return g.op("Equal", [g.op("Sub", [total, total]), g.const(0.0, "zero")])
 
 
 def _proba_ok(g: _Graph, P: str, sizes: list[int]) -> str:
