@@ -88,7 +88,14 @@ def clean_venv(tmp_path_factory):
         env=clean_env(),
     )
     found = json.loads(probe.stdout)
-    assert found == {"onnxruntime": True, "numpy": True, "torch": False, "msa_fed": False, "sklearn": False, "onnx": False}
+    assert found == {
+        "onnxruntime": True,
+        "numpy": True,
+        "torch": False,
+        "msa_fed": False,
+        "sklearn": False,
+        "onnx": False,
+    }
     return python
 
 

@@ -280,7 +280,7 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
             raise ArtifactError(f"cannot export to ONNX: predictor {k} holds sparse initializers")
         outs.append(out_name)
 
-    ok = None
+    ok = ""
     if classification:
         classes = np.asarray(model.classes_)
         c = classes.size
@@ -289,12 +289,12 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
         P = raw if dtype == "float32" else g.op("Cast", [raw], to=onnx_dtype)
         if checks:
             ok = _proba_ok(g, P, sizes)
-        cols = np.concatenate(
+        where = np.concatenate(
             [k * c + np.searchsorted(classes, np.asarray(h.classes_)) for k, h in enumerate(model.predictors)]
         )
-        if not np.array_equal(cols, np.arange(p * c)):  # a predictor that lacks classes or orders them otherwise
-            sel = np.zeros((cols.size, p * c))
-            sel[np.arange(cols.size), cols] = 1.0
+        if not np.array_equal(where, np.arange(p * c)):  # a predictor that lacks classes or orders them otherwise
+            sel = np.zeros((where.size, p * c))
+            sel[np.arange(where.size), where] = 1.0
             P = g.op("MatMul", [P, g.const(sel, "class_columns")])
         P = g.op("Max", [P, g.const(PROB_FLOOR, "prob_floor")])
         P3 = g.op("Reshape", [P, g.const(np.array([-1, p, c], dtype=np.int64), "shape", dtype=np.int64)])

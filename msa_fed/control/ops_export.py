@@ -120,7 +120,9 @@ def export_model_dir(model_dir, out, *, dtype: str = "float64", provenance: dict
 
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and (out.is_dir() or not force):
-        raise ConfigError(f"--out {str(out)!r} already exists" + ("" if out.is_dir() else " (use --force to replace it)"))
+        raise ConfigError(
+            f"--out {str(out)!r} already exists" + ("" if out.is_dir() else " (use --force to replace it)")
+        )
     if not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
 

@@ -71,9 +71,11 @@ class StoredFeatureMap:
             return Z
         if self.name == "onehot":
             blocks = [(X[:, [j]] == cats[None, :]).astype(np.float64) for j, cats in enumerate(self.categories_)]
-            return np.hstack(blocks)
+            onehot: np.ndarray = np.hstack(blocks)
+            return onehot
         if self.name == "threshold":
-            return (X[:, [0]] <= self.thresholds_[None, :]).astype(np.float64)
+            below: np.ndarray = (X[:, [0]] <= self.thresholds_[None, :]).astype(np.float64)
+            return below
         Z = ((X - self.mean_) / self.scale_) @ self.weights_ + self.offset_
         features: np.ndarray = np.sqrt(2.0 / self.n_components) * np.cos(Z)
         return features
