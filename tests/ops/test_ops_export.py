@@ -47,7 +47,7 @@ def model_dirs(tmp_path_factory):
         )
         for n in SITES
     ]
-    out["demo"] = (msa_fed.fit_dmsa(sites, "classification"), np.vstack([fed[n]["X_test"] for n in SITES]))
+    out["demo-model"] = (msa_fed.fit_dmsa(sites, "classification"), np.vstack([fed[n]["X_test"] for n in SITES]))
     Xs = [rng.integers(0, 4, size=(300, 4)).astype(float) + (k == 1) for k in range(3)]
     ys = [(X[:, 0] + X[:, 1] > 3 + k).astype(int) for k, X in enumerate(Xs)]
     onehot = lambda: make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression())  # noqa: E731
