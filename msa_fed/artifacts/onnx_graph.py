@@ -280,26 +280,37 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
             raise ArtifactError(f"cannot export to ONNX: predictor {k} holds sparse initializers")
         outs.append(out_name)
 
+    # The p predictors' outputs are stacked along a new leading axis (contiguous copies; a concat
+    # along the columns of n-row tensors copies a few values per row and is several times slower)
+    # and combined in the layout (p, n, c).
     ok = ""
+    aT = g.op("Transpose", [a], perm=[1, 0])  # (p, n)
     if classification:
         classes = np.asarray(model.classes_)
         c = classes.size
-        sizes = [len(h.classes_) for h in model.predictors]
-        raw = outs[0] if p == 1 else g.op("Concat", outs, axis=1)  # (n, sum c_k), float32
-        P = raw if dtype == "float32" else g.op("Cast", [raw], to=onnx_dtype)
+        cols = [np.searchsorted(classes, np.asarray(h.classes_)) for h in model.predictors]
+        same = all(col.size == c and np.array_equal(col, np.arange(c)) for col in cols)
+        if same:  # every predictor answers the union of the classes, in order
+            raw = outs[0] if p == 1 else g.op("Concat", outs, axis=0)  # (p n, c), float32
+            P = raw if dtype == "float32" else g.op("Cast", [raw], to=onnx_dtype)
+        else:
+            blocks = []
+            for col, out in zip(cols, outs):
+                Pk = out if dtype == "float32" else g.op("Cast", [out], to=onnx_dtype)
+                if not (col.size == c and np.array_equal(col, np.arange(c))):
+                    sel = np.zeros((col.size, c))
+                    sel[np.arange(col.size), col] = 1.0  # into the union's columns; the others 0
+                    Pk = g.op("MatMul", [Pk, g.const(sel, "class_columns")])
+                blocks.append(Pk)
+            P = blocks[0] if p == 1 else g.op("Concat", blocks, axis=0)
+        P3 = g.op("Reshape", [P, g.const(np.array([p, -1, c], dtype=np.int64), "shape", dtype=np.int64)])
         if checks:
-            ok = _proba_ok(g, P, sizes)
-        where = np.concatenate(
-            [k * c + np.searchsorted(classes, np.asarray(h.classes_)) for k, h in enumerate(model.predictors)]
-        )
-        if not np.array_equal(where, np.arange(p * c)):  # a predictor that lacks classes or orders them otherwise
-            sel = np.zeros((where.size, p * c))
-            sel[np.arange(where.size), where] = 1.0
-            P = g.op("MatMul", [P, g.const(sel, "class_columns")])
-        P = g.op("Max", [P, g.const(PROB_FLOOR, "prob_floor")])
-        P3 = g.op("Reshape", [P, g.const(np.array([-1, p, c], dtype=np.int64), "shape", dtype=np.int64)])
-        a3 = g.op("Unsqueeze", [a, g.axes(2)])
-        mix = g.op("ReduceSum", [g.op("Mul", [P3, a3]), g.axes(1)], keepdims=0)
+            ok = _proba_ok(g, P3)
+        # a_k(x) repeated over the classes, (p, n, c): an outer product with ones (exact), so that
+        # the product below has operands of one shape (broadcasting a trailing axis is slow)
+        a_rep = g.op("MatMul", [g.op("Unsqueeze", [aT, g.axes(2)]), g.const(np.ones((1, c)), "ones")])
+        floored = g.op("Max", [P3, g.const(PROB_FLOOR, "prob_floor")])
+        mix = g.op("ReduceSum", [g.op("Mul", [floored, a_rep]), g.axes(0)], keepdims=0)  # (n, c)
         total = g.op("ReduceSum", [mix, g.axes(1)], keepdims=1)
         g.nodes.append(helper.make_node("Div", [mix, total], ["probabilities"], name="msa/probabilities"))
         idx = g.op("ArgMax", ["probabilities"], axis=1, keepdims=0, select_last_index=0)
@@ -315,16 +326,16 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
             helper.make_tensor_value_info("label", label_type, ["n"]),
         ]
     else:
-        shape = g.const(np.array([-1, 1], dtype=np.int64), "shape", dtype=np.int64)
-        cols = [g.op("Reshape", [out, shape]) for out in outs]
-        H = cols[0] if p == 1 else g.op("Concat", cols, axis=1)
+        shape = g.const(np.array([1, -1], dtype=np.int64), "shape", dtype=np.int64)
+        rows = [g.op("Reshape", [out, shape]) for out in outs]
+        H = rows[0] if p == 1 else g.op("Concat", rows, axis=0)  # (p, n)
         if dtype == "float64":
             H = g.op("Cast", [H], to=onnx_dtype)
         if checks:
             ok = _finite(g, H)
         g.nodes.append(
             helper.make_node(
-                "ReduceSum", [g.op("Mul", [a, H]), g.axes(1)], ["prediction"], keepdims=0, name="msa/prediction"
+                "ReduceSum", [g.op("Mul", [aT, H]), g.axes(0)], ["prediction"], keepdims=0, name="msa/prediction"
             )
         )
         outputs = [helper.make_tensor_value_info("prediction", onnx_dtype, ["n"])]
@@ -365,19 +376,18 @@ def _finite(g: _Graph, T: str) -> str:
     return g.op("Equal", [g.op("Sub", [total, total]), g.const(0.0, "zero")])
 
 
-def _proba_ok(g: _Graph, P: str, sizes: list[int]) -> str:
-    """A bool scalar: every predictor's row in P (n, sum c_k) is finite, in [0, 1] and sums to 1
-    within PROBA_ATOL, the checks of :func:`msa_fed.artifacts.outputs.checked_proba`."""
+def _proba_ok(g: _Graph, P3: str) -> str:
+    """A bool scalar: every predictor's row in P3 (p, n, c) is finite, in [0, 1] and sums to 1
+    within PROBA_ATOL, the checks of :func:`msa_fed.artifacts.outputs.checked_proba` (columns a
+    predictor lacks hold exact zeros here, which change neither sums nor ranges)."""
     from msa_fed.artifacts.outputs import PROBA_ATOL
 
-    blocks = np.zeros((sum(sizes), len(sizes)))
-    blocks[np.arange(sum(sizes)), np.repeat(np.arange(len(sizes)), sizes)] = 1.0
-    sums = g.op("MatMul", [P, g.const(blocks, "row_sums")])  # (n, p): each predictor's row sums
+    sums = g.op("ReduceSum", [P3, g.axes(2)], keepdims=0)  # (p, n): each predictor's row sums
     dev = g.op("ReduceMax", [g.op("Abs", [g.op("Sub", [sums, g.const(1.0, "one")])])], keepdims=0)
     ok = g.op("LessOrEqual", [dev, g.const(PROBA_ATOL, "atol")])
-    low = g.op("GreaterOrEqual", [g.op("ReduceMin", [P], keepdims=0), g.const(-PROBA_ATOL, "low")])
-    high = g.op("LessOrEqual", [g.op("ReduceMax", [P], keepdims=0), g.const(1.0 + PROBA_ATOL, "high")])
-    return g.op("And", [g.op("And", [_finite(g, P), ok]), g.op("And", [low, high])])
+    low = g.op("GreaterOrEqual", [g.op("ReduceMin", [P3], keepdims=0), g.const(-PROBA_ATOL, "low")])
+    high = g.op("LessOrEqual", [g.op("ReduceMax", [P3], keepdims=0), g.const(1.0 + PROBA_ATOL, "high")])
+    return g.op("And", [g.op("And", [_finite(g, P3), ok]), g.op("And", [low, high])])
 
 
 def _metadata(model, dtype: str, extra: dict) -> dict[str, str]:
