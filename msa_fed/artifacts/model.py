@@ -311,6 +311,9 @@ def _build_session(model: CombinedModel):
         data = build_graph(model, "float64", checks=True).SerializeToString()
     except ArtifactError:
         return None  # a custom feature map, or a predictor that does not convert: numpy it is
+    except Exception as exc:  # noqa: BLE001 - onnx's own errors; the numpy path still answers
+        artifact_error("not_onnx", f"combined graph: {type(exc).__name__}: {exc}")
+        return None
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -364,7 +364,10 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
         + ("outputs probabilities (n x c) and label (n)" if classification else "output prediction (n)")
     )
     helper.set_model_props(out, _metadata(model, dtype, metadata or {}))
-    onnx.checker.check_model(out)
+    try:
+        onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as exc:
+        raise ArtifactError(f"the combined graph does not pass the ONNX checker: {str(exc)[:300]}") from None
     return out
 
 
