@@ -140,6 +140,7 @@ def test_http_service_in_a_clean_venv_answers_like_predict_proba(clean_venv, exp
         # hostile or broken requests: a fixed reason, never library text; the service keeps serving
         for body, code in (
             (b"{not json", 400),
+            (b"[" * 100_000, 400),  # nesting deeper than the parser's recursion limit
             (json.dumps({"X": [[1.0, 2.0, 3.0]]}).encode(), 400),
             (json.dumps({"X": [[1.0, "nan"]]}).encode(), 400),
             (b'{"X": [[1.0, NaN]]}', 400),

@@ -84,7 +84,7 @@ def parse_rows(body: bytes, width: int, max_rows: int) -> list:
     """The batch of a request body, checked: a list of 1..max_rows rows of ``width`` finite numbers."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest(400, "the body is not valid JSON") from None
     rows = doc.get("X") if isinstance(doc, dict) else None
     if not isinstance(rows, list) or not rows:
@@ -104,6 +104,7 @@ def make_handler(model: Model, max_rows: int):
     class Handler(BaseHTTPRequestHandler):
         server_version = "msa-fed-onnx"
         sys_version = ""
+        timeout = 30  # seconds a client may take to send its request (a short body never stalls a thread)
 
         def log_message(self, format, *args):  # noqa: A002 - the base class's signature
             log.info("%s %s", self.address_string(), format % args)
