@@ -157,7 +157,10 @@ class CombinedModel:
         """The whole model as one self-contained ONNX file (bytes): input ``X`` (n, d) of ``dtype``
         ("float64" or "float32"); outputs ``probabilities`` (n, c) and ``label`` (n,)
         (classification) or ``prediction`` (n,) (regression).  ``provenance``: extra metadata
-        (``msa_fed.<key>``), e.g. the registry version.  See :mod:`msa_fed.artifacts.onnx_graph`."""
+        (``msa_fed.<key>``), e.g. the registry version.  Predictors that are not ONNX yet
+        (scikit-learn or torch objects of a model fitted in this process) are exported as
+        :meth:`save` exports them, so the file reproduces the saved model (float32 predictors),
+        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`."""
         from msa_fed.artifacts.onnx_graph import export_onnx
 
         return export_onnx(self, dtype, provenance=provenance)
