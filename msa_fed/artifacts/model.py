@@ -19,10 +19,13 @@ import numpy as np
 
 from msa_fed import __version__
 from msa_fed.artifacts.outputs import checked_proba, checked_values
-from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
-from msa_fed.core.domain_models import domain_model_from_state, domain_model_state
-from msa_fed.core.features import feature_map_from_state, feature_map_state
+from msa_fed.core.domain_models import domain_model_state
+from msa_fed.core.inference import StoredFeatureMap, stored_domain_model
 from msa_fed.errors import ArtifactError
+
+# Loading a model and predicting with it needs numpy and onnxruntime only: the combination
+# arithmetic (scipy), the training feature maps (scikit-learn) and the Maxent trainer (torch) are
+# imported where a method needs them (see msa_fed.core.inference).
 
 FORMAT_VERSION = 1
 #: the manifest keys :func:`load_model` reads (a manifest without one is refused, naming it)
@@ -115,7 +118,18 @@ class CombinedModel:
     @property
     def z_paper(self) -> np.ndarray:
         """z' of the paper's Proposition 1 (the weight on Q(k|x) itself)."""
+        from msa_fed.core.combination import paper_z
+
         return paper_z(self.z, self.qhat)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_graph", None)  # an onnxruntime session: rebuilt on first use
+        state.pop("_graph_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     # ------------------------------------------------------------------ prediction
     def domain_proba(self, X) -> np.ndarray:
@@ -124,6 +138,8 @@ class CombinedModel:
         return np.exp(self.domain_model.predict_log_proba(X))
 
     def combination_weights(self, X) -> np.ndarray:
+        from msa_fed.core.combination import combination_weights
+
         X = check_X(X, self.n_features_in_)
         return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
 
@@ -137,11 +153,64 @@ class CombinedModel:
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
         return out
 
+    def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None) -> bytes:
+        """The whole model as one self-contained ONNX file (bytes): input ``X`` (n, d) of ``dtype``
+        ("float64" or "float32"); outputs ``probabilities`` (n, c) and ``label`` (n,)
+        (classification) or ``prediction`` (n,) (regression).  ``provenance``: extra metadata
+        (``msa_fed.<key>``), e.g. the registry version.  Predictors that are not ONNX yet
+        (scikit-learn or torch objects of a model fitted in this process) are exported as
+        :meth:`save` exports them, so the file reproduces the saved model (float32 predictors),
+        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`."""
+        from msa_fed.artifacts.onnx_graph import export_onnx
+
+        return export_onnx(self, dtype, provenance=provenance)
+
+    def _graph_session(self):
+        """The onnxruntime session of the model's own float64 graph with row checks (built on first
+        use), or None where the model has no such graph (a KDE domain model, predictors that are
+        not verified ONNX predictors, a custom feature map): those predict in numpy."""
+        import threading
+
+        lock = self.__dict__.setdefault("_graph_lock", threading.Lock())
+        key = (
+            self.task,
+            self.z.tobytes(),
+            self.qhat.tobytes(),
+            self.eta,
+            id(self.domain_model),
+            tuple(id(h) for h in self.predictors),
+        )
+        with lock:
+            cached = self.__dict__.get("_graph")
+            if cached is None or cached[0] != key:
+                cached = self._graph = (key, _build_session(self))
+            return cached[1]
+
+    def _run_graph(self, X: np.ndarray, output: str) -> np.ndarray | None:
+        """The graph's ``output`` on X, or None: no graph, no rows, or a row the checks refuse
+        (the numpy path then names the predictor and the row)."""
+        if X.shape[0] == 0:
+            return None
+        session = self._graph_session()
+        if session is None:
+            return None
+        out, ok = session.run([output, "all_ok"], {"X": X})
+        if not bool(ok) or not np.isfinite(out).all():
+            return None
+        return np.asarray(out)
+
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities (n, c) over ``classes_`` (classification only)."""
         if self.task != "classification":
             raise ValueError("predict_proba is only defined for task='classification'")
         X = check_X(X, self.n_features_in_)
+        out = self._run_graph(X, "probabilities")
+        return out if out is not None else self._predict_proba_numpy(X)
+
+    def _predict_proba_numpy(self, X: np.ndarray) -> np.ndarray:
+        """predict_proba part by part: each predictor, the domain model, the combination in numpy."""
+        from msa_fed.core.combination import combination_weights, combine_proba
+
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
         P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
         return _finite(combine_proba(a, P), "the combined probabilities")
@@ -151,6 +220,12 @@ class CombinedModel:
         if self.task == "classification":
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         X = check_X(X, self.n_features_in_)
+        out = self._run_graph(X, "prediction")
+        return out if out is not None else self._predict_numpy(X)
+
+    def _predict_numpy(self, X: np.ndarray) -> np.ndarray:
+        from msa_fed.core.combination import combination_weights, combine_regression
+
         a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
         H = np.column_stack(
             [
@@ -193,7 +268,13 @@ class CombinedModel:
         manifest = self.manifest()
         dm = self.domain_model
         fmap = getattr(dm, "feature_map", None)
-        if fmap is not None:
+        if isinstance(fmap, StoredFeatureMap):
+            name, (params, fa) = fmap.name, fmap.get_state()
+            manifest["feature_map"] = {"name": name, "params": params}
+            arrays.update({f"feature_map.{k}": v for k, v in fa.items()})
+        elif fmap is not None:
+            from msa_fed.core.features import feature_map_state
+
             name, params, fa = feature_map_state(fmap)
             manifest["feature_map"] = {"name": name, "params": params}
             arrays.update({f"feature_map.{k}": v for k, v in fa.items()})
@@ -216,6 +297,38 @@ class CombinedModel:
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
         os.replace(tmp, path / "manifest.json")
         return path
+
+
+def _build_session(model: CombinedModel):
+    """An onnxruntime session of ``model``'s float64 graph with row checks, or None (see
+    :meth:`CombinedModel._graph_session`)."""
+    from msa_fed.artifacts.loader import OnnxPredictor, artifact_error
+
+    if getattr(type(model.domain_model), "kind", None) != "maxent":
+        return None  # KDEs: the graph would hold (rows x sample) distances at once; numpy blocks them
+    if not model.predictors or not all(isinstance(h, OnnxPredictor) for h in model.predictors):
+        return None
+    from msa_fed.artifacts.onnx_graph import build_graph
+
+    try:
+        data = build_graph(model, "float64", checks=True).SerializeToString()
+    except ArtifactError:
+        return None  # a custom feature map, or a predictor that does not convert: numpy it is
+    except Exception as exc:  # noqa: BLE001 - onnx's own errors; the numpy path still answers
+        artifact_error("not_onnx", f"combined graph: {type(exc).__name__}: {exc}")
+        return None
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(int(getattr(h, "_intra_op_threads", 1)) for h in model.predictors)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 4
+    try:
+        return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - verified predictors; a failure here is logged, numpy answers
+        artifact_error("ort_load", f"combined graph: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _finite(out: np.ndarray, what: str) -> np.ndarray:
@@ -260,25 +373,35 @@ def load_model(path) -> CombinedModel:
         if manifest["feature_map"] is not None:
             prefix = "feature_map."
             fa = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-            fmap = feature_map_from_state(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
+            fmap = StoredFeatureMap(manifest["feature_map"]["name"], manifest["feature_map"]["params"], fa)
         params = {k: v for k, v in manifest["domain_model"].items() if k != "kind"}
-        dm = domain_model_from_state(manifest["domain_model"]["kind"], params, arrays, fmap, p)
+        dm = stored_domain_model(manifest["domain_model"]["kind"], params, arrays, fmap, p)
     except KeyError as exc:
         raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError) as exc:
         raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
     task = manifest["task"]
-    predictors = []
-    for k in range(p):
-        data = (path / "predictors" / f"{k}.onnx").read_bytes()
-        predictors.append(
-            load_predictor(
-                data,
-                expected_sha256=manifest["predictor_sha256"][k],
-                n_features=manifest["n_features"],
-                kind=predictor_kind(task),
-            )
+    hashes = manifest["predictor_sha256"]
+    if not isinstance(hashes, list) or len(hashes) != p:
+        raise ArtifactError(f"{mf}: predictor_sha256 must list one digest per site ({p})")
+
+    def load(k: int):
+        try:
+            data = (path / "predictors" / f"{k}.onnx").read_bytes()
+        except OSError as exc:
+            raise ArtifactError(f"{path / 'predictors'}: cannot read predictor {k} ({exc.strerror})") from None
+        return load_predictor(
+            data, expected_sha256=hashes[k], n_features=manifest["n_features"], kind=predictor_kind(task)
         )
+
+    # Each predictor is checked in its own sandboxed child; the children run side by side.
+    if p > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(p, 8)) as pool:
+            predictors = list(pool.map(load, range(p)))
+    else:
+        predictors = [load(k) for k in range(p)]
     return CombinedModel(
         method=manifest["method"],
         task=task,

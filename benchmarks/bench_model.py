@@ -1,0 +1,269 @@
+"""Prediction with the combined model against its parts, and the cost of loading a model.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py             # a few minutes
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py --quick     # p = 8 only, fewer repeats
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py --baseline-tree ../main   # + load_model before
+
+Part 1, on n rows (default 1e5), d = 20 inputs, 2 classes, p sites (8 and 32), a saved and
+loaded model (what a user of the model holds), for two kinds of site predictor (a logistic
+regression and a 64-unit MLP, exported by skl2onnx), all timed in the same run, interleaved,
+medians over ``--repeats``:
+
+- ``parts``: the p predictors' ``predict_proba`` one after the other plus the domain model's
+  ``predict_log_proba`` (what the combined model cannot do without);
+- ``predict_proba``: :meth:`CombinedModel.predict_proba` (the model's own float64 graph);
+- ``numpy``: the model part by part in numpy (``_predict_proba_numpy``, how predict_proba
+  worked before the graph);
+- ``onnx64`` / ``onnx32``: the exported file (``to_onnx``) run by onnxruntime.
+
+Every session runs on one thread (the predictors' default), so ratios compare like with like.
+
+Part 2: ``load_model`` of the demo's model (three sites, standard features, 2-D) in a fresh
+interpreter: ``import msa_fed`` + ``load_model`` time, the first ``predict_proba``, peak
+resident memory, and whether torch / scikit-learn / scipy were imported; with
+``--baseline-tree DIR`` the same script also runs against another checkout (e.g. the main
+branch) in the same run.
+
+Prints tables and writes JSON to ``benchmarks/results/bench_model.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(p: int, kind: str, d: int, tmp: Path, seed: int = 0):
+    """A saved and reloaded combined model over p sites, and its sites' inputs."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+
+    warnings.simplefilter("ignore", ConvergenceWarning)
+
+    from msa_fed.artifacts import load_predictor
+    from msa_fed.artifacts.export import export_sklearn
+    from msa_fed.artifacts.model import CombinedModel, load_model
+    from msa_fed.core.config import ClassifierConfig
+    from msa_fed.core.domain_classifier import train_domain_classifier
+    from msa_fed.core.features import make_feature_map
+
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=2.0, size=(p, d))
+    Xs = [rng.normal(loc=c, size=(400, d)) for c in centers]
+    predictors = []
+    for X in Xs:
+        y = ((X - X.mean(axis=0)) @ rng.normal(size=d) > 0).astype(int)
+        if kind == "mlp":
+            h = MLPClassifier(hidden_layer_sizes=(64,), max_iter=50, random_state=seed).fit(X, y)
+        else:
+            h = LogisticRegression().fit(X, y)
+        predictors.append(load_predictor(export_sklearn(h, d), n_features=d, kind="probabilities"))
+    dm = train_domain_classifier([X[:200] for X in Xs], make_feature_map("standard"), ClassifierConfig(mu=1e-3))
+    Q = dm.predict_proba(np.vstack(Xs))
+    model = CombinedModel(
+        method="dmsa",
+        task="classification",
+        site_names=[f"site{k}" for k in range(p)],
+        domain_model=dm,
+        qhat=Q.mean(axis=0),
+        z=rng.dirichlet(np.ones(p)),
+        eta=1e-2,
+        predictors=predictors,
+        n_features=d,
+        classes=[0, 1],
+    )
+    return load_model(model.save(tmp / f"model-{p}-{kind}")), centers
+
+
+def session(data: bytes):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def bench_predict(p: int, kind: str, n: int, d: int, repeats: int, tmp: Path) -> dict:
+    model, centers = build(p, kind, d, tmp)
+    rng = np.random.default_rng(1)
+    X = centers[rng.integers(0, p, n)] + rng.normal(size=(n, d))
+    X32 = X.astype(np.float32)
+    s64, s32 = session(model.to_onnx("float64")), session(model.to_onnx("float32"))
+
+    def parts():
+        for h in model.predictors:
+            h.predict_proba(X)
+        model.domain_model.predict_log_proba(X)
+
+    cases = {
+        "parts": parts,
+        "predict_proba": lambda: model.predict_proba(X),
+        "numpy": lambda: model._predict_proba_numpy(X),
+        "onnx64": lambda: s64.run(["probabilities"], {"X": X}),
+        "onnx32": lambda: s32.run(["probabilities"], {"X": X32}),
+    }
+    ref = model._predict_proba_numpy(X)
+    diff = {
+        "predict_proba": float(np.abs(model.predict_proba(X) - ref).max()),
+        "onnx64": float(np.abs(s64.run(["probabilities"], {"X": X})[0] - ref).max()),
+        "onnx32": float(np.abs(s32.run(["probabilities"], {"X": X32})[0] - ref).max()),
+    }
+    for f in cases.values():  # warm up every session
+        f()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for name, f in cases.items():  # interleaved: load changes hit every case alike
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "p": p,
+        "predictor": kind,
+        "n": n,
+        "d": d,
+        "seconds": med,
+        "ratio_to_parts": {k: med[k] / med["parts"] for k in med},
+        "max_abs_diff_from_numpy": diff,
+    }
+
+
+LOAD_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import msa_fed
+m = msa_fed.load_model(sys.argv[1])
+t1 = time.perf_counter()
+m.predict_proba(np.zeros((10, m.n_features_in_)))
+t2 = time.perf_counter()
+print(json.dumps({
+    "load_s": t1 - t0, "first_predict_s": t2 - t1,
+    # VmHWM: this process's peak resident set (ru_maxrss would count the forked parent's pages)
+    "peak_rss_mib": [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] / 1024,
+    "imported": sorted(k for k in ("torch", "sklearn", "scipy") if k in sys.modules),
+}))
+"""
+
+
+def demo_model(tmp: Path) -> Path:
+    """The demo's model: its federation and predictors, fitted in process (as the demo's job)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed import SiteData, fit_dmsa
+    from msa_fed.experiments.demo_data import SITES, make_federation
+
+    fed = make_federation()
+    sites = [
+        SiteData(
+            n,
+            fed[n]["X_labeled"],
+            fed[n]["y_labeled"],
+            fed[n]["X_unlabeled"],
+            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
+        )
+        for n in SITES
+    ]
+    return fit_dmsa(sites, "classification").save(tmp / "demo-model")
+
+
+def bench_load(path: Path, trees: dict[str, Path], repeats: int) -> dict:
+    out = {}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(repeats):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            proc = subprocess.run(
+                [sys.executable, "-c", LOAD_SCRIPT, str(path)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+                cwd=path.parent,  # not a checkout: msa_fed comes from PYTHONPATH
+            )
+            if proc.returncode != 0:
+                raise SystemExit(f"load_model failed under {tree}: {proc.stderr[-2000:]}")
+            runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for name, rs in runs.items():
+        out[name] = {
+            "tree": str(trees[name]),
+            "load_s": statistics.median(r["load_s"] for r in rs),
+            "first_predict_s": statistics.median(r["first_predict_s"] for r in rs),
+            "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
+            "imported": rs[-1]["imported"],
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--d", type=int, default=20)
+    ap.add_argument("--sites", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--predictors", nargs="+", default=["logistic", "mlp"], choices=["logistic", "mlp"])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--load-repeats", type=int, default=5)
+    ap.add_argument("--baseline-tree", type=Path, help="another checkout to time load_model against")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_model.json")
+    args = ap.parse_args()
+    if args.quick:
+        args.sites, args.repeats, args.load_repeats = [8], 3, 3
+    load_before = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        print(f"{'p':>3} {'predictor':<9} {'parts':>8} {'predict_proba':>14} {'numpy':>8} {'onnx64':>8} {'onnx32':>8}")
+        for p in args.sites:
+            for kind in args.predictors:
+                r = bench_predict(p, kind, args.n, args.d, args.repeats, tmp)
+                rows.append(r)
+                s, q = r["seconds"], r["ratio_to_parts"]
+                print(
+                    f"{p:>3} {kind:<9} {s['parts'] * 1e3:>6.1f}ms "
+                    + " ".join(
+                        f"{s[k] * 1e3:>6.1f}ms ({q[k]:.2f}x)" for k in ("predict_proba", "numpy", "onnx64", "onnx32")
+                    ),
+                    flush=True,
+                )
+        trees = {"this tree": REPO}
+        if args.baseline_tree:
+            trees["baseline"] = args.baseline_tree.resolve()
+        load = bench_load(demo_model(tmp), trees, args.load_repeats)
+    for name, r in load.items():
+        print(
+            f"load_model ({name}): {r['load_s']:.3f} s, first predict_proba {r['first_predict_s'] * 1e3:.1f} ms, "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB, imported {r['imported']}"
+        )
+    result = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "repeats": args.repeats,
+        "predict": rows,
+        "load_model": load,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
