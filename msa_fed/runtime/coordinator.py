@@ -20,7 +20,12 @@ from msa_fed.core.combination import class_union
 from msa_fed.core.dc_solver import solve_dc
 from msa_fed.core.dc_terms import DCSums, sum_all
 from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import DomainClassifier, fit_feature_map, train_domain_classifier
+from msa_fed.core.domain_classifier import (
+    DomainClassifier,
+    fit_feature_map,
+    polish_maxent,
+    train_domain_classifier,
+)
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.runtime import messages as m
@@ -146,6 +151,9 @@ class Coordinator:
     def train_domain_model(self, progress: Progress):
         cfg = self.config
         samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        share = getattr(self.backend, "share_samples", None)
+        if share is not None:  # in-process and cluster sites get the job's samples from their host (to verify models)
+            share(samples)
         digest = hashlib.sha256()
         for X in samples:
             digest.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
@@ -169,13 +177,13 @@ class Coordinator:
             losses.append(sum(r.loss for r in parts))
             return losses[-1], sum(r.grad for r in parts)
 
-        def oracles(fmap):
+        def oracles(fmap, dtype=ccfg.dtype):
             state, custom = m.feature_map_fields(fmap)
             setup = m.ShardSetup(
                 feature_map=state,
                 custom_feature_map=custom,
                 n_sources=self.p,
-                dtype=ccfg.dtype,
+                dtype=dtype,
                 device=ccfg.device,
                 seed=cfg.random_state,
             )
@@ -212,6 +220,13 @@ class Coordinator:
         )
         model.info_ = {**model.info_, "history": curve}
         bar.close()
+        # the sites accept only the public optimum (msa_fed/privacy/verify.py): polish in float64
+        if ccfg.dtype != "float64":
+            oracle64, _ = oracles(model.feature_map, "float64")
+        else:
+            oracle64 = lambda theta: gather(m.ThetaRequest(theta=theta))  # noqa: E731
+        model.theta_, polished = polish_maxent(oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter)
+        model.info_.update(polished)
         info = model.info_
         progress.note(
             f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "

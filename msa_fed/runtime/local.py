@@ -60,6 +60,12 @@ class LocalSites:
         outs += [self._call(helper, method, msg) for _, helper in self.helpers]
         return outs
 
+    def share_samples(self, samples) -> None:
+        """Give every site the job's published samples (it verifies domain models against them)."""
+        msg = m.PublishedSamples(tuple(samples))
+        for i in range(len(self.workers)):
+            self.call_one(i, "set_published", msg)
+
     def shutdown(self):
         self.workers = []
         self.helpers = []

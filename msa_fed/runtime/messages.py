@@ -126,6 +126,7 @@ class DomainModelSpec(Message):
     theta: np.ndarray | None = None
     bandwidths: np.ndarray | None = None
     samples: tuple = ()  # the published unlabelled samples (KDE only)
+    mu: float = 0.0  # Maxent: the L2 weight it was trained with (the site verifies the model)
 
 
 def feature_map_fields(fmap) -> tuple[tuple | None, Any]:
@@ -153,7 +154,7 @@ def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
     """The message that carries a fitted domain model to the sites (its own get_state)."""
     from msa_fed.core.domain_models import domain_model_state
 
-    kind, _, arrays = domain_model_state(model)
+    kind, params, arrays = domain_model_state(model)
     state, custom = feature_map_fields(model.feature_map)
     samples = tuple(arrays[f"kde_sample.{k}"] for k in range(n_sources) if f"kde_sample.{k}" in arrays)
     return DomainModelSpec(
@@ -164,6 +165,7 @@ def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
         theta=arrays.get("theta"),
         bandwidths=arrays.get("bandwidths"),
         samples=samples,
+        mu=float(params.get("mu", 0.0)),
     )
 
 
@@ -175,7 +177,15 @@ def domain_model_from_spec(spec: DomainModelSpec):
     arrays.update({f"kde_sample.{k}": s for k, s in enumerate(spec.samples)})
     arrays = {k: v for k, v in arrays.items() if v is not None}
     fmap = feature_map_of(spec.feature_map, spec.custom_feature_map)
-    return domain_model_from_state(spec.kind, {}, arrays, fmap, spec.n_sources)
+    return domain_model_from_state(spec.kind, {"mu": spec.mu}, arrays, fmap, spec.n_sources)
+
+
+@dataclass(frozen=True)
+class PublishedSamples(Message):
+    """The published unlabelled samples of a job's sites, in site order: given by the host of
+    a site worker (in-process, cluster) so that the site can verify the domain model."""
+
+    samples: tuple
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
+from msa_fed.privacy.verify import pinned_samples, verify_domain_model
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
 
@@ -162,6 +163,10 @@ class SiteWorker:
     only tightens it); ``min_points`` and ``privacy`` (a dict of policy values) are the job's
     requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
+
+    #: the published samples of the job's sites, for verifying domain models: a callable that
+    #: returns them in site order, set by the host (:meth:`set_published`, the site agent)
+    published = None
 
     def __init__(
         self,
@@ -353,6 +358,8 @@ class SiteWorker:
             self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_labeled, dec)
             if msg.kind == "maxent":
                 dec.update(rules.check_theta(msg.theta, msg.n_sources, self.policy, self.name))
+            samples = None if self.published is None else self.published()
+            dec.update(verify_domain_model(msg, samples, self.X_labeled, self.policy, self.name))
             model = build_domain_model(msg)
             if msg.kind == "kde":
                 Phi = (
@@ -374,6 +381,14 @@ class SiteWorker:
                 dec.update(dp.spend())
                 sums = sums + dp.noise(sums.shape, qhat_sensitivity(n, int(msg.n_sources)))
         return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent())
+
+    def set_published(self, msg: m.PublishedSamples) -> m.Ack:
+        """The job's published samples, from this worker's host (in-process and cluster
+        topologies; a site process fetches them from the registry itself)."""
+        self._data()
+        samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
+        self.published = lambda: samples
+        return m.Ack(self.incarnation)
 
     def _check_c(self, eta: float, dec: dict):
         """Concentration of the u_k / v_k weights c_k(i) = w_k(i) + eta pi_i (ratio q_k + eta)."""

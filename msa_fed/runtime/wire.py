@@ -226,6 +226,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
             _put_array(body.bandwidths, np.asarray(msg.bandwidths))
         for X in msg.samples:
             _put_array(body.samples.add(), np.asarray(X))
+        body.mu = float(msg.mu)
     elif isinstance(msg, m.ShardSetup):
         _no_custom(msg)
         if msg.feature_map is not None:
@@ -307,6 +308,7 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
             theta=_opt_array(b, "theta", what),
             bandwidths=_opt_array(b, "bandwidths", what),
             samples=tuple(_array(a, f"{what}.samples") for a in b.samples),
+            mu=b.mu,
         )
     if cls is m.ShardSetup:
         return m.ShardSetup(
