@@ -60,9 +60,10 @@ def _refuse(rule: str, site: str, what: str):
     raise PrivacyError(rule, site, f"the request: {what}")
 
 
-def derive_feature_map(state, samples: Sequence[np.ndarray], site: str):
-    """The built-in feature map ``state`` = (name, params, arrays) re-fitted on ``samples``;
-    refuses unless the fitted arrays are the ones received."""
+def derive_feature_map(state, samples: Sequence[np.ndarray], site: str, balanced: bool = True):
+    """The built-in feature map ``state`` = (name, params, arrays) re-fitted on ``samples``
+    (each site weighing 1/p, as the Maxent classifier fits it; ``balanced=False``: the pooled
+    points alike, as the KDE model does); refuses unless the fitted arrays are the ones received."""
     from msa_fed.core.domain_classifier import fit_feature_map
     from msa_fed.core.features import FEATURE_MAPS, RandomFourierFeatures
 
@@ -76,7 +77,11 @@ def derive_feature_map(state, samples: Sequence[np.ndarray], site: str):
             _refuse("verify_feature_map", site, "the rff map does not declare an integer seed (random_state)")
     try:
         fmap = cls(**params)
-        fit_feature_map(fmap, [np.asarray(X, dtype=np.float64) for X in samples])
+        Xs = [np.asarray(X, dtype=np.float64) for X in samples]
+        if balanced:
+            fit_feature_map(fmap, Xs)
+        else:
+            fmap.fit(np.vstack(Xs))
     except (TypeError, ValueError):
         _refuse("verify_feature_map", site, f"the {name} map's parameters do not derive a map from the samples")
     got_params, got = fmap.get_state()
@@ -202,7 +207,7 @@ def check_kde_samples(spec_samples, state, samples: Sequence[np.ndarray], policy
     feature map, when there is one), one per site of the job."""
     if len(spec_samples) != len(samples):
         _refuse("verify_columns", site, f"the model must have one density per site of the job ({len(samples)})")
-    fmap = None if state is None else derive_feature_map(state, samples, site)
+    fmap = None if state is None else derive_feature_map(state, samples, site, balanced=False)
     for got, X in zip(spec_samples, samples):
         want = np.asarray(X, dtype=np.float64) if fmap is None else np.asarray(fmap.transform(X), dtype=np.float64)
         got = np.asarray(got, dtype=np.float64)
