@@ -216,6 +216,21 @@ def check_kde_samples(spec_samples, state, samples: Sequence[np.ndarray], policy
     return {"verify_kde_samples": len(samples)}
 
 
+def own_qhat(qhat, own_partial: np.ndarray) -> tuple[np.ndarray, dict]:
+    """The Qhat a site without DP computes with: the broadcast ``qhat`` floored at the site's
+    own exact partial (Qhat(k) is a sum of the sites' non-negative partials, so an honest
+    Qhat is at least this site's share; a smaller one would inflate its weights).
+
+    Not a refusal: where another site answers with DP, its noisy partial can pull the
+    broadcast below this site's share in an honest run; flooring keeps every w_k summing to at
+    most 1 over this site's points either way.  Returns (qhat used, {"qhat_floored": count}).
+    """
+    q = np.asarray(qhat, dtype=np.float64)
+    own = np.asarray(own_partial, dtype=np.float64)
+    used = np.maximum(q, own)
+    return used, {"qhat_floored": int(np.count_nonzero(used > q))}
+
+
 def pinned_samples(samples, index: int, own: np.ndarray, site: str) -> tuple:
     """The job's samples as given by a host, checked to hold this site's own published sample
     at ``index`` (the site's pin on what it published itself)."""

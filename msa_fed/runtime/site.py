@@ -21,7 +21,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
-from msa_fed.privacy.verify import pinned_samples, verify_domain_model
+from msa_fed.privacy.verify import own_qhat, pinned_samples, verify_domain_model
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
 
@@ -404,14 +404,17 @@ class SiteWorker:
             raise SiteStateLost(self.name)
         with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
             dec.update(rules.check_eta(msg.eta, self.policy, self.name))
+            # a probability vector; without DP floored at this site's own share (verify.own_qhat),
+            # with DP the weights are clipped (dp.py)
+            dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+            qhat = msg.qhat
             if self.guard.dp is None:
-                dec.update(rules.check_qhat(msg.qhat, self._own_partial, self.name))
-            else:  # the partials were noisy: a probability vector; the weights are clipped (dp.py)
-                dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+                qhat, floored = own_qhat(msg.qhat, self._own_partial)
+                dec.update(floored)
             self._points = None
             self._checked_eta = {}
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
-            points = site_point_set(self._Q, msg.qhat, self._outputs(), self.loss, y=y)
+            points = site_point_set(self._Q, qhat, self._outputs(), self.loss, y=y)
             dec.update(rules.check_concentration(points.w / points.pi[:, None], self.policy, self.name, "w"))
             self._points = points
             self._check_c(float(msg.eta), dec)
