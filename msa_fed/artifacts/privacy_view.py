@@ -23,7 +23,7 @@ def dp_on(epsilon_by_site: Mapping[str, float] | None) -> bool:
 
 
 def epsilon_line(names: Sequence[str], epsilon_by_site: Mapping[str, float] | None) -> str | None:
-    """"a=1, b=0.98, c=0 (DP off)" for the sites in order; None when no site used DP."""
+    """ "a=1, b=0.98, c=0 (DP off)" for the sites in order; None when no site used DP."""
     eps = dict(epsilon_by_site or {})
     if not dp_on(eps):
         return None

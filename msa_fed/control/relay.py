@@ -310,7 +310,7 @@ class RelayServicer(pb_grpc.RelayServicer):
     def FetchSample(self, request, context):
         yield from self._fetch(request, context, "sample")
 
-    def _fetch(self, request, context, kind: str):
+    def _fetch(self, request, context, kind):
         """The published ``kind`` of ``request.site``, to a site of an open job naming both."""
         principal = context.principal
         if principal.role != ROLE_SITE:

@@ -188,7 +188,11 @@ class RandomFourierFeatures(FeatureMap):
     def get_state(self) -> State:
         # the seed is declared (an int; None for a Generator or no seed) so that anyone with the
         # same samples can derive the same map
-        seed = self.random_state if isinstance(self.random_state, int) and not isinstance(self.random_state, bool) else None
+        seed = (
+            self.random_state
+            if isinstance(self.random_state, int) and not isinstance(self.random_state, bool)
+            else None
+        )
         return (
             {"n_components": self.n_components, "gamma": self.gamma, "random_state": seed},
             {

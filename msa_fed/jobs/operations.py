@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts
-
 from msa_fed.control.ops import exclusion_reason
 from msa_fed.control.ops_client import OpsClient
 from msa_fed.control.ops_models import (

@@ -105,7 +105,9 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
             "per-site losses",
         ),
         _img(
-            _figure_png(_curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')}){estimates}")),
+            _figure_png(
+                _curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')}){estimates}")
+            ),
             "solver convergence",
         ),
         _img(

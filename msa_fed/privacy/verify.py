@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -56,7 +57,7 @@ SampleSource = Callable[[], Sequence[np.ndarray]]
 FMAP_RTOL = 1e-7
 
 
-def _refuse(rule: str, site: str, what: str):
+def _refuse(rule: str, site: str, what: str) -> NoReturn:
     raise PrivacyError(rule, site, f"the request: {what}")
 
 
@@ -161,7 +162,9 @@ def check_maxent(
     Phis = [np.asarray(fmap.transform(np.asarray(X, dtype=np.float64)), dtype=np.float64) for X in samples]
     D = Phis[0].shape[1]
     if theta.ndim != 1 or theta.size != p * (D + 1) or not np.all(np.isfinite(theta)):
-        _refuse("verify_columns", site, f"the model must have one column per site of the job ({p}) over the map's features")
+        _refuse(
+            "verify_columns", site, f"the model must have one column per site of the job ({p}) over the map's features"
+        )
     Wb = theta.reshape(p, D + 1)
     W, b = Wb[:, :D], Wb[:, D]
     Phi = np.vstack(Phis)
@@ -177,9 +180,7 @@ def check_maxent(
     G = R.T @ Phi + 2.0 * mu * W
     grad_norm = float(np.linalg.norm(G))
     radius = grad_norm / (2.0 * mu)
-    phi_max = float(
-        max(np.sqrt(np.einsum("ij,ij->i", Phi, Phi)).max(), _row_norm_max(fmap.transform(X_labeled)))
-    )
+    phi_max = float(max(np.sqrt(np.einsum("ij,ij->i", Phi, Phi)).max(), _row_norm_max(fmap.transform(X_labeled))))
     deviation = math.sqrt(2.0) * radius * phi_max
     out = {
         "verify_grad_norm": grad_norm,
@@ -242,7 +243,9 @@ def pinned_samples(samples, index: int, own: np.ndarray, site: str) -> tuple:
     return samples
 
 
-def verify_domain_model(spec, samples: Sequence[np.ndarray] | None, X_labeled: np.ndarray, policy: SitePolicy, site: str) -> dict:
+def verify_domain_model(
+    spec, samples: Sequence[np.ndarray] | None, X_labeled: np.ndarray, policy: SitePolicy, site: str
+) -> dict:
     """The check :meth:`SiteWorker.set_domain_model` runs (``spec``: a DomainModelSpec).
 
     ``samples``: the published samples of the job's sites, in site order (None: the host has

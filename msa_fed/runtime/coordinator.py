@@ -66,6 +66,7 @@ class Coordinator:
         self.setup_log = SetupLog()
         self.checkpoint = Checkpoint(config.checkpoint_dir)
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
+        self.dp_sites: list[str] = []  # sites that answer with DP (their Qhat partial says so)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -225,7 +226,9 @@ class Coordinator:
             oracle64, _ = oracles(model.feature_map, "float64")
         else:
             oracle64 = lambda theta: gather(m.ThetaRequest(theta=theta))  # noqa: E731
-        model.theta_, polished = polish_maxent(oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter)
+        model.theta_, polished = polish_maxent(
+            oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter
+        )
         model.info_.update(polished)
         info = model.info_
         progress.note(
@@ -241,6 +244,7 @@ class Coordinator:
         parts = self._setup_all("set_domain_model", m.domain_model_spec(domain_model, self.p))
         self.note_epsilon(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
+        self.dp_sites = [i.name for i, r in zip(self.infos, parts) if getattr(r, "dp", False)]
         if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
             qhat = np.maximum(qhat, 1e-6)
             qhat = qhat / qhat.sum()
@@ -291,10 +295,11 @@ class Coordinator:
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
-        if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
+        if self.epsilon or self.dp_sites:  # a site answers with DP noise: few, chosen evaluations
             from msa_fed.privacy.solver import solve_noisy
 
-            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
+            dp = sorted(set(self.epsilon) | set(self.dp_sites))
+            progress.note(f"DC solver: DP at site(s) {dp}: {DP_EVALUATIONS} noisy evaluations")
             res = solve_noisy(
                 oracle,
                 cfg.eta,

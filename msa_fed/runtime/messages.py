@@ -183,7 +183,8 @@ def domain_model_from_spec(spec: DomainModelSpec):
 @dataclass(frozen=True)
 class PublishedSamples(Message):
     """The published unlabelled samples of a job's sites, in site order: given by the host of
-    a site worker (in-process, cluster) so that the site can verify the domain model."""
+    a site worker (in-process, cluster) so that the site can verify the domain model.  Not a request of the coordinator (the host's own
+    copy of published material), so not one of REQUEST_TYPES; a site process never gets it."""
 
     samples: tuple
 
@@ -265,6 +266,7 @@ class QhatPartial(Message):
     sums: np.ndarray  # (p,)
     n: int
     epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
+    dp: bool = False  # the site answers with DP (its partial is over its published sample)
 
 
 @dataclass(frozen=True)

@@ -184,10 +184,8 @@ class RaySites:
         them): one copy in the object store, kept for an actor that restarts."""
         import ray
 
-        msg = m.PublishedSamples(tuple(samples))
-        self._published = ray.put(msg)
-        for e in self.sites:
-            self.recorder.record("to_site", e.name, "set_published", msg)
+        # published material from the host, not a coordinator request: not recorded (local.py)
+        self._published = ray.put(m.PublishedSamples(tuple(samples)))
         refs = [e.handle.set_published.remote(self._published) for e in self.sites]
         for e, ref in zip(self.sites, refs):
             self._get(e, ref, lambda e=e: e.handle.set_published.remote(self._published), "set_published", False)

@@ -21,7 +21,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
-from msa_fed.privacy.verify import own_qhat, pinned_samples, verify_domain_model
+from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
 
@@ -164,10 +164,6 @@ class SiteWorker:
     requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
-    #: the published samples of the job's sites, for verifying domain models: a callable that
-    #: returns them in site order, set by the host (:meth:`set_published`, the site agent)
-    published = None
-
     def __init__(
         self,
         name: str,
@@ -210,6 +206,8 @@ class SiteWorker:
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's exact Qhat partial for that model
         self._checked_eta: dict = {}
+        # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
+        self.published: SampleSource | None = None
 
     @classmethod
     def from_path(
@@ -375,12 +373,9 @@ class SiteWorker:
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, key
             dp = self.guard.dp
-            if dp is not None:
-                from msa_fed.privacy.dp import qhat_sensitivity
-
-                dec.update(dp.spend())
-                sums = sums + dp.noise(sums.shape, qhat_sensitivity(n, int(msg.n_sources)))
-        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent())
+            if dp is not None:  # the same estimate over the published sample: public, no epsilon spent
+                sums = qhat_partial(model.predict_proba(self.X_unlabeled), msg.n_sources)
+        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=dp is not None)
 
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster

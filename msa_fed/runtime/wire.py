@@ -266,6 +266,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
         _put_array(body.sums, msg.sums)
         body.n = int(msg.n)
         body.epsilon = float(msg.epsilon)
+        body.dp = bool(msg.dp)
     elif isinstance(msg, m.DCPartial):
         s = msg.sums
         if not isinstance(s, DCSums):
@@ -363,7 +364,9 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
     if cls is m.QhatPartial:
         if not b.HasField("sums"):
             raise WireError(f"{what}: sums is missing")
-        return m.QhatPartial(sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what))
+        return m.QhatPartial(
+            sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what), dp=bool(b.dp)
+        )
     if cls is m.DCPartial:
         if not b.HasField("sums"):
             raise WireError("malformed DC sums: missing")

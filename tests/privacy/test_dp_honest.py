@@ -47,16 +47,20 @@ def test_dp_at_one_site_never_makes_another_refuse(seed):
     assert model.z.sum() == pytest.approx(1.0)
 
 
-def test_floored_qhat_happens_in_honest_dp_runs():
-    """Over a few seeds the DP site's noise does pull Qhat below another site's share: the
-    floor is exercised, not hypothetical."""
-    floored = 0
-    for seed in range(6):
-        sites = make_sites(random_state=seed)
-        dp = SitePolicy(dp_enabled=True, epsilon_per_job=0.3, dp_dc_evaluations=30)
-        _, audits = _fit(sites, [dp, SitePolicy(), SitePolicy()])
-        floored += sum(r["decisions"].get("qhat_floored", 0) for recs in audits[1:] for r in recs)
-    assert floored > 0
+def test_a_dp_site_answers_qhat_from_its_published_sample_at_no_epsilon():
+    """The DP site's Qhat partial is over its published sample: no noise, nothing spent, and
+    the broadcast can no longer fall below another site's own share."""
+    from msa_fed.runtime.messages import Recorder
+
+    sites = make_sites(random_state=2)
+    dp = SitePolicy(dp_enabled=True, epsilon_per_job=0.3, dp_dc_evaluations=30)
+    rec = Recorder()
+    model, audits = _fit(sites, [dp, SitePolicy(), SitePolicy()], recorder=rec)
+    (part,) = [msg for d, s, meth, msg in rec.records if d == "from_site" and s == "a" and meth == "set_domain_model"]
+    Q = model.domain_model.predict_proba(sites[0].X_unlabeled)
+    assert part.dp and part.epsilon == 0.0
+    assert np.allclose(part.sums, Q.mean(axis=0) / 3)
+    assert sum(r["decisions"].get("qhat_floored", 0) for recs in audits[1:] for r in recs) == 0
 
 
 def test_losses_and_epsilon_are_shown_as_dp_estimates(tmp_path):

@@ -187,12 +187,12 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     _r, outs = _honest_round(w, X, n_eval=3)
     nm = w.guard.dp.noise_multiplier
     acc = rdp.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 4))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 3))
     assert outs[-1].epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
     assert 0 < outs[0].epsilon < outs[1].epsilon < outs[2].epsilon < 1.0
-    # the planned 1 + 5 answers spend exactly the job's epsilon
+    # the planned 5 DC answers spend exactly the job's epsilon (the Qhat partial is public)
     full = rdp.RdpAccountant()
-    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 6))
+    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 5))
     assert full.get_epsilon(1e-6) == pytest.approx(1.0, abs=1e-3)
     for _ in range(2):
         w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))

@@ -111,7 +111,7 @@ def _categorical_sites(seed=0):
     for k in range(3):
         probs = np.roll(np.array([0.4, 0.3, 0.15, 0.1, 0.05]), k)
 
-        def draw(n):
+        def draw(n, probs=probs):
             X = rng.choice(5, size=(n, 3), p=probs).astype(float)
             y = ((X.sum(axis=1) + rng.normal(size=n)) > 5).astype(int)
             return X, y

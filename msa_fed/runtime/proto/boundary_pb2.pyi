@@ -215,14 +215,16 @@ class GradSum(_message.Message):
     def __init__(self, loss: _Optional[float] = ..., grad: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class QhatPartial(_message.Message):
-    __slots__ = ("sums", "n", "epsilon")
+    __slots__ = ("sums", "n", "epsilon", "dp")
     SUMS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
     sums: NdArray
     n: int
     epsilon: float
-    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
+    dp: bool
+    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ..., dp: _Optional[bool] = ...) -> None: ...
 
 class Numeric(_message.Message):
     __slots__ = ("array", "scalar")
