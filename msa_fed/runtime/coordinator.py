@@ -222,14 +222,16 @@ class Coordinator:
         model.info_ = {**model.info_, "history": curve}
         bar.close()
         # the sites accept only the public optimum (msa_fed/privacy/verify.py): polish in float64
-        if ccfg.dtype != "float64":
-            oracle64, _ = oracles(model.feature_map, "float64")
-        else:
-            oracle64 = lambda theta: gather(m.ThetaRequest(theta=theta))  # noqa: E731
-        model.theta_, polished = polish_maxent(
-            oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter
-        )
-        model.info_.update(polished)
+        # (a custom map is an in-process caller's own and is not verified: no polish)
+        if m.feature_map_fields(model.feature_map)[0] is not None:
+            if ccfg.dtype != "float64":
+                oracle64, _ = oracles(model.feature_map, "float64")
+            else:
+                oracle64 = lambda theta: gather(m.ThetaRequest(theta=theta))  # noqa: E731
+            model.theta_, polished = polish_maxent(
+                oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter
+            )
+            model.info_.update(polished)
         info = model.info_
         progress.note(
             f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
