@@ -197,7 +197,13 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
         pol = SitePolicy(domain_models_per_job=10**6, domain_models_per_day=10**6)
         spec = m.domain_model_spec(model, p)
         worker = SiteWorker(
-            "s0", 0, Xl, yl, U[0], predictors=[h] * p, classes=np.array([0, 1]),
+            "s0",
+            0,
+            Xl,
+            yl,
+            U[0],
+            predictors=[h] * p,
+            classes=np.array([0, 1]),
             policy=replace(pol, verify_domain_models=False),
         )
         ts_check, ts_set = [], []
