@@ -265,3 +265,15 @@ def test_policy_keys_and_tightening():
     assert tighten(SitePolicy(), {"verify_tolerance": 1.0}).verify_tolerance == 0.01
     with pytest.raises(ConfigError, match="mu_max"):
         SitePolicy(mu_min=1.0, mu_max=0.1)
+
+
+def test_a_model_verifies_after_crossing_the_wire(sites):
+    """What a site process receives (the boundary schema) verifies like the in-process spec:
+    the rff seed and every parameter keep their types."""
+    from msa_fed.runtime import wire
+
+    rff = honest(sites, features=("rff", {"n_components": 50}))
+    spec = m.domain_model_spec(rff, 3)
+    method, back = wire.from_proto(wire.to_proto("set_domain_model", spec, wire.REQUESTS), wire.REQUESTS)
+    assert back.feature_map[1]["random_state"] == 0 and back.mu == rff.mu
+    assert site(sites).set_domain_model(back).n == 61
