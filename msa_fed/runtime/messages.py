@@ -183,8 +183,9 @@ def domain_model_from_spec(spec: DomainModelSpec):
 @dataclass(frozen=True)
 class PublishedSamples(Message):
     """The published unlabelled samples of a job's sites, in site order: given by the host of
-    a site worker (in-process, cluster) so that the site can verify the domain model.  Not a request of the coordinator (the host's own
-    copy of published material), so not one of REQUEST_TYPES; a site process never gets it."""
+    a site worker (in-process, cluster) so that the site can verify the domain model.  Not a
+    request of the coordinator (the host's own copy of published material), so not one of
+    REQUEST_TYPES; a site process never gets it (it fetches the samples from the registry)."""
 
     samples: tuple
 
