@@ -277,3 +277,29 @@ def test_a_model_verifies_after_crossing_the_wire(sites):
     method, back = wire.from_proto(wire.to_proto("set_domain_model", spec, wire.REQUESTS), wire.REQUESTS)
     assert back.feature_map[1]["random_state"] == 0 and back.mu == rff.mu
     assert site(sites).set_domain_model(back).n == 61
+
+
+@pytest.mark.parametrize("p,n,shift", [(2, 30, 3.0), (5, 100, 0.5), (8, 300, 1.5)])
+def test_honest_federations_of_every_shape_are_verified(p, n, shift):
+    """Honest sweep: p sites, n labelled points each, separated (large shift) or overlapping
+    domains; every site verifies the coordinator's model and none refuses.  (Concentration
+    refusals are lifted here: they are a separate rule, about labelled points, not models.)"""
+    rng = np.random.default_rng(p * 1000 + n)
+    d = 3
+    out = []
+    for k in range(p):
+        mean = shift * rng.normal(size=d)
+
+        def draw(m_, mean=mean):
+            X = rng.normal(size=(m_, d)) + mean
+            return X, (X[:, 0] - mean[0] + 0.3 * rng.normal(size=m_) > 0).astype(int)
+
+        Xt, yt = draw(200)
+        Xl, yl = draw(n)
+        Xu, _ = draw(n + 17)
+        out.append(SiteData(f"s{k}", Xl, yl, Xu, LogisticRegression().fit(Xt, yt)))
+    pol = replace(ROOMY, min_effective_points=1e-9, max_point_share=1.0, min_points=10)
+    model, audits = _fit(out, policy=pol, min_points=10)
+    dev = _deviations(audits)
+    assert len(dev) == p and max(dev) <= SitePolicy().verify_tolerance / 10
+    assert not [r for recs in audits for r in recs if r["outcome"] != "answered"]
