@@ -49,7 +49,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor, sha256_hex  # noqa: E402
 from msa_fed.core.config import ClassifierConfig, SolverConfig  # noqa: E402
-from msa_fed.core.features import StandardFeatures, feature_map_state  # noqa: E402
+from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
@@ -110,11 +110,20 @@ def bench_round(args, workdir: Path) -> dict:
     files = make_sites(p, 2000, 1000)
     names = sorted(files)
     kw, preds, classes = _kwargs(files, names)
-    fmap = StandardFeatures().fit(np.vstack([files[n].X_unlabeled for n in names]))
-    width = fmap.transform(files[names[0]].X_unlabeled[:1]).shape[1]
-    theta = np.random.default_rng(1).normal(size=p * (width + 1)) * 0.1
-    spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
-    local = [SiteWorker(**k) for k in kw]
+    # the optimum over the published samples (float32 on the wire), polished: the sites verify it
+    from dataclasses import replace
+
+    from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle, train_domain_classifier
+
+    U = [files[n].X_unlabeled.astype(np.float32).astype(np.float64) for n in names]
+    ccfg = ClassifierConfig(mu=1e-3)
+    dm = train_domain_classifier(U, StandardFeatures(), ccfg)
+    oracle = sum_oracle(balanced_shards([dm.feature_map.transform(X) for X in U], replace(ccfg, dtype="float64")))
+    dm.theta_, _ = polish_maxent(oracle, dm.theta_, dm.n_features_, p, ccfg.mu, ccfg.max_iter)
+    spec = m.domain_model_spec(dm, p)
+    local = [SiteWorker(**{**k, "X_unlabeled": X}) for k, X in zip(kw, U)]  # the published values
+    for w in local:
+        w.set_published(m.PublishedSamples(tuple(U)))
     parts = [w.set_domain_model(spec) for w in local]
     qhat = np.sum([r.sums for r in parts], axis=0)
     for w in local:

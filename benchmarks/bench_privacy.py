@@ -10,6 +10,10 @@ on disk.  Median of interleaved repeats, in one run; n labelled points per site 
     python benchmarks/bench_privacy.py [--rounds 200] [--json benchmarks/results/bench_privacy.json]
     python benchmarks/bench_privacy.py --ray        # also: full DC rounds on Ray site actors (TLS channel)
 
+``--verify``: the cost of verifying a domain model at a site (msa_fed/privacy/verify.py): p = 8
+sites, 1000 published points each, d = 20, the polished optimum; the standard map and 1000
+random Fourier features; median of repeats, against ``set_domain_model`` with verification off.
+
 ``--ray``: p = 8 site actors on a local Ray (50 labelled points each, as in bench_runtime's
 round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over the TLS data
 channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
@@ -50,6 +54,8 @@ def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
     theta = rng.normal(scale=0.3, size=p * (d + 1))
     spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
     workers = []
+    # a random theta: these sites time DC rounds, so they do not verify the model (timed in verify_cost)
+    policy_kw = {"verify_domain_models": False, **policy_kw}
     for k, (X, y) in enumerate(data):
         pol = SitePolicy(**{kk: (v.format(k=k) if isinstance(v, str) else v) for kk, v in policy_kw.items()})
         workers.append(
@@ -133,6 +139,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     try:
         for name, be in backends.items():
             c = Coordinator(be, preds, FitConfig(method="gmsa", features="standard", bandwidth=1.0)).start()
+            be.share_samples(data)  # the sites verify the KDE's samples against the published ones
             dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
             _, oracles[name] = c.prepare_dc(dm)
             times[name] = []
@@ -160,6 +167,67 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     return out
 
 
+def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dict:
+    """Median seconds of one verification (check_maxent) and of set_domain_model without it."""
+    from dataclasses import replace
+
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.core.config import ClassifierConfig
+    from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle, train_domain_classifier
+    from msa_fed.core.features import feature_map_state, make_feature_map
+    from msa_fed.privacy.policy import SitePolicy
+    from msa_fed.privacy.verify import check_maxent
+    from msa_fed.runtime import messages as m
+    from msa_fed.runtime.site import SiteWorker
+
+    rng = np.random.default_rng(0)
+    U = [rng.normal(size=(n, d)) + 0.7 * np.eye(d)[k % d] for k in range(p)]
+    Xl = rng.normal(size=(n, d)) + 0.7 * np.eye(d)[0]
+    yl = (Xl[:, 0] > 0.3).astype(int)
+    h = LogisticRegression().fit(Xl, yl)
+    out = {}
+    for label, feats in (("standard", "standard"), ("rff, 1000 components", ("rff", {"n_components": 1000}))):
+        cfg = ClassifierConfig(mu=1e-3)
+        model = train_domain_classifier(U, make_feature_map(feats, 0), cfg)
+        Phis = [model.feature_map.transform(X) for X in U]
+        oracle = sum_oracle(balanced_shards(Phis, replace(cfg, dtype="float64")))
+        model.theta_, _ = polish_maxent(oracle, model.theta_, model.n_features_, p, cfg.mu, 1000)
+        state = feature_map_state(model.feature_map)
+        pol = SitePolicy(domain_models_per_job=10**6, domain_models_per_day=10**6)
+        spec = m.domain_model_spec(model, p)
+        worker = SiteWorker(
+            "s0",
+            0,
+            Xl,
+            yl,
+            U[0],
+            predictors=[h] * p,
+            classes=np.array([0, 1]),
+            policy=replace(pol, verify_domain_models=False),
+        )
+        ts_check, ts_set = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            res = check_maxent(model.theta_, cfg.mu, state, U, Xl, pol, "s0")
+            ts_check.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            worker._spec_key = None
+            worker.set_domain_model(spec)
+            ts_set.append(time.perf_counter() - t)
+        out[label] = {
+            "verify_ms": float(np.median(ts_check)) * 1e3,
+            "set_domain_model_without_ms": float(np.median(ts_set)) * 1e3,
+            "deviation": res["verify_deviation"],
+        }
+        print(
+            f"verify, p={p}, {n} points per site, d={d}, {label:<22} {out[label]['verify_ms']:8.1f} ms "
+            f"(set_domain_model without it {out[label]['set_domain_model_without_ms']:.1f} ms; "
+            f"deviation of the honest model {res['verify_deviation']:.2g})"
+        )
+    return out
+
+
 def main(argv=None):
     from msa_fed.runtime import messages as m
 
@@ -169,15 +237,19 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--ray", action="store_true", help="also time full DC rounds on Ray site actors")
     ap.add_argument("--ray-only", action="store_true", help="only the Ray rounds")
+    ap.add_argument("--verify", action="store_true", help="also time the verification of a domain model")
+    ap.add_argument("--verify-only", action="store_true", help="only the verification")
     args = ap.parse_args(argv)
     p = 8
     tmp = Path(tempfile.mkdtemp())
     rng = np.random.default_rng(1)
     zs = rng.dirichlet(np.ones(p), size=args.rounds)
     out = {}
+    if args.verify or args.verify_only:
+        out["verify_p8_n1000_d20"] = verify_cost()
     if args.ray or args.ray_only:
         out["ray_round_p8"] = ray_rounds(args.rounds)
-    for n in [] if args.ray_only else (int(s) for s in args.sizes.split(",")):
+    for n in [] if (args.ray_only or args.verify_only) else (int(s) for s in args.sizes.split(",")):
         variants = {
             "default policy (memory ledger + log)": make_sites(
                 p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9}

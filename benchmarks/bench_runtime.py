@@ -90,15 +90,24 @@ def make_federation(p: int, n_labeled: int, n_unlabeled: int, d: int, seed: int 
 
 
 def domain_model(kwargs: list[dict], seed: int = 1) -> DomainClassifier:
-    """A fixed Maxent domain model (random weights on standardised inputs), the same everywhere."""
-    p, d = len(kwargs), kwargs[0]["X_labeled"].shape[1]
-    fmap = StandardFeatures().fit(np.vstack([kw["X_unlabeled"] for kw in kwargs]))
-    theta = np.random.default_rng(seed).normal(scale=0.5, size=p * (d + 1))
-    return DomainClassifier(fmap, theta, p, mu=0.0)
+    """The Maxent domain model of the sites' published samples (standardised inputs, polished to
+    the optimum, as the coordinator trains it: the sites verify it), the same everywhere."""
+    from dataclasses import replace
+
+    from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle
+
+    U = [kw["X_unlabeled"] for kw in kwargs]
+    cfg = ClassifierConfig(mu=1e-3)
+    model = train_domain_classifier(U, StandardFeatures(), cfg, random_state=seed)
+    oracle = sum_oracle(balanced_shards([model.feature_map.transform(X) for X in U], replace(cfg, dtype="float64")))
+    model.theta_, _ = polish_maxent(oracle, model.theta_, model.n_features_, len(U), cfg.mu, cfg.max_iter)
+    return model
 
 
 def coordinator_for(backend, kwargs, **config) -> Coordinator:
-    return Coordinator(backend, kwargs[0]["predictors"], FitConfig(**config)).start()
+    c = Coordinator(backend, kwargs[0]["predictors"], FitConfig(**config)).start()
+    backend.share_samples([kw["X_unlabeled"] for kw in kwargs])  # the sites verify the domain model
+    return c
 
 
 def actor_memory_mb(backend) -> float:

@@ -121,6 +121,7 @@ METHOD_RULES: dict[str, MethodRule] = {
         {
             "Connect": MethodRule(SITE, transfer=True, idle_s=RELAY_IDLE_S, deadline_s=RELAY_STREAM_DEADLINE_S),
             "FetchPredictor": MethodRule(SITE, transfer=True),
+            "FetchSample": MethodRule(SITE, transfer=True),
             "OpenJob": MethodRule(ADMIN),
             "Call": MethodRule(ADMIN),
             "CloseJob": MethodRule(ADMIN),

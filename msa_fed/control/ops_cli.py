@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, epsilon_line, loss_texts
 from msa_fed.clitools import command_group
 from msa_fed.errors import ConfigError
 
@@ -151,6 +152,20 @@ def _model_list(args) -> int:
     return 0
 
 
+def print_model_facts(man: dict) -> None:
+    """z, the losses (marked as estimates under DP) and the epsilon each site spent."""
+    sites = man.get("sites") or []
+    eps = man.get("epsilon_by_site") or {}
+    if man.get("z"):
+        print(f"{'z':<15} " + "  ".join(f"{n}={v:.4f}" for n, v in zip(sites, man["z"])))
+    if man.get("domain_losses"):
+        texts = loss_texts(man["domain_losses"], eps)
+        print(f"{'L_k(z)':<15} " + "  ".join(f"{n}={v}" for n, v in zip(sites, texts)))
+    shown = epsilon_line(sites, eps)
+    if shown is not None:
+        print(f"{'epsilon':<15} {shown}  ({ESTIMATE_NOTE})")
+
+
 def _model_show(args) -> int:
     client, ops = _ops(args)
     with client:
@@ -179,9 +194,7 @@ def _model_show(args) -> int:
         f"output_version {man.get('output_version') or '-'}"
     )
     print(f"method          {man.get('method', '-')} / {man.get('task', '-')}, eta={man.get('eta', '-')}")
-    for label, values in (("z", man.get("z")), ("L_k(z)", man.get("domain_losses"))):
-        if values:
-            print(f"{label:<15} " + "  ".join(f"{n}={v:.4f}" for n, v in zip(sites, values)))
+    print_model_facts(man)
     for k, sha in enumerate(man.get("predictor_sha256") or []):
         print(f"predictor       {sites[k] if k < len(sites) else k}: sha256 {sha}")
     for p in m["promotions"]:

@@ -22,6 +22,8 @@ Checks, on the registry's side:
   site that goes away fail at once with UNAVAILABLE naming it.
 - ``FetchPredictor``: a site may download the published predictor of a site named by a job that
   names the caller too (it needs every site's predictor on its own labelled points).
+- ``FetchSample``: the same for a site's published unlabelled sample (the site verifies the
+  job's domain model against the samples of all the job's sites).
 
 Each connected site holds one of the server's worker threads for its stream (and one reader
 thread of its own) and one of its stream slots (half its workers, shared with uploads and
@@ -303,9 +305,16 @@ class RelayServicer(pb_grpc.RelayServicer):
         conn.close("CANCELLED", "the site closed its stream")
 
     def FetchPredictor(self, request, context):
+        yield from self._fetch(request, context, "predictor")
+
+    def FetchSample(self, request, context):
+        yield from self._fetch(request, context, "sample")
+
+    def _fetch(self, request, context, kind):
+        """The published ``kind`` of ``request.site``, to a site of an open job naming both."""
         principal = context.principal
         if principal.role != ROLE_SITE:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "only a site fetches predictors through the relay")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only a site fetches {kind}s through the relay")
         with self._lock:
             job = self._jobs.get(request.job_id)
         if job is None or principal.name not in job.sites or request.site not in job.sites:
@@ -315,10 +324,10 @@ class RelayServicer(pb_grpc.RelayServicer):
                 f"site {request.site[:64]!r}",
             )
         site = self.registry.store.get_site(request.site)
-        record = site.predictor if site is not None else None
+        record = getattr(site, kind) if site is not None else None
         data = self.registry.store.get_blob(record.sha256) if record is not None else None
         if data is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"site {request.site!r} has no published predictor")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"site {request.site!r} has no published {kind}")
         yield reg_pb.DownloadChunk(artifact=artifact_to_pb(record))
         for start in range(0, len(data), CHUNK_BYTES):
             yield reg_pb.DownloadChunk(chunk=data[start : start + CHUNK_BYTES])

@@ -263,6 +263,39 @@ def fit_maxent(
     return theta, info
 
 
+#: the polish's stopping tolerance on the largest gradient entry (float64 sums reach ~1e-12)
+POLISH_GTOL = 1e-10
+
+
+def polish_maxent(
+    gradient_oracle: GradientOracle, theta: np.ndarray, n_features: int, n_sources: int, mu: float, max_iter: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """L-BFGS in float64 from ``theta`` until the gradient of F is at round-off level.
+
+    A site accepts a domain model only close to the exact optimum of the public objective
+    (:mod:`msa_fed.privacy.verify` bounds |W - W*| by |grad F| / (2 mu)); L-BFGS on its usual
+    relative-decrease test, SGD and float32 products all stop further away (measured: gradient
+    norms 5e-6 after float32 L-BFGS, 4e-2 after SGD on a 900-point problem).  The oracle must
+    compute its sums in float64.  Returns (theta, {"polish_iter", "grad_norm"}).
+    """
+
+    def objective(th: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grad = gradient_oracle(th)
+        reg, greg = _regularise(th, mu, n_features, n_sources)
+        return loss + reg, grad + greg
+
+    with one_blas_thread():
+        res = minimize(
+            objective,
+            np.asarray(theta, dtype=np.float64),
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": max_iter, "ftol": 0.0, "gtol": POLISH_GTOL, "maxcor": 30},
+        )
+        _, grad = objective(res.x)
+    return np.asarray(res.x), {"polish_iter": int(res.nit), "grad_norm": float(np.linalg.norm(grad))}
+
+
 def sum_oracle(shards: Sequence[MaxentShard]) -> GradientOracle:
     """The in-process gradient oracle over shards (the pooled objective)."""
 

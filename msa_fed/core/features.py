@@ -186,8 +186,15 @@ class RandomFourierFeatures(FeatureMap):
         return features
 
     def get_state(self) -> State:
+        # the seed is declared (an int; None for a Generator or no seed) so that anyone with the
+        # same samples can derive the same map
+        seed = (
+            self.random_state
+            if isinstance(self.random_state, int) and not isinstance(self.random_state, bool)
+            else None
+        )
         return (
-            {"n_components": self.n_components, "gamma": self.gamma},
+            {"n_components": self.n_components, "gamma": self.gamma, "random_state": seed},
             {
                 "mean": self.standard_.mean_,
                 "scale": self.standard_.scale_,
@@ -198,7 +205,7 @@ class RandomFourierFeatures(FeatureMap):
 
     @classmethod
     def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> RandomFourierFeatures:
-        obj = cls(n_components=params["n_components"], gamma=params["gamma"])
+        obj = cls(n_components=params["n_components"], gamma=params["gamma"], random_state=params.get("random_state"))
         obj.standard_ = StandardFeatures.from_state({}, arrays)
         obj.weights_, obj.offset_ = arrays["weights"], arrays["offset"]
         obj.n_features_in_ = obj.weights_.shape[0]

@@ -353,6 +353,7 @@ class SiteAgent:
             classes=msg.classes,
             **worker_policy_kwargs(self.policy, msg, job),
         )
+        worker.published = self._published_samples(job, sites)  # to verify domain models
         info = worker.info()
         old = self.jobs.pop(job, None)
         if old is not None:  # joined again (the job restarted): the new worker replaces it
@@ -395,6 +396,49 @@ class SiteAgent:
                 f"cannot fetch the predictor of site {site!r}: {exc.code().name}: {exc.details()}"
             ) from None
         return b"".join(parts)
+
+    def _published_samples(self, job: str, sites: list[str]):
+        """A source of the job's published samples (fetched from the registry on first use, each
+        checked against the sha256 the registry recorded; this site's own against its own)."""
+        got: list = []
+
+        def samples():
+            if not got:
+                got.append(tuple(self._fetch_sample(job, name) for name in sites))
+            return got[0]
+
+        return samples
+
+    def _fetch_sample(self, job: str, site: str) -> np.ndarray:
+        from msa_fed.control.convert import artifact_from_pb
+
+        parts, header = [], None
+        try:
+            for chunk in self._stub.FetchSample(
+                pb.FetchSampleRequest(job_id=job, site=site),
+                timeout=120,
+                metadata=(("authorization", f"Bearer {self.token}"),),
+            ):
+                which = chunk.WhichOneof("part")
+                if which == "artifact" and header is None:
+                    header = artifact_from_pb(chunk.artifact)
+                elif which == "chunk" and header is not None:
+                    parts.append(chunk.chunk)
+                    if sum(len(p) for p in parts) > 256 * 2**20:
+                        raise ConfigError(f"the sample of site {site!r} is larger than 256 MiB")
+                else:
+                    raise ConfigError(f"fetching the sample of site {site!r}: unexpected message")
+        except grpc.RpcError as exc:
+            raise ConfigError(f"cannot fetch the sample of site {site!r}: {exc.code().name}: {exc.details()}") from None
+        data = b"".join(parts)
+        if header is None or hashlib.sha256(data).hexdigest() != header.sha256:
+            raise ConfigError(f"the sample of site {site!r} does not match its published sha256")
+        if site == self.name and header.sha256 != self.sample_sha256:
+            raise ConfigError(f"the registry's sample of site {site!r} is not the one this site published")
+        rows, cols = int(header.meta["rows"]), int(header.meta["cols"])
+        if rows * cols * 4 != len(data):
+            raise ConfigError(f"the sample of site {site!r}: {len(data)} bytes do not make ({rows}, {cols})")
+        return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float64)
 
     def close(self):
         for worker in self.jobs.values():

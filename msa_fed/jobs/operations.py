@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts
 from msa_fed.control.ops import exclusion_reason
 from msa_fed.control.ops_client import OpsClient
 from msa_fed.control.ops_models import (
@@ -167,14 +168,18 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     """The final summary: z, per-site L_k(z), the objective, and epsilon spent when DP is on."""
     names = model.site_names
     lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
+    eps = getattr(model, "epsilon_by_site", None) or {}
     if model.domain_losses is not None:
-        lines.append("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.domain_losses)))
-        lines.append(
-            f"eta    = {model.eta:g}   max_k L_k(z) = {np.max(model.domain_losses):.4f}   Gamma(z) = {model.gamma:.3g}"
-        )
-    if epsilon is None:
-        epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
-    if epsilon is not None:
+        texts = loss_texts(model.domain_losses, eps)
+        worst = loss_texts([np.max(model.domain_losses)], eps)[0]
+        lines.append("L_k(z) = " + "  ".join(f"{n}={v}" for n, v in zip(names, texts)))
+        lines.append(f"eta    = {model.eta:g}   max_k L_k(z) = {worst}   Gamma(z) = {model.gamma:.3g}")
+        if dp_on(eps):
+            lines.append(ESTIMATE_NOTE)
+    shown = epsilon_line(names, eps)
+    if shown is not None:
+        lines.append(f"differential privacy: epsilon spent by site: {shown}")
+    elif epsilon is not None:
         lines.append(f"differential privacy: epsilon spent = {float(epsilon):.4g}")
     return lines
 

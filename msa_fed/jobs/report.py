@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts, shown_losses
+
 
 def _figure_png(draw, width: float = 5.5, height: float = 3.2) -> str:
     import matplotlib
@@ -82,7 +84,11 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     info = model.info if isinstance(model.info, dict) else {}
     solver = info.get("solver") or {}
     classifier = info.get("classifier") or {}
-    losses = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
+    eps = getattr(model, "epsilon_by_site", None) or {}
+    raw = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
+    losses = shown_losses(raw, eps)  # DP: estimates, clamped at 0
+    loss_cells = loss_texts(raw, eps)
+    estimates = " (DP estimates)" if dp_on(eps) else ""
     plots = [
         _img(_figure_png(_bars(names, model.z, "z_k", "mixture weights z")), "mixture weights z"),
         _img(
@@ -91,7 +97,7 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
                     names,
                     losses,
                     "L_k(z)",
-                    "loss of g_z on each site's distribution",
+                    "loss of g_z on each site's distribution" + estimates,
                     line=float(np.nanmax(losses)),
                     line_label="max_k L_k(z)",
                 )
@@ -99,7 +105,9 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
             "per-site losses",
         ),
         _img(
-            _figure_png(_curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')})")),
+            _figure_png(
+                _curve(model.history, "iteration", "objective", f"z solver ({solver.get('method', '?')}){estimates}")
+            ),
             "solver convergence",
         ),
         _img(
@@ -123,7 +131,7 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
             _row(
                 name,
                 f"{model.z[k]:.4f}",
-                f"{losses[k]:.4f}",
+                loss_cells[k],
                 n_lab[k] if k < len(n_lab) else "",
                 n_unl[k] if k < len(n_unl) else "",
                 shas[k] if k < len(shas) else "",
@@ -132,7 +140,7 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
-        ("max_k L_k(z)", f"{np.nanmax(losses):.4f}"),
+        ("max_k L_k(z)", loss_texts([np.nanmax(raw)], eps)[0]),
         ("Gamma(z)", f"{model.gamma:.4g}"),
         (
             "solver",
@@ -155,9 +163,9 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
         ),
         ("code version", manifest.get("code_version", "-")),
     ]
-    epsilon = (info.get("privacy") or {}).get("epsilon")
-    if epsilon is not None:
-        facts.append(("differential privacy", f"epsilon spent = {float(epsilon):.4g}"))
+    shown = epsilon_line(names, eps)
+    if shown is not None:
+        facts.append(("differential privacy", f"epsilon spent by site: {shown}; {ESTIMATE_NOTE}"))
     if record is not None:
         facts = [
             ("registry version", str(record.version)),

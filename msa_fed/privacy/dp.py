@@ -4,15 +4,19 @@ Neighbouring data sets differ in one labelled point of the site (replace one; th
 n, hence pi_i = 1 / (p n), is public).  Every aggregate derived from labelled data gets
 Gaussian noise of standard deviation ``noise_multiplier * sensitivity``:
 
-- Qhat partial s_k = sum_i pi_i Q(k|x_i): one point moves the vector by pi (Q - Q'), L2 <= pi sqrt 2.
+- Qhat partial: with DP on, the site answers the same estimate over its published unlabelled
+  sample, (1/p) mean_{x in U} Q(k|x): public, so it costs no epsilon and carries no noise
+  (measured: the noisy partial over the labelled points was what sent DP runs at 30 to 100
+  labelled points per site to a bad z; docs/RESULTS.md).  ``qhat_sensitivity`` is kept for
+  reference: a noisy labelled partial would have L2 sensitivity pi sqrt 2.
 - DC sums (DP mode answers the losses L_k only): w_k(i) = pi_i min(q_k(x_i), ratio_clip) and the
   loss clipped to [0, loss_clip], so each coordinate of one point's contribution lies in
   [0, pi ratio_clip loss_clip] and the L2 sensitivity is pi ratio_clip loss_clip sqrt p.
 
 Each answer is one ``GaussianDpEvent(noise_multiplier)``; a job's events are composed with the
 RDP accountant of ``dp_accounting`` (never by hand).  The noise multiplier is calibrated once
-per job (``calibrate_dp_mechanism``) so that the planned number of answers (one Qhat partial and
-``dp_dc_evaluations`` DC answers) spends exactly ``epsilon_per_job`` at ``delta``; an answer
+per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations`` DC
+answers) spends exactly ``epsilon_per_job`` at ``delta``; an answer
 beyond the job's or the site's lifetime budget is refused.
 """
 
@@ -64,7 +68,7 @@ class DPAccountant:
 
     def __init__(self, policy: SitePolicy, ledger, job: str, site: str):
         self.policy, self.ledger, self.job, self.site = policy, ledger, job, site
-        self.planned = 1 + policy.dp_dc_evaluations
+        self.planned = policy.dp_dc_evaluations
         self.noise_multiplier = calibrate(policy.epsilon_per_job, policy.delta, self.planned)
         self.rng = np.random.default_rng()  # seeded from the OS
 

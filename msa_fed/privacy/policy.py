@@ -40,6 +40,11 @@ File layout (every section and key optional; unknown ones are errors naming them
     dc_evaluations = 40            # DP answers planned per job (noise calibrated for them)
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
+
+    [verify]
+    domain_models = true           # recompute the domain model from the published samples
+    mu_max = 10.0                  # a Maxent model's mu must lie in [mu_min, mu_max]
+    tolerance = 0.01               # largest log-odds deviation from the public optimum
 """
 
 from __future__ import annotations
@@ -91,6 +96,10 @@ class SitePolicy:
     dp_dc_evaluations: int = 40
     loss_clip: float = 10.0
     ratio_clip: float = 10.0
+    # [verify] (msa_fed/privacy/verify.py)
+    verify_domain_models: bool = True
+    mu_max: float = 10.0
+    verify_tolerance: float = 0.01
 
     def __post_init__(self):
         validate(self)
@@ -142,6 +151,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "loss_clip": "loss_clip",
         "ratio_clip": "ratio_clip",
     },
+    "verify": {"domain_models": "verify_domain_models", "mu_max": "mu_max", "tolerance": "verify_tolerance"},
 }
 
 _INTS = {
@@ -154,7 +164,7 @@ _INTS = {
     "dc_evaluations_per_day",
     "dp_dc_evaluations",
 }
-_BOOLS = {"allow_custom_feature_map", "dp_enabled"}
+_BOOLS = {"allow_custom_feature_map", "dp_enabled", "verify_domain_models"}
 _STRS = {"ledger", "audit_log"}
 #: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
 HIGHER_IS_STRICTER = {
@@ -182,11 +192,17 @@ LOWER_IS_STRICTER = {
     "dp_dc_evaluations",
     "loss_clip",
     "ratio_clip",
+    "mu_max",
+    "verify_tolerance",
 }
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
 JOB_KEYS = (HIGHER_IS_STRICTER | LOWER_IS_STRICTER | {"feature_maps", "allow_custom_feature_map", "dp_enabled"}) - {
     "epsilon_lifetime"
 }
+
+
+#: a job may turn verification on (never off)
+JOB_KEYS = JOB_KEYS | {"verify_domain_models"}
 
 
 def _check_type(name: str, value):
@@ -226,6 +242,8 @@ def validate(policy: SitePolicy) -> SitePolicy:
         "delta",
         "loss_clip",
         "ratio_clip",
+        "mu_max",
+        "verify_tolerance",
     ]
     for name in positive:
         if not getattr(policy, name) > 0:
@@ -247,6 +265,8 @@ def validate(policy: SitePolicy) -> SitePolicy:
         raise ConfigError(f"site policy: max_point_share must be in (0, 1]; got {policy.max_point_share!r}")
     if policy.weight_floor < 0:
         raise ConfigError(f"site policy: weight_floor must be >= 0; got {policy.weight_floor!r}")
+    if policy.mu_max < policy.mu_min:
+        raise ConfigError(f"site policy: mu_max ({policy.mu_max!r}) is below mu_min ({policy.mu_min!r})")
     if not policy.delta < 1:
         raise ConfigError(f"site policy: delta must be < 1; got {policy.delta!r}")
     if policy.epsilon_per_job > policy.epsilon_lifetime:
@@ -324,7 +344,7 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
             changes[key] = tuple(v for v in current if v in set(value))
         elif key == "allow_custom_feature_map":
             changes[key] = current and value
-        elif key == "dp_enabled":
+        elif key in ("dp_enabled", "verify_domain_models"):
             changes[key] = current or value
     if not changes:
         return policy

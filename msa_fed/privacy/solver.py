@@ -133,6 +133,7 @@ def solve_noisy(
         history.append(value)
     z = np.maximum(z, 0.0)
     z = z / z.sum()
+    losses = np.maximum(losses, 0.0)  # estimates of losses, which are >= 0 (the noise is not)
     gamma = float(losses.max() - z @ losses)
     if callback is not None:
         callback(len(history), z, value)

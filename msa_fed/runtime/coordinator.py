@@ -20,7 +20,12 @@ from msa_fed.core.combination import class_union
 from msa_fed.core.dc_solver import solve_dc
 from msa_fed.core.dc_terms import DCSums, sum_all
 from msa_fed.core.density import KDEDomainModel
-from msa_fed.core.domain_classifier import DomainClassifier, fit_feature_map, train_domain_classifier
+from msa_fed.core.domain_classifier import (
+    DomainClassifier,
+    fit_feature_map,
+    polish_maxent,
+    train_domain_classifier,
+)
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.runtime import messages as m
@@ -61,6 +66,7 @@ class Coordinator:
         self.setup_log = SetupLog()
         self.checkpoint = Checkpoint(config.checkpoint_dir)
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
+        self.dp_sites: list[str] = []  # sites that answer with DP (their Qhat partial says so)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -146,6 +152,9 @@ class Coordinator:
     def train_domain_model(self, progress: Progress):
         cfg = self.config
         samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        share = getattr(self.backend, "share_samples", None)
+        if share is not None:  # in-process and cluster sites get the job's samples from their host (to verify models)
+            share(samples)
         digest = hashlib.sha256()
         for X in samples:
             digest.update(np.ascontiguousarray(X, dtype=np.float64).tobytes())
@@ -169,13 +178,13 @@ class Coordinator:
             losses.append(sum(r.loss for r in parts))
             return losses[-1], sum(r.grad for r in parts)
 
-        def oracles(fmap):
+        def oracles(fmap, dtype=ccfg.dtype):
             state, custom = m.feature_map_fields(fmap)
             setup = m.ShardSetup(
                 feature_map=state,
                 custom_feature_map=custom,
                 n_sources=self.p,
-                dtype=ccfg.dtype,
+                dtype=dtype,
                 device=ccfg.device,
                 seed=cfg.random_state,
             )
@@ -212,6 +221,17 @@ class Coordinator:
         )
         model.info_ = {**model.info_, "history": curve}
         bar.close()
+        # the sites accept only the public optimum (msa_fed/privacy/verify.py): polish in float64
+        # (a custom map is an in-process caller's own and is not verified: no polish)
+        if m.feature_map_fields(model.feature_map)[0] is not None:
+            if ccfg.dtype != "float64":
+                oracle64, _ = oracles(model.feature_map, "float64")
+            else:
+                oracle64 = lambda theta: gather(m.ThetaRequest(theta=theta))  # noqa: E731
+            model.theta_, polished = polish_maxent(
+                oracle64, model.theta_, model.n_features_, self.p, ccfg.mu, ccfg.max_iter
+            )
+            model.info_.update(polished)
         info = model.info_
         progress.note(
             f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
@@ -226,6 +246,7 @@ class Coordinator:
         parts = self._setup_all("set_domain_model", m.domain_model_spec(domain_model, self.p))
         self.note_epsilon(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
+        self.dp_sites = [i.name for i, r in zip(self.infos, parts) if getattr(r, "dp", False)]
         if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
             qhat = np.maximum(qhat, 1e-6)
             qhat = qhat / qhat.sum()
@@ -276,10 +297,11 @@ class Coordinator:
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
-        if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
+        if self.epsilon or self.dp_sites:  # a site answers with DP noise: few, chosen evaluations
             from msa_fed.privacy.solver import solve_noisy
 
-            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
+            dp = sorted(set(self.epsilon) | set(self.dp_sites))
+            progress.note(f"DC solver: DP at site(s) {dp}: {DP_EVALUATIONS} noisy evaluations")
             res = solve_noisy(
                 oracle,
                 cfg.eta,

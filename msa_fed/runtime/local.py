@@ -60,6 +60,15 @@ class LocalSites:
         outs += [self._call(helper, method, msg) for _, helper in self.helpers]
         return outs
 
+    def share_samples(self, samples) -> None:
+        """Give every site the job's published samples (it verifies domain models against them).
+
+        The host's own copy of published material, not a request of the coordinator's: it is not
+        one of the boundary messages and is not recorded."""
+        msg = m.PublishedSamples(tuple(samples))
+        for worker in self.workers:
+            worker.set_published(msg)
+
     def shutdown(self):
         self.workers = []
         self.helpers = []

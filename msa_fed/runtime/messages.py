@@ -128,6 +128,7 @@ class DomainModelSpec(Message):
     theta: np.ndarray | None = None
     bandwidths: np.ndarray | None = None
     samples: tuple = ()  # the published unlabelled samples (KDE only)
+    mu: float = 0.0  # Maxent: the L2 weight it was trained with (the site verifies the model)
 
 
 def feature_map_fields(fmap) -> tuple[tuple | None, Any]:
@@ -155,7 +156,7 @@ def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
     """The message that carries a fitted domain model to the sites (its own get_state)."""
     from msa_fed.core.domain_models import domain_model_state
 
-    kind, _, arrays = domain_model_state(model)
+    kind, params, arrays = domain_model_state(model)
     state, custom = feature_map_fields(model.feature_map)
     samples = tuple(arrays[f"kde_sample.{k}"] for k in range(n_sources) if f"kde_sample.{k}" in arrays)
     return DomainModelSpec(
@@ -166,6 +167,7 @@ def domain_model_spec(model, n_sources: int) -> DomainModelSpec:
         theta=arrays.get("theta"),
         bandwidths=arrays.get("bandwidths"),
         samples=samples,
+        mu=float(params.get("mu", 0.0)),
     )
 
 
@@ -177,7 +179,17 @@ def domain_model_from_spec(spec: DomainModelSpec):
     arrays.update({f"kde_sample.{k}": s for k, s in enumerate(spec.samples)})
     arrays = {k: v for k, v in arrays.items() if v is not None}
     fmap = feature_map_of(spec.feature_map, spec.custom_feature_map)
-    return domain_model_from_state(spec.kind, {}, arrays, fmap, spec.n_sources)
+    return domain_model_from_state(spec.kind, {"mu": spec.mu}, arrays, fmap, spec.n_sources)
+
+
+@dataclass(frozen=True)
+class PublishedSamples(Message):
+    """The published unlabelled samples of a job's sites, in site order: given by the host of
+    a site worker (in-process, cluster) so that the site can verify the domain model.  Not a
+    request of the coordinator (the host's own copy of published material), so not one of
+    REQUEST_TYPES; a site process never gets it (it fetches the samples from the registry)."""
+
+    samples: tuple
 
 
 @dataclass(frozen=True)
@@ -257,6 +269,7 @@ class QhatPartial(Message):
     sums: np.ndarray  # (p,)
     n: int
     epsilon: float = 0.0  # DP: epsilon this site has spent on the job so far (0 without DP)
+    dp: bool = False  # the site answers with DP (its partial is over its published sample)
 
 
 @dataclass(frozen=True)

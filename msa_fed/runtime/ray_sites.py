@@ -172,6 +172,7 @@ class RaySites:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.sites, self.helpers, self._arg_refs = [], [], []
+        self._published = None
 
     # ------------------------------------------------------------------ calls
     def _outgoing(self, e: _Endpoint, method: str, msg):
@@ -179,9 +180,23 @@ class RaySites:
             return replace(msg, workers_per_site=self.workers_per_site)
         return msg
 
+    def share_samples(self, samples) -> None:
+        """Give every site actor the job's published samples (it verifies domain models against
+        them): one copy in the object store, kept for an actor that restarts."""
+        import ray
+
+        # published material from the host, not a coordinator request: not recorded (local.py)
+        self._published = ray.put(m.PublishedSamples(tuple(samples)))
+        refs = [e.handle.set_published.remote(self._published) for e in self.sites]
+        for e, ref in zip(self.sites, refs):
+            self._get(e, ref, lambda e=e: e.handle.set_published.remote(self._published), "set_published", False)
+
     def _recover(self, e: _Endpoint, method: str):
         """Give a restarted actor back the state it lost."""
         if not e.helper:
+            if getattr(self, "_published", None) is not None:
+                ref = e.handle.set_published.remote(self._published)
+                self._get(e, ref, lambda: e.handle.set_published.remote(self._published), "set_published", False)
             for setup_method, msg in self.setup_log.entries():
                 self.call_one(e.site, setup_method, msg, replay=False)
             return

@@ -22,6 +22,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
+from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
 
@@ -218,6 +219,8 @@ class SiteWorker:
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's exact Qhat partial for that model
         self._checked_eta: dict = {}
+        # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
+        self.published: SampleSource | None = None
 
     @classmethod
     def from_path(
@@ -367,6 +370,8 @@ class SiteWorker:
             self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_labeled, dec)
             if msg.kind == "maxent":
                 dec.update(rules.check_theta(msg.theta, msg.n_sources, self.policy, self.name))
+            samples = None if self.published is None else self.published()
+            dec.update(verify_domain_model(msg, samples, self.X_labeled, self.policy, self.name))
             model = build_domain_model(msg)
             if msg.kind == "kde":
                 Phi = (
@@ -382,12 +387,17 @@ class SiteWorker:
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, key
             dp = self.guard.dp
-            if dp is not None:
-                from msa_fed.privacy.dp import qhat_sensitivity
+            if dp is not None:  # the same estimate over the published sample: public, no epsilon spent
+                sums = qhat_partial(model.predict_proba(self.X_unlabeled), msg.n_sources)
+        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=dp is not None)
 
-                dec.update(dp.spend())
-                sums = sums + dp.noise(sums.shape, qhat_sensitivity(n, int(msg.n_sources)))
-        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent())
+    def set_published(self, msg: m.PublishedSamples) -> m.Ack:
+        """The job's published samples, from this worker's host (in-process and cluster
+        topologies; a site process fetches them from the registry itself)."""
+        self._data()
+        samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
+        self.published = lambda: samples
+        return m.Ack(self.incarnation)
 
     def _check_c(self, eta: float, dec: dict):
         """Concentration of the u_k / v_k weights c_k(i) = w_k(i) + eta pi_i (ratio q_k + eta)."""
@@ -403,14 +413,17 @@ class SiteWorker:
             raise SiteStateLost(self.name)
         with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
             dec.update(rules.check_eta(msg.eta, self.policy, self.name))
+            # a probability vector; without DP floored at this site's own share (verify.own_qhat),
+            # with DP the weights are clipped (dp.py)
+            dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+            qhat = msg.qhat
             if self.guard.dp is None:
-                dec.update(rules.check_qhat(msg.qhat, self._own_partial, self.name))
-            else:  # the partials were noisy: a probability vector; the weights are clipped (dp.py)
-                dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+                qhat, floored = own_qhat(msg.qhat, self._own_partial)
+                dec.update(floored)
             self._points = None
             self._checked_eta = {}
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
-            points = site_point_set(self._Q, msg.qhat, self._outputs(), self.loss, y=y)
+            points = site_point_set(self._Q, qhat, self._outputs(), self.loss, y=y)
             dec.update(rules.check_concentration(points.w / points.pi[:, None], self.policy, self.name, "w"))
             self._points = points
             self._check_c(float(msg.eta), dec)

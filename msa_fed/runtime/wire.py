@@ -226,6 +226,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
             _put_array(body.bandwidths, np.asarray(msg.bandwidths))
         for X in msg.samples:
             _put_array(body.samples.add(), np.asarray(X))
+        body.mu = float(msg.mu)
     elif isinstance(msg, m.ShardSetup):
         _no_custom(msg)
         if msg.feature_map is not None:
@@ -265,6 +266,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
         _put_array(body.sums, msg.sums)
         body.n = int(msg.n)
         body.epsilon = float(msg.epsilon)
+        body.dp = bool(msg.dp)
     elif isinstance(msg, m.DCPartial):
         s = msg.sums
         if not isinstance(s, DCSums):
@@ -307,6 +309,7 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
             theta=_opt_array(b, "theta", what),
             bandwidths=_opt_array(b, "bandwidths", what),
             samples=tuple(_array(a, f"{what}.samples") for a in b.samples),
+            mu=b.mu,
         )
     if cls is m.ShardSetup:
         return m.ShardSetup(
@@ -361,7 +364,9 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
     if cls is m.QhatPartial:
         if not b.HasField("sums"):
             raise WireError(f"{what}: sums is missing")
-        return m.QhatPartial(sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what))
+        return m.QhatPartial(
+            sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what), dp=bool(b.dp)
+        )
     if cls is m.DCPartial:
         if not b.HasField("sums"):
             raise WireError("malformed DC sums: missing")

@@ -135,6 +135,8 @@ def test_each_site_logged_what_it_answered(federated, federation):
         # the policy's own checks wrote their decisions (e.g. the concentration of the domain model)
         (model_rec,) = [r for r in records if r.get("job") == "fedjob" and r.get("request") == "set_domain_model"]
         assert model_rec["decisions"] and model_rec["site"] == name
+        # the site verified the model against the job's samples, fetched from the registry
+        assert 0 <= model_rec["decisions"]["verify_deviation"] <= 1e-3
         # `msa-fed site audit` verifies the same log against the same ledger
         out = subprocess.run(
             [sys.executable, "-m", "msa_fed.cli", "site", "audit", "--log", str(path), "--ledger", str(ledger_path)],

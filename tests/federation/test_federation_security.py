@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import shutil
@@ -157,6 +158,36 @@ def test_site_tokens_cannot_drive_jobs(fed):
             stub.FetchPredictor(
                 pb.FetchPredictorRequest(job_id="two", site="west"),
                 metadata=(("authorization", f"Bearer {fed.tokens['east']}"),),
+                timeout=30,
+            )
+        )
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # nor samples: a site reads the published samples of the sites of its own jobs only
+    with pytest.raises(grpc.RpcError) as info:
+        list(
+            stub.FetchSample(
+                pb.FetchSampleRequest(job_id="two", site="west"),
+                metadata=(("authorization", f"Bearer {fed.tokens['east']}"),),
+                timeout=30,
+            )
+        )
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # west, named by the job, reads north's sample: the bytes the registry pinned at publication
+    chunks = list(
+        stub.FetchSample(
+            pb.FetchSampleRequest(job_id="two", site="north"),
+            metadata=(("authorization", f"Bearer {fed.tokens['west']}"),),
+            timeout=30,
+        )
+    )
+    data = b"".join(c.chunk for c in chunks[1:])
+    assert chunks[0].artifact.kind == "sample" and hashlib.sha256(data).hexdigest() == chunks[0].artifact.sha256
+    # the admin token cannot use the site's route
+    with pytest.raises(grpc.RpcError) as info:
+        list(
+            stub.FetchSample(
+                pb.FetchSampleRequest(job_id="two", site="north"),
+                metadata=(("authorization", f"Bearer {fed.admin_token}"),),
                 timeout=30,
             )
         )

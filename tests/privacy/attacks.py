@@ -37,7 +37,15 @@ def victim_data(d: int, n: int = N, seed: int = 0):
 
 
 def victim(d: int, n: int = N, seed: int = 0, **kw) -> tuple[SiteWorker, np.ndarray, np.ndarray]:
+    """A site that runs the rules, budgets and DP of its policy, but does not verify domain
+    models (these attacks exercise the other layers; tests/privacy/test_verify.py sends crafted
+    models to a site that verifies them)."""
     X, y, Xu = victim_data(d, n, seed)
+    from dataclasses import replace
+
+    from msa_fed.privacy.policy import SitePolicy
+
+    kw["policy"] = replace(kw.get("policy") or SitePolicy(), verify_domain_models=False)
     w = SiteWorker(
         "victim",
         0,

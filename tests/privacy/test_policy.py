@@ -187,12 +187,12 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     _r, outs = _honest_round(w, X, n_eval=3)
     nm = w.guard.dp.noise_multiplier
     acc = rdp.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 4))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 3))
     assert outs[-1].epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
     assert 0 < outs[0].epsilon < outs[1].epsilon < outs[2].epsilon < 1.0
-    # the planned 1 + 5 answers spend exactly the job's epsilon
+    # the planned 5 DC answers spend exactly the job's epsilon (the Qhat partial is public)
     full = rdp.RdpAccountant()
-    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 6))
+    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 5))
     assert full.get_epsilon(1e-6) == pytest.approx(1.0, abs=1e-3)
     for _ in range(2):
         w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
@@ -259,11 +259,19 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
     own = r.sums
     for qhat, msg in (
         ([1.0, 1.0], "sum to 1"),
-        ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
         ([np.nan, 1.0], "positive numbers"),
     ):
         with pytest.raises(PrivacyError, match=msg):
             w.set_qhat(m.QhatBroadcast(qhat=np.array(qhat), eta=0.01))
+    # a qhat below the site's own share (another site's DP noise can do that in an honest run)
+    # is not refused: the site computes with its own share there, so no weight is inflated
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([own[0] / 2, 1 - own[0] / 2]), eta=0.01))
+    low = w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",))).sums.L
+    assert w.guard.audit.records()[-2]["decisions"]["qhat_floored"] == 1
+    from msa_fed.core.combination import site_point_set
+
+    floored = site_point_set(w._Q, np.array([own[0], 1 - own[0] / 2]), w._outputs(), w.loss)
+    assert np.allclose(low, floored.evaluate(np.array([0.5, 0.5]), 0.01, what=("L",)).L)
     w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     with pytest.raises(PrivacyError, match="eta / sum"):
         w.dc_evaluate(m.DCRequest(z=np.array([50.0, 50.0]), eta=0.01, what=("L",)))

@@ -170,8 +170,12 @@ def test_wire_decode_of_a_corrupted_frame_raises_only_wire_error(pos, junk):
 @pytest.fixture(scope="module")
 def worker():
     """A site worker ready for DC evaluations and classifier steps (no Ray)."""
+    from msa_fed.privacy.policy import SitePolicy
+
     sites = make_sites()
-    w = SiteWorker(**site_kwargs(sites)[1])
+    kw = site_kwargs(sites)[1]
+    kw["policy"] = SitePolicy(verify_domain_models=False)  # a random theta: the channel is tested here
+    w = SiteWorker(**kw)
     fmap = StandardFeatures().fit(np.vstack([s.X_unlabeled for s in sites]))
     state = feature_map_state(fmap)
     w.setup_shard(m.ShardSetup(feature_map=state, custom_feature_map=None, n_sources=3))

@@ -78,8 +78,15 @@ def _probe(sites):
 
 
 def _single_process(sites, options):
+    from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle
+
     ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
-    return train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
+    U = [s.X_unlabeled for s in sites]
+    model = train_domain_classifier(U, StandardFeatures(), ccfg, random_state=0)
+    # the coordinator polishes theta to the public optimum (the sites verify it): so does this one
+    oracle = sum_oracle(balanced_shards([model.feature_map.transform(X) for X in U], replace(ccfg, dtype="float64")))
+    model.theta_, _ = polish_maxent(oracle, model.theta_, model.n_features_, len(U), ccfg.mu, ccfg.max_iter)
+    return model
 
 
 @pytest.mark.parametrize("options", [None, SGD], ids=["lbfgs", "sgd"])

@@ -75,6 +75,12 @@ def test_workers_per_site_equals_single_process(sites, options):
     """Data-parallel training over 3 workers per site = in-process training on the pooled sample."""
     ccfg = replace(ClassifierConfig(mu=1e-3), **(options or {}))
     ref = train_domain_classifier([s.X_unlabeled for s in sites], StandardFeatures(), ccfg, random_state=0)
+    # the coordinator polishes theta to the public optimum (the sites verify it): so does the reference
+    from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle
+
+    Phis = [ref.feature_map.transform(s.X_unlabeled) for s in sites]
+    oracle = sum_oracle(balanced_shards(Phis, replace(ccfg, dtype="float64")))
+    ref.theta_, _ = polish_maxent(oracle, ref.theta_, ref.n_features_, len(sites), ccfg.mu, ccfg.max_iter)
     cfg = FitConfig(classifier=ccfg)
     rec = m.Recorder()
     backend = LocalSites(site_kwargs(sites), workers_per_site=3)
@@ -160,7 +166,10 @@ def test_site_data_file_is_never_unpickled(tmp_path, sites):
 
 
 def test_every_site_method_answers_a_boundary_message(sites):
+    from msa_fed.privacy.policy import SitePolicy
+
     kw = site_kwargs(sites)
+    kw[2]["policy"] = SitePolicy(verify_domain_models=False)  # theta = 0 is not the optimum
     w = SiteWorker(**kw[2])
     fmap = StandardFeatures().fit(np.vstack([s.X_unlabeled for s in sites]))
     from msa_fed.core.features import feature_map_state
@@ -171,6 +180,7 @@ def test_every_site_method_answers_a_boundary_message(sites):
         w.ping(),
         w.setup_shard(m.ShardSetup(feature_map=feature_map_state(fmap), custom_feature_map=None, n_sources=3)),
         w.classifier_loss_grad(m.ThetaRequest(theta=np.zeros(15))),
+        w.set_published(m.PublishedSamples(tuple(s.X_unlabeled for s in sites))),
     ]
     spec = m.DomainModelSpec(kind="maxent", n_sources=3, feature_map=feature_map_state(fmap), theta=np.zeros(15))
     answers.append(w.set_domain_model(spec))
@@ -188,6 +198,7 @@ def test_every_site_method_answers_a_boundary_message(sites):
         "ping",
         "setup_shard",
         "classifier_loss_grad",
+        "set_published",
         "set_domain_model",
         "set_qhat",
         "dc_evaluate",

@@ -88,6 +88,14 @@ class FetchPredictorRequest(_message.Message):
     site: str
     def __init__(self, job_id: _Optional[str] = ..., site: _Optional[str] = ...) -> None: ...
 
+class FetchSampleRequest(_message.Message):
+    __slots__ = ("job_id", "site")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    site: str
+    def __init__(self, job_id: _Optional[str] = ..., site: _Optional[str] = ...) -> None: ...
+
 class OpenJobRequest(_message.Message):
     __slots__ = ("job_id", "sites")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class RelayStub:
                 request_serializer=msa__fed_dot_v1_dot_relay__pb2.FetchPredictorRequest.SerializeToString,
                 response_deserializer=msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.FromString,
                 _registered_method=True)
+        self.FetchSample = channel.unary_stream(
+                '/msa_fed.v1.Relay/FetchSample',
+                request_serializer=msa__fed_dot_v1_dot_relay__pb2.FetchSampleRequest.SerializeToString,
+                response_deserializer=msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.FromString,
+                _registered_method=True)
         self.OpenJob = channel.unary_unary(
                 '/msa_fed.v1.Relay/OpenJob',
                 request_serializer=msa__fed_dot_v1_dot_relay__pb2.OpenJobRequest.SerializeToString,
@@ -81,6 +86,14 @@ class RelayServicer:
     def FetchPredictor(self, request, context):
         """Site: the published predictor of a site named by a job this site serves (to compute the
         outputs of every site's predictor on its own labelled points).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSample(self, request, context):
+        """Site: the published unlabelled sample of a site named by a job this site serves (to verify
+        that the job's domain model is the optimum of the public objective over those samples).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +138,11 @@ def add_RelayServicer_to_server(servicer, server):
             'FetchPredictor': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPredictor,
                     request_deserializer=msa__fed_dot_v1_dot_relay__pb2.FetchPredictorRequest.FromString,
+                    response_serializer=msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.SerializeToString,
+            ),
+            'FetchSample': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchSample,
+                    request_deserializer=msa__fed_dot_v1_dot_relay__pb2.FetchSampleRequest.FromString,
                     response_serializer=msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.SerializeToString,
             ),
             'OpenJob': grpc.unary_unary_rpc_method_handler(
@@ -201,6 +219,33 @@ class Relay:
             target,
             '/msa_fed.v1.Relay/FetchPredictor',
             msa__fed_dot_v1_dot_relay__pb2.FetchPredictorRequest.SerializeToString,
+            msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSample(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/msa_fed.v1.Relay/FetchSample',
+            msa__fed_dot_v1_dot_relay__pb2.FetchSampleRequest.SerializeToString,
             msa__fed_dot_v1_dot_registry__pb2.DownloadChunk.FromString,
             options,
             channel_credentials,

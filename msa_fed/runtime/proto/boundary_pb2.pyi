@@ -75,20 +75,22 @@ class JobSetup(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., predictor_sha256: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., classes: _Optional[_Union[NdArray, _Mapping]] = ..., min_points: _Optional[int] = ...) -> None: ...
 
 class DomainModelSpec(_message.Message):
-    __slots__ = ("kind", "n_sources", "feature_map", "theta", "bandwidths", "samples")
+    __slots__ = ("kind", "n_sources", "feature_map", "theta", "bandwidths", "samples", "mu")
     KIND_FIELD_NUMBER: _ClassVar[int]
     N_SOURCES_FIELD_NUMBER: _ClassVar[int]
     FEATURE_MAP_FIELD_NUMBER: _ClassVar[int]
     THETA_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTHS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MU_FIELD_NUMBER: _ClassVar[int]
     kind: str
     n_sources: int
     feature_map: FeatureMap
     theta: NdArray
     bandwidths: NdArray
     samples: _containers.RepeatedCompositeFieldContainer[NdArray]
-    def __init__(self, kind: _Optional[str] = ..., n_sources: _Optional[int] = ..., feature_map: _Optional[_Union[FeatureMap, _Mapping]] = ..., theta: _Optional[_Union[NdArray, _Mapping]] = ..., bandwidths: _Optional[_Union[NdArray, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[NdArray, _Mapping]]] = ...) -> None: ...
+    mu: float
+    def __init__(self, kind: _Optional[str] = ..., n_sources: _Optional[int] = ..., feature_map: _Optional[_Union[FeatureMap, _Mapping]] = ..., theta: _Optional[_Union[NdArray, _Mapping]] = ..., bandwidths: _Optional[_Union[NdArray, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[NdArray, _Mapping]]] = ..., mu: _Optional[float] = ...) -> None: ...
 
 class ShardSetup(_message.Message):
     __slots__ = ("feature_map", "n_sources", "dtype", "device", "seed", "workers_per_site")
@@ -213,14 +215,16 @@ class GradSum(_message.Message):
     def __init__(self, loss: _Optional[float] = ..., grad: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class QhatPartial(_message.Message):
-    __slots__ = ("sums", "n", "epsilon")
+    __slots__ = ("sums", "n", "epsilon", "dp")
     SUMS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
     sums: NdArray
     n: int
     epsilon: float
-    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
+    dp: bool
+    def __init__(self, sums: _Optional[_Union[NdArray, _Mapping]] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ..., dp: _Optional[bool] = ...) -> None: ...
 
 class Numeric(_message.Message):
     __slots__ = ("array", "scalar")

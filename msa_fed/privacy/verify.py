@@ -1,0 +1,271 @@
+"""Verifiable domain models: the site recomputes what it is asked to compute with.
+
+A Maxent domain model is the minimiser of a public objective over public data,
+
+    F(W, b) = mu |W|^2 + sum_k sum_{x in U_k} s_k [lse(W Phi(x) + b) - (W Phi(x) + b)_k],
+
+U_k the published unlabelled sample of site k (m_k points), s_k = 1 / (p m_k), Phi a feature
+map fitted on the pooled samples.  So before it computes anything with a model, the site
+
+1. re-derives the feature map from the published samples of the job's sites (the map's
+   parameters and declared seed; its arrays must come out the same),
+2. checks that mu lies in the policy's range [mu_min, mu_max],
+3. re-solves the intercepts for the received W (b_hat(W) = argmin_b F(W, b), Newton on p
+   numbers; the received b must be within ``verify_tolerance`` of it, up to the common shift
+   that softmax ignores), and
+4. computes the gradient G = d F / d W at (W, b_hat(W)) in float64 over all published points.
+
+The bound.  g(W) = min_b F(W, b) is 2 mu-strongly convex (mu |W|^2 plus a partial minimum of
+a jointly convex function), and its gradient is G (the intercepts are optimal), so
+
+    |W - W*|_F <= |G|_F / (2 mu).
+
+A change dW moves the log-odds log Q(k|x) / Q(j|x) of a point x by (dW_k - dW_j) . Phi(x), at
+most sqrt(2) |dW|_F |Phi(x)|.  The site refuses unless
+
+    deviation = sqrt(2) |G|_F / (2 mu) * max_x |Phi(x)|  <=  verify_tolerance
+
+with the maximum over its labelled points and all published points.  Within a column, the
+ratio of two points' weights then differs from the optimum's by a factor of at most
+exp(2 deviation): a coordinator cannot single out a point beyond that.  (The intercepts of W
+and of W* may differ by a constant per class: that scales a whole column, as Qhat does, and
+does not separate points; with the same identity the weighted mean symmetric KL divergence
+between Q and the optimum's Q over the published points is at most |G|_F^2 / (8 mu).)
+
+Everything here is numpy over :mod:`msa_fed.core`; refusals are
+:class:`~msa_fed.errors.PrivacyError` naming the rule, never a measured value (the measured
+values go to the site's audit log through the returned dict).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import numpy as np
+
+from msa_fed.errors import PrivacyError
+from msa_fed.privacy.policy import SitePolicy
+
+#: where a site gets the published unlabelled samples of a job's sites, in site order
+#: (the host provides it: in-process the sites' own arrays, in a site process the registry)
+SampleSource = Callable[[], Sequence[np.ndarray]]
+
+#: relative tolerance of a re-derived feature map's arrays (same numpy, same data: bit-equal
+#: in practice; the slack covers another BLAS summing in another order)
+FMAP_RTOL = 1e-7
+
+
+def _refuse(rule: str, site: str, what: str) -> NoReturn:
+    raise PrivacyError(rule, site, f"the request: {what}")
+
+
+def derive_feature_map(state, samples: Sequence[np.ndarray], site: str, balanced: bool = True):
+    """The built-in feature map ``state`` = (name, params, arrays) re-fitted on ``samples``
+    (each site weighing 1/p, as the Maxent classifier fits it; ``balanced=False``: the pooled
+    points alike, as the KDE model does); refuses unless the fitted arrays are the ones received."""
+    from msa_fed.core.domain_classifier import fit_feature_map
+    from msa_fed.core.features import FEATURE_MAPS, RandomFourierFeatures
+
+    name, params, arrays = state
+    cls = FEATURE_MAPS.get(name)
+    if cls is None:
+        _refuse("verify_feature_map", site, f"unknown feature map {name!r}")
+    if cls is RandomFourierFeatures:
+        seed = params.get("random_state")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            _refuse("verify_feature_map", site, "the rff map does not declare an integer seed (random_state)")
+    try:
+        fmap = cls(**params)
+        Xs = [np.asarray(X, dtype=np.float64) for X in samples]
+        if balanced:
+            fit_feature_map(fmap, Xs)
+        else:
+            fmap.fit(np.vstack(Xs))
+    except (TypeError, ValueError):
+        _refuse("verify_feature_map", site, f"the {name} map's parameters do not derive a map from the samples")
+    got_params, got = fmap.get_state()
+    same = got_params == params and set(got) == set(arrays)
+    if same:
+        for key, a in got.items():
+            b = np.asarray(arrays[key])
+            if a.shape != b.shape or not np.allclose(a, b, rtol=FMAP_RTOL, atol=1e-12):
+                same = False
+                break
+    if not same:
+        _refuse(
+            "verify_feature_map",
+            site,
+            f"the {name} map is not the one its parameters derive from the published samples",
+        )
+    return fmap
+
+
+def _softmax(A: np.ndarray) -> np.ndarray:
+    E = np.exp(A - A.max(axis=1, keepdims=True))
+    E /= E.sum(axis=1, keepdims=True)
+    return E
+
+
+def solve_intercepts(A: np.ndarray, s: np.ndarray, target: np.ndarray, b0: np.ndarray, iters: int = 50) -> np.ndarray:
+    """argmin_b sum_i s_i lse(A_i + b) - target . b (the intercepts for fixed W; A = Phi W^T).
+
+    Damped Newton on the p intercepts (the objective is invariant under b + c 1; the result
+    is centred).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).
+    """
+    b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
+    p = b.size
+
+    def value(bb):
+        Z = A + bb
+        top = Z.max(axis=1)
+        return float(s @ (top + np.log(np.exp(Z - top[:, None]).sum(axis=1))) - target @ bb)
+
+    f = value(b)
+    for _ in range(iters):
+        P = _softmax(A + b)
+        g = s @ P - target
+        if np.abs(g).max() < 1e-15:
+            break
+        H = np.diag(s @ P) - (P * s[:, None]).T @ P + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
+        step = np.linalg.solve(H, g)
+        t = 1.0
+        while t > 1e-8:
+            nb = b - t * step
+            nf = value(nb)
+            if nf <= f + 1e-16 * max(1.0, abs(f)):
+                break
+            t *= 0.5
+        if t <= 1e-8:
+            break
+        b, f = nb - np.mean(nb), nf
+    return b
+
+
+def check_maxent(
+    theta,
+    mu,
+    state,
+    samples: Sequence[np.ndarray],
+    X_labeled: np.ndarray,
+    policy: SitePolicy,
+    site: str,
+) -> dict:
+    """Verify a Maxent domain model (module docstring); returns the measured values."""
+    p = len(samples)
+    theta = np.asarray(theta, dtype=np.float64)
+    mu = float(mu)
+    if not (math.isfinite(mu) and policy.mu_min <= mu <= policy.mu_max):
+        _refuse("verify_mu", site, f"mu must lie in the site's range [{policy.mu_min:g}, {policy.mu_max:g}]")
+    fmap = derive_feature_map(state, samples, site)
+    Phis = [np.asarray(fmap.transform(np.asarray(X, dtype=np.float64)), dtype=np.float64) for X in samples]
+    D = Phis[0].shape[1]
+    if theta.ndim != 1 or theta.size != p * (D + 1) or not np.all(np.isfinite(theta)):
+        _refuse(
+            "verify_columns", site, f"the model must have one column per site of the job ({p}) over the map's features"
+        )
+    Wb = theta.reshape(p, D + 1)
+    W, b = Wb[:, :D], Wb[:, D]
+    Phi = np.vstack(Phis)
+    s = np.concatenate([np.full(len(P), 1.0 / (p * len(P))) for P in Phis])
+    k = np.concatenate([np.full(len(P), j) for j, P in enumerate(Phis)])
+    A = Phi @ W.T
+    target = np.full(p, 1.0 / p)
+    b_hat = solve_intercepts(A, s, target, b)
+    b_gap = float(np.abs((b - b.mean()) - b_hat).max())
+    R = _softmax(A + b_hat)
+    R[np.arange(k.size), k] -= 1.0
+    R *= s[:, None]
+    G = R.T @ Phi + 2.0 * mu * W
+    grad_norm = float(np.linalg.norm(G))
+    radius = grad_norm / (2.0 * mu)
+    phi_max = float(max(np.sqrt(np.einsum("ij,ij->i", Phi, Phi)).max(), _row_norm_max(fmap.transform(X_labeled))))
+    deviation = math.sqrt(2.0) * radius * phi_max
+    out = {
+        "verify_grad_norm": grad_norm,
+        "verify_w_radius": radius,
+        "verify_deviation": deviation,
+        "verify_intercept_gap": b_gap,
+        "verify_mean_sym_kl_bound": grad_norm**2 / (8.0 * mu),
+    }
+    if not (deviation <= policy.verify_tolerance and b_gap <= policy.verify_tolerance):
+        _refuse(
+            "verify_optimum",
+            site,
+            "the domain model is not the optimum of the public Maxent objective over the job's published samples",
+        )
+    return out
+
+
+def _row_norm_max(Phi) -> float:
+    Phi = np.asarray(Phi, dtype=np.float64)
+    return float(np.sqrt(np.einsum("ij,ij->i", Phi, Phi)).max()) if Phi.size else 0.0
+
+
+def check_kde_samples(spec_samples, state, samples: Sequence[np.ndarray], policy: SitePolicy, site: str) -> dict:
+    """A KDE (GMSA) model: its samples must be the published samples (through the re-derived
+    feature map, when there is one), one per site of the job."""
+    if len(spec_samples) != len(samples):
+        _refuse("verify_columns", site, f"the model must have one density per site of the job ({len(samples)})")
+    fmap = None if state is None else derive_feature_map(state, samples, site, balanced=False)
+    for got, X in zip(spec_samples, samples):
+        want = np.asarray(X, dtype=np.float64) if fmap is None else np.asarray(fmap.transform(X), dtype=np.float64)
+        got = np.asarray(got, dtype=np.float64)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=FMAP_RTOL, atol=1e-12):
+            _refuse("verify_samples", site, "the densities are not built on the job's published samples")
+    return {"verify_kde_samples": len(samples)}
+
+
+def own_qhat(qhat, own_partial: np.ndarray) -> tuple[np.ndarray, dict]:
+    """The Qhat a site without DP computes with: the broadcast ``qhat`` floored at the site's
+    own exact partial (Qhat(k) is a sum of the sites' non-negative partials, so an honest
+    Qhat is at least this site's share; a smaller one would inflate its weights).
+
+    Not a refusal: where another site answers with DP, its noisy partial can pull the
+    broadcast below this site's share in an honest run; flooring keeps every w_k summing to at
+    most 1 over this site's points either way.  Returns (qhat used, {"qhat_floored": count}).
+    """
+    q = np.asarray(qhat, dtype=np.float64)
+    own = np.asarray(own_partial, dtype=np.float64)
+    used = np.maximum(q, own)
+    return used, {"qhat_floored": int(np.count_nonzero(used > q))}
+
+
+def pinned_samples(samples, index: int, own: np.ndarray, site: str) -> tuple:
+    """The job's samples as given by a host, checked to hold this site's own published sample
+    at ``index`` (the site's pin on what it published itself)."""
+    from msa_fed.errors import ConfigError
+
+    samples = tuple(np.asarray(X, dtype=np.float64) for X in samples)
+    if not (0 <= index < len(samples)) or not np.array_equal(samples[index], np.asarray(own, dtype=np.float64)):
+        raise ConfigError(f"site {site!r}: the published samples given to it do not hold its own sample at {index}")
+    return samples
+
+
+def verify_domain_model(
+    spec, samples: Sequence[np.ndarray] | None, X_labeled: np.ndarray, policy: SitePolicy, site: str
+) -> dict:
+    """The check :meth:`SiteWorker.set_domain_model` runs (``spec``: a DomainModelSpec).
+
+    ``samples``: the published samples of the job's sites, in site order (None: the host has
+    none to give, e.g. a custom in-process map's caller, and the policy does not require it).
+    """
+    if not policy.verify_domain_models:
+        return {"verify": "off"}
+    if spec.feature_map is None and spec.custom_feature_map is not None:
+        # only an in-process caller (the site's own process) may give a custom map (rules.py)
+        return {"verify": "custom feature map (in-process caller)"}
+    if samples is None:
+        _refuse("verify_samples", site, "the site has no access to the job's published samples to verify the model")
+    samples = list(samples)
+    if int(spec.n_sources) != len(samples):
+        _refuse("verify_columns", site, f"the model must have one column per site of the job ({len(samples)})")
+    if spec.kind == "maxent":
+        if spec.feature_map is None:
+            _refuse("verify_feature_map", site, "a Maxent model needs a built-in feature map")
+        return check_maxent(spec.theta, spec.mu, spec.feature_map, samples, X_labeled, policy, site)
+    if spec.kind == "kde":
+        return check_kde_samples(spec.samples, spec.feature_map, samples, policy, site)
+    _refuse("verify_columns", site, f"unknown domain model kind {spec.kind!r}")
+    return {}
