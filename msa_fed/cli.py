@@ -23,6 +23,7 @@ _SUBSYSTEMS = (
     "msa_fed.privacy.cli",  # site audit (the site's privacy policy and audit log)
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
+    "msa_fed.control.ops_export",  # msa-fed model export (after ops_cli, which makes `model`)
 )
 
 

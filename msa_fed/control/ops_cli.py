@@ -450,9 +450,6 @@ def register(subparsers) -> None:
     )
     connection_options(p)
     p.set_defaults(func=_model_upload)
-    from msa_fed.control.ops_export import register as register_export
-
-    register_export(model)
 
     job = command_group(subparsers, "job", "jobs recorded in the registry")
     p = job.add_parser("list", help="recent jobs, newest first")
