@@ -26,7 +26,7 @@ from msa_fed.runtime.proto import boundary_pb2 as msa__fed_dot_v1_dot_boundary__
 from msa_fed.control.proto import registry_pb2 as msa__fed_dot_v1_dot_registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16msa_fed/v1/relay.proto\x12\nmsa_fed.v1\x1a\x19msa_fed/v1/boundary.proto\x1a\x19msa_fed/v1/registry.proto\"]\n\x05Hello\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x18\n\x10predictor_sha256\x18\x03 \x01(\t\x12\x15\n\rsample_sha256\x18\x04 \x01(\t\"\x1c\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\"E\n\x06\x41nswer\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.msa_fed.v1.SiteResponse\"\x8b\x01\n\x0bSiteToRelay\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.msa_fed.v1.HelloH\x00\x12$\n\x06\x61nswer\x18\x02 \x01(\x0b\x32\x12.msa_fed.v1.AnswerH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.msa_fed.v1.HeartbeatH\x00\x42\x06\n\x04part\"c\n\x07\x46orward\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\t\x12(\n\x07request\x18\x04 \x01(\x0b\x32\x17.msa_fed.v1.SiteRequest\"\'\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"\x18\n\x06\x45ndJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb3\x01\n\x0bRelayToSite\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.msa_fed.v1.WelcomeH\x00\x12&\n\x07\x66orward\x18\x02 \x01(\x0b\x32\x13.msa_fed.v1.ForwardH\x00\x12%\n\x04ping\x18\x03 \x01(\x0b\x32\x15.msa_fed.v1.HeartbeatH\x00\x12%\n\x07\x65nd_job\x18\x04 \x01(\x0b\x32\x12.msa_fed.v1.EndJobH\x00\x42\x06\n\x04part\"5\n\x15\x46\x65tchPredictorRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\"/\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\"$\n\x0fOpenJobResponse\x12\x11\n\tconnected\x18\x01 \x03(\t\"B\n\x08SiteCall\x12\x0c\n\x04site\x18\x01 \x01(\t\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.msa_fed.v1.SiteRequest\"U\n\x0b\x43\x61llRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32\x14.msa_fed.v1.SiteCall\"f\n\nSiteResult\x12\x0c\n\x04site\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.msa_fed.v1.SiteResponse\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"7\n\x0c\x43\x61llResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.msa_fed.v1.SiteResult\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\"\x16\n\x14ListConnectedRequest\"T\n\rConnectedSite\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x14\n\x0c\x63onnected_at\x18\x02 \x01(\x01\x12\x11\n\tlast_seen\x18\x03 \x01(\x01\x12\x0c\n\x04peer\x18\x04 \x01(\t\"A\n\x15ListConnectedResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.msa_fed.v1.ConnectedSite2\xb6\x03\n\x05Relay\x12?\n\x07\x43onnect\x12\x17.msa_fed.v1.SiteToRelay\x1a\x17.msa_fed.v1.RelayToSite(\x01\x30\x01\x12P\n\x0e\x46\x65tchPredictor\x12!.msa_fed.v1.FetchPredictorRequest\x1a\x19.msa_fed.v1.DownloadChunk0\x01\x12\x42\n\x07OpenJob\x12\x1a.msa_fed.v1.OpenJobRequest\x1a\x1b.msa_fed.v1.OpenJobResponse\x12\x39\n\x04\x43\x61ll\x12\x17.msa_fed.v1.CallRequest\x1a\x18.msa_fed.v1.CallResponse\x12\x45\n\x08\x43loseJob\x12\x1b.msa_fed.v1.CloseJobRequest\x1a\x1c.msa_fed.v1.CloseJobResponse\x12T\n\rListConnected\x12 .msa_fed.v1.ListConnectedRequest\x1a!.msa_fed.v1.ListConnectedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16msa_fed/v1/relay.proto\x12\nmsa_fed.v1\x1a\x19msa_fed/v1/boundary.proto\x1a\x19msa_fed/v1/registry.proto\"]\n\x05Hello\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x18\n\x10predictor_sha256\x18\x03 \x01(\t\x12\x15\n\rsample_sha256\x18\x04 \x01(\t\"\x1c\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\"U\n\x06\x41nswer\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.msa_fed.v1.SiteResponse\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\"\x8b\x01\n\x0bSiteToRelay\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.msa_fed.v1.HelloH\x00\x12$\n\x06\x61nswer\x18\x02 \x01(\x0b\x32\x12.msa_fed.v1.AnswerH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.msa_fed.v1.HeartbeatH\x00\x42\x06\n\x04part\"s\n\x07\x46orward\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\t\x12(\n\x07request\x18\x04 \x01(\x0b\x32\x17.msa_fed.v1.SiteRequest\x12\x0e\n\x06sealed\x18\x05 \x01(\x0c\"\'\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"\x18\n\x06\x45ndJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb3\x01\n\x0bRelayToSite\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.msa_fed.v1.WelcomeH\x00\x12&\n\x07\x66orward\x18\x02 \x01(\x0b\x32\x13.msa_fed.v1.ForwardH\x00\x12%\n\x04ping\x18\x03 \x01(\x0b\x32\x15.msa_fed.v1.HeartbeatH\x00\x12%\n\x07\x65nd_job\x18\x04 \x01(\x0b\x32\x12.msa_fed.v1.EndJobH\x00\x42\x06\n\x04part\"5\n\x15\x46\x65tchPredictorRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\"/\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\"$\n\x0fOpenJobResponse\x12\x11\n\tconnected\x18\x01 \x03(\t\"R\n\x08SiteCall\x12\x0c\n\x04site\x18\x01 \x01(\t\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.msa_fed.v1.SiteRequest\x12\x0e\n\x06sealed\x18\x03 \x01(\x0c\"U\n\x0b\x43\x61llRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32\x14.msa_fed.v1.SiteCall\"v\n\nSiteResult\x12\x0c\n\x04site\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.msa_fed.v1.SiteResponse\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x0e\n\x06sealed\x18\x05 \x01(\x0c\"7\n\x0c\x43\x61llResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.msa_fed.v1.SiteResult\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\"\x16\n\x14ListConnectedRequest\"T\n\rConnectedSite\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x14\n\x0c\x63onnected_at\x18\x02 \x01(\x01\x12\x11\n\tlast_seen\x18\x03 \x01(\x01\x12\x0c\n\x04peer\x18\x04 \x01(\t\"A\n\x15ListConnectedResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.msa_fed.v1.ConnectedSite2\xb6\x03\n\x05Relay\x12?\n\x07\x43onnect\x12\x17.msa_fed.v1.SiteToRelay\x1a\x17.msa_fed.v1.RelayToSite(\x01\x30\x01\x12P\n\x0e\x46\x65tchPredictor\x12!.msa_fed.v1.FetchPredictorRequest\x1a\x19.msa_fed.v1.DownloadChunk0\x01\x12\x42\n\x07OpenJob\x12\x1a.msa_fed.v1.OpenJobRequest\x1a\x1b.msa_fed.v1.OpenJobResponse\x12\x39\n\x04\x43\x61ll\x12\x17.msa_fed.v1.CallRequest\x1a\x18.msa_fed.v1.CallResponse\x12\x45\n\x08\x43loseJob\x12\x1b.msa_fed.v1.CloseJobRequest\x1a\x1c.msa_fed.v1.CloseJobResponse\x12T\n\rListConnected\x12 .msa_fed.v1.ListConnectedRequest\x1a!.msa_fed.v1.ListConnectedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,41 +38,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_start=187
   _globals['_HEARTBEAT']._serialized_end=215
   _globals['_ANSWER']._serialized_start=217
-  _globals['_ANSWER']._serialized_end=286
-  _globals['_SITETORELAY']._serialized_start=289
-  _globals['_SITETORELAY']._serialized_end=428
-  _globals['_FORWARD']._serialized_start=430
-  _globals['_FORWARD']._serialized_end=529
-  _globals['_WELCOME']._serialized_start=531
-  _globals['_WELCOME']._serialized_end=570
-  _globals['_ENDJOB']._serialized_start=572
-  _globals['_ENDJOB']._serialized_end=596
-  _globals['_RELAYTOSITE']._serialized_start=599
-  _globals['_RELAYTOSITE']._serialized_end=778
-  _globals['_FETCHPREDICTORREQUEST']._serialized_start=780
-  _globals['_FETCHPREDICTORREQUEST']._serialized_end=833
-  _globals['_OPENJOBREQUEST']._serialized_start=835
-  _globals['_OPENJOBREQUEST']._serialized_end=882
-  _globals['_OPENJOBRESPONSE']._serialized_start=884
-  _globals['_OPENJOBRESPONSE']._serialized_end=920
-  _globals['_SITECALL']._serialized_start=922
-  _globals['_SITECALL']._serialized_end=988
-  _globals['_CALLREQUEST']._serialized_start=990
-  _globals['_CALLREQUEST']._serialized_end=1075
-  _globals['_SITERESULT']._serialized_start=1077
-  _globals['_SITERESULT']._serialized_end=1179
-  _globals['_CALLRESPONSE']._serialized_start=1181
-  _globals['_CALLRESPONSE']._serialized_end=1236
-  _globals['_CLOSEJOBREQUEST']._serialized_start=1238
-  _globals['_CLOSEJOBREQUEST']._serialized_end=1271
-  _globals['_CLOSEJOBRESPONSE']._serialized_start=1273
-  _globals['_CLOSEJOBRESPONSE']._serialized_end=1291
-  _globals['_LISTCONNECTEDREQUEST']._serialized_start=1293
-  _globals['_LISTCONNECTEDREQUEST']._serialized_end=1315
-  _globals['_CONNECTEDSITE']._serialized_start=1317
-  _globals['_CONNECTEDSITE']._serialized_end=1401
-  _globals['_LISTCONNECTEDRESPONSE']._serialized_start=1403
-  _globals['_LISTCONNECTEDRESPONSE']._serialized_end=1468
-  _globals['_RELAY']._serialized_start=1471
-  _globals['_RELAY']._serialized_end=1909
+  _globals['_ANSWER']._serialized_end=302
+  _globals['_SITETORELAY']._serialized_start=305
+  _globals['_SITETORELAY']._serialized_end=444
+  _globals['_FORWARD']._serialized_start=446
+  _globals['_FORWARD']._serialized_end=561
+  _globals['_WELCOME']._serialized_start=563
+  _globals['_WELCOME']._serialized_end=602
+  _globals['_ENDJOB']._serialized_start=604
+  _globals['_ENDJOB']._serialized_end=628
+  _globals['_RELAYTOSITE']._serialized_start=631
+  _globals['_RELAYTOSITE']._serialized_end=810
+  _globals['_FETCHPREDICTORREQUEST']._serialized_start=812
+  _globals['_FETCHPREDICTORREQUEST']._serialized_end=865
+  _globals['_OPENJOBREQUEST']._serialized_start=867
+  _globals['_OPENJOBREQUEST']._serialized_end=914
+  _globals['_OPENJOBRESPONSE']._serialized_start=916
+  _globals['_OPENJOBRESPONSE']._serialized_end=952
+  _globals['_SITECALL']._serialized_start=954
+  _globals['_SITECALL']._serialized_end=1036
+  _globals['_CALLREQUEST']._serialized_start=1038
+  _globals['_CALLREQUEST']._serialized_end=1123
+  _globals['_SITERESULT']._serialized_start=1125
+  _globals['_SITERESULT']._serialized_end=1243
+  _globals['_CALLRESPONSE']._serialized_start=1245
+  _globals['_CALLRESPONSE']._serialized_end=1300
+  _globals['_CLOSEJOBREQUEST']._serialized_start=1302
+  _globals['_CLOSEJOBREQUEST']._serialized_end=1335
+  _globals['_CLOSEJOBRESPONSE']._serialized_start=1337
+  _globals['_CLOSEJOBRESPONSE']._serialized_end=1355
+  _globals['_LISTCONNECTEDREQUEST']._serialized_start=1357
+  _globals['_LISTCONNECTEDREQUEST']._serialized_end=1379
+  _globals['_CONNECTEDSITE']._serialized_start=1381
+  _globals['_CONNECTEDSITE']._serialized_end=1465
+  _globals['_LISTCONNECTEDRESPONSE']._serialized_start=1467
+  _globals['_LISTCONNECTEDRESPONSE']._serialized_end=1532
+  _globals['_RELAY']._serialized_start=1535
+  _globals['_RELAY']._serialized_end=1973
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,239 @@
+"""Sealed job traffic through a real registry and real `msa-fed site serve` processes.
+
+- every byte the registry relays for a sealed job is recorded at the relay: no array the job or a
+  site exchanged (z, Qhat, the domain model, DC sums) and no eta appears in it, a key held by the
+  registry opens none of it, and the job's z equals the in-process fit's to 1e-9;
+- a hostile relay (the registry's own relay, patched in this process) that alters one byte of a
+  request or an answer, replays one, moves one into another job or injects its own: the receiver
+  detects it and the job fails with one line naming the site and "tampered";
+- an approve-only site refuses a job whose content differs from the one it approved;
+- a registry that requires client certificates runs a job whose certificate is given on the
+  command line (`msa-fed run --tls-cert`) or in the job file, and says which option is missing
+  when none is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from fedhelpers import NAMES, site_files  # noqa: E402
+
+from msa_fed.artifacts.predictors import sha256_hex
+from msa_fed.control import relay as relay_mod
+from msa_fed.control.proto import relay_pb2 as pb
+from msa_fed.errors import PrivacyError
+from msa_fed.federation.local import LocalFederation
+from msa_fed.federation.relay_client import RelayClient
+from msa_fed.federation.sealing import (
+    JobKey,
+    JobSealer,
+    TamperedError,
+    job_content,
+)
+from msa_fed.runtime.federated import FederatedSites
+from msa_fed.runtime.proto import boundary_pb2 as bpb
+
+ORDER = sorted(NAMES)
+
+
+@pytest.fixture(scope="module")
+def files():
+    return site_files()
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory, files):
+    with LocalFederation(tmp_path_factory.mktemp("sealed"), files, sealed=True) as fed:
+        fed.wait_connected(timeout=180)
+        yield fed
+
+
+class _Tap:
+    """Patches the registry's relay (in this process): every forwarded request and every answer
+    passes through ``on_forward(conn, call_id, message)`` / ``on_answer(conn, call_id, answer)``,
+    which record them and may return a changed message."""
+
+    def __init__(self, monkeypatch):
+        self.forwards: list[tuple[str, pb.RelayToSite]] = []  # (site, what the relay forwarded)
+        self.answers: list[tuple[str, pb.Answer]] = []
+        self.on_forward = lambda conn, message: message
+        self.on_answer = lambda conn, answer: answer
+        self.lock = threading.Lock()
+        forward, answer = relay_mod._Connection.forward, relay_mod._Connection.answer
+        tap = self
+
+        def tapped_forward(conn, call_id, message, pending):
+            with tap.lock:
+                tap.forwards.append((conn.name, pb.RelayToSite.FromString(message.SerializeToString())))
+            return forward(conn, call_id, tap.on_forward(conn, message), pending)
+
+        def tapped_answer(conn, call_id, response):
+            with tap.lock:
+                tap.answers.append((conn.name, pb.Answer.FromString(response.SerializeToString())))
+            return answer(conn, call_id, tap.on_answer(conn, response))
+
+        monkeypatch.setattr(relay_mod._Connection, "forward", tapped_forward)
+        monkeypatch.setattr(relay_mod._Connection, "answer", tapped_answer)
+
+    def relayed(self) -> list[bytes]:
+        return [f.SerializeToString() for _, f in self.forwards] + [a.SerializeToString() for _, a in self.answers]
+
+
+def _backend(fed, files, job_id, relay, names=ORDER):
+    return FederatedSites(
+        list(names),
+        relay,
+        [files[n].X_unlabeled for n in names],
+        job_id=job_id,
+        predictor_sha256=[sha256_hex(files[n].predictor) for n in names],
+        classes=np.array([0, 1]),
+        site_timeout_s=30,
+        data_channel="plain",
+    )
+
+
+def _sealer(fed, files, job_id, names=ORDER, job_key=None, **content):
+    keys = {n: fed.seal_keys[n].public for n in names}
+    sites = [
+        dict(
+            name=n,
+            key_fingerprint=keys[n].fingerprint,
+            sample_sha256=_sample_sha(files[n].X_unlabeled),
+            predictor_sha256=sha256_hex(files[n].predictor),
+        )
+        for n in names
+    ]
+    options = dict(task="classification", loss="cross_entropy", mu=1e-3, objective="minmax", min_points=20)
+    options.update(content)
+    key = job_key or JobKey.load(fed.job_key_path)
+    return JobSealer(key, job_content(job_id, sites, planned_queries=100, **options), keys)
+
+
+def _sample_sha(X) -> str:
+    from msa_fed.federation.agent import sample_sha256
+
+    return sample_sha256(X)
+
+
+def _join(fed, files, job_id, sealer, names=ORDER):
+    relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
+    backend = _backend(fed, files, job_id, relay, names)
+    relay.open_job(job_id, list(names))
+    backend._relay([(i, "join_job", backend.join[i]) for i in range(len(names))])
+    return backend, relay
+
+
+# ---------------------------------------------------------------------- a hostile relay
+def _flip(data: bytes, at: int = -20) -> bytes:
+    out = bytearray(data)
+    out[at] ^= 0x01
+    return bytes(out)
+
+
+def _audit(fed, name) -> list[dict]:
+    return [json.loads(x) for x in (fed.workdir / name / "audit.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "attack", ["alter request", "alter answer", "replay request", "replay answer", "move to another job", "inject"]
+)
+def test_a_hostile_relay_is_detected_and_the_job_fails_naming_the_site(fed, files, monkeypatch, attack):
+    job_id = "hostile-" + attack.replace(" ", "-")
+    tap = _Tap(monkeypatch)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))  # honest so far
+    victim = "north"
+    old_forward = next(f for site, f in tap.forwards if site == victim and f.forward.job_id == job_id)
+    old_answer = next(a for site, a in tap.answers if site == victim)
+    if attack == "move to another job":  # a frame of this job, relayed into another open job
+        other = job_id + "-b"
+        backend, relay = _backend(fed, files, other, relay), relay
+        relay.sealer = _sealer(fed, files, other)
+        relay.open_job(other, ORDER)
+
+    def on_forward(conn, message):
+        if conn.name != victim:
+            return message
+        fwd = pb.RelayToSite.FromString(message.SerializeToString())
+        if attack == "alter request":
+            fwd.forward.sealed = _flip(fwd.forward.sealed)
+        elif attack == "replay request":
+            fwd.forward.sealed = old_forward.forward.sealed
+        elif attack == "move to another job":
+            fwd.forward.sealed = old_forward.forward.sealed  # job_id stays the other job's
+        elif attack == "inject":  # the registry's own request, under its own key
+            rogue = _sealer(fed, files, fwd.forward.job_id, job_key=JobKey.generate())
+            ping = bpb.SiteRequest(method="ping", empty=bpb.Empty())
+            fwd.forward.sealed = rogue.seal(victim, ping.SerializeToString())[0]
+        return fwd
+
+    def on_answer(conn, answer):
+        if conn.name != victim:
+            return answer
+        if attack == "alter answer":
+            answer = pb.Answer.FromString(answer.SerializeToString())
+            answer.sealed = _flip(answer.sealed)
+        elif attack == "replay answer":
+            answer = pb.Answer(call_id=answer.call_id, sealed=old_answer.sealed)
+        return answer
+
+    tap.on_forward, tap.on_answer = on_forward, on_answer
+    method = "join_job" if attack == "move to another job" else "info"
+    msgs = backend.join if method == "join_job" else [None] * len(ORDER)
+    with pytest.raises(TamperedError) as info:
+        backend._relay([(i, method, msgs[i]) for i in range(len(ORDER))])
+    text = str(info.value)
+    assert info.value.site == victim and text.startswith(f"site '{victim}': tampered") and "\n" not in text, text
+    if attack in ("alter request", "replay request", "move to another job", "inject"):  # the site saw it
+        assert any(r.get("outcome") == "refused" and r.get("rule") == "tampered" for r in _audit(fed, victim)[-5:]), (
+            _audit(fed, victim)[-3:]
+        )
+    relay.close()
+
+
+def test_an_unsealed_job_is_refused_by_a_sealed_site(fed, files):
+    relay = RelayClient(fed.address, fed.admin_token, insecure=True)
+    backend = _backend(fed, files, "unsealed", relay)
+    relay.open_job("unsealed", ORDER)
+    with pytest.raises(PrivacyError) as info:
+        backend._relay([(i, "join_job", backend.join[i]) for i in range(len(ORDER))])
+    assert info.value.rule == "sealed"
+    relay.close()
+
+
+# ---------------------------------------------------------------------- approval binds the content
+def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, files):
+    two = {n: files[n] for n in ("east", "north")}
+    names = sorted(two)
+    with LocalFederation(tmp_path, two, accept_jobs="approve", sealed=True) as fed:
+        fed.wait_connected(timeout=180)
+        with pytest.raises(PrivacyError, match="is pending"):
+            _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)
+        cli = [sys.executable, "-m", "msa_fed.cli", "site"]
+        listed = subprocess.run(
+            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "mu 0.001" in listed.stdout and "'minmax'" in listed.stdout and "at most 100" in listed.stdout
+        assert fed.seal_keys["north"].public.fingerprint[:16] in listed.stdout and "content digest" in listed.stdout
+        for name in names:
+            done = subprocess.run(
+                cli + ["approve", "bound", "--config", str(fed.config_path(name))],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0 and "for content" in done.stdout, done.stderr
+        _, relay = _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)  # approved: joins
+        relay.close()
+        # the same job id with another mu is another job: pending again, named in `site jobs`
+        with pytest.raises(PrivacyError, match="is pending"):
+            _join(fed, files, "bound", _sealer(fed, files, "bound", names, mu=1e-1), names)
+        listed = subprocess.run(
+            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
+        )
+        assert "pending" in listed.stdout and "mu 0.1" in listed.stdout
