@@ -15,13 +15,14 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import threading
 
 import numpy as np
 import pytest
-from fedhelpers import NAMES, site_files  # noqa: E402
+from fedhelpers import NAMES, fit_config, job_config, local_kwargs, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.control import relay as relay_mod
@@ -32,8 +33,11 @@ from msa_fed.federation.relay_client import RelayClient
 from msa_fed.federation.sealing import (
     JobKey,
     JobSealer,
+    SiteKey,
     TamperedError,
     job_content,
+    parse_frame,
+    verify_transcript,
 )
 from msa_fed.runtime.federated import FederatedSites
 from msa_fed.runtime.proto import boundary_pb2 as bpb
@@ -237,3 +241,116 @@ def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, file
             cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
         )
         assert "pending" in listed.stdout and "mu 0.1" in listed.stdout
+
+
+# ---------------------------------------------------------------------- a whole sealed job
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _local_z(files):
+    from msa_fed.core.config import ClassifierConfig
+    from msa_fed.runtime.coordinator import Coordinator
+    from msa_fed.runtime.local import LocalSites
+
+    kw, preds, _ = local_kwargs(files, ORDER)
+    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
+    with Coordinator(LocalSites(kw), preds, config) as c:
+        return c.fit()
+
+
+def _secrets(message) -> set[bytes]:
+    """The bytes of every array (NdArray data) and every float of a boundary message, recursively."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
+
+    out: set[bytes] = set()
+
+    def walk(value, ftype=None):
+        if isinstance(value, Message):
+            if type(value).DESCRIPTOR.name == "NdArray" and len(value.data) >= 8:
+                out.add(bytes(value.data))
+            for field, x in value.ListFields():
+                if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                    inner = field.message_type.fields_by_name["value"].type
+                    for y in x.values():
+                        walk(y, inner)
+                elif isinstance(x, (str, bytes, int, float, Message)):
+                    walk(x, field.type)
+                else:  # a repeated field
+                    for y in x:
+                        walk(y, field.type)
+        elif isinstance(value, float) and ftype == FieldDescriptor.TYPE_DOUBLE and value not in (0.0, 1.0):
+            out.add(struct.pack("<d", value))
+
+    walk(message)
+    return out
+
+
+def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fed, files, monkeypatch):
+    from msa_fed.federation import sealing
+    from msa_fed.jobs.run import run_job
+
+    tap = _Tap(monkeypatch)
+    exchanged: list[tuple[str, bytes]] = []  # the job's plaintexts, kept in this process
+    seal, open_ = JobSealer.seal, JobSealer.open
+
+    def seal_and_keep(self, site, plaintext):
+        exchanged.append(("request", plaintext))
+        return seal(self, site, plaintext)
+
+    def open_and_keep(self, site, seq, frame, request, method=""):
+        answer = open_(self, site, seq, frame, request, method)
+        exchanged.append(("answer", answer))
+        return answer
+
+    monkeypatch.setattr(JobSealer, "seal", seal_and_keep)
+    monkeypatch.setattr(JobSealer, "open", open_and_keep)
+    job = job_config("sealedjob", fed.address, insecure=True, **fed.sealing())
+    _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+    np.testing.assert_allclose(model.z, _local_z(files).z, rtol=0, atol=1e-9)
+
+    # what the registry relayed for the job: sealed frames, nothing in the clear
+    mine = [(s, f) for s, f in tap.forwards if f.forward.job_id == "sealedjob"]
+    assert {s for s, _ in mine} == set(NAMES) and len(mine) == len(exchanged) // 2
+    assert all(f.forward.sealed and f.forward.request.ByteSize() == 0 for _, f in mine)
+    assert all(a.sealed and a.response.ByteSize() == 0 for _, a in tap.answers)
+    methods = {bpb.SiteRequest.FromString(p).method for kind, p in exchanged if kind == "request"}
+    assert {"join_job", "set_domain_model", "set_qhat", "dc_evaluate"} <= methods
+    secrets: set[bytes] = set()
+    for kind, plain in exchanged:
+        message = (bpb.SiteRequest if kind == "request" else bpb.SiteResponse).FromString(plain)
+        secrets |= _secrets(message)
+    secrets.add(struct.pack("<d", job.fit.eta))
+    secrets |= {model.z.astype("<f8").tobytes(), np.asarray(model.qhat, "<f8").tobytes()}
+    assert len(secrets) > 20  # z at every step, theta, Qhat and DC sums, eta
+    relayed = tap.relayed()
+    assert not [s for s in secrets if any(s in r for r in relayed)]
+    # positive control: the same search finds them in what the job exchanged
+    plain = [p for _, p in exchanged]
+    assert sum(any(s in p for p in plain) for s in secrets) >= len(secrets) - 3
+
+    # the registry's own key derives nothing that opens a frame
+    registry_key = SiteKey.generate()
+    job_key = JobKey.load(fed.job_key_path)
+    for site, f in mine:
+        _, seq, cert_bytes, ciphertext = parse_frame(f.forward.sealed)
+        cert = sealing.JobCertificate.decode(cert_bytes, {job_key.fingerprint})  # public: the relay reads it
+        secret = registry_key.agreement.exchange(sealing.X25519PublicKey.from_public_bytes(cert.agreement))
+        for key in sealing._keys(secret, cert.digest, site, registry_key.public):
+            with pytest.raises(sealing.InvalidTag):
+                sealing.ChaCha20Poly1305(key).decrypt(
+                    sealing._nonce(sealing.TO_SITE, seq),
+                    ciphertext,
+                    sealing._aad(sealing.TO_SITE, seq, "sealedjob", site, cert.digest),
+                )
+
+    # the sites' signed answers are kept with the model and verify against the pinned keys
+    record = model.info["job"]["sealed_transcript"]
+    counts = verify_transcript(record, {job_key.fingerprint})
+    assert set(counts) == set(NAMES) and min(counts.values()) >= 3
+    assert record["content_digest"] and len(record["answers"]) == len(mine)
