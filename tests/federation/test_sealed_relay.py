@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 import pytest
-from fedhelpers import NAMES, fit_config, job_config, local_kwargs, output_dir, site_files  # noqa: E402
+from fedhelpers import NAMES, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.control import relay as relay_mod
@@ -354,3 +354,58 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     counts = verify_transcript(record, {job_key.fingerprint})
     assert set(counts) == set(NAMES) and min(counts.values()) >= 3
     assert record["content_digest"] and len(record["answers"]) == len(mine)
+
+
+# ---------------------------------------------------------------------- mutual TLS for the job
+def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray, tmp_path, files):
+    """The certificate on `msa-fed run`'s command line, or in the job file (Python API: JobConfig);
+    none given: the job fails in one line naming the option."""
+    from msa_fed.control.server import TlsConfig
+    from msa_fed.jobs.config import JobConfig
+    from msa_fed.jobs.run import run_job
+
+    names = ("east", "north")
+    pki = make_pki(tmp_path / "pki", clients=names + ("operator",))
+    tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"], pki["ca"])
+    certs = {n: (pki[f"{n}_cert"], pki[f"{n}_key"]) for n in names}
+    two = {n: files[n] for n in names}
+    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs, sealed=True) as fed:
+        fed.wait_connected(timeout=180)
+        token = tmp_path / "admin_token"
+        token.write_text(fed.admin_token + "\n")
+        sealing = fed.sealing(names)
+        ray_address = local_ray.get_runtime_context().gcs_address
+        pins = ", ".join(f'"{p}"' for p in sealing["seal_sites"])
+        base = (
+            f'name = "mtls"\n[registry]\naddress = "{fed.address}"\ntls_ca = "{pki["ca"]}"\n'
+            f'admin_token_file = "{token}"\n'
+            "{cert}"
+            f'[run]\nray_address = "{ray_address}"\ndata_channel = "plain"\nsite_timeout_s = 60\n'
+            f'[model]\nmu = 0.001\n[sealing]\njob_key = "{sealing["job_key"]}"\nsites = [{pins}]\n'
+        )
+        bare, with_cert = tmp_path / "bare.toml", tmp_path / "with-cert.toml"
+        bare.write_text(base.format(cert=""))
+        with_cert.write_text(
+            base.format(cert=f'tls_cert = "{pki["operator_cert"]}"\ntls_key = "{pki["operator_key"]}"\n')
+        )
+        cli = [sys.executable, "-m", "msa_fed.cli", "run", "--quiet", "--job", str(bare)]
+
+        refused = subprocess.run(
+            cli + ["--output", str(tmp_path / "out0")], capture_output=True, text=True, timeout=600
+        )
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error")]
+        assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-2000:]
+        assert "UNAVAILABLE" in errors[0] and "--tls-cert and --tls-key" in errors[0], errors
+
+        cert_flags = ["--tls-cert", pki["operator_cert"], "--tls-key", pki["operator_key"]]
+        done = subprocess.run(
+            cli + cert_flags + ["--output", str(tmp_path / "out1")], capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "stored combined model version" in done.stdout
+
+        config = JobConfig.from_toml(with_cert)
+        assert config.tls_cert == pki["operator_cert"]
+        _, model = run_job(config, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=tmp_path / "out2")
+        assert model.site_names == list(names) and np.isclose(model.z.sum(), 1.0)
+        assert verify_transcript(model.info["job"]["sealed_transcript"])
