@@ -256,7 +256,7 @@ def _register(args) -> int:
     if args.seal_key:
         from pathlib import Path
 
-        from msa_fed.federation.sealing import SEAL_KEY_LABEL, SitePublicKey
+        from msa_fed.crypto.sealing import SEAL_KEY_LABEL, SitePublicKey
 
         path = Path(args.seal_key)
         if not path.is_file():

@@ -5,7 +5,7 @@ and keeps one ``Connect`` stream.  The coordinator's job (an admin principal) op
 its sites (``OpenJob``) and sends requests for them (``Call``: one request per site, the
 answers gathered); the relay forwards each request on the named site's stream and returns the
 site's answer.  The payloads are the boundary messages of ``boundary.proto`` or, for a sealed
-job, frames sealed end to end between the job and the site (:mod:`msa_fed.federation.sealing`)
+job, frames sealed end to end between the job and the site (:mod:`msa_fed.crypto.sealing`)
 that the registry can neither read nor forge; either way they are carried as they are: the relay
 decodes nothing of them and never keeps them.
 

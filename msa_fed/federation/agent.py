@@ -44,10 +44,10 @@ from msa_fed import __version__
 from msa_fed.artifacts.predictors import load_predictor, sha256_hex
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.relay_client import open_channel
-from msa_fed.federation.sealing import job_content_digest
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.federation.state import JobBook
 from msa_fed.privacy.audit import AuditLog
@@ -283,7 +283,7 @@ class SiteAgent:
         at a site that holds a sealing key, is refused in the clear (nothing to seal it to)."""
         if not fwd.sealed and self.opener is None:
             return pb.Answer(call_id=fwd.call_id, response=self.handle(fwd))
-        from msa_fed.federation.sealing import TamperedError
+        from msa_fed.crypto.sealing import TamperedError
 
         try:
             if self.opener is None:

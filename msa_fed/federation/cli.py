@@ -80,7 +80,7 @@ def _jobs(args) -> int:
     if not jobs:
         print(f"site {config.name}: no jobs yet (accepting: {config.accept_jobs})")
         return 0
-    from msa_fed.federation.sealing import describe_content
+    from msa_fed.crypto.sealing import describe_content
 
     print(f"{'job':<32} {'state':<9} {'admin':<16} {'first seen (UTC)':<20} sites")
     for j in jobs:
@@ -120,7 +120,7 @@ def _approve(args) -> int:
 
 
 def _site_keygen(args) -> int:
-    from msa_fed.federation.sealing import SiteKey
+    from msa_fed.crypto.sealing import SiteKey
 
     key = SiteKey.generate()
     path = key.save(args.out)
@@ -131,7 +131,7 @@ def _site_keygen(args) -> int:
 
 
 def _job_keygen(args) -> int:
-    from msa_fed.federation.sealing import JobKey
+    from msa_fed.crypto.sealing import JobKey
 
     key = JobKey.generate()
     path = key.save(args.out)

@@ -88,11 +88,11 @@ def federated_backend(
 
 
 def job_sealer(config, names, records, predictor_sha256, loss: str, log=print):
-    """The job's :class:`msa_fed.federation.sealing.JobSealer`: its content (the sites with their
+    """The job's :class:`msa_fed.crypto.sealing.JobSealer`: its content (the sites with their
     pinned key fingerprints, published-sample and predictor digests, the model's options and the
     planned number of queries) signed by the consortium's job key; each site's public key as the
     registry lists it, accepted only with the fingerprint the job file pins."""
-    from msa_fed.federation.sealing import SEAL_KEY_LABEL, JobKey, JobSealer, SitePublicKey, job_content
+    from msa_fed.crypto.sealing import SEAL_KEY_LABEL, JobKey, JobSealer, SitePublicKey, job_content
 
     pins = config.seal_pins
     unpinned = [n for n in names if n not in pins]

@@ -150,7 +150,7 @@ class LocalFederation:
         secure = dict(insecure=True) if self.tls is None else dict(tls_ca=self.tls_ca)
         job_keys: tuple = ()
         if self.sealed:
-            from msa_fed.federation.sealing import JobKey
+            from msa_fed.crypto.sealing import JobKey
 
             self.job_key_path = self.workdir / "job.key"
             job_key = JobKey.generate()
@@ -169,7 +169,7 @@ class LocalFederation:
             cert, key = self.client_certs.get(name, (None, None))
             labels, seal_key = {}, None
             if self.sealed:
-                from msa_fed.federation.sealing import SEAL_KEY_LABEL, SiteKey
+                from msa_fed.crypto.sealing import SEAL_KEY_LABEL, SiteKey
 
                 site_key = self.seal_keys[name] = SiteKey.generate()
                 seal_key = str(site_key.save(folder / "site.key"))

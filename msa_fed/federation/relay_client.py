@@ -72,9 +72,9 @@ class RelayClient:
     """The job's connection to the relay (admin token); see the module docstring."""
 
     def __init__(self, address: str, token: str, *, timeout: float = 30.0, sealer=None, **channel_kwargs):
-        """sealer : a :class:`msa_fed.federation.sealing.JobSealer`: every request is sealed end to
+        """sealer : a :class:`msa_fed.crypto.sealing.JobSealer`: every request is sealed end to
         end for its site and every answer must be that site's sealed, signed answer (else the call
-        raises :class:`msa_fed.federation.sealing.TamperedError` naming the site)."""
+        raises :class:`msa_fed.crypto.sealing.TamperedError` naming the site)."""
         self.sealer = sealer
         self._channel = open_channel(address, **channel_kwargs)
         secure = not channel_kwargs.get("insecure")
@@ -158,7 +158,7 @@ class RelayClient:
 
     def _open(self, site: str, method: str, result, plain: bytes, seq: int):
         """The SiteResponse inside a site's sealed answer; TamperedError unless it is authentic."""
-        from msa_fed.federation.sealing import TamperedError
+        from msa_fed.crypto.sealing import TamperedError
         from msa_fed.runtime.proto import boundary_pb2 as bpb
 
         if not result.sealed:  # the site could not open the request, or the registry answered itself

@@ -9,8 +9,8 @@ site approves (``msa-fed site approve``) is that content's digest.
 
 from __future__ import annotations
 
+from msa_fed.crypto.sealing import SiteKey, SiteOpener, job_content
 from msa_fed.errors import ConfigError
-from msa_fed.federation.sealing import SiteKey, SiteOpener, job_content
 
 
 def sealing_opener(config) -> SiteOpener | None:

@@ -27,10 +27,7 @@ from fedhelpers import NAMES, fit_config, job_config, local_kwargs, make_pki, ou
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.control import relay as relay_mod
 from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.errors import PrivacyError
-from msa_fed.federation.local import LocalFederation
-from msa_fed.federation.relay_client import RelayClient
-from msa_fed.federation.sealing import (
+from msa_fed.crypto.sealing import (
     JobKey,
     JobSealer,
     SiteKey,
@@ -39,6 +36,9 @@ from msa_fed.federation.sealing import (
     parse_frame,
     verify_transcript,
 )
+from msa_fed.errors import PrivacyError
+from msa_fed.federation.local import LocalFederation
+from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
 from msa_fed.runtime.proto import boundary_pb2 as bpb
 
@@ -292,7 +292,7 @@ def _secrets(message) -> set[bytes]:
 
 
 def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fed, files, monkeypatch):
-    from msa_fed.federation import sealing
+    from msa_fed.crypto import sealing
     from msa_fed.jobs.run import run_job
 
     tap = _Tap(monkeypatch)

@@ -1,4 +1,4 @@
-"""The sealing of job traffic (msa_fed.federation.sealing), without any network: the job's and the
+"""The sealing of job traffic (msa_fed.crypto.sealing), without any network: the job's and the
 site's ends exchange frames, and a hostile relay between them alters, replays, reorders, moves
 and forges frames; each is refused by the receiver with "tampered" naming the site."""
 
@@ -9,8 +9,7 @@ import stat
 
 import pytest
 
-from msa_fed.errors import ConfigError
-from msa_fed.federation.sealing import (
+from msa_fed.crypto.sealing import (
     JobCertificate,
     JobKey,
     JobSealer,
@@ -23,6 +22,7 @@ from msa_fed.federation.sealing import (
     parse_frame,
     verify_transcript,
 )
+from msa_fed.errors import ConfigError
 
 SITES = ("north", "east")
 
