@@ -534,6 +534,27 @@ def verify_transcript(record: dict, trusted_job_keys=None) -> dict:
     return counts
 
 
+def check_model_transcript(manifest: dict, trusted_job_keys=None) -> tuple[bool, str]:
+    """(verified, one line in words) for the signed transcript a combined model's manifest carries
+    (``info.job.sealed_transcript``); (True, "no: ...") for a model of an unsealed job."""
+    info = manifest.get("info") if isinstance(manifest, dict) else None
+    job = info.get("job") if isinstance(info, dict) else None
+    record = job.get("sealed_transcript") if isinstance(job, dict) else None
+    if not manifest:
+        return True, "-"
+    if not isinstance(record, dict):
+        return True, "no (the job's traffic was not sealed: no signed transcript)"
+    try:
+        counts = verify_transcript(record, trusted_job_keys)
+    except (ValueError, ConfigError, KeyError, TypeError) as exc:
+        return False, f"TRANSCRIPT DOES NOT VERIFY: {exc}"
+    per_site = ", ".join(f"{n} {c}" for n, c in counts.items())
+    return True, (
+        f"yes: {sum(counts.values())} signed answers verified ({per_site}); job key "
+        f"{record.get('job_key_fingerprint', '')[:16]}..., content digest {record.get('content_digest', '')}"
+    )
+
+
 # ---------------------------------------------------------------------- the site's side
 @dataclass
 class RequestSeal:

@@ -354,6 +354,18 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     counts = verify_transcript(record, {job_key.fingerprint})
     assert set(counts) == set(NAMES) and min(counts.values()) >= 3
     assert record["content_digest"] and len(record["answers"]) == len(mine)
+    # `msa-fed job show` verifies the transcript stored with the model in the registry
+    token = fed.workdir / "admin_token"
+    token.write_text(fed.admin_token + "\n")
+    show = [sys.executable, "-m", "msa_fed.cli", "job", "show", model.info["job"]["job_id"], "--registry", fed.address]
+    show += ["--insecure", "--admin-token-file", str(token), "--job-key", job_key.fingerprint]
+    shown = subprocess.run(show, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and f"{sum(counts.values())} signed answers verified" in shown.stdout, shown
+    # a transcript whose answer was changed (say by whoever stores it) no longer verifies
+    bad = dict(record, answers=[dict(a) for a in record["answers"]])
+    bad["answers"][-1]["answer_sha256"] = "00" * 32
+    ok, line = sealing.check_model_transcript({"info": {"job": {"sealed_transcript": bad}}}, [job_key.fingerprint])
+    assert not ok and "DOES NOT VERIFY" in line and bad["answers"][-1]["site"] in line
 
 
 # ---------------------------------------------------------------------- mutual TLS for the job
