@@ -15,7 +15,11 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    ``--m`` unlabelled points per site, DMSA with the default settings: the federated topology
    (site processes + relay + Ray stand-ins training the classifier) against ``runtime="local"``
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
-3. **A registry holding ``--many`` connected sites**: thin site clients (one stream each,
+3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
+   to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
+   signed by its site) next to the unsealed round, on two federations of p sites running side by
+   side, rounds interleaved (unsealed, sealed, unsealed, ...) so that both see the same load.
+4. **A registry holding ``--many`` connected sites**: thin site clients (one stream each,
    heartbeats every second) connect; time until all are connected, the registry process's CPU
    share while they only heartbeat (``--hold`` s), and a fan-out ``ping`` to all of them in one
    Call (median over rounds).
@@ -177,6 +181,106 @@ def bench_round(args, workdir: Path) -> dict:
     }
 
 
+def _round_setup(fed, names, files, classes, spec, qhat, sealer=None):
+    """A relay client of a job joined by every site of ``fed``, set up to the DC rounds."""
+    relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
+    relay.open_job("bench", names)
+    shas = [sha256_hex(files[n].predictor) for n in names]
+    joins = [
+        m.JobSetup(
+            job_id="bench",
+            sites=tuple(names),
+            index=i,
+            predictor_sha256=tuple(shas),
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=20,
+        )
+        for i in range(len(names))
+    ]
+    relay.call("bench", [(n, "join_job", joins[i]) for i, n in enumerate(names)], 300)
+    got = relay.call("bench", [(n, "set_domain_model", spec) for n in names], 300)
+    assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
+    relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
+    return relay
+
+
+def bench_sealed_round(args, workdir: Path) -> dict:
+    from msa_fed.crypto.sealing import JobKey, JobSealer, job_content
+    from msa_fed.federation.agent import sample_sha256
+
+    p = args.sites
+    files = make_sites(p, 2000, 1000)
+    names = sorted(files)
+    kw, preds, classes = _kwargs(files, names)
+    fmap = StandardFeatures().fit(np.vstack([files[n].X_unlabeled for n in names]))
+    width = fmap.transform(files[names[0]].X_unlabeled[:1]).shape[1]
+    theta = np.random.default_rng(1).normal(size=p * (width + 1)) * 0.1
+    spec = m.DomainModelSpec(kind="maxent", n_sources=p, feature_map=feature_map_state(fmap), theta=theta)
+    local = [SiteWorker(**k) for k in kw]
+    qhat = np.sum([w.set_domain_model(spec).sums for w in local], axis=0)
+    rng = np.random.default_rng(2)
+    zs = [rng.dirichlet(np.ones(p)) for _ in range(args.rounds)]
+    times: dict[str, list] = {"unsealed": [], "sealed": []}
+    with (
+        LocalFederation(workdir / "plain", files) as plain,
+        LocalFederation(workdir / "sealed", files, sealed=True) as sealed,
+    ):
+        plain.wait_connected(timeout=600)
+        sealed.wait_connected(timeout=600)
+        content = job_content(
+            "bench",
+            [
+                dict(
+                    name=n,
+                    key_fingerprint=sealed.seal_keys[n].public.fingerprint,
+                    sample_sha256=sample_sha256(files[n].X_unlabeled),
+                    predictor_sha256=sha256_hex(files[n].predictor),
+                )
+                for n in names
+            ],
+            task="classification",
+            loss="cross_entropy",
+            min_points=20,
+            planned_queries=10 * args.rounds,
+        )
+        sealer = JobSealer(JobKey.load(sealed.job_key_path), content, {n: sealed.seal_keys[n].public for n in names})
+        relays = {
+            "unsealed": _round_setup(plain, names, files, classes, spec, qhat),
+            "sealed": _round_setup(sealed, names, files, classes, spec, qhat, sealer),
+        }
+        for z in zs[:5]:  # warm-up
+            for relay in relays.values():
+                relay.call(
+                    "bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60
+                )
+        outs = {}
+        for z in zs:
+            req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
+            for kind, relay in relays.items():
+                t0 = time.perf_counter()
+                outs[kind] = relay.call("bench", [(n, "dc_evaluate", req) for n in names], 60)
+                times[kind].append(time.perf_counter() - t0)
+        assert all(np.array_equal(a.sums.L, b.sums.L) for a, b in zip(outs["sealed"], outs["unsealed"]))
+        for relay in relays.values():
+            relay.close_job("bench")
+            relay.close()
+    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    return {
+        "p": p,
+        "n_per_site": 2000,
+        "rounds": args.rounds,
+        "unsealed_median_ms": med["unsealed"],
+        "unsealed_p90_ms": 1e3 * _pct(times["unsealed"], 90),
+        "sealed_median_ms": med["sealed"],
+        "sealed_p90_ms": 1e3 * _pct(times["sealed"], 90),
+        "ratio_median": med["sealed"] / med["unsealed"],
+        "signed_answers": len(sealer.transcript),
+        "load": os.getloadavg(),
+    }
+
+
 def bench_job(args, workdir: Path) -> dict:
     from msa_fed.runtime.ray_sites import ensure_ray
 
@@ -327,7 +431,7 @@ def main(argv=None) -> int:
     ap.add_argument("--many", type=int, default=64)
     ap.add_argument("--many-rounds", type=int, default=50)
     ap.add_argument("--hold", type=float, default=20.0)
-    ap.add_argument("--only", choices=["round", "job", "many"], action="append")
+    ap.add_argument("--only", choices=["round", "sealed", "job", "many"], action="append")
     args = ap.parse_args(argv)
     if args.quick:
         args.sites, args.rounds, args.n, args.m, args.many, args.hold, args.many_rounds = 3, 30, 3000, 300, 16, 3, 10
@@ -335,13 +439,21 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
         "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else ""),
     }
-    todo = args.only or ["round", "job", "many"]
+    todo = args.only or ["round", "sealed", "job", "many"]
     with tempfile.TemporaryDirectory(prefix="bench-fed-") as tmp:
         if "round" in todo:
             r = out["dc_round"] = bench_round(args, Path(tmp))
             print(
                 f"DC round through the relay, p={r['p']}: median {r['relay_median_ms']:.2f} ms "
                 f"(p90 {r['relay_p90_ms']:.2f}); in-process sums alone {r['local_median_ms']:.2f} ms",
+                flush=True,
+            )
+        if "sealed" in todo:
+            r = out["dc_round_sealed"] = bench_sealed_round(args, Path(tmp))
+            print(
+                f"DC round p={r['p']}, sealed end to end: median {r['sealed_median_ms']:.2f} ms "
+                f"(p90 {r['sealed_p90_ms']:.2f}); unsealed, interleaved: {r['unsealed_median_ms']:.2f} ms "
+                f"(p90 {r['unsealed_p90_ms']:.2f}); ratio {r['ratio_median']:.2f}",
                 flush=True,
             )
         if "job" in todo:
@@ -364,8 +476,10 @@ def main(argv=None) -> int:
             )
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    if not args.quick:
-        (results / "federation.json").write_text(json.dumps(out, indent=2) + "\n")
+    if not args.quick:  # sections of an --only run replace theirs and keep the others
+        path = results / "federation.json"
+        kept = json.loads(path.read_text()) if path.is_file() else {}
+        (path).write_text(json.dumps({**kept, **out}, indent=2) + "\n")
     return 0
 
 
