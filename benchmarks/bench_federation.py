@@ -181,6 +181,21 @@ def bench_round(args, workdir: Path) -> dict:
     }
 
 
+def _answered(relay, calls, timeout_s: float = 600.0) -> list:
+    """relay.call until every site answered (a loaded machine may let a stream lapse meanwhile)."""
+    from msa_fed.runtime.federated import SiteUnreachable
+
+    deadline = time.monotonic() + timeout_s
+    out = relay.call("bench", calls, 300)
+    while any(isinstance(r, SiteUnreachable) for r in out) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        out = relay.call("bench", calls, 300)
+    bad = [r for r in out if isinstance(r, (SiteUnreachable, Exception))]
+    if bad:
+        raise RuntimeError(f"a site did not answer: {bad[0]}")
+    return out
+
+
 def _round_setup(fed, names, files, classes, spec, qhat, sealer=None):
     """A relay client of a job joined by every site of ``fed``, set up to the DC rounds."""
     relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
@@ -199,10 +214,10 @@ def _round_setup(fed, names, files, classes, spec, qhat, sealer=None):
         )
         for i in range(len(names))
     ]
-    relay.call("bench", [(n, "join_job", joins[i]) for i, n in enumerate(names)], 300)
-    got = relay.call("bench", [(n, "set_domain_model", spec) for n in names], 300)
+    _answered(relay, [(n, "join_job", joins[i]) for i, n in enumerate(names)])
+    got = _answered(relay, [(n, "set_domain_model", spec) for n in names])
     assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
-    relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
+    _answered(relay, [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names])
     return relay
 
 
@@ -224,8 +239,8 @@ def bench_sealed_round(args, workdir: Path) -> dict:
     zs = [rng.dirichlet(np.ones(p)) for _ in range(args.rounds)]
     times: dict[str, list] = {"unsealed": [], "sealed": []}
     with (
-        LocalFederation(workdir / "plain", files) as plain,
-        LocalFederation(workdir / "sealed", files, sealed=True) as sealed,
+        LocalFederation(workdir / "plain", files, silence_timeout_s=120) as plain,
+        LocalFederation(workdir / "sealed", files, sealed=True, silence_timeout_s=120) as sealed,
     ):
         plain.wait_connected(timeout=600)
         sealed.wait_connected(timeout=600)
@@ -252,15 +267,13 @@ def bench_sealed_round(args, workdir: Path) -> dict:
         }
         for z in zs[:5]:  # warm-up
             for relay in relays.values():
-                relay.call(
-                    "bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60
-                )
+                _answered(relay, [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names])
         outs = {}
         for z in zs:
             req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
             for kind, relay in relays.items():
                 t0 = time.perf_counter()
-                outs[kind] = relay.call("bench", [(n, "dc_evaluate", req) for n in names], 60)
+                outs[kind] = _answered(relay, [(n, "dc_evaluate", req) for n in names])
                 times[kind].append(time.perf_counter() - t0)
         assert all(np.array_equal(a.sums.L, b.sums.L) for a, b in zip(outs["sealed"], outs["unsealed"]))
         for relay in relays.values():

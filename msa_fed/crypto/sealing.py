@@ -58,7 +58,6 @@ MAGIC = b"MSAS\x01"
 TO_SITE, TO_JOB = 1, 2
 _HEADER = len(MAGIC) + 1 + 8 + 4
 MAX_CERT_BYTES = 1 << 16
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 class TamperedError(SiteError):
@@ -158,9 +157,7 @@ class SiteKey:
 
     def __init__(self, signing: Ed25519PrivateKey, agreement: X25519PrivateKey):
         self.signing, self.agreement = signing, agreement
-        self.public = SitePublicKey(
-            signing.public_key().public_bytes(**_RAW), agreement.public_key().public_bytes(**_RAW)
-        )
+        self.public = SitePublicKey(signing.public_key().public_bytes_raw(), agreement.public_key().public_bytes_raw())
 
     @classmethod
     def generate(cls) -> SiteKey:
@@ -185,7 +182,7 @@ class JobKey:
 
     def __init__(self, key: Ed25519PrivateKey):
         self.key = key
-        self.public = key.public_key().public_bytes(**_RAW)
+        self.public = key.public_key().public_bytes_raw()
 
     @property
     def fingerprint(self) -> str:
@@ -399,7 +396,7 @@ class JobSealer:
             self.site_keys[name] = got
         self._ephemeral = X25519PrivateKey.generate()
         self.certificate = JobCertificate.issue(
-            key, self.job_id, content, self._ephemeral.public_key().public_bytes(**_RAW)
+            key, self.job_id, content, self._ephemeral.public_key().public_bytes_raw()
         )
         self._cert = self.certificate.encode()
         self._digest = self.certificate.digest

@@ -285,26 +285,30 @@ class SiteAgent:
             return pb.Answer(call_id=fwd.call_id, response=self.handle(fwd))
         from msa_fed.crypto.sealing import TamperedError
 
+        opener = self.opener
+        if opener is None:
+            exc: MsaFedError = ConfigError(
+                f"site {self.name!r} holds no sealing key (seal_key in site.toml); it takes unsealed jobs"
+            )
+            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule="ConfigError", detail=str(exc))
+            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(exc))
+        ctx = None
         try:
-            if self.opener is None:
-                raise ConfigError(
-                    f"site {self.name!r} holds no sealing key (seal_key in site.toml); it takes unsealed jobs"
-                )
             if not fwd.sealed:
                 raise PrivacyError("sealed", self.name, f"job {fwd.job_id!r}: it serves only sealed jobs")
-            ctx, plain = self.opener.open(fwd.job_id, fwd.sealed)
+            ctx, plain = opener.open(fwd.job_id, fwd.sealed)
             request = bpb.SiteRequest.FromString(plain)
-        except (TamperedError, ConfigError, PrivacyError) as exc:
-            rule = exc.rule if isinstance(exc, PrivacyError) else "tampered" if isinstance(exc, TamperedError) else ""
-            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule=rule or type(exc).__name__, detail=str(exc))
-            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(exc))
+        except (TamperedError, PrivacyError) as err:
+            rule = err.rule if isinstance(err, PrivacyError) else "tampered"
+            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule=rule, detail=str(err))
+            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(err))
         except Exception:  # noqa: BLE001 - authentic bytes that are no SiteRequest: the job's fault
-            return pb.Answer(
-                call_id=fwd.call_id,
-                sealed=self.opener.seal(ctx, wire.error_proto("WireError", "not a SiteRequest").SerializeToString()),
-            )
+            if ctx is None:
+                return pb.Answer(call_id=fwd.call_id, response=wire.error_proto("WireError", "unreadable request"))
+            failure = wire.error_proto("WireError", "not a SiteRequest")
+            return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, failure.SerializeToString()))
         response = self.handle(fwd, request, ctx.certificate.content)
-        return pb.Answer(call_id=fwd.call_id, sealed=self.opener.seal(ctx, response.SerializeToString()))
+        return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, response.SerializeToString()))
 
     def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):
         """The SiteResponse to one relayed request (never raises); ``request``: the opened
