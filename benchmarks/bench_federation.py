@@ -492,7 +492,13 @@ def main(argv=None) -> int:
     if not args.quick:  # sections of an --only run replace theirs and keep the others
         path = results / "federation.json"
         kept = json.loads(path.read_text()) if path.is_file() else {}
-        (path).write_text(json.dumps({**kept, **out}, indent=2) + "\n")
+        if args.only:  # the machine and command of the full run stay; each section notes its own
+            for key in todo:
+                section = {"round": "dc_round", "sealed": "dc_round_sealed", "job": "full_job", "many": "many_sites"}
+                out[section[key]].update(command=" ".join(["python benchmarks/bench_federation.py", *sys.argv[1:]]))
+                out[section[key]].setdefault("load", out["machine"]["load"])
+            out = {k: v for k, v in out.items() if k not in ("machine", "command")}
+        path.write_text(json.dumps({**kept, **out}, indent=2) + "\n")
     return 0
 
 
