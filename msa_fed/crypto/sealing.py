@@ -404,6 +404,8 @@ class JobSealer:
         self._seq: dict[str, int] = {}
         self._lock = threading.Lock()
         self.transcript: list[dict] = []
+        self._checked = 0  # transcript entries whose signature was verified
+        self._verifiers = {n: k.verifier() for n, k in self.site_keys.items()}
 
     def _aead(self, site: str) -> tuple[ChaCha20Poly1305, ChaCha20Poly1305]:
         pair = self._aeads.get(site)
@@ -426,7 +428,13 @@ class JobSealer:
 
     def open(self, site: str, seq: int, frame: bytes, request: bytes, method: str = "") -> bytes:
         """The plaintext answer of ``site`` to request ``seq`` (whose plaintext was ``request``);
-        :class:`TamperedError` unless it is exactly the site's signed answer to that request."""
+        :class:`TamperedError` unless it is exactly the site's sealed answer to that request.
+
+        The seal (the AEAD keyed by the site's and the job's keys) is what protects the job from
+        the relay, and is checked here; the site's signature inside it is evidence for third
+        parties (only the site could have sealed it, but the job could have too), and is checked
+        for all answers at once by :meth:`verify_signatures` (``record`` calls it): an Ed25519
+        verification costs more than the rest of a frame's checks together."""
         try:
             direction, got, cert, ciphertext = parse_frame(frame)
         except ValueError as exc:
@@ -452,14 +460,6 @@ class JobSealer:
             raise TamperedError(site, "tampered: an answer without its signature")
         signature, answer = inner[:64], inner[64:]
         request_sha, answer_sha = hashlib.sha256(request).digest(), hashlib.sha256(answer).digest()
-        try:
-            self.site_keys[site].verifier().verify(
-                signature, _answer_message(self._digest, site, seq, request_sha, answer_sha)
-            )
-        except InvalidSignature:
-            raise TamperedError(
-                site, f"tampered: its answer to {method or 'a request'} carries a bad signature"
-            ) from None
         with self._lock:
             self.transcript.append(
                 {
@@ -473,9 +473,36 @@ class JobSealer:
             )
         return answer
 
+    def verify_signatures(self) -> int:
+        """Check the signature of every answer not checked yet; their number.  A site whose
+        signature does not verify is named: :class:`TamperedError` (the job must not keep a
+        transcript that does not attribute)."""
+        with self._lock:
+            todo, self._checked = self.transcript[self._checked :], len(self.transcript)
+        for entry in todo:
+            site = entry["site"]
+            message = _answer_message(
+                self._digest,
+                site,
+                entry["seq"],
+                bytes.fromhex(entry["request_sha256"]),
+                bytes.fromhex(entry["answer_sha256"]),
+            )
+            try:
+                self._verifiers[site].verify(base64.b64decode(entry["signature"]), message)
+            except InvalidSignature:
+                raise TamperedError(
+                    site,
+                    f"tampered: its answer {entry['seq']} to {entry['method'] or 'a request'} carries a "
+                    "signature its sealing key did not make",
+                ) from None
+        return len(todo)
+
     def record(self) -> dict:
         """The signed transcript, JSON-able: the certificate, the sites' public keys and one entry
-        per answer (digests and signatures, never the answers: the registry stores this)."""
+        per answer (digests and signatures, never the answers: the registry stores this).  Every
+        signature is checked first (:meth:`verify_signatures`)."""
+        self.verify_signatures()
         with self._lock:
             answers = list(self.transcript)
         return {

@@ -206,3 +206,19 @@ def test_the_signed_transcript_verifies_and_attributes(keys):
     swapped = dict(record, site_keys={**record["site_keys"], "east": SiteKey.generate().public.text()})
     with pytest.raises(ValueError, match="not the one the job's content pins"):
         verify_transcript(swapped)
+
+
+def test_a_site_answer_not_signed_by_its_key_is_named_before_the_transcript_is_kept(keys):
+    """A site that seals with its agreement key but signs with another key: the seal opens (the
+    relay did nothing), the signature does not verify, and the job names the site before it keeps
+    a transcript that would not attribute the answer."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    sealer, _ = _ends(keys)
+    real = keys[0]["east"]
+    liar = SiteOpener("east", SiteKey(Ed25519PrivateKey.generate(), real.agreement), {keys[1].fingerprint})
+    liar.key.public = real.public  # it claims the pinned key
+    answer, _, _, _ = _round_trip(sealer, liar, "east", answer=b"a lie")
+    assert answer == b"a lie"
+    with pytest.raises(TamperedError, match="site 'east': tampered: its answer 1 .* signature"):
+        sealer.record()
