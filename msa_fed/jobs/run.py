@@ -234,6 +234,8 @@ def _run_job(
             registry=config.registry,
             insecure=config.insecure,
             tls_ca=config.tls_ca,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
             admin_token_file=config.admin_token_file,
         )
         record = store_result(
