@@ -595,12 +595,15 @@ class SiteOpener:
     """The site's end: opens requests (checking certificate, seal and sequence) and seals answers.
 
     name : the site's name.  key : its :class:`SiteKey`.  trusted_job_keys : the job-key
-    fingerprints the site pins (whoever holds one of those keys may run jobs here)."""
+    fingerprints the site pins (whoever holds one of those keys may run jobs here).  floor :
+    ``floor(certificate digest hex) -> int``, the sequence number below which a job's requests are
+    refused although this process has not seen them (what an earlier process of the site recorded:
+    a restarted site process refuses a replayed join; see ``RequestSeal.digest``)."""
 
     MAX_JOBS = 4096
 
-    def __init__(self, name: str, key: SiteKey, trusted_job_keys):
-        self.name, self.key = name, key
+    def __init__(self, name: str, key: SiteKey, trusted_job_keys, floor=None):
+        self.name, self.key, self.floor = name, key, floor
         self.trusted = frozenset(trusted_job_keys)
         if not self.trusted:
             raise ConfigError("a sealed site pins at least one job key (job_keys in site.toml)")
@@ -652,7 +655,9 @@ class SiteOpener:
         except InvalidTag:
             raise TamperedError(self.name, f"tampered: a request of job {job_id!r} failed authentication") from None
         with self._lock:
-            last = self._last.get(digest, 0)
+            last = self._last.get(digest)
+            if last is None:
+                last = int(self.floor(digest.hex())) if self.floor is not None else 0
             if seq <= last:
                 raise TamperedError(
                     self.name,

@@ -149,7 +149,7 @@ class SiteAgent:
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
         self.jobs: dict[str, SiteWorker] = {}
-        self.opener = sealing_opener(config)  # None: this site takes unsealed jobs (no seal_key)
+        self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
         self._stop = threading.Event()
@@ -308,6 +308,8 @@ class SiteAgent:
             failure = wire.error_proto("WireError", "not a SiteRequest")
             return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, failure.SerializeToString()))
         response = self.handle(fwd, request, ctx.certificate.content)
+        if request.method == "join_job" and response.WhichOneof("body") != "failure":
+            self.book.set_seal_floor(ctx.certificate.digest.hex(), ctx.seq)  # no replayed join after a restart
         return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, response.SerializeToString()))
 
     def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):

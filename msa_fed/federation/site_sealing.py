@@ -13,11 +13,14 @@ from msa_fed.crypto.sealing import SiteKey, SiteOpener, job_content
 from msa_fed.errors import ConfigError
 
 
-def sealing_opener(config) -> SiteOpener | None:
-    """The site's :class:`SiteOpener`, or None when site.toml names no ``seal_key``."""
+def sealing_opener(config, book=None) -> SiteOpener | None:
+    """The site's :class:`SiteOpener`, or None when site.toml names no ``seal_key``; ``book``
+    (the site's :class:`msa_fed.federation.state.JobBook`) keeps each sealed job's last join
+    across restarts of the site process."""
     if not getattr(config, "seal_key", None):
         return None
-    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys)
+    floor = book.seal_floor if book is not None else None
+    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor)
 
 
 def unsealed_content(job: str, msg) -> dict:

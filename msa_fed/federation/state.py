@@ -32,6 +32,13 @@ CREATE TABLE IF NOT EXISTS jobs (
 )
 """
 STATES = ("pending", "approved", "served")
+#: per sealed job (its certificate's digest): the sequence number of its last join at this site
+_FLOORS = """
+CREATE TABLE IF NOT EXISTS seal_floors (
+    certificate TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+)
+"""
 #: columns added since the first schema: the digest of the job's content and the content itself
 _COLUMNS = {"digest": "TEXT NOT NULL DEFAULT ''", "content": "TEXT NOT NULL DEFAULT ''"}
 
@@ -43,6 +50,7 @@ class JobBook:
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
+        self._db.execute(_FLOORS)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         for name, decl in _COLUMNS.items():
             if name not in have:
@@ -97,6 +105,21 @@ class JobBook:
                     (state, now, job_id, digest),
                 )
             return cur.rowcount > 0
+
+    def seal_floor(self, certificate: str) -> int:
+        """The sequence number of the last join of the sealed job with this certificate digest
+        (0: none): a restarted site process refuses that join and every earlier request again."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM seal_floors WHERE certificate = ?", (certificate,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_seal_floor(self, certificate: str, seq: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO seal_floors VALUES (?, ?) ON CONFLICT(certificate) DO UPDATE SET seq = "
+                "MAX(seq, excluded.seq)",
+                (certificate, int(seq)),
+            )
 
     def jobs(self) -> list[dict]:
         with self._lock:

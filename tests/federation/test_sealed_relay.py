@@ -199,6 +199,44 @@ def test_a_hostile_relay_is_detected_and_the_job_fails_naming_the_site(fed, file
     relay.close()
 
 
+def test_a_restarted_site_process_refuses_a_replayed_join(fed, files, monkeypatch):
+    """A site process keeps each sealed job's last join on disk: after a restart (its sequence
+    numbers in memory gone) the relay cannot make it join the job again with an old frame, while
+    the job's own rejoin (a new frame) is served."""
+    import time
+
+    job_id = "restart-replay"
+    tap = _Tap(monkeypatch)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))
+    old_join = next(f for site, f in tap.forwards if site == "west" and f.forward.job_id == job_id)
+    fed.kill("west")
+    deadline = time.monotonic() + 60
+    while "west" in fed.connected() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fed.spawn("west")
+    fed.wait_connected(["west"], timeout=180)
+    before = len(_audit(fed, "west"))
+
+    def replay_join(conn, message):
+        if conn.name != "west":
+            return message
+        fwd = pb.RelayToSite.FromString(message.SerializeToString())
+        fwd.forward.sealed = old_join.forward.sealed
+        return fwd
+
+    tap.on_forward = replay_join
+    with pytest.raises(TamperedError, match="site 'west': tampered"):
+        backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    records = _audit(fed, "west")[before:]
+    assert any(r.get("outcome") == "refused" and r.get("rule") == "tampered" for r in records), records
+    assert not any(r.get("request") == "join_job" and r.get("outcome") == "answered" for r in records), records
+    # the job's own rejoin is served: west lost the job's state, the backend replays its join
+    tap.on_forward = lambda conn, message: message
+    infos = backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    assert [i.name for i in infos] == ORDER
+    relay.close()
+
+
 def test_an_unsealed_job_is_refused_by_a_sealed_site(fed, files):
     relay = RelayClient(fed.address, fed.admin_token, insecure=True)
     backend = _backend(fed, files, "unsealed", relay)

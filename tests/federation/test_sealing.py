@@ -222,3 +222,16 @@ def test_a_site_answer_not_signed_by_its_key_is_named_before_the_transcript_is_k
     assert answer == b"a lie"
     with pytest.raises(TamperedError, match="site 'east': tampered: its answer 1 .* signature"):
         sealer.record()
+
+
+def test_a_floor_from_disk_refuses_what_an_earlier_process_saw(keys):
+    sealer, _ = _ends(keys)
+    frames = [sealer.seal("north", f"r{k}".encode()) for k in range(3)]
+    floors = {}
+    restarted = SiteOpener("north", keys[0]["north"], {keys[1].fingerprint}, floor=lambda d: floors.get(d, 0))
+    floors[sealer.certificate.digest.hex()] = 2  # an earlier process served request 2
+    for frame, _ in frames[:2]:
+        with pytest.raises(TamperedError, match="replayed or reordered"):
+            restarted.open(sealer.job_id, frame)
+    ctx, plain = restarted.open(sealer.job_id, frames[2][0])
+    assert plain == b"r2" and ctx.seq == 3
