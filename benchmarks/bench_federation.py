@@ -15,7 +15,11 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    ``--m`` unlabelled points per site, DMSA with the default settings: the federated topology
    (site processes + relay + Ray stand-ins training the classifier) against ``runtime="local"``
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
-3. **A registry holding ``--many`` connected sites**: thin site clients (one stream each,
+3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
+   to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
+   signed by its site) next to the unsealed round, on two federations of p sites running side by
+   side, rounds interleaved (unsealed, sealed, unsealed, ...) so that both see the same load.
+4. **A registry holding ``--many`` connected sites**: thin site clients (one stream each,
    heartbeats every second) connect; time until all are connected, the registry process's CPU
    share while they only heartbeat (``--hold`` s), and a fan-out ``ping`` to all of them in one
    Call (median over rounds).
@@ -105,16 +109,14 @@ def _pct(xs, q):
     return float(np.percentile(xs, q))
 
 
-def bench_round(args, workdir: Path) -> dict:
-    p = args.sites
-    files = make_sites(p, 2000, 1000)
-    names = sorted(files)
-    kw, preds, classes = _kwargs(files, names)
-    # the optimum over the published samples (float32 on the wire), polished: the sites verify it
+def _honest_model(files, names, kw):
+    """The domain model a coordinator would send: the optimum over the published samples (float32
+    on the wire), polished, which the sites verify; (spec, qhat, in-process site workers)."""
     from dataclasses import replace
 
     from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle, train_domain_classifier
 
+    p = len(names)
     U = [files[n].X_unlabeled.astype(np.float32).astype(np.float64) for n in names]
     ccfg = ClassifierConfig(mu=1e-3)
     dm = train_domain_classifier(U, StandardFeatures(), ccfg)
@@ -126,6 +128,15 @@ def bench_round(args, workdir: Path) -> dict:
         w.set_published(m.PublishedSamples(tuple(U)))
     parts = [w.set_domain_model(spec) for w in local]
     qhat = np.sum([r.sums for r in parts], axis=0)
+    return spec, qhat, local
+
+
+def bench_round(args, workdir: Path) -> dict:
+    p = args.sites
+    files = make_sites(p, 2000, 1000)
+    names = sorted(files)
+    kw, preds, classes = _kwargs(files, names)
+    spec, qhat, local = _honest_model(files, names, kw)
     for w in local:
         w.set_qhat(m.QhatBroadcast(qhat=qhat, eta=0.01))
     rng = np.random.default_rng(2)
@@ -183,6 +194,114 @@ def bench_round(args, workdir: Path) -> dict:
         "relay_p90_ms": 1e3 * _pct(t_relay, 90),
         "local_median_ms": 1e3 * statistics.median(t_local),
         "local_p90_ms": 1e3 * _pct(t_local, 90),
+    }
+
+
+def _answered(relay, calls, timeout_s: float = 600.0) -> list:
+    """relay.call until every site answered (a loaded machine may let a stream lapse meanwhile)."""
+    from msa_fed.runtime.federated import SiteUnreachable
+
+    deadline = time.monotonic() + timeout_s
+    out = relay.call("bench", calls, 300)
+    while any(isinstance(r, SiteUnreachable) for r in out) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        out = relay.call("bench", calls, 300)
+    bad = [r for r in out if isinstance(r, (SiteUnreachable, Exception))]
+    if bad:
+        raise RuntimeError(f"a site did not answer: {bad[0]}")
+    return out
+
+
+def _round_setup(fed, names, files, classes, spec, qhat, sealer=None):
+    """A relay client of a job joined by every site of ``fed``, set up to the DC rounds."""
+    relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
+    relay.open_job("bench", names)
+    shas = [sha256_hex(files[n].predictor) for n in names]
+    joins = [
+        m.JobSetup(
+            job_id="bench",
+            sites=tuple(names),
+            index=i,
+            predictor_sha256=tuple(shas),
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            min_points=20,
+        )
+        for i in range(len(names))
+    ]
+    _answered(relay, [(n, "join_job", joins[i]) for i, n in enumerate(names)])
+    got = _answered(relay, [(n, "set_domain_model", spec) for n in names])
+    assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
+    _answered(relay, [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names])
+    return relay
+
+
+def bench_sealed_round(args, workdir: Path) -> dict:
+    from msa_fed.crypto.sealing import JobKey, JobSealer, job_content
+    from msa_fed.federation.agent import sample_sha256
+
+    p = args.sites
+    files = make_sites(p, 2000, 1000)
+    names = sorted(files)
+    kw, preds, classes = _kwargs(files, names)
+    spec, qhat, _ = _honest_model(files, names, kw)
+    rng = np.random.default_rng(2)
+    zs = [rng.dirichlet(np.ones(p)) for _ in range(args.rounds)]
+    times: dict[str, list] = {"unsealed": [], "sealed": []}
+    with (
+        LocalFederation(workdir / "plain", files, silence_timeout_s=120) as plain,
+        LocalFederation(workdir / "sealed", files, sealed=True, silence_timeout_s=120) as sealed,
+    ):
+        plain.wait_connected(timeout=600)
+        sealed.wait_connected(timeout=600)
+        content = job_content(
+            "bench",
+            [
+                dict(
+                    name=n,
+                    key_fingerprint=sealed.seal_keys[n].public.fingerprint,
+                    sample_sha256=sample_sha256(files[n].X_unlabeled),
+                    predictor_sha256=sha256_hex(files[n].predictor),
+                )
+                for n in names
+            ],
+            task="classification",
+            loss="cross_entropy",
+            min_points=20,
+            planned_queries=10 * args.rounds,
+        )
+        sealer = JobSealer(JobKey.load(sealed.job_key_path), content, {n: sealed.seal_keys[n].public for n in names})
+        relays = {
+            "unsealed": _round_setup(plain, names, files, classes, spec, qhat),
+            "sealed": _round_setup(sealed, names, files, classes, spec, qhat, sealer),
+        }
+        for z in zs[:5]:  # warm-up
+            for relay in relays.values():
+                _answered(relay, [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names])
+        outs = {}
+        for z in zs:
+            req = m.DCRequest(z=z, eta=0.01, what=("L", "dL"))
+            for kind, relay in relays.items():
+                t0 = time.perf_counter()
+                outs[kind] = _answered(relay, [(n, "dc_evaluate", req) for n in names])
+                times[kind].append(time.perf_counter() - t0)
+        assert all(np.array_equal(a.sums.L, b.sums.L) for a, b in zip(outs["sealed"], outs["unsealed"]))
+        for relay in relays.values():
+            relay.close_job("bench")
+            relay.close()
+    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    return {
+        "p": p,
+        "n_per_site": 2000,
+        "rounds": args.rounds,
+        "unsealed_median_ms": med["unsealed"],
+        "unsealed_p90_ms": 1e3 * _pct(times["unsealed"], 90),
+        "sealed_median_ms": med["sealed"],
+        "sealed_p90_ms": 1e3 * _pct(times["sealed"], 90),
+        "ratio_median": med["sealed"] / med["unsealed"],
+        "signed_answers": len(sealer.transcript),
+        "load": os.getloadavg(),
     }
 
 
@@ -336,7 +455,7 @@ def main(argv=None) -> int:
     ap.add_argument("--many", type=int, default=64)
     ap.add_argument("--many-rounds", type=int, default=50)
     ap.add_argument("--hold", type=float, default=20.0)
-    ap.add_argument("--only", choices=["round", "job", "many"], action="append")
+    ap.add_argument("--only", choices=["round", "sealed", "job", "many"], action="append")
     args = ap.parse_args(argv)
     if args.quick:
         args.sites, args.rounds, args.n, args.m, args.many, args.hold, args.many_rounds = 3, 30, 3000, 300, 16, 3, 10
@@ -344,13 +463,21 @@ def main(argv=None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
         "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else ""),
     }
-    todo = args.only or ["round", "job", "many"]
+    todo = args.only or ["round", "sealed", "job", "many"]
     with tempfile.TemporaryDirectory(prefix="bench-fed-") as tmp:
         if "round" in todo:
             r = out["dc_round"] = bench_round(args, Path(tmp))
             print(
                 f"DC round through the relay, p={r['p']}: median {r['relay_median_ms']:.2f} ms "
                 f"(p90 {r['relay_p90_ms']:.2f}); in-process sums alone {r['local_median_ms']:.2f} ms",
+                flush=True,
+            )
+        if "sealed" in todo:
+            r = out["dc_round_sealed"] = bench_sealed_round(args, Path(tmp))
+            print(
+                f"DC round p={r['p']}, sealed end to end: median {r['sealed_median_ms']:.2f} ms "
+                f"(p90 {r['sealed_p90_ms']:.2f}); unsealed, interleaved: {r['unsealed_median_ms']:.2f} ms "
+                f"(p90 {r['unsealed_p90_ms']:.2f}); ratio {r['ratio_median']:.2f}",
                 flush=True,
             )
         if "job" in todo:
@@ -373,8 +500,16 @@ def main(argv=None) -> int:
             )
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    if not args.quick:
-        (results / "federation.json").write_text(json.dumps(out, indent=2) + "\n")
+    if not args.quick:  # sections of an --only run replace theirs and keep the others
+        path = results / "federation.json"
+        kept = json.loads(path.read_text()) if path.is_file() else {}
+        if args.only:  # the machine and command of the full run stay; each section notes its own
+            for key in todo:
+                section = {"round": "dc_round", "sealed": "dc_round_sealed", "job": "full_job", "many": "many_sites"}
+                out[section[key]].update(command=" ".join(["python benchmarks/bench_federation.py", *sys.argv[1:]]))
+                out[section[key]].setdefault("load", out["machine"]["load"])
+            out = {k: v for k, v in out.items() if k not in ("machine", "command")}
+        path.write_text(json.dumps({**kept, **out}, indent=2) + "\n")
     return 0
 
 

@@ -30,7 +30,16 @@ import tempfile
 import tomllib
 
 #: flags whose value is a file the job reads, and the job-file key that can name the same file
-SNAPSHOT_FLAGS = {"--job": None, "--admin-token-file": "admin_token_file", "--tls-ca": "tls_ca"}
+SNAPSHOT_FLAGS = {
+    "--job": None,
+    "--admin-token-file": "admin_token_file",
+    "--tls-ca": "tls_ca",
+    "--tls-cert": "tls_cert",  # the client certificate, for a registry that requires one
+    "--tls-key": "tls_key",
+    "--job-key": "job_key",  # [sealing] job_key: the consortium's job key (sealed jobs)
+}
+#: the job-file table of each key above (default [registry])
+KEY_TABLES = {"job_key": "sealing"}
 
 
 def _copy(path: str, folder: str, name: str) -> str | None:
@@ -71,17 +80,19 @@ def snapshot_inputs(argv: list[str], folder: str) -> list[str]:
             if copy is not None:
                 replace(flag, copy)
                 copies[flag] = copy
-    # files the job file names itself ([registry] admin_token_file, tls_ca), unless a flag overrides them
+    # files the job file names itself ([registry] admin_token_file, tls_ca, tls_cert, tls_key,
+    # [sealing] job_key), unless a flag overrides them
     if "--job" in copies:
         try:
             with open(copies["--job"], "rb") as fh:
-                registry = tomllib.load(fh).get("registry", {})
+                doc = tomllib.load(fh)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-            registry = {}
+            doc = {}
         for flag, key in SNAPSHOT_FLAGS.items():
             given = getattr(known, flag[2:].replace("-", "_")) or (flag == "--admin-token-file" and known.admin_token)
-            if key and not given and isinstance(registry, dict) and isinstance(registry.get(key), str):
-                copy = _copy(registry[key], folder, flag[2:])
+            table = doc.get(KEY_TABLES.get(key or "", "registry"), {})
+            if key and not given and isinstance(table, dict) and isinstance(table.get(key), str):
+                copy = _copy(table[key], folder, flag[2:])
                 if copy is not None:
                     out += [flag, copy]
     return out

@@ -253,6 +253,17 @@ def _register(args) -> int:
         if not sep or not key:
             raise ConfigError(f"--label must be KEY=VALUE; got {item!r}")
         labels[key] = value
+    if args.seal_key:
+        from pathlib import Path
+
+        from msa_fed.crypto.sealing import SEAL_KEY_LABEL, SitePublicKey
+
+        path = Path(args.seal_key)
+        if not path.is_file():
+            raise ConfigError(f"--seal-key {args.seal_key!r} not found (msa-fed site keygen writes FILE.pub)")
+        public = SitePublicKey.parse(path.read_text(), f"--seal-key {args.seal_key!r}")
+        labels[SEAL_KEY_LABEL] = public.text()
+        print(f"sealing key fingerprint {public.fingerprint} (what every job file pins for this site)")
     with _client(args) as client:
         site = client.register(args.name, labels)
     print(f"site {site.name!r} registered at {_iso(site.registered_at)}")
@@ -443,6 +454,7 @@ def register(subparsers) -> None:
     _connection_options(p)
     p.add_argument("--name", required=True, help="site name (must match the token)")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="descriptive label (repeatable)")
+    p.add_argument("--seal-key", metavar="FILE.pub", help="the site's public sealing key (msa-fed site keygen)")
     p.set_defaults(func=_register)
     p = site_sub.add_parser("publish", help="upload the frozen predictor and/or the unlabelled sample")
     _connection_options(p)

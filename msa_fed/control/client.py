@@ -59,11 +59,19 @@ def _one_line(text: str) -> str:
     return " ".join((text or "").split())
 
 
-def _error(exc: grpc.RpcError) -> RegistryError:
+#: added to UNAVAILABLE when a TLS client presented no certificate: the registry may require one
+MTLS_HINT = (
+    "; if the registry requires client certificates (mutual TLS), give --tls-cert and --tls-key "
+    "(tls_cert and tls_key in the job file's [registry] table)"
+)
+
+
+def _error(exc: grpc.RpcError, hint: str = "") -> RegistryError:
     code = exc.code() if hasattr(exc, "code") else None
     name = code.name if code is not None else "UNKNOWN"
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return RegistryError(name, _one_line(details) or name.lower())
+    text = _one_line(details) or name.lower()
+    return RegistryError(name, text + hint if name == "UNAVAILABLE" else text)
 
 
 def _busy_retry_after_ms(exc: grpc.RpcError) -> int | None:
@@ -131,6 +139,7 @@ class RegistryClient:
             timeout=timeout,
         )
         self._channel = self.connection.open_channel(FLAG_LABELS)
+        self._hint = MTLS_HINT if not insecure and tls_cert is None else ""
         self._stub = pb_grpc.RegistryStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = self.connection.metadata()
@@ -160,7 +169,7 @@ class RegistryClient:
                     continue
                 attempt += 1
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= attempts:
-                    raise _error(exc) from None
+                    raise _error(exc, self._hint) from None
                 time.sleep(0.2 * 2 ** (attempt - 1))
 
     def _unary(self, method, request, retry: bool = True):

@@ -311,12 +311,16 @@ def _job_list(args) -> int:
 
 
 def _job_show(args) -> int:
+    from msa_fed.crypto.sealing import check_model_transcript
+
     client, ops = _ops(args)
     with client:
         j = ops.get_job(args.job_id)
+        manifest = json.loads(ops.get_model(j.model_version)["record"].manifest_json) if j.model_version else {}
+    ok, sealed = check_model_transcript(manifest, args.job_key)
     if args.json:
-        print(json.dumps(_job_dict(j), indent=2))
-        return 0
+        print(json.dumps({**_job_dict(j), "sealed": sealed}, indent=2))
+        return 0 if ok else 1
     print(f"job id          {j.job_id}")
     print(f"name            {j.name}")
     print(f"status          {j.status}")
@@ -326,7 +330,8 @@ def _job_show(args) -> int:
     print(f"ended           {iso(j.ended_at)}")
     print(f"model version   {j.model_version or '-'}")
     print(f"error           {j.error or '-'}")
-    return 0
+    print(f"sealed          {sealed}")
+    return 0 if ok else 1
 
 
 # --------------------------------------------------------------------------- admin
@@ -457,8 +462,14 @@ def register(subparsers) -> None:
     connection_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_job_list)
-    p = job.add_parser("show", help="one job's record")
+    p = job.add_parser("show", help="one job's record (and its sites' signed answers, verified)")
     p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument(
+        "--job-key",
+        action="append",
+        metavar="SHA256",
+        help="fingerprint of the consortium's job key the sealed transcript must be signed by (repeatable)",
+    )
     connection_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_job_show)

@@ -2,10 +2,12 @@
 
 A site process (``msa-fed site serve``) opens no listening socket: it connects to the registry
 and keeps one ``Connect`` stream.  The coordinator's job (an admin principal) opens a job naming
-its sites (``OpenJob``) and sends requests for them (``Call``: one ``SiteRequest`` per site, the
+its sites (``OpenJob``) and sends requests for them (``Call``: one request per site, the
 answers gathered); the relay forwards each request on the named site's stream and returns the
-site's ``SiteResponse``.  The payloads are the boundary messages of ``boundary.proto``, carried
-as they are: the relay decodes nothing of them and never keeps them.
+site's answer.  The payloads are the boundary messages of ``boundary.proto`` or, for a sealed
+job, frames sealed end to end between the job and the site (:mod:`msa_fed.crypto.sealing`)
+that the registry can neither read nor forge; either way they are carried as they are: the relay
+decodes nothing of them and never keeps them.
 
 Checks, on the registry's side:
 
@@ -294,7 +296,7 @@ class RelayServicer(pb_grpc.RelayServicer):
                 conn.last_seen = time.time()
                 part = msg.WhichOneof("part")
                 if part == "answer":
-                    conn.answer(msg.answer.call_id, msg.answer.response)
+                    conn.answer(msg.answer.call_id, msg.answer)  # in the clear or sealed: carried as it is
                 elif part == "heartbeat" and conn.last_seen - last_beat >= self.heartbeat_interval_s / 2:
                     last_beat = conn.last_seen
                     self._record_heartbeat(principal)
@@ -397,7 +399,13 @@ class RelayServicer(pb_grpc.RelayServicer):
                     pending.fail("PERMISSION_DENIED", why)
                 else:
                     fwd = pb.RelayToSite(
-                        forward=pb.Forward(call_id=call_id, job_id=job.job_id, admin=job.admin, request=call.request)
+                        forward=pb.Forward(
+                            call_id=call_id,
+                            job_id=job.job_id,
+                            admin=job.admin,
+                            request=call.request,
+                            sealed=call.sealed,
+                        )
                     )
                     if not conn.forward(call_id, fwd, pending):
                         pending.fail("UNAVAILABLE", f"site {call.site!r} is disconnecting")
@@ -411,7 +419,8 @@ class RelayServicer(pb_grpc.RelayServicer):
             if pending.status:
                 results.append(pb.SiteResult(site=pending.site, status=pending.status, detail=pending.detail))
             else:
-                results.append(pb.SiteResult(site=pending.site, response=pending.response))
+                answer = pending.response
+                results.append(pb.SiteResult(site=pending.site, response=answer.response, sealed=answer.sealed))
         return pb.CallResponse(results=results)
 
     def CloseJob(self, request, context):

@@ -44,9 +44,11 @@ from msa_fed import __version__
 from msa_fed.artifacts.predictors import load_predictor, sha256_hex
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.relay_client import open_channel
+from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.federation.state import JobBook
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
@@ -54,6 +56,7 @@ from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
 from msa_fed.runtime.federated import RELAY_METHODS
+from msa_fed.runtime.proto import boundary_pb2 as bpb
 from msa_fed.runtime.site import SiteStateLost, SiteWorker, load_site_data
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,8 @@ class SiteAgent:
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
         self.jobs: dict[str, SiteWorker] = {}
+        self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
+        self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
         self._stop = threading.Event()
         self._call: Any = None
@@ -248,9 +253,10 @@ class SiteAgent:
                         "(outgoing connection; no listening socket)"
                     )
                 elif part == "forward":
-                    response = self.handle(msg.forward)
-                    out.put(pb.SiteToRelay(answer=pb.Answer(call_id=msg.forward.call_id, response=response)))
+                    out.put(pb.SiteToRelay(answer=self.answer(msg.forward)))
                 elif part == "end_job":
+                    if self.opener is not None:
+                        self.opener.forget(msg.end_job.job_id)
                     worker = self.jobs.pop(msg.end_job.job_id, None)
                     if worker is not None:
                         self._record(msg.end_job.job_id, "", "end_job", "noted")
@@ -271,12 +277,49 @@ class SiteAgent:
         return state["welcomed"]
 
     # ------------------------------------------------------------------ requests
-    def handle(self, fwd: pb.Forward):
-        """The SiteResponse to one relayed request (never raises)."""
-        job, admin, method = fwd.job_id, fwd.admin, fwd.request.method
+    def answer(self, fwd: pb.Forward) -> pb.Answer:
+        """The Answer to one relayed request: sealed and signed when the request was sealed for
+        this site (never raises).  A request that fails its seal's checks, or an unsealed request
+        at a site that holds a sealing key, is refused in the clear (nothing to seal it to)."""
+        if not fwd.sealed and self.opener is None:
+            return pb.Answer(call_id=fwd.call_id, response=self.handle(fwd))
+        from msa_fed.crypto.sealing import TamperedError
+
+        opener = self.opener
+        if opener is None:
+            exc: MsaFedError = ConfigError(
+                f"site {self.name!r} holds no sealing key (seal_key in site.toml); it takes unsealed jobs"
+            )
+            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule="ConfigError", detail=str(exc))
+            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(exc))
+        ctx = None
+        try:
+            if not fwd.sealed:
+                raise PrivacyError("sealed", self.name, f"job {fwd.job_id!r}: it serves only sealed jobs")
+            ctx, plain = opener.open(fwd.job_id, fwd.sealed)
+            request = bpb.SiteRequest.FromString(plain)
+        except (TamperedError, PrivacyError) as err:
+            rule = err.rule if isinstance(err, PrivacyError) else "tampered"
+            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule=rule, detail=str(err))
+            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(err))
+        except Exception:  # noqa: BLE001 - authentic bytes that are no SiteRequest: the job's fault
+            if ctx is None:
+                return pb.Answer(call_id=fwd.call_id, response=wire.error_proto("WireError", "unreadable request"))
+            failure = wire.error_proto("WireError", "not a SiteRequest")
+            return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, failure.SerializeToString()))
+        response = self.handle(fwd, request, ctx.certificate.content)
+        if request.method == "join_job" and response.WhichOneof("body") != "failure":
+            self.book.set_seal_floor(ctx.certificate.digest.hex(), ctx.seq)  # no replayed join after a restart
+        return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, response.SerializeToString()))
+
+    def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):
+        """The SiteResponse to one relayed request (never raises); ``request``: the opened
+        SiteRequest of a sealed frame, ``content``: the signed content of its job."""
+        request = fwd.request if request is None else request
+        job, admin, method = fwd.job_id, fwd.admin, request.method
         worker, before = None, 0
         try:
-            method, msg = wire.from_proto(fwd.request, wire.REQUESTS)
+            method, msg = wire.from_proto(request, wire.REQUESTS)
             if method not in RELAY_METHODS:
                 raise PrivacyError(
                     "relay_methods",
@@ -286,11 +329,13 @@ class SiteAgent:
             if method == "join_job":
                 if not isinstance(msg, m.JobSetup):
                     raise wire.WireError("join_job takes a JobSetup")
-                out = self._join(job, admin, msg)
+                out = self._join(job, admin, msg, content)
             else:
                 worker = self.jobs.get(job)
                 if worker is None:
                     raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
+                if content is not None:
+                    self._check_planned(job, method, content)
                 before = worker.guard.audit.count
                 out = getattr(worker, method)(msg)
             response = wire.to_proto(method, out, wire.RESPONSES)
@@ -314,7 +359,20 @@ class SiteAgent:
             {"site": self.name, "job": job, "admin": admin, "request": request, "outcome": outcome, **extra}
         )
 
-    def _join(self, job: str, admin: str, msg: m.JobSetup) -> m.SiteInfo:
+    def _check_planned(self, job: str, method: str, content: dict) -> None:
+        """A sealed job's content names the most labelled-data queries it sends: one more is refused."""
+        if method not in ("dc_evaluate", "max_bound") or content.get("planned_queries") is None:
+            return
+        done = self._queries.get(job, 0)
+        if done >= int(content["planned_queries"]):
+            raise PrivacyError(
+                "planned_queries",
+                self.name,
+                f"job {job!r} planned {content['planned_queries']} labelled-data queries and sent one more",
+            )
+        self._queries[job] = done + 1
+
+    def _join(self, job: str, admin: str, msg: m.JobSetup, content: dict | None = None) -> m.SiteInfo:
         sites = list(msg.sites)
         if not (0 <= msg.index < len(sites)) or sites[msg.index] != self.name:
             raise ConfigError(f"job {job!r} does not name site {self.name!r} at index {msg.index}")
@@ -325,7 +383,11 @@ class SiteAgent:
         want_loss = "cross_entropy" if msg.task == "classification" else "squared"
         if msg.loss != want_loss:
             raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
-        state = self.book.seen(job, admin, sites)
+        if content is not None:
+            check_join_content(self, job, msg, content)
+        else:  # an unsealed job: what the join says of it
+            content = unsealed_content(job, msg)
+        state = self.book.seen(job, admin, sites, digest=job_content_digest(content), content=content)
         if self.config.accept_jobs == "approve" and state == "pending":
             raise PrivacyError(
                 "accept_jobs",
@@ -359,6 +421,7 @@ class SiteAgent:
         if old is not None:  # joined again (the job restarted): the new worker replaces it
             _close_guard(old)
         self.jobs[job] = worker
+        self._queries[job] = 0
         self.book.set_state(job, "served")
         return info
 

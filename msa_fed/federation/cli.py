@@ -2,7 +2,9 @@
 
 msa-fed site serve   --config site.toml     # dial out to the registry and answer the job's requests
 msa-fed site jobs    --config site.toml [--json]
-msa-fed site approve JOB_ID --config site.toml
+msa-fed site approve JOB_ID --config site.toml [--digest SHA256]
+msa-fed site keygen --out site.key          # the site's sealing key (+ site.key.pub to register)
+msa-fed job keygen --out job.key            # the consortium's job key (+ job.key.pub)
 """
 
 from __future__ import annotations
@@ -78,25 +80,63 @@ def _jobs(args) -> int:
     if not jobs:
         print(f"site {config.name}: no jobs yet (accepting: {config.accept_jobs})")
         return 0
+    from msa_fed.crypto.sealing import describe_content
+
     print(f"{'job':<32} {'state':<9} {'admin':<16} {'first seen (UTC)':<20} sites")
     for j in jobs:
         seen = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(j["first_seen"]))
         print(f"{j['job_id']:<32} {j['state']:<9} {j['admin'] or '-':<16} {seen:<20} {','.join(j['sites'])}")
+        if j.get("content"):
+            for line in describe_content(j["content"]):
+                print("    " + line)
+        if j.get("digest"):
+            print(f"    content digest {j['digest']} (what 'msa-fed site approve' approves)")
     return 0
 
 
 def _approve(args) -> int:
+    from msa_fed.errors import ConfigError
     from msa_fed.federation.state import JobBook
 
     config = _config(args)
     book = JobBook(config.jobs_path)
     try:
-        known = any(j["job_id"] == args.job_id for j in book.jobs())
-        book.set_state(args.job_id, "approved", create=True)
+        known = {j["job_id"]: j for j in book.jobs()}.get(args.job_id)
+        digest = args.digest or (known or {}).get("digest") or None
+        if known is not None and args.digest and known.get("digest") and known["digest"] != args.digest:
+            raise ConfigError(
+                f"job {args.job_id} asked with content digest {known['digest']}, not {args.digest}; "
+                "read it with 'msa-fed site jobs' before approving"
+            )
+        book.set_state(args.job_id, "approved", create=True, digest=digest)
     finally:
         book.close()
-    note = "" if known else " (not seen yet: approved in advance)"
+    if known is None:
+        note = " in advance, for content " + (digest or "(any: the first seen; give --digest to bind it)")
+    else:
+        note = f" for content {digest}" if digest else ""
     print(f"site {config.name}: job {args.job_id} approved{note}")
+    return 0
+
+
+def _site_keygen(args) -> int:
+    from msa_fed.crypto.sealing import SiteKey
+
+    key = SiteKey.generate()
+    path = key.save(args.out)
+    print(f"sealing key written to {path} (mode 0600) and its public half to {path}.pub")
+    print(f"fingerprint {key.public.fingerprint}")
+    print(f"register it: msa-fed site register ... --seal-key {path}.pub; the consortium pins the fingerprint")
+    return 0
+
+
+def _job_keygen(args) -> int:
+    from msa_fed.crypto.sealing import JobKey
+
+    key = JobKey.generate()
+    path = key.save(args.out)
+    print(f"job key written to {path} (mode 0600) and its public half to {path}.pub")
+    print(f"fingerprint {key.fingerprint} (each site lists it in job_keys of its site.toml)")
     return 0
 
 
@@ -119,4 +159,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     approve = site.add_parser("approve", help='admit a job (for accept_jobs = "approve")')
     approve.add_argument("job_id", help="the job's id, as listed by 'msa-fed site jobs'")
     approve.add_argument("--config", required=True, help="site.toml")
+    approve.add_argument(
+        "--digest", help="the content digest shown by 'msa-fed site jobs' (binds an approval given in advance)"
+    )
     approve.set_defaults(func=_approve)
+
+    keygen = site.add_parser("keygen", help="create the site's sealing key (sealed end-to-end job traffic)")
+    keygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
+    keygen.set_defaults(func=_site_keygen)
+
+    job = command_group(sub, "job", "jobs: their records, and the consortium's job key")
+    jkeygen = job.add_parser("keygen", help="create the consortium's job key (signs every sealed job)")
+    jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
+    jkeygen.set_defaults(func=_job_keygen)

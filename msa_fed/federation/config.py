@@ -15,6 +15,8 @@
                                            # "approve": only jobs approved with `msa-fed site approve`
     # jobs_db = "jobs.db"                  # pending/approved jobs (default: next to audit_log)
     # ledger = "ledger.db"                 # the policy's query/epsilon ledger (default: next to audit_log)
+    # seal_key = "site.key"                # the site's sealing key (msa-fed site keygen): serve sealed jobs only
+    # job_keys = ["<sha256>"]              # fingerprints of the job keys allowed to run jobs here
 
 Relative paths are relative to the folder of ``site.toml``.
 """
@@ -42,8 +44,21 @@ _PATHS = (
     "audit_log",
     "jobs_db",
     "ledger",
+    "seal_key",
 )
-_OPTIONAL = ("tls_ca", "tls_cert", "tls_key", "server_name", "insecure", "policy", "accept_jobs", "jobs_db", "ledger")
+_OPTIONAL = (
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "server_name",
+    "insecure",
+    "policy",
+    "accept_jobs",
+    "jobs_db",
+    "ledger",
+    "seal_key",
+    "job_keys",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,8 @@ class SiteConfig:
     accept_jobs: str = "admin"
     jobs_db: str | None = None
     ledger: str | None = None
+    seal_key: str | None = None
+    job_keys: tuple = ()
 
     @classmethod
     def from_toml(cls, path) -> SiteConfig:
@@ -82,6 +99,13 @@ class SiteConfig:
         if missing:
             raise ConfigError(f"site config {str(path)!r}: missing key(s) {missing}")
         for key, value in doc.items():
+            if key == "job_keys":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ConfigError(
+                        f"site config {str(path)!r}: job_keys must be a list of fingerprints; got {value!r}"
+                    )
+                doc[key] = tuple(v.strip().lower() for v in value)
+                continue
             want = bool if key == "insecure" else str
             if not isinstance(value, want):
                 raise ConfigError(f"site config {str(path)!r}: {key} must be a {want.__name__}; got {value!r}")
@@ -104,6 +128,14 @@ class SiteConfig:
             raise ConfigError(f"site config: insecure = true is allowed only towards a loopback registry, not {host!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("site config: tls_cert and tls_key must be given together")
+        if bool(self.seal_key) != bool(self.job_keys):
+            raise ConfigError(
+                "site config: seal_key and job_keys go together (the site's sealing key, and the "
+                "fingerprints of the job keys it lets run jobs)"
+            )
+        for fp in self.job_keys:
+            if len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):
+                raise ConfigError(f"site config: job_keys holds {fp[:80]!r}, not a sha256 fingerprint (64 hex digits)")
         return self
 
     @property

@@ -19,6 +19,11 @@ from msa_fed.runtime.federated import FederatedSites
 class _JobSites(FederatedSites):
     """:class:`FederatedSites` that also closes its relay connection when the job ends."""
 
+    def transcript(self) -> dict | None:
+        """The sites' signed answers of a sealed job (:meth:`JobSealer.record`), else None."""
+        sealer = getattr(self.relay, "sealer", None)
+        return None if sealer is None else sealer.record()
+
     def shutdown(self):
         try:
             super().shutdown()
@@ -57,7 +62,10 @@ def federated_backend(
         X, _ = client.download_sample(name, expected_sha256=rec.sha256)
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
-    relay = RelayClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca)
+    from msa_fed.jobs.run import client_tls
+
+    sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
+    relay = RelayClient(config.registry, admin_token, sealer=sealer, **client_tls(config))
     fit = config.fit
     return _JobSites(
         names,
@@ -77,3 +85,48 @@ def federated_backend(
         init_kwargs=dict(fit.ray.init_kwargs),
         max_restarts=fit.ray.max_restarts,
     )
+
+
+def job_sealer(config, names, records, predictor_sha256, loss: str, log=print):
+    """The job's :class:`msa_fed.crypto.sealing.JobSealer`: its content (the sites with their
+    pinned key fingerprints, published-sample and predictor digests, the model's options and the
+    planned number of queries) signed by the consortium's job key; each site's public key as the
+    registry lists it, accepted only with the fingerprint the job file pins."""
+    from msa_fed.crypto.sealing import SEAL_KEY_LABEL, JobKey, JobSealer, SitePublicKey, job_content
+
+    pins = config.seal_pins
+    unpinned = [n for n in names if n not in pins]
+    if unpinned:
+        raise ConfigError(
+            f"[sealing] sites pins no sealing key for site(s) {unpinned}; add NAME=FINGERPRINT for each "
+            "(the fingerprint the site's operator gives out: msa-fed site keygen / site register --seal-key)"
+        )
+    keys = {}
+    for name in names:
+        text = records[name].labels.get(SEAL_KEY_LABEL)
+        if text:
+            keys[name] = SitePublicKey.parse(text, f"the sealing key the registry lists for site {name!r}")
+    fit = config.fit
+    content = job_content(
+        config.name,
+        [
+            dict(
+                name=n,
+                key_fingerprint=pins[n],
+                sample_sha256=records[n].sample.sha256 if records[n].sample is not None else "",
+                predictor_sha256=sha,
+            )
+            for n, sha in zip(names, predictor_sha256)
+        ],
+        task=fit.task,
+        loss=loss,
+        features=fit.features if isinstance(fit.features, (str, type(None))) else repr(fit.features),
+        mu=fit.classifier.mu,
+        objective=fit.solver.objective,
+        planned_queries=config.planned_queries,
+        min_points=fit.min_points,
+    )
+    key = JobKey.load(config.job_key)
+    sealer = JobSealer(key, content, keys)
+    log(f"  sealed end to end: job key {key.fingerprint[:16]}..., content digest {sealer.certificate.content_digest}")
+    return sealer

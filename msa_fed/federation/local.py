@@ -45,6 +45,8 @@ def site_toml(
     tls_ca: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    seal_key: str | None = None,
+    job_keys=(),
 ) -> str:
     lines = [
         f'name = "{name}"',
@@ -63,6 +65,9 @@ def site_toml(
         lines += [f'tls_cert = "{tls_cert}"', f'tls_key = "{tls_key}"']
     if policy:
         lines.append(f'policy = "{policy}"')
+    if seal_key:
+        lines.append(f'seal_key = "{seal_key}"')
+        lines.append("job_keys = [" + ", ".join(f'"{k}"' for k in job_keys) + "]")
     return "\n".join(lines) + "\n"
 
 
@@ -85,13 +90,18 @@ class LocalFederation:
         client_certs: dict | None = None,
         launcher: dict | None = None,
         policies: dict[str, str] | None = None,
+        sealed: bool = False,
     ):
         """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
         the CA file the sites and this process trust; site_host(name) : the registry host a site
         dials (default 127.0.0.1); client_certs : {site: (cert path, key path)} for mutual TLS;
         launcher : {site: command prefix} (e.g. ``ip netns exec NS``); policies : {site: the text of
         its privacy policy file} (written to ``<site>/policy.toml``; a site without one runs with the
-        policy's defaults)."""
+        policy's defaults); sealed : every site gets a sealing key (``<site>/site.key``, registered
+        with the registry) and pins the consortium's job key ``workdir/job.key``: the sites serve
+        sealed jobs only (:meth:`sealing` gives a job's [sealing] fields)."""
+        self.sealed = sealed
+        self.seal_keys: dict[str, Any] = {}
         self.tls, self.tls_ca, self.listen = tls, tls_ca, listen
         self.site_host = site_host or (lambda name: "127.0.0.1")
         self.client_certs = client_certs or {}
@@ -138,6 +148,14 @@ class LocalFederation:
             setattr(self.server.relay, key, value)
         self.address = f"127.0.0.1:{self.server.port}"
         secure = dict(insecure=True) if self.tls is None else dict(tls_ca=self.tls_ca)
+        job_keys: tuple = ()
+        if self.sealed:
+            from msa_fed.crypto.sealing import JobKey
+
+            self.job_key_path = self.workdir / "job.key"
+            job_key = JobKey.generate()
+            job_key.save(self.job_key_path)
+            job_keys = (job_key.fingerprint,)
         for name, files in self.sites.items():
             token = self.tokens[name] = self.registry.issue_token("site", name)
             folder = self.workdir / name
@@ -149,6 +167,13 @@ class LocalFederation:
             )
             (folder / "predictor.onnx").write_bytes(files.predictor)
             cert, key = self.client_certs.get(name, (None, None))
+            labels, seal_key = {}, None
+            if self.sealed:
+                from msa_fed.crypto.sealing import SEAL_KEY_LABEL, SiteKey
+
+                site_key = self.seal_keys[name] = SiteKey.generate()
+                seal_key = str(site_key.save(folder / "site.key"))
+                labels[SEAL_KEY_LABEL] = site_key.public.text()
             policy = None
             if name in self.policies:
                 policy = "policy.toml"
@@ -162,16 +187,26 @@ class LocalFederation:
                     tls_cert=cert,
                     tls_key=key,
                     policy=policy,
+                    seal_key=seal_key,
+                    job_keys=job_keys,
                 )
             )
             with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
-                client.register(name)
+                client.register(name, labels)
                 client.upload_predictor(files.predictor)
                 client.upload_sample(files.X_unlabeled)
         if self.start_sites:
             for name in self.sites:
                 self.spawn(name)
         return self
+
+    def sealing(self, names=None) -> dict:
+        """The JobConfig fields of a job sealed for this federation's sites: job_key, seal_sites."""
+        names = sorted(self.sites if names is None else names)
+        return dict(
+            job_key=str(self.job_key_path),
+            seal_sites=tuple(f"{n}={self.seal_keys[n].public.fingerprint}" for n in names),
+        )
 
     def config_path(self, name: str) -> Path:
         return self.workdir / name / "site.toml"

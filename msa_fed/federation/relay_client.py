@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from msa_fed.control.client import _error
+from msa_fed.control.client import MTLS_HINT, _error
 from msa_fed.control.connection import KEY_LABELS, Connection
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
@@ -39,8 +39,14 @@ def open_channel(address: str, *, flag: str = "registry", **tls: Any) -> grpc.Ch
 class RelayClient:
     """The job's connection to the relay (admin token); see the module docstring."""
 
-    def __init__(self, address: str, token: str, *, timeout: float = 30.0, **channel_kwargs):
+    def __init__(self, address: str, token: str, *, timeout: float = 30.0, sealer=None, **channel_kwargs):
+        """sealer : a :class:`msa_fed.crypto.sealing.JobSealer`: every request is sealed end to
+        end for its site and every answer must be that site's sealed, signed answer (else the call
+        raises :class:`msa_fed.crypto.sealing.TamperedError` naming the site)."""
+        self.sealer = sealer
         self._channel = open_channel(address, **channel_kwargs)
+        secure = not channel_kwargs.get("insecure")
+        self._hint = MTLS_HINT if secure and channel_kwargs.get("tls_cert") is None else ""
         self._stub = pb_grpc.RelayStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
@@ -60,7 +66,7 @@ class RelayClient:
                 return method(request, metadata=self._metadata, timeout=timeout)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == retries:
-                    raise _error(exc) from None
+                    raise _error(exc, self._hint) from None
                 time.sleep(0.2 * 2**attempt)
 
     def open_job(self, job_id: str, sites) -> list[str]:
@@ -75,8 +81,16 @@ class RelayClient:
 
     def call(self, job_id: str, calls, timeout_s: float) -> list:
         request = pb.CallRequest(job_id=job_id, timeout_s=float(timeout_s))
+        sealed: list[tuple[bytes, int]] = []
         for site, method, msg in calls:
-            request.calls.add(site=site, request=wire.to_proto(method, msg, wire.REQUESTS))
+            proto = wire.to_proto(method, msg, wire.REQUESTS)
+            if self.sealer is None:
+                request.calls.add(site=site, request=proto)
+            else:
+                plain = proto.SerializeToString()
+                frame, seq = self.sealer.seal(site, plain)
+                request.calls.add(site=site, sealed=frame)
+                sealed.append((plain, seq))
         try:
             response = self._unary(self._stub.Call, request, float(timeout_s) + CALL_MARGIN_S, retries=0)
         except RegistryError as exc:
@@ -88,14 +102,17 @@ class RelayClient:
                 "DATA_LOSS", f"the relay answered {len(response.results)} of {len(request.calls)} calls"
             )
         out: list[Any] = []
-        for (site, method, _), result in zip(calls, response.results):
+        for k, ((site, method, _), result) in enumerate(zip(calls, response.results)):
             if result.site != site:
                 raise RegistryError("DATA_LOSS", f"the relay answered for {result.site!r} in place of {site!r}")
             if result.status:
                 out.append(SiteUnreachable(result.status, result.detail))
                 continue
+            answer = result.response
+            if self.sealer is not None:
+                answer = self._open(site, method, result, *sealed[k])
             try:
-                got, msg = wire.from_proto(result.response, wire.RESPONSES)
+                got, msg = wire.from_proto(answer, wire.RESPONSES)
             except wire.WireError as exc:
                 out.append(wire.RemoteError("WireError", f"site {site!r} sent a malformed answer: {exc}"))
                 continue
@@ -106,3 +123,19 @@ class RelayClient:
             else:
                 out.append(msg)
         return out
+
+    def _open(self, site: str, method: str, result, plain: bytes, seq: int):
+        """The SiteResponse inside a site's sealed answer; TamperedError unless it is authentic."""
+        from msa_fed.crypto.sealing import TamperedError
+        from msa_fed.runtime.proto import boundary_pb2 as bpb
+
+        if not result.sealed:  # the site could not open the request, or the registry answered itself
+            said = ""
+            if result.response.WhichOneof("body") == "failure":
+                said = " (it says: " + " ".join(result.response.failure.text[:300].split()) + ")"
+            raise TamperedError(site, f"tampered: its answer to {method} is not sealed{said}")
+        inner = self.sealer.open(site, seq, result.sealed, plain, method)
+        try:
+            return bpb.SiteResponse.FromString(inner)
+        except Exception:  # noqa: BLE001 - an authentic but malformed answer is the site's failure
+            return wire.error_proto("WireError", f"site {site!r} sent a sealed answer that is not a SiteResponse")

@@ -32,6 +32,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 )
 """
 STATES = ("pending", "approved", "served")
+#: per sealed job (its certificate's digest): the sequence number of its last join at this site
+_FLOORS = """
+CREATE TABLE IF NOT EXISTS seal_floors (
+    certificate TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+)
+"""
+#: columns added since the first schema: the digest of the job's content and the content itself
+_COLUMNS = {"digest": "TEXT NOT NULL DEFAULT ''", "content": "TEXT NOT NULL DEFAULT ''"}
 
 
 class JobBook:
@@ -41,38 +50,94 @@ class JobBook:
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
+        self._db.execute(_FLOORS)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, decl in _COLUMNS.items():
+            if name not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
         self._lock = threading.Lock()
 
     def close(self):
         self._db.close()
 
-    def seen(self, job_id: str, admin: str, sites) -> str:
-        """Record that ``job_id`` asked to be served; its state (new jobs are "pending")."""
+    def seen(self, job_id: str, admin: str, sites, digest: str = "", content: dict | None = None) -> str:
+        """Record that ``job_id`` asked to be served with content ``digest``; its state (new jobs
+        are "pending").  An approval binds the content: the same job id with another digest is
+        pending again (a job approved in advance without a digest binds the first content seen)."""
         now = time.time()
+        text = json.dumps(content or {}, sort_keys=True)
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, 'pending', ?, ?)",
-                (job_id, admin, json.dumps(list(sites)), now, now),
+                "INSERT OR IGNORE INTO jobs (job_id, admin, sites, state, first_seen, changed_at, digest, content) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?)",
+                (job_id, admin, json.dumps(list(sites)), now, now, digest, text),
             )
-            return self._db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
+            state, known = self._db.execute("SELECT state, digest FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if known != digest:
+                state = "approved" if (state == "approved" and not known) else "pending"
+                self._db.execute(
+                    "UPDATE jobs SET admin = ?, sites = ?, state = ?, changed_at = ?, digest = ?, content = ? "
+                    "WHERE job_id = ?",
+                    (admin, json.dumps(list(sites)), state, now, digest, text, job_id),
+                )
+            return state
 
-    def set_state(self, job_id: str, state: str, *, create: bool = False) -> bool:
+    def set_state(self, job_id: str, state: str, *, create: bool = False, digest: str | None = None) -> bool:
+        """Set a job's state; with ``digest``, only while the job's content has that digest (an
+        approval in advance, ``create``, records it)."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}")
         now = time.time()
         with self._lock:
             if create:
-                self._db.execute("INSERT OR IGNORE INTO jobs VALUES (?, '', '[]', ?, ?, ?)", (job_id, state, now, now))
-            cur = self._db.execute("UPDATE jobs SET state = ?, changed_at = ? WHERE job_id = ?", (state, now, job_id))
+                self._db.execute(
+                    "INSERT OR IGNORE INTO jobs (job_id, admin, sites, state, first_seen, changed_at, digest) "
+                    "VALUES (?, '', '[]', ?, ?, ?, ?)",
+                    (job_id, state, now, now, digest or ""),
+                )
+            if digest is None:
+                cur = self._db.execute(
+                    "UPDATE jobs SET state = ?, changed_at = ? WHERE job_id = ?", (state, now, job_id)
+                )
+            else:
+                cur = self._db.execute(
+                    "UPDATE jobs SET state = ?, changed_at = ? WHERE job_id = ? AND digest = ?",
+                    (state, now, job_id, digest),
+                )
             return cur.rowcount > 0
+
+    def seal_floor(self, certificate: str) -> int:
+        """The sequence number of the last join of the sealed job with this certificate digest
+        (0: none): a restarted site process refuses that join and every earlier request again."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM seal_floors WHERE certificate = ?", (certificate,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_seal_floor(self, certificate: str, seq: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO seal_floors VALUES (?, ?) ON CONFLICT(certificate) DO UPDATE SET seq = "
+                "MAX(seq, excluded.seq)",
+                (certificate, int(seq)),
+            )
 
     def jobs(self) -> list[dict]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT job_id, admin, sites, state, first_seen, changed_at FROM jobs ORDER BY first_seen"
+                "SELECT job_id, admin, sites, state, first_seen, changed_at, digest, content FROM jobs "
+                "ORDER BY first_seen"
             ).fetchall()
         return [
-            dict(job_id=r[0], admin=r[1], sites=json.loads(r[2]), state=r[3], first_seen=r[4], changed_at=r[5])
+            dict(
+                job_id=r[0],
+                admin=r[1],
+                sites=json.loads(r[2]),
+                state=r[3],
+                first_seen=r[4],
+                changed_at=r[5],
+                digest=r[6],
+                content=json.loads(r[7]) if r[7] else {},
+            )
             for r in rows
         ]
 

@@ -18,6 +18,9 @@ def _run(args) -> int:
         tls_ca=args.tls_ca,
         insecure=True if args.insecure else None,
         admin_token_file=args.admin_token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        job_key=args.job_key,
     )
     if args.admin_token:
         check_admin_token(args.admin_token, "--admin-token")
@@ -46,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--admin-token-file", help="file holding the admin token")
     run.add_argument("--tls-ca", help="CA certificate of the registry (PEM)")
     run.add_argument("--insecure", action="store_true", help="plaintext to a loopback registry")
+    run.add_argument("--tls-cert", help="client certificate (PEM) for a registry that requires one (mutual TLS)")
+    run.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
+    run.add_argument(
+        "--job-key", help="the consortium's job key: seal the job's traffic end to end ([sealing] job_key)"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--output",

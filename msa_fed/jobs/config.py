@@ -17,7 +17,7 @@ from typing import Any
 import tomllib
 
 from msa_fed.control.transport import is_loopback, parse_address
-from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, option
+from msa_fed.core.options import Flag, Integer, Optional, Text, TextList, check_value, option
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 
@@ -33,6 +33,21 @@ class JobConfig:
     registry: str = option("", "HOST:PORT of the registry", Text())
     tls_ca: str | None = option(None, "CA certificate of the registry (PEM file)", Optional(Text(nonempty=True)))
     insecure: bool = option(False, "plaintext gRPC to a loopback registry", Flag())
+    tls_cert: str | None = option(
+        None,
+        "client certificate for a registry that requires one (mutual TLS; PEM file)",
+        Optional(Text(nonempty=True)),
+    )
+    tls_key: str | None = option(None, "private key of tls_cert (PEM file)", Optional(Text(nonempty=True)))
+    job_key: str | None = option(
+        None,
+        "the consortium's job key (msa-fed job keygen): seal the job's traffic end to end",
+        Optional(Text(nonempty=True)),
+    )
+    seal_sites: tuple = option((), "each site's pinned sealing-key fingerprint, as NAME=SHA256", TextList())
+    planned_queries: int = option(
+        10000, "the most labelled-data queries the job sends each site (part of what sites approve)", Integer(1)
+    )
     admin_token_file: str | None = option(None, "file holding the admin token", Optional(Text(nonempty=True)))
     sites: tuple = option((), "registered sites to combine (empty: all)", TextList())
     site_data: str = option(
@@ -88,6 +103,11 @@ class JobConfig:
             "tls_ca": "[registry] tls_ca",
             "insecure": "[registry] insecure",
             "admin_token_file": "[registry] admin_token_file",
+            "tls_cert": "[registry] tls_cert",
+            "tls_key": "[registry] tls_key",
+            "job_key": "[sealing] job_key",
+            "seal_sites": "[sealing] sites",
+            "planned_queries": "[sealing] queries",
             "sites": "[run] sites",
             "site_data": "[run] site_data",
             "output_version": "[run] output_version",
@@ -132,7 +152,41 @@ class JobConfig:
                 f"{self._label('tls_ca', '[registry] tls_ca')} {self.tls_ca!r} is not a readable file; "
                 "expected the registry's CA certificate (PEM)"
             )
+        self._validate_client_cert()
+        self._validate_sealing()
         return self
+
+    def _validate_client_cert(self) -> None:
+        cert, key = self._label("tls_cert", "[registry] tls_cert"), self._label("tls_key", "[registry] tls_key")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(f"{cert} and {key} go together (the client certificate and its key)")
+        if self.tls_cert is not None and self.insecure:
+            raise ConfigError(f"{cert} needs TLS; {self._label('insecure', '[registry] insecure = true')} is plaintext")
+        for label, path in ((cert, self.tls_cert), (key, self.tls_key)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{label} {path!r} is not a readable file (PEM)")
+
+    def _validate_sealing(self) -> None:
+        label = self._label("job_key", "[sealing] job_key")
+        if self.job_key is not None and not Path(self.job_key).is_file():
+            raise ConfigError(f"{label} {self.job_key!r} is not a readable file (msa-fed job keygen)")
+        if self.seal_sites and self.job_key is None:
+            raise ConfigError(f"[sealing] sites pins sealing keys, but no {label} signs the job")
+        pins = self.seal_pins
+        if len(pins) != len(self.seal_sites):
+            raise ConfigError(f"[sealing] sites names a site twice: {list(self.seal_sites)}")
+
+    @property
+    def seal_pins(self) -> dict[str, str]:
+        """{site: pinned sealing-key fingerprint} of ``[sealing] sites``."""
+        out = {}
+        for item in self.seal_sites:
+            name, sep, fp = item.partition("=")
+            fp = fp.strip().lower()
+            if not sep or not name.strip() or len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):
+                raise ConfigError(f"[sealing] sites entries are NAME=SHA256 (64 hex digits); got {item[:100]!r}")
+            out[name.strip()] = fp
+        return out
 
 
 # table -> key -> (target config, field)
@@ -142,6 +196,13 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "tls_ca": (_JOB, "tls_ca"),
         "insecure": (_JOB, "insecure"),
         "admin_token_file": (_JOB, "admin_token_file"),
+        "tls_cert": (_JOB, "tls_cert"),
+        "tls_key": (_JOB, "tls_key"),
+    },
+    "sealing": {
+        "job_key": (_JOB, "job_key"),
+        "sites": (_JOB, "seal_sites"),
+        "queries": (_JOB, "planned_queries"),
     },
     "model": {
         "task": (_FIT, "task"),
@@ -225,6 +286,9 @@ def from_document(doc: dict, **overrides) -> JobConfig:
         "tls_ca": "--tls-ca",
         "insecure": "--insecure",
         "admin_token_file": "--admin-token-file",
+        "tls_cert": "--tls-cert",
+        "tls_key": "--tls-key",
+        "job_key": "--job-key",
     }
     for name, value in overrides.items():
         if name not in flags:

@@ -185,13 +185,22 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
 
 
 def upload_command(
-    saved: Path, registry: str, *, insecure: bool, tls_ca: str | None, admin_token_file: str | None
+    saved: Path,
+    registry: str,
+    *,
+    insecure: bool,
+    tls_ca: str | None,
+    admin_token_file: str | None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> str:
     parts = ["msa-fed", "model", "upload", str(saved), "--registry", registry]
     if insecure:
         parts.append("--insecure")
     if tls_ca:
         parts += ["--tls-ca", str(tls_ca)]
+    if tls_cert and tls_key:
+        parts += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
     parts += ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
     return shlex.join(parts)
 

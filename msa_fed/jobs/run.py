@@ -110,7 +110,7 @@ def run_job(
     from msa_fed.control.client import RegistryClient
 
     def connect():
-        return RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca, retries=0)
+        return RegistryClient(config.registry, admin_token, retries=0, **client_tls(config))
 
     config = config.validate()  # before any network work
     if config.fit.topology == "federated":
@@ -154,7 +154,7 @@ def _run_job(
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
 
     fit = config.fit
-    with RegistryClient(config.registry, admin_token, insecure=config.insecure, tls_ca=config.tls_ca) as client:
+    with RegistryClient(config.registry, admin_token, **client_tls(config)) as client:
         records = {r.name: r for r in client.list_sites()}
         tracker.start(client, list(config.sites) or sorted(records))
         names = select_sites(client, list(config.sites), records, log)
@@ -227,12 +227,17 @@ def _run_job(
             "output_version": config.output_version,
             "predictor_sha256": [sha for _, sha in artifacts],
         }
+        transcript = getattr(backend, "transcript", lambda: None)()
+        if transcript is not None:  # the sites' signed answers (digests and signatures only)
+            job["sealed_transcript"] = transcript
         output = Path(output_dir) if output_dir else output_root() / tracker.job_id / "model"
         command = partial(
             upload_command,
             registry=config.registry,
             insecure=config.insecure,
             tls_ca=config.tls_ca,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
             admin_token_file=config.admin_token_file,
         )
         record = store_result(
@@ -240,6 +245,12 @@ def _run_job(
         )
         log(f"stored combined model version {record.version} (sha256 {record.sha256[:12]}...)")
         return record, model
+
+
+def client_tls(config: JobConfig) -> dict:
+    """The channel options of the job's registry connections: plaintext or TLS, with the client
+    certificate when the job file or the command line gives one (mutual TLS)."""
+    return dict(insecure=config.insecure, tls_ca=config.tls_ca, tls_cert=config.tls_cert, tls_key=config.tls_key)
 
 
 def report(model: CombinedModel, log: Callable[[str], None] = print):

@@ -73,3 +73,32 @@ def test_ray_address_comes_from_the_job_file_unless_ray_address_is_set(run_msa, 
     job.write_text("[run]\nsites = []\n")
     assert run_msa.job_ray_address(["--job", str(job)]) is None
     assert run_msa.job_ray_address(["--registry", "h:1"]) is None
+
+
+def test_client_certificate_and_job_key_are_snapshotted_too(run_msa, tmp_path):
+    """The client certificate and key (mutual TLS) and the sealing job key, named on the command line
+    or in the job file, are copied like every other input and passed on as flags."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for name in ("cert.pem", "key.pem", "job.key", "other-cert.pem"):
+        (secrets / name).write_text(name)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[registry]\ntls_cert = "{secrets / "cert.pem"}"\ntls_key = "{secrets / "key.pem"}"\n'
+        f'[sealing]\njob_key = "{secrets / "job.key"}"\n'
+    )
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    out = run_msa.snapshot_inputs(["--job", str(job)], str(folder))
+    flags = dict(zip(out[0::2], out[1::2]))
+    assert {k: Path(v).read_text() for k, v in flags.items() if k != "--job"} == {
+        "--tls-cert": "cert.pem",
+        "--tls-key": "key.pem",
+        "--job-key": "job.key",
+    }
+    assert all(Path(v).parent == folder for v in flags.values())
+    # a flag overrides the job file's key
+    folder2 = tmp_path / "copies2"
+    folder2.mkdir()
+    out = run_msa.snapshot_inputs(["--job", str(job), "--tls-cert", str(secrets / "other-cert.pem")], str(folder2))
+    assert out.count("--tls-cert") == 1 and Path(out[out.index("--tls-cert") + 1]).read_text() == "other-cert.pem"

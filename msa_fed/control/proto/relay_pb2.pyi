@@ -27,12 +27,14 @@ class Heartbeat(_message.Message):
     def __init__(self, sent_at: _Optional[float] = ...) -> None: ...
 
 class Answer(_message.Message):
-    __slots__ = ("call_id", "response")
+    __slots__ = ("call_id", "response", "sealed")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     response: _boundary_pb2.SiteResponse
-    def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[_boundary_pb2.SiteResponse, _Mapping]] = ...) -> None: ...
+    sealed: bytes
+    def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[_boundary_pb2.SiteResponse, _Mapping]] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class SiteToRelay(_message.Message):
     __slots__ = ("hello", "answer", "heartbeat")
@@ -45,16 +47,18 @@ class SiteToRelay(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
 class Forward(_message.Message):
-    __slots__ = ("call_id", "job_id", "admin", "request")
+    __slots__ = ("call_id", "job_id", "admin", "request", "sealed")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ADMIN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     job_id: str
     admin: str
     request: _boundary_pb2.SiteRequest
-    def __init__(self, call_id: _Optional[int] = ..., job_id: _Optional[str] = ..., admin: _Optional[str] = ..., request: _Optional[_Union[_boundary_pb2.SiteRequest, _Mapping]] = ...) -> None: ...
+    sealed: bytes
+    def __init__(self, call_id: _Optional[int] = ..., job_id: _Optional[str] = ..., admin: _Optional[str] = ..., request: _Optional[_Union[_boundary_pb2.SiteRequest, _Mapping]] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_s",)
@@ -111,12 +115,14 @@ class OpenJobResponse(_message.Message):
     def __init__(self, connected: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SiteCall(_message.Message):
-    __slots__ = ("site", "request")
+    __slots__ = ("site", "request", "sealed")
     SITE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     site: str
     request: _boundary_pb2.SiteRequest
-    def __init__(self, site: _Optional[str] = ..., request: _Optional[_Union[_boundary_pb2.SiteRequest, _Mapping]] = ...) -> None: ...
+    sealed: bytes
+    def __init__(self, site: _Optional[str] = ..., request: _Optional[_Union[_boundary_pb2.SiteRequest, _Mapping]] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class CallRequest(_message.Message):
     __slots__ = ("job_id", "timeout_s", "calls")
@@ -129,16 +135,18 @@ class CallRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., calls: _Optional[_Iterable[_Union[SiteCall, _Mapping]]] = ...) -> None: ...
 
 class SiteResult(_message.Message):
-    __slots__ = ("site", "response", "status", "detail")
+    __slots__ = ("site", "response", "status", "detail", "sealed")
     SITE_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     site: str
     response: _boundary_pb2.SiteResponse
     status: str
     detail: str
-    def __init__(self, site: _Optional[str] = ..., response: _Optional[_Union[_boundary_pb2.SiteResponse, _Mapping]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    sealed: bytes
+    def __init__(self, site: _Optional[str] = ..., response: _Optional[_Union[_boundary_pb2.SiteResponse, _Mapping]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class CallResponse(_message.Message):
     __slots__ = ("results",)

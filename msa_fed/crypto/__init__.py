@@ -1,0 +1,1 @@
+"""Cryptography of the federation: sealed, signed job traffic (standard constructions of ``cryptography``)."""
