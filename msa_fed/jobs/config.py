@@ -96,6 +96,11 @@ class JobConfig:
         except ConfigError as exc:
             raise ConfigError(f"job file {str(path)!r}: {exc}") from None
 
+    def client_tls(self) -> dict:
+        """The channel options of the job's registry connections: plaintext or TLS, with the client
+        certificate when the job file or the command line gives one (mutual TLS)."""
+        return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
+
     def validate(self) -> JobConfig:
         """Every field checked (ConfigError naming the table and key); no network."""
         labels = {

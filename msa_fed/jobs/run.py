@@ -250,7 +250,7 @@ def _run_job(
 def client_tls(config: JobConfig) -> dict:
     """The channel options of the job's registry connections: plaintext or TLS, with the client
     certificate when the job file or the command line gives one (mutual TLS)."""
-    return dict(insecure=config.insecure, tls_ca=config.tls_ca, tls_cert=config.tls_cert, tls_key=config.tls_key)
+    return config.client_tls()
 
 
 def report(model: CombinedModel, log: Callable[[str], None] = print):
