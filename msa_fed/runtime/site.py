@@ -255,22 +255,18 @@ class SiteWorker:
         classification)."""
         if self._H is None:
             cols = []
+            n_u = self.X_unlabeled.shape[0]
             for k, h in enumerate(self.predictors):
-                # the unlabelled sample too: the combined model will be used on points like them
-                predictor_outputs(
-                    h,
-                    self.X_unlabeled,
-                    self.task,
-                    self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
-                )
+                # the unlabelled sample too (the combined model will be used on points like them),
+                # in one call with the labelled points: a peer's predictor runs in a worker process
+                # (msa_fed.artifacts.isolated) and each call costs a round trip
                 out = predictor_outputs(
                     h,
-                    self.X_labeled,
+                    np.concatenate([self.X_unlabeled, self.X_labeled]),
                     self.task,
                     self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's labelled points",
-                )
+                    who=f"site {self.name!r}, predictor {k}, on the site's points",
+                )[n_u:]
                 if self.task == "regression":
                     cols.append(out)
                 else:
