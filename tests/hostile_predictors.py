@@ -87,7 +87,9 @@ def hostile_predictor(kind: str, coef, intercept) -> bytes:
                 helper.make_node("Mul", ["any_whole", "n_big"], ["nf"]),
                 helper.make_node("Cast", ["nf"], ["n1"], to=TensorProto.INT64),
                 helper.make_node("Unsqueeze", ["n1", "ax0"], ["shape"]),
-                helper.make_node("ConstantOfShape", ["shape"], ["big"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+                helper.make_node(
+                    "ConstantOfShape", ["shape"], ["big"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+                ),
                 helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
                 helper.make_node("Mul", ["s", "zero"], ["s0"]),
                 helper.make_node("Add", ["P0", "s0"], ["P"]),

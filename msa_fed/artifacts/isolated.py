@@ -162,7 +162,9 @@ def serve(rfd: int, wfd: int) -> int:
             _send(wfd, {"ok": False, "code": "memory", "detail": f"MemoryError: {exc}"[:2000]})
         except Exception as exc:  # noqa: BLE001 - every failure is an answer
             detail = f"{type(exc).__name__}: {exc}"[:2000]
-            code = "memory" if any(s in detail for s in ("bad_alloc", "Failed to allocate", "alloc failed")) else "error"
+            code = (
+                "memory" if any(s in detail for s in ("bad_alloc", "Failed to allocate", "alloc failed")) else "error"
+            )
             _send(wfd, {"ok": False, "code": code, "detail": detail})
 
 
@@ -242,7 +244,7 @@ class _Worker:
         while len(buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout
+                raise TimeoutError
             self.sock.settimeout(left)
             chunk = self.sock.recv(min(1 << 20, n - len(buf)))
             if not chunk:
@@ -368,7 +370,7 @@ class PredictorPool:
                 raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
             broken = False
             return out
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             what = f"exceeded {limit:.3g} s" + (" loading" if phase == "load" else "")
             raise PeerFault(owner, f"site {owner!r}'s predictor {what} on {rows} rows") from None
         except _Violation as v:

@@ -67,9 +67,7 @@ class _Face:
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
         s = self.oracle.evaluate(self.full(z), eta, what, global_bound)
         k = self.keep
-        return DCSums(
-            L=None if s.L is None else s.L[k], dL=None if s.dL is None else s.dL[np.ix_(k, k)], n=s.n
-        )
+        return DCSums(L=None if s.L is None else s.L[k], dL=None if s.dL is None else s.dL[np.ix_(k, k)], n=s.n)
 
     def max_bound(self) -> float:
         return self.oracle.max_bound()
@@ -94,9 +92,7 @@ def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> t
     return zj, oracle.evaluate(zj, eta, ("L",)).array("L")
 
 
-def influence_table(
-    oracle, eta: float, z: np.ndarray, losses: np.ndarray, names, *, margin: float = 0.1
-) -> dict:
+def influence_table(oracle, eta: float, z: np.ndarray, losses: np.ndarray, names, *, margin: float = 0.1) -> dict:
     """The per-site influence report of a combined model (a JSON-able dict).
 
     oracle : the fit's loss oracle (wrapped in a :class:`CachedOracle` unless it is one);
@@ -144,6 +140,20 @@ def influence_table(
     }
 
 
+def flagged_at(table: dict, margin: float) -> list[tuple[str, str, float]]:
+    """(site, other site, relative raise) for each site whose inclusion raises another's loss by
+    more than ``margin`` (relative) and :data:`MIN_ABS_RISE` (absolute) in an influence table."""
+    names = table["sites"]
+    out = []
+    for j, n in enumerate(names):
+        for k, other in enumerate(names):
+            rel = table["raise"][j][k]
+            rise = table["loss_with"][k] - table["loss_without"][j][k]
+            if rel is not None and rel > margin and rise > MIN_ABS_RISE:
+                out.append((n, other, float(rel)))
+    return out
+
+
 def influence_lines(table: dict) -> list[str]:
     """The influence report as text lines (``msa-fed model show``, job logs)."""
     names = table["sites"]
@@ -160,7 +170,5 @@ def influence_lines(table: dict) -> list[str]:
         other, rel = table["worst"][n]
         mark = "  <-- FLAGGED" if n in table["flagged"] else ""
         out.append(f"  including {n} changes {other}'s loss by {100 * rel:+.1f}%{mark}")
-    out.append(
-        f"  (flagged above +{100 * table['margin']:.0f}%; {table['evaluations']} evaluations for the re-solves)"
-    )
+    out.append(f"  (flagged above +{100 * table['margin']:.0f}%; {table['evaluations']} evaluations for the re-solves)")
     return out

@@ -358,9 +358,7 @@ class SiteAgent:
                 f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
                 f"{self.name!r}, which holds {self.predictor_sha256[:16]}..."
             )
-        self.excluded.check(
-            [s for s in sites if s != self.name], "msa-fed site clear-peer --config site.toml"
-        )
+        self.excluded.check([s for s in sites if s != self.name], "msa-fed site clear-peer --config site.toml")
         kind = "regression" if msg.task == "regression" else "probabilities"
         predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
         d = self.data

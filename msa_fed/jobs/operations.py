@@ -176,6 +176,11 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
     if epsilon is not None:
         lines.append(f"differential privacy: epsilon spent = {float(epsilon):.4g}")
+    influence = model.info.get("influence") if isinstance(model.info, dict) else None
+    if isinstance(influence, dict) and influence.get("sites"):
+        from msa_fed.core.influence import influence_lines
+
+        lines += influence_lines(influence)
     return lines
 
 
