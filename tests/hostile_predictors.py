@@ -114,3 +114,35 @@ def hostile_predictor(kind: str, coef, intercept) -> bytes:
 def hostile_from_sklearn(kind: str, estimator) -> bytes:
     """:func:`hostile_predictor` with the weights of a fitted binary LogisticRegression."""
     return hostile_predictor(kind, estimator.coef_[0], estimator.intercept_[0])
+
+
+CENTERS = {"north": (0.0, 2.0), "east": (2.0, 0.0), "west": (-2.0, 0.0)}
+
+
+def whole_number_sites(hostile: dict[str, str] | None = None, seed: int = 0, sizes=(121, 160)):
+    """Three sites as in tests/federation/fedhelpers.py, their records whole numbers (x10, rounded:
+    an age or a count); ``hostile`` maps a site to a kind of :data:`KINDS` for its predictor.
+
+    Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes, fitted LogisticRegression)};
+    every unlabelled sample is exactly representable in float32.  A hostile site's published
+    sample is whole numbers plus 0.25, so that the sandbox's probe (its own sample) passes."""
+    from sklearn.linear_model import LogisticRegression
+
+    hostile = dict(hostile or {})
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, (name, c) in enumerate(CENTERS.items()):
+
+        def draw(n, c=c):
+            X = rng.normal(loc=c, size=(n, 2))
+            return np.round(10 * X), (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+
+        Xtr, ytr = draw(400)
+        n_l, n_u = sizes[0] + 12 * k, sizes[1] + 10 * k
+        Xl, yl = draw(n_l)
+        Xu, _ = draw(n_u)
+        if name in hostile:
+            Xu = Xu + 0.25
+        est = LogisticRegression().fit(Xtr, ytr)
+        out[name] = (Xl, yl, Xu, hostile_from_sklearn(hostile.get(name, "honest"), est), est)
+    return out
