@@ -77,7 +77,9 @@ def test_a_slow_predictor_is_stopped_at_its_limit_and_named(pool):
 def test_a_memory_hungry_predictor_is_stopped_outside_this_process(pool):
     iso = isolate(hostile("mem"), "west", pool)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(PeerFault, match=r"^site 'west''s predictor exceeded the memory limit \(1024 MiB\) on 500 rows$"):
+    with pytest.raises(
+        PeerFault, match=r"^site 'west''s predictor exceeded the memory limit \(1024 MiB\) on 500 rows$"
+    ):
         iso.predict_proba(WHOLE)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100_000  # KiB: no 2 GB here
 

@@ -4,7 +4,7 @@
 variables MSA_FED_TEST_LIAR / MSA_FED_TEST_LIE in a site process started by liar_site.py):
 
 - ``"qhat"``: its Qhat partial times 1.5 (an honest site's sums to 1/p);
-- ``"inflate"``: 1.0 added to its own domain's loss in every DC answer (consistent with the
+- ``"inflate"``: 3.0 added to its own domain's loss in every DC answer (consistent with the
   gradients: only the influence report can see it);
 - ``"noise"``: a random number in [0, 1) added to its own domain's loss in every DC answer.
 """
@@ -43,7 +43,7 @@ def dc_evaluate(self, msg):
     lie = _lying(self)
     if lie in ("inflate", "noise") and out.sums.L is not None:
         out.sums.L = out.sums.L.copy()
-        out.sums.L[self.index] += 1.0 if lie == "inflate" else float(_rng.random())
+        out.sums.L[self.index] += 3.0 if lie == "inflate" else float(_rng.random())
     return out
 
 

@@ -86,7 +86,7 @@ def test_the_influence_report_flags_the_flip_site(flip):
 
 
 def test_the_influence_report_flags_the_site_that_overstates_its_losses(honest):
-    # north adds 1.0 to its own domain's loss: consistent with its gradients, so its answers are
+    # north adds 3.0 to its own domain's loss: consistent with its gradients, so its answers are
     # plausible; the min-max pulls z towards north to lower that claim, at west's expense
     model = _fit(liar="north", lie="inflate")
     table = model.info["influence"]
@@ -122,7 +122,10 @@ def test_the_answer_checker_alone():
         ch.qhat_partials([m.QhatPartial(sums=np.array([0.6, -0.1]), n=10), ok[1]])
     ch.qhat(ok, np.array([0.45, 0.55]))
     z = np.array([0.5, 0.5])
-    part = [m.DCPartial(sums=DCSums(L=np.array([0.3, 0.1]), n=10)), m.DCPartial(sums=DCSums(L=np.array([0.1, 0.2]), n=20))]
+    part = [
+        m.DCPartial(sums=DCSums(L=np.array([0.3, 0.1]), n=10)),
+        m.DCPartial(sums=DCSums(L=np.array([0.1, 0.2]), n=20)),
+    ]
     ch.dc_partials(part, z, 0.01, ("L",))
     ch.dc_partials(part, z, 0.01, ("L",))  # the same answer again: fine
     other = [part[0], m.DCPartial(sums=DCSums(L=np.array([0.1, 0.25]), n=20))]
