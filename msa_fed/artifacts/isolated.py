@@ -113,6 +113,17 @@ def _send(fd: int, header: dict, payload: bytes = b"") -> None:
         _write_all(fd, payload)
 
 
+def _recv_into(sock: socket.socket, buf) -> bool:
+    """Fill ``buf`` (a writable buffer) from ``sock``; False at EOF."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = sock.recv_into(view[got:], min(1 << 22, len(view) - got))
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
 def serve(rfd: int, wfd: int) -> int:
     """The worker's loop (limits already set): requests on ``rfd``, answers on ``wfd``.
 
@@ -123,6 +134,7 @@ def serve(rfd: int, wfd: int) -> int:
     from msa_fed.artifacts.loader import _session_for, sha256_hex
 
     sessions: dict[str, tuple] = {}
+    sock = socket.socket(fileno=os.dup(rfd))  # rows straight into an array, no copies
     while True:
         raw = _read_exactly(rfd, _HEADER.size)
         if raw is None:
@@ -145,17 +157,17 @@ def serve(rfd: int, wfd: int) -> int:
                 _send(wfd, {"ok": True})
             elif req["op"] == "run":
                 rows, cols = int(req["rows"]), int(req["cols"])
-                payload = _read_exactly(rfd, rows * cols * 4)
-                if payload is None:
+                X = np.empty((rows, cols), dtype="<f4")
+                if not _recv_into(sock, X):
                     return 0
                 session, input_name, output_name = sessions[req["sha256"]]
-                X = np.frombuffer(payload, dtype="<f4").reshape(rows, cols)
                 out = np.asarray(session.run([output_name], {input_name: X})[0])
                 if out.dtype.kind != "f":
                     raise TypeError(f"output dtype {out.dtype}")
                 dtype = "<f8" if out.dtype.itemsize == 8 else "<f4"
                 out = np.ascontiguousarray(out, dtype=dtype)
-                _send(wfd, {"ok": True, "dtype": dtype, "shape": list(out.shape)}, out.tobytes())
+                _send(wfd, {"ok": True, "dtype": dtype, "shape": list(out.shape)})
+                sock.sendall(memoryview(out).cast("B"))
             else:
                 raise ValueError("unknown op")
         except MemoryError as exc:
@@ -252,12 +264,15 @@ class _Worker:
             buf += chunk
         return bytes(buf)
 
-    def exchange(self, header: dict, payload: bytes, limit_s: float, max_out: int) -> tuple[dict, bytes]:
-        """Send one request, read one answer; raises socket.timeout, EOFError, OSError, _Violation."""
+    def exchange(self, header: dict, payload, limit_s: float, max_out: int) -> tuple[dict, np.ndarray | None]:
+        """Send one request (``payload``: bytes or a C-contiguous array), read one answer (the
+        output array of a "run"); raises socket.timeout, EOFError, OSError, _Violation."""
         deadline = time.monotonic() + limit_s
         raw = json.dumps(header).encode()
         self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        self.sock.sendall(_HEADER.pack(len(raw)) + raw + payload)
+        self.sock.sendall(_HEADER.pack(len(raw)) + raw)
+        if len(payload):
+            self.sock.sendall(memoryview(payload).cast("B"))
         (size,) = _HEADER.unpack(self._recv_exactly(_HEADER.size, deadline))
         if size > MAX_HEADER_BYTES:
             raise _Violation("answered out of protocol")
@@ -272,7 +287,7 @@ class _Worker:
                 raise _Violation(f"exceeded the memory limit ({self.limits.memory_bytes >> 20} MiB)")
             raise _Violation("failed")
         if header["op"] != "run":
-            return answer, b""
+            return answer, None
         shape, dtype = answer.get("shape"), answer.get("dtype")
         if (
             dtype not in ("<f4", "<f8")
@@ -281,8 +296,18 @@ class _Worker:
             or int(np.prod(shape, dtype=np.int64)) > max_out
         ):
             raise _Violation("answered out of protocol")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * int(dtype[-1])
-        return answer, self._recv_exactly(nbytes, deadline)
+        out = np.empty(shape, dtype=dtype)
+        view, got = memoryview(out).cast("B"), 0
+        while got < len(view):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.sock.settimeout(left)
+            n = self.sock.recv_into(view[got:], min(1 << 22, len(view) - got))
+            if n == 0:
+                raise EOFError
+            got += n
+        return answer, out
 
     def kill(self) -> None:
         from msa_fed.artifacts.sandbox import kill_group
@@ -359,13 +384,13 @@ class PredictorPool:
                 )
                 worker.loaded.add(predictor.sha256)
             phase, limit = "run", self.limits.call_limit(rows)
-            answer, raw = worker.exchange(
+            _, out = worker.exchange(
                 {"op": "run", "sha256": predictor.sha256, "rows": rows, "cols": int(X.shape[1])},
-                X.tobytes(),
+                X,
                 limit,
                 rows * MAX_OUTPUT_VALUES_PER_ROW,
             )
-            out = np.frombuffer(raw, dtype=answer["dtype"]).reshape(answer["shape"])
+            assert out is not None  # a "run" answers an array
             if out.ndim == 0 or out.shape[0] != rows:
                 raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
             broken = False
