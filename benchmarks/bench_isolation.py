@@ -79,14 +79,14 @@ def main() -> int:
                 X = rng.normal(size=(n, d)).astype(np.float32)
                 inproc.predict_proba(X)
                 iso.predict_proba(X)
-                warm_in = _median(lambda: inproc.predict_proba(X), repeats)
-                warm_iso = _median(lambda: iso.predict_proba(X), repeats)
+                warm_in = _median(lambda h=inproc, X=X: h.predict_proba(X), repeats)
+                warm_iso = _median(lambda h=iso, X=X: h.predict_proba(X), repeats)
 
-                def job_in():
+                def job_in(onnx=onnx, X=X):
                     s, i, o = _session_for(onnx, 1)
                     s.run([o], {i: X})
 
-                def job_iso():
+                def job_iso(iso=iso, X=X):
                     for w in pool._idle:  # the worker forgets the model: the job loads it again
                         w.loaded.discard(iso.sha256)
                     iso.predict_proba(X)
@@ -108,9 +108,9 @@ def main() -> int:
                 )
                 r = rows[-1]
                 print(
-                    f"{name:<10} d={d:<4} n={n:<6} warm {r['warm_inprocess_ms']:8.2f} -> {r['warm_isolated_ms']:8.2f} ms "
-                    f"(x{r['warm_ratio']:.2f})   per job {r['job_inprocess_ms']:8.2f} -> {r['job_isolated_ms']:8.2f} ms "
-                    f"(x{r['job_ratio']:.2f})",
+                    f"{name:<10} d={d:<4} n={n:<6} warm {r['warm_inprocess_ms']:8.2f} -> "
+                    f"{r['warm_isolated_ms']:8.2f} ms (x{r['warm_ratio']:.2f})   per job "
+                    f"{r['job_inprocess_ms']:8.2f} -> {r['job_isolated_ms']:8.2f} ms (x{r['job_ratio']:.2f})",
                     flush=True,
                 )
     pool.close()

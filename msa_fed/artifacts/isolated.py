@@ -167,7 +167,7 @@ def serve(rfd: int, wfd: int) -> int:
                 dtype = "<f8" if out.dtype.itemsize == 8 else "<f4"
                 out = np.ascontiguousarray(out, dtype=dtype)
                 _send(wfd, {"ok": True, "dtype": dtype, "shape": list(out.shape)})
-                sock.sendall(memoryview(out).cast("B"))
+                sock.sendall(out.data.cast("B"))
             else:
                 raise ValueError("unknown op")
         except MemoryError as exc:
@@ -211,7 +211,7 @@ class _Worker:
         self.sock = ours
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
-        self._job = None
+        self._job: tuple | None = None
         try:
             if SANDBOX_START == "zygote":
                 self._start_in_zygote(req, theirs)
@@ -297,7 +297,7 @@ class _Worker:
         ):
             raise _Violation("answered out of protocol")
         out = np.empty(shape, dtype=dtype)
-        view, got = memoryview(out).cast("B"), 0
+        view, got = out.data.cast("B"), 0
         while got < len(view):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -435,11 +435,11 @@ class _Isolated:
 
     def _run(self, X: np.ndarray) -> np.ndarray:
         pool = self.pool or default_pool()
-        out: np.ndarray = pool.run(self, X, self.owner)  # type: ignore[arg-type]
+        out: np.ndarray = pool.run(self, X, self.owner)  # type: ignore[arg-type]  # a mixin of OnnxPredictor
         return out
 
     def __reduce__(self):  # the bytes again, through the loader (a copy runs in-process unless isolated again)
-        return OnnxPredictor.__reduce__(self)  # type: ignore[arg-type]
+        return OnnxPredictor.__reduce__(self)
 
 
 class IsolatedRegressor(_Isolated, OnnxRegressor):
@@ -461,6 +461,6 @@ def isolate(predictor: OnnxPredictor, owner: str, pool: PredictorPool | None = N
         out = IsolatedClassifier(*args, classes=list(predictor.classes_))
     else:
         out = IsolatedRegressor(*args)
-    out.owner = str(owner)  # type: ignore[attr-defined]
-    out.pool = pool  # type: ignore[attr-defined]
+    out.owner = str(owner)
+    out.pool = pool
     return out

@@ -299,10 +299,11 @@ def regret_baseline(ev: _Counter, p: int) -> np.ndarray:
     return baseline
 
 
-class _Shifted:
+class _Shifted(_Counter):
     """A :class:`_Counter` whose L is shifted by ``-shift`` (the regret objective)."""
 
     def __init__(self, ev: _Counter, shift: np.ndarray) -> None:
+        super().__init__(ev.oracle, ev.eta, ev.global_bound)
         self.ev, self.shift = ev, shift
 
     def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
@@ -465,13 +466,11 @@ def solve_dc(
     if objective in ("minmax", "regret"):
         best: DCResult | None = None
         runs = []
-        run_ev, shift = ev, np.zeros(p)
-        if objective == "regret":
-            shift = regret_baseline(ev, p)
-            run_ev = _Shifted(ev, shift)
+        shift = regret_baseline(ev, p) if objective == "regret" else np.zeros(p)
+        run_ev: _Counter = _Shifted(ev, shift) if objective == "regret" else ev
         for start in starts:
             history: list[float] = []
-            z, val, L, ok, it = _minmax_run(run_ev, start, tol, max_iter, callback, history)  # type: ignore[arg-type]
+            z, val, L, ok, it = _minmax_run(run_ev, start, tol, max_iter, callback, history)
             L = L + shift
             val = float(np.max(L)) if objective == "minmax" else val
             g = gamma_from_losses(L, z)

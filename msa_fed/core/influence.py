@@ -20,9 +20,11 @@ evaluations do not.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from msa_fed.core.dc_solver import solve_dc
+from msa_fed.core.dc_solver import LossOracle, solve_dc
 from msa_fed.core.dc_terms import DCSums
 
 #: SLSQP iterations of each re-solve (warm-started next to its optimum)
@@ -36,13 +38,13 @@ SAVED_FACTOR = 2.5
 class CachedOracle:
     """A loss oracle that answers a repeated (z, eta, what) from memory (``n_sources``, ``evaluate``)."""
 
-    def __init__(self, oracle):
+    def __init__(self, oracle: LossOracle) -> None:
         self.oracle = oracle
         self.n_sources = int(oracle.n_sources)
-        self._memo: dict = {}
+        self._memo: dict[tuple[Any, ...], DCSums] = {}
         self.calls = 0
 
-    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
         z = np.asarray(z, dtype=np.float64)
         key = (z.tobytes(), float(eta), tuple(what), global_bound)
         if key not in self._memo:
@@ -62,12 +64,12 @@ class _Face:
         self.oracle, self.keep = oracle, keep
         self.n_sources = int(keep.sum())
 
-    def full(self, z) -> np.ndarray:
+    def full(self, z: np.ndarray) -> np.ndarray:
         out = np.zeros(self.keep.size)
         out[self.keep] = z
         return out
 
-    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
         s = self.oracle.evaluate(self.full(z), eta, what, global_bound)
         k = self.keep
         return DCSums(L=None if s.L is None else s.L[k], dL=None if s.dL is None else s.dL[np.ix_(k, k)], n=s.n)
@@ -95,7 +97,9 @@ def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> t
     return zj, oracle.evaluate(zj, eta, ("L",)).array("L")
 
 
-def influence_table(oracle, eta: float, z: np.ndarray, losses: np.ndarray, names, *, margin: float = 0.1) -> dict:
+def influence_table(
+    oracle: LossOracle, eta: float, z: np.ndarray, losses: np.ndarray, names: Any, *, margin: float = 0.1
+) -> dict[str, Any]:
     """The per-site influence report of a combined model (a JSON-able dict).
 
     oracle : the fit's loss oracle (wrapped in a :class:`CachedOracle` unless it is one);
@@ -152,7 +156,7 @@ def influence_table(oracle, eta: float, z: np.ndarray, losses: np.ndarray, names
     }
 
 
-def flagged_at(table: dict, margin: float) -> list[tuple[str, str, float]]:
+def flagged_at(table: dict[str, Any], margin: float) -> list[tuple[str, str, float]]:
     """(site, other site, relative raise) for each site j whose inclusion raises another site k's
     loss by more than ``margin`` and by more than :data:`MIN_ABS_RISE`, and costs k more than
     :data:`SAVED_FACTOR` times the fraction of j's own loss that including j saves it.
@@ -183,7 +187,7 @@ def flagged_at(table: dict, margin: float) -> list[tuple[str, str, float]]:
     return out
 
 
-def influence_lines(table: dict) -> list[str]:
+def influence_lines(table: dict[str, Any]) -> list[str]:
     """The influence report as text lines (``msa-fed model show``, job logs)."""
     names = table["sites"]
     width = max(8, *(len(n) for n in names))
