@@ -49,6 +49,27 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
+class _Answered:
+    """A predictor's raw answer on stacked rows, handed out in parts to :func:`predictor_outputs`
+    (one call of the predictor, each part checked and named on its own)."""
+
+    def __init__(self, predictor, X: np.ndarray, task: str):
+        self.classes_ = getattr(predictor, "classes_", None)
+        raw = predictor.predict(X) if task == "regression" else predictor.predict_proba(X)
+        self.raw = np.asarray(raw)
+        self.start, self.stop = 0, None
+
+    def part(self, start: int, stop: int | None) -> "_Answered":
+        out = object.__new__(_Answered)
+        out.classes_, out.raw, out.start, out.stop = self.classes_, self.raw, start, stop
+        return out
+
+    def predict(self, X):
+        return self.raw[self.start : self.stop]
+
+    predict_proba = predict
+
+
 def build_domain_model(spec: m.DomainModelSpec):
     try:
         return m.domain_model_from_spec(spec)
@@ -260,13 +281,21 @@ class SiteWorker:
                 # the unlabelled sample too (the combined model will be used on points like them),
                 # in one call with the labelled points: a peer's predictor runs in a worker process
                 # (msa_fed.artifacts.isolated) and each call costs a round trip
-                out = predictor_outputs(
-                    h,
-                    np.concatenate([self.X_unlabeled, self.X_labeled]),
+                both = _Answered(h, np.concatenate([self.X_unlabeled, self.X_labeled]), self.task)
+                predictor_outputs(
+                    both.part(0, n_u),
+                    self.X_unlabeled,
                     self.task,
                     self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's points",
-                )[n_u:]
+                    who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
+                )
+                out = predictor_outputs(
+                    both.part(n_u, None),
+                    self.X_labeled,
+                    self.task,
+                    self.classes,
+                    who=f"site {self.name!r}, predictor {k}, on the site's labelled points",
+                )
                 if self.task == "regression":
                     cols.append(out)
                 else:
