@@ -138,3 +138,14 @@ def test_the_answer_checker_alone():
     negative = [part[0], m.DCPartial(sums=DCSums(L=np.array([0.1, -0.2]), n=20))]
     with pytest.raises(ImplausibleAnswer, match="'b'.*negative"):
         ch.dc_partials(negative, np.array([0.3, 0.7]), 0.01, ("L",))
+
+
+def test_the_report_and_the_summary_print_the_influence_table(flip):
+    from msa_fed.jobs.operations import summary_lines
+    from msa_fed.jobs.report import report_html
+
+    page = report_html(flip)
+    assert "<h2>Influence</h2>" in page and "including west changes" in page and "FLAGGED" in page
+    lines = summary_lines(flip)
+    assert any(line.startswith("influence:") for line in lines)
+    assert any("including west" in line and "FLAGGED" in line for line in lines)
