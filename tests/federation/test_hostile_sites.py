@@ -9,7 +9,9 @@ loops; "hog": allocates ~2 GB) or answer with a forged Qhat partial ("liar").
 - meanwhile another job at the same site is answered at once (the site serves jobs concurrently);
 - no honest site's process grows by the hog's 2 GB (its predictor ran in a limited worker);
 - the lying site is named by the coordinator's plausibility check and excluded from later jobs
-  until `msa-fed excluded --clear`.
+  until `msa-fed excluded --clear`;
+- a predictor confidently wrong on real rows ("flipper") breaks no limit: the influence report
+  flags its site and the job's influence_margin refuses to store the model, naming it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from msa_fed.jobs.run import run_job  # noqa: E402
 from msa_fed.runtime import messages as m  # noqa: E402
 
 HONEST = {"north": (0.0, 2.0), "east": (2.0, 0.0)}
-HOSTILE = {"slowpoke": "slow", "hog": "mem", "liar": "honest"}
+HOSTILE = {"slowpoke": "slow", "hog": "mem", "liar": "honest", "flipper": "flip"}
 SITE_TIMEOUT_S = 60.0
 CLI = [sys.executable, "-m", "msa_fed.cli"]
 
@@ -59,7 +61,8 @@ def _files() -> dict[str, SiteFiles]:
             return np.round(10 * X) + shift, (X[:, 0] * X[:, 1] > 0).astype(np.int64)
 
         Xtr, ytr = draw(400)
-        Xl, yl = draw(121 + 7 * k)
+        # the flip site's labelled records are real ones (whole numbers): confidently wrong there too
+        Xl, yl = draw(121 + 7 * k, shift=0.0 if name == "flipper" else shift)
         Xu, _ = draw(150 + 5 * k)
         onnx = hostile_from_sklearn(HOSTILE.get(name, "honest"), LogisticRegression().fit(Xtr, ytr))
         out[name] = SiteFiles(Xl, yl, Xu, onnx)
@@ -87,8 +90,8 @@ def _output_root(tmp_path, monkeypatch):
     monkeypatch.setenv("MSA_FED_OUTPUT_ROOT", str(tmp_path / "jobs"))
 
 
-def _run(fed, name, sites):
-    job = job_config(name, fed.address, insecure=True, sites=tuple(sites), site_timeout_s=SITE_TIMEOUT_S)
+def _run(fed, name, sites, **kw):
+    job = job_config(name, fed.address, insecure=True, sites=tuple(sites), site_timeout_s=SITE_TIMEOUT_S, **kw)
     return run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
 
 
@@ -103,9 +106,7 @@ def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=120)
 
 
-def test_a_slow_predictor_fails_the_job_in_time_naming_its_site_while_another_job_is_answered(
-    local_ray, federation
-):
+def test_a_slow_predictor_fails_the_job_in_time_naming_its_site_while_another_job_is_answered(local_ray, federation):
     fed = federation
     # a second job at east, answered while the first is stuck in slowpoke's predictor
     relay = RelayClient(fed.address, fed.admin_token, insecure=True)
@@ -185,3 +186,9 @@ def test_a_lying_site_is_named_by_the_coordinator_and_excluded_until_cleared(loc
     cleared = _cli("excluded", "--clear", "liar")
     assert cleared.returncode == 0 and "admitted" in cleared.stdout
     assert "no site excluded" in _cli("excluded").stdout
+
+
+def test_the_influence_report_flags_the_flip_site_and_the_margin_refuses_the_model(local_ray, federation):
+    with pytest.raises(PeerFault) as err:
+        _run(federation, "flip-job", ["east", "flipper", "north"], influence_margin=0.1)
+    assert err.value.site == "flipper" and "the model is not stored" in str(err.value)
