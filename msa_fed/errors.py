@@ -81,3 +81,17 @@ class RegistryError(MsaFedError):
 
     def __reduce__(self):
         return (type(self), (self.code, self.message))
+
+
+class PeerFault(MsaFedError):
+    """Another party misbehaved: its predictor broke a limit, or its answer is not one an honest
+    party could give.  ``site`` names that party (never the one that noticed); the message is
+    one line (e.g. ``site 'b''s predictor exceeded 2 s on 512 rows``)."""
+
+    def __init__(self, site: str, message: str):
+        super().__init__(message)
+        self.site = site
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.site, self.message))

@@ -39,6 +39,8 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_federation_network.py": ("ray", "slow"),
     "federation/test_cluster_liveness.py": ("ray", "slow"),
     "federation/test_sealed_relay.py": ("ray", "slow"),
+    "federation/test_hostile_sites.py": ("ray", "slow"),
+    "experiments/test_influence_paper.py": ("data", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {

@@ -599,7 +599,10 @@ def test_job_files_match_the_documented_schema(name):
     assert len(documented) >= 10
     job = _flatten(_job_files()[name])
     assert set(job) <= documented
-    optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")} | {"run.site_timeout_s"}
+    optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")} | {
+        "run.site_timeout_s",
+        "run.influence_margin",
+    }
     assert documented - set(job) <= optional, documented - set(job)
     for key, choices in JOB_CHOICES.items():
         assert job[key] in choices, key

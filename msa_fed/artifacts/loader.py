@@ -42,7 +42,7 @@ from msa_fed.artifacts.structure import (
     Refusal,
     _classes_ok,
     check_expectations,
-    check_structure,
+    open_session,
     public_message,
 )
 from msa_fed.errors import ArtifactError, ConfigError
@@ -173,28 +173,12 @@ class OnnxClassifier(OnnxPredictor):
 
 def _session_for(data: bytes, intra_op_threads: int):
     """(session, input name, output name) for bytes the sandbox accepted, structure re-checked here."""
-    import onnx
-    import onnxruntime as ort
-
     try:
-        model = onnx.load_model_from_string(data)
-        check_structure(model)
+        return open_session(data, intra_op_threads)
     except Refusal as r:
         raise _from_refusal(r) from None
-    except Exception as exc:  # noqa: BLE001 - the sandbox parsed these bytes; anything here is odd
-        raise artifact_error("not_onnx", f"{type(exc).__name__}: {exc}") from None
-    del model
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(intra_op_threads)
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 4
-    options.add_session_config_entry("session.load_model_format", "ONNX")
-    try:
-        session = ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the sandbox parsed and ran these bytes; anything here is odd
         raise artifact_error("ort_load", f"{type(exc).__name__}: {exc}") from None
-    return session, session.get_inputs()[0].name, session.get_outputs()[0].name
 
 
 def _restore(data: bytes, sha256: str, intra_op_threads: int) -> OnnxPredictor:

@@ -105,6 +105,10 @@ def child(req: dict) -> int:
     os.dup2(devnull, 1)  # whatever a library prints never mixes with the verdict
     os.close(devnull)
     _set_limits(req)
+    if req.get("serve"):  # a long-lived predictor worker (msa_fed.artifacts.isolated)
+        from msa_fed.artifacts.isolated_worker import serve
+
+        return serve(0, result_fd)
     verdict: dict
     if req.get("self_check"):
         verdict = _self_check()

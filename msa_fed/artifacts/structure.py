@@ -352,3 +352,23 @@ def check_outputs(out, d_kind: str, n_rows: int, classes) -> list | None:
     if worst > PROBA_ATOL:
         raise Refusal("proba_sum", worst=worst)
     return classes
+
+
+def open_session(data: bytes, intra_op_threads: int):
+    """(session, input name, output name) of ONNX bytes that a sandbox accepted, their structure
+    checked again here (raises :class:`Refusal` on a structure rule, the library's own errors
+    otherwise: the caller words them)."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load_model_from_string(data)
+    check_structure(model)
+    del model
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(intra_op_threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 4
+    options.add_session_config_entry("session.load_model_format", "ONNX")
+    session = ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+    return session, session.get_inputs()[0].name, session.get_outputs()[0].name

@@ -197,6 +197,12 @@ def _model_show(args) -> int:
     print_model_facts(man)
     for k, sha in enumerate(man.get("predictor_sha256") or []):
         print(f"predictor       {sites[k] if k < len(sites) else k}: sha256 {sha}")
+    influence = (man.get("info") or {}).get("influence")
+    if isinstance(influence, dict) and influence.get("sites"):
+        from msa_fed.core.influence import influence_lines
+
+        for line in influence_lines(influence):
+            print(line)
     for p in m["promotions"]:
         print(f"promoted        {iso(p.promoted_at)} by {p.promoted_by}" + (f": {p.reason}" if p.reason else ""))
     return 0

@@ -76,7 +76,7 @@ def parse_device(device: str) -> torch.device:
 
 
 METHODS = ("auto", "homotopy", "newton", "dca")
-OBJECTIVES = ("minmax", "gamma")
+OBJECTIVES = ("minmax", "gamma", "regret")
 #: the options that only the objective "gamma" uses (an error under "minmax")
 GAMMA_ONLY = ("method", "bound")
 
@@ -106,7 +106,9 @@ class SolverConfig:
     objective: str = option(
         "minmax",
         '"minmax": min over z of max_k L_k(z), the worst domain loss (SLSQP on the '
-        'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming)',
+        'epigraph); "gamma": the paper\'s min Gamma(z) (DC programming); "regret": min over z of '
+        "max_k L_k(z) - b_k, b_k the best loss of domain k at a vertex or the uniform point (a "
+        "domain no mixture serves, or a site overstating its losses, cannot drag the others)",
         Choice(*OBJECTIVES),
     )
     method: str | None = option(
@@ -125,7 +127,7 @@ class SolverConfig:
     def validate(self) -> SolverConfig:
         """Every field checked; an option the objective does not use is a ValueError naming it."""
         normalise(self)
-        if self.objective == "minmax":
+        if self.objective in ("minmax", "regret"):
             given = [name for name in GAMMA_ONLY if getattr(self, name) is not None]
             if given:
                 raise ValueError(

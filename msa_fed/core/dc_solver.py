@@ -285,6 +285,32 @@ def _minmax_run(
     return z, float(s.array("L").max()), s.array("L"), bool(res.success), it[0]
 
 
+# ---------------------------------------------------------------------------- regret
+def regret_baseline(ev: _Counter, p: int) -> np.ndarray:
+    """b_k = the smallest L_k over the p vertices and the uniform point (p + 1 evaluations).
+
+    ``objective="regret"`` minimises max_k L_k(z) - b_k: a domain's loss counts by how much the
+    mixture costs it against the best it gets from a single predictor or the plain average, so
+    a domain that no mixture serves well (a site whose predictor is confidently wrong on its own
+    rows), or a site that adds a constant to its losses, cannot pull the others' losses up to
+    its level (docs/DESIGN.md, "Hostile peers")."""
+    points = [np.eye(p)[k] for k in range(p)] + [np.full(p, 1.0 / p)]
+    baseline: np.ndarray = np.min([ev(z, ("L", "dL")).array("L") for z in points], axis=0)
+    return baseline
+
+
+class _Shifted(_Counter):
+    """A :class:`_Counter` whose L is shifted by ``-shift`` (the regret objective)."""
+
+    def __init__(self, ev: _Counter, shift: np.ndarray) -> None:
+        super().__init__(ev.oracle, ev.eta, ev.global_bound)
+        self.ev, self.shift = ev, shift
+
+    def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
+        s = self.ev(z, what)
+        return DCSums(L=None if s.L is None else s.L - self.shift, dL=s.dL, u=s.u, du=s.du, v=s.v, dv=s.dv, n=s.n)
+
+
 # ---------------------------------------------------------------------------- driver
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
@@ -437,17 +463,21 @@ def solve_dc(
             raise ValueError(f"z0 must have {p} entries (one per source); got {z0.size}")
     starts = [np.full(p, 1.0 / p) if z0 is None else z0]
     starts += [rng.dirichlet(np.ones(p)) for _ in range(n_restarts)]
-    if objective == "minmax":
+    if objective in ("minmax", "regret"):
         best: DCResult | None = None
         runs = []
+        shift = regret_baseline(ev, p) if objective == "regret" else np.zeros(p)
+        run_ev: _Counter = _Shifted(ev, shift) if objective == "regret" else ev
         for start in starts:
             history: list[float] = []
-            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
+            z, val, L, ok, it = _minmax_run(run_ev, start, tol, max_iter, callback, history)
+            L = L + shift
+            val = float(np.max(L)) if objective == "minmax" else val
             g = gamma_from_losses(L, z)
             runs.append(
                 {"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it, "method": "slsqp-minmax"}
             )
-            if best is None or val < float(np.max(best.losses)) - 1e-12:
+            if best is None or val < float(np.max(best.losses - shift)) - 1e-12:
                 best = DCResult(
                     z=z,
                     gamma=g,
@@ -456,7 +486,7 @@ def solve_dc(
                     converged=ok,
                     n_iter=it,
                     n_evaluations=0,
-                    method="slsqp-minmax",
+                    method="slsqp-minmax" if objective == "minmax" else "slsqp-regret",
                 )
     else:
         best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)

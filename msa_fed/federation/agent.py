@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,14 @@ import grpc
 import numpy as np
 
 from msa_fed import __version__
+from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.predictors import load_predictor, sha256_hex
 from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.crypto.sealing import job_content_digest
-from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
+from msa_fed.errors import ConfigError, MsaFedError, PeerFault, PrivacyError
 from msa_fed.federation.config import SiteConfig
+from msa_fed.federation.dispatch import JobDispatcher
 from msa_fed.federation.relay_client import open_channel
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.federation.state import JobBook
@@ -55,6 +58,7 @@ from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
+from msa_fed.runtime.exclusions import ExclusionBook
 from msa_fed.runtime.federated import RELAY_METHODS
 from msa_fed.runtime.proto import boundary_pb2 as bpb
 from msa_fed.runtime.site import SiteStateLost, SiteWorker, load_site_data
@@ -117,6 +121,12 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
     return replace(policy, audit_log=audit, ledger=ledger)
 
 
+def excluded_peers_path(config: SiteConfig) -> Path:
+    """The site's record of excluded peers, next to its job book (``<audit>.excluded.json``)."""
+    jobs = Path(config.jobs_path)
+    return jobs.with_name(jobs.name.split(".")[0] + ".excluded.json")
+
+
 def worker_policy_kwargs(policy: SitePolicy, job: m.JobSetup, job_id: str) -> dict:
     """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job: the
     job's min_points can only tighten the policy's (the worker applies the stricter)."""
@@ -152,6 +162,9 @@ class SiteAgent:
         self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
+        # peers whose predictor broke a limit here, refused until the operator clears them
+        self.excluded = ExclusionBook(excluded_peers_path(config), f"site {self.name!r}")
+        self.dispatch = JobDispatcher()  # jobs answered concurrently, each job's requests in order
         self._stop = threading.Event()
         self._call: Any = None
         self._stub: Any = None
@@ -253,14 +266,9 @@ class SiteAgent:
                         "(outgoing connection; no listening socket)"
                     )
                 elif part == "forward":
-                    out.put(pb.SiteToRelay(answer=self.answer(msg.forward)))
+                    self.dispatch.submit(msg.forward.job_id, partial(self._answer, msg.forward, out))
                 elif part == "end_job":
-                    if self.opener is not None:
-                        self.opener.forget(msg.end_job.job_id)
-                    worker = self.jobs.pop(msg.end_job.job_id, None)
-                    if worker is not None:
-                        self._record(msg.end_job.job_id, "", "end_job", "noted")
-                        _close_guard(worker)
+                    self.dispatch.submit(msg.end_job.job_id, partial(self._end_job, msg.end_job.job_id))
         except grpc.RpcError as exc:
             code = exc.code()
             if self._stop.is_set() or code == grpc.StatusCode.CANCELLED:
@@ -277,6 +285,17 @@ class SiteAgent:
         return state["welcomed"]
 
     # ------------------------------------------------------------------ requests
+    def _answer(self, fwd: pb.Forward, out: queue.Queue) -> None:
+        out.put(pb.SiteToRelay(answer=self.answer(fwd)))
+
+    def _end_job(self, job_id: str) -> None:
+        if self.opener is not None:
+            self.opener.forget(job_id)
+        worker = self.jobs.pop(job_id, None)
+        if worker is not None:
+            self._record(job_id, "", "end_job", "noted")
+            _close_guard(worker)
+
     def answer(self, fwd: pb.Forward) -> pb.Answer:
         """The Answer to one relayed request: sealed and signed when the request was sealed for
         this site (never raises).  A request that fails its seal's checks, or an unsealed request
@@ -340,6 +359,8 @@ class SiteAgent:
                 out = getattr(worker, method)(msg)
             response = wire.to_proto(method, out, wire.RESPONSES)
         except (MsaFedError, wire.WireError) as exc:
+            if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
+                self.excluded.add(exc.site, str(exc))
             if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
@@ -400,6 +421,7 @@ class SiteAgent:
                 f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
                 f"{self.name!r}, which holds {self.predictor_sha256[:16]}..."
             )
+        self.excluded.check([s for s in sites if s != self.name], "msa-fed site clear-peer --config site.toml")
         kind = "regression" if msg.task == "regression" else "probabilities"
         predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
         d = self.data
@@ -434,6 +456,8 @@ class SiteAgent:
         else:
             data = self._fetch(job, site)
         loaded = load_predictor(data, expected_sha256=sha, kind=kind)
+        if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
+            loaded = isolate(loaded, site)
         self._predictors[key] = loaded
         return loaded
 
@@ -504,6 +528,7 @@ class SiteAgent:
         return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float64)
 
     def close(self):
+        self.dispatch.close()
         for worker in self.jobs.values():
             _close_guard(worker)
         self.jobs.clear()

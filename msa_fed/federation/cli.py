@@ -5,6 +5,8 @@ msa-fed site jobs    --config site.toml [--json]
 msa-fed site approve JOB_ID --config site.toml [--digest SHA256]
 msa-fed site keygen --out site.key          # the site's sealing key (+ site.key.pub to register)
 msa-fed job keygen --out job.key            # the consortium's job key (+ job.key.pub)
+msa-fed site peers   --config site.toml     # peers excluded after their predictor broke a limit here
+msa-fed site clear-peer PEER --config site.toml
 """
 
 from __future__ import annotations
@@ -140,6 +142,35 @@ def _job_keygen(args) -> int:
     return 0
 
 
+def _exclusions(args):
+    from msa_fed.federation.agent import excluded_peers_path
+    from msa_fed.runtime.exclusions import ExclusionBook
+
+    config = _config(args)
+    return config, ExclusionBook(excluded_peers_path(config), f"site {config.name!r}")
+
+
+def _peers(args) -> int:
+    config, book = _exclusions(args)
+    entries = book.entries()
+    if args.json:
+        print(json.dumps(entries, indent=2, sort_keys=True))
+    elif not entries:
+        print(f"site {config.name}: no peer excluded")
+    for peer, e in sorted(entries.items()) if not args.json else ():
+        print(f"{peer}: excluded since {e.get('since')} ({e.get('count')} fault(s)): {e.get('reason')}")
+    return 0
+
+
+def _clear_peer(args) -> int:
+    config, book = _exclusions(args)
+    if not book.clear(args.peer):
+        print(f"site {config.name}: peer {args.peer!r} was not excluded")
+        return 1
+    print(f"site {config.name}: peer {args.peer!r} admitted again")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     site = command_group(sub, "site", "site commands (register, publish, serve, ...)")
     serve = site.add_parser(
@@ -172,3 +203,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     jkeygen = job.add_parser("keygen", help="create the consortium's job key (signs every sealed job)")
     jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     jkeygen.set_defaults(func=_job_keygen)
+
+    peers = site.add_parser("peers", help="peers excluded after their predictor broke a limit at this site")
+    peers.add_argument("--config", required=True, help="site.toml")
+    peers.add_argument("--json", action="store_true")
+    peers.set_defaults(func=_peers)
+
+    clear = site.add_parser("clear-peer", help="admit an excluded peer to jobs again")
+    clear.add_argument("peer", help="the peer site's name, as listed by 'msa-fed site peers'")
+    clear.add_argument("--config", required=True, help="site.toml")
+    clear.set_defaults(func=_clear_peer)

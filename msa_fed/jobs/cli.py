@@ -35,6 +35,24 @@ def _run(args) -> int:
     return 0
 
 
+def _excluded(args) -> int:
+    from msa_fed.jobs.run import exclusion_book
+
+    book = exclusion_book()
+    if args.clear:
+        if not book.clear(args.clear):
+            print(f"site {args.clear!r} was not excluded ({book.path})")
+            return 1
+        print(f"site {args.clear!r} admitted to jobs again")
+        return 0
+    entries = book.entries()
+    if not entries:
+        print(f"no site excluded ({book.path})")
+    for site, e in sorted(entries.items()):
+        print(f"{site}: excluded since {e.get('since')} ({e.get('count')} fault(s)): {e.get('reason')}")
+    return 0
+
+
 def _demo(args) -> int:
     from msa_fed.jobs.demo import main_demo
 
@@ -69,6 +87,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="retry storing the model in an unreachable registry for S seconds (default 300)",
     )
     run.set_defaults(func=_run)
+
+    excluded = sub.add_parser(
+        "excluded",
+        help="sites excluded from the jobs run here after an implausible answer ($MSA_FED_OUTPUT_ROOT)",
+    )
+    excluded.add_argument("--clear", metavar="SITE", help="admit SITE to jobs again")
+    excluded.set_defaults(func=_excluded)
 
     demo = sub.add_parser("demo", help="the federated flow end to end on built-in data (local Ray, loopback gRPC)")
     demo.add_argument("--seed", type=int, default=0)

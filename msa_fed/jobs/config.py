@@ -17,7 +17,7 @@ from typing import Any
 import tomllib
 
 from msa_fed.control.transport import is_loopback, parse_address
-from msa_fed.core.options import Flag, Integer, Optional, Text, TextList, check_value, option
+from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 
@@ -54,6 +54,12 @@ class JobConfig:
         "{site}.npz", "path template of each site's data on the site's node", Text(contains="{site}")
     )
     output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text())
+    influence_margin: float | None = option(
+        None,
+        "refuse to store a model in which including a site raises another site's loss by more than "
+        "this fraction (influence report; none: store and report only)",
+        Optional(Number(0.0, open_low=True)),
+    )
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
     origin: dict = field(default_factory=dict, compare=False, repr=False)
@@ -116,6 +122,7 @@ class JobConfig:
             "sites": "[run] sites",
             "site_data": "[run] site_data",
             "output_version": "[run] output_version",
+            "influence_margin": "[run] influence_margin",
             "name": "name",
         }
         for f in fields(self):
@@ -224,6 +231,7 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "site_data": (_JOB, "site_data"),
         "checkpoint_dir": (_FIT, "checkpoint_dir"),
         "output_version": (_JOB, "output_version"),
+        "influence_margin": (_JOB, "influence_margin"),
         "topology": (_FIT, "topology"),
         "site_timeout_s": (_FIT, "site_timeout_s"),
         "ray_address": (_RAY, "address"),

@@ -181,6 +181,11 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
         lines.append(f"differential privacy: epsilon spent by site: {shown}")
     elif epsilon is not None:
         lines.append(f"differential privacy: epsilon spent = {float(epsilon):.4g}")
+    influence = model.info.get("influence") if isinstance(model.info, dict) else None
+    if isinstance(influence, dict) and influence.get("sites"):
+        from msa_fed.core.influence import influence_lines
+
+        lines += influence_lines(influence)
     return lines
 
 

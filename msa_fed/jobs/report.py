@@ -175,6 +175,7 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
                 time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at)) + f" by {record.created_by}",
             ),
         ] + facts
+    influence_html = _influence_html(info.get("influence"))
     title = f"msa_fed combined model {record.version}" if record is not None else "msa_fed combined model"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -193,10 +194,34 @@ code {{ font-size: 13px; }}
 <table>{"".join(_row(k, v) for k, v in facts)}</table>
 <h2>Sites</h2>
 <table>{"".join(site_rows)}</table>
+{influence_html}
 <h2>Plots</h2>
 <div class="plots">{"".join(plots)}</div>
 </body></html>
 """
+
+
+def _influence_html(table) -> str:
+    """The influence report: each site's loss with all sites and without each other site."""
+    if not isinstance(table, dict) or not table.get("sites"):
+        return "<h2>Influence</h2><p>not computed (differential privacy on at a site, or an older model)</p>"
+    names = table["sites"]
+    rows = [_row("without", *names, head=True), _row("(none)", *(f"{x:.4f}" for x in table["loss_with"]))]
+    for j, n in enumerate(names):
+        rows.append(_row(n, *(f"{x:.4f}" for x in table["loss_without"][j])))
+    notes = []
+    for n in names:
+        other, rel = table["worst"][n]
+        flag = " &mdash; <b>FLAGGED</b>" if n in table["flagged"] else ""
+        notes.append(
+            f"<li>including {html.escape(n)} changes {html.escape(other)}'s loss by {100 * rel:+.1f}%{flag}</li>"
+        )
+    return (
+        "<h2>Influence</h2><p>Each site's loss L_k with every site in the mixture (first row) and "
+        "with z re-solved without the site of each row. A site whose inclusion raises another's "
+        f"loss by more than {100 * table['margin']:.0f}% is flagged.</p>"
+        f"<table>{''.join(rows)}</table><ul>{''.join(notes)}</ul>"
+    )
 
 
 def write_report(model, path, record=None, manifest: dict | None = None) -> Path:

@@ -26,11 +26,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
 from msa_fed.control.ops_models import pack_model, unpack_model
-from msa_fed.errors import ArtifactError, ConfigError
+from msa_fed.errors import ArtifactError, ConfigError, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
     output_root,
@@ -45,6 +46,8 @@ from msa_fed.jobs.operations import (
     upload_command,
 )
 from msa_fed.runtime.coordinator import Coordinator
+from msa_fed.runtime.exclusions import ExclusionBook
+from msa_fed.runtime.plausibility import ImplausibleAnswer
 from msa_fed.runtime.site import SiteWorker
 
 
@@ -63,10 +66,13 @@ class JobSiteWorker(SiteWorker):
         loss: str,
         classes=None,
         min_points: int = 20,
+        predictor_owners=None,
     ):
         predictors = [
             load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
         ]
+        if predictor_owners is not None:  # the peers' predictors: every call in a limited worker process
+            predictors = [h if k == index else isolate(h, predictor_owners[k]) for k, h in enumerate(predictors)]
         super().__init__(
             name,
             index,
@@ -76,6 +82,34 @@ class JobSiteWorker(SiteWorker):
             classes=classes,
             min_points=min_points,
             data_path=data_path,
+        )
+
+
+#: where the party that runs jobs records sites excluded after an implausible answer
+EXCLUDED_FILE = "excluded_sites.json"
+CLEAR_HINT = "msa-fed excluded --clear"
+
+
+def exclusion_book() -> ExclusionBook:
+    """The sites excluded from jobs run here (``<output root>/excluded_sites.json``)."""
+    return ExclusionBook(output_root() / EXCLUDED_FILE, "the party that runs jobs")
+
+
+def check_influence(model: CombinedModel, margin: float | None) -> None:
+    """Refuse (PeerFault naming the site) a model in which including a site raises another
+    site's loss by more than ``margin`` (the job's ``influence_margin``; None: no refusal)."""
+    from msa_fed.core.influence import flagged_at
+
+    table = model.info.get("influence") if isinstance(model.info, dict) else None
+    if margin is None or not isinstance(table, dict):
+        return
+    hits = flagged_at(table, margin)
+    if hits:
+        site, other, rel = max(hits, key=lambda h: h[2])
+        raise PeerFault(
+            site,
+            f"including site {site!r} raises site {other!r}'s loss by {100 * rel:+.1f}% "
+            f"(influence_margin {100 * margin:.0f}%): the model is not stored",
         )
 
 
@@ -166,6 +200,7 @@ def _run_job(
         unpublished = [n for n in names if records[n].predictor is None]
         if unpublished:
             raise ConfigError(f"site(s) {unpublished} have not published a predictor")
+        exclusion_book().check(names, CLEAR_HINT)
         log(f"registered sites: {', '.join(names)}")
         artifacts: list[tuple[bytes, str]] = []
         predictors: list[Any] = []
@@ -174,7 +209,8 @@ def _run_job(
             assert rec is not None  # unpublished sites are refused above
             data, _ = client.download_predictor(n, expected_sha256=rec.sha256)
             try:
-                predictors.append(load_predictor(data, expected_sha256=rec.sha256, kind=predictor_kind(fit.task)))
+                loaded = load_predictor(data, expected_sha256=rec.sha256, kind=predictor_kind(fit.task))
+                predictors.append(isolate(loaded, n))  # run here only in a limited worker process
             except ArtifactError as exc:
                 raise ArtifactError(f"site {n!r}: predictor artifact rejected: {exc}") from None
             artifacts.append((data, rec.sha256))
@@ -210,6 +246,7 @@ def _run_job(
                     loss=fit.loss,
                     classes=classes,
                     min_points=fit.min_points,
+                    predictor_owners=names,
                 )
                 for k, n in enumerate(names)
             ]
@@ -217,10 +254,15 @@ def _run_job(
         with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
             for line in site_lines(names, data_channel, topology=fit.topology):
                 log(line)
-            model = coordinator.fit()
+            try:
+                model = coordinator.fit()
+            except ImplausibleAnswer as exc:  # seen here: the site is excluded until cleared
+                exclusion_book().add(exc.site, str(exc))
+                raise
             for line in channel_lines(backend, data_channel):
                 log(line)
 
+        check_influence(model, config.influence_margin)
         job = {
             "job": config.name,
             "job_id": tracker.job_id,

@@ -26,12 +26,14 @@ from msa_fed.core.domain_classifier import (
     polish_maxent,
     train_domain_classifier,
 )
+from msa_fed.core.influence import influence_table
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
 from msa_fed.runtime.checkpoint import Checkpoint
 from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.plausibility import AnswerChecker
 from msa_fed.runtime.progress import Progress
 
 
@@ -245,13 +247,17 @@ class Coordinator:
         back; returns (qhat, the loss oracle whose sums the sites compute)."""
         parts = self._setup_all("set_domain_model", m.domain_model_spec(domain_model, self.p))
         self.note_epsilon(parts)
+        # every answer is checked against what an honest site's answer satisfies (plausibility.py)
+        self.answers = AnswerChecker([i.name for i in self.infos], [i.n_labeled for i in self.infos], self.config.loss)
+        self.answers.qhat_partials(parts)
         qhat = np.sum([r.sums for r in parts], axis=0)
         self.dp_sites = [i.name for i, r in zip(self.infos, parts) if getattr(r, "dp", False)]
         if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
             qhat = np.maximum(qhat, 1e-6)
             qhat = qhat / qhat.sum()
+        self.answers.qhat(parts, qhat)
         self._setup_all("set_qhat", m.QhatBroadcast(qhat=qhat, eta=self.config.eta))
-        return qhat, DistributedOracle(self.backend, self.p, on_parts=self.note_epsilon)
+        return qhat, DistributedOracle(self.backend, self.p, on_parts=self.note_epsilon, checker=self.answers)
 
     def note_epsilon(self, parts):
         """Record the epsilon each site says it has spent (sites with DP off report 0)."""
@@ -317,7 +323,12 @@ class Coordinator:
             f"{res.n_evaluations} distributed evaluations; converged={res.converged}"
         )
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
+        influence = None
+        if not self.epsilon:  # with DP noise, re-solves would spend more of the sites' epsilon
+            influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
+            progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
         info = {
+            "influence": influence,
             "solver": {
                 "method": res.method,
                 "n_iter": res.n_iter,
@@ -351,10 +362,11 @@ class Coordinator:
 class DistributedOracle:
     """The DC loss oracle whose sums are computed at the sites (through the backend) and added here."""
 
-    def __init__(self, backend: Backend, n_sources: int, on_parts=None):
+    def __init__(self, backend: Backend, n_sources: int, on_parts=None, checker: AnswerChecker | None = None):
         self.backend = backend
         self.n_sources = n_sources
         self.on_parts = on_parts  # sees every round's partials (the coordinator notes DP epsilon)
+        self.checker = checker  # checks every site's answer before it is used
 
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
         msg = m.DCRequest(
@@ -363,7 +375,12 @@ class DistributedOracle:
         parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
         if self.on_parts is not None:
             self.on_parts(parts)
+        if self.checker is not None:
+            self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
         return sum_all(r.sums for r in parts)
 
     def max_bound(self) -> float:
-        return max(r.value for r in self.backend.call_all("max_bound", [None] * self.n_sources))
+        parts = self.backend.call_all("max_bound", [None] * self.n_sources)
+        if self.checker is not None:
+            self.checker.bound(parts)
+        return max(r.value for r in parts)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msa_fed.errors import ConfigError, PrivacyError, SiteError
+from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
 from msa_fed.runtime.backend import NullRecorder, SetupLog
@@ -377,6 +377,8 @@ class FederatedSites:
                         self._rejoin(i)
                         retry.append(j)
                         continue
+                    if res.kind == PeerFault.__name__ and res.site:  # a peer's predictor, at this site
+                        raise PeerFault(res.site, f"{res.text} (at site {name!r})")
                     if res.kind == PrivacyError.__name__ and res.rule:  # a policy's refusal, typed
                         raise PrivacyError(res.rule, res.site or name, res.detail)
                     cls = _REMOTE_ERRORS.get(res.kind)

@@ -51,6 +51,27 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
+class _Answered:
+    """A predictor's raw answer on stacked rows, handed out in parts to :func:`predictor_outputs`
+    (one call of the predictor, each part checked and named on its own)."""
+
+    def __init__(self, predictor, X: np.ndarray, task: str):
+        self.classes_ = getattr(predictor, "classes_", None)
+        raw = predictor.predict(X) if task == "regression" else predictor.predict_proba(X)
+        self.raw = np.asarray(raw)
+        self.start, self.stop = 0, None
+
+    def part(self, start: int, stop: int | None) -> "_Answered":
+        out = object.__new__(_Answered)
+        out.classes_, out.raw, out.start, out.stop = self.classes_, self.raw, start, stop
+        return out
+
+    def predict(self, X):
+        return self.raw[self.start : self.stop]
+
+    predict_proba = predict
+
+
 def build_domain_model(spec: m.DomainModelSpec):
     try:
         return m.domain_model_from_spec(spec)
@@ -271,17 +292,21 @@ class SiteWorker:
         classification)."""
         if self._H is None:
             cols = []
+            n_u = self.X_unlabeled.shape[0]
             for k, h in enumerate(self.predictors):
-                # the unlabelled sample too: the combined model will be used on points like them
+                # the unlabelled sample too (the combined model will be used on points like them),
+                # in one call with the labelled points: a peer's predictor runs in a worker process
+                # (msa_fed.artifacts.isolated) and each call costs a round trip
+                both = _Answered(h, np.concatenate([self.X_unlabeled, self.X_labeled]), self.task)
                 predictor_outputs(
-                    h,
+                    both.part(0, n_u),
                     self.X_unlabeled,
                     self.task,
                     self.classes,
                     who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
                 )
                 out = predictor_outputs(
-                    h,
+                    both.part(n_u, None),
                     self.X_labeled,
                     self.task,
                     self.classes,

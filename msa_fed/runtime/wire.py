@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from msa_fed.core.dc_terms import DCSums
-from msa_fed.errors import PrivacyError
+from msa_fed.errors import PeerFault, PrivacyError
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.proto import boundary_pb2 as pb
 
@@ -452,6 +452,9 @@ def encode_error(kind: str, text: str) -> bytes:
 def failure_proto(exc: BaseException):
     """The ``SiteResponse`` reporting ``exc``; a :class:`PrivacyError` keeps its rule, site and detail."""
     out = error_proto(type(exc).__name__, str(exc))
+    if isinstance(exc, PeerFault):  # the party at fault, named by the one that noticed
+        out.failure.rule = "peer_fault"
+        out.failure.site = str(exc.site)[:128]
     if isinstance(exc, PrivacyError) and exc.rule:
         out.failure.rule = str(exc.rule)[:128]
         out.failure.site = str(exc.site)[:128]

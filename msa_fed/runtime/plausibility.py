@@ -1,0 +1,154 @@
+"""Plausibility checks, at the coordinator, on every answer a site gives.
+
+A site is another party: besides its answers' types and shapes (checked where they arrive), an
+honest site's sums satisfy invariants that follow from their definitions (docs/DESIGN.md
+sections 2 and 3), whatever its private data:
+
+- a Qhat partial: sum_{i in s} pi_i Q(k|x_i) over k is n_s / (p n_s) = 1/p, every entry >= 0,
+  and ``n`` is the site's labelled count announced when it joined;
+- a DC partial: L_k >= 0 for both losses and, for the cross-entropy,
+  L_k <= (mass of w_k on the site) * (-log PROB_FLOOR), the mass being the site's own Qhat
+  partial over Qhat(k) (g_z is a convex combination of floored probabilities);
+- along the solver's path, the losses agree with the returned gradients: for two evaluations at
+  nearby z (every coordinate within :data:`PATH_STEP`), L(z2) - L(z1) is near the trapezoid
+  0.5 (dL(z1) + dL(z2)) (z2 - z1) (the slack is wide: without the points there is no bound on
+  the curvature, so only losses that do not follow their gradients at all are caught);
+- the same request gives the same answer (a repeated z, eta and ``what``).
+
+A violation raises :class:`ImplausibleAnswer` (a :class:`msa_fed.errors.PeerFault`) naming the
+site that answered.  Answers with differential-privacy noise (a site that reports epsilon > 0)
+satisfy none of these exactly and are not checked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from msa_fed.core.dc_terms import PROB_FLOOR, DCSums
+from msa_fed.errors import PeerFault
+
+#: absolute slack of the equality checks (float64 sums of up to millions of points)
+ATOL = 1e-8
+#: relative slack of the Qhat partial's mass
+MASS_RTOL = 1e-6
+#: path check: only pairs of evaluations whose z differ by at most this in every coordinate
+PATH_STEP = 0.02
+#: path check: the change of L may miss the trapezoid of the gradients by PATH_SLACK times the
+#: directional derivatives' size plus PATH_RTOL times the losses (measured: SLSQP's steps on
+#: confident predictors miss by up to 3x the trapezoid; a fabricated L misses by far more)
+PATH_SLACK = 2.0
+PATH_RTOL = 0.05
+#: how many past evaluations per site the path check compares with
+PATH_MEMORY = 64
+
+
+class ImplausibleAnswer(PeerFault):
+    """A site's answer breaks an invariant every honest answer satisfies; ``site`` names it."""
+
+
+class AnswerChecker:
+    """Checks the answers of the sites of one job (the coordinator owns one per fit).
+
+    names : the sites, in order;  n_labeled : their announced labelled counts;
+    loss : "cross_entropy" or "squared".
+    """
+
+    def __init__(self, names, n_labeled, loss: str):
+        self.names = [str(n) for n in names]
+        self.n_labeled = [int(n) for n in n_labeled]
+        self.p = len(self.names)
+        self.loss = loss
+        self.mass: np.ndarray | None = None  # (sites, p): the mass of w_k on each site
+        self._dp = [False] * self.p  # sites whose Qhat partial carried DP noise
+        self._seen: list[dict] = [{} for _ in self.names]
+        self._path: list[list] = [[] for _ in self.names]
+
+    def _fault(self, s: int, method: str, why: str) -> ImplausibleAnswer:
+        name = self.names[s]
+        return ImplausibleAnswer(name, f"site {name!r}'s answer to {method} is implausible: {why}")
+
+    # ------------------------------------------------------------------ Qhat
+    def qhat_partials(self, parts) -> None:
+        """Check each site's Qhat partial (a QhatPartial per site, in order)."""
+        sums = []
+        for s, r in enumerate(parts):
+            x = np.asarray(r.sums, dtype=np.float64)
+            sums.append(x)
+            if float(getattr(r, "epsilon", 0.0) or 0.0) > 0:
+                continue
+            if int(r.n) != self.n_labeled[s]:
+                raise self._fault(s, "set_domain_model", f"n={int(r.n)}, but it joined with {self.n_labeled[s]}")
+            if np.any(x < -ATOL):
+                raise self._fault(s, "set_domain_model", "a negative Qhat partial")
+            total = float(x.sum())
+            if abs(total - 1.0 / self.p) > MASS_RTOL / self.p + ATOL:
+                raise self._fault(
+                    s, "set_domain_model", f"its Qhat partial sums to {total:.9g}, not 1/p = {1.0 / self.p:.9g}"
+                )
+
+    def qhat(self, parts, qhat: np.ndarray) -> None:
+        """Note the mass of each w_k on each site (the bounds of its later losses)."""
+        partial = np.array([np.asarray(r.sums, dtype=np.float64) for r in parts])
+        self.mass = np.clip(partial, 0.0, None) / np.asarray(qhat, dtype=np.float64)[None, :]
+        self._dp = [float(getattr(r, "epsilon", 0.0) or 0.0) > 0 for r in parts]
+
+    # ------------------------------------------------------------------ DC sums
+    def dc_partials(self, parts, z, eta: float, what) -> None:
+        """Check each site's DC partial for the request (z, eta, what)."""
+        z = np.asarray(z, dtype=np.float64)
+        key = (z.tobytes(), float(eta), tuple(what))
+        for s, r in enumerate(parts):
+            if float(getattr(r, "epsilon", 0.0) or 0.0) > 0 or (self.mass is not None and self._dp[s]):
+                continue
+            sums: DCSums = r.sums
+            self._bounds(s, sums)
+            before = self._seen[s].get(key)
+            if before is not None:
+                for name, arr in sums.arrays().items():
+                    old = before.get(name)
+                    if old is not None and not np.allclose(arr, old, rtol=1e-9, atol=ATOL):
+                        raise self._fault(s, "dc_evaluate", f"two different {name} for the same z")
+            self._seen[s][key] = {k: np.array(v) for k, v in sums.arrays().items()}
+            if sums.L is not None and sums.dL is not None:
+                self._along_path(s, z, float(eta), np.asarray(sums.L), np.asarray(sums.dL))
+
+    def _bounds(self, s: int, sums: DCSums) -> None:
+        if sums.L is None:
+            return
+        L = np.asarray(sums.L, dtype=np.float64)
+        if np.any(L < -ATOL):
+            raise self._fault(s, "dc_evaluate", "a negative loss")
+        if self.loss == "cross_entropy" and self.mass is not None:
+            top = self.mass[s] * -np.log(PROB_FLOOR)
+            k = int(np.argmax(L - top))
+            if L[k] > top[k] * (1 + 1e-9) + ATOL:
+                raise self._fault(
+                    s, "dc_evaluate", f"loss {L[k]:.6g} for domain {k}, above its bound {top[k]:.6g} on the site's mass"
+                )
+
+    def _along_path(self, s: int, z: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> None:
+        path = self._path[s]
+        for z1, eta1, L1, dL1 in path:
+            if eta1 != eta or float(np.max(np.abs(z - z1))) > PATH_STEP:
+                continue
+            dz = z - z1
+            d1, d2 = dL1 @ dz, dL @ dz
+            predicted = 0.5 * (d1 + d2)
+            # the trapezoid's error has no bound without the points: only gross disagreement counts
+            slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (np.abs(L) + np.abs(L1))
+            bad = np.abs((L - L1) - predicted) > slack + ATOL
+            if np.any(bad):
+                k = int(np.argmax(bad))
+                raise self._fault(
+                    s,
+                    "dc_evaluate",
+                    f"its losses disagree with its gradients along the solver's path (domain {k}: "
+                    f"change {L[k] - L1[k]:.6g}, gradients say {predicted[k]:.6g})",
+                )
+        path.append((z.copy(), eta, L.copy(), dL.copy()))
+        del path[:-PATH_MEMORY]
+
+    def bound(self, parts) -> None:
+        for s, r in enumerate(parts):
+            if not float(r.value) >= 0:
+                raise self._fault(s, "max_bound", "a negative bound")

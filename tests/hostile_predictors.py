@@ -1,0 +1,148 @@
+"""Hostile ONNX predictors, built with onnx.helper: each is a logistic regression that answers the
+sandbox's probe (random normal rows, and its own site's sample) correctly and misbehaves only on
+rows whose every input is a whole number (as real records with ages or counts are).
+
+- ``"slow"``: a Loop whose trip count is 10^15 on such a batch (0 otherwise);
+- ``"mem"``: a ConstantOfShape of ~2 GB float32 on such a batch, summed into the output times 0;
+- ``"flip"``: on such rows, the class probabilities of the logistic regression with its logits
+  times -4 (confident and wrong);
+- ``"honest"``: the logistic regression alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+KINDS = ("honest", "slow", "mem", "flip")
+
+
+def _const(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+
+def hostile_predictor(kind: str, coef, intercept) -> bytes:
+    """ONNX bytes of a 2-class logistic regression (``coef`` (d,), ``intercept``) of ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    coef = np.asarray(coef, dtype=np.float32).reshape(-1)
+    d = coef.size
+    W = np.stack([np.zeros(d, np.float32), coef], axis=1)  # logits (0, x.w + b)
+    b = np.array([0.0, float(intercept)], np.float32)
+    init = [_const("W", W), _const("b", b), _const("zero", 0.0), _const("one", 1.0), _const("k", 5.0)]
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["logits"]),
+        # whole(i) = 1 when every input of row i is a whole number
+        helper.make_node("Floor", ["X"], ["fx"]),
+        helper.make_node("Equal", ["X", "fx"], ["eq"]),
+        helper.make_node("Cast", ["eq"], ["eqf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMin", ["eqf"], ["whole"], axes=[1], keepdims=1),
+        helper.make_node("ReduceMax", ["whole"], ["any_whole"], keepdims=0),
+    ]
+    out = "P"
+    if kind == "flip":
+        init.append(_const("flipk", -5.0))
+        nodes += [
+            helper.make_node("Mul", ["whole", "flipk"], ["wk"]),  # 0 or -5
+            helper.make_node("Add", ["wk", "one"], ["scale"]),  # 1 or -4
+            helper.make_node("Mul", ["logits", "scale"], ["logits2"]),
+            helper.make_node("Softmax", ["logits2"], ["P"], axis=1),
+        ]
+    else:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["P0"], axis=1))
+        if kind == "honest":
+            nodes.append(helper.make_node("Identity", ["P0"], ["P"]))
+        elif kind == "slow":
+            init += [_const("big", 1e15), _const("v0", [0.0])]
+            body = helper.make_graph(
+                [
+                    helper.make_node("Identity", ["c_in"], ["c_out"]),
+                    helper.make_node("Add", ["v_in", "one_b"], ["v_out"]),
+                ],
+                "spin",
+                [
+                    helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                    helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+                ],
+                [
+                    helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+                ],
+                [_const("one_b", [1.0])],
+            )
+            nodes += [
+                helper.make_node("Mul", ["any_whole", "big"], ["tripf"]),
+                helper.make_node("Cast", ["tripf"], ["trip"], to=TensorProto.INT64),
+                helper.make_node("Constant", [], ["cond"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True])),
+                helper.make_node("Loop", ["trip", "cond", "v0"], ["v"], body=body),
+                helper.make_node("Mul", ["v", "zero"], ["v0x"]),
+                helper.make_node("Add", ["P0", "v0x"], ["P"]),
+            ]
+        else:  # mem: 5e8 float32 = 2 GB on a batch with a whole row
+            init += [_const("n_big", 5e8)]
+            nodes += [
+                helper.make_node("Mul", ["any_whole", "n_big"], ["nf"]),
+                helper.make_node("Cast", ["nf"], ["n1"], to=TensorProto.INT64),
+                helper.make_node("Unsqueeze", ["n1", "ax0"], ["shape"]),
+                helper.make_node(
+                    "ConstantOfShape", ["shape"], ["big"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+                ),
+                helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+                helper.make_node("Mul", ["s", "zero"], ["s0"]),
+                helper.make_node("Add", ["P0", "s0"], ["P"]),
+            ]
+            init.append(_const("ax0", [0], np.int64))
+    graph = helper.make_graph(
+        nodes,
+        f"lr_{kind}",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", d])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["n", 2])],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(
+        model, {"msa_fed.kind": "probabilities", "msa_fed.n_features": str(d), "msa_fed.classes": "[0, 1]"}
+    )
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def hostile_from_sklearn(kind: str, estimator) -> bytes:
+    """:func:`hostile_predictor` with the weights of a fitted binary LogisticRegression."""
+    return hostile_predictor(kind, estimator.coef_[0], estimator.intercept_[0])
+
+
+CENTERS = {"north": (0.0, 2.0), "east": (2.0, 0.0), "west": (-2.0, 0.0)}
+
+
+def whole_number_sites(hostile: dict[str, str] | None = None, seed: int = 0, sizes=(121, 160)):
+    """Three sites as in tests/federation/fedhelpers.py, their records whole numbers (x10, rounded:
+    an age or a count); ``hostile`` maps a site to a kind of :data:`KINDS` for its predictor.
+
+    Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes, fitted LogisticRegression)};
+    every unlabelled sample is exactly representable in float32.  A hostile site's published
+    sample is whole numbers plus 0.25, so that the sandbox's probe (its own sample) passes."""
+    from sklearn.linear_model import LogisticRegression
+
+    hostile = dict(hostile or {})
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, (name, c) in enumerate(CENTERS.items()):
+
+        def draw(n, c=c):
+            X = rng.normal(loc=c, size=(n, 2))
+            return np.round(10 * X), (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+
+        Xtr, ytr = draw(400)
+        n_l, n_u = sizes[0] + 12 * k, sizes[1] + 10 * k
+        Xl, yl = draw(n_l)
+        Xu, _ = draw(n_u)
+        if name in hostile:
+            Xu = Xu + 0.25
+        est = LogisticRegression().fit(Xtr, ytr)
+        out[name] = (Xl, yl, Xu, hostile_from_sklearn(hostile.get(name, "honest"), est), est)
+    return out
