@@ -39,7 +39,6 @@ from msa_fed.artifacts.isolated_worker import _HEADER, MAX_HEADER_BYTES
 from msa_fed.artifacts.loader import OnnxClassifier, OnnxPredictor, OnnxRegressor
 from msa_fed.errors import PeerFault
 
-#: a frame header: 4 bytes (big-endian length) then that many bytes of JSON
 #: rows per call: a larger batch is sent in chunks of this many rows (each with its own limit)
 CHUNK_ROWS = 1 << 16
 #: largest output accepted from a worker (values per row times rows, checked before reading)

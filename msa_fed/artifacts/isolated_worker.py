@@ -13,6 +13,7 @@ import struct
 
 import numpy as np
 
+#: a frame header: 4 bytes (big-endian length) then that many bytes of JSON
 _HEADER = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 16
 
