@@ -72,8 +72,10 @@ class JobTracker:
         name: str = "msa",
         topology: str = "ray",
         log: Callable[[str], None] = print,
+        pointers: bool = True,
     ):
         self.connect = connect
+        self.pointers = pointers  # False: the registry goes away with the caller (the demo)
         self.job_id = job_id or new_job_id()
         self.name = name
         self.topology = topology
@@ -83,7 +85,8 @@ class JobTracker:
     def start(self, client, sites) -> None:
         OpsClient(client).start_job(self.job_id, self.name, list(sites), self.topology)
         self.started = True
-        self.log(f"job {self.job_id} recorded in the registry (msa-fed job show {self.job_id})")
+        hint = f" (msa-fed job show {self.job_id})" if self.pointers else ""
+        self.log(f"job {self.job_id} recorded in the registry{hint}")
 
     def finish(self, status: str, model_version: int | None = None, error: str = "") -> None:
         if not self.started:
@@ -141,8 +144,9 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
     }.get(data_channel, data_channel)
     if topology == "federated":  # labelled data stay in the site's process; its stand-in holds the published sample
         return [
-            f"site {n}: own process through the registry's relay, topology federated; its stand-in actor's "
-            f"classifier steps over {channel}"
+            f"site {n}: answers from its own process through the registry's relay (topology federated); "
+            f"the domain classifier's steps on its published sample run in a Ray actor over {channel} "
+            "(docs/OPERATIONS.md, 'Job output')"
             for n in names
         ]
     return [
@@ -163,14 +167,30 @@ def channel_lines(backend, data_channel: str) -> list[str]:
     return out
 
 
+def solver_objective(info) -> str | None:
+    """What a model's z solve minimised ("minmax" or "gamma"), from its info; None when unknown."""
+    solver = info.get("solver") if isinstance(info, dict) else None
+    if not isinstance(solver, dict):
+        return None
+    if solver.get("objective") in ("minmax", "gamma"):
+        return str(solver["objective"])
+    # models stored before the objective was recorded: the method says it
+    return {"slsqp-minmax": "minmax", "dp-surrogate": "minmax"}.get(str(solver.get("method")), "gamma")
+
+
 def summary_lines(model, epsilon: float | None = None) -> list[str]:
     """The final summary: z, per-site L_k(z), the objective, and epsilon spent when DP is on."""
     names = model.site_names
     lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
     if model.domain_losses is not None:
         lines.append("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.domain_losses)))
+        lines.append(f"eta    = {model.eta:g}")
+        objective = solver_objective(model.info)
+        mark = {o: " (what the solver minimised)" if o == objective else "" for o in ("minmax", "gamma")}
+        lines.append(f"max_k L_k(z) = {np.max(model.domain_losses):.4f}: the worst site's loss{mark['minmax']}")
         lines.append(
-            f"eta    = {model.eta:g}   max_k L_k(z) = {np.max(model.domain_losses):.4f}   Gamma(z) = {model.gamma:.3g}"
+            f"Gamma(z)     = {model.gamma:.3g}: how far the worst site's loss lies above the z-weighted average "
+            f"of the sites' losses, 0 when no site is worse off{mark['gamma']}"
         )
     if epsilon is None:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
@@ -211,8 +231,10 @@ def store_result(
     retry_for: float,
     command: Callable[[Path], str],
     log: Callable[[str], None] = print,
+    pointers: bool = True,
 ):
-    """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries.
+    """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries
+    (``pointers`` False: the folder goes away with the caller, so it is not named).
 
     Returns the registry record; raises :class:`ResultNotStoredError` naming the saved directory
     and the command that stores it later."""
@@ -220,7 +242,8 @@ def store_result(
     check_output_dir(saved)
     model.info = {**model.info, "job": dict(job)}
     model.save(saved)
-    log(f"combined model saved to {saved.resolve()}")
+    if pointers:
+        log(f"combined model saved to {saved.resolve()}")
     manifest = registry_manifest(read_manifest(saved))
     try:
         return upload_with_retry(

@@ -19,6 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from msa_fed.jobs.operations import solver_objective
+
+SOLVED_FOR = {"minmax": "min over z of max_k L_k(z)", "gamma": "min over z of Gamma(z)"}
+
 
 def _figure_png(draw, width: float = 5.5, height: float = 3.2) -> str:
     import matplotlib
@@ -132,12 +136,14 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
-        ("max_k L_k(z)", f"{np.nanmax(losses):.4f}"),
-        ("Gamma(z)", f"{model.gamma:.4g}"),
+        ("max_k L_k(z): the worst site's loss", f"{np.nanmax(losses):.4f}"),
+        ("Gamma(z): worst site's loss minus the z-weighted average (0: no site worse off)", f"{model.gamma:.4g}"),
+        ("z solved for", SOLVED_FOR.get(solver_objective(model.info) or "", "?")),
         (
             "solver",
             (
-                f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations, converged: "
+                f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations (best run), "
+                f"{solver.get('n_evaluations', '?')} loss evaluations, converged: "
                 f"{solver.get('converged', '?')}"
             ),
         ),

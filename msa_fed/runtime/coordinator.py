@@ -27,7 +27,7 @@ from msa_fed.runtime import messages as m
 from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
 from msa_fed.runtime.checkpoint import Checkpoint
 from msa_fed.runtime.config import FitConfig
-from msa_fed.runtime.progress import Progress
+from msa_fed.runtime.progress import Progress, RunBars, solver_summary
 
 
 #: DC evaluations the noisy-oracle solver spends when a site answers with DP noise
@@ -194,13 +194,18 @@ class Coordinator:
 
         curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
 
-        def advance(i, _):
+        def advance(i, objective):
             bar.update(1)
-            if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
-                shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
-                bar.set_postfix_str(f"loss={shown:.5g}")
-                curve.append(float(shown))
-                losses.clear()
+            # L-BFGS: the objective it minimises (log loss + L2 penalty), the number its summary
+            # gives; SGD: the mean mini-batch log loss of the epoch (no full pass per epoch)
+            if objective is not None:
+                bar.set_postfix_str(f"objective={objective:.6g}")
+                curve.append(float(objective))
+            elif losses:
+                shown = float(np.mean(losses))
+                bar.set_postfix_str(f"mini-batch loss={shown:.5g}")
+                curve.append(shown)
+            losses.clear()
 
         model = train_domain_classifier(
             samples,
@@ -213,9 +218,10 @@ class Coordinator:
         model.info_ = {**model.info_, "history": curve}
         bar.close()
         info = model.info_
+        steps = "iterations" if info["optimizer"] == "lbfgs" else "steps"
         progress.note(
-            f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
-            f"after {info['n_iter']} iterations"
+            f"domain classifier ({info['optimizer']}): objective {info['objective']:.6g} "
+            f"(log loss + L2 penalty) after {info['n_iter']} {steps}"
         )
         self.checkpoint.update(theta=model.theta_.tolist())
         return model
@@ -267,11 +273,10 @@ class Coordinator:
                 f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
                 f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}"
             )
-        bar = progress.bar("DC solver", unit="it", total=None)
+        bar = RunBars(progress, "DC solver")  # a bar per run: restarts number their iterations anew
 
         def callback(it, z, gamma):
-            bar.update(1)
-            bar.set_postfix_str(f"{shown}={gamma:.4g}")
+            bar.step(it, f"{shown}={gamma:.4g}")
             self.checkpoint.update(z=np.asarray(z).tolist(), gamma=float(gamma), gamma_name=shown, iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
@@ -279,7 +284,10 @@ class Coordinator:
         if self.epsilon:  # a site answers with DP noise: few, chosen evaluations (msa_fed.privacy.solver)
             from msa_fed.privacy.solver import solve_noisy
 
-            progress.note(f"DC solver: DP at site(s) {sorted(self.epsilon)}: {DP_EVALUATIONS} noisy evaluations")
+            progress.note(
+                f"DC solver: differential privacy at {', '.join(sorted(self.epsilon))}: "
+                f"{DP_EVALUATIONS} noisy evaluations"
+            )
             res = solve_noisy(
                 oracle,
                 cfg.eta,
@@ -290,10 +298,8 @@ class Coordinator:
         else:
             res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
-        progress.note(
-            f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
-            f"{res.n_evaluations} distributed evaluations; converged={res.converged}"
-        )
+        objective = "minmax" if self.epsilon else res.objective  # the DP solve minimises max_k L_k
+        progress.note(solver_summary(res, objective, runs=bar.runs))
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
         info = {
             "solver": {
@@ -302,6 +308,7 @@ class Coordinator:
                 "n_evaluations": res.n_evaluations,
                 "converged": res.converged,
                 "restarts": res.restarts,
+                "objective": objective,
             },
             "classifier": getattr(dm, "info_", {}),
             "n_labeled": [i.n_labeled for i in self.infos],
