@@ -47,6 +47,7 @@ from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.relay_client import open_channel
+from msa_fed.federation.serve_ops import JobLines
 from msa_fed.federation.state import JobBook
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
@@ -128,6 +129,7 @@ class SiteAgent:
         self.config = config
         self.name = config.name
         self.echo = echo
+        self.lines = JobLines(config.name, echo)  # a line per job joined, ended, refused
         self.token = config.read_token()
         self.data = load_site_data(config.name, config.data)
         p = Path(config.predictor)
@@ -255,6 +257,7 @@ class SiteAgent:
                     if worker is not None:
                         self._record(msg.end_job.job_id, "", "end_job", "noted")
                         _close_guard(worker)
+                        self.lines.ended(msg.end_job.job_id)
         except grpc.RpcError as exc:
             code = exc.code()
             if self._stop.is_set() or code == grpc.StatusCode.CANCELLED:
@@ -298,6 +301,7 @@ class SiteAgent:
             if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
+            self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
             return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
         except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
             log.exception("site %s: %s for job %s failed", self.name, method, job)
@@ -306,6 +310,10 @@ class SiteAgent:
             return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
         if not _guard_wrote(worker, before):  # join_job, info, ping: not the policy's requests
             self._record(job, admin, method, "answered", answer=_describe(out))
+        if method == "join_job":
+            self.lines.joined(job, admin, msg.sites)
+        else:
+            self.lines.answered(job, method)
         return response
 
     def _record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:

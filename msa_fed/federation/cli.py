@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,8 +31,16 @@ def _serve(args) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from msa_fed.federation.serve_ops import SiteLock, state_files
+
     config = _config(args)
-    agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
+    lock = SiteLock(config.name, state_files(config)).acquire()  # one process per site
+    try:
+        agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
+    except BaseException:
+        lock.release()
+        raise
+    agent.lines.config_path = os.path.abspath(args.config)
     previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         agent.check_published()
@@ -60,6 +69,7 @@ def _serve(args) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         agent.close()
+        lock.release()
     return 0
 
 

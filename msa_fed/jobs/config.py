@@ -17,7 +17,7 @@ from typing import Any
 import tomllib
 
 from msa_fed.control.transport import is_loopback, parse_address
-from msa_fed.core.options import Flag, Optional, Text, TextList, check_value, option
+from msa_fed.core.options import Flag, Number, Optional, Text, TextList, check_value, option
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 
@@ -39,6 +39,12 @@ class JobConfig:
         "{site}.npz", "path template of each site's data on the site's node", Text(contains="{site}")
     )
     output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text())
+    approval_wait_s: float = option(
+        600.0,
+        "federated topology: how long the job waits for the operator of a site in approve mode to "
+        "approve it (seconds; 0: not at all)",
+        Number(0.0),
+    )
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
     origin: dict = field(default_factory=dict, compare=False, repr=False)
@@ -152,6 +158,7 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "output_version": (_JOB, "output_version"),
         "topology": (_FIT, "topology"),
         "site_timeout_s": (_FIT, "site_timeout_s"),
+        "approval_wait_s": (_JOB, "approval_wait_s"),
         "ray_address": (_RAY, "address"),
         "data_channel": (_RAY, "data_channel"),
     },
@@ -236,7 +243,7 @@ def from_document(doc: dict, **overrides) -> JobConfig:
 
 #: [run] keys that only one topology uses: giving one under the other is an error, not ignored
 #: (ray_address and data_channel apply to both: the federated topology's stand-in actors run on Ray too)
-TOPOLOGY_ONLY = {"site_timeout_s": "federated"}
+TOPOLOGY_ONLY = {"site_timeout_s": "federated", "approval_wait_s": "federated"}
 
 
 def _check_topology_keys(run: dict, topology: str) -> None:
