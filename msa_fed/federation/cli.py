@@ -3,6 +3,7 @@
 msa-fed site serve   --config site.toml     # dial out to the registry and answer the job's requests
 msa-fed site jobs    --config site.toml [--json]
 msa-fed site approve JOB_ID --config site.toml
+msa-fed site status  --config site.toml [--json] [--offline]
 """
 
 from __future__ import annotations
@@ -107,6 +108,18 @@ def _approve(args) -> int:
         book.close()
     note = "" if known else " (not seen yet: approved in advance)"
     print(f"site {config.name}: job {args.job_id} approved{note}")
+    return 0
+
+
+def status_command(args) -> int:
+    """``msa-fed site status --config site.toml`` (the parser is the control CLI's ``site status``)."""
+    from msa_fed.federation.site_status import site_status, status_lines
+
+    status = site_status(_config(args), ask_registry=not args.offline)
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print("\n".join(status_lines(status)))
     return 0
 
 

@@ -107,6 +107,21 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
                 rf"^site {name}: job wait-for-me ended; answered .*dc_evaluate x\d+.*; refused 0$", log, re.M
             ), log
 
+        # site status: its process, the registry, budgets with their refill, the job's outcome
+        status = subprocess.run(
+            [sys.executable, "-m", "msa_fed.cli", "site", "status", "--config", str(fed.config_path("east"))],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert status.returncode == 0, status.stderr
+        text = status.stdout
+        assert f"process:  serving, pid {fed.procs['east'].pid}, started " in text, text
+        assert "reachable; registered as east; published predictor matches site.toml's predictor" in text, text
+        assert re.search(r"domain models: 1 of 10 used in the rolling day, 9 left; 1 come back at 20", text), text
+        assert re.search(r"job wait-for-me: ended, last seen \S+; answered \d+, refused 0", text), text
+        assert "['" not in text and "{" not in text
+
         # not approved within the wait: one line with the command, and the site's refusal line
         late = job_config("never-approved", fed.address, insecure=True, site_timeout_s=60, approval_wait_s=3)
         with pytest.raises(PrivacyError) as info:
