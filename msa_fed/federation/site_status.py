@@ -117,6 +117,7 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
     refused: dict[str, Counter] = {}
     last_refusal: dict[str, str] = {}
     ended: set[str] = set()
+    approval: set[str] = set()
     if audit_log.is_file():
         with open(audit_log, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -130,6 +131,8 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
                 outcome, request = rec.get("outcome"), str(rec.get("request"))
                 if outcome == "answered":
                     answered.setdefault(job, Counter())[request] += 1
+                elif outcome == "refused" and rec.get("rule") == "accept_jobs":
+                    approval.add(job)  # approve mode: the job waited for its operator (not a refusal)
                 elif outcome == "refused":
                     refused.setdefault(job, Counter())[request] += 1
                     last_refusal[job] = f"{request} ({rec.get('rule')}): {rec.get('detail', '')}"
@@ -140,6 +143,7 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
         info["refused"] = dict(refused.get(job, {}))
         info["last_refusal"] = last_refusal.get(job)
         info["ended"] = job in ended
+        info["waited_for_approval"] = job in approval
     return list(jobs.values())
 
 
@@ -244,6 +248,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         refused = sum(j["refused"].values())
         outcome = "ended" if j["ended"] else j["state"]
         line = f"  job {j['job']}: {outcome}, last seen {j['last']}; answered {answered}, refused {refused}"
+        if j["waited_for_approval"]:
+            line += " (waited for approval)"
         if j["last_refusal"]:
             line += f"; last refusal: {' '.join(j['last_refusal'].split())[:200]}"
         lines.append(line)

@@ -48,6 +48,8 @@ def output_root() -> Path:
 
 
 DEFAULT_UPLOAD_RETRY_S = 300.0
+#: how long a job retries recording its end in an unreachable registry (seconds)
+FINISH_RETRY_S = 60.0
 
 
 class ResultNotStoredError(MsaFedError):
@@ -73,8 +75,12 @@ class JobTracker:
         topology: str = "ray",
         log: Callable[[str], None] = print,
         pointers: bool = True,
+        flags: list[str] | None = None,
+        finish_retry_s: float = FINISH_RETRY_S,
     ):
         self.connect = connect
+        self.flags = list(flags or ["--registry", "HOST:PORT", "--admin-token-file", "ADMIN_TOKEN_FILE"])
+        self.finish_retry_s = float(finish_retry_s)
         self.pointers = pointers  # False: the registry goes away with the caller (the demo)
         self.job_id = job_id or new_job_id()
         self.name = name
@@ -91,11 +97,29 @@ class JobTracker:
     def finish(self, status: str, model_version: int | None = None, error: str = "") -> None:
         if not self.started:
             return
-        try:
-            with self.connect() as client:
-                OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
-        except RegistryError as exc:  # the registry is down: the job's own error says more
-            self.log(f"warning: could not record the end of job {self.job_id} in the registry ({exc})")
+        deadline, pause = time.monotonic() + self.finish_retry_s, 1.0
+        while True:
+            try:
+                with self.connect() as client:
+                    OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
+                return
+            except RegistryError as exc:
+                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or time.monotonic() + pause > deadline:
+                    why = f"{exc.code}: {exc.message}"
+                    break
+                if pause == 1.0:
+                    self.log(f"recording the end of job {self.job_id}: the registry is unreachable; retrying")
+            time.sleep(pause)
+            pause = min(10.0, pause * 2)
+        command = ["msa-fed", "job", "finish", self.job_id, "--status", status]
+        if model_version:
+            command += ["--model-version", str(model_version)]
+        if error:
+            command += ["--error", error[:200]]
+        self.log(
+            f"warning: the end of job {self.job_id} could not be recorded in the registry ({why}); "
+            f"'msa-fed job list' shows it as running until it is. Record it with: {shlex.join(command + self.flags)}"
+        )
 
     def succeeded(self, model_version: int) -> None:
         self.finish(JOB_SUCCEEDED, model_version)
@@ -199,16 +223,21 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     return lines
 
 
-def upload_command(
-    saved: Path, registry: str, *, insecure: bool, tls_ca: str | None, admin_token_file: str | None
-) -> str:
-    parts = ["msa-fed", "model", "upload", str(saved), "--registry", registry]
+def connection_flags(registry: str, *, insecure: bool, tls_ca: str | None, admin_token_file: str | None) -> list[str]:
+    """The admin command-line options that reach ``registry`` (for the commands a job prints)."""
+    parts = ["--registry", registry]
     if insecure:
         parts.append("--insecure")
     if tls_ca:
         parts += ["--tls-ca", str(tls_ca)]
-    parts += ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
-    return shlex.join(parts)
+    return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
+
+
+def upload_command(
+    saved: Path, registry: str, *, insecure: bool, tls_ca: str | None, admin_token_file: str | None
+) -> str:
+    flags = connection_flags(registry, insecure=insecure, tls_ca=tls_ca, admin_token_file=admin_token_file)
+    return shlex.join(["msa-fed", "model", "upload", str(saved), *flags])
 
 
 def check_output_dir(output_dir) -> None:

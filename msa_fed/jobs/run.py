@@ -38,6 +38,7 @@ from msa_fed.jobs.operations import (
     JobTracker,
     channel_lines,
     check_output_dir,
+    connection_flags,
     select_sites,
     site_lines,
     store_result,
@@ -121,7 +122,12 @@ def run_job(
 
         check_job_name(config.name)  # the job's id at the relay: before any work too
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
-    tracker = JobTracker(connect, job_id, name=config.name, topology=config.fit.topology, log=log, pointers=pointers)
+    flags = connection_flags(
+        config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
+    )
+    tracker = JobTracker(
+        connect, job_id, name=config.name, topology=config.fit.topology, log=log, pointers=pointers, flags=flags
+    )
     try:
         record, model = _run_job(
             config,

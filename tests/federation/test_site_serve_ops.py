@@ -119,7 +119,9 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
         assert f"process:  serving, pid {fed.procs['east'].pid}, started " in text, text
         assert "reachable; registered as east; published predictor matches site.toml's predictor" in text, text
         assert re.search(r"domain models: 1 of 10 used in the rolling day, 9 left; 1 come back at 20", text), text
-        assert re.search(r"job wait-for-me: ended, last seen \S+; answered \d+, refused 0", text), text
+        assert re.search(
+            r"job wait-for-me: ended, last seen \S+; answered \d+, refused 0 \(waited for approval\)", text
+        ), text
         assert "['" not in text and "{" not in text
 
         # not approved within the wait: one line with the command, and the site's refusal line
