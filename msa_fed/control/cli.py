@@ -103,6 +103,11 @@ def _serve(args) -> int:
         raise ConfigError("--tls-cert and --tls-key must be given together")
     tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     check_transport(args.listen, tls, args.insecure)  # before the database file is created
+    if tls is not None:
+        from msa_fed.control.cert_check import certificate_warnings
+
+        for line in certificate_warnings(tls.cert_chain):
+            print(line, file=sys.stderr, flush=True)
     _positive(args.workers, "--workers", integer=True)
     limits = Limits(
         max_predictor_bytes=_mib(args.max_predictor_mb, "--max-predictor-mb"),
