@@ -265,7 +265,8 @@ class SiteAgent:
             if code in FATAL:
                 self._record("", "", "connect", "cut_off", rule=code.name, detail=exc.details() or "")
                 raise SiteRefused(f"the registry refused site {self.name!r}: {code.name}: {exc.details()}") from None
-            self.echo(f"site {self.name}: connection lost ({code.name}: {exc.details()})")
+            why = " ".join((exc.details() or code.name).split())[:200]
+            self.echo(f"site {self.name}: lost the connection to the registry {self.config.registry} ({why})")
         finally:
             done.set()
             out.put(None)
