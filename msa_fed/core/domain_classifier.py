@@ -218,7 +218,7 @@ def fit_maxent(
     if config.optimizer == "lbfgs":
         it = [0]
 
-        def cb(intermediate_result) -> None:  # scipy passes the iterate's objective under this name
+        def cb(intermediate_result: Any) -> None:  # scipy passes the iterate's objective under this name
             it[0] += 1
             if progress is not None:
                 progress(it[0], float(intermediate_result.fun))

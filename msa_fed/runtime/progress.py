@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -128,7 +129,7 @@ class RunBars:
         self.progress, self.desc, self.unit = progress, desc, unit
         self.runs = 0
         self._last = 0
-        self._bar = None
+        self._bar: Any = None
 
     def step(self, iteration: int, postfix: str) -> None:
         if self._bar is None or iteration <= self._last:
