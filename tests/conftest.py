@@ -37,6 +37,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_federation_security.py": ("ray", "slow"),
     "federation/test_federation_network.py": ("ray", "slow"),
     "federation/test_cluster_liveness.py": ("ray", "slow"),
+    "federation/test_site_serve_ops.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
