@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo federation lint typecheck test test-fast test-quick bench proto clean
+.PHONY: setup demo federation federation-cluster lint typecheck test test-fast test-quick bench proto clean
 
 setup: $(STAMP)
 
@@ -19,8 +19,14 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/msa-fed demo
 
-# registry, three sites, Ray (non-default ports), job, model list/download: deploy/federation.sh
+# federated topology: registry, three `site serve` processes, job, model list/show/download/report,
+# site status: deploy/federated.sh
 federation: setup
+	PY=$(abspath $(BIN))/python deploy/federated.sh
+
+# cluster topology: registry, three sites, one Ray whose node carries the sites (non-default ports),
+# job, model list/download: deploy/federation.sh
+federation-cluster: setup
 	PY=$(abspath $(BIN))/python deploy/federation.sh
 
 # `make test` = lint + type check + the whole suite (what CI runs).  `make lint` also checks the

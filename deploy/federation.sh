@@ -4,7 +4,8 @@
 # node carries the three sites' resources, the job (cluster/jobs/run_msa.py, as `ray submit`
 # runs it), then the model listed, downloaded, opened and reported.
 #
-#   make federation                         # or: deploy/federation.sh
+#   make federation-cluster                 # or: deploy/federation.sh
+#   (make federation: the default, federated topology, deploy/federated.sh)
 #   BASE_PORT=31000 KEEP=1 deploy/federation.sh
 #
 # Ports: BASE_PORT (default 27100) is the registry, BASE_PORT+1.. are Ray's (GCS, client
@@ -134,7 +135,7 @@ msa_fed model download latest --out "$WORK/downloaded" "${ADMIN[@]}"
 "$PY" -c "
 import sys, msa_fed
 m = msa_fed.load_model(sys.argv[1])
-print('loaded with msa_fed.load_model:', m.method, 'over', m.site_names, 'z =', [round(float(v), 4) for v in m.z])
+print('loaded with msa_fed.load_model:', m.method, 'over', ', '.join(m.site_names), 'z =', ' '.join(f'{float(v):.4f}' for v in m.z))
 " "$WORK/downloaded"
 msa_fed model report latest --out "$WORK/report.html" "${ADMIN[@]}"
 echo "audit log: $(wc -l < "$WORK/audit.jsonl") RPCs recorded in $WORK/audit.jsonl"

@@ -41,6 +41,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_sealed_relay.py": ("ray", "slow"),
     "federation/test_hostile_sites.py": ("ray", "slow"),
     "experiments/test_influence_paper.py": ("data", "slow"),
+    "federation/test_site_serve_ops.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -15,10 +16,24 @@ def test_msa_fed_demo_runs_end_to_end():
     exe = Path(sys.executable).parent / "msa-fed"
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    started = time.monotonic()
     out = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=600, env=env)
+    wall = time.monotonic() - started
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "Traceback" not in out.stderr
+    # nothing the user cannot act on: no Ray warnings or errors, no reprs, no pointer to what the
+    # demo removes when it ends (its registry, its folders)
+    for line in (text + out.stderr).splitlines():
+        assert not re.search(r"\b(WARNING|ERROR)\b|^\[20\d\d-|\['", line), line
+    assert "job show" not in text and "msa-fed-demo-" not in text and "saved to" not in text
+    took = float(re.search(r"^demo finished in ([0-9.]+) s", text, re.M).group(1))
+    assert wall - 0.1 * wall - 3.0 <= took <= wall, (took, wall)  # the process's whole life, less its exit
+    # the solver's lines count the iterations of each run from 1, and the end says what was minimised
+    err = out.stderr
+    assert "DC solver: iteration 1," in err and "DC solver (run 2): iteration 1," in err, err[-3000:]
+    assert re.search(r"^DC solver \(slsqp-minmax\): minimised max_k L_k\(z\), the worst site's loss", err, re.M)
+    assert re.search(r"^Gamma\(z\)\s+= \S+: how far the worst site's loss lies above", text, re.M), text
     for expected in (
         "registered over gRPC",
         "ray: local instance",

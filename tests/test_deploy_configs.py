@@ -87,6 +87,9 @@ class FakeNode:
             f'printf \'%s\\0\' "$@" > "{self.log}/$n.argv"\n'
         )
         (bindir / "ray").chmod(0o755)
+        # `python` records its calls the same way (the configs stop their own Ray with it)
+        (bindir / "python").write_text((bindir / "ray").read_text())
+        (bindir / "python").chmod(0o755)
         (self.home / ".bashrc").write_text("")
 
     def run(self, cmd: str, env_vars: dict | None = None, extra_env: dict | None = None):
@@ -117,6 +120,19 @@ def _initialise(node: FakeNode, cfg: dict) -> None:
     bashrc = node.home.joinpath(".bashrc").read_text().splitlines()
     assert bashrc.count("export RAY_AUTH_MODE=token") == 1
     assert bashrc.count('export PATH="$HOME/msa-fed/venv/bin:$PATH"') == 1
+    assert sum(line.startswith("ray() {") for line in bashrc) == 1
+    # `ray down` runs `ray stop` in the login shell: it goes to msa_fed's own stop
+    before = len(node.calls())
+    assert node.run("ray stop").returncode == 0
+    assert node.calls()[before:][0]["argv"] == [
+        "-m",
+        "msa_fed.runtime.ray_own",
+        "stop",
+        "--temp-dir",
+        "/tmp/msa-fed-ray",
+    ]
+    for f in node.log.glob(f"{before}.*"):
+        f.unlink()
 
 
 def _site_env(tmp_path: Path, site: str, data: Path | None = None) -> Path:
@@ -171,7 +187,13 @@ def test_launcher_head_starts_with_token_auth_and_loopback_dashboard(rel, tmp_pa
         done = node.run(cmd)
         assert done.returncode == 0, done.stderr
     stop, start = node.calls()
-    assert stop["argv"] == ["stop"] and stop["env"]["RAY_AUTH_MODE"] == "token"
+    assert stop["argv"] == [
+        "-m",
+        "msa_fed.runtime.ray_own",
+        "stop",
+        "--temp-dir",
+        "/tmp/msa-fed-ray",
+    ]  # only its own Ray, never `ray stop`
     assert start["argv"][0] == "start" and start["env"]["RAY_AUTH_MODE"] == "token"
     params = _parse_ray_start(start["argv"][1:])
     assert params["head"] and params["port"] == 6379
@@ -191,7 +213,7 @@ def test_onprem_worker_joins_with_its_site_resource(site, tmp_path):
         done = node.run(cmd, extra_env=env)  # the local provider sets no resource override
         assert done.returncode == 0, done.stderr
     stop, start = node.calls()
-    assert stop["argv"] == ["stop"]
+    assert stop["argv"] == ["-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", "/tmp/msa-fed-ray"]
     params = _parse_ray_start(start["argv"][1:])
     assert params["address"] == f"{HEAD_IP}:6379"
     assert _resources(params) == {f"site:{site}": 1}
@@ -599,10 +621,8 @@ def test_job_files_match_the_documented_schema(name):
     assert len(documented) >= 10
     job = _flatten(_job_files()[name])
     assert set(job) <= documented
-    optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")} | {
-        "run.site_timeout_s",
-        "run.influence_margin",
-    }
+    optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")}
+    optional |= {"run.site_timeout_s", "run.influence_margin", "run.approval_wait_s"}
     assert documented - set(job) <= optional, documented - set(job)
     for key, choices in JOB_CHOICES.items():
         assert job[key] in choices, key

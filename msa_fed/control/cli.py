@@ -103,6 +103,11 @@ def _serve(args) -> int:
         raise ConfigError("--tls-cert and --tls-key must be given together")
     tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     check_transport(args.listen, tls, args.insecure)  # before the database file is created
+    if tls is not None:
+        from msa_fed.control.cert_check import certificate_warnings
+
+        for line in certificate_warnings(tls.cert_chain):
+            print(line, file=sys.stderr, flush=True)
     _positive(args.workers, "--workers", integer=True)
     limits = Limits(
         max_predictor_bytes=_mib(args.max_predictor_mb, "--max-predictor-mb"),
@@ -360,6 +365,12 @@ def _publish(args) -> int:
 
 
 def _status(args) -> int:
+    if args.config:  # the site process's view: its files, its lock, its budgets, and the registry
+        from msa_fed.federation.cli import status_command
+
+        return status_command(args)
+    if not args.registry:
+        raise ConfigError("give --config site.toml (the site's whole status) or --registry HOST:PORT and a token")
     with _client(args) as client:
         site = client.get_site("")
     if args.json:
@@ -392,8 +403,8 @@ def _heartbeat(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _connection_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--registry", required=True, metavar="HOST:PORT", help="registry address")
+def _connection_options(p: argparse.ArgumentParser, registry_required: bool = True) -> None:
+    p.add_argument("--registry", required=registry_required, metavar="HOST:PORT", help="registry address")
     p.add_argument("--token", help="this site's token (from 'msa-fed admin issue-token')")
     p.add_argument("--token-file", metavar="F", help="read the token from a file instead of --token")
     p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
@@ -465,8 +476,14 @@ def register(subparsers) -> None:
         "--max-sample-mb", type=float, default=256.0, help="refuse a larger sample, counted as float32 (default 256)"
     )
     p.set_defaults(func=_publish)
-    p = site_sub.add_parser("status", help="this site's record in the registry")
-    _connection_options(p)
+    p = site_sub.add_parser(
+        "status",
+        help="with --config site.toml: the site's process, registry connection, budgets left and their refill, "
+        "epsilon, last jobs; with --registry and a token: its record in the registry",
+    )
+    _connection_options(p, registry_required=False)
+    p.add_argument("--config", metavar="site.toml", help="the site's configuration (its whole status)")
+    p.add_argument("--offline", action="store_true", help="with --config: the site's own files only")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
     p = site_sub.add_parser("heartbeat", help="tell the registry this site is alive")

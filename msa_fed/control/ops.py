@@ -57,7 +57,7 @@ def exclusion_reason(status: SiteStatus) -> str | None:
         why = f": {d.reason}" if d.reason else ""
         return f"site {status.name!r} was deregistered at {iso(d.deregistered_at)} by {d.deregistered_by}{why}"
     if status.token == "revoked":
-        return f"site {status.name!r}'s token was revoked at {iso(status.token_revoked_at)}"
+        return f"site {status.name!r}: its token was revoked at {iso(status.token_revoked_at)}"
     if not status.registered:
         return f"site {status.name!r} is not registered"
     return None

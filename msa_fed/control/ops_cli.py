@@ -7,6 +7,7 @@
     msa-fed model upload   DIR [--retry-for S] ...
     msa-fed job list       [--limit N] [--json] ...
     msa-fed job show       JOB_ID [--json] ...
+    msa-fed job finish     JOB_ID --status succeeded|failed [--model-version N] [--error TEXT] ...
     msa-fed admin deregister --site NAME [--reason TEXT] ...
 
 Every command also takes --tls-ca F (or --insecure towards a loopback registry), --tls-cert /
@@ -340,6 +341,14 @@ def _job_show(args) -> int:
     return 0 if ok else 1
 
 
+def _job_finish(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        j = ops.finish_job(args.job_id, args.status, args.model_version or 0, args.error or "")
+    print(f"job {j.job_id} recorded as {j.status} at {iso(j.ended_at)}")
+    return 0
+
+
 # --------------------------------------------------------------------------- admin
 
 
@@ -479,6 +488,15 @@ def register(subparsers) -> None:
     connection_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_job_show)
+    p = job.add_parser(
+        "finish", help="record the end of a job whose driver could not (the line it printed gives this command)"
+    )
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--status", required=True, choices=["succeeded", "failed"])
+    p.add_argument("--model-version", type=int, metavar="N", help="the version it stored (succeeded)")
+    p.add_argument("--error", metavar="TEXT", help="its error line (failed)")
+    connection_options(p)
+    p.set_defaults(func=_job_finish)
 
     admin = command_group(subparsers, "admin", "manage tokens, sites and the registry")
     p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")

@@ -104,6 +104,24 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 
+def _open_error(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """What went wrong opening the database, said as the operator can act on it: a folder or file
+    it may not write (a read-only filesystem, permissions) is not a damaged database."""
+    import os
+
+    text = str(exc).lower()
+    folder = path.parent if str(path.parent) else Path(".")
+    writable = os.access(folder, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+    if not writable or "readonly" in text or "read-only" in text or "unable to open" in text:
+        where = str(path) if path.exists() and not os.access(path, os.W_OK) else str(folder)
+        return (
+            f"--db {str(path)!r} cannot be written: {where!r} is read-only for this process (a read-only "
+            "filesystem or its permissions); the registry needs to write the database and its -wal file "
+            "next to it"
+        )
+    return f"--db {str(path)!r} is not a usable SQLite database ({exc}); is it another kind of file, or damaged?"
+
+
 class SqliteStore(RegistryStore):
     """Registry state in the SQLite file ``path``.
 
@@ -127,7 +145,7 @@ class SqliteStore(RegistryStore):
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"--db {str(self.path)!r} is not a usable SQLite database: {exc}") from None
+            raise ConfigError(_open_error(self.path, exc)) from None
 
     def _migrate(self) -> None:
         with self._lock:

@@ -211,10 +211,10 @@ def fit_maxent(
     if config.optimizer == "lbfgs":
         it = [0]
 
-        def cb(th: np.ndarray) -> None:
+        def cb(intermediate_result: Any) -> None:  # scipy passes the iterate's objective under this name
             it[0] += 1
             if progress is not None:
-                progress(it[0], None)
+                progress(it[0], float(intermediate_result.fun))
 
         # numpy/scipy BLAS on one thread: between oracle calls its idle workers spin and took
         # the cores from the oracle's own computation (measured: 2.5x slower per evaluation)
@@ -257,7 +257,7 @@ def fit_maxent(
                 lr = config.lr * 0.5 * (1.0 + math.cos(math.pi * (step - 1) / total))
                 theta = theta - lr * (m1 / (1 - b1**step)) / (np.sqrt(m2 / (1 - b2**step)) + eps)
         if progress is not None:
-            progress(epoch + 1, None)
+            progress(epoch + 1, None)  # the objective at an epoch's end would cost a full pass
     obj, _ = objective(theta)
     info.update(objective=float(obj), n_iter=step, converged=True, epochs=config.epochs)
     return theta, info

@@ -51,6 +51,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PeerFault, PrivacyError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.dispatch import JobDispatcher
 from msa_fed.federation.relay_client import open_channel
+from msa_fed.federation.serve_ops import JobLines
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.federation.state import JobBook
 from msa_fed.privacy.audit import AuditLog
@@ -141,6 +142,7 @@ class SiteAgent:
         self.config = config
         self.name = config.name
         self.echo = echo
+        self.lines = JobLines(config.name, echo)  # a line per job joined, ended, refused
         self.token = config.read_token()
         self.data = load_site_data(config.name, config.data)
         p = Path(config.predictor)
@@ -276,7 +278,8 @@ class SiteAgent:
             if code in FATAL:
                 self._record("", "", "connect", "cut_off", rule=code.name, detail=exc.details() or "")
                 raise SiteRefused(f"the registry refused site {self.name!r}: {code.name}: {exc.details()}") from None
-            self.echo(f"site {self.name}: connection lost ({code.name}: {exc.details()})")
+            why = " ".join((exc.details() or code.name).split())[:200]
+            self.echo(f"site {self.name}: lost the connection to the registry {self.config.registry} ({why})")
         finally:
             done.set()
             out.put(None)
@@ -295,6 +298,7 @@ class SiteAgent:
         if worker is not None:
             self._record(job_id, "", "end_job", "noted")
             _close_guard(worker)
+            self.lines.ended(job_id)
 
     def answer(self, fwd: pb.Forward) -> pb.Answer:
         """The Answer to one relayed request: sealed and signed when the request was sealed for
@@ -364,6 +368,7 @@ class SiteAgent:
             if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
+            self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
             return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
         except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
             log.exception("site %s: %s for job %s failed", self.name, method, job)
@@ -372,6 +377,10 @@ class SiteAgent:
             return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
         if not _guard_wrote(worker, before):  # join_job, info, ping: not the policy's requests
             self._record(job, admin, method, "answered", answer=_describe(out))
+        if method == "join_job":
+            self.lines.joined(job, admin, msg.sites)
+        else:
+            self.lines.answered(job, method)
         return response
 
     def _record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:

@@ -7,6 +7,7 @@ msa-fed site keygen --out site.key          # the site's sealing key (+ site.key
 msa-fed job keygen --out job.key            # the consortium's job key (+ job.key.pub)
 msa-fed site peers   --config site.toml     # peers excluded after their predictor broke a limit here
 msa-fed site clear-peer PEER --config site.toml
+msa-fed site status  --config site.toml [--json] [--offline]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -34,8 +36,16 @@ def _serve(args) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from msa_fed.federation.serve_ops import SiteLock, state_files
+
     config = _config(args)
-    agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
+    lock = SiteLock(config.name, state_files(config)).acquire()  # one process per site
+    try:
+        agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
+    except BaseException:
+        lock.release()
+        raise
+    agent.lines.config_path = os.path.abspath(args.config)
     previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         agent.check_published()
@@ -64,6 +74,7 @@ def _serve(args) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         agent.close()
+        lock.release()
     return 0
 
 
@@ -168,6 +179,18 @@ def _clear_peer(args) -> int:
         print(f"site {config.name}: peer {args.peer!r} was not excluded")
         return 1
     print(f"site {config.name}: peer {args.peer!r} admitted again")
+    return 0
+
+
+def status_command(args) -> int:
+    """``msa-fed site status --config site.toml`` (the parser is the control CLI's ``site status``)."""
+    from msa_fed.federation.site_status import site_status, status_lines
+
+    status = site_status(_config(args), ask_registry=not args.offline)
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print("\n".join(status_lines(status)))
     return 0
 
 

@@ -8,16 +8,50 @@ talking to the sites through the registry's relay with the job's admin token.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from msa_fed.control.relay import JOB_ID_PATTERN
-from msa_fed.errors import ConfigError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
 
+#: how often a job waiting for a site's approval asks again (seconds)
+APPROVAL_POLL_S = 2.0
+
 
 class _JobSites(FederatedSites):
-    """:class:`FederatedSites` that also closes its relay connection when the job ends."""
+    """:class:`FederatedSites` that waits up to ``approval_wait_s`` for the sites in approve mode
+    to admit the job, and closes its relay connection when the job ends."""
+
+    approval_wait_s = 0.0
+    log = staticmethod(print)
+
+    def start(self, recorder=None, setup_log=None):
+        deadline = time.monotonic() + self.approval_wait_s
+        told: set[str] = set()
+        while True:
+            try:
+                return super().start(recorder, setup_log)
+            except PrivacyError as exc:
+                if exc.rule != "accept_jobs":
+                    raise
+                site = exc.site or "?"
+                command = f"msa-fed site approve {self.job_id} --config site.toml"
+                if time.monotonic() + APPROVAL_POLL_S > deadline:
+                    raise PrivacyError(  # one argument: the line is the message as written
+                        f"site {site} serves only the jobs its operator approves, and job {self.job_id} was not "
+                        f"approved within {self.approval_wait_s:g} s ([run] approval_wait_s). On that site's "
+                        f"machine run: {command}; then rerun the job",
+                    ) from None
+                if site not in told:
+                    told.add(site)
+                    self.log(
+                        f"site {site}: waits for its operator to approve job {self.job_id} (up to "
+                        f"{self.approval_wait_s:g} s); on that site's machine run: {command}"
+                    )
+                time.sleep(APPROVAL_POLL_S)
 
     def transcript(self) -> dict | None:
         """The sites' signed answers of a sealed job (:meth:`JobSealer.record`), else None."""
@@ -65,7 +99,7 @@ def federated_backend(
     sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
     relay = RelayClient(config.registry, admin_token, sealer=sealer, **config.client_tls())
     fit = config.fit
-    return _JobSites(
+    sites = _JobSites(
         names,
         relay,
         samples,
@@ -83,6 +117,8 @@ def federated_backend(
         init_kwargs=dict(fit.ray.init_kwargs),
         max_restarts=fit.ray.max_restarts,
     )
+    sites.approval_wait_s, sites.log = float(config.approval_wait_s), log
+    return sites
 
 
 def job_sealer(config, names, records, predictor_sha256, loss: str, log=print):

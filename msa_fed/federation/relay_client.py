@@ -50,6 +50,7 @@ class RelayClient:
         self._stub = pb_grpc.RelayStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
+        self._opened: dict[str, list[str]] = {}  # job -> sites: reopened after a registry restart
 
     def close(self):
         self._channel.close()
@@ -71,9 +72,22 @@ class RelayClient:
 
     def open_job(self, job_id: str, sites) -> list[str]:
         response = self._unary(self._stub.OpenJob, pb.OpenJobRequest(job_id=job_id, sites=list(sites)), self.timeout)
+        self._opened[job_id] = list(sites)
         return list(response.connected)
 
+    def _reopen(self, job_id: str, n: int) -> list:
+        """The registry restarted and forgot its open jobs (the relay keeps them in memory): open
+        this one again; the calls count as unreachable, so the caller retries them while the sites
+        reconnect (within its site_timeout_s)."""
+        try:
+            self.open_job(job_id, self._opened[job_id])
+        except RegistryError as exc:
+            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                raise
+        return [SiteUnreachable("UNAVAILABLE", "the registry: restarted; the job was opened again") for _ in range(n)]
+
     def close_job(self, job_id: str) -> None:
+        self._opened.pop(job_id, None)
         self._unary(self._stub.CloseJob, pb.CloseJobRequest(job_id=job_id), self.timeout)
 
     def list_connected(self) -> list[str]:
@@ -96,6 +110,8 @@ class RelayClient:
         except RegistryError as exc:
             if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):  # the registry itself: every site unreachable
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
+            if exc.code == "FAILED_PRECONDITION" and job_id in self._opened and "no open job" in exc.message:
+                return self._reopen(job_id, len(calls))
             raise
         if len(response.results) != len(request.calls):
             raise RegistryError(

@@ -60,6 +60,12 @@ class JobConfig:
         "this fraction (influence report; none: store and report only)",
         Optional(Number(0.0, open_low=True)),
     )
+    approval_wait_s: float = option(
+        600.0,
+        "federated topology: how long the job waits for the operator of a site in approve mode to "
+        "approve it (seconds; 0: not at all)",
+        Number(0.0),
+    )
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
     origin: dict = field(default_factory=dict, compare=False, repr=False)
@@ -234,6 +240,7 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "influence_margin": (_JOB, "influence_margin"),
         "topology": (_FIT, "topology"),
         "site_timeout_s": (_FIT, "site_timeout_s"),
+        "approval_wait_s": (_JOB, "approval_wait_s"),
         "ray_address": (_RAY, "address"),
         "data_channel": (_RAY, "data_channel"),
     },
@@ -321,7 +328,7 @@ def from_document(doc: dict, **overrides) -> JobConfig:
 
 #: [run] keys that only one topology uses: giving one under the other is an error, not ignored
 #: (ray_address and data_channel apply to both: the federated topology's stand-in actors run on Ray too)
-TOPOLOGY_ONLY = {"site_timeout_s": "federated"}
+TOPOLOGY_ONLY = {"site_timeout_s": "federated", "approval_wait_s": "federated"}
 
 
 def _check_topology_keys(run: dict, topology: str) -> None:

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -27,6 +28,16 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.artifacts.predictors import export_sklearn
+
+
+def process_start() -> float:
+    """When this process started (``time.time()`` scale): the demo's time includes its imports."""
+    try:  # Linux: the process's age is the system's uptime minus its start in clock ticks
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # elsewhere: from the first line of the demo
+        return time.time()
 
 
 def _print(text: str = ""):
@@ -118,7 +129,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     from msa_fed.runtime.config import FitConfig
     from msa_fed.runtime.ray_sites import ensure_ray
 
-    t0 = time.perf_counter()
+    t0 = process_start()
     fed = make_federation(random_state=random_state)
     predictors, files = {}, {}
     for name in SITES:
@@ -130,7 +141,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
         with LocalFederation(Path(tmp), files, policies={n: DEMO_POLICY for n in SITES}) as lf:
             log(
                 f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
-                f"SQLite at {Path(tmp) / 'registry.db'}"
+                "SQLite database in the demo's temporary folder"
             )
             for name in SITES:
                 log(
@@ -152,7 +163,9 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
                 output_version="demo-v1",
                 fit=FitConfig(runtime="ray", topology="federated"),
             ).validate()
-            record, model = run_job(job, lf.admin_token, log=log, verbose=True, output_dir=Path(tmp) / "job-output")
+            record, model = run_job(
+                job, lf.admin_token, log=log, verbose=True, output_dir=Path(tmp) / "job-output", pointers=False
+            )
             report(model, log)
             with RegistryClient(lf.address, lf.admin_token, insecure=True) as admin:
                 data, rec = admin.download_combined_model(record.version)
@@ -180,7 +193,10 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     log("")
     log("accuracy on the target domains (4000 test points each) and their uniform mixture:")
     rows = accuracy_table(fed, SITES, columns, log)
-    log(f"\ndemo finished in {time.perf_counter() - t0:.1f} s")
+    import ray
+
+    ray.shutdown()  # the local Ray the demo started: its stop is part of the demo's time
+    log(f"\ndemo finished in {time.time() - t0:.1f} s (its registry, sites and folders are removed)")
     return rows
 
 

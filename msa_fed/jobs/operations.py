@@ -49,6 +49,8 @@ def output_root() -> Path:
 
 
 DEFAULT_UPLOAD_RETRY_S = 300.0
+#: how long a job retries recording its end in an unreachable registry (seconds)
+FINISH_RETRY_S = 60.0
 
 
 class ResultNotStoredError(MsaFedError):
@@ -73,8 +75,14 @@ class JobTracker:
         name: str = "msa",
         topology: str = "ray",
         log: Callable[[str], None] = print,
+        pointers: bool = True,
+        flags: list[str] | None = None,
+        finish_retry_s: float = FINISH_RETRY_S,
     ):
         self.connect = connect
+        self.flags = list(flags or ["--registry", "HOST:PORT", "--admin-token-file", "ADMIN_TOKEN_FILE"])
+        self.finish_retry_s = float(finish_retry_s)
+        self.pointers = pointers  # False: the registry goes away with the caller (the demo)
         self.job_id = job_id or new_job_id()
         self.name = name
         self.topology = topology
@@ -84,16 +92,35 @@ class JobTracker:
     def start(self, client, sites) -> None:
         OpsClient(client).start_job(self.job_id, self.name, list(sites), self.topology)
         self.started = True
-        self.log(f"job {self.job_id} recorded in the registry (msa-fed job show {self.job_id})")
+        hint = f" (msa-fed job show {self.job_id})" if self.pointers else ""
+        self.log(f"job {self.job_id} recorded in the registry{hint}")
 
     def finish(self, status: str, model_version: int | None = None, error: str = "") -> None:
         if not self.started:
             return
-        try:
-            with self.connect() as client:
-                OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
-        except RegistryError as exc:  # the registry is down: the job's own error says more
-            self.log(f"warning: could not record the end of job {self.job_id} in the registry ({exc})")
+        deadline, pause = time.monotonic() + self.finish_retry_s, 1.0
+        while True:
+            try:
+                with self.connect() as client:
+                    OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
+                return
+            except RegistryError as exc:
+                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or time.monotonic() + pause > deadline:
+                    why = f"{exc.code}: {exc.message}"
+                    break
+                if pause == 1.0:
+                    self.log(f"recording the end of job {self.job_id}: the registry is unreachable; retrying")
+            time.sleep(pause)
+            pause = min(10.0, pause * 2)
+        command = ["msa-fed", "job", "finish", self.job_id, "--status", status]
+        if model_version:
+            command += ["--model-version", str(model_version)]
+        if error:
+            command += ["--error", error[:200]]
+        self.log(
+            f"warning: the end of job {self.job_id} could not be recorded in the registry ({why}); "
+            f"'msa-fed job list' shows it as running until it is. Record it with: {shlex.join(command + self.flags)}"
+        )
 
     def succeeded(self, model_version: int) -> None:
         self.finish(JOB_SUCCEEDED, model_version)
@@ -142,8 +169,9 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
     }.get(data_channel, data_channel)
     if topology == "federated":  # labelled data stay in the site's process; its stand-in holds the published sample
         return [
-            f"site {n}: own process through the registry's relay, topology federated; its stand-in actor's "
-            f"classifier steps over {channel}"
+            f"site {n}: answers from its own process through the registry's relay (topology federated); "
+            f"the domain classifier's steps on its published sample run in a Ray actor over {channel} "
+            "(docs/OPERATIONS.md, 'Job output')"
             for n in names
         ]
     return [
@@ -164,6 +192,17 @@ def channel_lines(backend, data_channel: str) -> list[str]:
     return out
 
 
+def solver_objective(info) -> str | None:
+    """What a model's z solve minimised ("minmax" or "gamma"), from its info; None when unknown."""
+    solver = info.get("solver") if isinstance(info, dict) else None
+    if not isinstance(solver, dict):
+        return None
+    if solver.get("objective") in ("minmax", "gamma"):
+        return str(solver["objective"])
+    # models stored before the objective was recorded: the method says it
+    return {"slsqp-minmax": "minmax", "dp-surrogate": "minmax"}.get(str(solver.get("method")), "gamma")
+
+
 def summary_lines(model, epsilon: float | None = None) -> list[str]:
     """The final summary: z, per-site L_k(z), the objective, and epsilon spent when DP is on."""
     names = model.site_names
@@ -173,10 +212,21 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
         texts = loss_texts(model.domain_losses, eps)
         worst = loss_texts([np.max(model.domain_losses)], eps)[0]
         lines.append("L_k(z) = " + "  ".join(f"{n}={v}" for n, v in zip(names, texts)))
-        lines.append(f"eta    = {model.eta:g}   max_k L_k(z) = {worst}   Gamma(z) = {model.gamma:.3g}")
+        lines.append(f"eta    = {model.eta:g}")
+        objective = solver_objective(model.info)
+        mark = {o: " (what the solver minimised)" if o == objective else "" for o in ("minmax", "gamma")}
+        lines.append(f"max_k L_k(z) = {worst}: the worst site's loss{mark['minmax']}")
+        lines.append(
+            f"Gamma(z)     = {model.gamma:.3g}: how far the worst site's loss lies above the z-weighted average "
+            f"of the sites' losses, 0 when no site is worse off{mark['gamma']}"
+        )
+        if objective == "regret":
+            lines.append("z minimised the worst site's loss above that site's best achievable loss (objective regret)")
         if dp_on(eps):
             lines.append(ESTIMATE_NOTE)
     shown = epsilon_line(names, eps)
+    if epsilon is None and shown is None:
+        epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
     if shown is not None:
         lines.append(f"differential privacy: epsilon spent by site: {shown}")
     elif epsilon is not None:
@@ -189,6 +239,26 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     return lines
 
 
+def connection_flags(
+    registry: str,
+    *,
+    insecure: bool,
+    tls_ca: str | None,
+    admin_token_file: str | None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> list[str]:
+    """The admin command-line options that reach ``registry`` (for the commands a job prints)."""
+    parts = ["--registry", registry]
+    if insecure:
+        parts.append("--insecure")
+    if tls_ca:
+        parts += ["--tls-ca", str(tls_ca)]
+    if tls_cert and tls_key:
+        parts += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
+    return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
+
+
 def upload_command(
     saved: Path,
     registry: str,
@@ -199,15 +269,15 @@ def upload_command(
     tls_cert: str | None = None,
     tls_key: str | None = None,
 ) -> str:
-    parts = ["msa-fed", "model", "upload", str(saved), "--registry", registry]
-    if insecure:
-        parts.append("--insecure")
-    if tls_ca:
-        parts += ["--tls-ca", str(tls_ca)]
-    if tls_cert and tls_key:
-        parts += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
-    parts += ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
-    return shlex.join(parts)
+    flags = connection_flags(
+        registry,
+        insecure=insecure,
+        tls_ca=tls_ca,
+        admin_token_file=admin_token_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+    )
+    return shlex.join(["msa-fed", "model", "upload", str(saved), *flags])
 
 
 def check_output_dir(output_dir) -> None:
@@ -230,8 +300,10 @@ def store_result(
     retry_for: float,
     command: Callable[[Path], str],
     log: Callable[[str], None] = print,
+    pointers: bool = True,
 ):
-    """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries.
+    """Save ``model`` (with ``job`` in its info) under ``output_dir``, then upload it with retries
+    (``pointers`` False: the folder goes away with the caller, so it is not named).
 
     Returns the registry record; raises :class:`ResultNotStoredError` naming the saved directory
     and the command that stores it later."""
@@ -239,7 +311,8 @@ def store_result(
     check_output_dir(saved)
     model.info = {**model.info, "job": dict(job)}
     model.save(saved)
-    log(f"combined model saved to {saved.resolve()}")
+    if pointers:
+        log(f"combined model saved to {saved.resolve()}")
     manifest = registry_manifest(read_manifest(saved))
     try:
         return upload_with_retry(

@@ -20,6 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts, shown_losses
+from msa_fed.jobs.operations import solver_objective
+
+SOLVED_FOR = {
+    "minmax": "min over z of max_k L_k(z)",
+    "gamma": "min over z of Gamma(z)",
+    "regret": "min over z of max_k (L_k(z) - b_k), b_k site k's best loss",
+}
 
 
 def _figure_png(draw, width: float = 5.5, height: float = 3.2) -> str:
@@ -140,12 +147,14 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
-        ("max_k L_k(z)", loss_texts([np.nanmax(raw)], eps)[0]),
-        ("Gamma(z)", f"{model.gamma:.4g}"),
+        ("max_k L_k(z): the worst site's loss", loss_texts([np.nanmax(raw)], eps)[0]),
+        ("Gamma(z): worst site's loss minus the z-weighted average (0: no site worse off)", f"{model.gamma:.4g}"),
+        ("z solved for", SOLVED_FOR.get(solver_objective(model.info) or "", "?")),
         (
             "solver",
             (
-                f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations, converged: "
+                f"{solver.get('method', '?')}, {solver.get('n_iter', '?')} iterations (best run), "
+                f"{solver.get('n_evaluations', '?')} loss evaluations, converged: "
                 f"{solver.get('converged', '?')}"
             ),
         ),

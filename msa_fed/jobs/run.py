@@ -39,6 +39,7 @@ from msa_fed.jobs.operations import (
     JobTracker,
     channel_lines,
     check_output_dir,
+    connection_flags,
     select_sites,
     site_lines,
     store_result,
@@ -135,12 +136,15 @@ def run_job(
     output_dir=None,
     upload_retry_for: float = DEFAULT_UPLOAD_RETRY_S,
     job_id: str | None = None,
+    pointers: bool = True,
 ) -> tuple[Any, CombinedModel]:
     """Run the federated job; returns (registry record of the stored model, the model).
 
     The run is recorded in the registry (``msa-fed job show JOB_ID``).  The model is saved to
     ``output_dir`` (default ``msa-fed-jobs/<job id>/model`` under the working directory) before
-    it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds."""
+    it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds.
+    ``pointers`` False: the registry and the output folder go away with the caller (the demo), so
+    the log names neither ``job show`` nor the folder."""
     from msa_fed.control.client import RegistryClient
 
     def connect():
@@ -152,7 +156,12 @@ def run_job(
 
         check_job_name(config.name)  # the job's id at the relay: before any work too
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
-    tracker = JobTracker(connect, job_id, name=config.name, topology=config.fit.topology, log=log)
+    flags = connection_flags(
+        config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
+    )
+    tracker = JobTracker(
+        connect, job_id, name=config.name, topology=config.fit.topology, log=log, pointers=pointers, flags=flags
+    )
     try:
         record, model = _run_job(
             config,
@@ -194,12 +203,14 @@ def _run_job(
         names = select_sites(client, list(config.sites), records, log)
         missing = [n for n in names if n not in records]
         if missing:
-            raise ConfigError(f"site(s) {missing} named by the job are not registered")
+            raise ConfigError(f"site(s) {', '.join(missing)} named by the job are not registered")
         if len(names) < 2:
-            raise ConfigError(f"the job needs at least two registered sites; found {len(names)}: {names}")
+            raise ConfigError(
+                f"the job needs at least two registered sites; found {len(names)}: {', '.join(names) or 'none'}"
+            )
         unpublished = [n for n in names if records[n].predictor is None]
         if unpublished:
-            raise ConfigError(f"site(s) {unpublished} have not published a predictor")
+            raise ConfigError(f"site(s) {', '.join(unpublished)} have not published a predictor")
         exclusion_book().check(names, CLEAR_HINT)
         log(f"registered sites: {', '.join(names)}")
         artifacts: list[tuple[bytes, str]] = []
@@ -231,7 +242,7 @@ def _run_job(
             absent = [n for n in names if f"site:{n}" not in resources]
             if absent:
                 raise ConfigError(
-                    f"site(s) {absent} are registered but no Ray node carries the resource "
+                    f"site(s) {', '.join(absent)} are registered but no Ray node carries the resource "
                     + ", ".join(f"'site:{n}'" for n in absent)
                     + "; start each site's node with "
                     "ray start --resources='{\"site:<name>\": 1}'"
@@ -283,7 +294,14 @@ def _run_job(
             admin_token_file=config.admin_token_file,
         )
         record = store_result(
-            model, job, connect, output_dir=output, retry_for=upload_retry_for, command=command, log=log
+            model,
+            job,
+            connect,
+            output_dir=output,
+            retry_for=upload_retry_for,
+            command=command,
+            log=log,
+            pointers=tracker.pointers,
         )
         log(f"stored combined model version {record.version} (sha256 {record.sha256[:12]}...)")
         return record, model

@@ -21,22 +21,22 @@ File layout (every section and key optional; unknown ones are errors naming them
     max_components = 5000          # "rff" map: at most this many components
     rff_gamma_max = 100.0          # "rff" map: mean W^2 / 2 <= rff_gamma_max
     kde_bandwidth_floor = 0.001    # KDE bandwidths >= floor * the site's feature std
-    feature_maps = ["standard", "onehot", "threshold", "rff"]
+    feature_maps = ["standard", "onehot", "threshold", "rff"]  # feature maps a domain model may use
     allow_custom_feature_map = true  # in-process callers only (same party); never under Ray
 
     [budget]
     domain_models_per_job = 3      # distinct domain models a job may set
-    dc_evaluations_per_job = 5000
+    dc_evaluations_per_job = 5000  # loss evaluations (one per solver step) a job may ask
     domain_models_per_day = 10     # rolling 24 hours, all jobs
-    dc_evaluations_per_day = 50000
+    dc_evaluations_per_day = 50000  # rolling 24 hours, all jobs
     ledger = ""                    # SQLite file of the query ledger ("" = in memory)
     audit_log = ""                 # JSON-lines audit log ("" = kept in memory)
 
     [dp]
-    enabled = false
-    epsilon_per_job = 1.0
-    epsilon_lifetime = 10.0
-    delta = 1e-6
+    enabled = false                # answer with calibrated Gaussian noise (differential privacy)
+    epsilon_per_job = 1.0          # privacy loss one job may spend
+    epsilon_lifetime = 10.0        # privacy loss all jobs together may spend, ever
+    delta = 1e-6                   # the delta of every (epsilon, delta) guarantee
     dc_evaluations = 40            # DP answers planned per job (noise calibrated for them)
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip

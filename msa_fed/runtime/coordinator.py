@@ -34,7 +34,7 @@ from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
 from msa_fed.runtime.checkpoint import Checkpoint
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.plausibility import AnswerChecker
-from msa_fed.runtime.progress import Progress
+from msa_fed.runtime.progress import Progress, RunBars, solver_summary
 
 
 #: DC evaluations the noisy-oracle solver spends when a site answers with DP noise
@@ -205,13 +205,18 @@ class Coordinator:
 
         curve: list[float] = []  # the loss per iteration (epoch): the report's convergence plot
 
-        def advance(i, _):
+        def advance(i, objective):
             bar.update(1)
-            if losses:  # L-BFGS: the last loss; SGD: the mean mini-batch loss of the epoch
-                shown = losses[-1] if ccfg.optimizer == "lbfgs" else float(np.mean(losses))
-                bar.set_postfix_str(f"loss={shown:.5g}")
-                curve.append(float(shown))
-                losses.clear()
+            # L-BFGS: the objective it minimises (log loss + L2 penalty), the number its summary
+            # gives; SGD: the mean mini-batch log loss of the epoch (no full pass per epoch)
+            if objective is not None:
+                bar.set_postfix_str(f"objective={objective:.6g}")
+                curve.append(float(objective))
+            elif losses:
+                shown = float(np.mean(losses))
+                bar.set_postfix_str(f"mini-batch loss={shown:.5g}")
+                curve.append(shown)
+            losses.clear()
 
         model = train_domain_classifier(
             samples,
@@ -235,9 +240,10 @@ class Coordinator:
             )
             model.info_.update(polished)
         info = model.info_
+        steps = "iterations" if info["optimizer"] == "lbfgs" else "steps"
         progress.note(
-            f"domain classifier: {info['optimizer']} objective {info['objective']:.6g} "
-            f"after {info['n_iter']} iterations"
+            f"domain classifier ({info['optimizer']}): objective {info['objective']:.6g} "
+            f"(log loss + L2 penalty) after {info['n_iter']} {steps}"
         )
         self.checkpoint.update(theta=model.theta_.tolist())
         return model
@@ -294,11 +300,10 @@ class Coordinator:
                 f"DC solver: resuming from checkpoint at iteration {ckpt.get('iteration')}, "
                 f"{ckpt.get('gamma_name', shown)}={ckpt.get('gamma'):.3g}"
             )
-        bar = progress.bar("DC solver", unit="it", total=None)
+        bar = RunBars(progress, "DC solver")  # a bar per run: restarts number their iterations anew
 
         def callback(it, z, gamma):
-            bar.update(1)
-            bar.set_postfix_str(f"{shown}={gamma:.4g}")
+            bar.step(it, f"{shown}={gamma:.4g}")
             self.checkpoint.update(z=np.asarray(z).tolist(), gamma=float(gamma), gamma_name=shown, iteration=int(it))
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
@@ -307,7 +312,7 @@ class Coordinator:
             from msa_fed.privacy.solver import solve_noisy
 
             dp = sorted(set(self.epsilon) | set(self.dp_sites))
-            progress.note(f"DC solver: DP at site(s) {dp}: {DP_EVALUATIONS} noisy evaluations")
+            progress.note(f"DC solver: differential privacy at {', '.join(dp)}: {DP_EVALUATIONS} noisy evaluations")
             res = solve_noisy(
                 oracle,
                 cfg.eta,
@@ -318,10 +323,8 @@ class Coordinator:
         else:
             res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
-        progress.note(
-            f"DC solver ({res.method}): Gamma={res.gamma:.3g} after {res.n_iter} iterations, "
-            f"{res.n_evaluations} distributed evaluations; converged={res.converged}"
-        )
+        objective = "minmax" if self.epsilon else res.objective  # the DP solve minimises max_k L_k
+        progress.note(solver_summary(res, objective, runs=bar.runs))
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
         influence = None
         if not self.epsilon:  # with DP noise, re-solves would spend more of the sites' epsilon
@@ -335,6 +338,7 @@ class Coordinator:
                 "n_evaluations": res.n_evaluations,
                 "converged": res.converged,
                 "restarts": res.restarts,
+                "objective": objective,
             },
             "classifier": getattr(dm, "info_", {}),
             "n_labeled": [i.n_labeled for i in self.infos],

@@ -361,6 +361,8 @@ class FederatedSites:
                         raise SiteError(name, f"the registry refused to relay {method}: {res.detail}")
                     since = first_failure.setdefault(j, started)  # a hung site: counted from the call
                     if time.monotonic() - since >= self.site_timeout_s:
+                        if res.detail.startswith("the registry:"):  # the registry itself, not the site
+                            raise SiteError(name, registry_gone(self.site_timeout_s, res.detail))
                         raise SiteError(
                             name,
                             f"no answer through the registry for {self.site_timeout_s:g} s "
@@ -403,6 +405,14 @@ class FederatedSites:
         for method, msg in self.setup_log.entries():
             if method in _SITE_SETUP:
                 self._relay([(i, method, msg)], replay=False)
+
+
+def registry_gone(timeout_s: float, detail: str) -> str:
+    """The one line of a job whose registry stayed unreachable past site_timeout_s."""
+    return (
+        f"the registry did not answer for {timeout_s:g} s (site_timeout_s; {detail}). Once it is back, run "
+        "the same job file again: with [run] checkpoint_dir set it resumes where it stopped"
+    )
 
 
 def _finite(a, shape) -> bool:

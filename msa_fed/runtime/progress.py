@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -109,3 +110,57 @@ class Progress:
                 tqdm.write(text, file=sys.stderr)
             else:
                 print(text, file=sys.stderr, flush=True)
+
+
+class RunBars:
+    """The progress of a solver that restarts: one bar (or run of lines) per run.
+
+    A solver with several starts (the min-max solve: the uniform point, then random ones; the
+    Gamma solve: its phases and restarts) numbers the iterations of each run from 1, and keeps
+    its best run.  ``step(it, postfix)`` opens a new bar when ``it`` does not follow the last
+    one, so a line's iteration is an iteration of one run, never a running total::
+
+        DC solver: iteration 8, max_k L_k=0.1586
+        DC solver: done after 8 iterations in 0.1 s, max_k L_k=0.1586
+        DC solver (run 2): iteration 1, max_k L_k=0.1742
+    """
+
+    def __init__(self, progress: Progress, desc: str, unit: str = "it"):
+        self.progress, self.desc, self.unit = progress, desc, unit
+        self.runs = 0
+        self._last = 0
+        self._bar: Any = None
+
+    def step(self, iteration: int, postfix: str) -> None:
+        if self._bar is None or iteration <= self._last:
+            self.close()
+            self.runs += 1
+            desc = self.desc if self.runs == 1 else f"{self.desc} (run {self.runs})"
+            self._bar = self.progress.bar(desc, unit=self.unit)
+        self._last = iteration
+        self._bar.update(1)
+        self._bar.set_postfix_str(postfix)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+#: what each solver objective is, in words, for the line that ends a solve and the job summary
+OBJECTIVE_WORDS = {
+    "minmax": "max_k L_k(z), the worst site's loss",
+    "gamma": "Gamma(z), the worst site's loss minus the z-weighted average of the sites' losses",
+}
+
+
+def solver_summary(res, objective: str, runs: int) -> str:
+    """The line that ends a z solve: the value minimised, said in words, the iterations of the
+    best run, and the loss evaluations (each one round trip to every site) counted apart."""
+    value = res.max_loss if objective == "minmax" else res.gamma
+    best = f"after {res.n_iter} iterations" + (f" (best of {runs} runs)" if runs > 1 else "")
+    state = "converged" if res.converged else "not converged"
+    return (
+        f"DC solver ({res.method}): minimised {OBJECTIVE_WORDS[objective]}, to {value:.4g} {best}; "
+        f"{res.n_evaluations} loss evaluations at the sites; {state}"
+    )

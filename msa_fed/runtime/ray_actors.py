@@ -44,6 +44,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
     kwargs.update(init_kwargs)
     if address == "local" and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
+    if address == "local":
+        quiet_local_ray()
     for attempt in range(RAY_START_ATTEMPTS):
         try:
             ray.init(address=address, **kwargs)
@@ -55,6 +57,17 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
             log.warning("Ray did not start in time (machine loaded?); trying again")
             ray.shutdown()
     return ray
+
+
+def quiet_local_ray() -> None:
+    """Silence what Ray would otherwise warn about on every start of a local instance.
+
+    Ray 2.60 turns token authentication on for a new local cluster when ``RAY_AUTH_MODE`` is
+    unset (keeping its token in ``~/.ray/auth_token``) and says so with a WARNING on every run:
+    nothing for the user to act on, and the behaviour wanted here.  That one logger is raised to
+    ERROR; an operator's explicit ``RAY_AUTH_MODE`` is used by Ray without any warning anyway.
+    """
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 def actor_status(handle) -> tuple[str | None, str]:

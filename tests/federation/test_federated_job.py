@@ -187,8 +187,8 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
     two = {n: files[n] for n in ("east", "north")}
     with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
         fed.wait_connected(timeout=180)
-        job = _job(fed, name="needs-approval", site_timeout_s=30)
-        with pytest.raises(PrivacyError, match="job 'needs-approval' is pending"):
+        job = _job(fed, name="needs-approval", site_timeout_s=30, approval_wait_s=0)
+        with pytest.raises(PrivacyError, match="job needs-approval was not approved within 0 s"):
             _run(job, fed)
         cli = [sys.executable, "-m", "msa_fed.cli", "site"]
         listed = subprocess.run(

@@ -1,8 +1,10 @@
-"""The single-machine walkthrough (``make federation`` = deploy/federation.sh) runs end to end."""
+"""The single-machine walkthroughs run end to end: ``make federation`` (deploy/federated.sh, the
+federated topology) and ``make federation-cluster`` (deploy/federation.sh, the cluster topology)."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -52,7 +54,7 @@ def test_make_federation_walkthrough():
     model_row = lines[lines.index("== the stored model") + 2].split()
     assert model_row[:2] == ["1", "*"] and model_row[-1] == "north,east,west"
     assert any("walkthrough  succeeded" in line for line in lines)
-    assert "loaded with msa_fed.load_model: dmsa over ['north', 'east', 'west']" in out
+    assert "loaded with msa_fed.load_model: dmsa over north, east, west" in out
     for site in ("north", "east", "west"):
         assert f"site {site}: tls data channel open" in out
     assert "federation walkthrough finished" in out
@@ -69,3 +71,45 @@ def test_make_federation_walkthrough():
                 leftovers.append(cmdline.replace("\0", " ")[:200])
     assert leftovers == []
     assert not RAY_DEFAULT_PORTS & {base, base + 1, base + 2}
+
+
+def _leftovers(work: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if work in cmdline:
+                out.append(cmdline.replace("\0", " ")[:200])
+    return out
+
+
+@pytest.mark.slow
+def test_make_federation_runs_the_federated_topology():
+    base = _free_base(27500)
+    proc = subprocess.run(
+        ["bash", str(REPO / "deploy" / "federated.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**env(), "PY": sys.executable, "BASE_PORT": str(base)},
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    work = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("working folder: "))
+    assert f"registry listening on 127.0.0.1:{base}" in out
+    for site in ("north", "east", "west"):
+        assert f"site {site}: answers from its own process through the registry's relay" in out
+        assert f"site {site}: joined job walkthrough (opened by admin" in out
+        assert re.search(rf"^site {site}: job walkthrough ended; answered .*dc_evaluate x\d+", out, re.M), out[-3000:]
+        assert re.search(rf"^site {site} \(accepting jobs: admin\)$", out, re.M)
+    assert "stored combined model version 1" in out
+    assert "loaded with msa_fed.load_model: dmsa over east, north, west" in out
+    assert "federation walkthrough finished" in out
+    # an operator's output: no Ray warnings, no reprs, no raw gRPC status
+    for line in out.splitlines():
+        assert not re.search(r"\bWARNING\b|^\[20\d\d-|\['|StatusCode\.", line), line
+    assert not Path(work).exists() and _leftovers(work) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from msa_fed.runtime.progress import LineBar, Progress, use_bars
+from msa_fed.runtime.progress import LineBar, Progress, RunBars, solver_summary, use_bars
 
 
 class Tty(io.StringIO):
@@ -102,3 +102,103 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
     msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
     resumed = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
     assert len(resumed) == 1 and resumed[0].endswith(f"Gamma={model.gamma:.3g}")
+
+
+def test_a_restarting_solver_numbers_each_runs_iterations_from_one(monkeypatch, capsys):
+    monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
+    bars = RunBars(Progress(verbose=True), "DC solver")
+    for it, value in [(1, 0.3), (2, 0.2), (1, 0.5), (2, 0.25), (3, 0.2), (1, 0.4)]:
+        bars.step(it, f"max_k L_k={value}")
+    bars.close()
+    lines = capsys.readouterr().err.splitlines()
+    iterations = [line for line in lines if ": iteration" in line]
+    assert iterations == [
+        "DC solver: iteration 1, max_k L_k=0.3",
+        "DC solver: iteration 2, max_k L_k=0.2",
+        "DC solver (run 2): iteration 1, max_k L_k=0.5",
+        "DC solver (run 2): iteration 2, max_k L_k=0.25",
+        "DC solver (run 2): iteration 3, max_k L_k=0.2",
+        "DC solver (run 3): iteration 1, max_k L_k=0.4",
+    ]
+    ends = [line for line in lines if "done after" in line]
+    assert [e.split(" in ")[0] for e in ends] == [
+        "DC solver: done after 2 iterations",
+        "DC solver (run 2): done after 3 iterations",
+        "DC solver (run 3): done after 1 iteration",
+    ]
+    assert bars.runs == 3
+
+
+def test_the_solver_summary_says_what_was_minimised_and_counts_evaluations_apart():
+    import numpy as np
+
+    from msa_fed.core.dc_solver import DCResult
+
+    res = DCResult(
+        z=np.array([0.5, 0.5]),
+        gamma=2.5e-4,
+        losses=np.array([0.1586, 0.1559]),
+        history=[],
+        converged=True,
+        n_iter=8,
+        n_evaluations=65,
+        method="slsqp-minmax",
+        objective="minmax",
+    )
+    assert solver_summary(res, "minmax", runs=5) == (
+        "DC solver (slsqp-minmax): minimised max_k L_k(z), the worst site's loss, to 0.1586 after 8 iterations "
+        "(best of 5 runs); 65 loss evaluations at the sites; converged"
+    )
+    line = solver_summary(res, "gamma", runs=1)
+    assert "minimised Gamma(z), the worst site's loss minus the z-weighted average" in line and "best of" not in line
+
+
+def test_the_job_summary_describes_max_loss_and_gamma_in_words():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from msa_fed.jobs.operations import summary_lines
+
+    model = SimpleNamespace(
+        site_names=["a", "b"],
+        z=np.array([0.4, 0.6]),
+        domain_losses=np.array([0.2, 0.19]),
+        eta=0.01,
+        gamma=0.004,
+        info={"solver": {"method": "slsqp-minmax", "objective": "minmax"}},
+    )
+    lines = summary_lines(model)
+    assert "max_k L_k(z) = 0.2000: the worst site's loss (what the solver minimised)" in lines
+    gamma = next(line for line in lines if line.startswith("Gamma(z)"))
+    assert "worst site's loss lies above the z-weighted average" in gamma and "minimised" not in gamma
+    model.info = {"solver": {"method": "newton"}}  # a model stored before the objective was recorded
+    assert next(line for line in summary_lines(model) if line.startswith("Gamma(z)")).endswith(
+        "(what the solver minimised)"
+    )
+
+
+def test_the_classifier_reports_one_loss_the_objective_its_summary_gives():
+    """L-BFGS progress shows the objective it minimises (log loss + L2 penalty), so the last line
+    and the summary give the same number."""
+    import numpy as np
+
+    from msa_fed.core.config import ClassifierConfig
+    from msa_fed.core.domain_classifier import fit_maxent
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(200, 3)), rng.integers(0, 2, size=200)
+
+    def oracle(theta):  # two-class softmax log loss, weights 1/200 (no regulariser: fit_maxent adds it)
+        W = theta.reshape(2, 4)
+        logits = X @ W[:, :3].T + W[:, 3]
+        logits -= logits.max(1, keepdims=True)
+        P = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        loss = -np.mean(np.log(P[np.arange(200), y]))
+        G = (P - np.eye(2)[y]) / 200
+        return float(loss), np.hstack([G.T @ X, G.sum(0)[:, None]]).reshape(-1)
+
+    seen = []
+    _, info = fit_maxent(oracle, 3, 2, ClassifierConfig(mu=0.1), progress=lambda i, obj: seen.append(obj))
+    assert len(seen) == info["n_iter"] and all(v is not None for v in seen)
+    assert seen[-1] == info["objective"]

@@ -1,0 +1,93 @@
+"""Stop the Ray that msa_fed's cluster configs started, and no other.
+
+    python -m msa_fed.runtime.ray_own stop --temp-dir /tmp/msa-fed-ray
+
+``ray stop`` stops every Ray process of the user on the machine, whoever started it (another
+team's cluster on a shared host, a notebook's local Ray).  msa_fed's cluster configs start their
+Ray with ``--temp-dir`` set to a folder of their own, and every process of that Ray (GCS,
+raylet, dashboard, agents, workers) names that folder on its command line; this stops exactly
+the processes of this user whose command line names it: SIGTERM, then SIGKILL for those still
+there after ``--grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def own_ray_processes(temp_dir: str) -> list[int]:
+    """PIDs of this user's Ray processes (a program or script under a ``ray/`` folder) whose
+    command line names ``temp_dir`` (as --temp-dir, or a path under it: the session folder, its
+    sockets and logs)."""
+    root = os.path.abspath(temp_dir).rstrip("/")
+    marks = (root + "/", "=" + root)
+    uid, me = os.getuid(), os.getpid()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode("utf-8", "replace") for a in args if a]
+        is_ray = any("/ray/" in w for w in words[:3])  # Ray's binaries and scripts, not an editor on a log
+        if is_ray and any(w == root or w.endswith(marks[1]) or marks[0] in w for w in words):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop(temp_dir: str, grace: float = 15.0) -> int:
+    """Stop the Ray of ``temp_dir``; returns how many processes were signalled."""
+    pids = own_ray_processes(temp_dir)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return len(pids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m msa_fed.runtime.ray_own", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("stop", help="stop the Ray started with --temp-dir DIR (only that one)")
+    p.add_argument("--temp-dir", required=True, help="the --temp-dir its `ray start` was given")
+    p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
+    args = ap.parse_args(argv)
+    n = stop(args.temp_dir, args.grace)
+    print(f"stopped {n} process(es) of the Ray in {args.temp_dir}" if n else f"no Ray of {args.temp_dir} was running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""A federation of real processes, driven with the commands an operator types: a registry
+process (restartable on its port), `msa-fed site register/publish` per site, one `msa-fed site
+serve` process per site, and the job as `msa-fed run --job job.toml`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from ops_helpers import Lines, RegistryProcess, cli, env, issue_tokens
+
+from msa_fed.federation.local import site_toml
+
+
+def demo_sites(names=("north", "east", "west"), seed: int = 0) -> dict:
+    """Each site's labelled data, unlabelled sample and ONNX predictor (the demo's distribution)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.artifacts.predictors import export_sklearn
+    from msa_fed.experiments.demo_data import make_federation
+
+    fed = make_federation(n_labeled=200, n_unlabeled=300, n_test=10, random_state=seed)
+    out = {}
+    for name in names:
+        d = fed[name]
+        h = LogisticRegression().fit(d["X_train"], d["y_train"])
+        # float32-exact sample: the registry keeps samples as float32
+        Xu = d["X_unlabeled"].astype(np.float32).astype(np.float64)
+        out[name] = dict(
+            X_labeled=d["X_labeled"], y_labeled=d["y_labeled"], X_unlabeled=Xu, predictor=export_sklearn(h, 2)
+        )
+    return out
+
+
+class ProcFederation:
+    def __init__(self, root: Path, sites: dict, accept_jobs: dict | None = None):
+        self.root = Path(root)
+        self.sites = sites
+        self.accept_jobs = accept_jobs or {}
+        self.registry = RegistryProcess(self.root / "registry.db", audit_log=self.root / "audit.jsonl")
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.out: dict[str, Lines] = {}
+
+    # ------------------------------------------------------------------ set-up, as an operator
+    def start(self) -> ProcFederation:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.registry.start()
+        tokens = issue_tokens(self.root / "registry.db", list(self.sites))
+        (self.root / "admin_token").write_text(tokens["admin"] + "\n")
+        os.chmod(self.root / "admin_token", 0o600)
+        for name, files in self.sites.items():
+            folder = self.root / name
+            folder.mkdir()
+            (folder / "token.txt").write_text(tokens[name] + "\n")
+            os.chmod(folder / "token.txt", 0o600)
+            np.savez(
+                folder / "data.npz",
+                X_labeled=files["X_labeled"],
+                y_labeled=files["y_labeled"],
+                X_unlabeled=files["X_unlabeled"],
+            )
+            np.save(folder / "unlabeled.npy", files["X_unlabeled"])
+            (folder / "predictor.onnx").write_bytes(files["predictor"])
+            (folder / "site.toml").write_text(
+                site_toml(name, self.address, accept_jobs=self.accept_jobs.get(name, "admin"))
+            )
+            site = ["--registry", self.address, "--insecure", "--token-file", folder / "token.txt"]
+            for args in (
+                ["site", "register", *site, "--name", name],
+                [
+                    "site",
+                    "publish",
+                    *site,
+                    "--predictor",
+                    folder / "predictor.onnx",
+                    "--unlabeled",
+                    folder / "unlabeled.npy",
+                ],
+            ):
+                rc, out, err = cli(*args)
+                assert rc == 0, (args, out, err)
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.registry.address
+
+    def admin(self, *args, timeout: float = 300) -> tuple[int, str, str]:
+        return cli(
+            *args,
+            "--registry",
+            self.address,
+            "--insecure",
+            "--admin-token-file",
+            self.root / "admin_token",
+            timeout=timeout,
+        )
+
+    def config(self, name: str) -> Path:
+        return self.root / name / "site.toml"
+
+    # ------------------------------------------------------------------ site processes
+    def serve(self, name: str) -> Lines:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(self.config(name))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env(),
+            cwd=self.root / name,
+        )
+        self.procs[name] = proc
+        self.out[name] = Lines(proc.stdout)
+        return self.out[name]
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+
+    def write_job(self, name: str, extra: str = "") -> Path:
+        path = self.root / f"{name}.toml"
+        path.write_text(
+            f'name = "{name}"\n\n[registry]\naddress = "{self.address}"\ninsecure = true\n'
+            f'admin_token_file = "{self.root / "admin_token"}"\n\n[run]\ntopology = "federated"\n'
+            f'data_channel = "plain"\nsite_timeout_s = 180\ncheckpoint_dir = "{self.root / ("ckpt-" + name)}"\n' + extra
+        )
+        return path
+
+    def start_job(self, job: Path, *args) -> tuple[subprocess.Popen, Lines]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "msa_fed.cli", "run", "--job", str(job), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env(), "MSA_FED_PROGRESS": "lines"},
+            cwd=self.root,
+        )
+        return proc, Lines(proc.stdout)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.registry.stop()
+
+    def __enter__(self) -> ProcFederation:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,100 @@
+"""Jobs against a registry that restarts, with real processes: the job goes on after a registry
+restart mid-job (the relay's job is opened again, the sites reconnect), and a job's end that
+could not be recorded is recorded when the registry is back, or the job prints the command that
+records it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+
+import pytest
+from ops_helpers import RegistryProcess, cli, issue_tokens
+from proc_federation import ProcFederation, demo_sites
+
+from msa_fed.control import RegistryClient
+from msa_fed.control.ops_client import OpsClient
+from msa_fed.jobs.operations import JobTracker
+
+
+def _methods(audit_log) -> list[str]:
+    return [json.loads(line)["method"] for line in open(audit_log)]
+
+
+@pytest.mark.slow
+def test_a_job_survives_a_registry_restart(tmp_path):
+    with ProcFederation(tmp_path / "fed", demo_sites(("north", "east"))) as fed:
+        for name in fed.sites:
+            fed.serve(name).wait_for("connected to the registry", timeout=300)
+        # many solver restarts: relay calls keep coming while the registry is stopped and back
+        job = fed.write_job("survivor", "\n[solver]\nn_restarts = 40\n")
+        proc, out = fed.start_job(job)
+        try:
+            out.wait_for("DC solver: iteration 1,", timeout=600)
+            fed.registry.stop()  # SIGTERM, as an operator's restart
+            time.sleep(3)
+            fed.registry.start()  # same port, same database
+            assert proc.wait(timeout=600) == 0, out.text()
+        finally:
+            proc.kill()
+        text = out.text()
+        assert "stored combined model version 1" in text
+        assert "FAILED_PRECONDITION" not in text and "no open job" not in text, text
+        # the relay forgot the job with the restart and the job opened it again
+        assert _methods(fed.root / "audit.jsonl").count("/msa_fed.v1.Relay/OpenJob") >= 2
+        rc, listing, err = fed.admin("job", "list", "--json")
+        assert rc == 0 and json.loads(listing)[0]["status"] == "succeeded", err
+
+
+def test_a_jobs_end_is_recorded_when_the_registry_is_back(tmp_path):
+    db = tmp_path / "registry.db"
+    tokens = issue_tokens(db, [])
+    with RegistryProcess(db) as reg:
+        address = reg.address
+
+        def connect():
+            return RegistryClient(address, tokens["admin"], insecure=True, retries=0)
+
+        lines: list[str] = []
+        tracker = JobTracker(connect, name="late", topology="federated", log=lines.append, finish_retry_s=120)
+        with connect() as client:
+            tracker.start(client, ["a", "b"])
+        reg.stop()
+        ended = threading.Thread(target=tracker.failed, args=(RuntimeError("a site went away"),))
+        ended.start()
+        time.sleep(3)
+        reg.start()
+        ended.join(180)
+        assert not ended.is_alive()
+        with connect() as client:
+            record = OpsClient(client).get_job(tracker.job_id)
+        assert record.status == "failed" and "a site went away" in record.error
+        assert any("the registry is unreachable; retrying" in line for line in lines)
+        assert not any(line.startswith("warning:") for line in lines), lines
+
+        # the registry stays away past the retry: one line with the command that records the end
+        tracker = JobTracker(
+            connect,
+            name="later",
+            topology="federated",
+            log=lines.append,
+            finish_retry_s=2,
+            flags=["--registry", address, "--insecure", "--admin-token-file", str(tmp_path / "admin")],
+        )
+        with connect() as client:
+            tracker.start(client, ["a", "b"])
+        reg.stop()
+        tracker.failed(RuntimeError("gone"))
+        warning = lines[-1]
+        assert warning.startswith(f"warning: the end of job {tracker.job_id} could not be recorded in the registry (")
+        assert "'msa-fed job list' shows it as running until it is" in warning
+        reg.start()
+        (tmp_path / "admin").write_text(tokens["admin"])
+        command = shlex.split(warning.split("Record it with: ", 1)[1])
+        assert command[:3] == ["msa-fed", "job", "finish"]
+        rc, printed, err = cli(*command[1:])
+        assert rc == 0 and f"job {tracker.job_id} recorded as failed" in printed, err
+        with connect() as client:
+            assert OpsClient(client).get_job(tracker.job_id).status == "failed"
