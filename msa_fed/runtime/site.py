@@ -59,7 +59,8 @@ class _Answered:
         self.classes_ = getattr(predictor, "classes_", None)
         raw = predictor.predict(X) if task == "regression" else predictor.predict_proba(X)
         self.raw = np.asarray(raw)
-        self.start, self.stop = 0, None
+        self.start: int = 0
+        self.stop: int | None = None
 
     def part(self, start: int, stop: int | None) -> "_Answered":
         out = object.__new__(_Answered)
