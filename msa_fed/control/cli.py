@@ -365,10 +365,7 @@ def _publish(args) -> int:
 
 
 def _status(args) -> int:
-    if args.config:  # the site process's view: its files, its lock, its budgets, and the registry
-        from msa_fed.federation.cli import status_command
-
-        return status_command(args)
+    # with --config, msa_fed.federation.cli answers (the site process's view)
     if not args.registry:
         raise ConfigError("give --config site.toml (the site's whole status) or --registry HOST:PORT and a token")
     with _client(args) as client:

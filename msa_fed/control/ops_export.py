@@ -175,10 +175,10 @@ def _model_export(args) -> int:
 def register(subparsers) -> None:
     """Add ``export`` to the ``msa-fed model`` command group (registered by
     :mod:`msa_fed.control.ops_cli`, which :mod:`msa_fed.cli` loads first)."""
+    from msa_fed.clitools import command_group
     from msa_fed.control.ops_cli import TOKEN_FILE_ENV
 
-    model = subparsers.choices["model"]
-    model_commands = next(a for a in model._actions if isinstance(a, argparse._SubParsersAction))
+    model_commands = command_group(subparsers, "model", "combined models stored in the registry")
 
     p = model_commands.add_parser(
         "export", help="write a stored version (or a model directory) as one self-contained ONNX file"

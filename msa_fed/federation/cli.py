@@ -31,7 +31,7 @@ def _config(args):
 
 
 def _serve(args) -> int:
-    from msa_fed.federation.agent import SiteAgent
+    from msa_fed.federation.agent import SiteAgent, load_site_policy
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -39,7 +39,7 @@ def _serve(args) -> int:
     from msa_fed.federation.serve_ops import SiteLock, state_files
 
     config = _config(args)
-    lock = SiteLock(config.name, state_files(config)).acquire()  # one process per site
+    lock = SiteLock(config.name, state_files(config, load_site_policy(config))).acquire()  # one process per site
     try:
         agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
     except BaseException:
@@ -226,6 +226,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     jkeygen = job.add_parser("keygen", help="create the consortium's job key (signs every sealed job)")
     jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     jkeygen.set_defaults(func=_job_keygen)
+
+    # `site status` belongs to the control CLI (a site's record at the registry); with --config it
+    # is the site process's whole view, answered here (the control layer does not import this one)
+    status = site.choices.get("status")
+    if status is not None:
+        registry_view = status.get_default("func")
+        status.set_defaults(func=lambda args: status_command(args) if args.config else registry_view(args))
 
     peers = site.add_parser("peers", help="peers excluded after their predictor broke a limit at this site")
     peers.add_argument("--config", required=True, help="site.toml")

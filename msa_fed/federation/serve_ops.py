@@ -72,11 +72,9 @@ class SiteLock:
         self.release()
 
 
-def state_files(config) -> list[Path]:
-    """The files a site's process writes: audit log, ledger, job book."""
-    from msa_fed.federation.agent import load_site_policy
-
-    policy = load_site_policy(config)
+def state_files(config, policy) -> list[Path]:
+    """The files a site's process writes: audit log, ledger, job book (``policy``: the site's
+    policy as :func:`msa_fed.federation.agent.load_site_policy` reads it)."""
     return [Path(policy.audit_log), Path(policy.ledger), Path(config.jobs_path)]
 
 

@@ -151,13 +151,17 @@ class RunBars:
 OBJECTIVE_WORDS = {
     "minmax": "max_k L_k(z), the worst site's loss",
     "gamma": "Gamma(z), the worst site's loss minus the z-weighted average of the sites' losses",
+    "regret": "max_k (L_k(z) - b_k), the worst site's loss above the best loss b_k it can get",
 }
 
 
 def solver_summary(res, objective: str, runs: int) -> str:
     """The line that ends a z solve: the value minimised, said in words, the iterations of the
     best run, and the loss evaluations (each one round trip to every site) counted apart."""
-    value = res.max_loss if objective == "minmax" else res.gamma
+    if objective == "regret":  # the history holds the objective's values
+        value = res.history[-1] if res.history else res.max_loss
+    else:
+        value = res.max_loss if objective == "minmax" else res.gamma
     best = f"after {res.n_iter} iterations" + (f" (best of {runs} runs)" if runs > 1 else "")
     state = "converged" if res.converged else "not converged"
     return (
