@@ -164,13 +164,20 @@ def channel_lines(backend, data_channel: str) -> list[str]:
 
 
 def summary_lines(model, epsilon: float | None = None) -> list[str]:
-    """The final summary: z, per-site L_k(z), the objective, and epsilon spent when DP is on."""
+    """The final summary: z, per-site L_k(z), the objective, the DC rounds each site answered,
+    and epsilon spent when DP is on."""
     names = model.site_names
     lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
     if model.domain_losses is not None:
         lines.append("L_k(z) = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.domain_losses)))
         lines.append(
             f"eta    = {model.eta:g}   max_k L_k(z) = {np.max(model.domain_losses):.4f}   Gamma(z) = {model.gamma:.3g}"
+        )
+    solver = model.info.get("solver") if isinstance(model.info, dict) else None
+    if isinstance(solver, dict) and "n_evaluations" in solver:
+        lines.append(
+            f"DC solver ({solver.get('method')}): {solver['n_evaluations']} rounds (queries each site "
+            f"answered), {solver.get('n_iter')} iterations, converged = {solver.get('converged')}"
         )
     if epsilon is None:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None
