@@ -22,6 +22,7 @@ from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import combination_weights, combine_proba, combine_regression, paper_z
 from msa_fed.core.domain_models import domain_model_from_state, domain_model_state
 from msa_fed.core.features import feature_map_from_state, feature_map_state
+from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ArtifactError
 
 FORMAT_VERSION = 1
@@ -142,8 +143,9 @@ class CombinedModel:
         if self.task != "classification":
             raise ValueError("predict_proba is only defined for task='classification'")
         X = check_X(X, self.n_features_in_)
-        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
+        with blas_threads_for(X.size * self.n_sources):
+            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
         return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:
@@ -151,13 +153,14 @@ class CombinedModel:
         if self.task == "classification":
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
         X = check_X(X, self.n_features_in_)
-        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        H = np.column_stack(
-            [
-                checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
-                for k, h in enumerate(self.predictors)
-            ]
-        )
+        with blas_threads_for(X.size * self.n_sources):
+            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            H = np.column_stack(
+                [
+                    checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
+                    for k, h in enumerate(self.predictors)
+                ]
+            )
         return _finite(combine_regression(a, H), "the combined prediction")
 
     # ------------------------------------------------------------------ save / load

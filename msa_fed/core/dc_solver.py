@@ -40,6 +40,7 @@ from msa_fed.core.dc_homotopy import Callback, logit_path_run
 from msa_fed.core.dc_steps import KKT_RIDGE, epigraph_slsqp, kkt_step, max_step_in_simplex
 from msa_fed.core.dc_terms import DCSums, PointSet, gamma_from_losses, sum_all
 from msa_fed.core.simplex import check_simplex, project_simplex
+from msa_fed.core.threads import blas_threads_for
 
 
 class LossOracle(Protocol):
@@ -303,7 +304,8 @@ def _minmax_run(
         return ev(z, what) if s is None else s
 
     ftol = max(MINMAX_FTOL_FACTOR * tol, MINMAX_FTOL_FLOOR)
-    settled = [0, False]  # iterations in a row that moved max_k L_k by <= ftol; stopped by them
+    settled = [0]  # iterations in a row that moved max_k L_k by <= ftol
+    stopped = [False]  # ... enough of them: converged
 
     def cb(x: np.ndarray) -> None:
         it[0] += 1
@@ -316,7 +318,7 @@ def _minmax_run(
         if callback:
             callback(it[0], _on_simplex(x[:p]), val)
         if settled[0] >= MINMAX_SETTLED:
-            settled[1] = True
+            stopped[0] = True
             raise StopIteration  # SLSQP halts at this iterate
 
     # the epigraph variable is t - max_k L_k(z0): it starts at 0 (the start's value cancels)
@@ -335,7 +337,7 @@ def _minmax_run(
     z = _on_simplex(res.x[:p])
     if s.array("L").max() > s0.array("L").max():  # never return worse than the start
         z, s = z0, s0
-    return z, float(s.array("L").max()), s.array("L"), bool(res.success) or settled[1], it[0]
+    return z, float(s.array("L").max()), s.array("L"), bool(res.success) or stopped[0], it[0]
 
 
 def _on_simplex(x: np.ndarray) -> np.ndarray:
@@ -437,6 +439,46 @@ def _gamma_runs(
     return result()
 
 
+def _solve(
+    ev: _Counter,
+    p: int,
+    objective: str,
+    method: str,
+    starts: list[np.ndarray],
+    z0_given: bool,
+    tol: float,
+    max_iter: int,
+    callback: Callback | None,
+) -> tuple[DCResult | None, list[dict[str, Any]]]:
+    """The runs of :func:`solve_dc` from ``starts``: the best result and a summary of each run."""
+    if objective == "minmax":
+        best: DCResult | None = None
+        runs: list[dict[str, Any]] = []
+        for start in starts:
+            history: list[float] = []
+            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
+            g = gamma_from_losses(L, z)
+            runs.append(
+                {"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it, "method": "slsqp-minmax"}
+            )
+            if best is None or val < float(np.max(best.losses)) - 1e-12:
+                best = DCResult(
+                    z=z,
+                    gamma=g,
+                    losses=np.asarray(L),
+                    history=history,
+                    converged=ok,
+                    n_iter=it,
+                    n_evaluations=0,
+                    method="slsqp-minmax",
+                )
+            if ok:  # restarts only while not converged: each costs rounds at every site
+                break
+    else:
+        best, runs = _gamma_runs(ev, p, method, starts, z0_given, tol, max_iter, callback)
+    return best, runs
+
+
 def solve_dc(
     oracle: LossOracle,
     eta: float,
@@ -497,31 +539,10 @@ def solve_dc(
             raise ValueError(f"z0 must have {p} entries (one per source); got {z0.size}")
     starts = [np.full(p, 1.0 / p) if z0 is None else z0]
     starts += [rng.dirichlet(np.ones(p)) for _ in range(n_restarts)]
-    if objective == "minmax":
-        best: DCResult | None = None
-        runs = []
-        for start in starts:
-            history: list[float] = []
-            z, val, L, ok, it = _minmax_run(ev, start, tol, max_iter, callback, history)
-            g = gamma_from_losses(L, z)
-            runs.append(
-                {"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it, "method": "slsqp-minmax"}
-            )
-            if best is None or val < float(np.max(best.losses)) - 1e-12:
-                best = DCResult(
-                    z=z,
-                    gamma=g,
-                    losses=np.asarray(L),
-                    history=history,
-                    converged=ok,
-                    n_iter=it,
-                    n_evaluations=0,
-                    method="slsqp-minmax",
-                )
-            if ok:  # restarts only while not converged: each costs rounds at every site
-                break
-    else:
-        best, runs = _gamma_runs(ev, p, method, starts, z0 is not None, tol, max_iter, callback)
+    # one BLAS thread for the whole solve: its own products are (p, p), and an idle second
+    # thread spins between the oracle's calls (msa_fed/core/threads.py)
+    with blas_threads_for(p * p):
+        best, runs = _solve(ev, p, objective, method, starts, z0 is not None, tol, max_iter, callback)
     assert best is not None  # there is at least one start
     best.n_evaluations = ev.calls
     best.restarts = runs

@@ -17,14 +17,13 @@ Notation (DESIGN.md section 2), for the points i of this set:
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from msa_fed.core.threads import one_blas_thread
 
 LOSSES = ("squared", "cross_entropy")
 #: Floor on probabilities given to the true label, so that -log stays finite.
@@ -93,35 +92,6 @@ def sum_all(parts: Iterable[DCSums]) -> DCSums:
 WHAT = ("L", "dL", "u", "du", "v", "dv")
 #: Rows per block in :meth:`PointSet.evaluate`: temporaries of BLOCK_ELEMENTS floats stay in cache.
 BLOCK_ELEMENTS = 1 << 16
-
-#: the threadpoolctl controller, keyed by which BLAS-carrying packages were loaded
-_BLAS: dict[tuple[bool, ...], Any] = {}
-
-
-def one_blas_thread() -> AbstractContextManager[object]:
-    """Context manager: numpy's and scipy's BLAS on one thread inside (torch's pool untouched).
-
-    On a loaded machine the BLAS workers of a second thread spin on a busy core; the small
-    products of this package then ran up to 100x slower (measured: 2.7 s instead of 33 ms for
-    one evaluation at n = 1e5, p = 32).  The controller is cached (0.02 ms per use instead of
-    3.6 ms for a fresh ``threadpool_limits``) and rebuilt when scipy or torch, which bring
-    their own libraries, have been imported since.
-    """
-    key = tuple(name in sys.modules for name in ("scipy.linalg", "torch", "sklearn"))
-    if key not in _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS.clear()
-            _BLAS[key] = ThreadpoolController()
-        except Exception:  # pragma: no cover - threadpoolctl ships with scikit-learn
-            _BLAS[key] = None
-    controller = _BLAS[key]
-    if controller is None:  # pragma: no cover
-        return contextlib.nullcontext()
-    limit: AbstractContextManager[object] = controller.limit(limits=1, user_api="blas")
-    return limit
-
 
 @dataclass
 class PointSet:

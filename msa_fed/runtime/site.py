@@ -17,6 +17,7 @@ import numpy as np
 
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
@@ -38,9 +39,11 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
+        with blas_threads_for(X.size):
+            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
+    with blas_threads_for(X.size * own.size):
+        P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
