@@ -93,6 +93,7 @@ WHAT = ("L", "dL", "u", "du", "v", "dv")
 #: Rows per block in :meth:`PointSet.evaluate`: temporaries of BLOCK_ELEMENTS floats stay in cache.
 BLOCK_ELEMENTS = 1 << 16
 
+
 @dataclass
 class PointSet:
     """A set of labelled points with what the DC sums need (see module docstring).
