@@ -207,7 +207,8 @@ def main(argv=None) -> int:
                 row["ratio_fit"] = b["fit_s"] / row["this"]["fit_s"]
                 row["ratio_solve"] = b["solve_s"] / row["this"]["solve_s"]
                 line += (
-                    f" | baseline: fit {b['fit_s']:.3f} s, {b['evaluations']:.0f} evaluations | fit {row['ratio_fit']:.1f}x, "
+                    f" | baseline: fit {b['fit_s']:.3f} s, {b['evaluations']:.0f} evaluations | "
+                    f"fit {row['ratio_fit']:.1f}x, "
                     f"solve {row['ratio_solve']:.1f}x faster"
                 )
             print(line + f" | load {row['load_average'][0]:.1f}", flush=True)
@@ -226,7 +227,8 @@ def main(argv=None) -> int:
         print(
             f"p=16 n=1e5 fit, one BLAS thread for solve and inference: {th['one']['fit_s']:.3f} s "
             f"(CPU/wall {th['one']['cpu_over_wall']:.2f}); default threads there: {th['default']['fit_s']:.3f} s "
-            f"(CPU/wall {th['default']['cpu_over_wall']:.2f}); ratio {th['ratio_fit']:.2f} | load {th['load_average'][0]:.1f}",
+            f"(CPU/wall {th['default']['cpu_over_wall']:.2f}); ratio {th['ratio_fit']:.2f} "
+            f"| load {th['load_average'][0]:.1f}",
             flush=True,
         )
     if "sums" not in args.skip:
@@ -245,7 +247,8 @@ def main(argv=None) -> int:
                     row["ratio"] = row["baseline"]["evaluation_s"] / row["this"]["evaluation_s"]
                     line += (
                         f" | baseline {1e3 * row['baseline']['evaluation_s']:6.2f} ms "
-                        f"({row['baseline']['evaluation_s'] / row['this']['bound_s']:.2f}x) | {row['ratio']:.2f}x faster"
+                        f"({row['baseline']['evaluation_s'] / row['this']['bound_s']:.2f}x) "
+                        f"| {row['ratio']:.2f}x faster"
                     )
                 print(line, flush=True)
                 rows.append(row)
