@@ -258,22 +258,12 @@ class SiteWorker:
         classification)."""
         if self._H is None:
             cols = []
+            # the unlabelled sample is checked too (the combined model will be used on points like
+            # them): one call per predictor on both samples, the labelled rows first
+            n = self.X_labeled.shape[0]
+            both = np.concatenate([self.X_labeled, self.X_unlabeled])
             for k, h in enumerate(self.predictors):
-                # the unlabelled sample too: the combined model will be used on points like them
-                predictor_outputs(
-                    h,
-                    self.X_unlabeled,
-                    self.task,
-                    self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
-                )
-                out = predictor_outputs(
-                    h,
-                    self.X_labeled,
-                    self.task,
-                    self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's labelled points",
-                )
+                out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols.append(out)
                 else:
@@ -287,6 +277,17 @@ class SiteWorker:
                     cols.append(out[np.arange(out.shape[0]), idx])
             self._H = np.column_stack(cols)
         return self._H
+
+    def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:
+        """Predictor k's checked outputs on the first n rows of ``both``; a failing check names the
+        sample it failed on (the check is run again on each, on this error path only)."""
+        try:
+            return predictor_outputs(h, both, self.task, self.classes, who="")[:n]
+        except ConfigError:
+            for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
+                who = f"site {self.name!r}, predictor {k}, on the site's {what} points"
+                predictor_outputs(h, both[rows], self.task, self.classes, who=who)
+            raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
 
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:
