@@ -75,40 +75,46 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str) -> dict:
 
         threads.SMALL_WORK = 0
     real = coordinator.solve_dc
-    seen: dict = {}
+    seen: dict = {"exhaustive_s": 0.0}
 
     def timed_solve(oracle, eta, **kw):
         t = time.perf_counter()
         res = real(oracle, eta, **kw)
         seen["solve_s"] = time.perf_counter() - t
-        seen["oracle"], seen["kw"] = oracle, kw
+        if exhaustive:  # every start run to the end, on the same sums (timed apart, left out of the fit)
+            t = time.perf_counter()
+            opts = {k: v for k, v in kw.items() if k not in ("z0", "n_restarts", "callback")}
+            rng = np.random.default_rng(opts.get("random_state", 0))
+            starts = [np.full(p, 1.0 / p)] + [rng.dirichlet(np.ones(p)) for _ in range(4)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                runs = [real(oracle, eta, z0=s, n_restarts=0, **opts) for s in starts]
+            seen["exhaustive_max_loss"] = min(r.max_loss for r in runs)
+            seen["exhaustive_evaluations"] = sum(r.n_evaluations for r in runs)
+            seen["exhaustive_s"] = time.perf_counter() - t
         return res
 
     coordinator.solve_dc = timed_solve
     sites = make_sites(p, n)
     fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
+    seen["exhaustive_s"] = 0.0
     cpu = time.process_time()
     t = time.perf_counter()
     model = fit_dmsa(sites, "classification")
-    fit_s = time.perf_counter() - t
+    fit_s = time.perf_counter() - t - seen["exhaustive_s"]
     cpu = time.process_time() - cpu
     out = {
         "fit_s": fit_s,
-        "cpu_over_wall": cpu / fit_s,
+        "cpu_over_wall": cpu / (fit_s + seen["exhaustive_s"]),
         "solve_s": seen["solve_s"],
         "evaluations": model.info["solver"]["n_evaluations"],
         "max_loss": float(np.max(model.domain_losses)),
         "converged": model.info["solver"]["converged"],
+        "runs": [r["iterations"] for r in model.info["solver"]["restarts"]],
     }
     if exhaustive:
-        kw = {k: v for k, v in seen["kw"].items() if k not in ("z0", "n_restarts", "callback")}
-        rng = np.random.default_rng(kw.get("random_state", 0))
-        starts = [np.full(p, 1.0 / p)] + [rng.dirichlet(np.ones(p)) for _ in range(4)]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            runs = [real(seen["oracle"], ETA, z0=s, n_restarts=0, **kw) for s in starts]
-        out["exhaustive_max_loss"] = min(r.max_loss for r in runs)
-        out["exhaustive_evaluations"] = sum(r.n_evaluations for r in runs)
+        out["exhaustive_max_loss"] = seen["exhaustive_max_loss"]
+        out["exhaustive_evaluations"] = seen["exhaustive_evaluations"]
         out["max_loss_minus_exhaustive"] = out["max_loss"] - out["exhaustive_max_loss"]
     return out
 
