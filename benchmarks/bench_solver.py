@@ -85,7 +85,8 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str) -> dict:
             t = time.perf_counter()
             opts = {k: v for k, v in kw.items() if k not in ("z0", "n_restarts", "callback")}
             rng = np.random.default_rng(opts.get("random_state", 0))
-            starts = [np.full(p, 1.0 / p)] + [rng.dirichlet(np.ones(p)) for _ in range(4)]
+            q = oracle.n_sources
+            starts = [np.full(q, 1.0 / q)] + [rng.dirichlet(np.ones(q)) for _ in range(4)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 runs = [real(oracle, eta, z0=s, n_restarts=0, **opts) for s in starts]
