@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_solver.py                       # this tree, p = 4, 8, 16
     .venv/bin/python benchmarks/bench_solver.py --baseline ../main    # and another tree, interleaved
     .venv/bin/python benchmarks/bench_solver.py --big                 # also p = 32, n = 1e6 (minutes)
+    .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --experiments   # the paper's
 
 Every DC evaluation is one round trip to every site and one query charged to each site's
 budget, so the number of evaluations per fit is reported next to the time.  Each measurement
@@ -22,6 +23,10 @@ reported with the ratio baseline / this tree and the load average.
    one set, against the numpy bound: the fastest pass of g_z (two matrix-vector products and a
    division) plus one (p, n) x (n, p) product, the size of dL's; CPU time of one thread, best of
    15 (stable under load).
+
+4. ``--experiments``: the paper's experiments (``msa-fed experiment NAME --quick``'s seeds and
+   sizes, this tree, in process): every min-max solve next to the exhaustive one on the same
+   sums (evaluations, max_k L_k difference).  Needs the data sets (``$MSA_FED_DATA``).
 
 Writes benchmarks/results/bench_solver.json (``--out`` to change).
 """
@@ -148,6 +153,59 @@ def child_sums(p: int, n: int, loss: str) -> dict:
     return {"g_z_s": g_z, "product_s": product, "bound_s": g_z + product, "evaluation_s": one}
 
 
+def experiments(names: list[str]) -> dict:
+    """The paper's experiments (``--quick`` sizes and seeds, through fit_dmsa): each min-max solve
+    next to the exhaustive one on the same sums (needs the data sets, ``$MSA_FED_DATA``)."""
+    import importlib
+
+    import msa_fed.runtime.coordinator as coordinator
+    from msa_fed.experiments.cli import EXPERIMENTS
+
+    real = coordinator.solve_dc
+    out: dict = {}
+    for name in names:
+        rows: list[dict] = []
+
+        def compare(oracle, eta, rows=rows, **kw):
+            res = real(oracle, eta, **kw)
+            if kw.get("objective", "minmax") == "minmax":
+                q = oracle.n_sources
+                opts = {k: v for k, v in kw.items() if k not in ("z0", "n_restarts", "callback")}
+                rng = np.random.default_rng(opts.get("random_state", 0))
+                starts = [np.full(q, 1.0 / q)] + [rng.dirichlet(np.ones(q)) for _ in range(4)]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    runs = [real(oracle, eta, z0=s, n_restarts=0, **opts) for s in starts]
+                rows.append(
+                    {
+                        "p": q,
+                        "evaluations": res.n_evaluations,
+                        "exhaustive_evaluations": sum(r.n_evaluations for r in runs),
+                        "max_loss_minus_exhaustive": res.max_loss - min(r.max_loss for r in runs),
+                        "converged": res.converged,
+                    }
+                )
+            return res
+
+        coordinator.solve_dc = compare
+        try:
+            exp = EXPERIMENTS[name]
+            module = importlib.import_module(f"msa_fed.experiments.{exp.module}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module.run(exp.quick_seeds, runtime="local", quick=True, plot_dir=None, log=lambda msg: None)
+        finally:
+            coordinator.solve_dc = real
+        out[name] = rows
+        print(
+            f"experiment {name}: {len(rows)} solves, evaluations {[r['evaluations'] for r in rows]} "
+            f"(exhaustive {[r['exhaustive_evaluations'] for r in rows]}), largest max_k L_k - exhaustive "
+            f"{max(r['max_loss_minus_exhaustive'] for r in rows):.1e}",
+            flush=True,
+        )
+    return out
+
+
 # ---------------------------------------------------------------------------- driver
 def run_child(tree: Path, args: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -169,6 +227,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--big", action="store_true", help="also p = 32, n = 1e6 (this tree; the baseline once)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["fit", "threads", "sums"])
+    ap.add_argument(
+        "--experiments",
+        nargs="*",
+        default=None,
+        help="also the paper's experiments (quick): each solve against the exhaustive one (default: all four)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_solver.json"))
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -260,6 +324,9 @@ def main(argv=None) -> int:
                 print(line, flush=True)
                 rows.append(row)
         result["sums"] = rows
+    if args.experiments is not None:
+        sys.path.insert(0, str(ROOT))
+        result["experiments"] = experiments(args.experiments or ["synthetic", "adult", "sentiment", "digits"])
     result["load_average_at_end"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
