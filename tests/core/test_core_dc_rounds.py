@@ -116,3 +116,26 @@ def test_restarts_run_only_while_not_converged():
     assert not capped.converged and len(capped.restarts) == 4  # every start, none converged
     full = solve_dc(oracle, ETA, n_restarts=3)
     assert full.converged and len(full.restarts) == 1
+
+
+def test_the_whole_solve_runs_on_one_blas_thread():
+    """Inside the solve (SLSQP's own products, the oracle) BLAS has one thread; outside it keeps
+    the caller's setting (two here, so the test fails if the limit leaks or is missing)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    seen = []
+
+    class Watching(CountingOracle):
+        def evaluate(self, z, eta, what, global_bound=None):
+            seen.append(blas_threads())
+            return super().evaluate(z, eta, what, global_bound)
+
+    oracle = Watching(make_dc_problem(3, 300, "cross_entropy", kind="coupled", random_state=1))
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() == {2}
+        solve_dc(oracle, ETA, callback=lambda it, z, v: seen.append(blas_threads()))
+        assert blas_threads() == {2}
+    assert seen and all(s == {1} for s in seen)
