@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_solver.py                       # this tree, p = 4, 8, 16
     .venv/bin/python benchmarks/bench_solver.py --baseline ../main    # and another tree, interleaved
     .venv/bin/python benchmarks/bench_solver.py --big                 # also p = 32, n = 1e6 (minutes)
-    .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --experiments   # the paper's
+    .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --problems --experiments
 
 Every DC evaluation is one round trip to every site and one query charged to each site's
 budget, so the number of evaluations per fit is reported next to the time.  Each measurement
@@ -24,7 +24,9 @@ reported with the ratio baseline / this tree and the load average.
    division) plus one (p, n) x (n, p) product, the size of dL's; CPU time of one thread, best of
    15 (stable under load).
 
-4. ``--experiments``: the paper's experiments (``msa-fed experiment NAME --quick``'s seeds and
+4. ``--problems``: bench_core's DC problems (``tests/core/dc_problems.py``, "coupled", n = 1e3
+   to 1e5, p = 2 to 32, both losses): the default solve against the exhaustive one.
+5. ``--experiments``: the paper's experiments (``msa-fed experiment NAME --quick``'s seeds and
    sizes, this tree, in process): every min-max solve next to the exhaustive one on the same
    sums (evaluations, max_k L_k difference).  Needs the data sets (``$MSA_FED_DATA``).
 
@@ -153,6 +155,42 @@ def child_sums(p: int, n: int, loss: str) -> dict:
     return {"g_z_s": g_z, "product_s": product, "bound_s": g_z + product, "evaluation_s": one}
 
 
+def core_problems(ns: tuple[int, ...], ps: tuple[int, ...]) -> list[dict]:
+    """bench_core's problems (tests/core/dc_problems.py, "coupled", seed 0, eta = 0.01, both
+    losses): the default min-max solve against the exhaustive one on the same sums."""
+    sys.path.insert(0, str(ROOT / "tests" / "core"))
+    from dc_problems import make_dc_problem
+
+    from msa_fed.core.dc_solver import LocalOracle, solve_dc
+
+    rows = []
+    for loss in ("cross_entropy", "squared"):
+        for n in ns:
+            for p in ps:
+                oracle = LocalOracle(make_dc_problem(p, n, loss, kind="coupled", random_state=0))
+                res = solve_dc(oracle, ETA, warn=False)
+                rng = np.random.default_rng(0)
+                starts = [np.full(p, 1.0 / p)] + [rng.dirichlet(np.ones(p)) for _ in range(4)]
+                runs = [solve_dc(oracle, ETA, z0=s, n_restarts=0, warn=False) for s in starts]
+                row = {
+                    "loss": loss,
+                    "n": n,
+                    "p": p,
+                    "evaluations": res.n_evaluations,
+                    "exhaustive_evaluations": sum(r.n_evaluations for r in runs),
+                    "max_loss_minus_exhaustive": res.max_loss - min(r.max_loss for r in runs),
+                    "converged": res.converged,
+                }
+                print(
+                    f"bench_core problem {loss:14s} n={n:7d} p={p:3d}: {row['evaluations']} evaluations "
+                    f"(exhaustive {row['exhaustive_evaluations']}), max_k L_k - exhaustive "
+                    f"{row['max_loss_minus_exhaustive']:.1e}",
+                    flush=True,
+                )
+                rows.append(row)
+    return rows
+
+
 def experiments(names: list[str]) -> dict:
     """The paper's experiments (``--quick`` sizes and seeds, through fit_dmsa): each min-max solve
     next to the exhaustive one on the same sums (needs the data sets, ``$MSA_FED_DATA``)."""
@@ -227,6 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--big", action="store_true", help="also p = 32, n = 1e6 (this tree; the baseline once)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["fit", "threads", "sums"])
+    ap.add_argument("--problems", action="store_true", help="also bench_core's problems against the exhaustive solve")
     ap.add_argument(
         "--experiments",
         nargs="*",
@@ -324,6 +363,9 @@ def main(argv=None) -> int:
                 print(line, flush=True)
                 rows.append(row)
         result["sums"] = rows
+    if args.problems:
+        sys.path.insert(0, str(ROOT))
+        result["problems"] = core_problems((1_000, 10_000, 100_000), (2, 4, 8, 16, 32))
     if args.experiments is not None:
         sys.path.insert(0, str(ROOT))
         result["experiments"] = experiments(args.experiments or ["synthetic", "adult", "sentiment", "digits"])
