@@ -2,8 +2,9 @@
 
 On a loaded machine the workers of a second BLAS thread spin on a busy core, and the small
 products of this package then run many times slower than on one thread (measured: 2.7 s
-instead of 33 ms for one DC evaluation at n = 1e5, p = 32; the p = 16 fit 1.6x slower in the
-median with the solver's SLSQP and the sites' inference left on two threads).  So:
+instead of 33 ms for one DC evaluation at n = 1e5, p = 32; in one profile at load 3.5 the
+p = 16 fit was 1.6x slower in the median with the solver's SLSQP and the sites' inference
+left on two threads, a gain not reproduced at load 15 to 29, BENCHMARKS.md).  So:
 
 - the DC sums (:meth:`msa_fed.core.dc_terms.PointSet.evaluate`), the classifier's optimiser
   and the whole z solve (:func:`msa_fed.core.dc_solver.solve_dc`) run on one thread;
