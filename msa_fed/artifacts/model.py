@@ -21,6 +21,7 @@ from msa_fed import __version__
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.domain_models import domain_model_state
 from msa_fed.core.inference import StoredFeatureMap, stored_domain_model
+from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ArtifactError
 
 # Loading a model and predicting with it needs numpy and onnxruntime only: the combination
@@ -211,8 +212,9 @@ class CombinedModel:
         """predict_proba part by part: each predictor, the domain model, the combination in numpy."""
         from msa_fed.core.combination import combination_weights, combine_proba
 
-        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
+        with blas_threads_for(X.size * self.n_sources):
+            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
         return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:
@@ -226,13 +228,14 @@ class CombinedModel:
     def _predict_numpy(self, X: np.ndarray) -> np.ndarray:
         from msa_fed.core.combination import combination_weights, combine_regression
 
-        a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-        H = np.column_stack(
-            [
-                checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
-                for k, h in enumerate(self.predictors)
-            ]
-        )
+        with blas_threads_for(X.size * self.n_sources):
+            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            H = np.column_stack(
+                [
+                    checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
+                    for k, h in enumerate(self.predictors)
+                ]
+            )
         return _finite(combine_regression(a, H), "the combined prediction")
 
     # ------------------------------------------------------------------ save / load

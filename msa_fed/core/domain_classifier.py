@@ -29,7 +29,7 @@ from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.config import ClassifierConfig, parse_device
-from msa_fed.core.dc_terms import one_blas_thread
+from msa_fed.core.threads import blas_threads_for, one_blas_thread
 
 
 def n_params(n_features: int, n_sources: int) -> int:
@@ -350,7 +350,8 @@ class DomainClassifier:
 
     def decision_function(self, X: ArrayLike) -> np.ndarray:
         Phi = self.feature_map.transform(X)
-        scores: np.ndarray = Phi @ self.coef_.T + self.intercept_
+        with blas_threads_for(Phi.size * self.n_sources):
+            scores: np.ndarray = Phi @ self.coef_.T + self.intercept_
         return scores
 
     def predict_log_proba(self, X: ArrayLike) -> np.ndarray:

@@ -204,7 +204,8 @@ def solver_objective(info) -> str | None:
 
 
 def summary_lines(model, epsilon: float | None = None) -> list[str]:
-    """The final summary: z, per-site L_k(z), the objective, and epsilon spent when DP is on."""
+    """The final summary: z, per-site L_k(z), the objective, the DC rounds each site answered,
+    and epsilon spent when DP is on."""
     names = model.site_names
     lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
     eps = getattr(model, "epsilon_by_site", None) or {}
@@ -224,6 +225,12 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
             lines.append("z minimised the worst site's loss above that site's best achievable loss (objective regret)")
         if dp_on(eps):
             lines.append(ESTIMATE_NOTE)
+    solver = model.info.get("solver") if isinstance(model.info, dict) else None
+    if isinstance(solver, dict) and "n_evaluations" in solver:
+        lines.append(
+            f"DC solver ({solver.get('method')}): {solver['n_evaluations']} rounds (queries each site "
+            f"answered), {solver.get('n_iter')} iterations, converged = {solver.get('converged')}"
+        )
     shown = epsilon_line(names, eps)
     if epsilon is None and shown is None:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None

@@ -18,6 +18,7 @@ import numpy as np
 
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import SiteGuard
@@ -40,37 +41,17 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     """
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
-        return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
+        with blas_threads_for(X.size):
+            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
     own = np.asarray(predictor.classes_)
-    P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
+    with blas_threads_for(X.size * own.size):
+        P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
     cols = np.searchsorted(classes, own)
     out[:, cols] = np.clip(P, 0.0, None)
     return out
-
-
-class _Answered:
-    """A predictor's raw answer on stacked rows, handed out in parts to :func:`predictor_outputs`
-    (one call of the predictor, each part checked and named on its own)."""
-
-    def __init__(self, predictor, X: np.ndarray, task: str):
-        self.classes_ = getattr(predictor, "classes_", None)
-        raw = predictor.predict(X) if task == "regression" else predictor.predict_proba(X)
-        self.raw = np.asarray(raw)
-        self.start: int = 0
-        self.stop: int | None = None
-
-    def part(self, start: int, stop: int | None) -> "_Answered":
-        out = object.__new__(_Answered)
-        out.classes_, out.raw, out.start, out.stop = self.classes_, self.raw, start, stop
-        return out
-
-    def predict(self, X):
-        return self.raw[self.start : self.stop]
-
-    predict_proba = predict
 
 
 def build_domain_model(spec: m.DomainModelSpec):
@@ -293,26 +274,12 @@ class SiteWorker:
         classification)."""
         if self._H is None:
             cols = []
-            n_u = self.X_unlabeled.shape[0]
+            # the unlabelled sample is checked too (the combined model will be used on points like
+            # them): one call per predictor on both samples, the labelled rows first
+            n = self.X_labeled.shape[0]
+            both = np.concatenate([self.X_labeled, self.X_unlabeled])
             for k, h in enumerate(self.predictors):
-                # the unlabelled sample too (the combined model will be used on points like them),
-                # in one call with the labelled points: a peer's predictor runs in a worker process
-                # (msa_fed.artifacts.isolated) and each call costs a round trip
-                both = _Answered(h, np.concatenate([self.X_unlabeled, self.X_labeled]), self.task)
-                predictor_outputs(
-                    both.part(0, n_u),
-                    self.X_unlabeled,
-                    self.task,
-                    self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's unlabelled points",
-                )
-                out = predictor_outputs(
-                    both.part(n_u, None),
-                    self.X_labeled,
-                    self.task,
-                    self.classes,
-                    who=f"site {self.name!r}, predictor {k}, on the site's labelled points",
-                )
+                out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols.append(out)
                 else:
@@ -327,6 +294,17 @@ class SiteWorker:
                     cols.append(out[np.arange(out.shape[0]), idx])
             self._H = np.column_stack(cols)
         return self._H
+
+    def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:
+        """Predictor k's checked outputs on the first n rows of ``both``; a failing check names the
+        sample it failed on (the check is run again on each, on this error path only)."""
+        try:
+            return predictor_outputs(h, both, self.task, self.classes, who="")[:n]
+        except ConfigError:
+            for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
+                who = f"site {self.name!r}, predictor {k}, on the site's {what} points"
+                predictor_outputs(h, both[rows], self.task, self.classes, who=who)
+            raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
 
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:

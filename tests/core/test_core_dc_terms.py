@@ -161,3 +161,31 @@ def test_bad_arguments_are_named():
         PointSet(w=ps.w, pi=ps.pi, H=ps.H, loss="squared")
     with pytest.raises(ValueError, match="shape mismatch"):
         PointSet(w=ps.w, pi=ps.pi[:-1], H=ps.H, loss="cross_entropy")
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("eta", ETAS)
+def test_losses_path_matches_reference_and_finite_differences(loss, eta, monkeypatch):
+    """L and dL alone (what the min-max solver asks: one product per block, a scratch array
+    reused across blocks) equal the reference L, central differences of it, and the full path."""
+    monkeypatch.setattr(dc_terms, "BLOCK_ELEMENTS", 64)  # many blocks, the last one short
+    ps = problem(loss, p=4, n=1999, seed=3)
+    rng = np.random.default_rng(4)
+    for z in (np.full(4, 0.25), rng.dirichlet(np.ones(4)) * 0.9 + 0.025, np.array([0.0, 0.7, 0.3, 0.0])):
+        fast = ps.evaluate(z, eta, what=("L", "dL"))
+        only_grad = ps.evaluate(z, eta, what=("dL",))
+        full = ps.evaluate(z, eta, what=WHAT)
+        assert fast.u is None and only_grad.L is None
+        assert_allclose(fast.L, reference_terms(ps, z, eta)["L"], rtol=1e-12)
+        assert_allclose(fast.dL, full.dL, rtol=1e-11, atol=1e-14)
+        assert_allclose(only_grad.dL, fast.dL, rtol=0, atol=0)
+        if z.min() == 0.0:  # on the boundary (eta = 0: K near 0) central differences are too coarse
+            continue
+        h = 1e-6
+        fd = np.column_stack(
+            [
+                (reference_terms(ps, z + h * e, eta)["L"] - reference_terms(ps, z - h * e, eta)["L"]) / (2 * h)
+                for e in np.eye(4)
+            ]
+        )
+        assert_allclose(fast.dL, fd, rtol=1e-5, atol=1e-9)  # atol: the differences' rounding, 1e-16 / h

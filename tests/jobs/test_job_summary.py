@@ -1,0 +1,34 @@
+"""The job summary names the DC rounds each site answered, from the saved model's info."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed import SiteData, fit_dmsa
+from msa_fed.artifacts.model import load_model
+from msa_fed.jobs.operations import summary_lines
+from msa_fed.runtime.messages import Recorder
+
+
+def test_summary_counts_the_rounds_each_site_answered(tmp_path):
+    rng = np.random.default_rng(0)
+    sites = []
+    for k in range(3):
+        X = rng.normal(size=(400, 2)) + 2.0 * k
+        y = (X[:, 0] + rng.normal(size=400) > 2.0 * k).astype(int)
+        predictor = LogisticRegression().fit(X[:100], y[:100])
+        sites.append(SiteData(f"s{k}", X[100:], y[100:], rng.normal(size=(200, 2)) + 2.0 * k, predictor))
+    recorder = Recorder()
+    model = fit_dmsa(sites, "classification", recorder=recorder)
+    rounds = model.info["solver"]["n_evaluations"]
+    asked = Counter(
+        site for direction, site, method, _ in recorder.records if direction == "to_site" and method == "dc_evaluate"
+    )
+    assert asked == {f"s{k}": rounds for k in range(3)}  # the count is what each site answered
+    saved = load_model(model.save(tmp_path / "model"))
+    line = next(line for line in summary_lines(saved) if line.startswith("DC solver"))
+    assert f": {rounds} rounds (queries each site answered)" in line
+    assert "converged = True" in line
