@@ -227,9 +227,13 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
             lines.append(ESTIMATE_NOTE)
     solver = model.info.get("solver") if isinstance(model.info, dict) else None
     if isinstance(solver, dict) and "n_evaluations" in solver:
+        influence = model.info.get("influence") if isinstance(model.info, dict) else None
+        extra = int(influence.get("evaluations", 0)) if isinstance(influence, dict) else 0
+        total = int(solver["n_evaluations"]) + extra
+        also = f"; the influence report {extra} more, {total} in all" if extra else ""
         lines.append(
-            f"DC solver ({solver.get('method')}): {solver['n_evaluations']} rounds (queries each site "
-            f"answered), {solver.get('n_iter')} iterations, converged = {solver.get('converged')}"
+            f"DC solver ({solver.get('method')}): {solver['n_evaluations']} rounds for z (queries each site "
+            f"answered{also}), {solver.get('n_iter')} iterations, converged = {solver.get('converged')}"
         )
     shown = epsilon_line(names, eps)
     if epsilon is None and shown is None:

@@ -24,11 +24,13 @@ def test_summary_counts_the_rounds_each_site_answered(tmp_path):
     recorder = Recorder()
     model = fit_dmsa(sites, "classification", recorder=recorder)
     rounds = model.info["solver"]["n_evaluations"]
+    extra = model.info["influence"]["evaluations"]  # the influence report's re-solves
     asked = Counter(
         site for direction, site, method, _ in recorder.records if direction == "to_site" and method == "dc_evaluate"
     )
-    assert asked == {f"s{k}": rounds for k in range(3)}  # the count is what each site answered
+    assert asked == {f"s{k}": rounds + extra for k in range(3)}  # the counts are what each site answered
     saved = load_model(model.save(tmp_path / "model"))
     line = next(line for line in summary_lines(saved) if line.startswith("DC solver"))
-    assert f": {rounds} rounds (queries each site answered)" in line
+    assert f": {rounds} rounds for z (queries each site answered; the influence report {extra} more, " in line
+    assert f"{rounds + extra} in all" in line
     assert "converged = True" in line
