@@ -114,10 +114,28 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
     return replace(policy, audit_log=audit, ledger=ledger)
 
 
+def job_key(job: str, msg: m.JobSetup) -> str:
+    """``job@digest``: the job's id and a digest of what it asks of the site (its sites, their
+    predictors, task, loss, classes, min_points).  A site approves this key, so a job that reuses
+    an approved name with other content is a new job, pending again."""
+    h = hashlib.sha256()
+    classes = None if msg.classes is None else np.asarray(msg.classes).tolist()
+    content = [job, list(msg.sites), list(msg.predictor_sha256), msg.task, msg.loss, classes, int(msg.min_points)]
+    h.update(repr(content).encode())
+    return f"{job}@{h.hexdigest()[:16]}"
+
+
+def run_key(key: str) -> str:
+    """The ledger's name for one run of a job (one join): per-job budgets count per run, so a
+    monthly job starts each month with its per-job budgets, and the rolling-day budgets and the
+    lifetime epsilon, counted over all runs, bound what repeated runs take."""
+    return f"{key}#{os.urandom(4).hex()}"
+
+
 def worker_policy_kwargs(policy: SitePolicy, job: m.JobSetup, job_id: str) -> dict:
     """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job: the
     job's min_points can only tighten the policy's (the worker applies the stricter)."""
-    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id}
+    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id, "sites": list(job.sites)}
 
 
 # ---------------------------------------------------------------------- the agent
@@ -325,13 +343,14 @@ class SiteAgent:
         want_loss = "cross_entropy" if msg.task == "classification" else "squared"
         if msg.loss != want_loss:
             raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
-        state = self.book.seen(job, admin, sites)
+        key = job_key(job, msg)  # approvals are for this content, not for a reusable name
+        state = self.book.seen(key, admin, sites)
         if self.config.accept_jobs == "approve" and state == "pending":
             raise PrivacyError(
                 "accept_jobs",
                 self.name,
                 f"job {job!r}: it serves only approved jobs and job {job!r} "
-                f"is pending: its operator runs 'msa-fed site approve {job}'",
+                f"is pending: its operator runs 'msa-fed site approve {key}'",
             )
         if msg.predictor_sha256[msg.index] != self.predictor_sha256:
             raise ConfigError(
@@ -351,7 +370,7 @@ class SiteAgent:
             task=msg.task,
             loss=msg.loss,
             classes=msg.classes,
-            **worker_policy_kwargs(self.policy, msg, job),
+            **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         info = worker.info()
         old = self.jobs.pop(job, None)

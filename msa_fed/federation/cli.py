@@ -88,15 +88,29 @@ def _jobs(args) -> int:
 def _approve(args) -> int:
     from msa_fed.federation.state import JobBook
 
+    from msa_fed.errors import ConfigError
+
     config = _config(args)
     book = JobBook(config.jobs_path)
     try:
-        known = any(j["job_id"] == args.job_id for j in book.jobs())
-        book.set_state(args.job_id, "approved", create=True)
+        jobs = book.jobs()
+        if "@" in args.job_id:  # name@content: exactly this job, seen or not
+            keys = [args.job_id]
+        else:  # a name: the contents that asked under it so far (never one not seen yet)
+            keys = [j["job_id"] for j in jobs if j["job_id"].split("@", 1)[0] == args.job_id]
+            if not keys:
+                raise ConfigError(
+                    f"job {args.job_id!r} has not asked site {config.name!r} yet; approve it once it is listed "
+                    "by 'msa-fed site jobs', or in advance by its full id NAME@CONTENT"
+                )
+        known = {j["job_id"] for j in jobs}
+        for key in keys:
+            book.set_state(key, "approved", create=True)
     finally:
         book.close()
-    note = "" if known else " (not seen yet: approved in advance)"
-    print(f"site {config.name}: job {args.job_id} approved{note}")
+    for key in keys:
+        note = "" if key in known else " (not seen yet: approved in advance)"
+        print(f"site {config.name}: job {key} approved{note}")
     return 0
 
 
@@ -117,6 +131,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     jobs.set_defaults(func=_jobs)
 
     approve = site.add_parser("approve", help='admit a job (for accept_jobs = "approve")')
-    approve.add_argument("job_id", help="the job's id, as listed by 'msa-fed site jobs'")
+    approve.add_argument(
+        "job_id",
+        help="the job's id NAME@CONTENT as listed by 'msa-fed site jobs' (a bare NAME approves the "
+        "contents that asked under it so far)",
+    )
     approve.add_argument("--config", required=True, help="site.toml")
     approve.set_defaults(func=_approve)

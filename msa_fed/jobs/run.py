@@ -63,6 +63,7 @@ class JobSiteWorker(SiteWorker):
         loss: str,
         classes=None,
         min_points: int = 20,
+        sites=None,
     ):
         predictors = [
             load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
@@ -76,6 +77,7 @@ class JobSiteWorker(SiteWorker):
             classes=classes,
             min_points=min_points,
             data_path=data_path,
+            sites=sites,
         )
 
 
@@ -208,6 +210,7 @@ def _run_job(
                     loss=fit.loss,
                     classes=classes,
                     min_points=fit.min_points,
+                    sites=list(names),
                 )
                 for k, n in enumerate(names)
             ]

@@ -72,6 +72,7 @@ class SiteGuard:
         try:
             yield decisions
         except PrivacyError as exc:
+            decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self._write(kind, sizes, decisions, "refused", rule=exc.rule or "refused", detail=exc.detail)
             raise
         except Exception as exc:

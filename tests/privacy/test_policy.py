@@ -100,21 +100,20 @@ def test_ledger_survives_a_restart(tmp_path):
         ledger=str(tmp_path / "ledger.sqlite"),
         domain_models_per_job=2,
         domain_models_per_day=3,
-        dc_evaluations_per_job=3,
+        dc_evaluations_per_job=4,
     )
     w, X, _y = A.victim(1, policy=pol, job_id="job-1")
     spec = _honest_spec(X)
     w.set_domain_model(spec)
     w.set_domain_model(spec)  # a replay of the model in force is not a new query
-    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))  # set_qhat is a query: 1 of 4
     for _ in range(3):
         w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
     # the site process restarts: same ledger file, same job
     w2, _, _ = A.victim(1, policy=pol, job_id="job-1")
     w2.set_domain_model(spec)
-    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     with pytest.raises(PrivacyError, match="dc_evaluations_per_job") as err:
-        w2.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+        w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     assert err.value.rule == "budget"
     other = _honest_spec(X + 0.1)
     with pytest.raises(PrivacyError, match="domain_models_per_job"):
@@ -136,7 +135,7 @@ def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["request"] for r in recs] == ["set_domain_model", "set_qhat", "dc_evaluate", "dc_evaluate", "set_qhat"]
     assert recs[-1]["outcome"] == "refused" and recs[-1]["rule"] == "eta_min" and recs[0]["job"] == "job-a"
-    assert "qhat_share" in recs[0]["decisions"] and recs[2]["sizes"]["what"] == ["L"]
+    assert "qhat_share_before" in recs[0]["decisions"] and "w_mass_clipped" in recs[1]["decisions"] and recs[2]["sizes"]["what"] == ["L"]
     summary = verify_log(log)
     assert summary["lines"] == 5 and summary["refused"] == {"eta_min": 1}
 
@@ -259,11 +258,17 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
     own = r.sums
     for qhat, msg in (
         ([1.0, 1.0], "sum to 1"),
-        ([own[0] / 2, 1 - own[0] / 2], "below this site's own share"),
+        ([own[0] / 2, 1 - own[0] / 2], "at least each site's own share"),
         ([np.nan, 1.0], "positive numbers"),
     ):
-        with pytest.raises(PrivacyError, match=msg):
+        with pytest.raises(PrivacyError, match=msg) as err:
             w.set_qhat(m.QhatBroadcast(qhat=np.array(qhat), eta=0.01))
+        # the refusal names the rule and the request's values, never the site's own share
+        assert f"{own[0]:.4g}" not in str(err.value) and f"{own[0]:.3g}" not in str(err.value)
+    # the audit log keeps what was measured
+    refused = [json.loads(x) for x in w.guard.audit.lines if json.loads(x)["outcome"] == "refused"]
+    assert refused[1]["decisions"]["own_share"] == pytest.approx(own[0])
+    assert sum(1 for x in w.guard.audit.lines if json.loads(x)["request"] == "set_qhat") == 3
     w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     with pytest.raises(PrivacyError, match="eta / sum"):
         w.dc_evaluate(m.DCRequest(z=np.array([50.0, 50.0]), eta=0.01, what=("L",)))
@@ -271,20 +276,46 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
         w.dc_evaluate(m.DCRequest(z=np.array([1.5, -0.5]), eta=0.01, what=("L",)))
 
 
-def test_concentration_refuses_an_isolated_point_and_passes_spread_weights():
-    from msa_fed.privacy.rules import check_concentration
+def _exact_cap(r, share, tau):
+    """Slow reference: the largest c with share * (sum_j min(r_j, c) + n tau) >= c, by scanning
+    the intervals between sorted ratios (g is linear on each)."""
+    r = np.sort(np.asarray(r, dtype=float))
+    n = r.size
+    best = 0.0
+    edges = np.concatenate([[0.0], r])
+    for m_ in range(n + 1):  # c in [edges[m_], next edge]: the m_ smallest are below c
+        lo = edges[m_]
+        hi = r[m_] if m_ < n else np.inf
+        below = r[:m_].sum()
+        slope = 1 - share * (n - m_)
+        # g(c) = share (below + (n - m_) c + n tau) - c >= 0
+        if slope <= 0:
+            best = max(best, hi if np.isfinite(hi) else best)
+            continue
+        c = share * (below + n * tau) / slope
+        if c >= lo:
+            best = max(best, min(c, hi))
+    return best
+
+
+def test_influence_is_clipped_not_refused():
+    from msa_fed.privacy.influence import clip_ratios, share_bound, shares
 
     pol = SitePolicy()
-    R = np.zeros((60, 1))
-    R[7] = 2.0  # one point with twice its own mass, the others none
-    with pytest.raises(PrivacyError, match="carries"):
-        check_concentration(R, pol, "s", "w")
-    # an honest far-domain column: tiny ratios everywhere, a few points near the boundary
+    s, tau = share_bound(pol), pol.weight_floor
+    assert s == min(pol.max_point_share, 1 / pol.min_effective_points)
     rng = np.random.default_rng(0)
-    R = np.exp(-rng.uniform(5, 30, size=(60, 1)))
-    R[:5] = 0.3
-    out = check_concentration(R, pol, "s", "w")
-    assert out["w_share"] < pol.max_point_share and out["w_ess"] >= pol.min_effective_points
+    R = np.exp(-rng.uniform(0, 30, size=(60, 4)))
+    R[7, 0] = 2.0  # one point with twice its own mass, the others almost none
+    R[:, 3] = rng.uniform(0.5, 1.5, 60)  # a spread column: untouched
+    out, info = clip_ratios(R, s, tau)
+    assert np.all(shares(out, tau) <= s * (1 + 1e-9))
+    assert np.array_equal(out[:, 3], R[:, 3]) and np.all(out <= R)
+    assert info["share_before"] > s and info["clipped_points"] >= 1 and 0 < info["mass_clipped"] < 1
+    for k in range(3):
+        if shares(R[:, [k]], tau)[0] > s:
+            cap = _exact_cap(R[:, k], s, tau)
+            np.testing.assert_allclose(out[:, k], np.minimum(R[:, k], cap), rtol=1e-9, atol=1e-15)
 
 
 def test_two_writers_share_one_audit_log(tmp_path):
