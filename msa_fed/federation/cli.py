@@ -86,9 +86,8 @@ def _jobs(args) -> int:
 
 
 def _approve(args) -> int:
-    from msa_fed.federation.state import JobBook
-
     from msa_fed.errors import ConfigError
+    from msa_fed.federation.state import JobBook
 
     config = _config(args)
     book = JobBook(config.jobs_path)

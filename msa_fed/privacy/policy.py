@@ -225,9 +225,7 @@ def _check_type(name: str, value):
             or not all(isinstance(v, str) and v for v in value)
             or ("any" in value and len(value) > 1)
         ):
-            raise ConfigError(
-                f'site policy: peers must be a non-empty list of site names, or ["any"]; got {value!r}'
-            )
+            raise ConfigError(f'site policy: peers must be a non-empty list of site names, or ["any"]; got {value!r}')
     elif name == "feature_maps":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"site policy: feature_maps must be a list of names; got {value!r}")
@@ -263,7 +261,7 @@ def validate(policy: SitePolicy) -> SitePolicy:
         if not getattr(policy, name) > 0:
             raise ConfigError(f"site policy: {name} must be > 0; got {getattr(policy, name)!r}")
     if policy.max_sites < 2:
-        raise ConfigError(f"site policy: max_sites must be >= 2 (a job has two sites at least); got {policy.max_sites!r}")
+        raise ConfigError(f"site policy: max_sites must be >= 2 (a job has two sites); got {policy.max_sites!r}")
     at_least_one = [
         "min_points",
         "max_thresholds",

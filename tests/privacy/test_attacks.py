@@ -227,7 +227,7 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
         spec = A.threshold_spec([0.0], [1.0], 0.0)
         assert c.ask("set_domain_model", spec) is None
         assert c.refusals == {"min_points": 1}
-        with pytest.raises(PrivacyError, match=r"site 'tiny' refuses to aggregate over 3 labelled points"):
+        with pytest.raises(PrivacyError, match=r"site 'tiny' refuses to aggregate over fewer labelled points"):
             worker.set_domain_model(spec)
 
 
@@ -325,11 +325,21 @@ def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
     return c_, decoded
 
 
-def test_multi_column_attack_without_dp_reads_every_label():
-    """The limit of the deterministic rules (docs/DESIGN.md section 9): with p coordinator-chosen
-    sources, one small-bump column per point passes every rule and the per-job budget."""
+def test_multi_column_attack_is_refused_by_max_sites():
+    """p = 21 coordinator-chosen sources: a job of more sites than the policy's max_sites is
+    refused before any aggregate leaves, naming the rule."""
     X, y, _ = A.victim_data(1)
     c, decoded = _multi_column({"policy": SitePolicy()}, X, y)
+    assert c.refusals == {"max_sites": 3} and c.answers == 0 and not decoded
+    assert A.score(decoded, y) <= MAX_CORRECT
+
+
+def test_multi_column_attack_without_the_p_bound_reads_every_label():
+    """Sanity of the attack: with max_sites lifted, one small-bump column per point passes the
+    deterministic limits (what stops such a model within max_sites is that it is not the public
+    Maxent optimum over the published samples)."""
+    X, y, _ = A.victim_data(1)
+    c, decoded = _multi_column({"policy": SitePolicy(max_sites=64)}, X, y)
     assert not c.refusals
     assert len(decoded) == A.N and A.score(decoded, y) == A.N
 
@@ -348,6 +358,6 @@ def test_multi_column_attack_is_stopped_by_dp(monkeypatch):
 
     monkeypatch.setattr(DPAccountant, "__init__", seeded)
     X, y, _ = A.victim_data(1)
-    c, decoded = _multi_column({"policy": SitePolicy(**DP1)}, X, y)
+    c, decoded = _multi_column({"policy": SitePolicy(max_sites=64, **DP1)}, X, y)
     assert not c.refusals and len(decoded) == A.N
     assert A.score(decoded, y) <= MAX_CORRECT
