@@ -332,3 +332,76 @@ def test_two_writers_share_one_audit_log(tmp_path):
         w2.set_domain_model(_honest_spec(X))
     summary = verify_log(tmp_path / "a.jsonl", w1.guard.ledger.anchor(str(tmp_path / "a.jsonl")))
     assert summary["lines"] == 6 and summary["jobs"] == ["j1", "j2"]
+
+
+def test_budget_status_reports_used_left_and_refills(tmp_path):
+    from msa_fed.privacy.ledger import HOUR_S, Ledger, budget_status
+
+    pol = SitePolicy(domain_models_per_day=10, dc_evaluations_per_day=100, ledger=str(tmp_path / "l.sqlite"))
+    ledger = Ledger(pol.ledger)
+    t0 = 1_000_000 * HOUR_S + 120.0  # two minutes into an hour
+    ledger.record("a@x#1", "domain_model", 2, t=t0 - 3 * HOUR_S)
+    ledger.record("a@x#1", "dc_evaluation", 30, t=t0 - 3 * HOUR_S)
+    ledger.record("b@y#2", "domain_model", 1, t=t0)
+    ledger.record("old", "domain_model", 5, t=t0 - 30 * HOUR_S)  # outside the rolling day
+    st = budget_status(ledger, pol, now=t0, job="a@x#1")
+    dm = st["domain_models_per_day"]
+    assert (dm["limit"], dm["used"], dm["left"]) == (10, 3, 7)
+    # the 2 queries of 3 hours ago leave the window 25 hours after their hour began
+    assert dm["refills"] == [((1_000_000 - 3 + 25) * HOUR_S, 2), ((1_000_000 + 25) * HOUR_S, 1)]
+    assert dm["next_refill"] == dm["refills"][0][0] > t0
+    assert st["dc_evaluations_per_day"]["left"] == 70
+    assert st["domain_models_per_job"] == {"limit": 3, "used": 2, "left": 1, "refills": [], "next_refill": None}
+    assert st["epsilon_lifetime"]["used"] == 0.0 and st["epsilon_lifetime"]["next_refill"] is None
+    # the day's count the guard enforces is the status's "used"
+    assert ledger.day_count("domain_model", now=t0) == dm["used"]
+    ledger.close()
+
+
+def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_path):
+    """epsilon_lifetime bounds the (epsilon, delta) of the RDP composition (dp-accounting) of all
+    Gaussian answers the site gave, over all jobs (not the sum of the jobs' epsilons, which is
+    looser): the site refuses the first answer that would take it above the limit, and
+    budget_status reports the same number."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    from msa_fed.privacy.dp import calibrate
+    from msa_fed.privacy.ledger import budget_status
+
+    pol = SitePolicy(
+        dp_enabled=True,
+        epsilon_per_job=1.0,
+        epsilon_lifetime=2.0,
+        dp_dc_evaluations=3,
+        ledger=str(tmp_path / "l.sqlite"),
+    )
+    nm = calibrate(1.0, pol.delta, 4)
+    # predicted: full jobs of 4 answers whose composition stays within 2.0
+    def eps(k):
+        acc = rdp.RdpAccountant()
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), k))
+        return acc.get_epsilon(pol.delta)
+
+    answers = 0
+    while eps(answers + 1) <= pol.epsilon_lifetime * (1 + 1e-6):
+        answers += 1
+    assert answers >= 8  # composition is sub-additive: two jobs of epsilon 1 cost less than 2
+    given = 0
+    for j in range(10):
+        w, X, _y = A.victim(1, policy=pol, job_id=f"job-{j}")
+        try:
+            w.set_domain_model(_honest_spec(X))
+            given += 1
+            w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+            for _ in range(3):
+                w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+                given += 1
+        except PrivacyError as exc:
+            assert exc.rule == "dp_budget" and "epsilon_lifetime" in str(exc)
+            break
+    assert given == answers
+    st = budget_status(w.guard.ledger, pol)
+    assert st["epsilon_lifetime"]["used"] == pytest.approx(eps(answers), rel=1e-9)
+    assert st["epsilon_lifetime"]["used"] <= pol.epsilon_lifetime + 1e-6
+    assert st["epsilon_lifetime"]["dp_answers"] == answers
