@@ -257,7 +257,13 @@ def budget_status(ledger: Ledger, policy, now: float | None = None, job: str | N
         for kind, field in JOB_BUDGETS:
             limit = int(getattr(policy, field))
             used = ledger.job_count(job, kind)
-            out[field] = {"limit": limit, "used": used, "left": max(0, limit - used), "refills": [], "next_refill": None}
+            out[field] = {
+                "limit": limit,
+                "used": used,
+                "left": max(0, limit - used),
+                "refills": [],
+                "next_refill": None,
+            }
         jev = ledger.dp_events(job)
         used_job = epsilon_of(jev, policy.delta) if jev else 0.0
         out["epsilon_per_job"] = {

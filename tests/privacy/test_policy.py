@@ -377,6 +377,7 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
         ledger=str(tmp_path / "l.sqlite"),
     )
     nm = calibrate(1.0, pol.delta, 4)
+
     # predicted: full jobs of 4 answers whose composition stays within 2.0
     def eps(k):
         acc = rdp.RdpAccountant()
