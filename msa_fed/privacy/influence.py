@@ -1,8 +1,11 @@
-"""Bounded influence: each labelled point's weight in every returned sum is capped.
+"""Bounded influence: each labelled point's weight in every returned sum over labels is capped.
 
 Every number a site returns about its labelled points is a sum ``sum_i a(i) f(x_i, y_i)`` with
-non-negative weights a(i) = pi_i r(i): r(i) is a density ratio (Q(k|x_i) for a Qhat partial,
-q_k(x_i) = Q(k|x_i) / Qhat(k) for the DC weights w_k).  With tau = ``weight_floor`` (a ratio
+non-negative weights a(i) = pi_i r(i), r(i) a density ratio: q_k(x_i) = Q(k|x_i) / Qhat(k) for
+the DC weights w_k (the sums L_k, u_k, v_k and their gradients, which carry the labels).  A
+Qhat partial sum_i pi_i Q(k|x_i) carries no label and one point adds at most pi_i = 1 / (p n)
+to it; the partials must add up to a probability vector, so they are not clipped (the site
+logs their largest share).  With tau = ``weight_floor`` (a ratio
 below tau is "far from the domain", small influence), the share of point i in column k is
 
     share_k(i) = r_k(i) / (sum_j r_k(j) + n tau)

@@ -21,7 +21,7 @@ from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.consortium import check_consortium, check_disjoint
 from msa_fed.privacy.guard import SiteGuard
-from msa_fed.privacy.influence import bounded
+from msa_fed.privacy.influence import bounded, shares
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
 from msa_fed.runtime import messages as m
 from msa_fed.runtime.node import current_node_id
@@ -389,9 +389,10 @@ class SiteWorker:
                 dec.update(rules.check_kde(msg.bandwidths, msg.samples, Phi, msg.n_sources, self.policy, self.name))
             Q = model.predict_proba(self.X_labeled)
             self._Q = self._points = self._own_partial = self._spec_key = None
-            Qb, clip = bounded(Q, self.policy, "qhat")  # no point above the policy's share
-            dec.update(clip)
-            sums = qhat_partial(Qb, msg.n_sources)
+            # no label enters a Qhat partial and one point adds at most pi_i = 1 / (p n) to it;
+            # the partials must add up to a probability vector, so they are not clipped
+            dec["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
+            sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, key
             dp = self.guard.dp
             if dp is not None:

@@ -136,7 +136,7 @@ def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     assert [r["request"] for r in recs] == ["set_domain_model", "set_qhat", "dc_evaluate", "dc_evaluate", "set_qhat"]
     assert recs[-1]["outcome"] == "refused" and recs[-1]["rule"] == "eta_min" and recs[0]["job"] == "job-a"
     assert (
-        "qhat_share_before" in recs[0]["decisions"]
+        "qhat_share" in recs[0]["decisions"]
         and "w_mass_clipped" in recs[1]["decisions"]
         and recs[2]["sizes"]["what"] == ["L"]
     )
