@@ -38,8 +38,8 @@ def check_min_points(n: int, policy: SitePolicy, site: str, what: str = "labelle
         _fail(
             "min_points",
             site,
-            f"to aggregate over fewer {what} points than its minimum of {policy.min_points}",
-            n_points=int(n),
+            # n is public: the site reports its number of points (SiteInfo)
+            f"to aggregate over {n} {what} points: fewer than the site's minimum of {policy.min_points}",
         )
     return {"min_points": int(n)}
 

@@ -227,7 +227,7 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
         spec = A.threshold_spec([0.0], [1.0], 0.0)
         assert c.ask("set_domain_model", spec) is None
         assert c.refusals == {"min_points": 1}
-        with pytest.raises(PrivacyError, match=r"site 'tiny' refuses to aggregate over fewer labelled points"):
+        with pytest.raises(PrivacyError, match=r"site 'tiny' refuses to aggregate over 3 labelled points"):
             worker.set_domain_model(spec)
 
 
