@@ -1,14 +1,15 @@
-"""The three reconstruction attacks of a malicious coordinator, against a SiteWorker.
+"""The reconstruction attacks of a malicious coordinator that chooses the domain model, against
+a SiteWorker whose labelled inputs it knows (as if leaked: the worst case for these rules).
 
 Each attack sends only allowed request types.  Under the default policy (and with DP on at
-epsilon = 1) each of the three filed attacks is refused or recovers at most 60% of the 60
-labels (chance: 50%).  The "policy-aware" variants are the strongest versions we could build:
-the attacker knows every labelled x (as if leaked), respects every smoothness rule at its
-limit, and hides the target in a small weight that passes the concentration rule; what stops
+epsilon = 1) each filed attack is refused or recovers at most 60% of the 60 labels (chance:
+50%).  The "policy-aware" variants are the strongest versions we could build: the attacker
+knows every labelled x, respects every smoothness rule at its limit and hides the target in a
+small weight (clipping bounds a point's share, not how small a weight may be); what stops
 them is the query budget.  The multi-column variant (p = 21 coordinator-chosen sources, one
-point per column) is NOT stopped without DP: its test records that limit; with DP on it
-reads noise.
-"""
+point per column) is refused by max_sites; with that bound lifted it reads every label
+without DP, and noise with DP on.  tests/privacy/test_coordinator_reads.py has the attacks on
+sites whose labelled inputs stay private."""
 
 import math
 
