@@ -418,8 +418,12 @@ class SiteWorker:
             qhat = np.asarray(msg.qhat, dtype=np.float64)
             # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped at the policy's share; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
-            ratios, clip = bounded(self._Q / qhat[None, :], self.policy, "w")
-            dec.update(clip)
+            ratios = self._Q / qhat[None, :]
+            if self.guard.dp is None:
+                ratios, clip = bounded(ratios, self.policy, "w")
+                dec.update(clip)
+            # with DP the cap is the data-independent ratio_clip (dp.py): a cap that depends on the
+            # other points would let one point move the others' weights, beyond the sensitivity
             self._points = site_point_set(ratios * qhat[None, :], qhat, self._outputs(), self.loss, y=y)
         return m.Ack(self.incarnation)
 

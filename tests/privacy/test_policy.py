@@ -406,3 +406,22 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
     assert st["epsilon_lifetime"]["used"] == pytest.approx(eps(answers), rel=1e-9)
     assert st["epsilon_lifetime"]["used"] <= pol.epsilon_lifetime + 1e-6
     assert st["epsilon_lifetime"]["dp_answers"] == answers
+
+
+def test_dp_weights_use_the_fixed_cap_only():
+    """With DP on, the share cap (which depends on every point) is not applied: the weights are
+    the plain w, capped later by the data-independent ratio_clip of the DP answer."""
+    from msa_fed.core.combination import site_point_set
+
+    w, X, _y = A.victim(1, n=40, policy=SitePolicy(dp_enabled=True))
+    w.set_domain_model(A.threshold_spec([np.sort(X[:, 0])[1]], [8.0], -4.0))  # 2 points set apart
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    plain = site_point_set(w._Q, np.array([0.5, 0.5]), w._outputs(), "cross_entropy")
+    np.testing.assert_array_equal(w._points.w, plain.w)
+    rec = json.loads(w.guard.audit.lines[-1])
+    assert rec["request"] == "set_qhat" and not any(k.startswith("w_") for k in rec["decisions"])
+    # the same request without DP is clipped
+    w2, _, _ = A.victim(1, n=40)
+    w2.set_domain_model(A.threshold_spec([np.sort(X[:, 0])[1]], [8.0], -4.0))
+    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    assert json.loads(w2.guard.audit.lines[-1])["decisions"]["w_clipped_points"] >= 1
