@@ -425,3 +425,36 @@ def test_dp_weights_use_the_fixed_cap_only():
     w2.set_domain_model(A.threshold_spec([np.sort(X[:, 0])[1]], [8.0], -4.0))
     w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     assert json.loads(w2.guard.audit.lines[-1])["decisions"]["w_clipped_points"] >= 1
+
+
+def test_peers_and_max_sites_are_read_and_checked(tmp_path):
+    import tomllib
+
+    from msa_fed.experiments.demo_data import SITES
+    from msa_fed.jobs.demo import DEMO_POLICY
+    from msa_fed.privacy.consortium import check_consortium
+    from msa_fed.privacy.policy import policy_from_mapping
+
+    demo = policy_from_mapping(tomllib.loads(DEMO_POLICY))
+    assert set(demo.peers) == set(SITES)  # the demo's sites name their consortium
+    assert check_consortium("north", list(SITES), 3, demo)["p"] == 3
+    with pytest.raises(PrivacyError, match=r"\['mallory'\]: not among its peers") as err:
+        check_consortium("north", ["north", "east", "mallory"], 3, demo)
+    assert err.value.rule == "peers"
+    with pytest.raises(PrivacyError, match="does not name its sites"):
+        check_consortium("north", None, 3, demo)
+    assert check_consortium("north", None, 3, SitePolicy())["p"] == 3  # "any": in-process callers
+    with pytest.raises(PrivacyError, match="max_sites=16") as err:
+        check_consortium("a", [f"s{k}" for k in range(17)], 17, SitePolicy())
+    assert err.value.rule == "max_sites"
+    for bad, msg in (
+        ("[limits]\npeers = []\n", "peers must be"),
+        ('[limits]\npeers = ["any", "a"]\n', "peers must be"),
+        ('[limits]\npeers = "any"\n', "peers must be"),
+        ("[limits]\nmax_sites = 1\n", "max_sites must be >= 2"),
+    ):
+        (tmp_path / "p.toml").write_text(bad)
+        with pytest.raises(ConfigError, match=msg):
+            load_policy(tmp_path / "p.toml")
+    assert tighten(SitePolicy(), {"max_sites": 4}).max_sites == 4  # a job may only lower it
+    assert tighten(SitePolicy(), {"max_sites": 400}).max_sites == 16
