@@ -377,7 +377,7 @@ class SiteAgent:
         if old is not None:  # joined again (the job restarted): the new worker replaces it
             _close_guard(old)
         self.jobs[job] = worker
-        self.book.set_state(job, "served")
+        self.book.set_state(key, "served")
         return info
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
