@@ -88,3 +88,19 @@ def test_the_fourth_monthly_run_has_its_per_job_budget_and_the_day_still_bounds(
             w.set_domain_model(spec(10 * run + j + 1))
             used += 1
     assert used == 10
+
+
+def test_the_audit_log_names_the_job_and_the_run(tmp_path):
+    from msa_fed.privacy.policy import SitePolicy
+    from tests.privacy import attacks as A
+    from tests.privacy.test_policy import _honest_spec
+
+    pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"))
+    key = job_key("monthly", _setup())
+    run = run_key(key)
+    w, X, _ = A.victim(1, policy=pol, job_id=run)
+    w.set_domain_model(_honest_spec(X))
+    rec = json.loads(w.guard.audit.lines[-1])
+    assert rec["job"] == "monthly" and rec["run"] == run
+    assert w.guard.ledger.job_count(run, "domain_model") == 1  # budgets count per run
+    assert w.guard.ledger.job_count("monthly", "domain_model") == 0
