@@ -172,6 +172,7 @@ def make_backend(sites: list[SiteData], config: FitConfig):
             classes=classes,
             min_points=config.min_points,
             policy=s.policy,
+            sites=[t.name for t in sites],
         )
         for k, s in enumerate(sites)
     ]

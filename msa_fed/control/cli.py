@@ -341,6 +341,39 @@ def _load_predictor_file(path: str, max_bytes: int) -> bytes:
     return data
 
 
+def _check_not_labelled(X, labeled: str | None) -> None:
+    """Refuse a sample that shares a row with the site's labelled inputs (``--labeled``: the
+    site's data file, an .npz with X_labeled, or a 2-D .npy of the labelled inputs)."""
+    import numpy as np
+
+    from msa_fed.privacy.consortium import check_disjoint
+
+    if not labeled:
+        print(
+            "note: --labeled not given: not checked here that the sample holds no labelled input "
+            "('msa-fed site serve' checks it and refuses to start)",
+            file=sys.stderr,
+        )
+        return
+    _regular_file(labeled, "--labeled", 2**62)
+    try:
+        data = np.load(labeled, allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            XL = data
+        else:
+            with data:
+                XL = data["X_labeled"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"--labeled {labeled!r}: not the site's data file (.npz with X_labeled) or a .npy array: "
+            f"{' '.join(str(exc).split())[:200]}"
+        ) from None
+    XL = np.asarray(XL)
+    if XL.ndim != 2 or XL.shape[1] != X.shape[1] or XL.dtype.kind not in "fiub":
+        raise ConfigError(f"--labeled {labeled!r}: expected a numeric (n, {X.shape[1]}) array; got {XL.shape}")
+    check_disjoint("(this site)", XL, X)
+
+
 def _publish(args) -> int:
     if not args.predictor and not args.unlabeled:
         raise ConfigError("give --predictor MODEL.onnx and/or --unlabeled SAMPLE.npy")
@@ -350,6 +383,8 @@ def _publish(args) -> int:
         else None
     )
     X = _load_sample(args.unlabeled, _mib(args.max_sample_mb, "--max-sample-mb")) if args.unlabeled else None
+    if X is not None:
+        _check_not_labelled(X, args.labeled)
     with _client(args) as client:
         if data is not None:
             rec = client.upload_predictor(data)
@@ -468,6 +503,12 @@ def register(subparsers) -> None:
     _connection_options(p)
     p.add_argument("--predictor", metavar="MODEL.onnx", help="ONNX predictor (msa_fed.artifacts export)")
     p.add_argument("--unlabeled", metavar="SAMPLE.npy", help="unlabelled inputs, a 2-D numeric .npy array")
+    p.add_argument(
+        "--labeled",
+        metavar="DATA.npz",
+        help="the site's data file (X_labeled) or a .npy of its labelled inputs: a sample sharing a row "
+        "with them is refused",
+    )
     p.add_argument("--max-predictor-mb", type=float, default=64.0, help="refuse a larger predictor file (default 64)")
     p.add_argument(
         "--max-sample-mb", type=float, default=256.0, help="refuse a larger sample, counted as float32 (default 256)"

@@ -48,6 +48,25 @@ def train_predictors(data, seed: int = 0):
     return preds
 
 
+def adaptation_sites(data, predictors, seed: int) -> list:
+    """Each domain's site: N_ADAPT labelled training rows (for z) and, as its published unlabelled
+    sample, N_ADAPT other training rows of the domain (a site never publishes its labelled
+    inputs).  A domain with fewer than 2 N_ADAPT training rows (Doc: 413) splits them in two
+    halves instead."""
+    from msa_fed import SiteData
+
+    pools = {"Doc": np.flatnonzero(data.doc_train), "NDoc": np.flatnonzero(~data.doc_train)}
+    rng = np.random.default_rng([seed, 3])
+    urng = np.random.default_rng([seed, 4])
+    sites = []
+    for dom, h in zip(DOMAINS, predictors):
+        idx = rng.choice(pools[dom], size=min(N_ADAPT, pools[dom].size // 2), replace=False)
+        rest = np.setdiff1d(pools[dom], idx)
+        uidx = urng.choice(rest, size=min(N_ADAPT, rest.size), replace=False)
+        sites.append(SiteData(dom, data.X_train[idx], data.y_train[idx], data.X_train[uidx], h))
+    return sites
+
+
 def run(
     seeds: int = 100,
     *,
@@ -58,7 +77,7 @@ def run(
     dmsa_options: dict | None = None,
 ) -> dict:
     """``seeds`` runs of the adaptation step; returns ``{method: {target: {mean, std}}}``."""
-    from msa_fed import SiteData, fit_dmsa, fit_gmsa
+    from msa_fed import fit_dmsa, fit_gmsa
 
     data = load_adult()
     predictors = train_predictors(data)
@@ -70,16 +89,10 @@ def run(
 
     fixed = {"h_Doc": predictors[0], "h_NDoc": predictors[1], "unif": UniformCombination(predictors, "classification")}
     fixed_acc = {m: acc(h) for m, h in fixed.items()}
-    pools = {"Doc": np.flatnonzero(data.doc_train), "NDoc": np.flatnonzero(~data.doc_train)}
     dmsa_opts = {**DMSA_OPTIONS, **(dmsa_options or {})}
     runs = []
     for s in range(seeds):
-        rng = np.random.default_rng([s, 3])
-        sites = []
-        for dom, h in zip(DOMAINS, predictors):
-            idx = rng.choice(pools[dom], size=N_ADAPT, replace=False)
-            X, y = data.X_train[idx], data.y_train[idx]
-            sites.append(SiteData(dom, X, y, X, h))
+        sites = adaptation_sites(data, predictors, s)
         res = dict(fixed_acc)
         res["GMSA"] = acc(fit_gmsa(sites, "classification", random_state=s, runtime=runtime, **GMSA_OPTIONS))
         res["DMSA"] = acc(fit_dmsa(sites, "classification", random_state=s, runtime=runtime, **dmsa_opts))

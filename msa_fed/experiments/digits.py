@@ -87,19 +87,26 @@ def make_splits(domains, quick: bool = False):
     return out
 
 
-def train_domain_models(domains, splits, seed: int, *, quick: bool = False, use_cache: bool = True):
-    """Per seed: adaptation indices and the trained CNNs (per domain and joint)."""
-    config = cnn.CNNConfig() if not quick else replace(cnn.CNNConfig(), epochs=QUICK["epochs"])
+def adaptation_split(splits, seed: int, quick: bool = False):
+    """Per seed: ({domain: adaptation indices}, {domain: CNN training indices}), disjoint."""
     rng = np.random.default_rng([seed, 5])
-    adapt, models, train_sets = {}, {}, {}
+    adapt, train_sets = {}, {}
     for name in DOMAINS:
         pool = rng.permutation(splits[name][1])
         n_adapt = QUICK["adapt"] if quick else ADAPT_SIZE[name]
         adapt[name] = pool[:n_adapt]
         train = pool[n_adapt:]
-        if quick:
-            train = train[: QUICK["train"]]
-        train_sets[name] = train
+        train_sets[name] = train[: QUICK["train"]] if quick else train
+    return adapt, train_sets
+
+
+def train_domain_models(domains, splits, seed: int, *, quick: bool = False, use_cache: bool = True):
+    """Per seed: adaptation indices and the trained CNNs (per domain and joint)."""
+    config = cnn.CNNConfig() if not quick else replace(cnn.CNNConfig(), epochs=QUICK["epochs"])
+    adapt, train_sets = adaptation_split(splits, seed, quick)
+    models = {}
+    for name in DOMAINS:
+        train = train_sets[name]
         dom = domains[name]
         key = f"{name}-{'quick' if quick else 'full'}"
         models[name] = cnn.train_cached(key, dom.X[train], dom.y[train], seed=seed, config=config, use_cache=use_cache)
@@ -176,6 +183,7 @@ def run(
     curve: dict[int, list[dict]] = {m: [] for m in sizes}
     for s in range(seeds):
         adapt, models = train_domain_models(domains, splits, s, quick=quick, use_cache=use_cache)
+        _, unlabeled = adaptation_split(splits, s, quick)  # the CNNs' training inputs: never the labelled ones
         preds = {n: cnn.CNNPredictor(models[n]) for n in DOMAINS}
         feats = cnn.HiddenFeatures([models[n] for n in DOMAINS])
         res = {f"CNN-{LETTER[n]}": score(preds[n]) for n in DOMAINS}
@@ -186,7 +194,8 @@ def run(
             for n in DOMAINS:
                 idx = adapt[n][:m]
                 X = domains[n].X[idx].reshape(-1, 256)
-                sites.append(SiteData(n, X, domains[n].y[idx], X, preds[n]))
+                Xu = domains[n].X[unlabeled[n][:m]].reshape(-1, 256)
+                sites.append(SiteData(n, X, domains[n].y[idx], Xu, preds[n]))
             fitted = {
                 "GMSA": fit_gmsa(
                     sites,

@@ -91,7 +91,6 @@ def _fits(sites, task, options, seed, metric, loss_clip, epsilons=EPSILONS, runt
 def synthetic_seed(seed: int, n: int, n_test: int, epsilons=EPSILONS, runtime="local") -> dict:
     from sklearn.linear_model import LogisticRegression
 
-    from msa_fed import SiteData
     from msa_fed.experiments import synthetic as S
 
     rng = np.random.default_rng([seed, 0])
@@ -100,11 +99,7 @@ def synthetic_seed(seed: int, n: int, n_test: int, epsilons=EPSILONS, runtime="l
         X, y = S.sample(dom, S.N_TRAIN, rng)
         predictors.append(LogisticRegression().fit(X, y))
     test = {dom: S.sample(dom, n_test, rng) for dom in S.DOMAINS}
-    arng = np.random.default_rng([seed, 1, n])
-    sites = []
-    for dom, h in zip(S.DOMAINS, predictors):
-        X, y = S.sample(dom, n, arng)
-        sites.append(SiteData(dom, X, y, X, h))
+    sites = S.adaptation_sites(seed, n, predictors)
 
     def metric(model):
         return float(np.mean([np.mean(model.predict(X) == y) for X, y in test.values()]))
@@ -113,16 +108,10 @@ def synthetic_seed(seed: int, n: int, n_test: int, epsilons=EPSILONS, runtime="l
 
 
 def adult_seed(seed: int, data, predictors, epsilons=EPSILONS, runtime="local") -> dict:
-    from msa_fed import SiteData
     from msa_fed.experiments import adult as A
 
     test = {"Doc": data.doc_test, "NDoc": ~data.doc_test}
-    pools = {"Doc": np.flatnonzero(data.doc_train), "NDoc": np.flatnonzero(~data.doc_train)}
-    rng = np.random.default_rng([seed, 3])
-    sites = []
-    for dom, h in zip(A.DOMAINS, predictors):
-        idx = rng.choice(pools[dom], size=A.N_ADAPT, replace=False)
-        sites.append(SiteData(dom, data.X_train[idx], data.y_train[idx], data.X_train[idx], h))
+    sites = A.adaptation_sites(data, predictors, seed)
 
     def metric(model):
         return float(np.mean([np.mean(model.predict(data.X_test[mk]) == data.y_test[mk]) for mk in test.values()]))
@@ -131,13 +120,12 @@ def adult_seed(seed: int, data, predictors, epsilons=EPSILONS, runtime="local") 
 
 
 def sentiment_seed(seed: int, corpus, quick: bool, epsilons=EPSILONS, runtime="local") -> dict:
-    from msa_fed import SiteData
     from msa_fed.experiments import sentiment as T
 
     n_train, n_test = (400, 200) if quick else (T.N_TRAIN, T.N_TEST)
     _, split = T.prepare_split(corpus, seed, n_train, n_test)
     predictors = {k: T.make_svr().fit(Xtr, ytr) for k, (Xtr, ytr, _, _) in split.items()}
-    sites = [SiteData(k, Xtr, ytr, Xtr, predictors[k]) for k, (Xtr, ytr, _, _) in split.items()]
+    sites = T.adaptation_sites(split, predictors)
 
     def metric(model):
         return float(np.mean([np.mean((model.predict(Xte) - yte) ** 2) for _, _, Xte, yte in split.values()]))

@@ -88,6 +88,21 @@ def _accuracy(model, X, y) -> float:
     return float(np.mean(model.predict(X) == y))
 
 
+def adaptation_sites(seed: int, n: int, predictors) -> list:
+    """Each domain's site: n labelled points (for z) and, as its published unlabelled sample, n
+    other points of the domain (a site never publishes its labelled inputs)."""
+    from msa_fed import SiteData
+
+    arng = np.random.default_rng([seed, 1, n])
+    urng = np.random.default_rng([seed, 2, n])
+    sites = []
+    for dom, h in zip(DOMAINS, predictors):
+        X, y = sample(dom, n, arng)
+        Xu, _ = sample(dom, n, urng)
+        sites.append(SiteData(dom, X, y, Xu, h))
+    return sites
+
+
 def run_seed(
     seed: int,
     sizes=SIZES,
@@ -98,7 +113,7 @@ def run_seed(
     with_threshold: bool = True,
 ) -> dict:
     """One seed: ``{n: {method: {target: accuracy}}}`` for every adaptation size n."""
-    from msa_fed import SiteData, fit_dmsa, fit_gmsa
+    from msa_fed import fit_dmsa, fit_gmsa
 
     rng = np.random.default_rng([seed, 0])
     predictors = []
@@ -112,11 +127,7 @@ def run_seed(
     fixed_acc = {m: {d: _accuracy(h, *test[d]) for d in DOMAINS} for m, h in fixed.items()}
     out = {}
     for n in sizes:
-        arng = np.random.default_rng([seed, 1, n])
-        sites = []
-        for dom, h in zip(DOMAINS, predictors):
-            X, y = sample(dom, n, arng)
-            sites.append(SiteData(dom, X, y, X, h))
+        sites = adaptation_sites(seed, n, predictors)
         models = {
             "GMSA": fit_gmsa(sites, "classification", random_state=seed, runtime=runtime),
             "DMSA": fit_dmsa(

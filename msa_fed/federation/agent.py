@@ -128,10 +128,24 @@ def excluded_peers_path(config: SiteConfig) -> Path:
     return jobs.with_name(jobs.name.split(".")[0] + ".excluded.json")
 
 
+def job_key(job: str, digest: str) -> str:
+    """``job@digest``: the job's id and (the start of) the digest of its content
+    (:func:`msa_fed.crypto.sealing.job_content_digest`), the name the audit log and the ledger
+    give one content of a job."""
+    return f"{job}@{digest[:16]}"
+
+
+def run_key(key: str) -> str:
+    """The ledger's name for one run of a job (one join): per-job budgets count per run, so a
+    monthly job starts each month with its per-job budgets, and the rolling-day budgets and the
+    lifetime epsilon, counted over all runs, bound what repeated runs take."""
+    return f"{key}#{os.urandom(4).hex()}"
+
+
 def worker_policy_kwargs(policy: SitePolicy, job: m.JobSetup, job_id: str) -> dict:
     """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job: the
     job's min_points can only tighten the policy's (the worker applies the stricter)."""
-    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id}
+    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id, "sites": list(job.sites)}
 
 
 # ---------------------------------------------------------------------- the agent
@@ -417,13 +431,16 @@ class SiteAgent:
             check_join_content(self, job, msg, content)
         else:  # an unsealed job: what the join says of it
             content = unsealed_content(job, msg)
-        state = self.book.seen(job, admin, sites, digest=job_content_digest(content), content=content)
+        digest = job_content_digest(content)
+        key = job_key(job, digest)
+        # approvals are for this content, not for a reusable name (a new content is pending again)
+        state = self.book.seen(job, admin, sites, digest=digest, content=content)
         if self.config.accept_jobs == "approve" and state == "pending":
             raise PrivacyError(
                 "accept_jobs",
                 self.name,
                 f"job {job!r}: it serves only approved jobs and job {job!r} "
-                f"is pending: its operator runs 'msa-fed site approve {job}'",
+                f"is pending: its operator runs 'msa-fed site approve {job} --config site.toml'",
             )
         if msg.predictor_sha256[msg.index] != self.predictor_sha256:
             raise ConfigError(
@@ -444,7 +461,7 @@ class SiteAgent:
             task=msg.task,
             loss=msg.loss,
             classes=msg.classes,
-            **worker_policy_kwargs(self.policy, msg, job),
+            **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         worker.published = self._published_samples(job, sites)  # to verify domain models
         info = worker.info()

@@ -211,7 +211,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     jobs.set_defaults(func=_jobs)
 
     approve = site.add_parser("approve", help='admit a job (for accept_jobs = "approve")')
-    approve.add_argument("job_id", help="the job's id, as listed by 'msa-fed site jobs'")
+    approve.add_argument(
+        "job_id",
+        help="the job's id NAME@CONTENT as listed by 'msa-fed site jobs' (a bare NAME approves the "
+        "contents that asked under it so far)",
+    )
     approve.add_argument("--config", required=True, help="site.toml")
     approve.add_argument(
         "--digest", help="the content digest shown by 'msa-fed site jobs' (binds an approval given in advance)"

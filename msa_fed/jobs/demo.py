@@ -60,11 +60,13 @@ def accuracy_table(fed: dict, names, columns: dict, log=_print):
 
 
 #: each demo site's privacy policy file (``policy`` in its site.toml): the defaults, written out,
-#: with a per-job budget of DC evaluations
+#: with a per-job budget of DC evaluations and the consortium named (as a deployed site names
+#: its peers: a job with any other site is refused)
 DEMO_POLICY = """[limits]
 min_points = 20
 max_point_share = 0.25
 eta_min = 1e-3
+peers = ["north", "east", "west"]
 
 [budget]
 domain_models_per_job = 3

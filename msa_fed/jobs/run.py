@@ -68,6 +68,7 @@ class JobSiteWorker(SiteWorker):
         classes=None,
         min_points: int = 20,
         predictor_owners=None,
+        sites=None,
     ):
         predictors = [
             load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
@@ -83,6 +84,7 @@ class JobSiteWorker(SiteWorker):
             classes=classes,
             min_points=min_points,
             data_path=data_path,
+            sites=sites,
         )
 
 
@@ -258,6 +260,7 @@ def _run_job(
                     classes=classes,
                     min_points=fit.min_points,
                     predictor_owners=names,
+                    sites=list(names),
                 )
                 for k, n in enumerate(names)
             ]

@@ -92,7 +92,7 @@ class AuditLog:
             if not self.path:
                 head = self._append(record, None)
                 if self.ledger is not None and counts:
-                    self.ledger.commit(str(record.get("job", "")), counts)
+                    self.ledger.commit(str(record.get("run") or record.get("job", "")), counts)
                 return head
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
             try:
@@ -114,7 +114,9 @@ class AuditLog:
         self.count += 1
         self.head = line_hash(line)
         if self.ledger is not None and fh is not None:  # the line's counts and anchor, one transaction
-            self.ledger.commit(str(record.get("job", "")), counts, (self._key(), self.count, self.head))
+            self.ledger.commit(
+                str(record.get("run") or record.get("job", "")), counts, (self._key(), self.count, self.head)
+            )
         return self.head
 
     def records(self) -> list[dict]:

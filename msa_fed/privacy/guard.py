@@ -28,7 +28,8 @@ class SiteGuard:
     def __init__(self, site: str, policy: SitePolicy, job: str = ""):
         self.site = site
         self.policy = policy
-        self.job = job or uuid.uuid4().hex
+        self.job = job or uuid.uuid4().hex  # the ledger's key: NAME@DIGEST#RUN from a site agent
+        self.job_name = self.job.split("@", 1)[0]  # what the audit log's "job" shows
         self.ledger = Ledger(policy.ledger)
         self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
         self._dp: Any = None  # a DPAccountant once DP is on (msa_fed.privacy.dp imports dp-accounting)
@@ -73,6 +74,7 @@ class SiteGuard:
         try:
             yield decisions
         except PrivacyError as exc:
+            decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self._write(kind, sizes, decisions, "refused", rule=exc.rule or "refused", detail=exc.detail)
             raise
         except Exception as exc:
@@ -83,13 +85,15 @@ class SiteGuard:
     def _write(self, kind, sizes, decisions, outcome, **extra):
         rec = {
             "site": self.site,
-            "job": self.job,
+            "job": self.job_name,
             "request": kind,
             "sizes": sizes,
             "decisions": decisions,
             "outcome": outcome,
             **extra,
         }
+        if self.job != self.job_name:
+            rec["run"] = self.job
         if self._dp is not None:
             rec["epsilon_job"] = self._dp.epsilon_job()
         counts, self._pending.counts = list(getattr(self._pending, "counts", [])), []

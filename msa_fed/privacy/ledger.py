@@ -103,6 +103,16 @@ class Ledger:
             ).fetchone()
         return int(row[0])
 
+    def day_hours(self, kind: str, now: float | None = None) -> list[tuple[int, int]]:
+        """(hour, count) of ``kind`` in the rolling day's window (the hours ``day_count`` sums)."""
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT hour, n FROM hourly_queries WHERE kind = ? AND hour >= ? AND n > 0 ORDER BY hour",
+                (kind, hour - 24),
+            ).fetchall()
+        return [(int(h), int(n)) for h, n in rows]
+
     # ------------------------------------------------------------------ DP
     def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
         with self._lock:
@@ -170,6 +180,11 @@ class MemoryLedger(Ledger):
         with self._lock:
             return sum(v for (k, h), v in self._hours.items() if k == kind and h >= hour - 24)
 
+    def day_hours(self, kind: str, now: float | None = None) -> list[tuple[int, int]]:
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            return sorted((h, v) for (k, h), v in self._hours.items() if k == kind and h >= hour - 24 and v > 0)
+
     def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
         with self._lock:
             self._dp.append((job, float(noise_multiplier), int(count)))
@@ -187,3 +202,75 @@ class MemoryLedger(Ledger):
 
     def anchor(self, log: str) -> tuple[int, str] | None:
         return self._anchors.get(log)
+
+
+#: the budgets of a site's policy counted over a rolling day: (ledger kind, policy field)
+DAY_BUDGETS = (("domain_model", "domain_models_per_day"), ("dc_evaluation", "dc_evaluations_per_day"))
+JOB_BUDGETS = (("domain_model", "domain_models_per_job"), ("dc_evaluation", "dc_evaluations_per_job"))
+
+
+def budget_status(ledger: Ledger, policy, now: float | None = None, job: str | None = None) -> dict:
+    """What is used and left of each budget of ``policy`` in ``ledger``, and when it refills.
+
+    Returns ``{budget name: entry}`` where the names are the policy's fields:
+
+    - ``domain_models_per_day``, ``dc_evaluations_per_day`` (rolling day, all jobs):
+      ``{"limit": int, "used": int, "left": int, "refills": [(unix time, count), ...],
+      "next_refill": unix time or None}``; ``refills`` lists when the queries counted now leave
+      the window (an hour's queries leave 25 hours after the start of that hour, since the
+      window counts whole hours), oldest first;
+    - ``epsilon_lifetime``: ``{"limit": float, "used": float, "left": float, "refills": [],
+      "next_refill": None, "delta": float, "dp_answers": int}``: the epsilon at ``delta`` of the
+      composition (RDP, dp-accounting) of every Gaussian answer the site ever gave; it never
+      refills;
+    - with ``job`` (a ledger job key): ``domain_models_per_job``, ``dc_evaluations_per_job`` and
+      ``epsilon_per_job`` for that job, in the same form (no refills).
+    """
+    t = time.time() if now is None else float(now)
+    out: dict = {}
+    for kind, field in DAY_BUDGETS:
+        limit = int(getattr(policy, field))
+        hours = ledger.day_hours(kind, t)
+        used = sum(n for _, n in hours)
+        refills = [(float((h + 25) * HOUR_S), int(n)) for h, n in hours]
+        out[field] = {
+            "limit": limit,
+            "used": used,
+            "left": max(0, limit - used),
+            "refills": refills,
+            "next_refill": refills[0][0] if refills else None,
+        }
+    from msa_fed.privacy.dp import epsilon_of
+
+    events = ledger.dp_events(None)
+    used_eps = epsilon_of(events, policy.delta) if events else 0.0
+    out["epsilon_lifetime"] = {
+        "limit": float(policy.epsilon_lifetime),
+        "used": used_eps,
+        "left": max(0.0, float(policy.epsilon_lifetime) - used_eps),
+        "refills": [],
+        "next_refill": None,
+        "delta": float(policy.delta),
+        "dp_answers": int(sum(c for _, c in events)),
+    }
+    if job is not None:
+        for kind, field in JOB_BUDGETS:
+            limit = int(getattr(policy, field))
+            used = ledger.job_count(job, kind)
+            out[field] = {
+                "limit": limit,
+                "used": used,
+                "left": max(0, limit - used),
+                "refills": [],
+                "next_refill": None,
+            }
+        jev = ledger.dp_events(job)
+        used_job = epsilon_of(jev, policy.delta) if jev else 0.0
+        out["epsilon_per_job"] = {
+            "limit": float(policy.epsilon_per_job),
+            "used": used_job,
+            "left": max(0.0, float(policy.epsilon_per_job) - used_job),
+            "refills": [],
+            "next_refill": None,
+        }
+    return out

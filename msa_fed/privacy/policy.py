@@ -10,9 +10,11 @@ File layout (every section and key optional; unknown ones are errors naming them
 
     [limits]
     min_points = 20                # never aggregate over fewer labelled / unlabelled points
-    min_effective_points = 8.0     # effective sample size of the weights of every returned sum
-    max_point_share = 0.25         # largest share of one point in any returned sum
+    min_effective_points = 8.0     # every returned sum: effective sample size >= this (by clipping)
+    max_point_share = 0.25         # every returned sum: one point's share <= this (by clipping)
     weight_floor = 0.05            # density ratio below which a weight is "small influence"
+    peers = ["any"]                # the sites this site federates with (names), or ["any"]
+    max_sites = 16                 # the largest number of sites (p) of a job this site serves
     mu_min = 1e-4                  # |W|^2 <= log p / mu_min for a Maxent domain model
     eta_min = 1e-3                 # smoothing: eta >= eta_min
     scale_floor = 0.1              # standardisation scales >= scale_floor * the site's own std
@@ -62,6 +64,8 @@ from msa_fed.errors import ConfigError
 #: on a site's node: the path of the site's policy file (read by the site's own process)
 POLICY_ENV = "MSA_FED_SITE_POLICY"
 FEATURE_MAPS = ("standard", "onehot", "threshold", "rff")
+#: ``peers`` value that admits any site (the default; a deployed site names its peers)
+ANY_PEER = ("any",)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,11 @@ class SitePolicy:
     kde_bandwidth_floor: float = 1e-3
     feature_maps: tuple = FEATURE_MAPS
     allow_custom_feature_map: bool = True
+    # the consortium: a job naming a site outside ``peers`` (unless "any") or more than
+    # ``max_sites`` sites is refused.  Default "any" and 16: every honest example and experiment
+    # runs (p <= 10); a deployed site names its peers (fake sites are then strangers).
+    peers: tuple = ANY_PEER
+    max_sites: int = 16
     # [budget]
     domain_models_per_job: int = 3
     dc_evaluations_per_job: int = 5000
@@ -102,12 +111,21 @@ class SitePolicy:
     verify_tolerance: float = 0.01
 
     def __post_init__(self):
+        for name in ("feature_maps", "peers"):  # lists from a caller: kept as tuples (hashable, frozen)
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         validate(self)
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["feature_maps"] = list(self.feature_maps)
+        d["peers"] = list(self.peers)
         return d
+
+    def admits(self, site: str) -> bool:
+        """Whether ``site`` is one of this site's peers (always, with peers = ["any"])."""
+        return self.peers == ANY_PEER or site in self.peers
 
 
 #: file section -> {key in the file: field name}
@@ -129,6 +147,8 @@ SECTIONS: dict[str, dict[str, str]] = {
             "kde_bandwidth_floor",
             "feature_maps",
             "allow_custom_feature_map",
+            "peers",
+            "max_sites",
         )
     },
     "budget": {
@@ -156,6 +176,7 @@ SECTIONS: dict[str, dict[str, str]] = {
 
 _INTS = {
     "min_points",
+    "max_sites",
     "max_thresholds",
     "max_components",
     "domain_models_per_job",
@@ -178,6 +199,7 @@ HIGHER_IS_STRICTER = {
 }
 LOWER_IS_STRICTER = {
     "max_point_share",
+    "max_sites",
     "mean_bound",
     "max_thresholds",
     "max_components",
@@ -212,6 +234,14 @@ def _check_type(name: str, value):
     elif name in _STRS:
         if not isinstance(value, str):
             raise ConfigError(f"site policy: {name} must be a string; got {value!r}")
+    elif name == "peers":
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(v, str) and v for v in value)
+            or ("any" in value and len(value) > 1)
+        ):
+            raise ConfigError(f'site policy: peers must be a non-empty list of site names, or ["any"]; got {value!r}')
     elif name == "feature_maps":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"site policy: feature_maps must be a list of names; got {value!r}")
@@ -248,6 +278,8 @@ def validate(policy: SitePolicy) -> SitePolicy:
     for name in positive:
         if not getattr(policy, name) > 0:
             raise ConfigError(f"site policy: {name} must be > 0; got {getattr(policy, name)!r}")
+    if policy.max_sites < 2:
+        raise ConfigError(f"site policy: max_sites must be >= 2 (a job has two sites); got {policy.max_sites!r}")
     at_least_one = [
         "min_points",
         "max_thresholds",
@@ -292,7 +324,7 @@ def policy_from_mapping(doc: Mapping[str, Any], source: str = "site policy") -> 
                 )
             name = SECTIONS[section][key]
             _check_type(name, value)
-            values[name] = tuple(value) if name == "feature_maps" else value
+            values[name] = tuple(value) if name in ("feature_maps", "peers") else value
     return SitePolicy(**values)
 
 

@@ -4,19 +4,10 @@ Each ``check_*`` takes the request, the site's own data or weights and the polic
 a dict of what it measured (written to the audit log) or raises
 :class:`~msa_fed.errors.PrivacyError` (rule, site, detail).  Nothing here talks to the network.
 
-Concentration.  Every number a site returns about its labelled points is a sum
-``sum_i a(i) f(x_i, y_i)`` with non-negative weights a(i).  Writing a(i) = pi_i r(i) (pi_i the
-point's mass, r(i) a density ratio: Q(k|x_i) for a Qhat partial, q_k(x_i) = Q(k|x_i)/Qhat(k)
-for w_k, q_k(x_i) + eta for the u_k/v_k weights c_k(i) = w_k(i) + eta pi_i), a point dominates
-a sum when r(i) is large against the others.  A ratio below ``weight_floor`` (tau) is small
-influence: the point is far from the domain.  With r'(i) = r(i) + tau,
-
-    share = max_i r(i) / (sum_i r(i) + n tau)      <= max_point_share
-    ESS   = (sum_i r'(i))^2 / sum_i r'(i)^2         >= min_effective_points
-
-K_z(i) = sum_k z_k w_k(i) + eta pi_i mixes the columns, and the share of one point in a
-mixture is at most its largest share in a column (mediant inequality), so checking the
-columns of w and c covers K_z and the loss sums L_k, u_k, v_k.
+Refusals name the rule and the request's own values, never a value measured on the site's
+data: what was measured goes to the site's audit log only (``measured`` of :func:`_fail`).
+How much one labelled point may weigh in a returned sum is not a refusal but a cap
+(:mod:`msa_fed.privacy.influence`).
 """
 
 from __future__ import annotations
@@ -31,9 +22,15 @@ from msa_fed.privacy.policy import SitePolicy
 QHAT_ATOL = 1e-6
 
 
-def _fail(rule: str, site: str, detail: str):
-    """Raise the refusal; the message reads "site 'a' refuses <detail> (rule: <rule>)"."""
-    raise PrivacyError(rule, site, detail if detail.startswith("to ") else f"the request: {detail}")
+def _fail(rule: str, site: str, detail: str, **measured):
+    """Raise the refusal; the message reads "site 'a' refuses <detail> (rule: <rule>)".
+
+    ``detail`` must not carry values measured on the site's data; those go in ``measured``,
+    which the site's guard writes to its audit log (the exception's ``measured`` attribute is
+    not part of its message nor of its pickled form)."""
+    exc = PrivacyError(rule, site, detail if detail.startswith("to ") else f"the request: {detail}")
+    exc.measured = measured  # type: ignore[attr-defined]  # read back by the guard (getattr)
+    raise exc
 
 
 def check_min_points(n: int, policy: SitePolicy, site: str, what: str = "labelled") -> dict:
@@ -41,6 +38,7 @@ def check_min_points(n: int, policy: SitePolicy, site: str, what: str = "labelle
         _fail(
             "min_points",
             site,
+            # n is public: the site reports its number of points (SiteInfo)
             f"to aggregate over {n} {what} points: fewer than the site's minimum of {policy.min_points}",
         )
     return {"min_points": int(n)}
@@ -83,39 +81,13 @@ def check_qhat(qhat, own_partial: np.ndarray, site: str) -> dict:
     short = np.nonzero(qhat < own * (1 - 1e-9) - 1e-15)[0]
     if short.size:
         k = int(short[0])
-        _fail("qhat", site, f"qhat[{k}]={qhat[k]:.4g} is below this site's own share {own[k]:.4g} of it")
+        _fail(
+            "qhat",
+            site,
+            f"qhat[{k}]={qhat[k]:.4g}: an honest Qhat is at least each site's own share of it",
+            own_share=float(own[k]),
+        )
     return {"qhat_min_ratio": float(np.min(qhat / np.maximum(own, 1e-300)))}
-
-
-def concentration(R: np.ndarray, tau: float) -> tuple[float, float]:
-    """(largest share, smallest ESS) over the columns of the density ratios R (n, p)."""
-    R = np.asarray(R, dtype=np.float64)
-    n = R.shape[0]
-    if n == 0:
-        return 1.0, 0.0
-    tot = R.sum(axis=0)
-    share = R.max(axis=0) / (tot + n * tau)
-    Rp = R + tau
-    ess = (tot + n * tau) ** 2 / np.maximum(np.einsum("ik,ik->k", Rp, Rp), 1e-300)
-    return float(share.max()), float(ess.min())
-
-
-def check_concentration(R: np.ndarray, policy: SitePolicy, site: str, what: str) -> dict:
-    share, ess = concentration(R, policy.weight_floor)
-    if not share <= policy.max_point_share:
-        _fail(
-            "concentration",
-            site,
-            f"one labelled point carries {share:.3g} of the {what} sums (max_point_share={policy.max_point_share:g})",
-        )
-    if not ess >= policy.min_effective_points:
-        _fail(
-            "concentration",
-            site,
-            f"the {what} weights have an effective sample size of {ess:.3g} "
-            f"(min_effective_points={policy.min_effective_points:g})",
-        )
-    return {f"{what}_share": share, f"{what}_ess": ess}
 
 
 # ------------------------------------------------------------------ domain models
@@ -136,8 +108,9 @@ def _check_standard(site: str, policy: SitePolicy, mean, scale, X: np.ndarray, n
         _fail(
             "feature_scale",
             site,
-            f"{name} map: scale[{j}]={scale[j]:.3g} is below scale_floor * the site's "
-            f"std ({policy.scale_floor:g} * {sd[j]:.3g})",
+            f"{name} map: scale[{j}]={scale[j]:.3g} is below scale_floor={policy.scale_floor:g} times the "
+            "site's own standard deviation of that feature",
+            site_std=float(sd[j]),
         )
     off = np.abs(mean - X.mean(axis=0))
     lim = policy.mean_bound * np.maximum(sd, scale)
@@ -146,7 +119,9 @@ def _check_standard(site: str, policy: SitePolicy, mean, scale, X: np.ndarray, n
         _fail(
             "feature_mean",
             site,
-            f"{name} map: mean[{j}] lies {off[j]:.3g} from the site's mean (mean_bound={policy.mean_bound:g} std)",
+            f"{name} map: mean[{j}] lies more than mean_bound={policy.mean_bound:g} standard deviations "
+            "from the site's own mean",
+            offset=float(off[j]),
         )
     return {"min_scale_ratio": float(np.min(scale / np.where(sd > 0, sd, scale)))}
 
@@ -255,8 +230,9 @@ def check_kde(bandwidths, samples, Phi_site: np.ndarray, n_sources: int, policy:
         _fail(
             "kde",
             site,
-            f"KDE bandwidth {bw.min():.3g} is below kde_bandwidth_floor * the site's std "
-            f"({policy.kde_bandwidth_floor:g} * {sd:.3g})",
+            f"KDE bandwidth {bw.min():.3g} is below kde_bandwidth_floor={policy.kde_bandwidth_floor:g} "
+            "times the site's own standard deviation",
+            site_std=sd,
         )
     few = [len(s) for s in samples if len(s) < policy.min_points]
     if few:

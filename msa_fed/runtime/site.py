@@ -21,7 +21,9 @@ from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.privacy import rules
+from msa_fed.privacy.consortium import check_consortium, check_disjoint
 from msa_fed.privacy.guard import SiteGuard
+from msa_fed.privacy.influence import bounded, shares
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
 from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
 from msa_fed.runtime import messages as m
@@ -109,6 +111,7 @@ def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
     for key in ("X_labeled", "X_unlabeled"):
         if out[key].dtype.kind not in "biuf" or not np.all(np.isfinite(out[key])):
             raise ConfigError(f"site {name!r}: data file {str(path)!r}: {key} must be finite numbers")
+    check_disjoint(name, Xl, Xu)  # a data file is a deployed site's: its labelled inputs stay private
     return out
 
 
@@ -196,8 +199,10 @@ class SiteWorker:
         policy: SitePolicy | None = None,
         job_id: str = "",
         privacy: dict | None = None,
+        sites=None,
     ):
         self.name = name
+        self.sites = None if sites is None else [str(s) for s in sites]  # the job's sites, in order
         self.index = index
         self.data_path = None if data_path is None else str(data_path)
         if self.data_path is None and (X_labeled is None or y_labeled is None or X_unlabeled is None):
@@ -220,8 +225,8 @@ class SiteWorker:
         self._points = None
         self._shard = None
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
-        self._own_partial = None  # this site's exact Qhat partial for that model
-        self._checked_eta: dict = {}
+        self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
+        self._admitted = False
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
 
@@ -266,6 +271,17 @@ class SiteWorker:
             d = load_site_data(self.name, self.data_path)
             self._set_data(d["X_labeled"], d["y_labeled"], d["X_unlabeled"])
 
+    def _admit(self):
+        """The job's consortium against the site's policy (peers, max_sites), once per job."""
+        if self._admitted:
+            return
+        try:
+            check_consortium(self.name, self.sites, len(self.predictors), self.policy)
+        except PrivacyError:
+            with self.guard.request("join", n_sources=len(self.predictors), sites=self.sites):
+                raise  # audited as refused (an admitted job adds no line of its own)
+        self._admitted = True
+
     def _require(self, count: int, what: str):
         return rules.check_min_points(count, self.policy, self.name, what)
 
@@ -309,6 +325,7 @@ class SiteWorker:
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:
         self._data()
+        self._admit()
         own = self.predictors[self.index]
         classes = np.asarray(own.classes_) if self.task == "classification" else None
         return m.SiteInfo(
@@ -332,6 +349,7 @@ class SiteWorker:
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
         self._data()
+        self._admit()
         mk = self.X_unlabeled.shape[0]
         with self.guard.request("setup_shard", n_unlabeled=mk) as dec:
             dec.update(self._require(mk, "unlabelled"))
@@ -363,11 +381,19 @@ class SiteWorker:
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
         self._data()
+        self._admit()
         n = int(self.X_labeled.shape[0])
         with self.guard.request(
             "set_domain_model", n_labeled=n, n_sources=int(msg.n_sources), model=str(msg.kind)
         ) as dec:
             dec.update(self._require(n, "labelled"))
+            if int(msg.n_sources) != len(self.predictors):
+                raise PrivacyError(
+                    "n_sources",
+                    self.name,
+                    f"the request: a domain model of {int(msg.n_sources)} sources for a job of "
+                    f"{len(self.predictors)} sites",
+                )
             key = _spec_digest(msg)
             if key != self._spec_key:  # a replay of the model in force is not a new query
                 dec.update(self.guard.charge("domain_model"))
@@ -386,8 +412,9 @@ class SiteWorker:
                 dec.update(rules.check_kde(msg.bandwidths, msg.samples, Phi, msg.n_sources, self.policy, self.name))
             Q = model.predict_proba(self.X_labeled)
             self._Q = self._points = self._own_partial = self._spec_key = None
-            self._checked_eta = {}
-            dec.update(rules.check_concentration(Q, self.policy, self.name, "qhat"))
+            # no label enters a Qhat partial and one point adds at most pi_i = 1 / (p n) to it;
+            # the partials must add up to a probability vector, so they are not clipped
+            dec["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, key
             dp = self.guard.dp
@@ -403,19 +430,12 @@ class SiteWorker:
         self.published = lambda: samples
         return m.Ack(self.incarnation)
 
-    def _check_c(self, eta: float, dec: dict):
-        """Concentration of the u_k / v_k weights c_k(i) = w_k(i) + eta pi_i (ratio q_k + eta)."""
-        if eta not in self._checked_eta:
-            pts = self._points
-            self._checked_eta[eta] = rules.check_concentration(
-                pts.w / pts.pi[:, None] + eta, self.policy, self.name, "c"
-            )
-        dec.update(self._checked_eta[eta])
-
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
         if self._Q is None:
             raise SiteStateLost(self.name)
         with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
+            # the answer (accepted or refused) depends on the labelled points: it is a query
+            dec.update(self.guard.charge("dc_evaluation"))
             dec.update(rules.check_eta(msg.eta, self.policy, self.name))
             # a probability vector; without DP floored at this site's own share (verify.own_qhat),
             # with DP the weights are clipped (dp.py)
@@ -425,12 +445,17 @@ class SiteWorker:
                 qhat, floored = own_qhat(msg.qhat, self._own_partial)
                 dec.update(floored)
             self._points = None
-            self._checked_eta = {}
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
-            points = site_point_set(self._Q, qhat, self._outputs(), self.loss, y=y)
-            dec.update(rules.check_concentration(points.w / points.pi[:, None], self.policy, self.name, "w"))
-            self._points = points
-            self._check_c(float(msg.eta), dec)
+            qhat = np.asarray(qhat, dtype=np.float64)
+            # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped at the policy's share; the
+            # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
+            ratios = self._Q / qhat[None, :]
+            if self.guard.dp is None:
+                ratios, clip = bounded(ratios, self.policy, "w")
+                dec.update(clip)
+            # with DP the cap is the data-independent ratio_clip (dp.py): a cap that depends on the
+            # other points would let one point move the others' weights, beyond the sensitivity
+            self._points = site_point_set(ratios * qhat[None, :], qhat, self._outputs(), self.loss, y=y)
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
@@ -446,8 +471,6 @@ class SiteWorker:
             rules.check_z(msg.z, eta, pts.w.shape[1], self.policy, self.name)
             if msg.global_bound is not None and not (np.isfinite(msg.global_bound) and msg.global_bound >= 0):
                 raise PrivacyError("global_bound", self.name, "the request: global_bound must be a finite number >= 0")
-            if any(x in what for x in ("u", "du", "v", "dv")):
-                self._check_c(eta, dec)
             dp = self.guard.dp
             if dp is None:
                 sums = pts.evaluate(msg.z, eta, what=what, global_bound=msg.global_bound)

@@ -118,7 +118,12 @@ def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path)
         classes=None,
         min_points=5,
     )
-    assert worker_policy_kwargs(policy, job, "j") == {"min_points": 5, "policy": policy, "job_id": "j"}
+    assert worker_policy_kwargs(policy, job, "j") == {
+        "min_points": 5,
+        "policy": policy,
+        "job_id": "j",
+        "sites": list(job.sites),
+    }
     (tmp_path / "other.toml").write_text(f'[budget]\naudit_log = "{tmp_path / "elsewhere.jsonl"}"\n')
     with pytest.raises(ConfigError, match="one audit log"):
         load_site_policy(SiteConfig.from_toml(_write(tmp_path, policy="other.toml")))
@@ -128,11 +133,14 @@ def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
     config = _write(tmp_path, accept_jobs="approve")
     assert main(["site", "jobs", "--config", str(config)]) == 0
     assert "no jobs yet (accepting: approve)" in capsys.readouterr().out
-    assert main(["site", "approve", "job-7", "--config", str(config)]) == 0
+    # a bare name never approves a job that has not asked yet: its content is unknown
+    assert main(["site", "approve", "job-7", "--config", str(config)]) == 1
+    assert "has not asked" in capsys.readouterr().err
+    assert main(["site", "approve", "job-7@0123456789abcdef", "--config", str(config)]) == 0
     assert "approved in advance" in capsys.readouterr().out
     assert main(["site", "jobs", "--config", str(config), "--json"]) == 0
     (job,) = json.loads(capsys.readouterr().out)
-    assert job["job_id"] == "job-7" and job["state"] == "approved"
+    assert job["job_id"] == "job-7@0123456789abcdef" and job["state"] == "approved"
     # relative paths are relative to the file's folder
     assert SiteConfig.from_toml(config).jobs_path == tmp_path / "audit.jobs.db"
 

@@ -1,14 +1,15 @@
-"""The three reconstruction attacks of a malicious coordinator, against a SiteWorker.
+"""The reconstruction attacks of a malicious coordinator that chooses the domain model, against
+a SiteWorker whose labelled inputs it knows (as if leaked: the worst case for these rules).
 
 Each attack sends only allowed request types.  Under the default policy (and with DP on at
-epsilon = 1) each of the three filed attacks is refused or recovers at most 60% of the 60
-labels (chance: 50%).  The "policy-aware" variants are the strongest versions we could build:
-the attacker knows every labelled x (as if leaked), respects every smoothness rule at its
-limit, and hides the target in a small weight that passes the concentration rule; what stops
+epsilon = 1) each filed attack is refused or recovers at most 60% of the 60 labels (chance:
+50%).  The "policy-aware" variants are the strongest versions we could build: the attacker
+knows every labelled x, respects every smoothness rule at its limit and hides the target in a
+small weight (clipping bounds a point's share, not how small a weight may be); what stops
 them is the query budget.  The multi-column variant (p = 21 coordinator-chosen sources, one
-point per column) is NOT stopped without DP: its test records that limit; with DP on it
-reads noise.
-"""
+point per column) is refused by max_sites; with that bound lifted it reads every label
+without DP, and noise with DP on.  tests/privacy/test_coordinator_reads.py has the attacks on
+sites whose labelled inputs stay private."""
 
 import math
 
@@ -325,11 +326,21 @@ def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
     return c_, decoded
 
 
-def test_multi_column_attack_without_dp_reads_every_label():
-    """The limit of the deterministic rules (docs/DESIGN.md section 9): with p coordinator-chosen
-    sources, one small-bump column per point passes every rule and the per-job budget."""
+def test_multi_column_attack_is_refused_by_max_sites():
+    """p = 21 coordinator-chosen sources: a job of more sites than the policy's max_sites is
+    refused before any aggregate leaves, naming the rule."""
     X, y, _ = A.victim_data(1)
     c, decoded = _multi_column({"policy": SitePolicy(verify_domain_models=False)}, X, y)
+    assert c.refusals == {"max_sites": 3} and c.answers == 0 and not decoded
+    assert A.score(decoded, y) <= MAX_CORRECT
+
+
+def test_multi_column_attack_without_the_p_bound_reads_every_label():
+    """Sanity of the attack: with max_sites lifted, one small-bump column per point passes the
+    deterministic limits (what stops such a model within max_sites is that it is not the public
+    Maxent optimum over the published samples)."""
+    X, y, _ = A.victim_data(1)
+    c, decoded = _multi_column({"policy": SitePolicy(max_sites=64, verify_domain_models=False)}, X, y)
     assert not c.refusals
     assert len(decoded) == A.N and A.score(decoded, y) == A.N
 
@@ -348,6 +359,6 @@ def test_multi_column_attack_is_stopped_by_dp(monkeypatch):
 
     monkeypatch.setattr(DPAccountant, "__init__", seeded)
     X, y, _ = A.victim_data(1)
-    c, decoded = _multi_column({"policy": SitePolicy(**DP1, verify_domain_models=False)}, X, y)
+    c, decoded = _multi_column({"policy": SitePolicy(max_sites=64, verify_domain_models=False, **DP1)}, X, y)
     assert not c.refusals and len(decoded) == A.N
     assert A.score(decoded, y) <= MAX_CORRECT

@@ -100,21 +100,20 @@ def test_ledger_survives_a_restart(tmp_path):
         ledger=str(tmp_path / "ledger.sqlite"),
         domain_models_per_job=2,
         domain_models_per_day=3,
-        dc_evaluations_per_job=3,
+        dc_evaluations_per_job=4,
     )
     w, X, _y = A.victim(1, policy=pol, job_id="job-1")
     spec = _honest_spec(X)
     w.set_domain_model(spec)
     w.set_domain_model(spec)  # a replay of the model in force is not a new query
-    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))  # set_qhat is a query: 1 of 4
     for _ in range(3):
         w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
     # the site process restarts: same ledger file, same job
     w2, _, _ = A.victim(1, policy=pol, job_id="job-1")
     w2.set_domain_model(spec)
-    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     with pytest.raises(PrivacyError, match="dc_evaluations_per_job") as err:
-        w2.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+        w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     assert err.value.rule == "budget"
     other = _honest_spec(X + 0.1)
     with pytest.raises(PrivacyError, match="domain_models_per_job"):
@@ -136,7 +135,11 @@ def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["request"] for r in recs] == ["set_domain_model", "set_qhat", "dc_evaluate", "dc_evaluate", "set_qhat"]
     assert recs[-1]["outcome"] == "refused" and recs[-1]["rule"] == "eta_min" and recs[0]["job"] == "job-a"
-    assert "qhat_share" in recs[0]["decisions"] and recs[2]["sizes"]["what"] == ["L"]
+    assert (
+        "qhat_share" in recs[0]["decisions"]
+        and "w_mass_clipped" in recs[1]["decisions"]
+        and recs[2]["sizes"]["what"] == ["L"]
+    )
     summary = verify_log(log)
     assert summary["lines"] == 5 and summary["refused"] == {"eta_min": 1}
 
@@ -261,8 +264,10 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
         ([1.0, 1.0], "sum to 1"),
         ([np.nan, 1.0], "positive numbers"),
     ):
-        with pytest.raises(PrivacyError, match=msg):
+        with pytest.raises(PrivacyError, match=msg) as err:
             w.set_qhat(m.QhatBroadcast(qhat=np.array(qhat), eta=0.01))
+        # the refusal names the rule and the request's values, never the site's own share
+        assert f"{own[0]:.4g}" not in str(err.value) and f"{own[0]:.3g}" not in str(err.value)
     # a qhat below the site's own share (another site's DP noise can do that in an honest run)
     # is not refused: the site computes with its own share there, so no weight is inflated
     w.set_qhat(m.QhatBroadcast(qhat=np.array([own[0] / 2, 1 - own[0] / 2]), eta=0.01))
@@ -272,6 +277,7 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
 
     floored = site_point_set(w._Q, np.array([own[0], 1 - own[0] / 2]), w._outputs(), w.loss)
     assert np.allclose(low, floored.evaluate(np.array([0.5, 0.5]), 0.01, what=("L",)).L)
+    assert sum(1 for x in w.guard.audit.lines if json.loads(x)["request"] == "set_qhat") == 3
     w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
     with pytest.raises(PrivacyError, match="eta / sum"):
         w.dc_evaluate(m.DCRequest(z=np.array([50.0, 50.0]), eta=0.01, what=("L",)))
@@ -279,20 +285,46 @@ def test_qhat_must_be_consistent_with_the_sites_own_share():
         w.dc_evaluate(m.DCRequest(z=np.array([1.5, -0.5]), eta=0.01, what=("L",)))
 
 
-def test_concentration_refuses_an_isolated_point_and_passes_spread_weights():
-    from msa_fed.privacy.rules import check_concentration
+def _exact_cap(r, share, tau):
+    """Slow reference: the largest c with share * (sum_j min(r_j, c) + n tau) >= c, by scanning
+    the intervals between sorted ratios (g is linear on each)."""
+    r = np.sort(np.asarray(r, dtype=float))
+    n = r.size
+    best = 0.0
+    edges = np.concatenate([[0.0], r])
+    for m_ in range(n + 1):  # c in [edges[m_], next edge]: the m_ smallest are below c
+        lo = edges[m_]
+        hi = r[m_] if m_ < n else np.inf
+        below = r[:m_].sum()
+        slope = 1 - share * (n - m_)
+        # g(c) = share (below + (n - m_) c + n tau) - c >= 0
+        if slope <= 0:
+            best = max(best, hi if np.isfinite(hi) else best)
+            continue
+        c = share * (below + n * tau) / slope
+        if c >= lo:
+            best = max(best, min(c, hi))
+    return best
+
+
+def test_influence_is_clipped_not_refused():
+    from msa_fed.privacy.influence import clip_ratios, share_bound, shares
 
     pol = SitePolicy()
-    R = np.zeros((60, 1))
-    R[7] = 2.0  # one point with twice its own mass, the others none
-    with pytest.raises(PrivacyError, match="carries"):
-        check_concentration(R, pol, "s", "w")
-    # an honest far-domain column: tiny ratios everywhere, a few points near the boundary
+    s, tau = share_bound(pol), pol.weight_floor
+    assert s == min(pol.max_point_share, 1 / pol.min_effective_points)
     rng = np.random.default_rng(0)
-    R = np.exp(-rng.uniform(5, 30, size=(60, 1)))
-    R[:5] = 0.3
-    out = check_concentration(R, pol, "s", "w")
-    assert out["w_share"] < pol.max_point_share and out["w_ess"] >= pol.min_effective_points
+    R = np.exp(-rng.uniform(0, 30, size=(60, 4)))
+    R[7, 0] = 2.0  # one point with twice its own mass, the others almost none
+    R[:, 3] = rng.uniform(0.5, 1.5, 60)  # a spread column: untouched
+    out, info = clip_ratios(R, s, tau)
+    assert np.all(shares(out, tau) <= s * (1 + 1e-9))
+    assert np.array_equal(out[:, 3], R[:, 3]) and np.all(out <= R)
+    assert info["share_before"] > s and info["clipped_points"] >= 1 and 0 < info["mass_clipped"] < 1
+    for k in range(3):
+        if shares(R[:, [k]], tau)[0] > s:
+            cap = _exact_cap(R[:, k], s, tau)
+            np.testing.assert_allclose(out[:, k], np.minimum(R[:, k], cap), rtol=1e-9, atol=1e-15)
 
 
 def test_two_writers_share_one_audit_log(tmp_path):
@@ -305,3 +337,129 @@ def test_two_writers_share_one_audit_log(tmp_path):
         w2.set_domain_model(_honest_spec(X))
     summary = verify_log(tmp_path / "a.jsonl", w1.guard.ledger.anchor(str(tmp_path / "a.jsonl")))
     assert summary["lines"] == 6 and summary["jobs"] == ["j1", "j2"]
+
+
+def test_budget_status_reports_used_left_and_refills(tmp_path):
+    from msa_fed.privacy.ledger import HOUR_S, Ledger, budget_status
+
+    pol = SitePolicy(domain_models_per_day=10, dc_evaluations_per_day=100, ledger=str(tmp_path / "l.sqlite"))
+    ledger = Ledger(pol.ledger)
+    t0 = 1_000_000 * HOUR_S + 120.0  # two minutes into an hour
+    ledger.record("a@x#1", "domain_model", 2, t=t0 - 3 * HOUR_S)
+    ledger.record("a@x#1", "dc_evaluation", 30, t=t0 - 3 * HOUR_S)
+    ledger.record("b@y#2", "domain_model", 1, t=t0)
+    ledger.record("old", "domain_model", 5, t=t0 - 30 * HOUR_S)  # outside the rolling day
+    st = budget_status(ledger, pol, now=t0, job="a@x#1")
+    dm = st["domain_models_per_day"]
+    assert (dm["limit"], dm["used"], dm["left"]) == (10, 3, 7)
+    # the 2 queries of 3 hours ago leave the window 25 hours after their hour began
+    assert dm["refills"] == [((1_000_000 - 3 + 25) * HOUR_S, 2), ((1_000_000 + 25) * HOUR_S, 1)]
+    assert dm["next_refill"] == dm["refills"][0][0] > t0
+    assert st["dc_evaluations_per_day"]["left"] == 70
+    assert st["domain_models_per_job"] == {"limit": 3, "used": 2, "left": 1, "refills": [], "next_refill": None}
+    assert st["epsilon_lifetime"]["used"] == 0.0 and st["epsilon_lifetime"]["next_refill"] is None
+    # the day's count the guard enforces is the status's "used"
+    assert ledger.day_count("domain_model", now=t0) == dm["used"]
+    ledger.close()
+
+
+def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_path):
+    """epsilon_lifetime bounds the (epsilon, delta) of the RDP composition (dp-accounting) of all
+    Gaussian answers the site gave, over all jobs (not the sum of the jobs' epsilons, which is
+    looser): the site refuses the first answer that would take it above the limit, and
+    budget_status reports the same number."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    from msa_fed.privacy.dp import calibrate
+    from msa_fed.privacy.ledger import budget_status
+
+    pol = SitePolicy(
+        dp_enabled=True,
+        epsilon_per_job=1.0,
+        epsilon_lifetime=2.0,
+        dp_dc_evaluations=3,
+        ledger=str(tmp_path / "l.sqlite"),
+    )
+    nm = calibrate(1.0, pol.delta, 4)
+
+    # predicted: full jobs of 4 answers whose composition stays within 2.0
+    def eps(k):
+        acc = rdp.RdpAccountant()
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), k))
+        return acc.get_epsilon(pol.delta)
+
+    answers = 0
+    while eps(answers + 1) <= pol.epsilon_lifetime * (1 + 1e-6):
+        answers += 1
+    assert answers >= 8  # composition is sub-additive: two jobs of epsilon 1 cost less than 2
+    given = 0
+    for j in range(10):
+        w, X, _y = A.victim(1, policy=pol, job_id=f"job-{j}")
+        try:
+            w.set_domain_model(_honest_spec(X))
+            given += 1
+            w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+            for _ in range(3):
+                w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+                given += 1
+        except PrivacyError as exc:
+            assert exc.rule == "dp_budget" and "epsilon_lifetime" in str(exc)
+            break
+    assert given == answers
+    st = budget_status(w.guard.ledger, pol)
+    assert st["epsilon_lifetime"]["used"] == pytest.approx(eps(answers), rel=1e-9)
+    assert st["epsilon_lifetime"]["used"] <= pol.epsilon_lifetime + 1e-6
+    assert st["epsilon_lifetime"]["dp_answers"] == answers
+
+
+def test_dp_weights_use_the_fixed_cap_only():
+    """With DP on, the share cap (which depends on every point) is not applied: the weights are
+    the plain w, capped later by the data-independent ratio_clip of the DP answer."""
+    from msa_fed.core.combination import site_point_set
+
+    w, X, _y = A.victim(1, n=40, policy=SitePolicy(dp_enabled=True))
+    w.set_domain_model(A.threshold_spec([np.sort(X[:, 0])[1]], [8.0], -4.0))  # 2 points set apart
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    plain = site_point_set(w._Q, np.array([0.5, 0.5]), w._outputs(), "cross_entropy")
+    np.testing.assert_array_equal(w._points.w, plain.w)
+    rec = json.loads(w.guard.audit.lines[-1])
+    assert rec["request"] == "set_qhat" and not any(k.startswith("w_") for k in rec["decisions"])
+    # the same request without DP is clipped
+    w2, _, _ = A.victim(1, n=40)
+    w2.set_domain_model(A.threshold_spec([np.sort(X[:, 0])[1]], [8.0], -4.0))
+    w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    assert json.loads(w2.guard.audit.lines[-1])["decisions"]["w_clipped_points"] >= 1
+
+
+def test_peers_and_max_sites_are_read_and_checked(tmp_path):
+    import tomllib
+
+    from msa_fed.experiments.demo_data import SITES
+    from msa_fed.jobs.demo import DEMO_POLICY
+    from msa_fed.privacy.consortium import check_consortium
+    from msa_fed.privacy.policy import policy_from_mapping
+
+    demo = policy_from_mapping(tomllib.loads(DEMO_POLICY))
+    assert set(demo.peers) == set(SITES)  # the demo's sites name their consortium
+    assert check_consortium("north", list(SITES), 3, demo)["p"] == 3
+    with pytest.raises(PrivacyError, match=r"\['mallory'\]: not among its peers") as err:
+        check_consortium("north", ["north", "east", "mallory"], 3, demo)
+    assert err.value.rule == "peers"
+    with pytest.raises(PrivacyError, match="does not name its sites"):
+        check_consortium("north", None, 3, demo)
+    assert check_consortium("north", None, 3, SitePolicy())["p"] == 3  # "any": in-process callers
+    with pytest.raises(PrivacyError, match="max_sites=16") as err:
+        check_consortium("a", [f"s{k}" for k in range(17)], 17, SitePolicy())
+    assert err.value.rule == "max_sites"
+    for bad, msg in (
+        ("[limits]\npeers = []\n", "peers must be"),
+        ('[limits]\npeers = ["any", "a"]\n', "peers must be"),
+        ('[limits]\npeers = "any"\n', "peers must be"),
+        ("[limits]\nmax_sites = 1\n", "max_sites must be >= 2"),
+    ):
+        (tmp_path / "p.toml").write_text(bad)
+        with pytest.raises(ConfigError, match=msg):
+            load_policy(tmp_path / "p.toml")
+    assert tighten(SitePolicy(), {"max_sites": 4}).max_sites == 4  # a job may only lower it
+    assert tighten(SitePolicy(), {"max_sites": 400}).max_sites == 16

@@ -1,0 +1,106 @@
+"""Approvals and budgets are keyed on the job's id and content, not on its reusable name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from msa_fed.cli import main
+from msa_fed.federation.agent import job_key, run_key
+from msa_fed.federation.state import JobBook
+from msa_fed.runtime import messages as m
+from tests.federation.test_site_cli import _site_files, _write
+
+
+def _setup(**changes) -> m.JobSetup:
+    base = dict(
+        job_id="monthly",
+        sites=("east", "west"),
+        index=0,
+        predictor_sha256=("a" * 64, "b" * 64),
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1]),
+        min_points=20,
+    )
+    return m.JobSetup(**{**base, **changes})
+
+
+def test_the_key_is_the_name_and_the_content():
+    k = job_key("monthly", _setup())
+    assert k.startswith("monthly@") and k == job_key("monthly", _setup(index=1))  # each site: one key
+    for other in (
+        _setup(predictor_sha256=("a" * 64, "c" * 64)),  # a peer's predictor changed
+        _setup(sites=("east", "mallory")),
+        _setup(min_points=5),
+        _setup(classes=np.array([0, 1, 2])),
+    ):
+        assert job_key("monthly", other) != k
+    assert job_key("weekly", _setup()) != k
+    runs = {run_key(k) for _ in range(50)}  # every run (join) of the job has its own budgets
+    assert len(runs) == 50 and all(r.startswith(k + "#") for r in runs)
+
+
+def test_an_approved_name_does_not_approve_other_content(tmp_path, capsys):
+    _site_files(tmp_path)
+    config = _write(tmp_path, accept_jobs="approve")
+    book = JobBook(tmp_path / "audit.jobs.db")
+    first = job_key("monthly", _setup())
+    assert book.seen(first, "admin", ["east", "west"]) == "pending"
+    book.close()
+    assert main(["site", "approve", "monthly", "--config", str(config)]) == 0
+    assert f"job {first} approved" in capsys.readouterr().out
+    book = JobBook(tmp_path / "audit.jobs.db")
+    assert book.seen(first, "admin", ["east", "west"]) == "approved"  # the monthly rerun
+    other = job_key("monthly", _setup(predictor_sha256=("a" * 64, "d" * 64)))
+    assert book.seen(other, "admin", ["east", "west"]) == "pending"  # same name, other content
+    book.close()
+    assert main(["site", "jobs", "--config", str(config), "--json"]) == 0
+    states = {j["job_id"]: j["state"] for j in json.loads(capsys.readouterr().out)}
+    assert states == {first: "approved", other: "pending"}
+
+
+def test_the_fourth_monthly_run_has_its_per_job_budget_and_the_day_still_bounds(tmp_path):
+    import pytest
+
+    from msa_fed.core.features import StandardFeatures, feature_map_state
+    from msa_fed.errors import PrivacyError
+    from msa_fed.privacy.policy import SitePolicy
+    from tests.privacy import attacks as A
+
+    pol = SitePolicy(ledger=str(tmp_path / "ledger.sqlite"), domain_models_per_day=10)
+    key = job_key("monthly", _setup())
+    X = A.victim_data(1)[0]
+    fmap = feature_map_state(StandardFeatures().fit(X))
+
+    def spec(j):
+        return m.DomainModelSpec(kind="maxent", n_sources=2, feature_map=fmap, theta=np.array([0.1 * j, 0, 0, 0]))
+
+    used = 0
+    for run in range(4):  # 4 runs x 3 models: the per-job budget never refuses a new run ...
+        w, _, _ = A.victim(1, policy=pol, job_id=run_key(key))
+        for j in range(3):
+            if used == 10:
+                with pytest.raises(PrivacyError, match="per rolling day"):  # ... the day's does
+                    w.set_domain_model(spec(10 * run + j + 1))
+                continue
+            w.set_domain_model(spec(10 * run + j + 1))
+            used += 1
+    assert used == 10
+
+
+def test_the_audit_log_names_the_job_and_the_run(tmp_path):
+    from msa_fed.privacy.policy import SitePolicy
+    from tests.privacy import attacks as A
+    from tests.privacy.test_policy import _honest_spec
+
+    pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"))
+    key = job_key("monthly", _setup())
+    run = run_key(key)
+    w, X, _ = A.victim(1, policy=pol, job_id=run)
+    w.set_domain_model(_honest_spec(X))
+    rec = json.loads(w.guard.audit.lines[-1])
+    assert rec["job"] == "monthly" and rec["run"] == run
+    assert w.guard.ledger.job_count(run, "domain_model") == 1  # budgets count per run
+    assert w.guard.ledger.job_count("monthly", "domain_model") == 0

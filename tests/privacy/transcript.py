@@ -1,0 +1,186 @@
+"""A coordinator that reads what it is sent: honest fits of 300-point sites, their transcripts,
+and a least-squares decoder of the victim site's labels.
+
+Every number a site returns is a sum over its labelled points of a function of (x_i, y_i);
+for a fixed x_i that function takes one of two values (binary labels), so a transcript is a
+linear system in the label bits b_i once the attacker has candidate inputs for the points.
+:func:`decode` solves it by least squares over candidate inputs ``X_guess``:
+
+- ``X_guess`` = the true labelled inputs: the attack on a site that publishes them;
+- ``X_guess`` = the site's published sample (disjoint from its labelled inputs): the best an
+  attacker can do when the labelled inputs never leave the site.  It decodes "labels" for the
+  published points and scores each labelled point by the decoded label of its nearest
+  published point: a classifier f(x) learnt from the transcript alone.
+
+Labels are balanced and independent of x, so any f(x) is right on 50% of the points unless
+the transcript tells it about these particular points.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed.api import SiteData
+from msa_fed.core.combination import class_union
+from msa_fed.core.dc_terms import PROB_FLOOR
+from msa_fed.runtime import messages as m
+from msa_fed.runtime.config import FitConfig
+from msa_fed.runtime.coordinator import Coordinator
+from msa_fed.runtime.local import LocalSites
+from msa_fed.runtime.site import SiteWorker, build_domain_model
+
+N = 300
+D = 2
+
+
+def federation(p: int = 3, n: int = N, seed: int = 0, centers=None) -> list[SiteData]:
+    """p sites: inputs N(center_k, 1) in 2-D, n labelled points with balanced labels drawn
+    independently of x (site 0 is the victim), a disjoint published sample of n points, and a
+    logistic predictor trained on other data with an x-dependent rule (so the two labels of a
+    point have different losses)."""
+    rng = np.random.default_rng([seed, p, n])
+    centers = (
+        centers
+        if centers is not None
+        else [(2.0 * np.cos(2 * np.pi * k / p), 2.0 * np.sin(2 * np.pi * k / p)) for k in range(p)]
+    )
+    sites = []
+    for k in range(p):
+        c = np.asarray(centers[k], dtype=float)
+        Xtr = rng.normal(c, 1.0, size=(400, D))
+        ytr = ((Xtr - c) @ rng.normal(size=D) + 0.3 * rng.normal(size=400) > 0).astype(int)
+        h = LogisticRegression().fit(Xtr, ytr)
+        X = rng.normal(c, 1.0, size=(n, D))
+        y = rng.permutation(np.arange(n) % 2)
+        Xu = rng.normal(c, 1.0, size=(n, D))
+        sites.append(SiteData(f"s{k}", X, y, Xu, h))
+    return sites
+
+
+class RecordingSite(SiteWorker):
+    """A site worker that keeps every request and answer (what the coordinator holds)."""
+
+    live: dict = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.transcript: list = []
+        RecordingSite.live[self.name] = self
+
+    def _rec(self, method, msg, call):
+        sent = copy.deepcopy(msg)  # in-process the solver reuses its arrays after the call
+        out = call(msg)
+        self.transcript.append((method, sent, copy.deepcopy(out)))
+        return out
+
+    def set_domain_model(self, msg):
+        return self._rec("set_domain_model", msg, super().set_domain_model)
+
+    def set_qhat(self, msg):
+        return self._rec("set_qhat", msg, super().set_qhat)
+
+    def dc_evaluate(self, msg):
+        return self._rec("dc_evaluate", msg, super().dc_evaluate)
+
+
+def honest_fit(sites: list[SiteData], policies=None, **config):
+    """fit with the default pipeline; returns (model, {site name: RecordingSite})."""
+    predictors = [s.predictor for s in sites]
+    classes = class_union(h.classes_ for h in predictors)
+    kw = [
+        dict(
+            name=s.name,
+            index=k,
+            X_labeled=s.X_labeled,
+            y_labeled=s.y_labeled,
+            X_unlabeled=s.X_unlabeled,
+            predictors=predictors,
+            task="classification",
+            loss="cross_entropy",
+            classes=classes,
+            policy=None if policies is None else policies[k],
+            sites=[t.name for t in sites],
+        )
+        for k, s in enumerate(sites)
+    ]
+    RecordingSite.live = {}
+    with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, FitConfig(**config)) as c:
+        model = c.fit()
+    return model, dict(RecordingSite.live)
+
+
+def _per_point(w, pi, H, z, eta, what) -> np.ndarray:
+    """(m, r): each point's contribution to the answer's L and dL (cross-entropy; the formulas
+    of :meth:`msa_fed.core.dc_terms.PointSet.evaluate`, one row per point instead of the sum)."""
+    H = np.maximum(H, PROB_FLOOR)
+    p = w.shape[1]
+    WH = w * H
+    K = w @ z + eta * pi
+    J = WH @ z + (eta / p) * pi * H.sum(axis=1)
+    g = J / K
+    parts = []
+    if "L" in what:
+        parts.append(-w * np.log(g)[:, None])
+    if "dL" in what:
+        Gn = WH - w * g[:, None]
+        parts.append((-(w / J[:, None])[:, :, None] * Gn[:, None, :]).reshape(w.shape[0], -1))
+    return np.hstack(parts)
+
+
+def _flat(sums, what) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(getattr(sums, name), dtype=np.float64)) for name in what])
+
+
+def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
+    """Least-squares label bits (0/1) of the candidate inputs X_guess from the worker's
+    transcript (the public domain model, qhat, z, eta and the public predictors; n = the
+    site's number of labelled points, which it reports)."""
+    P = worker.predictors
+    p = len(P)
+    Hs = [np.column_stack([h.predict_proba(X_guess)[:, lab] for h in P]) for lab in (0, 1)]
+    pi = np.full(X_guess.shape[0], 1.0 / (p * n))
+    rows, rhs = [], []
+    model = None
+    w = None
+    for method, msg, out in worker.transcript:
+        if method == "set_domain_model":
+            model = build_domain_model(msg)
+        elif method == "set_qhat":
+            qhat = np.asarray(msg.qhat, dtype=np.float64)
+            w = pi[:, None] * model.predict_proba(X_guess) / qhat[None, :]
+        elif method == "dc_evaluate" and w is not None:
+            what = tuple(x for x in ("L", "dL") if x in msg.what)
+            z, eta = np.asarray(msg.z, dtype=np.float64), float(msg.eta)
+            c0, c1 = (_per_point(w, pi, Hs[lab], z, eta, what) for lab in (0, 1))
+            rows.append((c1 - c0).T)
+            rhs.append(_flat(out.sums, what) - c0.sum(axis=0))
+    A = np.vstack(rows)
+    b = np.concatenate(rhs)
+    sol, *_ = np.linalg.lstsq(A, b, rcond=None)
+    return (np.clip(sol, 0, 1) > 0.5).astype(int)
+
+
+def recovered(worker: SiteWorker, site: SiteData, X_guess: np.ndarray) -> float:
+    """Fraction of the site's labelled points whose label the decoder gets right: each point
+    takes the decoded label of its nearest candidate input."""
+    bits = decode(worker, X_guess, site.X_labeled.shape[0])
+    d2 = ((site.X_labeled[:, None, :] - X_guess[None, :, :]) ** 2).sum(axis=2)
+    guess = bits[np.argmin(d2, axis=1)]
+    return float(np.mean(guess == site.y_labeled))
+
+
+def sweep(worker: SiteWorker, n_queries: int, seed: int = 0) -> int:
+    """An active coordinator after the honest fit: more DC evaluations at z and eta it chooses
+    (eta from the site's floor upwards, z anywhere on the simplex).  Returns answers received."""
+    rng = np.random.default_rng(seed)
+    p = len(worker.predictors)
+    got = 0
+    for _ in range(n_queries):
+        z = rng.dirichlet(np.full(p, 0.3))
+        eta = worker.policy.eta_min * 10 ** rng.uniform(0, 3)
+        worker.dc_evaluate(m.DCRequest(z=z, eta=eta, what=("L", "dL")))
+        got += 1
+    return got
