@@ -116,6 +116,11 @@ def _approve(args) -> int:
     try:
         known = {j["job_id"]: j for j in book.jobs()}.get(args.job_id)
         digest = args.digest or (known or {}).get("digest") or None
+        if known is None and not args.digest:  # its content is unknown: approve what, exactly?
+            raise ConfigError(
+                f"job {args.job_id!r} has not asked site {config.name!r} yet; approve it once 'msa-fed site jobs' "
+                "lists it, or in advance with --digest (the content digest the job's coordinator gives out)"
+            )
         if known is not None and args.digest and known.get("digest") and known["digest"] != args.digest:
             raise ConfigError(
                 f"job {args.job_id} asked with content digest {known['digest']}, not {args.digest}; "
@@ -125,7 +130,7 @@ def _approve(args) -> int:
     finally:
         book.close()
     if known is None:
-        note = " in advance, for content " + (digest or "(any: the first seen; give --digest to bind it)")
+        note = f" in advance, for content {digest}"
     else:
         note = f" for content {digest}" if digest else ""
     print(f"site {config.name}: job {args.job_id} approved{note}")

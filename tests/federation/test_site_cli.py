@@ -136,11 +136,12 @@ def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
     # a bare name never approves a job that has not asked yet: its content is unknown
     assert main(["site", "approve", "job-7", "--config", str(config)]) == 1
     assert "has not asked" in capsys.readouterr().err
-    assert main(["site", "approve", "job-7@0123456789abcdef", "--config", str(config)]) == 0
-    assert "approved in advance" in capsys.readouterr().out
+    digest = "0123456789abcdef" * 4
+    assert main(["site", "approve", "job-7", "--digest", digest, "--config", str(config)]) == 0
+    assert f"approved in advance, for content {digest}" in capsys.readouterr().out
     assert main(["site", "jobs", "--config", str(config), "--json"]) == 0
     (job,) = json.loads(capsys.readouterr().out)
-    assert job["job_id"] == "job-7@0123456789abcdef" and job["state"] == "approved"
+    assert job["job_id"] == "job-7" and job["state"] == "approved" and job["digest"] == digest
     # relative paths are relative to the file's folder
     assert SiteConfig.from_toml(config).jobs_path == tmp_path / "audit.jobs.db"
 

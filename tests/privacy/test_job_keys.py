@@ -7,7 +7,9 @@ import json
 import numpy as np
 
 from msa_fed.cli import main
+from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.federation.agent import job_key, run_key
+from msa_fed.federation.site_sealing import unsealed_content
 from msa_fed.federation.state import JobBook
 from msa_fed.runtime import messages as m
 from tests.federation.test_site_cli import _site_files, _write
@@ -27,17 +29,26 @@ def _setup(**changes) -> m.JobSetup:
     return m.JobSetup(**{**base, **changes})
 
 
+def _digest(job: str = "monthly", **changes) -> str:
+    """The content digest a site computes at an (unsealed) job's join."""
+    return job_content_digest(unsealed_content(job, _setup(**changes)))
+
+
+def _key(job: str = "monthly", **changes) -> str:
+    return job_key(job, _digest(job, **changes))
+
+
 def test_the_key_is_the_name_and_the_content():
-    k = job_key("monthly", _setup())
-    assert k.startswith("monthly@") and k == job_key("monthly", _setup(index=1))  # each site: one key
+    k = _key()
+    assert k.startswith("monthly@") and k == _key(index=1)  # each site: one key
     for other in (
-        _setup(predictor_sha256=("a" * 64, "c" * 64)),  # a peer's predictor changed
-        _setup(sites=("east", "mallory")),
-        _setup(min_points=5),
-        _setup(classes=np.array([0, 1, 2])),
+        dict(predictor_sha256=("a" * 64, "c" * 64)),  # a peer's predictor changed
+        dict(sites=("east", "mallory")),
+        dict(min_points=5),
+        dict(task="regression", loss="squared"),
     ):
-        assert job_key("monthly", other) != k
-    assert job_key("weekly", _setup()) != k
+        assert _key(**other) != k
+    assert _key("weekly") != k
     runs = {run_key(k) for _ in range(50)}  # every run (join) of the job has its own budgets
     assert len(runs) == 50 and all(r.startswith(k + "#") for r in runs)
 
@@ -46,19 +57,19 @@ def test_an_approved_name_does_not_approve_other_content(tmp_path, capsys):
     _site_files(tmp_path)
     config = _write(tmp_path, accept_jobs="approve")
     book = JobBook(tmp_path / "audit.jobs.db")
-    first = job_key("monthly", _setup())
-    assert book.seen(first, "admin", ["east", "west"]) == "pending"
+    first = _digest()
+    assert book.seen("monthly", "admin", ["east", "west"], digest=first) == "pending"
     book.close()
     assert main(["site", "approve", "monthly", "--config", str(config)]) == 0
-    assert f"job {first} approved" in capsys.readouterr().out
+    assert f"job monthly approved for content {first}" in capsys.readouterr().out
     book = JobBook(tmp_path / "audit.jobs.db")
-    assert book.seen(first, "admin", ["east", "west"]) == "approved"  # the monthly rerun
-    other = job_key("monthly", _setup(predictor_sha256=("a" * 64, "d" * 64)))
-    assert book.seen(other, "admin", ["east", "west"]) == "pending"  # same name, other content
+    assert book.seen("monthly", "admin", ["east", "west"], digest=first) == "approved"  # the monthly rerun
+    other = _digest(predictor_sha256=("a" * 64, "d" * 64))
+    assert book.seen("monthly", "admin", ["east", "west"], digest=other) == "pending"  # same name, other content
     book.close()
     assert main(["site", "jobs", "--config", str(config), "--json"]) == 0
-    states = {j["job_id"]: j["state"] for j in json.loads(capsys.readouterr().out)}
-    assert states == {first: "approved", other: "pending"}
+    (job,) = json.loads(capsys.readouterr().out)
+    assert (job["job_id"], job["state"], job["digest"]) == ("monthly", "pending", other)
 
 
 def test_the_fourth_monthly_run_has_its_per_job_budget_and_the_day_still_bounds(tmp_path):
@@ -70,7 +81,7 @@ def test_the_fourth_monthly_run_has_its_per_job_budget_and_the_day_still_bounds(
     from tests.privacy import attacks as A
 
     pol = SitePolicy(ledger=str(tmp_path / "ledger.sqlite"), domain_models_per_day=10)
-    key = job_key("monthly", _setup())
+    key = _key()
     X = A.victim_data(1)[0]
     fmap = feature_map_state(StandardFeatures().fit(X))
 
@@ -96,7 +107,7 @@ def test_the_audit_log_names_the_job_and_the_run(tmp_path):
     from tests.privacy.test_policy import _honest_spec
 
     pol = SitePolicy(ledger=str(tmp_path / "l.sqlite"))
-    key = job_key("monthly", _setup())
+    key = _key()
     run = run_key(key)
     w, X, _ = A.victim(1, policy=pol, job_id=run)
     w.set_domain_model(_honest_spec(X))

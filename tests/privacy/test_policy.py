@@ -381,9 +381,9 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
         dp_dc_evaluations=3,
         ledger=str(tmp_path / "l.sqlite"),
     )
-    nm = calibrate(1.0, pol.delta, 4)
+    nm = calibrate(1.0, pol.delta, 3)  # a job's planned DP answers: its 3 DC evaluations
 
-    # predicted: full jobs of 4 answers whose composition stays within 2.0
+    # predicted: answers of jobs of 3 whose composition stays within 2.0
     def eps(k):
         acc = rdp.RdpAccountant()
         acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), k))
@@ -397,8 +397,7 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
     for j in range(10):
         w, X, _y = A.victim(1, policy=pol, job_id=f"job-{j}")
         try:
-            w.set_domain_model(_honest_spec(X))
-            given += 1
+            w.set_domain_model(_honest_spec(X))  # a DP site's Qhat partial is public: no epsilon
             w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
             for _ in range(3):
                 w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))

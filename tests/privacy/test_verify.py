@@ -165,13 +165,14 @@ def test_a_polished_honest_model_is_accepted_directly(sites):
 
 
 def test_hidden_columns_are_refused(sites):
-    """One column per site of the job: an extra crafted column (a fake source) is refused."""
+    """One column per site of the job: an extra crafted column (a fake source) is refused (by the
+    site's count of the job's sites before the verification's own column check)."""
     opt = honest(sites)
     D = opt.n_features_
     extra = np.zeros(D + 1)
     extra[0], extra[D] = 30.0, -20.0  # a sharp column on one side of the space
     theta = np.concatenate([opt.theta_, extra])
-    assert refused(site(sites), spec_of(opt, 4, theta=theta)) == "verify_columns"
+    assert refused(site(sites), spec_of(opt, 4, theta=theta)) == "n_sources"
 
 
 def test_models_off_the_optimum_are_refused(sites):
