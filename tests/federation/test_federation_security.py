@@ -125,7 +125,9 @@ def test_a_token_of_site_a_cannot_serve_as_b(fed):
     cfg = fed.workdir / "west" / "site.toml"
     shutil.copy(fed.workdir / "east" / "token.txt", fed.workdir / "west" / "east-token.txt")
     bad = fed.workdir / "west" / "impostor.toml"
-    bad.write_text(cfg.read_text().replace('token_file = "token.txt"', 'token_file = "east-token.txt"'))
+    # its own state files: west's are locked by west's running process (one site serve per site)
+    text = cfg.read_text().replace('token_file = "token.txt"', 'token_file = "east-token.txt"')
+    bad.write_text(text.replace('audit_log = "audit.jsonl"', 'audit_log = "impostor/audit.jsonl"'))
     import subprocess
     import sys
 

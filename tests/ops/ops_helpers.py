@@ -25,8 +25,12 @@ def env() -> dict:
     return e
 
 
-def cli(*args, cwd=None) -> tuple[int, str, str]:
-    """Run ``msa-fed ARGS`` in this process (tests/cli_runner.py); (exit status, stdout, stderr)."""
+def cli(*args, cwd=None, timeout: float | None = None) -> tuple[int, str, str]:
+    """Run ``msa-fed ARGS`` in this process (tests/cli_runner.py); (exit status, stdout, stderr).
+    With ``timeout``, in a new process bounded by it (a command that talks to a server which may
+    be away: a hung call must not hang the test)."""
+    if timeout is not None:
+        return cli_process(*args, timeout=timeout, cwd=cwd)
     return run_cli(*args, cwd=cwd)
 
 

@@ -112,6 +112,11 @@ def test_ray_equals_local(warm, sites, options):
         assert len(steps) == 3 * SGD["epochs"] * per_epoch
 
 
+def _rounds(model) -> int:
+    """The DC rounds each site answered: the solve's and the influence report's re-solves."""
+    return model.info["solver"]["n_evaluations"] + model.info.get("influence", {}).get("evaluations", 0)
+
+
 def test_privacy_audit_of_a_full_ray_run(warm, sites):
     rec = m.Recorder()
     model = _fit(warm, sites, recorder=rec)
@@ -122,7 +127,7 @@ def test_privacy_audit_of_a_full_ray_run(warm, sites):
     frm = [(r[1], r[2]) for r in rec.records if r[0] == "from_site"]
     assert sorted(to) == sorted(frm)
     evals = [r for r in rec.records if r[0] == "from_site" and r[2] == "dc_evaluate"]
-    assert len(evals) == 3 * model.info["solver"]["n_evaluations"]
+    assert len(evals) == 3 * _rounds(model)
     assert {r[1] for r in evals} == {"a", "b", "c"}
     assert {
         "info",
@@ -197,7 +202,7 @@ def test_per_round_calls_go_over_the_data_channel(warm, sites, monkeypatch):
             warm.set_data_channel(mode)
             through_ray.clear()
             results[mode] = _fit(warm, sites, classifier=ccfg)
-            n_evals = results[mode].info["solver"]["n_evaluations"]
+            n_evals = _rounds(results[mode])
             assert through_ray.count("dc_evaluate") == (3 * n_evals if mode == "off" else 0)
     finally:
         warm.set_data_channel("tls")
@@ -233,7 +238,7 @@ def test_a_site_the_channel_cannot_reach_is_served_through_ray(warm, sites, monk
             model = _fit(warm, sites)
         assert warm.channel_status() == {"a": True, "b": False, "c": True}
         evals = [name for name, method in through_ray if method == "dc_evaluate"]
-        assert set(evals) == {"b"} and len(evals) == model.info["solver"]["n_evaluations"]
+        assert set(evals) == {"b"} and len(evals) == _rounds(model)
         assert len(opened) == 3  # one failed attempt, then the back-off pause
         assert any("cannot open the data channel to b" in r.getMessage() for r in caplog.records)
         np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
