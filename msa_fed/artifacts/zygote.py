@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
 import os
 import selectors
 import socket
@@ -28,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+
+log = logging.getLogger("msa_fed.artifacts")
 
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[2]); from msa_fed.artifacts.zygote import zygote_main; "
@@ -256,8 +259,9 @@ def run_in_zygote(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bo
                 # the first fork waits for the helper's imports
                 if not job.got_pid.wait(max(min(deadline - time.monotonic(), START_TIMEOUT_S), 0.01)):
                     return b"", True, None
-                if job.pid is None:
-                    return b"the sandbox helper refused the request", False, None
+                if job.pid is None:  # the helper died or refused: a fresh interpreter instead
+                    log.info("the sandbox's fork helper did not take a load; starting a fresh process")
+                    return None
                 out, timed_out = exchange(
                     ours.fileno(), ours.fileno(), payload, deadline, lambda: ours.shutdown(socket.SHUT_WR)
                 )
