@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cli_runner import run_cli
 
 from msa_fed.control import Registry, RegistryServer, SqliteStore
@@ -65,7 +64,9 @@ def test_publish_checks_the_sample_against_the_site_data_file(site, tmp_path):
     rc, _, err = run_cli("site", "publish", "--config", toml, "--unlabeled", tmp_path / "leaky.npy")
     one_error(rc, err, "shares rows with the labelled inputs")
     assert "1 row" not in err and "11" not in err  # no count nor index of the shared rows
-    rc, _, err = run_cli("site", "publish", *conn, "--unlabeled", tmp_path / "leaky.npy", "--labeled", folder / "data.npz")
+    rc, _, err = run_cli(
+        "site", "publish", *conn, "--unlabeled", tmp_path / "leaky.npy", "--labeled", folder / "data.npz"
+    )
     one_error(rc, err, "shares rows with the labelled inputs")
     # no labelled inputs to check against: refused, naming the ways out
     rc, _, err = run_cli("site", "publish", *conn, "--unlabeled", tmp_path / "clean.npy")
