@@ -93,7 +93,8 @@ accept_jobs = "admin"
 TOMLEOF
     SITE=(--registry "$REG" --insecure --token-file "$S/token")
     msa_fed site register "${SITE[@]}" --name "$site"
-    msa_fed site publish "${SITE[@]}" --predictor "$S/predictor.onnx" --unlabeled "$S/unlabeled.npy"
+    # --config: the sample is checked to share no row with the site's data file (site.toml's data)
+    msa_fed site publish --config "$S/site.toml" --predictor "$S/predictor.onnx" --unlabeled "$S/unlabeled.npy"
 done
 
 step "each site starts its own process: msa-fed site serve --config site.toml"

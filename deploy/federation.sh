@@ -80,7 +80,7 @@ for site in north east west; do
     SITE=(--registry "$REG" --insecure --token-file "$WORK/sites/$site/token")
     msa_fed site register "${SITE[@]}" --name "$site"
     msa_fed site publish "${SITE[@]}" --predictor "$WORK/sites/$site/predictor.onnx" \
-        --unlabeled "$WORK/sites/$site/unlabeled.npy"
+        --unlabeled "$WORK/sites/$site/unlabeled.npy" --labeled "$WORK/sites/$site/$site.npz"
     msa_fed site heartbeat "${SITE[@]}"
 done
 msa_fed admin list-sites --db "$DB"

@@ -5,7 +5,8 @@
     msa-fed admin revoke-token --db PATH (--site NAME | --admin)
     msa-fed admin list-sites --db PATH [--json]
     msa-fed site register --registry HOST:PORT --token T --name NAME [--insecure | --tls-ca F]
-    msa-fed site publish  --registry HOST:PORT --token T [--predictor MODEL.onnx] [--unlabeled SAMPLE.npy]
+    msa-fed site publish  (--config site.toml | --registry HOST:PORT --token T) [--predictor MODEL.onnx]
+                          [--unlabeled SAMPLE.npy (--config | --labeled DATA.npz | --no-labeled-check)]
     msa-fed site status   --registry HOST:PORT --token T [--json]
     msa-fed site heartbeat --registry HOST:PORT --token T [--interval SECONDS]
 
@@ -341,20 +342,30 @@ def _load_predictor_file(path: str, max_bytes: int) -> bytes:
     return data
 
 
-def _check_not_labelled(X, labeled: str | None) -> None:
+def _check_not_labelled(X, labeled: str | None, unchecked: bool = False) -> None:
     """Refuse a sample that shares a row with the site's labelled inputs (``--labeled``: the
-    site's data file, an .npz with X_labeled, or a 2-D .npy of the labelled inputs)."""
+    site's data file, an .npz with X_labeled, or a 2-D .npy of the labelled inputs; with
+    ``--config site.toml`` the site's ``data`` file).  Without either, refused unless
+    ``unchecked`` (``--no-labeled-check``: the operator has no labelled data at hand)."""
     import numpy as np
 
     from msa_fed.privacy.consortium import check_disjoint
 
-    if not labeled:
+    if unchecked:
+        if labeled:
+            raise ConfigError("--no-labeled-check: the labelled inputs are given (--labeled or --config); drop one")
         print(
-            "note: --labeled not given: not checked here that the sample holds no labelled input "
-            "('msa-fed site serve' checks it and refuses to start)",
+            "note: --no-labeled-check: the sample is published without checking that it holds no labelled "
+            "input; a labelled row in it lets the coordinator decode that point's label from the site's answers",
             file=sys.stderr,
         )
         return
+    if not labeled:
+        raise ConfigError(
+            "--unlabeled: give the site's labelled inputs to check that the sample shares no row with them: "
+            "--config site.toml (its data file) or --labeled DATA.npz (or --no-labeled-check when this machine "
+            "holds no labelled data)"
+        )
     _regular_file(labeled, "--labeled", 2**62)
     try:
         data = np.load(labeled, allow_pickle=False)
@@ -377,6 +388,10 @@ def _check_not_labelled(X, labeled: str | None) -> None:
 def _publish(args) -> int:
     if not args.predictor and not args.unlabeled:
         raise ConfigError("give --predictor MODEL.onnx and/or --unlabeled SAMPLE.npy")
+    if getattr(args, "config", None):  # msa_fed.federation.cli reads site.toml and clears it
+        raise ConfigError("--config site.toml: not available in this command set; give --labeled DATA.npz")
+    if not args.registry:
+        raise ConfigError("give --registry HOST:PORT and a token, or --config site.toml")
     data = (
         _load_predictor_file(args.predictor, _mib(args.max_predictor_mb, "--max-predictor-mb"))
         if args.predictor
@@ -384,7 +399,7 @@ def _publish(args) -> int:
     )
     X = _load_sample(args.unlabeled, _mib(args.max_sample_mb, "--max-sample-mb")) if args.unlabeled else None
     if X is not None:
-        _check_not_labelled(X, args.labeled)
+        _check_not_labelled(X, args.labeled, args.no_labeled_check)
     with _client(args) as client:
         if data is not None:
             rec = client.upload_predictor(data)
@@ -500,7 +515,13 @@ def register(subparsers) -> None:
     p.add_argument("--seal-key", metavar="FILE.pub", help="the site's public sealing key (msa-fed site keygen)")
     p.set_defaults(func=_register)
     p = site_sub.add_parser("publish", help="upload the frozen predictor and/or the unlabelled sample")
-    _connection_options(p)
+    _connection_options(p, registry_required=False)
+    p.add_argument(
+        "--config",
+        metavar="site.toml",
+        help="the site's configuration: its data file is checked against the sample, and its registry, "
+        "token and TLS files are used unless --registry is given",
+    )
     p.add_argument("--predictor", metavar="MODEL.onnx", help="ONNX predictor (msa_fed.artifacts export)")
     p.add_argument("--unlabeled", metavar="SAMPLE.npy", help="unlabelled inputs, a 2-D numeric .npy array")
     p.add_argument(
@@ -508,6 +529,12 @@ def register(subparsers) -> None:
         metavar="DATA.npz",
         help="the site's data file (X_labeled) or a .npy of its labelled inputs: a sample sharing a row "
         "with them is refused",
+    )
+    p.add_argument(
+        "--no-labeled-check",
+        action="store_true",
+        help="publish --unlabeled without --labeled or --config (this machine holds no labelled data): "
+        "nothing checks here that the sample holds no labelled input",
     )
     p.add_argument("--max-predictor-mb", type=float, default=64.0, help="refuse a larger predictor file (default 64)")
     p.add_argument(

@@ -22,6 +22,7 @@ import threading
 import time
 
 from msa_fed.clitools import command_group
+from msa_fed.errors import ConfigError
 
 
 def _config(args):
@@ -199,6 +200,42 @@ def status_command(args) -> int:
     return 0
 
 
+def with_site_config(args):
+    """``site publish --config site.toml``: the site's data file is the labelled inputs the sample
+    is checked against, and without --registry its connection (registry, token, TLS files) is
+    site.toml's.  Returns ``args`` ready for the control CLI's handler (``config`` cleared)."""
+    if not getattr(args, "config", None):
+        return args
+    if args.labeled:
+        raise ConfigError("give --config site.toml or --labeled DATA.npz, not both (site.toml names the data file)")
+    config = _config(args)
+    args.labeled, args.config = config.data, None
+    if not args.registry:
+        args.registry = config.registry
+        if not (args.token or args.token_file):
+            args.token_file = config.token_file
+        args.insecure = args.insecure or config.insecure
+        for key in ("tls_ca", "tls_cert", "tls_key", "server_name"):
+            if getattr(args, key) is None:
+                setattr(args, key, getattr(config, key))
+    return args
+
+
+def with_site_logs(args):
+    """``site audit --config site.toml``: the audit log and the ledger the site process writes
+    (:func:`msa_fed.federation.agent.load_site_policy`).  Returns ``args`` for the privacy CLI's
+    handler (``config`` cleared)."""
+    if not getattr(args, "config", None):
+        return args
+    from msa_fed.federation.agent import load_site_policy
+
+    if args.log or args.ledger:
+        raise ConfigError("give --config site.toml or --log F [--ledger F], not both")
+    policy = load_site_policy(_config(args))
+    args.log, args.ledger, args.config = policy.audit_log, policy.ledger, None
+    return args
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     site = command_group(sub, "site", "site commands (register, publish, serve, ...)")
     serve = site.add_parser(
@@ -242,6 +279,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     if status is not None:
         registry_view = status.get_default("func")
         status.set_defaults(func=lambda args: status_command(args) if args.config else registry_view(args))
+    audit = site.choices.get("audit")  # `site audit --config site.toml`, the same way
+    if audit is not None:
+        verify = audit.get_default("func")
+        audit.set_defaults(func=lambda args: verify(with_site_logs(args)))
+    publish = site.choices.get("publish")  # `site publish --config site.toml`, the same way
+    if publish is not None:
+        upload = publish.get_default("func")
+        publish.set_defaults(func=lambda args: upload(with_site_config(args)))
 
     peers = site.add_parser("peers", help="peers excluded after their predictor broke a limit at this site")
     peers.add_argument("--config", required=True, help="site.toml")

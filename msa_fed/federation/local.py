@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from msa_fed.privacy.consortium import check_disjoint
+
 
 @dataclass
 class SiteFiles:
@@ -194,6 +196,7 @@ class LocalFederation:
             with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
                 client.register(name, labels)
                 client.upload_predictor(files.predictor)
+                check_disjoint(name, files.X_labeled, files.X_unlabeled)  # as `site publish` does
                 client.upload_sample(files.X_unlabeled)
         if self.start_sites:
             for name in self.sites:

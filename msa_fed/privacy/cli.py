@@ -1,4 +1,8 @@
-"""``msa-fed site audit``: verify a site's audit log (hash chain and, with the ledger, its length)."""
+"""``msa-fed site audit``: verify a site's audit log (hash chain and, with the ledger, its length).
+
+``--log F [--ledger F]`` names the files; ``--config site.toml`` (answered through
+:mod:`msa_fed.federation.cli`) takes the ones the site process writes.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,11 @@ from msa_fed.errors import ConfigError
 def register(sub: argparse._SubParsersAction) -> None:
     site = command_group(sub, "site", "a site's own commands (privacy audit, serving)")
     audit = site.add_parser("audit", help="verify the site's hash-chained audit log and print a summary")
-    audit.add_argument("--log", required=True, help="the audit log (JSON lines)")
+    audit.add_argument("--log", help="the audit log (JSON lines)")
     audit.add_argument("--ledger", help="the site's ledger (SQLite): also detects lines cut off the end")
+    audit.add_argument(
+        "--config", metavar="site.toml", help="the site's configuration: its audit log and ledger (instead of --log)"
+    )
     audit.add_argument("--json", action="store_true", help="print the summary as JSON")
     audit.set_defaults(func=_audit)
 
@@ -24,6 +31,10 @@ def _audit(args) -> int:
     from msa_fed.privacy.audit import verify_log
     from msa_fed.privacy.ledger import Ledger
 
+    if getattr(args, "config", None):  # msa_fed.federation.cli reads site.toml and clears it
+        raise ConfigError("--config site.toml: not available in this command set; give --log F [--ledger F]")
+    if not args.log:
+        raise ConfigError("give --config site.toml or --log F [--ledger F]")
     log = Path(args.log)
     if not log.is_file():
         raise ConfigError(f"audit log {str(log)!r} not found")

@@ -23,6 +23,26 @@ BUDGETS = {
     "dc_evaluation": ("dc_evaluations_per_job", "dc_evaluations_per_day"),
 }
 
+#: rules decided on the request and public data alone (the policy, the job's published samples):
+#: an honest coordinator trips them by mistake (a wrong mu, eta or z, a model without one column
+#: per site, a feature map its parameters do not derive), and their outcome tells the coordinator
+#: nothing it could not compute itself
+PUBLIC_RULES = frozenset(
+    {"eta_min", "z", "global_bound", "dp_what", "verify_mu", "verify_columns", "verify_feature_map", "verify_samples"}
+)
+#: decisions recorded by public checks (a request's other decisions come from its labelled data)
+PUBLIC_DECISIONS = frozenset({"min_points", "eta", "theta_sq", "theta_sq_limit"} | {f"{k}s_job" for k in BUDGETS})
+
+
+def day_charge_waived(rule: str, decisions: dict) -> bool:
+    """The rule on a refusal's rolling-day charge: a request refused by a public rule
+    (:data:`PUBLIC_RULES`) before any check that read labelled data had passed (its decisions
+    so far are all :data:`PUBLIC_DECISIONS`) counts toward the job's budget, not toward the
+    site's rolling day.  Any other refusal counts toward both: one that a labelled-data check
+    decided, or one that follows a labelled-data check that passed (its rule then tells that
+    the check passed)."""
+    return rule in PUBLIC_RULES and set(decisions) <= PUBLIC_DECISIONS
+
 
 class SiteGuard:
     def __init__(self, site: str, policy: SitePolicy, job: str = ""):
@@ -74,6 +94,9 @@ class SiteGuard:
         try:
             yield decisions
         except PrivacyError as exc:
+            if self._pending.counts and day_charge_waived(exc.rule or "", decisions):
+                self._pending.counts = [(k, n, False) for k, n in self._pending.counts]
+                decisions["day_charge"] = "waived: refused by a public rule"
             decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self._write(kind, sizes, decisions, "refused", rule=exc.rule or "refused", detail=exc.detail)
             raise

@@ -66,15 +66,19 @@ class Ledger:
 
     def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
         """In one transaction: add ``counts`` [(kind, n)] for ``job`` and set an audit anchor
-        (log, line count, last hash).  The site calls this once per request, before it answers."""
+        (log, line count, last hash).  The site calls this once per request, before it answers.
+        A count ``(kind, n, False)`` is counted for the job only, not in the rolling day
+        (:data:`msa_fed.privacy.guard.PUBLIC_RULES`)."""
         hour = int((time.time() if t is None else t) // HOUR_S)
         with self._lock:
             self._db.execute("BEGIN")
-            for kind, n in counts:
+            for kind, n, day in _counts(counts):
                 self._db.execute(
                     "INSERT INTO job_queries VALUES (?, ?, ?) ON CONFLICT(job, kind) DO UPDATE SET n = n + excluded.n",
                     (job, kind, int(n)),
                 )
+                if not day:
+                    continue
                 self._db.execute(
                     "INSERT INTO hourly_queries VALUES (?, ?, ?) ON CONFLICT(kind, hour) DO UPDATE "
                     "SET n = n + excluded.n",
@@ -146,6 +150,12 @@ class Ledger:
         return None if row is None else (int(row[0]), str(row[1]))
 
 
+def _counts(counts):
+    """(kind, n, counted in the rolling day) from (kind, n) or (kind, n, day) entries."""
+    for c in counts:
+        yield (c[0], c[1], True) if len(c) == 2 else (c[0], c[1], bool(c[2]))
+
+
 class MemoryLedger(Ledger):
     """The ledger of a site without a ledger file: the same interface, in this process's memory."""
 
@@ -167,8 +177,12 @@ class MemoryLedger(Ledger):
             self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
 
     def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
-        for kind, n in counts:
-            self.record(job, kind, n, t)
+        hour = int((time.time() if t is None else t) // HOUR_S)
+        with self._lock:
+            for kind, n, day in _counts(counts):
+                self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
+                if day:
+                    self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
         if anchor is not None:
             self.set_anchor(*anchor)
 

@@ -144,6 +144,8 @@ def federation(tmp_path_factory):
                 str(tmp / f"{name}.onnx"),
                 "--unlabeled",
                 str(tmp / f"{name}_unlabeled.npy"),
+                "--labeled",
+                str(tmp / f"{name}.npz"),
                 env=env,
             )
         yield dict(tmp=tmp, address=address, admin=admin, fed=fed, env=env, db=db)

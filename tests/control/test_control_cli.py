@@ -76,6 +76,7 @@ def test_site_flow_through_the_cli(run, db, served, tmp_path):
     model.write_bytes(linear_onnx([1.0, 2.0]))
     X = np.arange(10, dtype=np.float64).reshape(5, 2)
     np.save(sample, X)
+    np.save(tmp_path / "labelled.npy", X + 0.5)  # the site's labelled inputs: no row in the sample
     rc, out, err = run(
         "site",
         "publish",
@@ -88,6 +89,8 @@ def test_site_flow_through_the_cli(run, db, served, tmp_path):
         model,
         "--unlabeled",
         sample,
+        "--labeled",
+        tmp_path / "labelled.npy",
     )
     assert rc == 0, err
     assert "published predictor sha256=" in out and "shape=(5, 2)" in out

@@ -162,7 +162,8 @@ def test_publish_unlabeled_with_a_crafted_npy_header(run, served, tmp_path):
     assert store.get_site("a").sample is None
     good = tmp_path / "good.npy"
     np.save(good, np.arange(6, dtype=np.float64).reshape(3, 2), allow_pickle=False)
-    rc, out, err = run(*base, good)
+    np.save(tmp_path / "labelled.npy", -np.arange(6, dtype=np.float64).reshape(3, 2) - 1)
+    rc, out, err = run(*base, good, "--labeled", tmp_path / "labelled.npy")
     assert rc == 0 and "shape=(3, 2)" in out, err
 
 

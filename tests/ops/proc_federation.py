@@ -79,6 +79,8 @@ class ProcFederation:
                     folder / "predictor.onnx",
                     "--unlabeled",
                     folder / "unlabeled.npy",
+                    "--config",
+                    folder / "site.toml",
                 ],
             ):
                 rc, out, err = cli(*args)
