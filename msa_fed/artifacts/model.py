@@ -346,6 +346,7 @@ def _finite(out: np.ndarray, what: str) -> np.ndarray:
 def load_model(path) -> CombinedModel:
     """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
     from msa_fed.artifacts.loader import load_predictors
+    from msa_fed.artifacts.sandbox import warm_up
 
     path = Path(path)
     mf = path / "manifest.json"
@@ -362,6 +363,7 @@ def load_model(path) -> CombinedModel:
             f"{mf}: format version {manifest.get('format_version')} is not supported "
             f"(this msa_fed reads version {FORMAT_VERSION})"
         )
+    warm_up()  # the sandbox's helper starts while the arrays and the domain model are read
     try:
         with np.load(path / "arrays.npz", allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

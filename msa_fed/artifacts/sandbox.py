@@ -77,6 +77,15 @@ _BOOT = (
 SANDBOX_START = "zygote"
 
 
+def warm_up() -> None:
+    """Start the fork helper now (it imports numpy and onnx while the caller does other work),
+    so that a sandboxed load soon after does not wait for those imports."""
+    if SANDBOX_START == "zygote":
+        from msa_fed.artifacts.zygote import _get
+
+        _get()
+
+
 def sandbox_self_check(limits: SandboxLimits | None = None, start: str | None = None) -> dict:
     """Start a sandbox child and report what a model would find around it (no model is loaded):
     ``cwd_entries``, ``env`` (names), ``fds`` (open descriptors), ``rlimits``, ``modules`` (of
