@@ -11,6 +11,8 @@ for probabilities, rows in [0, 1] summing to 1.  The process that calls :func:`l
 never parses the model: it gets the sandbox's JSON verdict and builds its own onnxruntime
 session only when the predictor is first run, after re-checking the structure.
 
+:func:`load_predictors` checks several models in one sandboxed child (the same verdicts).
+
 A successful verdict is cached in-process by (sha256, expectations, sample, limits), so a job
 driver or a site that loads the same model twice pays the sandbox start-up once.
 

@@ -11,6 +11,9 @@ reads the model (and the optional probe sample) from stdin, runs every check of
 batch, and writes one JSON verdict on a private copy of its stdout (what onnxruntime or numpy
 may print goes to /dev/null).  Nothing crosses the boundary as pickle.
 
+Several models can share one child (:func:`probe_batch_in_sandbox`, used by ``load_model``
+for its p predictors): one verdict line per model, the same verdicts as one child each.
+
 Verdict: ``{"ok": true, "kind", "n_features", "classes", "rows", "maxrss_kb"}`` or
 ``{"ok": false, "code", "args", "detail"}`` (``code`` is a key of structure.REASONS).
 
@@ -153,6 +156,9 @@ def probe_batch_in_sandbox(items: list[ProbeItem], limits: SandboxLimits | None 
       a child exactly like a single load's); a failure of a later model is checked again alone;
     - when the child dies or runs out of time, the verdicts it wrote stand (as above), the
       model it was checking and those after it are checked one by one, side by side.
+
+    The batch's wall clock is one load's (``timeout_s``); models it leaves unchecked are checked
+    alone.  ``maxrss_kb`` of a batch verdict is the child's peak so far.
     """
     limits = limits or SandboxLimits()
     if not items:
