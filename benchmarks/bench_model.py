@@ -206,6 +206,7 @@ def bench_load(path: Path, trees: dict[str, Path], repeats: int) -> dict:
             "tree": str(trees[name]),
             "load_s": statistics.median(r["load_s"] for r in rs),
             "first_predict_s": statistics.median(r["first_predict_s"] for r in rs),
+            "load_and_predict_s": statistics.median(r["load_s"] + r["first_predict_s"] for r in rs),
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
             "imported": rs[-1]["imported"],
         }
@@ -222,10 +223,13 @@ def main() -> None:
     ap.add_argument("--load-repeats", type=int, default=5)
     ap.add_argument("--baseline-tree", type=Path, help="another checkout to time load_model against")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--load-only", action="store_true", help="time only load_model (part 2)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_model.json")
     args = ap.parse_args()
     if args.quick:
         args.sites, args.repeats, args.load_repeats = [8], 3, 3
+    if args.load_only:
+        args.sites = []
     load_before = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -250,6 +254,7 @@ def main() -> None:
     for name, r in load.items():
         print(
             f"load_model ({name}): {r['load_s']:.3f} s, first predict_proba {r['first_predict_s'] * 1e3:.1f} ms, "
+            f"both {r['load_and_predict_s']:.3f} s, "
             f"peak RSS {r['peak_rss_mib']:.0f} MiB, imported {r['imported']}"
         )
     result = {

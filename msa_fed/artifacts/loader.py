@@ -11,6 +11,8 @@ for probabilities, rows in [0, 1] summing to 1.  The process that calls :func:`l
 never parses the model: it gets the sandbox's JSON verdict and builds its own onnxruntime
 session only when the predictor is first run, after re-checking the structure.
 
+:func:`load_predictors` checks several models in one sandboxed child (the same verdicts).
+
 A successful verdict is cached in-process by (sha256, expectations, sample, limits), so a job
 driver or a site that loads the same model twice pays the sandbox start-up once.
 
@@ -26,12 +28,13 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from msa_fed.artifacts.sandbox import SandboxLimits, probe_in_sandbox
+from msa_fed.artifacts.sandbox import ProbeItem, SandboxLimits, probe_batch_in_sandbox, probe_in_sandbox
 from msa_fed.artifacts.structure import (
     DEFAULT_MAX_FEATURES,
     FOREIGN_FORMATS,
@@ -299,6 +302,63 @@ def load_predictor(
     Raises :class:`ArtifactError` (``public_message`` + ``incident_id``; detail in the log) for
     anything wrong with the bytes, ``ConfigError`` for a wrong argument.
     """
+    pre = _precheck(data, expected_sha256, n_features, kind, max_bytes, max_features, sample, limits)
+    verdict = PROBE_CACHE.get(pre.key)
+    if verdict is None:
+        verdict = probe_in_sandbox(
+            pre.data,
+            kind=kind,
+            n_features=pre.n_features,
+            max_features=pre.max_features,
+            sample=pre.sample,
+            limits=pre.limits,
+        )
+    return _finish(pre, verdict, kind, intra_op_threads)
+
+
+def load_predictors(
+    datas: list[bytes],
+    *,
+    expected_sha256: list[str | None] | None = None,
+    n_features: int | None = None,
+    kind: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    intra_op_threads: int = 1,
+    max_features: int = DEFAULT_MAX_FEATURES,
+    limits: SandboxLimits | None = None,
+) -> list[OnnxPredictor]:
+    """:func:`load_predictor` on several models, whose first loads share ONE sandboxed child
+    (:func:`msa_fed.artifacts.sandbox.probe_batch_in_sandbox`: the same limits and the same
+    verdict per model as one by one; a model that ends the child sends the rest to their own).
+
+    ``expected_sha256`` lists one digest (or None) per model.  Raises the error of the first
+    model, in order, that is refused."""
+    expected = list(expected_sha256) if expected_sha256 is not None else [None] * len(datas)
+    if len(expected) != len(datas):
+        raise ConfigError(f"expected_sha256 lists {len(expected)} digests for {len(datas)} models")
+    pres = [_precheck(d, e, n_features, kind, max_bytes, max_features, None, limits) for d, e in zip(datas, expected)]
+    verdicts = [PROBE_CACHE.get(pre.key) for pre in pres]
+    todo = [i for i, v in enumerate(verdicts) if v is None]
+    if todo:
+        items = [ProbeItem(pres[i].data, kind, pres[i].n_features, pres[i].max_features, pres[i].sample) for i in todo]
+        for i, verdict in zip(todo, probe_batch_in_sandbox(items, pres[0].limits)):
+            verdicts[i] = verdict
+    return [_finish(pre, verdict, kind, intra_op_threads) for pre, verdict in zip(pres, verdicts)]
+
+
+@dataclass(frozen=True)
+class _Prechecked:
+    data: bytes
+    digest: str
+    n_features: int | None
+    max_features: int
+    sample: np.ndarray | None
+    limits: SandboxLimits
+    key: tuple
+
+
+def _precheck(data, expected_sha256, n_features, kind, max_bytes, max_features, sample, limits) -> _Prechecked:
+    """The checks of :func:`load_predictor` done in this process, before any sandbox."""
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"kind must be one of {KINDS}; got {kind!r}")
     if n_features is not None and (
@@ -337,17 +397,18 @@ def load_predictor(
         sample.shape if sample is not None else None,
         limits,
     )
-    verdict = PROBE_CACHE.get(key)
-    if verdict is None:
-        verdict = probe_in_sandbox(
-            data, kind=kind, n_features=n_features, max_features=max_features, sample=sample, limits=limits
-        )
+    return _Prechecked(data, digest, n_features, max_features, sample, limits, key)
+
+
+def _finish(pre: _Prechecked, verdict, kind, intra_op_threads: int) -> OnnxPredictor:
+    """The predictor of a sandbox verdict (checked again here; a success is cached)."""
     d_kind, d_width, classes = _checked_verdict(verdict)
     try:
-        check_expectations(d_kind, d_width, kind, n_features, max_features)
+        check_expectations(d_kind, d_width, kind, pre.n_features, pre.max_features)
     except Refusal as r:
         raise _from_refusal(r) from None
-    PROBE_CACHE.put(key, verdict)
+    PROBE_CACHE.put(pre.key, verdict)
+    data, digest = pre.data, pre.digest
     if d_kind == KIND_REGRESSION:
         return OnnxRegressor(data, d_kind, d_width, intra_op_threads, digest)
     assert classes is not None  # a probabilities model declares its classes (checked in the sandbox's verdict)

@@ -345,7 +345,8 @@ def _finite(out: np.ndarray, what: str) -> np.ndarray:
 
 def load_model(path) -> CombinedModel:
     """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
-    from msa_fed.artifacts.predictors import load_predictor
+    from msa_fed.artifacts.loader import load_predictors
+    from msa_fed.artifacts.sandbox import warm_up
 
     path = Path(path)
     mf = path / "manifest.json"
@@ -362,6 +363,7 @@ def load_model(path) -> CombinedModel:
             f"{mf}: format version {manifest.get('format_version')} is not supported "
             f"(this msa_fed reads version {FORMAT_VERSION})"
         )
+    warm_up()  # the sandbox's helper starts while the arrays and the domain model are read
     try:
         with np.load(path / "arrays.npz", allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -388,23 +390,19 @@ def load_model(path) -> CombinedModel:
     if not isinstance(hashes, list) or len(hashes) != p:
         raise ArtifactError(f"{mf}: predictor_sha256 must list one digest per site ({p})")
 
-    def load(k: int):
+    def read(k: int) -> bytes:
         try:
-            data = (path / "predictors" / f"{k}.onnx").read_bytes()
+            return (path / "predictors" / f"{k}.onnx").read_bytes()
         except OSError as exc:
             raise ArtifactError(f"{path / 'predictors'}: cannot read predictor {k} ({exc.strerror})") from None
-        return load_predictor(
-            data, expected_sha256=hashes[k], n_features=manifest["n_features"], kind=predictor_kind(task)
-        )
 
-    # Each predictor is checked in its own sandboxed child; the children run side by side.
-    if p > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(p, 8)) as pool:
-            predictors = list(pool.map(load, range(p)))
-    else:
-        predictors = [load(k) for k in range(p)]
+    # all p predictors are checked in one sandboxed child (same limits and verdicts as one by one)
+    predictors = load_predictors(
+        [read(k) for k in range(p)],
+        expected_sha256=hashes,
+        n_features=manifest["n_features"],
+        kind=predictor_kind(task),
+    )
     return CombinedModel(
         method=manifest["method"],
         task=task,

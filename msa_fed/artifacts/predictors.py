@@ -22,6 +22,7 @@ from msa_fed.artifacts.loader import (  # noqa: F401
     OnnxRegressor,
     load_predictor,
     load_predictor_file,
+    load_predictors,
     sha256_hex,
 )
 from msa_fed.artifacts.sandbox import (  # noqa: F401

@@ -11,6 +11,9 @@ reads the model (and the optional probe sample) from stdin, runs every check of
 batch, and writes one JSON verdict on a private copy of its stdout (what onnxruntime or numpy
 may print goes to /dev/null).  Nothing crosses the boundary as pickle.
 
+Several models can share one child (:func:`probe_batch_in_sandbox`, used by ``load_model``
+for its p predictors): one verdict line per model, the same verdicts as one child each.
+
 Verdict: ``{"ok": true, "kind", "n_features", "classes", "rows", "maxrss_kb"}`` or
 ``{"ok": false, "code", "args", "detail"}`` (``code`` is a key of structure.REASONS).
 
@@ -38,6 +41,7 @@ from msa_fed.artifacts.sandbox_process import (  # noqa: F401  - _evaluate: benc
     kill_group,
     package_root,
 )
+from msa_fed.artifacts.structure import DEFAULT_MAX_FEATURES
 
 #: Address-space limit of the sandbox process (RLIMIT_AS).  A server charges this much to its
 #: in-flight memory budget for every load it runs.
@@ -76,6 +80,15 @@ _BOOT = (
 SANDBOX_START = "zygote"
 
 
+def warm_up() -> None:
+    """Start the fork helper now (it imports numpy and onnx while the caller does other work),
+    so that a sandboxed load soon after does not wait for those imports."""
+    if SANDBOX_START == "zygote":
+        from msa_fed.artifacts.zygote import _get
+
+        _get()
+
+
 def sandbox_self_check(limits: SandboxLimits | None = None, start: str | None = None) -> dict:
     """Start a sandbox child and report what a model would find around it (no model is loaded):
     ``cwd_entries``, ``env`` (names), ``fds`` (open descriptors), ``rlimits``, ``modules`` (of
@@ -93,9 +106,14 @@ def probe_in_sandbox(
     killed by a limit or the timeout, or one that answers no JSON, gives a failure verdict
     (``code`` "timeout", "cpu", "memory" or "sandbox") with the reason in ``detail``.
     """
+    payload, req = _request(data, kind, n_features, max_features, sample)
+    return _launch(payload, req, limits or SandboxLimits())
+
+
+def _request(data: bytes, kind, n_features, max_features: int, sample) -> tuple[bytes, dict]:
+    """The bytes (model, then sample) and the JSON request of one model's check."""
     import numpy as np
 
-    limits = limits or SandboxLimits()
     payload = bytes(data)
     rows = cols = 0
     if sample is not None:
@@ -110,10 +128,105 @@ def probe_in_sandbox(
         "n_features": n_features,
         "max_features": int(max_features),
     }
-    return _launch(payload, req, limits)
+    return payload, req
+
+
+@dataclass(frozen=True)
+class ProbeItem:
+    """One model of a batch check (the arguments of :func:`probe_in_sandbox`)."""
+
+    data: bytes
+    kind: str | None = None
+    n_features: int | None = None
+    max_features: int = DEFAULT_MAX_FEATURES
+    sample: object = None
+
+
+def probe_batch_in_sandbox(items: list[ProbeItem], limits: SandboxLimits | None = None) -> list[dict]:
+    """The verdicts of several models, checked in ONE sandboxed child; one verdict per item, in order.
+
+    Each model gets the limits of a single load: the same address-space limit (the child holds
+    one model's bytes, session and probe at a time), ``cpu_seconds`` of its own, and the wall
+    clock of one load for the first.  A verdict equals :func:`probe_in_sandbox`'s on the same
+    item; what one model does cannot change another's:
+
+    - the checks are functions of a model's bytes alone; what a model can do to the child is
+      spend its resources (memory, CPU, time) or end it, which can only make a later model fail;
+    - so a success verdict is kept, and so is any verdict of the batch's first model (it ran in
+      a child exactly like a single load's); a failure of a later model is checked again alone;
+    - when the child dies or runs out of time, the verdicts it wrote stand (as above), the
+      model it was checking and those after it are checked one by one, side by side.
+
+    The batch's wall clock is one load's (``timeout_s``); models it leaves unchecked are checked
+    alone.  ``maxrss_kb`` of a batch verdict is the child's peak so far.
+    """
+    limits = limits or SandboxLimits()
+    if not items:
+        return []
+    if len(items) == 1:
+        it = items[0]
+        return [
+            probe_in_sandbox(
+                it.data,
+                kind=it.kind,
+                n_features=it.n_features,
+                max_features=it.max_features,
+                sample=it.sample,
+                limits=limits,
+            )
+        ]
+    payloads, batch = [], []
+    for it in items:
+        payload, req = _request(it.data, it.kind, it.n_features, it.max_features, it.sample)
+        payloads.append(payload)
+        batch.append(req)
+    out, timed_out, rc, elapsed = _run_child(
+        b"".join(payloads), {"batch": batch}, limits, max_out=MAX_VERDICT_BYTES * len(items)
+    )
+    verdicts: list[dict | None] = []
+    for line in out.split(b"\n"):
+        if len(verdicts) == len(items):
+            break
+        try:
+            verdict = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            break  # the last line of a child killed while writing, or no line at all
+        if not isinstance(verdict, dict) or verdict.get("code") == "input":
+            break
+        verdicts.append(verdict)
+    if not verdicts:
+        # the first model ended the child: its verdict is a single load's (same child, same limits)
+        verdicts.append(_verdict(out, timed_out, rc, elapsed, limits))
+    verdicts += [None] * (len(items) - len(verdicts))
+    again = [i for i, v in enumerate(verdicts) if v is None or (i > 0 and v.get("ok") is not True)]
+    if again:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def single(i: int) -> dict:
+            it = items[i]
+            return probe_in_sandbox(
+                it.data,
+                kind=it.kind,
+                n_features=it.n_features,
+                max_features=it.max_features,
+                sample=it.sample,
+                limits=limits,
+            )
+
+        with ThreadPoolExecutor(max_workers=min(len(again), 8)) as pool:
+            for i, verdict in zip(again, pool.map(single, again)):
+                verdicts[i] = verdict
+    return [v for v in verdicts if v is not None]
 
 
 def _launch(payload: bytes, req: dict, limits: SandboxLimits, start: str | None = None) -> dict:
+    return _verdict(*_run_child(payload, req, limits, start), limits)
+
+
+def _run_child(
+    payload: bytes, req: dict, limits: SandboxLimits, start: str | None = None, max_out: int = MAX_VERDICT_BYTES
+) -> tuple[bytes, bool, int | None, float]:
+    """One sandboxed child for ``req``: (output, timed_out, exit status, seconds elapsed)."""
     req = {**req, "memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds, "max_files": limits.max_files}
     started = time.monotonic()
     deadline = started + limits.timeout_s
@@ -121,14 +234,16 @@ def _launch(payload: bytes, req: dict, limits: SandboxLimits, start: str | None 
     if (start or SANDBOX_START) == "zygote":
         from msa_fed.artifacts.zygote import run_in_zygote
 
-        result = run_in_zygote(payload, req, deadline)  # None: no zygote to be had
+        result = run_in_zygote(payload, req, deadline, max_out)  # None: no zygote to be had
     if result is None:
-        result = _spawn(payload, req, deadline)
+        result = _spawn(payload, req, deadline, max_out)
     out, timed_out, rc = result
-    return _verdict(out, timed_out, rc, time.monotonic() - started, limits)
+    return out, timed_out, rc, time.monotonic() - started
 
 
-def _spawn(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int | None]:
+def _spawn(
+    payload: bytes, req: dict, deadline: float, max_out: int = MAX_VERDICT_BYTES
+) -> tuple[bytes, bool, int | None]:
     """One fresh interpreter for one load: (output, timed_out, exit status)."""
     with tempfile.TemporaryDirectory(prefix="msa_fed_sandbox_", ignore_cleanup_errors=True) as cwd:
         try:
@@ -146,7 +261,9 @@ def _spawn(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int
             return f"cannot start the sandbox: {exc}".encode(), False, None
         assert proc.stdin is not None and proc.stdout is not None  # both are pipes (Popen above)
         try:
-            out, timed_out = exchange(proc.stdin.fileno(), proc.stdout.fileno(), payload, deadline, proc.stdin.close)
+            out, timed_out = exchange(
+                proc.stdin.fileno(), proc.stdout.fileno(), payload, deadline, proc.stdin.close, max_out
+            )
             if not timed_out:
                 try:
                     proc.wait(timeout=max(deadline - time.monotonic(), 0.01))

@@ -27,8 +27,9 @@ def _set_limits(req: dict) -> None:
 
     mem = int(req["memory_bytes"])
     cpu = int(req["cpu_seconds"])
+    n = len(req.get("batch") or ()) or 1  # a batch: cpu seconds per model (soft limit raised per model)
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, (cpu + 1) * n))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     nofile = int(req["max_files"])
@@ -109,6 +110,8 @@ def child(req: dict) -> int:
         from msa_fed.artifacts.isolated_worker import serve
 
         return serve(0, result_fd)
+    if req.get("batch"):
+        return _run_batch(req, result_fd)
     verdict: dict
     if req.get("self_check"):
         verdict = _self_check()
@@ -137,6 +140,34 @@ def _self_check() -> dict:
     }
 
 
+def _run_batch(req: dict, result_fd: int) -> int:
+    """Several models in one child: one JSON verdict line per model, written as soon as it is known.
+
+    Each model gets ``cpu_seconds`` of its own (the soft RLIMIT_CPU is moved up before each one;
+    the hard limit bounds the batch to what its loads would cost one by one).  Its bytes are read
+    only when its turn comes.  A model that kills the child leaves the verdicts already written;
+    the parent checks the rest (:func:`msa_fed.artifacts.sandbox.probe_batch_in_sandbox`)."""
+    import gc
+    import math
+    import resource
+
+    cpu = int(req["cpu_seconds"])
+    common = {k: v for k, v in req.items() if k != "batch"}
+    for item in req["batch"]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu)
+        resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
+        verdict = _run_request({**common, **item})
+        verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        os.write(result_fd, json.dumps(verdict).encode() + b"\n")
+        if verdict.get("code") == "input":
+            break  # the byte stream is out of step: the parent checks the rest one by one
+        gc.collect()  # nothing of this model stays for the next one
+    os.close(result_fd)
+    return 0
+
+
 def _run_request(req: dict) -> dict:
     try:
         data = _read_exactly(0, int(req["model_bytes"]))
@@ -146,6 +177,9 @@ def _run_request(req: dict) -> dict:
             import numpy as np
 
             sample = np.frombuffer(_read_exactly(0, rows * cols * 4), dtype="<f4").reshape(rows, cols)
+    except EOFError as exc:
+        return {"ok": False, "code": "input", "args": {}, "detail": str(exc)}
+    try:
         verdict = _evaluate(data, req, sample)
     except MemoryError as exc:
         verdict = {"ok": False, "code": "memory", "args": {}, "detail": f"MemoryError: {exc}"}
@@ -179,9 +213,11 @@ def kill_group(pid: int | None) -> None:
         pass
 
 
-def exchange(wfd: int, rfd: int, payload: bytes, deadline: float, close_write) -> tuple[bytes, bool]:
+def exchange(
+    wfd: int, rfd: int, payload: bytes, deadline: float, close_write, max_out: int = MAX_VERDICT_BYTES
+) -> tuple[bytes, bool]:
     """Write ``payload`` to ``wfd`` (then ``close_write()``) while reading ``rfd`` to EOF, keeping
-    at most MAX_VERDICT_BYTES; returns (output, timed_out).  Never blocks past ``deadline``
+    at most ``max_out`` bytes; returns (output, timed_out).  Never blocks past ``deadline``
     (time.monotonic).  ``wfd`` and ``rfd`` may be the same socket."""
     os.set_blocking(wfd, False)
     os.set_blocking(rfd, False)
@@ -230,8 +266,8 @@ def exchange(wfd: int, rfd: int, payload: bytes, deadline: float, close_write) -
                     if not chunk:
                         reading = False
                         break
-                    if len(out) < MAX_VERDICT_BYTES:
-                        out += chunk[: MAX_VERDICT_BYTES - len(out)]
+                    if len(out) < max_out:
+                        out += chunk[: max_out - len(out)]
         return bytes(out), False
     finally:
         sel.close()

@@ -238,10 +238,12 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def run_in_zygote(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bool, int | None] | None:
+def run_in_zygote(
+    payload: bytes, req: dict, deadline: float, max_out: int | None = None
+) -> tuple[bytes, bool, int | None] | None:
     """One load in a child forked by the helper: (output, timed_out, exit status), or None when
     no helper could be had (the caller then spawns)."""
-    from msa_fed.artifacts.sandbox_process import exchange, kill_group
+    from msa_fed.artifacts.sandbox_process import MAX_VERDICT_BYTES, exchange, kill_group
 
     zygote = _get()
     if zygote is None:
@@ -263,7 +265,12 @@ def run_in_zygote(payload: bytes, req: dict, deadline: float) -> tuple[bytes, bo
                     log.info("the sandbox's fork helper did not take a load; starting a fresh process")
                     return None
                 out, timed_out = exchange(
-                    ours.fileno(), ours.fileno(), payload, deadline, lambda: ours.shutdown(socket.SHUT_WR)
+                    ours.fileno(),
+                    ours.fileno(),
+                    payload,
+                    deadline,
+                    lambda: ours.shutdown(socket.SHUT_WR),
+                    max_out or MAX_VERDICT_BYTES,
                 )
                 if timed_out:
                     return out, True, None
