@@ -14,6 +14,11 @@ on disk.  Median of interleaved repeats, in one run; n labelled points per site 
 sites, 1000 published points each, d = 20, the polished optimum; the standard map and 1000
 random Fourier features; median of repeats, against ``set_domain_model`` with verification off.
 
+``--per-request``: the policy's cost on one site request (n = 50, p = 8): ``dc_evaluate`` against
+the sums alone, medians of interleaved requests, with warm caches and with an 8 MB buffer
+written between requests (cold caches: how a site actor answers one request among many
+processes on a busy node, where the Ray round's ratio is too noisy to resolve a few us).
+
 ``--ray``: p = 8 site actors on a local Ray (50 labelled points each, as in bench_runtime's
 round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over the TLS data
 channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
@@ -228,6 +233,38 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
     return out
 
 
+def per_request(requests: int = 2000, n: int = 50, p: int = 8) -> dict:
+    """Median us per request of the sums alone and of ``dc_evaluate``, warm and cold caches."""
+    from msa_fed.runtime import messages as m
+
+    w = make_sites(p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9})[0]
+    pts = w._points
+    zs = np.random.default_rng(2).dirichlet(np.ones(p), size=requests)
+    reqs = [m.DCRequest(z=z, eta=0.01, what=("L", "dL")) for z in zs]
+    buf = np.ones(1 << 20)  # 8 MB, more than the last-level cache share of one process here
+    out = {}
+    for label, flush in (("warm", False), ("cold", True)):
+        tb, tp = [], []
+        for r in reqs:
+            if flush:
+                buf += 1.0
+            t = time.perf_counter()
+            pts.evaluate(r.z, 0.01, what=("L", "dL"))
+            tb.append(time.perf_counter() - t)
+            if flush:
+                buf += 1.0
+            t = time.perf_counter()
+            w.dc_evaluate(r)
+            tp.append(time.perf_counter() - t)
+        b, q = float(np.median(tb)) * 1e6, float(np.median(tp)) * 1e6
+        out[label] = {"sums_us": b, "dc_evaluate_us": q, "policy_us": q - b}
+        print(
+            f"one request, n={n}, p={p}, {label} caches: sums {b:6.1f} us, "
+            f"dc_evaluate {q:6.1f} us, policy {q - b:5.1f} us"
+        )
+    return out
+
+
 def main(argv=None):
     from msa_fed.runtime import messages as m
 
@@ -239,17 +276,21 @@ def main(argv=None):
     ap.add_argument("--ray-only", action="store_true", help="only the Ray rounds")
     ap.add_argument("--verify", action="store_true", help="also time the verification of a domain model")
     ap.add_argument("--verify-only", action="store_true", help="only the verification")
+    ap.add_argument("--per-request", action="store_true", help="only the policy's cost on one site request")
     args = ap.parse_args(argv)
     p = 8
     tmp = Path(tempfile.mkdtemp())
     rng = np.random.default_rng(1)
     zs = rng.dirichlet(np.ones(p), size=args.rounds)
     out = {}
+    if args.per_request:
+        out["per_request_p8_n50"] = per_request()
+        args.sizes = ""
     if args.verify or args.verify_only:
         out["verify_p8_n1000_d20"] = verify_cost()
     if args.ray or args.ray_only:
         out["ray_round_p8"] = ray_rounds(args.rounds)
-    for n in [] if (args.ray_only or args.verify_only) else (int(s) for s in args.sizes.split(",")):
+    for n in [] if (args.ray_only or args.verify_only) else (int(s) for s in args.sizes.split(",") if s):
         variants = {
             "default policy (memory ledger + log)": make_sites(
                 p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import threading
@@ -26,7 +27,7 @@ class AuditError(MsaFedError):
 
 
 def line_hash(line: bytes) -> str:
-    return hashlib.sha256(line).hexdigest()
+    return _SHA256(line).hexdigest()
 
 
 def _json_default(v):
@@ -43,6 +44,46 @@ def _json_default(v):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default, allow_nan=False)
 
 
+def _c_encoder():
+    """The C encoder that ``_ENCODER.encode`` builds at every call, built once (None where the
+    interpreter has no C accelerator).  The same arguments as ``JSONEncoder.iterencode`` passes,
+    without the circular-reference markers (records are trees built by the site's own code), so
+    the output is byte for byte ``_ENCODER.encode``'s; half its cost with cold caches, which is
+    how a site answers one request among many processes."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        enc = make(None, _json_default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
+        ok = "".join(enc({"a": [1, 0.5, "\u00e9"]}, 0)) == _ENCODER.encode({"a": [1, 0.5, "\u00e9"]})
+    except Exception:  # noqa: BLE001 - another interpreter's signature: the encoder's own path
+        return None
+    return enc if ok else None
+
+
+_C_ENCODE = _c_encoder()
+
+
+def _encode(record: dict) -> str:
+    return "".join(_C_ENCODE(record, 0)) if _C_ENCODE is not None else _ENCODER.encode(record)
+
+
+def _sha256_ctor():
+    """sha256 of the interpreter's own implementation where it has one (the same digest as
+    OpenSSL's, at about half the cost per line with cold caches); else :func:`hashlib.sha256`."""
+    for mod in ("_sha2", "_sha256"):
+        try:
+            ctor = importlib.import_module(mod).sha256
+        except (ImportError, AttributeError):
+            continue
+        if ctor(b"abc").hexdigest() == hashlib.sha256(b"abc").hexdigest():
+            return ctor
+    return hashlib.sha256
+
+
+_SHA256 = _sha256_ctor()
+
+
 def _line(record: dict, t: float, prev: str) -> bytes:
     """The record's line: ``{"time": t, **record, "prev": prev}`` as compact JSON bytes.
 
@@ -51,8 +92,8 @@ def _line(record: dict, t: float, prev: str) -> bytes:
     Measured on a dc_evaluate record: 5.0 us instead of 6.6 us per line (median, one thread).
     """
     if "time" in record or "prev" in record:
-        return _ENCODER.encode({"time": t, **record, "prev": prev}).encode()
-    body = _ENCODER.encode(record)
+        return _encode({"time": t, **record, "prev": prev}).encode()
+    body = _encode(record)
     inner = "," + body[1:-1] if len(body) > 2 else ""
     return f'{{"time":{float(t)!r}{inner},"prev":"{prev}"}}'.encode()  # json writes floats as repr
 
@@ -89,8 +130,11 @@ class AuditLog:
         holds an exclusive lock on the file and chains to the line actually last in it.
         """
         with self._lock:
-            if not self.path:
-                head = self._append(record, None)
+            if not self.path:  # in memory: the line, then the counts (one call into the ledger)
+                line = _line(record, round(time.time(), 3), self.head)
+                self.lines.append(line)
+                self.count += 1
+                self.head = head = _SHA256(line).hexdigest()
                 if self.ledger is not None and counts:
                     self.ledger.commit(str(record.get("run") or record.get("job", "")), counts)
                 return head

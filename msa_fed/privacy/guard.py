@@ -7,10 +7,9 @@ rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.audit import AuditLog
@@ -66,9 +65,9 @@ class SiteGuard:
 
     def charge(self, kind: str, n: int = 1):
         """Count ``n`` queries of ``kind`` (refused ones too: a refusal is an answer); refuse over budget."""
-        per_job, per_day = (getattr(self.policy, f) for f in BUDGETS[kind])
-        used_job = self.ledger.job_count(self.job, kind)
-        used_day = self.ledger.day_count(kind)
+        f_job, f_day = BUDGETS[kind]
+        per_job, per_day = getattr(self.policy, f_job), getattr(self.policy, f_day)
+        used_job, used_day = self.ledger.used(self.job, kind)
         self._pending.counts.append((kind, n))  # written with the request's audit line
         if used_job + n > per_job:
             raise PrivacyError(
@@ -85,42 +84,58 @@ class SiteGuard:
             )
         return {f"{kind}s_job": used_job + n}
 
-    @contextlib.contextmanager
-    def request(self, kind: str, **sizes):
+    def request(self, kind: str, **sizes) -> _Request:
         """``with guard.request("dc_evaluate", p=3) as decisions:`` ... add measured values to
         ``decisions``; the audit record is written when the block ends (answered or refused)."""
-        decisions: dict = {}
         self._pending.counts = []
-        try:
-            yield decisions
-        except PrivacyError as exc:
-            if self._pending.counts and day_charge_waived(exc.rule or "", decisions):
-                self._pending.counts = [(k, n, False) for k, n in self._pending.counts]
-                decisions["day_charge"] = "waived: refused by a public rule"
-            decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
-            self._write(kind, sizes, decisions, "refused", rule=exc.rule or "refused", detail=exc.detail)
-            raise
-        except Exception as exc:
-            self._write(kind, sizes, decisions, "error", detail=type(exc).__name__)
-            raise
-        self._write(kind, sizes, decisions, "answered")
+        return _Request(self, kind, sizes)
 
     def _write(self, kind, sizes, decisions, outcome, **extra):
-        rec = {
-            "site": self.site,
-            "job": self.job_name,
-            "request": kind,
-            "sizes": sizes,
-            "decisions": decisions,
-            "outcome": outcome,
-            **extra,
-        }
+        rec = {"site": self.site, "job": self.job_name, "request": kind, "sizes": sizes, "decisions": decisions}
+        rec["outcome"] = outcome
+        if extra:
+            rec.update(extra)
         if self.job != self.job_name:
             rec["run"] = self.job
         if self._dp is not None:
             rec["epsilon_job"] = self._dp.epsilon_job()
-        counts, self._pending.counts = list(getattr(self._pending, "counts", [])), []
+        pending = self._pending
+        counts = getattr(pending, "counts", None) or ()
+        pending.counts = []
         self.audit.append(rec, counts)
 
     def epsilon_spent(self) -> float:
         return 0.0 if self._dp is None else self._dp.epsilon_job()
+
+
+class _Request:
+    """The context of one request (a plain class: a generator-based context manager costs more
+    per request).  Writes the audit record when the block ends: answered, refused (a
+    :class:`PrivacyError`, with what it measured) or error (any other exception, by type name)."""
+
+    __slots__ = ("guard", "kind", "sizes", "decisions")
+
+    def __init__(self, guard: SiteGuard, kind: str, sizes: dict):
+        self.guard = guard
+        self.kind = kind
+        self.sizes = sizes
+        self.decisions: dict = {}
+
+    def __enter__(self) -> dict:
+        return self.decisions
+
+    def __exit__(self, etype, exc, tb) -> Literal[False]:
+        if etype is None:
+            self.guard._write(self.kind, self.sizes, self.decisions, "answered")
+        elif isinstance(exc, PrivacyError):
+            pending = self.guard._pending
+            if pending.counts and day_charge_waived(exc.rule or "", self.decisions):
+                pending.counts = [(k, n, False) for k, n in pending.counts]
+                self.decisions["day_charge"] = "waived: refused by a public rule"
+            self.decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
+            self.guard._write(
+                self.kind, self.sizes, self.decisions, "refused", rule=exc.rule or "refused", detail=exc.detail
+            )
+        elif isinstance(exc, Exception):
+            self.guard._write(self.kind, self.sizes, self.decisions, "error", detail=type(exc).__name__)
+        return False  # the exception, if any, goes on

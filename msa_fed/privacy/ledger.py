@@ -107,6 +107,18 @@ class Ledger:
             ).fetchone()
         return int(row[0])
 
+    def used(self, job: str, kind: str, now: float | None = None) -> tuple[int, int]:
+        """``(job_count(job, kind), day_count(kind, now))`` read in one statement (what a request's
+        budget check needs)."""
+        hour = int((time.time() if now is None else now) // HOUR_S)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT (SELECT n FROM job_queries WHERE job = ? AND kind = ?), "
+                "(SELECT COALESCE(SUM(n), 0) FROM hourly_queries WHERE kind = ? AND hour >= ?)",
+                (job, kind, kind, hour - 24),
+            ).fetchone()
+        return (0 if row[0] is None else int(row[0])), int(row[1])
+
     def day_hours(self, kind: str, now: float | None = None) -> list[tuple[int, int]]:
         """(hour, count) of ``kind`` in the rolling day's window (the hours ``day_count`` sums)."""
         hour = int((time.time() if now is None else now) // HOUR_S)
@@ -177,17 +189,28 @@ class MemoryLedger(Ledger):
             self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
 
     def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
-        hour = int((time.time() if t is None else t) // HOUR_S)
-        with self._lock:
-            for kind, n, day in _counts(counts):
-                self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
-                if day:
-                    self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
+        if counts:
+            hour = int((time.time() if t is None else t) // HOUR_S)
+            jobs, hours = self._jobs, self._hours
+            with self._lock:
+                for kind, n, day in _counts(counts):
+                    jobs[(job, kind)] = jobs.get((job, kind), 0) + int(n)
+                    if day:
+                        hours[(kind, hour)] = hours.get((kind, hour), 0) + int(n)
         if anchor is not None:
             self.set_anchor(*anchor)
 
     def job_count(self, job: str, kind: str) -> int:
         return self._jobs.get((job, kind), 0)
+
+    def used(self, job: str, kind: str, now: float | None = None) -> tuple[int, int]:
+        low = int((time.time() if now is None else now) // HOUR_S) - 24
+        with self._lock:
+            day = 0
+            for (k, h), v in self._hours.items():
+                if h >= low and k == kind:
+                    day += v
+            return self._jobs.get((job, kind), 0), day
 
     def day_count(self, kind: str, now: float | None = None) -> int:
         hour = int((time.time() if now is None else now) // HOUR_S)

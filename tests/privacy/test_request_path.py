@@ -1,0 +1,141 @@
+"""One site request's path through the policy: the budget read in one call, the counts written
+before the answer leaves (a site killed right after answering has counted every answer), the
+audit record's content and the hash of its line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from msa_fed.errors import PrivacyError
+from msa_fed.privacy.audit import _SHA256, GENESIS, AuditLog, _json_default, line_hash, verify_log
+from msa_fed.privacy.guard import SiteGuard
+from msa_fed.privacy.ledger import HOUR_S, Ledger, MemoryLedger
+from msa_fed.privacy.policy import SitePolicy
+from msa_fed.runtime import messages as m
+from tests.privacy import attacks as A
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_used_is_the_job_count_and_the_rolling_day_count(tmp_path, kind):
+    ledger = Ledger(str(tmp_path / "l.sqlite")) if kind == "sqlite" else Ledger("")
+    assert isinstance(ledger, MemoryLedger) == (kind == "memory")
+    now = 1000 * HOUR_S + 10.0
+    assert ledger.used("j1", "dc_evaluation", now) == (0, 0)
+    ledger.commit("j1", [("dc_evaluation", 3)], t=now)
+    ledger.commit("j2", [("dc_evaluation", 2), ("domain_model", 1)], t=now - 5 * HOUR_S)
+    ledger.commit("j1", [("dc_evaluation", 7)], t=now - 24 * HOUR_S)  # the oldest hour still in the window
+    ledger.commit("j1", [("dc_evaluation", 100)], t=now - 25 * HOUR_S)  # out of the window
+    for job in ("j1", "j2", "j3"):
+        for k in ("dc_evaluation", "domain_model"):
+            assert ledger.used(job, k, now) == (ledger.job_count(job, k), ledger.day_count(k, now))
+    assert ledger.used("j1", "dc_evaluation", now) == (110, 12)
+    assert ledger.used("j2", "domain_model", now) == (1, 1)
+
+
+def test_every_answer_is_counted_before_it_leaves_even_if_the_site_is_killed(tmp_path):
+    """The site answers 3 DC requests and is killed (SIGKILL, nothing closed or flushed by
+    Python): its ledger holds all 3 and the set_qhat query, the audit log and the anchor agree,
+    and the restarted site refuses the request beyond the job's budget of 5."""
+    ledger, log = tmp_path / "ledger.sqlite", tmp_path / "audit.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import numpy as np
+        from msa_fed.privacy.policy import SitePolicy
+        from msa_fed.runtime import messages as m
+        from tests.privacy import attacks as A
+        from tests.privacy.test_policy import _honest_spec
+        pol = SitePolicy(ledger={str(ledger)!r}, audit_log={str(log)!r}, dc_evaluations_per_job=5)
+        w, X, _ = A.victim(1, policy=pol, job_id="job-1")
+        w.set_domain_model(_honest_spec(X))
+        w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+        for _ in range(3):
+            w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+        sys.stdout.write("answered\\n"); sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "answered\n", proc.stderr
+    assert proc.returncode == -9
+    check = Ledger(str(ledger))
+    assert check.job_count("job-1", "dc_evaluation") == 4  # set_qhat and the 3 DC answers
+    summary = verify_log(log, anchor=check.anchor(os.path.abspath(log)))
+    assert summary["lines"] == 5 and summary["requests"] == {"set_domain_model": 1, "set_qhat": 1, "dc_evaluate": 3}
+    check.close()
+    pol = SitePolicy(ledger=str(ledger), audit_log=str(log), dc_evaluations_per_job=5)
+    w, X, _ = A.victim(1, policy=pol, job_id="job-1")
+    from tests.privacy.test_policy import _honest_spec
+
+    w.set_domain_model(_honest_spec(X))
+    w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))  # the 5th query of the job
+    with pytest.raises(PrivacyError, match="dc_evaluations_per_job"):
+        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    assert w.guard.ledger.job_count("job-1", "dc_evaluation") == 6  # the refusal is counted too
+
+
+def _record_lines(guard: SiteGuard) -> list[dict]:
+    return [json.loads(x) for x in guard.audit.lines]
+
+
+def test_request_writes_answered_refused_and_error_records_with_the_same_fields():
+    guard = SiteGuard("s0", SitePolicy(dc_evaluations_per_job=1), job="name@digest#run")
+    with guard.request("dc_evaluate", n_labeled=50, what=["L"]) as dec:
+        dec.update(guard.charge("dc_evaluation"))
+        dec["eta"] = 0.01
+    with pytest.raises(PrivacyError) as err:
+        with guard.request("dc_evaluate", n_labeled=50, what=["L"]) as dec:
+            dec.update(guard.charge("dc_evaluation"))
+    assert err.value.rule == "budget"
+    with pytest.raises(PrivacyError):
+        with guard.request("set_qhat", p=2):
+            exc = PrivacyError("qhat", "s0", "the request: qhat")
+            exc.measured = {"own_share": 0.25}  # type: ignore[attr-defined]
+            raise exc
+    with pytest.raises(ZeroDivisionError):
+        with guard.request("max_bound", n_labeled=50):
+            1 / 0  # noqa: B018
+    with pytest.raises(KeyboardInterrupt):  # not an error of the request: nothing written
+        with guard.request("max_bound", n_labeled=50):
+            raise KeyboardInterrupt
+    recs = _record_lines(guard)
+    assert [list(r) for r in recs] == [
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "run", "prev"],
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "rule", "detail", "run", "prev"],
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "rule", "detail", "run", "prev"],
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "detail", "run", "prev"],
+    ]
+    assert recs[0]["decisions"] == {"dc_evaluations_job": 1, "eta": 0.01} and recs[0]["outcome"] == "answered"
+    assert recs[0]["job"] == "name" and recs[0]["run"] == "name@digest#run"
+    assert recs[1]["outcome"] == "refused" and recs[1]["rule"] == "budget"
+    assert recs[1]["decisions"] == {}  # refused before the counts were returned
+    assert recs[2]["decisions"] == {"own_share": 0.25} and recs[2]["rule"] == "qhat"
+    assert "0.25" not in str(err.value)
+    assert recs[3]["outcome"] == "error" and recs[3]["detail"] == "ZeroDivisionError"
+    # both budget requests counted (the refusal is an answer), nothing else
+    assert guard.ledger.job_count("name@digest#run", "dc_evaluation") == 2
+    for k, line in enumerate(guard.audit.lines):
+        rec = json.loads(line)
+        assert line == json.dumps(rec, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+        assert rec["prev"] == (GENESIS if k == 0 else line_hash(guard.audit.lines[k - 1]))
+
+
+def test_the_line_hash_is_sha256(tmp_path):
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 55, 64, 1000, 100_000):
+        data = rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+        assert line_hash(data) == hashlib.sha256(data).hexdigest() == _SHA256(data).hexdigest()
+    log = AuditLog(str(tmp_path / "a.jsonl"))
+    head = log.append({"x": 1})
+    assert head == hashlib.sha256((tmp_path / "a.jsonl").read_bytes()[:-1]).hexdigest()
