@@ -129,7 +129,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(mark)
         if is_quick(rel, item.name, {m.name for m in item.iter_markers()}):
             item.add_marker("quick")
-        if ("slow" in marks or "cluster" in marks) and item.get_closest_marker("timeout") is None:
+        slow = "slow" in marks or "cluster" in marks or item.get_closest_marker("slow") is not None
+        if slow and item.get_closest_marker("timeout") is None:  # a decorated slow test too
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
