@@ -56,6 +56,14 @@ RAY_FIXTURES = {"local_ray"}
 #: above except these, which take seconds each (a watchdog's timeout, a registry or job process,
 #: a browser): they run in `make test-fast` and `make test`
 NOT_QUICK = (
+    "artifacts/test_batch_probe.py",  # sandboxed children run into their CPU and memory limits
+    "artifacts/test_isolated_predictors.py",  # predictor workers forked and killed at their limits
+    "ops/test_ops_restart.py",  # registry processes stopped and started again
+    "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
+    "artifacts/test_onnx_export.py",  # exported graphs of every feature map and task against the model
+    "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
+    "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
+    "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "control/test_control_attacks.py",  # floods that wait for the server's idle/read timeouts
     "control/test_control_restart.py",  # SIGKILL and restart of a registry process
     "control/test_control_cli.py::test_registry_serve",  # `registry serve` processes until SIGTERM
