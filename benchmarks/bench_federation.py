@@ -152,26 +152,7 @@ def bench_round(args, workdir: Path) -> dict:
     with LocalFederation(workdir / "round", files) as fed:
         fed.wait_connected(timeout=600)
         connect_s = time.perf_counter() - t_start
-        with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
-            relay.open_job("bench", names)
-            shas = [sha256_hex(files[n].predictor) for n in names]
-            joins = [
-                m.JobSetup(
-                    job_id="bench",
-                    sites=tuple(names),
-                    index=i,
-                    predictor_sha256=tuple(shas),
-                    task="classification",
-                    loss="cross_entropy",
-                    classes=classes,
-                    min_points=20,
-                )
-                for i in range(p)
-            ]
-            relay.call("bench", [(n, "join_job", joins[i]) for i, n in enumerate(names)], 300)
-            got = relay.call("bench", [(n, "set_domain_model", spec) for n in names], 300)
-            assert np.allclose(np.sum([r.sums for r in got], axis=0), qhat)
-            relay.call("bench", [(n, "set_qhat", m.QhatBroadcast(qhat=qhat, eta=0.01)) for n in names], 300)
+        with _round_setup(fed, names, files, classes, spec, qhat) as relay:
             for z in zs[:5]:  # warm-up
                 relay.call(
                     "bench", [(n, "dc_evaluate", m.DCRequest(z=z, eta=0.01, what=("L", "dL"))) for n in names], 60
