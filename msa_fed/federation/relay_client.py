@@ -66,7 +66,8 @@ class RelayClient:
             try:
                 return method(request, metadata=self._metadata, timeout=timeout)
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == retries:
+                # CANCELLED: the registry stopped with the call in flight (open/close/list are idempotent)
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or attempt == retries:
                     raise _error(exc, self._hint) from None
                 time.sleep(0.2 * 2**attempt)
 
@@ -82,7 +83,7 @@ class RelayClient:
         try:
             self.open_job(job_id, self._opened[job_id])
         except RegistryError as exc:
-            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
                 raise
         return [SiteUnreachable("UNAVAILABLE", "the registry: restarted; the job was opened again") for _ in range(n)]
 
@@ -108,7 +109,8 @@ class RelayClient:
         try:
             response = self._unary(self._stub.Call, request, float(timeout_s) + CALL_MARGIN_S, retries=0)
         except RegistryError as exc:
-            if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):  # the registry itself: every site unreachable
+            # the registry itself: every site unreachable (CANCELLED: it stopped with the call in flight)
+            if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
             if exc.code == "FAILED_PRECONDITION" and job_id in self._opened and "no open job" in exc.message:
                 return self._reopen(job_id, len(calls))

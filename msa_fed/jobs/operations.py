@@ -105,7 +105,8 @@ class JobTracker:
                     OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
                 return
             except RegistryError as exc:
-                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or time.monotonic() + pause > deadline:
+                transient = exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+                if not transient or time.monotonic() + pause > deadline:
                     why = f"{exc.code}: {exc.message}"
                     break
                 if pause == 1.0:

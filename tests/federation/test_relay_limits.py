@@ -19,7 +19,7 @@ from msa_fed.control.sqlite_store import SqliteStore
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime import messages as m
 from msa_fed.runtime import wire
-from msa_fed.runtime.federated import SiteUnreachable
+from msa_fed.runtime.federated import TRANSIENT, SiteUnreachable
 
 
 @pytest.fixture
@@ -127,3 +127,59 @@ def test_stream_heartbeats_are_recorded_and_answers_must_match_a_call(registry):
         finally:
             a.close()
             b.close()
+
+
+def test_a_call_in_flight_when_the_registry_stops_is_an_unreachable_site(tmp_path):
+    """An operator's restart (SIGTERM: the server stops with its grace) cancels the relay calls in
+    flight; the job sees its sites as unreachable for that round and retries, never an error."""
+    store = SqliteStore(tmp_path / "registry.db")
+    registry = Registry(store)
+    admin = registry.issue_token("admin", "admin")
+    token = registry.issue_token("site", "a")
+    registry.store.register_site("a", {}, time.time())
+    server = RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=16).start()
+    site = RawSite(server.address, token, "a")  # connected, never answers: the call stays in flight
+    try:
+        _wait(lambda: sorted(server.relay.connected()) == ["a"])
+        relay = RelayClient(server.address, admin, insecure=True)
+        relay.open_job("j-1", ["a"])
+        got: list = []
+        caller = threading.Thread(target=lambda: got.append(relay.call("j-1", [("a", "ping", None)], 30.0)))
+        caller.start()
+        _wait(lambda: len(site.forwards) == 1)  # the call reached the site: it is in flight
+        server.stop(0.2)
+        caller.join(30)
+        assert not caller.is_alive() and len(got) == 1, "the call raised instead of answering"
+        assert isinstance(got[0][0], SiteUnreachable) and got[0][0].status in TRANSIENT, got
+        relay.close()
+    finally:
+        site.close()
+        server.stop(0)
+        store.close()
+
+
+def test_a_registry_that_cancels_the_call_is_an_unreachable_round():
+    """A registry process shutting down can end a call in flight with CANCELLED (not only
+    UNAVAILABLE): that is the registry going away, so the round's sites are unreachable and the
+    job retries them; it never ends the job."""
+    from concurrent import futures
+
+    class Stopping(pb_grpc.RelayServicer):
+        def OpenJob(self, request, context):
+            return pb.OpenJobResponse(connected=list(request.sites))
+
+        def Call(self, request, context):
+            context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_RelayServicer_to_server(Stopping(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with RelayClient(f"127.0.0.1:{port}", "t", insecure=True) as relay:
+            relay.open_job("j", ["a", "b"])
+            res = relay.call("j", [("a", "ping", None), ("b", "ping", None)], 1.0)
+        assert [type(r) for r in res] == [SiteUnreachable, SiteUnreachable]
+        assert all(r.status in TRANSIENT for r in res), res
+    finally:
+        server.stop(0)
