@@ -42,4 +42,3 @@ def test_a_forgotten_job_is_opened_again(tmp_path):
     finally:
         server.stop(0.5)
         store.close()
-
