@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -21,7 +20,3 @@ def _worktree_on_path(request):
     if not parts or parts[0] != root:
         os.environ["PYTHONPATH"] = os.pathsep.join([root] + parts)
     yield
-
-
-def pytest_configure(config):
-    np.seterr(all="warn")
