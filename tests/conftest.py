@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +20,13 @@ import pytest
 # `ray start` refuses worker nodes under it: tests/cluster removes it for its own processes.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
+# load_model keeps a per-user record of verified predictors (msa_fed.artifacts.verified_cache):
+# the suite keeps its own, in a temporary directory (inherited by its subprocesses), so that no
+# run finds the verdicts of an earlier one and nothing is written to the user's cache.
+VERIFIED_CACHE_ENV = "MSA_FED_VERIFIED_CACHE"
+if VERIFIED_CACHE_ENV not in os.environ:
+    os.environ[VERIFIED_CACHE_ENV] = tempfile.mkdtemp(prefix="msa_fed_verified_")
+    atexit.register(shutil.rmtree, os.environ[VERIFIED_CACHE_ENV], True)
 
 TESTS = Path(__file__).resolve().parent
 
