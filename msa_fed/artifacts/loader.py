@@ -14,7 +14,10 @@ session only when the predictor is first run, after re-checking the structure.
 :func:`load_predictors` checks several models in one sandboxed child (the same verdicts).
 
 A successful verdict is cached in-process by (sha256, expectations, sample, limits), so a job
-driver or a site that loads the same model twice pays the sandbox start-up once.
+driver or a site that loads the same model twice pays the sandbox start-up once.  Across
+processes, :func:`load_predictors` takes a record on disk (``verified``,
+:mod:`msa_fed.artifacts.verified_cache`, used by ``load_model``) keyed the same way plus the
+checking code and the library versions.
 
 Every refusal is an :class:`msa_fed.errors.ArtifactError` whose ``public_message`` is a fixed
 reason (see :data:`msa_fed.artifacts.structure.REASONS`) and whose ``incident_id`` names the
