@@ -81,13 +81,17 @@ def stack_digest() -> str:
                 h.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
             sites = set()
             for pkg in PACKAGES:
-                spec = importlib.util.find_spec(pkg)
-                origin = spec.origin if spec is not None else None
-                h.update(f"{pkg}={origin}\0".encode())
-                if origin:
-                    sites.add(os.path.dirname(os.path.dirname(origin)))
-                    st = os.stat(origin)
-                    h.update(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}\0".encode())
+                try:
+                    spec = importlib.util.find_spec(pkg)
+                    origin = spec.origin if spec is not None else None
+                    h.update(f"{pkg}={origin}\0".encode())
+                    if origin:
+                        sites.add(os.path.dirname(os.path.dirname(origin)))
+                        st = os.stat(origin)
+                        h.update(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}\0".encode())
+                except (ImportError, ValueError, OSError):
+                    # a library this process cannot place: a key no other process shares
+                    h.update(os.urandom(16))
             wanted = tuple(d + "-" for d in DISTRIBUTIONS)
             for site in sorted(sites):
                 try:

@@ -220,3 +220,35 @@ def test_the_record_off_or_out_of_reach(demo_model_dir, tmp_path, monkeypatch, c
     assert load_model(demo_model_dir[0]).n_sources == 3
     assert children["children"] == [3, 3, 3]
     loader.PROBE_CACHE.clear()
+
+
+def test_the_stack_digest_follows_the_installed_libraries(tmp_path, monkeypatch):
+    """An upgraded onnxruntime (or numpy, onnx, protobuf) is a new key: its verdicts are new."""
+    import importlib.machinery
+    import importlib.util
+
+    site = tmp_path / "site-packages"
+    for pkg in verified_cache.PACKAGES:
+        (site / pkg).mkdir(parents=True)
+        (site / pkg / "__init__.py").write_text("")
+    for dist in ("numpy-2.0.0", "onnx-1.17.0", "onnxruntime-1.20.0", "protobuf-5.0.0"):
+        (site / f"{dist}.dist-info").mkdir()
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name: importlib.machinery.ModuleSpec(name, None, origin=str(site / name / "__init__.py")),
+    )
+
+    def digest() -> str:
+        monkeypatch.setattr(verified_cache, "_stack", None)
+        return verified_cache.stack_digest()
+
+    before = digest()
+    assert digest() == before
+    (site / "requests-2.32.0.dist-info").mkdir()  # another library: the same checks
+    assert digest() == before
+    (site / "onnxruntime-1.20.0.dist-info").rename(site / "onnxruntime-1.21.0.dist-info")
+    upgraded = digest()
+    assert upgraded != before
+    (site / "protobuf-5.0.0.dist-info").rename(site / "protobuf-5.1.0.dist-info")
+    assert digest() not in (before, upgraded)
