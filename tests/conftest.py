@@ -67,6 +67,7 @@ RAY_FIXTURES = {"local_ray"}
 #: a browser): they run in `make test-fast` and `make test`
 NOT_QUICK = (
     "artifacts/test_batch_probe.py",  # sandboxed children run into their CPU and memory limits
+    "artifacts/test_verified_cache.py",  # a sandboxed load_model in every test, one in a fresh interpreter
     "artifacts/test_isolated_predictors.py",  # predictor workers forked and killed at their limits
     "ops/test_ops_restart.py",  # registry processes stopped and started again
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
