@@ -124,20 +124,25 @@ def _name(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest() + ".json"
 
 
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
 class VerifiedCache:
     """The record in directory ``path`` (created, mode 0700, when first written)."""
 
     def __init__(self, path):
         self.path = Path(path)
-        self._warned = False
 
     def __repr__(self) -> str:
         return f"VerifiedCache({str(self.path)!r})"
 
     def _distrust(self, why: str) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning("verified-model record %s not used: %s", self.path, why)
+        with _warned_lock:
+            if (str(self.path), why) in _warned:
+                return  # once per process, directory and reason
+            _warned.add((str(self.path), why))
+        log.warning("verified-model record %s not used: %s", self.path, why)
 
     def _open_dir(self, create: bool) -> int | None:
         """A descriptor of the directory if it is one we can trust (module docstring), else None."""
