@@ -58,7 +58,12 @@ def cache_dir() -> Path | None:
     if value is not None:
         return None if value.strip().lower() in OFF_VALUES else Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "msa_fed" / "verified"
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # no home directory to be found: no record
+            return None
+    return Path(base) / "msa_fed" / "verified"
 
 
 _stack: str | None = None
