@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py             # a few minutes
     PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py --quick     # p = 8 only, fewer repeats
     PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py --baseline-tree ../main   # + load_model before
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_model.py --load-only --baseline-tree DIR   # part 2 only
 
 Part 1, on n rows (default 1e5), d = 20 inputs, 2 classes, p sites (8 and 32), a saved and
 loaded model (what a user of the model holds), for two kinds of site predictor (a logistic
@@ -18,11 +19,14 @@ medians over ``--repeats``:
 
 Every session runs on one thread (the predictors' default), so ratios compare like with like.
 
-Part 2: ``load_model`` of the demo's model (three sites, standard features, 2-D) in a fresh
-interpreter: ``import msa_fed`` + ``load_model`` time, the first ``predict_proba``, peak
-resident memory, and whether torch / scikit-learn / scipy were imported; with
-``--baseline-tree DIR`` the same script also runs against another checkout (e.g. the main
-branch) in the same run.
+Part 2: ``load_model`` of the demo's model (three sites, standard features, 2-D) and of a p = 8
+model (logistic predictors, d = 20; not with ``--quick``), each load in a fresh interpreter:
+``import numpy`` + ``import msa_fed`` + ``load_model`` time, the first ``predict_proba``, peak
+resident memory, and whether torch / scikit-learn / scipy were imported; with an empty record of
+verified predictors (``cold``: the sandbox checks every predictor) and with the record an earlier
+load left (``warm``); with ``--baseline-tree DIR`` (a checkout or a copy of another tree's
+``msa_fed/``) the same loads of that tree, interleaved in the same run, and the ratios.
+``uptime`` before and after.
 
 Prints tables and writes JSON to ``benchmarks/results/bench_model.json``.
 """
@@ -33,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -147,20 +152,24 @@ def bench_predict(p: int, kind: str, n: int, d: int, repeats: int, tmp: Path) ->
 
 LOAD_SCRIPT = r"""
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np
 import msa_fed
 m = msa_fed.load_model(sys.argv[1])
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 m.predict_proba(np.zeros((10, m.n_features_in_)))
 t2 = time.perf_counter()
 print(json.dumps({
-    "load_s": t1 - t0, "first_predict_s": t2 - t1,
+    "load_s": t1 - t0, "first_predict_s": t2 - t1, "load_cpu_s": c1 - c0,
     # VmHWM: this process's peak resident set (ru_maxrss would count the forked parent's pages)
     "peak_rss_mib": [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] / 1024,
     "imported": sorted(k for k in ("torch", "sklearn", "scipy") if k in sys.modules),
 }))
 """
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def demo_model(tmp: Path) -> Path:
@@ -184,28 +193,56 @@ def demo_model(tmp: Path) -> Path:
     return fit_dmsa(sites, "classification").save(tmp / "demo-model")
 
 
-def bench_load(path: Path, trees: dict[str, Path], repeats: int) -> dict:
-    out = {}
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
+def bench_load(models: dict[str, Path], trees: dict[str, Path], repeats: int, tmp: Path) -> dict:
+    """``load_model`` of each model in a fresh interpreter per load, every (model, tree, record)
+    interleaved in each repetition; medians over ``repeats``.
+
+    record "cold": an empty record of verified predictors (``$MSA_FED_VERIFIED_CACHE`` a new
+    directory for every load: the sandbox checks every predictor, as on a first load);
+    record "warm": the record one earlier load of the same files left.  A tree without the
+    record (the baseline) ignores the variable: it is timed once per repetition, as "cold"."""
+    variants = [
+        (m, t, rec) for m in models for t in trees for rec in ("cold", "warm") if t == "this tree" or rec == "cold"
+    ]
+    warm_dir = tmp / "verified-warm"
+    runs: dict[tuple, list[dict]] = {v: [] for v in variants}
+
+    def one(model: str, tree: str, record: str) -> dict:
+        cache = warm_dir if record == "warm" else tmp / f"verified-cold-{time.monotonic_ns()}"
+        env = {**os.environ, "PYTHONPATH": str(trees[tree]), "MSA_FED_VERIFIED_CACHE": str(cache)}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        proc = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT, str(models[model])],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            cwd=tmp,  # not a checkout: msa_fed comes from PYTHONPATH
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"load_model failed under {trees[tree]}: {proc.stderr[-2000:]}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        # CPU of the whole process tree (the interpreter, the sandbox's helper and its children,
+        # all reaped by now): steadier than the wall clock on a shared machine
+        result["cpu_s"] = sum(getattr(after, f) - getattr(before, f) for f in ("ru_utime", "ru_stime"))
+        return result
+
+    for model in models:  # fill the warm record (and warm the page cache for every tree)
+        for tree in trees:
+            one(model, tree, "warm")
     for _ in range(repeats):
-        for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree)}
-            proc = subprocess.run(
-                [sys.executable, "-c", LOAD_SCRIPT, str(path)],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=300,
-                cwd=path.parent,  # not a checkout: msa_fed comes from PYTHONPATH
-            )
-            if proc.returncode != 0:
-                raise SystemExit(f"load_model failed under {tree}: {proc.stderr[-2000:]}")
-            runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    for name, rs in runs.items():
-        out[name] = {
-            "tree": str(trees[name]),
+        for v in variants:
+            runs[v].append(one(*v))
+    out: dict = {}
+    for (model, tree, record), rs in runs.items():
+        out.setdefault(model, {}).setdefault(tree, {})[record] = {
+            "tree": str(trees[tree]),
             "load_s": statistics.median(r["load_s"] for r in rs),
+            "load_s_all": [round(r["load_s"], 4) for r in rs],
             "first_predict_s": statistics.median(r["first_predict_s"] for r in rs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+            "load_cpu_s": statistics.median(r["load_cpu_s"] for r in rs),
             "load_and_predict_s": statistics.median(r["load_s"] + r["first_predict_s"] for r in rs),
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
             "imported": rs[-1]["imported"],
@@ -234,6 +271,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        os.environ["MSA_FED_VERIFIED_CACHE"] = str(tmp / "verified-this-process")  # not the user's record
         print(f"{'p':>3} {'predictor':<9} {'parts':>8} {'predict_proba':>14} {'numpy':>8} {'onnx64':>8} {'onnx32':>8}")
         for p in args.sites:
             for kind in args.predictors:
@@ -250,13 +288,31 @@ def main() -> None:
         trees = {"this tree": REPO}
         if args.baseline_tree:
             trees["baseline"] = args.baseline_tree.resolve()
-        load = bench_load(demo_model(tmp), trees, args.load_repeats)
-    for name, r in load.items():
-        print(
-            f"load_model ({name}): {r['load_s']:.3f} s, first predict_proba {r['first_predict_s'] * 1e3:.1f} ms, "
-            f"both {r['load_and_predict_s']:.3f} s, "
-            f"peak RSS {r['peak_rss_mib']:.0f} MiB, imported {r['imported']}"
-        )
+        models = {"demo (p = 3)": demo_model(tmp)}
+        if not args.quick:
+            build(8, "logistic", args.d, tmp)  # saved as tmp / "model-8-logistic"
+            models["p = 8 (logistic, d = 20)"] = tmp / "model-8-logistic"
+        load_uptime = [uptime()]
+        load = bench_load(models, trees, args.load_repeats, tmp)
+        load_uptime.append(uptime())
+    print(f"load_model, medians of {args.load_repeats}; uptime before / after: {load_uptime[0]} / {load_uptime[1]}")
+    for model, by_tree in load.items():
+        for tree, by_record in by_tree.items():
+            for record, r in by_record.items():
+                print(
+                    f"  {model:<24} {tree:<10} record {record:<4}: load {r['load_s']:.3f} s "
+                    f"(CPU of the caller {r['load_cpu_s']:.3f} s), "
+                    f"load + first predict_proba {r['load_and_predict_s']:.3f} s, CPU of the process tree for both "
+                    f"{r['cpu_s']:.2f} s, peak RSS {r['peak_rss_mib']:.0f} MiB, imported {r['imported']}"
+                )
+        if "baseline" in by_tree:
+            base = by_tree["baseline"]["cold"]
+            for record in ("cold", "warm"):
+                r = by_tree["this tree"][record]
+                print(
+                    f"  {model:<24} record {record} / baseline: load {r['load_s'] / base['load_s']:.2f}, "
+                    f"CPU {r['cpu_s'] / base['cpu_s']:.2f}"
+                )
     result = {
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
@@ -264,6 +320,7 @@ def main() -> None:
         "repeats": args.repeats,
         "predict": rows,
         "load_model": load,
+        "load_uptime": load_uptime,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +20,13 @@ import pytest
 # `ray start` refuses worker nodes under it: tests/cluster removes it for its own processes.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
+# load_model keeps a per-user record of verified predictors (msa_fed.artifacts.verified_cache):
+# the suite keeps its own, in a temporary directory (inherited by its subprocesses), so that no
+# run finds the verdicts of an earlier one and nothing is written to the user's cache.
+VERIFIED_CACHE_ENV = "MSA_FED_VERIFIED_CACHE"
+if VERIFIED_CACHE_ENV not in os.environ:
+    os.environ[VERIFIED_CACHE_ENV] = tempfile.mkdtemp(prefix="msa_fed_verified_")
+    atexit.register(shutil.rmtree, os.environ[VERIFIED_CACHE_ENV], True)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -57,6 +67,7 @@ RAY_FIXTURES = {"local_ray"}
 #: a browser): they run in `make test-fast` and `make test`
 NOT_QUICK = (
     "artifacts/test_batch_probe.py",  # sandboxed children run into their CPU and memory limits
+    "artifacts/test_verified_cache.py",  # a sandboxed load_model in every test, one in a fresh interpreter
     "artifacts/test_isolated_predictors.py",  # predictor workers forked and killed at their limits
     "ops/test_ops_restart.py",  # registry processes stopped and started again
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration

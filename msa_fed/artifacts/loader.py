@@ -14,7 +14,10 @@ session only when the predictor is first run, after re-checking the structure.
 :func:`load_predictors` checks several models in one sandboxed child (the same verdicts).
 
 A successful verdict is cached in-process by (sha256, expectations, sample, limits), so a job
-driver or a site that loads the same model twice pays the sandbox start-up once.
+driver or a site that loads the same model twice pays the sandbox start-up once.  Across
+processes, :func:`load_predictors` takes a record on disk (``verified``,
+:mod:`msa_fed.artifacts.verified_cache`, used by ``load_model``) keyed the same way plus the
+checking code and the library versions.
 
 Every refusal is an :class:`msa_fed.errors.ArtifactError` whose ``public_message`` is a fixed
 reason (see :data:`msa_fed.artifacts.structure.REASONS`) and whose ``incident_id`` names the
@@ -48,6 +51,7 @@ from msa_fed.artifacts.structure import (
     open_session,
     public_message,
 )
+from msa_fed.artifacts.verified_cache import VerifiedCache, entry_key
 from msa_fed.errors import ArtifactError, ConfigError
 
 log = logging.getLogger("msa_fed.artifacts")
@@ -326,24 +330,87 @@ def load_predictors(
     intra_op_threads: int = 1,
     max_features: int = DEFAULT_MAX_FEATURES,
     limits: SandboxLimits | None = None,
+    verified: VerifiedCache | None = None,
 ) -> list[OnnxPredictor]:
     """:func:`load_predictor` on several models, whose first loads share ONE sandboxed child
     (:func:`msa_fed.artifacts.sandbox.probe_batch_in_sandbox`: the same limits and the same
     verdict per model as one by one; a model that ends the child sends the rest to their own).
 
-    ``expected_sha256`` lists one digest (or None) per model.  Raises the error of the first
-    model, in order, that is refused."""
+    ``expected_sha256`` lists one digest (or None) per model.  ``verified``: a
+    :class:`~msa_fed.artifacts.verified_cache.VerifiedCache` whose success verdicts stand in for
+    the sandbox (looked up by the models' content) and that records new ones.  Raises the error
+    of the first model, in order, that is refused."""
+    return prepare_predictors(
+        datas,
+        expected_sha256=expected_sha256,
+        n_features=n_features,
+        kind=kind,
+        max_bytes=max_bytes,
+        max_features=max_features,
+        limits=limits,
+        verified=verified,
+    ).load(intra_op_threads)
+
+
+class PreparedPredictors:
+    """Models past the in-process checks (type, size, sha256, foreign formats), with the verdicts
+    already known (this process's cache, then the ``verified`` record); :meth:`load` runs the
+    sandbox for the others.  ``needs_sandbox`` says whether it will (a caller can start the
+    sandbox's helper early, and only then)."""
+
+    def __init__(self, pres: list[_Prechecked], kind, verified: VerifiedCache | None):
+        self._pres, self._kind, self._verified = pres, kind, verified
+        self._verdicts = []
+        for pre in pres:
+            verdict = PROBE_CACHE.get(pre.key)
+            if verdict is None and verified is not None:
+                verdict = verified.get(_record_key(pre))
+            self._verdicts.append(verdict)
+
+    @property
+    def needs_sandbox(self) -> bool:
+        return any(v is None for v in self._verdicts)
+
+    def load(self, intra_op_threads: int = 1) -> list[OnnxPredictor]:
+        pres, kind, verdicts = self._pres, self._kind, list(self._verdicts)
+        todo = [i for i, v in enumerate(verdicts) if v is None]
+        if todo:
+            items = [
+                ProbeItem(pres[i].data, kind, pres[i].n_features, pres[i].max_features, pres[i].sample) for i in todo
+            ]
+            for i, verdict in zip(todo, probe_batch_in_sandbox(items, pres[0].limits)):
+                verdicts[i] = verdict
+        out = [_finish(pre, verdict, kind, intra_op_threads) for pre, verdict in zip(pres, verdicts)]
+        if self._verified is not None:
+            for i in todo:  # checked by _finish: only accepted verdicts reach the record
+                self._verified.put(_record_key(pres[i]), verdicts[i])
+        return out
+
+
+def prepare_predictors(
+    datas: list[bytes],
+    *,
+    expected_sha256: list[str | None] | None = None,
+    n_features: int | None = None,
+    kind: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_features: int = DEFAULT_MAX_FEATURES,
+    limits: SandboxLimits | None = None,
+    verified: VerifiedCache | None = None,
+) -> PreparedPredictors:
+    """The first half of :func:`load_predictors` (its arguments): the in-process checks and the
+    known verdicts; raises the error of the first model, in order, that is refused here."""
     expected = list(expected_sha256) if expected_sha256 is not None else [None] * len(datas)
     if len(expected) != len(datas):
         raise ConfigError(f"expected_sha256 lists {len(expected)} digests for {len(datas)} models")
     pres = [_precheck(d, e, n_features, kind, max_bytes, max_features, None, limits) for d, e in zip(datas, expected)]
-    verdicts = [PROBE_CACHE.get(pre.key) for pre in pres]
-    todo = [i for i, v in enumerate(verdicts) if v is None]
-    if todo:
-        items = [ProbeItem(pres[i].data, kind, pres[i].n_features, pres[i].max_features, pres[i].sample) for i in todo]
-        for i, verdict in zip(todo, probe_batch_in_sandbox(items, pres[0].limits)):
-            verdicts[i] = verdict
-    return [_finish(pre, verdict, kind, intra_op_threads) for pre, verdict in zip(pres, verdicts)]
+    return PreparedPredictors(pres, kind, verified)
+
+
+def _record_key(pre: _Prechecked) -> dict:
+    """The key of ``pre``'s verdict in a :class:`VerifiedCache` (the same fields as PROBE_CACHE's)."""
+    _, kind, n_features, max_features, sample_digest, sample_shape, limits = pre.key
+    return entry_key(pre.digest, kind, n_features, max_features, sample_digest, sample_shape, limits)
 
 
 @dataclass(frozen=True)

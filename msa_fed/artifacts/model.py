@@ -344,9 +344,14 @@ def _finite(out: np.ndarray, what: str) -> np.ndarray:
 
 
 def load_model(path) -> CombinedModel:
-    """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere)."""
-    from msa_fed.artifacts.loader import load_predictors
+    """Load a model written by :meth:`CombinedModel.save` (no pickle anywhere).
+
+    Each predictor is checked against the manifest's sha256, then in a sandboxed child unless
+    this user's record of verified predictors (:mod:`msa_fed.artifacts.verified_cache`) holds a
+    success verdict for the same bytes, checked by the same code and libraries."""
+    from msa_fed.artifacts.loader import prepare_predictors
     from msa_fed.artifacts.sandbox import warm_up
+    from msa_fed.artifacts.verified_cache import default_cache
 
     path = Path(path)
     mf = path / "manifest.json"
@@ -363,16 +368,38 @@ def load_model(path) -> CombinedModel:
             f"{mf}: format version {manifest.get('format_version')} is not supported "
             f"(this msa_fed reads version {FORMAT_VERSION})"
         )
-    warm_up()  # the sandbox's helper starts while the arrays and the domain model are read
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise ArtifactError(f"{mf}: manifest lacks the key(s) {missing}")
+    if not isinstance(manifest["sites"], list):
+        raise ArtifactError(f"{mf}: sites must be a list of site names")
+    p = len(manifest["sites"])
+    task = manifest["task"]
+    hashes = manifest["predictor_sha256"]
+    if not isinstance(hashes, list) or len(hashes) != p:
+        raise ArtifactError(f"{mf}: predictor_sha256 must list one digest per site ({p})")
+
+    def read(k: int) -> bytes:
+        try:
+            return (path / "predictors" / f"{k}.onnx").read_bytes()
+        except OSError as exc:
+            raise ArtifactError(f"{path / 'predictors'}: cannot read predictor {k} ({exc.strerror})") from None
+
+    # the in-process checks (size, sha256, ...), then the verdicts already known (by content)
+    prepared = prepare_predictors(
+        [read(k) for k in range(p)],
+        expected_sha256=hashes,
+        n_features=manifest["n_features"],
+        kind=predictor_kind(task),
+        verified=default_cache(),
+    )
+    if prepared.needs_sandbox:
+        warm_up()  # the sandbox's helper starts while the arrays and the domain model are read
     try:
         with np.load(path / "arrays.npz", allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{path / 'arrays.npz'}: cannot read arrays ({exc})") from None
-    missing = [key for key in MANIFEST_KEYS if key not in manifest]
-    if missing:
-        raise ArtifactError(f"{mf}: manifest lacks the key(s) {missing}")
-    p = len(manifest["sites"])
     try:
         fmap = None
         if manifest["feature_map"] is not None:
@@ -385,24 +412,9 @@ def load_model(path) -> CombinedModel:
         raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError) as exc:
         raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
-    task = manifest["task"]
-    hashes = manifest["predictor_sha256"]
-    if not isinstance(hashes, list) or len(hashes) != p:
-        raise ArtifactError(f"{mf}: predictor_sha256 must list one digest per site ({p})")
-
-    def read(k: int) -> bytes:
-        try:
-            return (path / "predictors" / f"{k}.onnx").read_bytes()
-        except OSError as exc:
-            raise ArtifactError(f"{path / 'predictors'}: cannot read predictor {k} ({exc.strerror})") from None
-
-    # all p predictors are checked in one sandboxed child (same limits and verdicts as one by one)
-    predictors = load_predictors(
-        [read(k) for k in range(p)],
-        expected_sha256=hashes,
-        n_features=manifest["n_features"],
-        kind=predictor_kind(task),
-    )
+    # the predictors without a known verdict are checked in one sandboxed child (same limits and
+    # verdicts as one by one)
+    predictors = prepared.load()
     return CombinedModel(
         method=manifest["method"],
         task=task,

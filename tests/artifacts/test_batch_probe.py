@@ -189,6 +189,7 @@ def test_load_model_checks_its_predictors_in_one_child(tmp_path, monkeypatch):
         return real(payload, req, *args, **kwargs)
 
     monkeypatch.setattr(sandbox, "_run_child", counting)
+    monkeypatch.setenv("MSA_FED_VERIFIED_CACHE", str(tmp_path / "verified"))  # an empty record
     loader.PROBE_CACHE.clear()
     loaded = load_model(path)
     assert children == [3]  # one child for the three predictors
