@@ -16,11 +16,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from msa_fed.artifacts.model import CombinedModel
+from msa_fed.boundary.messages import Recorder
 from msa_fed.core.combination import class_union
 from msa_fed.core.options import check_value, from_mapping
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 from msa_fed.runtime.coordinator import Coordinator
-from msa_fed.runtime.messages import Recorder
 
 
 def _as_2d(X, name: str) -> np.ndarray:
@@ -225,7 +225,7 @@ def fit_dmsa(
     solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
         tol, max_iter, n_restarts, bound, z0).
     ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
-    recorder : a :class:`msa_fed.runtime.messages.Recorder` capturing every boundary message.
+    recorder : a :class:`msa_fed.boundary.messages.Recorder` capturing every boundary message.
     solver_callback : called as callback(iteration, z, value) after each solver iteration.
 
     A wrong type is a TypeError and a value out of range, an unknown option key or an option

@@ -23,7 +23,7 @@ jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
 
 - ``open_job(job_id, sites) -> list[str]`` (the sites connected now),
 - ``call(job_id, calls, timeout_s) -> list``: ``calls`` are (site, method, message); each result
-  is the decoded response message, a :class:`msa_fed.runtime.wire.RemoteError` (the site's own
+  is the decoded response message, a :class:`msa_fed.boundary.wire.RemoteError` (the site's own
   refusal or failure; a ``PrivacyError`` keeps its rule and site) or a :class:`SiteUnreachable`
   (the registry could not get an answer),
 - ``close_job(job_id)``.
@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
 from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
 from msa_fed.runtime.ray_sites import RaySites
@@ -140,12 +140,12 @@ class PublishedSample:
         return _loss_grad(self._shard, self.name, msg)
 
     def ping(self, _=None) -> m.Ack:
-        from msa_fed.runtime.node import current_node_id
+        from msa_fed.boundary.node import current_node_id
 
         return m.Ack(self.incarnation, node_id=current_node_id())
 
     def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
-        from msa_fed.runtime.channel import serve_channel
+        from msa_fed.boundary.channel import serve_channel
 
         return serve_channel(self, self.name, msg)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.shards import split_rows
 from msa_fed.runtime.site import ShardWorker, SiteWorker

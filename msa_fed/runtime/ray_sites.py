@@ -24,9 +24,9 @@ from dataclasses import replace
 import numpy as np
 
 from msa_fed.errors import ConfigError, MsaFedError, SiteError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
-from msa_fed.runtime.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
 from msa_fed.core.options import from_mapping
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.config import RayConfig

@@ -3,7 +3,7 @@
 :class:`SiteWorker` is a plain class (tested without Ray).  The local runtime calls it
 directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``.  Every public method
 takes one request message (or None) and returns one response message from
-:mod:`msa_fed.runtime.messages`: that is the whole surface of a site.  :class:`ShardWorker` is
+:mod:`msa_fed.boundary.messages`: that is the whole surface of a site.  :class:`ShardWorker` is
 a site's helper for data-parallel classifier training (``workers_per_site > 1``).
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.boundary import messages as m
+from msa_fed.boundary.node import current_node_id
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
@@ -26,8 +28,6 @@ from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.influence import bounded, shares
 from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
 from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
-from msa_fed.runtime import messages as m
-from msa_fed.runtime.node import current_node_id
 
 
 class SiteStateLost(MsaFedError):
@@ -508,8 +508,8 @@ class SiteWorker:
         return m.Ack(self.incarnation, node_id=current_node_id())
 
     def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
-        """Listen for the coordinator on the direct data channel (:mod:`msa_fed.runtime.channel`)."""
-        from msa_fed.runtime.channel import serve_channel
+        """Listen for the coordinator on the direct data channel (:mod:`msa_fed.boundary.channel`)."""
+        from msa_fed.boundary.channel import serve_channel
 
         return serve_channel(self, self.name, msg)
 

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 from msa_fed.runtime.site import SiteWorker
 
 LIAR = os.environ.get("MSA_FED_TEST_LIAR", "")

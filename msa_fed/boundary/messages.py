@@ -234,7 +234,7 @@ class DCRequest(Message):
 
 @dataclass(frozen=True)
 class ChannelOffer(Message):
-    """Open the direct data channel (:mod:`msa_fed.runtime.channel`): its mode and the
+    """Open the direct data channel (:mod:`msa_fed.boundary.channel`): its mode and the
     coordinator's ephemeral certificate for this run (PEM text, public; empty in plain mode)."""
 
     mode: str
