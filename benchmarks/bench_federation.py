@@ -61,7 +61,7 @@ from msa_fed.runtime.config import FitConfig  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
-from msa_fed.runtime.site import SiteWorker  # noqa: E402
+from msa_fed.site.worker import SiteWorker  # noqa: E402
 
 
 def make_sites(p: int, n_per_site: int, m_per_site: int, d: int = 4, seed: int = 0) -> dict[str, SiteFiles]:

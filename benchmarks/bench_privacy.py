@@ -42,7 +42,7 @@ def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
     from msa_fed.boundary import messages as m
     from msa_fed.core.features import StandardFeatures, feature_map_state
     from msa_fed.privacy.policy import SitePolicy
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     rng = np.random.default_rng(seed)
     d = 4
@@ -86,7 +86,8 @@ def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
 
 def _unchecked_cls():
     from msa_fed.boundary import messages as m
-    from msa_fed.runtime.site import SiteStateLost, SiteWorker
+    from msa_fed.site.published import SiteStateLost
+    from msa_fed.site.worker import SiteWorker
 
     class UncheckedSite(SiteWorker):
         """The site's DC answer as it was before the policy (the baseline)."""
@@ -111,7 +112,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     from msa_fed.runtime.config import FitConfig
     from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     ensure_ray(None, num_cpus=2, include_dashboard=False, log_to_driver=False)
     rng = np.random.default_rng(0)
@@ -184,7 +185,7 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
     from msa_fed.core.features import feature_map_state, make_feature_map
     from msa_fed.privacy.policy import SitePolicy
     from msa_fed.privacy.verify import check_maxent
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     rng = np.random.default_rng(0)
     U = [rng.normal(size=(n, d)) + 0.7 * np.eye(d)[k % d] for k in range(p)]

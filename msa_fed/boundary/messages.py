@@ -200,7 +200,7 @@ class ShardSetup(Message):
     dtype: str = "float64"
     device: str = "cpu"
     seed: int = 0
-    workers_per_site: int = 1  # the site keeps the first of this many row blocks (runtime.shards)
+    workers_per_site: int = 1  # the site keeps the first of this many row blocks (msa_fed.site.shards)
 
 
 @dataclass(frozen=True)

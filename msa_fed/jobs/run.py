@@ -49,43 +49,7 @@ from msa_fed.jobs.operations import (
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.exclusions import ExclusionBook
 from msa_fed.runtime.plausibility import ImplausibleAnswer
-from msa_fed.runtime.site import SiteWorker
-
-
-class JobSiteWorker(SiteWorker):
-    """A site in a real deployment: reads its private data from its own node's disk
-    (``data_path``; a relative path is under ``$MSA_FED_SITE_DATA`` on that node) and loads the
-    published predictors from ONNX bytes through the safe loader (never unpickles)."""
-
-    def __init__(
-        self,
-        name: str,
-        index: int,
-        data_path: str,
-        predictor_artifacts: list,
-        task: str,
-        loss: str,
-        classes=None,
-        min_points: int = 20,
-        predictor_owners=None,
-        sites=None,
-    ):
-        predictors = [
-            load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
-        ]
-        if predictor_owners is not None:  # the peers' predictors: every call in a limited worker process
-            predictors = [h if k == index else isolate(h, predictor_owners[k]) for k, h in enumerate(predictors)]
-        super().__init__(
-            name,
-            index,
-            predictors=predictors,
-            task=task,
-            loss=loss,
-            classes=classes,
-            min_points=min_points,
-            data_path=data_path,
-            sites=sites,
-        )
+from msa_fed.site.deployed import DeployedSite
 
 
 #: where the party that runs jobs records sites excluded after an implausible answer
@@ -264,7 +228,7 @@ def _run_job(
                 )
                 for k, n in enumerate(names)
             ]
-            backend = RaySites(site_kwargs, fit.ray, worker_cls=JobSiteWorker)
+            backend = RaySites(site_kwargs, fit.ray, worker_cls=DeployedSite)
         with Coordinator(backend, predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
             for line in site_lines(names, data_channel, topology=fit.topology):
                 log(line)

@@ -49,7 +49,7 @@ class SetupLog:
 class Backend(Protocol):
     """The methods a backend exposes to the coordinator.
 
-    Every ``method`` named below is a public method of :class:`msa_fed.runtime.site.SiteWorker`
+    Every ``method`` named below is a public method of :class:`msa_fed.site.worker.SiteWorker`
     (the whole surface of a site); ``msg`` is the request message (or None) and the answers are
     response messages.  Each request and answer is handed to the recorder as
     ``recorder.record("to_site" | "from_site", site name, method, message)``.

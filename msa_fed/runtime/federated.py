@@ -2,7 +2,8 @@
 
 In the federated topology each site runs its own process (``msa-fed site serve``) that dials
 out to the registry; the registry relays the job's requests on that connection.  In the
-coordinator's Ray cluster one actor per site stands for it (:class:`PublishedSample`): it holds
+coordinator's Ray cluster one actor per site stands for it
+(:class:`msa_fed.site.published.PublishedSample`): it holds
 the site's *published* unlabelled sample (downloaded from the registry and pinned to the sha256
 the registry recorded, by whoever builds this backend), and the actors train the Maxent domain
 classifier data-parallel among themselves.  Every request that needs labelled data (joining the
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,8 +51,7 @@ from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
 from msa_fed.runtime.ray_sites import RaySites
-from msa_fed.runtime.shards import split_rows
-from msa_fed.runtime.site import SiteStateLost, _loss_grad, _make_shard
+from msa_fed.site.published import PublishedSample, SiteStateLost
 
 log = logging.getLogger(__name__)
 
@@ -89,70 +88,11 @@ class SiteUnreachable:
     detail: str
 
 
-class PublishedSample:
-    """A site's stand-in in the coordinator's cluster: its published unlabelled sample only.
-
-    Answers :data:`ACTOR_METHODS` (and ``info``/``ping`` for the Ray runtime's bookkeeping); it
-    has no labelled data and cannot answer anything that needs some.
-    """
-
-    def __init__(self, name: str, index: int, X_unlabeled, min_points: int = 20):
-        self.name, self.index = name, int(index)
-        self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
-        if self.X_unlabeled.ndim != 2:
-            raise ConfigError(
-                f"site {name!r}: the published sample must be a matrix; got shape {self.X_unlabeled.shape}"
-            )
-        self.min_points = int(min_points)
-        self.incarnation = uuid.uuid4().hex
-        self._shard = None
-        # load the classifier's libraries (torch) while the actors start, not in the first step
-        import msa_fed.core.domain_classifier  # noqa: F401
-
-    def info(self, _=None) -> m.SiteInfo:
-        return m.SiteInfo(
-            name=self.name,
-            n_features=int(self.X_unlabeled.shape[1]),
-            n_labeled=0,
-            n_unlabeled=int(self.X_unlabeled.shape[0]),
-            task="",
-        )
-
-    def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
-        return m.UnlabeledSample(X=self.X_unlabeled)
-
-    def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
-        return m.UnlabeledSample(X=self.X_unlabeled[msg.start : msg.stop])
-
-    def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        mk = self.X_unlabeled.shape[0]
-        if mk < self.min_points:
-            raise PrivacyError(
-                "min_points",
-                self.name,
-                f"its published sample: {mk} unlabelled points, fewer than min_points={self.min_points}",
-            )
-        start, stop = split_rows(mk, msg.workers_per_site)[0]
-        self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
-        return m.Ack(self.incarnation)
-
-    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
-        return _loss_grad(self._shard, self.name, msg)
-
-    def ping(self, _=None) -> m.Ack:
-        from msa_fed.boundary.node import current_node_id
-
-        return m.Ack(self.incarnation, node_id=current_node_id())
-
-    def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
-        from msa_fed.boundary.channel import serve_channel
-
-        return serve_channel(self, self.name, msg)
-
-
 class _StandIns(RaySites):
     """The stand-in actors: anywhere in the coordinator's cluster (no ``site:<name>`` pinning:
-    they hold only published material)."""
+    they hold only published material, and take no site policy: they have nothing it guards)."""
+
+    site_host_kwargs: dict = {}
 
     def _placement(self, ray) -> list[dict]:
         free = ray.available_resources().get("CPU", 0.0)
@@ -192,7 +132,7 @@ class FederatedSites:
     samples : each site's published unlabelled sample (m_k, d), as downloaded from the registry.
     job_id : the job's id at the relay (the sites see it, and may have to approve it).
     predictor_sha256 : the sha256 of each site's published predictor, in site order.
-    task, loss, classes, min_points : as in :class:`msa_fed.runtime.site.SiteWorker`.
+    task, loss, classes, min_points : as in :class:`msa_fed.site.worker.SiteWorker`.
     site_timeout_s : how long a site may stay unreachable before the run fails naming it.
     workers_per_site, num_cpus, address, data_channel, init_kwargs, max_restarts : of the
         stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).

@@ -29,7 +29,7 @@ from msa_fed.privacy.verify import check_maxent
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.site.worker import SiteWorker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from problems import make_sites, site_kwargs  # noqa: E402

@@ -30,7 +30,7 @@ from msa_fed.core.dc_terms import PROB_FLOOR
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.site import SiteWorker, build_domain_model
+from msa_fed.site.worker import SiteWorker, build_domain_model
 
 N = 300
 D = 2

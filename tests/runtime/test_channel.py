@@ -25,7 +25,7 @@ from msa_fed.errors import ConfigError
 from msa_fed.boundary import channel as ch
 from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.site.worker import SiteWorker
 from problems import make_sites, site_kwargs
 
 

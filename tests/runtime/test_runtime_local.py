@@ -16,8 +16,8 @@ from msa_fed.boundary import messages as m
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.shards import RowShard, minibatch_indices, split_rows
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.site.shards import RowShard, minibatch_indices, split_rows
+from msa_fed.site.worker import SiteWorker
 from problems import make_sites, site_kwargs
 
 SGD = {"optimizer": "sgd", "epochs": 4, "batch_size": 16, "lr": 0.05}
