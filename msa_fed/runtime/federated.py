@@ -64,6 +64,8 @@ _SITE_SETUP = ("set_domain_model", "set_qhat")
 #: statuses of the relay that mean "not reachable now" (retried until site_timeout_s)
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ALREADY_EXISTS"})
 RETRY_PAUSE_S = 0.5
+#: how often a job waiting for a site's approval asks again (seconds)
+APPROVAL_POLL_S = 2.0
 #: a site that lost the job's state again right after it was replayed this often fails the run
 MAX_REJOINS = 3
 #: the one response type each relayed method may return
@@ -134,6 +136,9 @@ class FederatedSites:
     predictor_sha256 : the sha256 of each site's published predictor, in site order.
     task, loss, classes, min_points : as in :class:`msa_fed.site.worker.SiteWorker`.
     site_timeout_s : how long a site may stay unreachable before the run fails naming it.
+    approval_wait_s : how long :meth:`start` waits for the sites in approve mode to admit the job
+        (asking again every :data:`APPROVAL_POLL_S`; ``echo`` tells the operator what to run).
+    owns_relay : the backend closes the relay client when it shuts down (a job's own client).
     workers_per_site, num_cpus, address, data_channel, init_kwargs, max_restarts : of the
         stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).
     """
@@ -157,6 +162,9 @@ class FederatedSites:
         data_channel: str = "tls",
         init_kwargs: dict | None = None,
         max_restarts: int = 3,
+        approval_wait_s: float = 0.0,
+        echo=print,
+        owns_relay: bool = False,
     ):
         self.names = [str(n) for n in names]
         if len(samples) != len(self.names) or len(predictor_sha256) != len(self.names):
@@ -198,13 +206,42 @@ class FederatedSites:
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
         self._open = False
+        self.approval_wait_s = float(approval_wait_s)
+        self.echo = echo
+        self.owns_relay = bool(owns_relay)
 
     # ------------------------------------------------------------------ lifecycle
     def _record(self, direction, site, method, message):
         self.recorder.record(direction, site, method, message)
 
     def start(self, recorder=None, setup_log: SetupLog | None = None):
-        """Open the job at the relay, have every site join it, start the stand-in actors."""
+        """Open the job at the relay, have every site join it, start the stand-in actors; wait
+        up to ``approval_wait_s`` for the sites in approve mode to admit the job."""
+        deadline = time.monotonic() + self.approval_wait_s
+        told: set[str] = set()
+        while True:
+            try:
+                return self._start(recorder, setup_log)
+            except PrivacyError as exc:
+                if exc.rule != "accept_jobs":
+                    raise
+                site = exc.site or "?"
+                command = f"msa-fed site approve {self.job_id} --config site.toml"
+                if time.monotonic() + APPROVAL_POLL_S > deadline:
+                    raise PrivacyError(  # one argument: the line is the message as written
+                        f"site {site} serves only the jobs its operator approves, and job {self.job_id} was not "
+                        f"approved within {self.approval_wait_s:g} s ([run] approval_wait_s). On that site's "
+                        f"machine run: {command}; then rerun the job",
+                    ) from None
+                if site not in told:
+                    told.add(site)
+                    self.echo(
+                        f"site {site}: waits for its operator to approve job {self.job_id} (up to "
+                        f"{self.approval_wait_s:g} s); on that site's machine run: {command}"
+                    )
+                time.sleep(APPROVAL_POLL_S)
+
+    def _start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.setup_log = setup_log if setup_log is not None else SetupLog()
         if self._open and self.stand_ins.sites:  # started already (a warm backend): the sites' info only
@@ -229,16 +266,25 @@ class FederatedSites:
         self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
         return infos
 
+    def transcript(self) -> dict | None:
+        """The sites' signed answers of a sealed job (the relay's sealer's record), else None."""
+        sealer = getattr(self.relay, "sealer", None)
+        return None if sealer is None else sealer.record()
+
     def shutdown(self):
         try:
             self.stand_ins.shutdown()
         finally:
-            if self._open:
-                self._open = False
-                try:
-                    self.relay.close_job(self.job_id)
-                except Exception as exc:  # noqa: BLE001 - the job is over either way
-                    log.warning("job %s: closing it at the relay failed: %s", self.job_id, exc)
+            try:
+                if self._open:
+                    self._open = False
+                    try:
+                        self.relay.close_job(self.job_id)
+                    except Exception as exc:  # noqa: BLE001 - the job is over either way
+                        log.warning("job %s: closing it at the relay failed: %s", self.job_id, exc)
+            finally:
+                if self.owns_relay:
+                    self.relay.close()
 
     # ------------------------------------------------------------------ calls
     def call_one(self, i: int, method: str, msg, replay: bool = True):
