@@ -12,6 +12,7 @@ in where its policy comes from (:mod:`msa_fed.site.policy`).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,28 @@ def build_domain_model(spec: m.DomainModelSpec):
         return m.domain_model_from_spec(spec)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"malformed domain model: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a request of the labelled half needs before the policy's own checks run."""
+
+    data: bool = False  # the private data, read (from data_path: on first use)
+    admit: bool = False  # the job's consortium checked against the policy (once per job)
+    state: str = ""  # the set-up it builds on (an attribute): without it, SiteStateLost (replay)
+
+
+#: every request that touches the labelled data, and its gate (as control/auth.py's METHOD_RULES
+#: declares access); the published half's requests are :mod:`msa_fed.site.published`'s
+LABELLED: dict[str, Gate] = {
+    "info": Gate(data=True, admit=True),
+    "setup_shard": Gate(data=True, admit=True),
+    "set_domain_model": Gate(data=True, admit=True),
+    "set_published": Gate(data=True),
+    "set_qhat": Gate(state="_Q"),
+    "dc_evaluate": Gate(state="_points"),
+    "max_bound": Gate(state="_points"),
+}
 
 
 class SiteWorker(PublishedHalf):
@@ -170,6 +193,16 @@ class SiteWorker(PublishedHalf):
         return worker
 
     # ------------------------------------------------------------------ helpers
+    def _gate(self, method: str) -> None:
+        """The gate of a labelled-data request (:data:`LABELLED`)."""
+        gate = LABELLED[method]
+        if gate.state and getattr(self, gate.state) is None:
+            raise SiteStateLost(self.name)
+        if gate.data:
+            self._data()
+        if gate.admit:
+            self._admit()
+
     def _published(self) -> np.ndarray:
         self._data()
         return self.X_unlabeled
@@ -237,8 +270,7 @@ class SiteWorker(PublishedHalf):
 
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:
-        self._data()
-        self._admit()
+        self._gate("info")
         own = self.predictors[self.index]
         classes = np.asarray(own.classes_) if self.task == "classification" else None
         return m.SiteInfo(
@@ -251,8 +283,7 @@ class SiteWorker(PublishedHalf):
         )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        self._data()
-        self._admit()
+        self._gate("setup_shard")
         mk = self.X_unlabeled.shape[0]
         with self.guard.request("setup_shard", n_unlabeled=mk) as dec:
             dec.update(self._require(mk, "unlabelled"))
@@ -276,8 +307,7 @@ class SiteWorker(PublishedHalf):
 
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
-        self._data()
-        self._admit()
+        self._gate("set_domain_model")
         n = int(self.X_labeled.shape[0])
         with self.guard.request(
             "set_domain_model", n_labeled=n, n_sources=int(msg.n_sources), model=str(msg.kind)
@@ -321,14 +351,13 @@ class SiteWorker(PublishedHalf):
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster
         topologies; a site process fetches them from the registry itself)."""
-        self._data()
+        self._gate("set_published")
         samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
         self.published = lambda: samples
         return m.Ack(self.incarnation)
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
-        if self._Q is None:
-            raise SiteStateLost(self.name)
+        self._gate("set_qhat")
         with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
             # the answer (accepted or refused) depends on the labelled points: it is a query
             dec.update(self.guard.charge("dc_evaluation"))
@@ -355,8 +384,7 @@ class SiteWorker(PublishedHalf):
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
-        if self._points is None:
-            raise SiteStateLost(self.name)
+        self._gate("dc_evaluate")
         pts = self._points
         what = tuple(msg.what)
         with self.guard.request("dc_evaluate", n_labeled=pts.n_points, what=list(what)) as dec:
@@ -387,8 +415,7 @@ class SiteWorker(PublishedHalf):
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:
-        if self._points is None:
-            raise SiteStateLost(self.name)
+        self._gate("max_bound")
         with self.guard.request("max_bound", n_labeled=self._points.n_points) as dec:
             if self.guard.dp is not None:
                 raise PrivacyError(
