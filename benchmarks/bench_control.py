@@ -163,8 +163,8 @@ def attacker(
     ``kind`` "stalled": ``streams`` stalled uploads kept open, ten heartbeat calls whose request never comes, and
     two threads of big uploads back to back; "big": only the big uploads (each one is received and checked).
     """
-    from msa_fed.control.proto import registry_pb2 as pb
-    from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
+    from msa_fed.boundary.proto import registry_pb2 as pb
+    from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
     from msa_fed.control.server import MAX_MESSAGE_BYTES
 
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]

@@ -52,16 +52,16 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor, sha256_hex  # noqa: E402
+from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.core.config import ClassifierConfig, SolverConfig  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
-from msa_fed.runtime import messages as m  # noqa: E402
 from msa_fed.runtime.config import FitConfig  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
-from msa_fed.runtime.site import SiteWorker  # noqa: E402
+from msa_fed.site.worker import SiteWorker  # noqa: E402
 
 
 def make_sites(p: int, n_per_site: int, m_per_site: int, d: int = 4, seed: int = 0) -> dict[str, SiteFiles]:
@@ -341,12 +341,12 @@ def bench_job(args, workdir: Path) -> dict:
 def bench_many(args, workdir: Path) -> dict:
     import grpc
 
-    from msa_fed.control.proto import relay_pb2 as pb
-    from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+    from msa_fed.boundary import wire
+    from msa_fed.boundary.proto import relay_pb2 as pb
+    from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
     from msa_fed.control.registry import Registry
     from msa_fed.control.server import RegistryServer
     from msa_fed.control.sqlite_store import SqliteStore
-    from msa_fed.runtime import wire
 
     n = args.many
     store = SqliteStore(workdir / "many.db")

@@ -2,7 +2,7 @@
 against in-process onnxruntime, in the same run.
 
 A site runs each peer's predictor once per job, on its unlabelled and labelled rows together
-(msa_fed.runtime.site: one call of n_u + n_l rows); the combined model's predict at the
+(msa_fed.site.worker: one call of n_u + n_l rows); the combined model's predict at the
 coordinator runs it on the caller's batch.  Measured per model and batch size:
 
 - warm call: the session exists (in-process) or is loaded in the worker (isolated); median of

@@ -39,10 +39,10 @@ import numpy as np
 def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
     from sklearn.linear_model import LogisticRegression
 
+    from msa_fed.boundary import messages as m
     from msa_fed.core.features import StandardFeatures, feature_map_state
     from msa_fed.privacy.policy import SitePolicy
-    from msa_fed.runtime import messages as m
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     rng = np.random.default_rng(seed)
     d = 4
@@ -85,8 +85,9 @@ def make_sites(p: int, n: int, policy_kw: dict, seed: int = 0):
 
 
 def _unchecked_cls():
-    from msa_fed.runtime import messages as m
-    from msa_fed.runtime.site import SiteStateLost, SiteWorker
+    from msa_fed.boundary import messages as m
+    from msa_fed.site.published import SiteStateLost
+    from msa_fed.site.worker import SiteWorker
 
     class UncheckedSite(SiteWorker):
         """The site's DC answer as it was before the policy (the baseline)."""
@@ -111,7 +112,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     from msa_fed.runtime.config import FitConfig
     from msa_fed.runtime.coordinator import Coordinator
     from msa_fed.runtime.ray_sites import RaySites, ensure_ray
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     ensure_ray(None, num_cpus=2, include_dashboard=False, log_to_driver=False)
     rng = np.random.default_rng(0)
@@ -178,13 +179,13 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
 
     from sklearn.linear_model import LogisticRegression
 
+    from msa_fed.boundary import messages as m
     from msa_fed.core.config import ClassifierConfig
     from msa_fed.core.domain_classifier import balanced_shards, polish_maxent, sum_oracle, train_domain_classifier
     from msa_fed.core.features import feature_map_state, make_feature_map
     from msa_fed.privacy.policy import SitePolicy
     from msa_fed.privacy.verify import check_maxent
-    from msa_fed.runtime import messages as m
-    from msa_fed.runtime.site import SiteWorker
+    from msa_fed.site.worker import SiteWorker
 
     rng = np.random.default_rng(0)
     U = [rng.normal(size=(n, d)) + 0.7 * np.eye(d)[k % d] for k in range(p)]
@@ -235,7 +236,7 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
 
 def per_request(requests: int = 2000, n: int = 50, p: int = 8) -> dict:
     """Median us per request of the sums alone and of ``dc_evaluate``, warm and cold caches."""
-    from msa_fed.runtime import messages as m
+    from msa_fed.boundary import messages as m
 
     w = make_sites(p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9})[0]
     pts = w._points
@@ -266,7 +267,7 @@ def per_request(requests: int = 2000, n: int = 50, p: int = 8) -> dict:
 
 
 def main(argv=None):
-    from msa_fed.runtime import messages as m
+    from msa_fed.boundary import messages as m
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=200)

@@ -149,7 +149,7 @@ def compiled_rounds(backend, p: int, rounds: int):
     from ray._private import state as ray_state
     from ray.dag import InputNode, MultiOutputNode
 
-    from msa_fed.runtime import messages as m
+    from msa_fed.boundary import messages as m
 
     msg = m.DCRequest(z=np.full(p, 1.0 / p), eta=ETA, what=("L", "dL"))
     t = time.perf_counter()

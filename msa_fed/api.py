@@ -16,11 +16,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from msa_fed.artifacts.model import CombinedModel
+from msa_fed.boundary.messages import Recorder
 from msa_fed.core.combination import class_union
 from msa_fed.core.options import check_value, from_mapping
+from msa_fed.runtime import topology
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
 from msa_fed.runtime.coordinator import Coordinator
-from msa_fed.runtime.messages import Recorder
 
 
 def _as_2d(X, name: str) -> np.ndarray:
@@ -156,7 +157,8 @@ def build_config(
 
 
 def make_backend(sites: list[SiteData], config: FitConfig):
-    """The sites' backend for ``config.runtime``: in-process workers or Ray actors."""
+    """The sites' backend for ``config.runtime`` (:func:`msa_fed.runtime.topology.make_backend`):
+    in-process workers or Ray actors."""
     predictors = [s.predictor for s in sites]
     classes = class_union(h.classes_ for h in predictors) if config.task == "classification" else None
     kwargs = [
@@ -176,13 +178,7 @@ def make_backend(sites: list[SiteData], config: FitConfig):
         )
         for k, s in enumerate(sites)
     ]
-    if config.runtime == "ray":
-        from msa_fed.runtime.ray_sites import RaySites
-
-        return RaySites(kwargs, config.ray)
-    from msa_fed.runtime.local import LocalSites
-
-    return LocalSites(kwargs)
+    return topology.make_backend(config.runtime, config, kwargs)
 
 
 def _fit(sites, task, method, *, recorder, solver_callback, **options) -> CombinedModel:
@@ -225,7 +221,7 @@ def fit_dmsa(
     solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
         tol, max_iter, n_restarts, bound, z0).
     ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
-    recorder : a :class:`msa_fed.runtime.messages.Recorder` capturing every boundary message.
+    recorder : a :class:`msa_fed.boundary.messages.Recorder` capturing every boundary message.
     solver_callback : called as callback(iteration, z, value) after each solver iteration.
 
     A wrong type is a TypeError and a value out of range, an unknown option key or an option

@@ -34,7 +34,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from msa_fed.api import SiteData, _fit
 from msa_fed.artifacts.model import CombinedModel
-from msa_fed.runtime.messages import Recorder
+from msa_fed.boundary.messages import Recorder
 
 __all__ = ["DMSA", "GMSA"]
 

@@ -2,18 +2,18 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python protos/generate.py            # writes msa_fed/control/proto/ and msa_fed/runtime/proto/
-    .venv/bin/python protos/generate.py --out DIR  # writes DIR/ and DIR/runtime_proto/ (used by the check test)
+    .venv/bin/python protos/generate.py            # writes msa_fed/boundary/proto/
+    .venv/bin/python protos/generate.py --out DIR  # writes DIR/ (used by the check test)
 
 The generated files are committed.  ``tests/control/test_control_proto.py``
 regenerates them into a temporary folder and fails on any difference, so edit
 the ``.proto`` and rerun this script; never edit the output by hand.
 
 protoc names the modules after the proto path (``msa_fed/v1/registry_pb2.py``);
-this script moves them into their packages and rewrites the cross-module imports
-accordingly: ``boundary.proto`` (the messages that may cross a site's boundary,
-used by the runtime's codec) goes to ``msa_fed.runtime.proto``, the others (the
-registry and its relay, which import it) to ``msa_fed.control.proto``.
+this script moves them into ``msa_fed.boundary.proto`` (one package for all of them,
+below the site, the runtime and the control plane: ``boundary.proto``, the messages that
+may cross a site's boundary, and the registry, operations and relay services, which import
+it) and rewrites the cross-module imports accordingly.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-DEFAULT_OUT = REPO_ROOT / "msa_fed" / "control" / "proto"
-DEFAULT_RUNTIME_OUT = REPO_ROOT / "msa_fed" / "runtime" / "proto"
+DEFAULT_OUT = REPO_ROOT / "msa_fed" / "boundary" / "proto"
 PROTO_PACKAGE_DIR = "msa_fed/v1"
-TARGET_PACKAGE = "msa_fed.control.proto"
-#: protos whose code goes to the runtime layer (below control: the runtime may not import control)
-RUNTIME_PROTOS = {"boundary": "msa_fed.runtime.proto"}
+TARGET_PACKAGE = "msa_fed.boundary.proto"
+#: protos that declare no service: no gRPC stub module is written for them
+NO_SERVICES = {"boundary"}
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -40,15 +39,8 @@ def proto_files() -> list[Path]:
     return sorted((PROTO_ROOT / PROTO_PACKAGE_DIR).glob("*.proto"))
 
 
-def generate(out_dir: Path = DEFAULT_OUT, runtime_out: Path | None = None) -> list[Path]:
-    """Compile every proto; return the files written.
-
-    Control-plane modules go to ``out_dir``, those of :data:`RUNTIME_PROTOS` to ``runtime_out``
-    (default: ``msa_fed/runtime/proto`` with the default ``out_dir``, else ``out_dir/runtime_proto``).
-    """
-    if runtime_out is None:
-        runtime_out = DEFAULT_RUNTIME_OUT if Path(out_dir) == DEFAULT_OUT else Path(out_dir) / "runtime_proto"
-    runtime_out.mkdir(parents=True, exist_ok=True)
+def generate(out_dir: Path = DEFAULT_OUT) -> list[Path]:
+    """Compile every proto into ``out_dir``; return the files written."""
     from grpc_tools import protoc  # test-only dependency (grpcio-tools)
 
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
@@ -74,13 +66,11 @@ def generate(out_dir: Path = DEFAULT_OUT, runtime_out: Path | None = None) -> li
             if not path.name.endswith(SUFFIXES):
                 continue
             text = path.read_text()
-            for stem, package in RUNTIME_PROTOS.items():
-                text = text.replace(f"{old_import}{stem}_pb2", f"from {package} import {stem}_pb2")
             text = text.replace(old_import, f"from {TARGET_PACKAGE} import ")
             stem = path.name.split("_pb2")[0]
-            if stem in RUNTIME_PROTOS and path.name.endswith("_pb2_grpc.py"):
+            if stem in NO_SERVICES and path.name.endswith("_pb2_grpc.py"):
                 continue  # a schema without services: no stub module
-            target = (runtime_out if stem in RUNTIME_PROTOS else out_dir) / path.name
+            target = out_dir / path.name
             target.write_text(text)
             written.append(target)
     return written

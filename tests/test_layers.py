@@ -24,8 +24,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("msa_fed.core",)),  # pure math (tests/core/test_core_purity.py: no ray, no grpc)
     ("artifacts", ("msa_fed.artifacts",)),  # ONNX export, the sandboxed loader, the combined model
     ("privacy", ("msa_fed.privacy",)),  # policy as data, pure checks, DP accounting, the audit log
+    # the boundary messages, their codec and the direct data channel, all generated protobuf
+    ("boundary", ("msa_fed.boundary",)),
     ("site", ("msa_fed.site",)),  # what a site does (never the control plane)
-    ("runtime", ("msa_fed.runtime",)),  # coordinator, local and Ray sites, the boundary messages
+    ("runtime", ("msa_fed.runtime",)),  # coordinator, local, Ray and federated backends
     ("api", ("msa_fed.api", "msa_fed.estimators")),  # the in-process API: fit_dmsa, DMSA, ...
     ("control", ("msa_fed.control",)),  # the gRPC registry, operations and relay
     ("federation", ("msa_fed.federation",)),  # the site process and the federated topology
@@ -187,6 +189,9 @@ def test_no_import_cycle():
         ("msa_fed.privacy", "msa_fed.runtime"),
         ("msa_fed.privacy", "msa_fed.control"),
         ("msa_fed.site", "msa_fed.control"),
+        ("msa_fed.site", "msa_fed.runtime"),
+        ("msa_fed.boundary", "msa_fed.site"),
+        ("msa_fed.boundary", "msa_fed.control"),
     ],
 )
 def test_named_rules_follow_from_the_order(lower, upper):

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
+from msa_fed.boundary.proto import OPS_SERVICE_NAME, SERVICE_NAME
 from msa_fed.control.public import Busy, abort_public
 from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, Principal
 from msa_fed.control.registry import ADMIN_TOKEN_NEEDED, SITE_TOKEN_NEEDED, Registry

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from msa_fed.control.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.control.records import (
     KIND_PREDICTOR,
     ArtifactRecord,

@@ -9,6 +9,8 @@ Errors are :class:`msa_fed.errors.RegistryError` like the registry client's.
 
 from __future__ import annotations
 
+from msa_fed.boundary.proto import operations_pb2 as ops_pb
+from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.client import RegistryClient
 from msa_fed.control.ops_convert import (
     job_from_pb,
@@ -16,8 +18,6 @@ from msa_fed.control.ops_convert import (
     site_status_from_pb,
 )
 from msa_fed.control.ops_records import JobRecord, SiteStatus
-from msa_fed.control.proto import operations_pb2 as ops_pb
-from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
 
 
 class OpsClient:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from msa_fed.boundary.proto import operations_pb2 as ops_pb
 from msa_fed.control.convert import combined_from_pb, combined_to_pb
 from msa_fed.control.ops_records import (
     DeregistrationRecord,
@@ -9,7 +10,6 @@ from msa_fed.control.ops_records import (
     PromotionRecord,
     SiteStatus,
 )
-from msa_fed.control.proto import operations_pb2 as ops_pb
 from msa_fed.control.records import CombinedModelRecord
 
 

@@ -5,10 +5,10 @@ Errors map to status codes through the registry servicer's one mapping (``_unary
 
 from __future__ import annotations
 
+from msa_fed.boundary.proto import operations_pb2 as ops_pb
+from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.ops import Operations
 from msa_fed.control.ops_convert import job_to_pb, model_status_to_pb, site_status_to_pb
-from msa_fed.control.proto import operations_pb2 as ops_pb
-from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.control.servicer import _unary
 
 

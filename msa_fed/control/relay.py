@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from msa_fed.boundary.proto import registry_pb2 as reg_pb
+from msa_fed.boundary.proto import relay_pb2 as pb
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.auth import bearer_token
 from msa_fed.control.convert import artifact_to_pb
-from msa_fed.control.proto import registry_pb2 as reg_pb
-from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, check_name
 from msa_fed.control.registry import Registry
 from msa_fed.errors import RegistryError

@@ -20,13 +20,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from msa_fed.boundary.proto import OPS_SERVICE_NAME, SERVICE_NAME
+from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.auth import AuthInterceptor
 from msa_fed.control.ops import Operations
 from msa_fed.control.ops_audit import AuditInterceptor, AuditLog
 from msa_fed.control.ops_servicer import OperationsServicer
-from msa_fed.control.proto import OPS_SERVICE_NAME, SERVICE_NAME
-from msa_fed.control.proto import operations_pb2_grpc as ops_grpc
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.relay import add_relay
 from msa_fed.control.servicer import RegistryServicer

@@ -22,9 +22,9 @@ import threading
 
 import grpc
 
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.convert import artifact_to_pb, combined_to_pb, site_to_pb
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.public import Busy, abort_public
 from msa_fed.control.records import KIND_PREDICTOR, KIND_SAMPLE
 from msa_fed.control.registry import Registry

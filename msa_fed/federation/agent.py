@@ -13,9 +13,9 @@ its request log; it opens **no listening socket**.  It
    good when the registry refuses the site (revoked token, deregistered, another process
    connected as the site);
 3. answers the requests relayed on that stream by calling a
-   :class:`msa_fed.runtime.site.SiteWorker` per job, only for the methods of
+   :class:`msa_fed.site.worker.SiteWorker` per job, only for the methods of
    :data:`msa_fed.runtime.federated.RELAY_METHODS` (aggregates over its points, counts), with
-   requests and answers decoded and encoded by :mod:`msa_fed.runtime.wire` (the boundary schema);
+   requests and answers decoded and encoded by :mod:`msa_fed.boundary.wire` (the boundary schema);
 4. applies its own privacy policy (``policy`` in site.toml, :mod:`msa_fed.privacy`) inside each
    job's worker, decides which jobs it serves (``accept_jobs``: every job the registry's admin
    opens, or only those approved with ``msa-fed site approve``), and writes every answer and
@@ -44,8 +44,11 @@ import numpy as np
 from msa_fed import __version__
 from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.predictors import load_predictor, sha256_hex
-from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.proto import boundary_pb2 as bpb
+from msa_fed.boundary.proto import relay_pb2 as pb
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.errors import ConfigError, MsaFedError, PeerFault, PrivacyError
 from msa_fed.federation.config import SiteConfig
@@ -53,16 +56,15 @@ from msa_fed.federation.dispatch import JobDispatcher
 from msa_fed.federation.relay_client import open_channel
 from msa_fed.federation.serve_ops import JobLines
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
-from msa_fed.federation.state import JobBook
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
 from msa_fed.runtime.exclusions import ExclusionBook
 from msa_fed.runtime.federated import RELAY_METHODS
-from msa_fed.runtime.proto import boundary_pb2 as bpb
-from msa_fed.runtime.site import SiteStateLost, SiteWorker, load_site_data
+from msa_fed.site.data import load_site_data
+from msa_fed.site.job_book import JobBook
+from msa_fed.site.published import SiteStateLost
+from msa_fed.site.worker import SiteWorker
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ def _serve(args) -> int:
 
 
 def _jobs(args) -> int:
-    from msa_fed.federation.state import JobBook
+    from msa_fed.site.job_book import JobBook
 
     config = _config(args)
     book = JobBook(config.jobs_path)
@@ -110,7 +110,7 @@ def _jobs(args) -> int:
 
 def _approve(args) -> int:
     from msa_fed.errors import ConfigError
-    from msa_fed.federation.state import JobBook
+    from msa_fed.site.job_book import JobBook
 
     config = _config(args)
     book = JobBook(config.jobs_path)

@@ -1,7 +1,7 @@
 """The site process's dispatcher: jobs served concurrently (bounded), each job's requests in order.
 
 One job's requests run one after another, in the order they arrived (a job's state at the site,
-its :class:`~msa_fed.runtime.site.SiteWorker`, is not shared between threads); different jobs
+its :class:`~msa_fed.site.worker.SiteWorker`, is not shared between threads); different jobs
 run on a bounded pool of threads, so a job whose request is slow (a peer's predictor running up
 to its time limit, a large evaluation) leaves the other jobs' requests answered meanwhile.  At
 most ``max_jobs`` jobs run at once; further jobs' requests wait their turn.

@@ -1,90 +1,31 @@
-"""The job's side of the federated topology: the backend of a job whose sites run their own process.
+"""The job's side of the federated topology: the sites of a job whose sites run their own process.
 
-:func:`federated_backend` is called by :func:`msa_fed.jobs.run.run_job` for ``[run] topology =
+:func:`relayed_sites` is called by :func:`msa_fed.jobs.run.run_job` for ``[run] topology =
 "federated"``: it downloads every site's published unlabelled sample from the registry (pinned to
-the sha256 the registry recorded), and returns a :class:`msa_fed.runtime.federated.FederatedSites`
-talking to the sites through the registry's relay with the job's admin token.
+the sha256 the registry recorded) and opens the relay client with the job's admin token (and its
+sealer, when the job is sealed); :func:`msa_fed.runtime.topology.make_backend` makes the backend
+of them.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from msa_fed.control.relay import JOB_ID_PATTERN
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError
 from msa_fed.federation.relay_client import RelayClient
-from msa_fed.runtime.federated import FederatedSites
-
-#: how often a job waiting for a site's approval asks again (seconds)
-APPROVAL_POLL_S = 2.0
+from msa_fed.runtime.topology import RelayedSites
 
 
-class _JobSites(FederatedSites):
-    """:class:`FederatedSites` that waits up to ``approval_wait_s`` for the sites in approve mode
-    to admit the job, and closes its relay connection when the job ends."""
+def relayed_sites(
+    config, admin_token: str, client, names, records, predictor_sha256, classes, log=print
+) -> RelayedSites:
+    """The sites of a federated job (see the module docstring).
 
-    approval_wait_s = 0.0
-    log = staticmethod(print)
-
-    def start(self, recorder=None, setup_log=None):
-        deadline = time.monotonic() + self.approval_wait_s
-        told: set[str] = set()
-        while True:
-            try:
-                return super().start(recorder, setup_log)
-            except PrivacyError as exc:
-                if exc.rule != "accept_jobs":
-                    raise
-                site = exc.site or "?"
-                command = f"msa-fed site approve {self.job_id} --config site.toml"
-                if time.monotonic() + APPROVAL_POLL_S > deadline:
-                    raise PrivacyError(  # one argument: the line is the message as written
-                        f"site {site} serves only the jobs its operator approves, and job {self.job_id} was not "
-                        f"approved within {self.approval_wait_s:g} s ([run] approval_wait_s). On that site's "
-                        f"machine run: {command}; then rerun the job",
-                    ) from None
-                if site not in told:
-                    told.add(site)
-                    self.log(
-                        f"site {site}: waits for its operator to approve job {self.job_id} (up to "
-                        f"{self.approval_wait_s:g} s); on that site's machine run: {command}"
-                    )
-                time.sleep(APPROVAL_POLL_S)
-
-    def transcript(self) -> dict | None:
-        """The sites' signed answers of a sealed job (:meth:`JobSealer.record`), else None."""
-        sealer = getattr(self.relay, "sealer", None)
-        return None if sealer is None else sealer.record()
-
-    def shutdown(self):
-        try:
-            super().shutdown()
-        finally:
-            self.relay.close()
-
-
-def check_job_name(name: str) -> None:
-    """A federated job's name is its id at the registry's relay: a ConfigError unless it is one."""
-    if not JOB_ID_PATTERN.match(name):
-        raise ConfigError(
-            f"job name {name!r} is the job's id at the registry's relay (sites approve jobs by "
-            "it): use 1-128 letters, digits, '_', '.', ':' or '-'"
-        )
-
-
-def federated_backend(
-    config, admin_token: str, client, names, records, predictor_sha256, classes, loss: str, log=print
-) -> FederatedSites:
-    """The backend of a federated job (see the module docstring).
-
-    config : the job's :class:`msa_fed.jobs.config.JobConfig` (registry, tls_ca, insecure, name, and
-        of its fit: task, min_points, site_timeout_s and the Ray options of the stand-in actors).
+    config : the job's validated :class:`msa_fed.jobs.config.JobConfig` (registry, its TLS options,
+        name, job_key, approval_wait_s).
     client : a :class:`msa_fed.control.client.RegistryClient` with the admin token.
     records : {site name: SiteRecord} as listed by the registry.
     """
-    check_job_name(config.name)
     samples = []
     for name in names:
         rec = records[name].sample
@@ -96,29 +37,19 @@ def federated_backend(
         X, _ = client.download_sample(name, expected_sha256=rec.sha256)
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
+    loss = config.fit.loss
     sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
     relay = RelayClient(config.registry, admin_token, sealer=sealer, **config.client_tls())
-    fit = config.fit
-    sites = _JobSites(
-        names,
+    return RelayedSites(
+        list(names),
         relay,
         samples,
         job_id=config.name,
         predictor_sha256=list(predictor_sha256),
-        task=fit.task,
-        loss=loss,
         classes=classes,
-        min_points=fit.min_points,
-        site_timeout_s=fit.site_timeout_s,
-        address=fit.ray.address,
-        data_channel=fit.ray.data_channel,
-        workers_per_site=fit.ray.workers_per_site,
-        num_cpus=fit.ray.num_cpus,
-        init_kwargs=dict(fit.ray.init_kwargs),
-        max_restarts=fit.ray.max_restarts,
+        approval_wait_s=float(config.approval_wait_s),
+        echo=log,
     )
-    sites.approval_wait_s, sites.log = float(config.approval_wait_s), log
-    return sites
 
 
 def job_sealer(config, names, records, predictor_sha256, loss: str, log=print):

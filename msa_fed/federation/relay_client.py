@@ -5,9 +5,9 @@
         results = relay.call("job-1", [("a", "dc_evaluate", request), ...], timeout_s=60)
 
 ``call`` returns, per site, the decoded response message, a
-:class:`msa_fed.runtime.wire.RemoteError` (the site refused or failed) or a
+:class:`msa_fed.boundary.wire.RemoteError` (the site refused or failed) or a
 :class:`msa_fed.runtime.federated.SiteUnreachable` (the registry got no answer).  A site's
-answer is decoded with :mod:`msa_fed.runtime.wire` and must be a boundary response; anything
+answer is decoded with :mod:`msa_fed.boundary.wire` and must be a boundary response; anything
 else counts as the site's failure.
 """
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import grpc
 
+from msa_fed.boundary import wire
+from msa_fed.boundary.proto import relay_pb2 as pb
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.client import MTLS_HINT, _error
 from msa_fed.control.connection import KEY_LABELS, Connection
-from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.errors import RegistryError
-from msa_fed.runtime import wire
 from msa_fed.runtime.federated import SiteUnreachable
 
 #: the relay's gRPC calls wait this much longer than the site timeout they carry
@@ -144,8 +144,8 @@ class RelayClient:
 
     def _open(self, site: str, method: str, result, plain: bytes, seq: int):
         """The SiteResponse inside a site's sealed answer; TamperedError unless it is authentic."""
+        from msa_fed.boundary.proto import boundary_pb2 as bpb
         from msa_fed.crypto.sealing import TamperedError
-        from msa_fed.runtime.proto import boundary_pb2 as bpb
 
         if not result.sealed:  # the site could not open the request, or the registry answered itself
             said = ""

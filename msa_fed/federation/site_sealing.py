@@ -15,7 +15,7 @@ from msa_fed.errors import ConfigError
 
 def sealing_opener(config, book=None) -> SiteOpener | None:
     """The site's :class:`SiteOpener`, or None when site.toml names no ``seal_key``; ``book``
-    (the site's :class:`msa_fed.federation.state.JobBook`) keeps each sealed job's last join
+    (the site's :class:`msa_fed.site.job_book.JobBook`) keeps each sealed job's last join
     across restarts of the site process."""
     if not getattr(config, "seal_key", None):
         return None

@@ -69,6 +69,9 @@ class JobConfig:
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
     origin: dict = field(default_factory=dict, compare=False, repr=False)
+    #: True on the copy :meth:`validate` returns: it is not checked again (a copy made from it
+    #: with ``dataclasses.replace`` is a new config, checked anew)
+    validated: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         if self.fit is None:
@@ -114,7 +117,11 @@ class JobConfig:
         return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
 
     def validate(self) -> JobConfig:
-        """Every field checked (ConfigError naming the table and key); no network."""
+        """A checked copy of this config, every field checked (ConfigError naming the table and
+        key; values normalised); no network.  This config is left as it is; a validated one is
+        returned unchanged."""
+        if self.validated:
+            return self
         labels = {
             "registry": "[registry] address",
             "tls_ca": "[registry] tls_ca",
@@ -131,14 +138,21 @@ class JobConfig:
             "influence_margin": "[run] influence_margin",
             "name": "name",
         }
+        values = {}
         for f in fields(self):
             if f.name in labels:
                 label = self._label(f.name, labels[f.name])
                 try:
-                    value = check_value(JobConfig, f.name, getattr(self, f.name), label=label)
+                    values[f.name] = check_value(JobConfig, f.name, getattr(self, f.name), label=label)
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(str(exc)) from None
-                object.__setattr__(self, f.name, value)
+        checked = replace(self, **values)
+        checked._check()
+        object.__setattr__(checked, "validated", True)  # the new copy, before anyone holds it
+        return checked
+
+    def _check(self) -> None:
+        """The checks across fields, on the checked values."""
         if not isinstance(self.fit, FitConfig):
             raise ConfigError(f"fit must be a FitConfig; got {self.fit!r}")
         _validate_fit(self.fit)
@@ -172,7 +186,6 @@ class JobConfig:
             )
         self._validate_client_cert()
         self._validate_sealing()
-        return self
 
     def _validate_client_cert(self) -> None:
         cert, key = self._label("tls_cert", "[registry] tls_cert"), self._label("tls_key", "[registry] tls_key")

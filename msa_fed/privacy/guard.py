@@ -1,6 +1,6 @@
 """The site's policy in force for one job: budgets, the audit trail, and DP accounting.
 
-:class:`SiteGuard` is what :class:`msa_fed.runtime.site.SiteWorker` calls before any aggregate
+:class:`SiteGuard` is what :class:`msa_fed.site.worker.SiteWorker` calls before any aggregate
 leaves the site: ``guard.request(kind, sizes)`` opens an audit record, the worker runs the
 rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or refused.
 """

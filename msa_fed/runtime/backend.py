@@ -2,7 +2,7 @@
 
 A backend runs the sites (in this process: :class:`msa_fed.runtime.local.LocalSites`; as Ray
 actors: :class:`msa_fed.runtime.ray_sites.RaySites`; a third backend implements the same
-methods) and carries boundary messages (:mod:`msa_fed.runtime.messages`) to them.  It is given
+methods) and carries boundary messages (:mod:`msa_fed.boundary.messages`) to them.  It is given
 what it needs at :meth:`Backend.start` (the recorder of every crossing, the set-up log to replay
 to a restarted site) and never calls back into the coordinator.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 
 
 class NullRecorder:
@@ -49,7 +49,7 @@ class SetupLog:
 class Backend(Protocol):
     """The methods a backend exposes to the coordinator.
 
-    Every ``method`` named below is a public method of :class:`msa_fed.runtime.site.SiteWorker`
+    Every ``method`` named below is a public method of :class:`msa_fed.site.worker.SiteWorker`
     (the whole surface of a site); ``msg`` is the request message (or None) and the answers are
     response messages.  Each request and answer is handed to the recorder as
     ``recorder.record("to_site" | "from_site", site name, method, message)``.

@@ -30,7 +30,7 @@ RUNTIMES = ("local", "ray")
 #: how the job reaches its sites: "federated" (each site runs its own agent process and
 #: connects out; no shared cluster) or "cluster" (one Ray cluster with a node per site)
 TOPOLOGIES = ("federated", "cluster")
-#: how the per-round calls of the Ray runtime travel (see msa_fed.runtime.channel)
+#: how the per-round calls of the Ray runtime travel (see msa_fed.boundary.channel)
 DATA_CHANNELS = ("tls", "plain", "off")
 
 

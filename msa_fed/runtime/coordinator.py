@@ -4,7 +4,7 @@ One code path for every runtime.  The coordinator talks to its sites only throug
 (:class:`msa_fed.runtime.backend.Backend`): with ``runtime="local"`` the sites are
 :class:`SiteWorker` objects in this process, with ``runtime="ray"`` they are Ray actors (see
 :mod:`msa_fed.runtime.ray_sites`).  Every message that crosses is one of
-:mod:`msa_fed.runtime.messages` and can be recorded.
+:mod:`msa_fed.boundary.messages` and can be recorded.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from msa_fed.core.domain_classifier import (
 from msa_fed.core.influence import influence_table
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
 from msa_fed.runtime.checkpoint import Checkpoint
 from msa_fed.runtime.config import FitConfig

@@ -2,7 +2,8 @@
 
 In the federated topology each site runs its own process (``msa-fed site serve``) that dials
 out to the registry; the registry relays the job's requests on that connection.  In the
-coordinator's Ray cluster one actor per site stands for it (:class:`PublishedSample`): it holds
+coordinator's Ray cluster one actor per site stands for it
+(:class:`msa_fed.site.published.PublishedSample`): it holds
 the site's *published* unlabelled sample (downloaded from the registry and pinned to the sha256
 the registry recorded, by whoever builds this backend), and the actors train the Maxent domain
 classifier data-parallel among themselves.  Every request that needs labelled data (joining the
@@ -23,7 +24,7 @@ jobs is :class:`msa_fed.federation.relay_client.RelayClient`) with
 
 - ``open_job(job_id, sites) -> list[str]`` (the sites connected now),
 - ``call(job_id, calls, timeout_s) -> list``: ``calls`` are (site, method, message); each result
-  is the decoded response message, a :class:`msa_fed.runtime.wire.RemoteError` (the site's own
+  is the decoded response message, a :class:`msa_fed.boundary.wire.RemoteError` (the site's own
   refusal or failure; a ``PrivacyError`` keeps its rule and site) or a :class:`SiteUnreachable`
   (the registry could not get an answer),
 - ``close_job(job_id)``.
@@ -40,19 +41,17 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
 from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
 from msa_fed.runtime.ray_sites import RaySites
-from msa_fed.runtime.shards import split_rows
-from msa_fed.runtime.site import SiteStateLost, _loss_grad, _make_shard
+from msa_fed.site.published import PublishedSample, SiteStateLost
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +64,8 @@ _SITE_SETUP = ("set_domain_model", "set_qhat")
 #: statuses of the relay that mean "not reachable now" (retried until site_timeout_s)
 TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ALREADY_EXISTS"})
 RETRY_PAUSE_S = 0.5
+#: how often a job waiting for a site's approval asks again (seconds)
+APPROVAL_POLL_S = 2.0
 #: a site that lost the job's state again right after it was replayed this often fails the run
 MAX_REJOINS = 3
 #: the one response type each relayed method may return
@@ -89,70 +90,11 @@ class SiteUnreachable:
     detail: str
 
 
-class PublishedSample:
-    """A site's stand-in in the coordinator's cluster: its published unlabelled sample only.
-
-    Answers :data:`ACTOR_METHODS` (and ``info``/``ping`` for the Ray runtime's bookkeeping); it
-    has no labelled data and cannot answer anything that needs some.
-    """
-
-    def __init__(self, name: str, index: int, X_unlabeled, min_points: int = 20):
-        self.name, self.index = name, int(index)
-        self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
-        if self.X_unlabeled.ndim != 2:
-            raise ConfigError(
-                f"site {name!r}: the published sample must be a matrix; got shape {self.X_unlabeled.shape}"
-            )
-        self.min_points = int(min_points)
-        self.incarnation = uuid.uuid4().hex
-        self._shard = None
-        # load the classifier's libraries (torch) while the actors start, not in the first step
-        import msa_fed.core.domain_classifier  # noqa: F401
-
-    def info(self, _=None) -> m.SiteInfo:
-        return m.SiteInfo(
-            name=self.name,
-            n_features=int(self.X_unlabeled.shape[1]),
-            n_labeled=0,
-            n_unlabeled=int(self.X_unlabeled.shape[0]),
-            task="",
-        )
-
-    def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
-        return m.UnlabeledSample(X=self.X_unlabeled)
-
-    def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
-        return m.UnlabeledSample(X=self.X_unlabeled[msg.start : msg.stop])
-
-    def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        mk = self.X_unlabeled.shape[0]
-        if mk < self.min_points:
-            raise PrivacyError(
-                "min_points",
-                self.name,
-                f"its published sample: {mk} unlabelled points, fewer than min_points={self.min_points}",
-            )
-        start, stop = split_rows(mk, msg.workers_per_site)[0]
-        self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
-        return m.Ack(self.incarnation)
-
-    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
-        return _loss_grad(self._shard, self.name, msg)
-
-    def ping(self, _=None) -> m.Ack:
-        from msa_fed.runtime.node import current_node_id
-
-        return m.Ack(self.incarnation, node_id=current_node_id())
-
-    def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
-        from msa_fed.runtime.channel import serve_channel
-
-        return serve_channel(self, self.name, msg)
-
-
 class _StandIns(RaySites):
     """The stand-in actors: anywhere in the coordinator's cluster (no ``site:<name>`` pinning:
-    they hold only published material)."""
+    they hold only published material, and take no site policy: they have nothing it guards)."""
+
+    site_host_kwargs: dict = {}
 
     def _placement(self, ray) -> list[dict]:
         free = ray.available_resources().get("CPU", 0.0)
@@ -192,8 +134,11 @@ class FederatedSites:
     samples : each site's published unlabelled sample (m_k, d), as downloaded from the registry.
     job_id : the job's id at the relay (the sites see it, and may have to approve it).
     predictor_sha256 : the sha256 of each site's published predictor, in site order.
-    task, loss, classes, min_points : as in :class:`msa_fed.runtime.site.SiteWorker`.
+    task, loss, classes, min_points : as in :class:`msa_fed.site.worker.SiteWorker`.
     site_timeout_s : how long a site may stay unreachable before the run fails naming it.
+    approval_wait_s : how long :meth:`start` waits for the sites in approve mode to admit the job
+        (asking again every :data:`APPROVAL_POLL_S`; ``echo`` tells the operator what to run).
+    owns_relay : the backend closes the relay client when it shuts down (a job's own client).
     workers_per_site, num_cpus, address, data_channel, init_kwargs, max_restarts : of the
         stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).
     """
@@ -217,6 +162,9 @@ class FederatedSites:
         data_channel: str = "tls",
         init_kwargs: dict | None = None,
         max_restarts: int = 3,
+        approval_wait_s: float = 0.0,
+        echo=print,
+        owns_relay: bool = False,
     ):
         self.names = [str(n) for n in names]
         if len(samples) != len(self.names) or len(predictor_sha256) != len(self.names):
@@ -258,13 +206,42 @@ class FederatedSites:
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
         self._open = False
+        self.approval_wait_s = float(approval_wait_s)
+        self.echo = echo
+        self.owns_relay = bool(owns_relay)
 
     # ------------------------------------------------------------------ lifecycle
     def _record(self, direction, site, method, message):
         self.recorder.record(direction, site, method, message)
 
     def start(self, recorder=None, setup_log: SetupLog | None = None):
-        """Open the job at the relay, have every site join it, start the stand-in actors."""
+        """Open the job at the relay, have every site join it, start the stand-in actors; wait
+        up to ``approval_wait_s`` for the sites in approve mode to admit the job."""
+        deadline = time.monotonic() + self.approval_wait_s
+        told: set[str] = set()
+        while True:
+            try:
+                return self._start(recorder, setup_log)
+            except PrivacyError as exc:
+                if exc.rule != "accept_jobs":
+                    raise
+                site = exc.site or "?"
+                command = f"msa-fed site approve {self.job_id} --config site.toml"
+                if time.monotonic() + APPROVAL_POLL_S > deadline:
+                    raise PrivacyError(  # one argument: the line is the message as written
+                        f"site {site} serves only the jobs its operator approves, and job {self.job_id} was not "
+                        f"approved within {self.approval_wait_s:g} s ([run] approval_wait_s). On that site's "
+                        f"machine run: {command}; then rerun the job",
+                    ) from None
+                if site not in told:
+                    told.add(site)
+                    self.echo(
+                        f"site {site}: waits for its operator to approve job {self.job_id} (up to "
+                        f"{self.approval_wait_s:g} s); on that site's machine run: {command}"
+                    )
+                time.sleep(APPROVAL_POLL_S)
+
+    def _start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.setup_log = setup_log if setup_log is not None else SetupLog()
         if self._open and self.stand_ins.sites:  # started already (a warm backend): the sites' info only
@@ -289,16 +266,25 @@ class FederatedSites:
         self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
         return infos
 
+    def transcript(self) -> dict | None:
+        """The sites' signed answers of a sealed job (the relay's sealer's record), else None."""
+        sealer = getattr(self.relay, "sealer", None)
+        return None if sealer is None else sealer.record()
+
     def shutdown(self):
         try:
             self.stand_ins.shutdown()
         finally:
-            if self._open:
-                self._open = False
-                try:
-                    self.relay.close_job(self.job_id)
-                except Exception as exc:  # noqa: BLE001 - the job is over either way
-                    log.warning("job %s: closing it at the relay failed: %s", self.job_id, exc)
+            try:
+                if self._open:
+                    self._open = False
+                    try:
+                        self.relay.close_job(self.job_id)
+                    except Exception as exc:  # noqa: BLE001 - the job is over either way
+                        log.warning("job %s: closing it at the relay failed: %s", self.job_id, exc)
+            finally:
+                if self.owns_relay:
+                    self.relay.close()
 
     # ------------------------------------------------------------------ calls
     def call_one(self, i: int, method: str, msg, replay: bool = True):

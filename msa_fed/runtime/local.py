@@ -3,17 +3,18 @@
 Same code path as the Ray runtime (the coordinator cannot tell the difference); used by
 tests, small data and ``fit_dmsa(runtime="local")``.  ``workers_per_site`` splits each site's
 classifier shard over in-process :class:`ShardWorker` helpers exactly as the Ray runtime does
-over actors (see :mod:`msa_fed.runtime.shards`).
+over actors (see :mod:`msa_fed.site.shards`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 from msa_fed.runtime.backend import NullRecorder, SetupLog
-from msa_fed.runtime.shards import split_rows
-from msa_fed.runtime.site import ShardWorker, SiteWorker
+from msa_fed.site.published import ShardWorker
+from msa_fed.site.shards import split_rows
+from msa_fed.site.worker import SiteWorker
 
 
 class LocalSites:

@@ -2,7 +2,7 @@
 
 Placement, attaching to Ray and reading an actor's state are :mod:`msa_fed.runtime.ray_actors`;
 this module is the per-round calls.  ``workers_per_site > 1`` adds helper actors
-(:class:`msa_fed.runtime.site.ShardWorker`) on each site's node, each holding a block of the
+(:class:`msa_fed.site.published.ShardWorker`) on each site's node, each holding a block of the
 site's unlabelled rows for data-parallel classifier training.
 
 Failures are translated once, here, from Ray 2.x's exception types
@@ -24,9 +24,9 @@ from dataclasses import replace
 import numpy as np
 
 from msa_fed.errors import ConfigError, MsaFedError, SiteError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
-from msa_fed.runtime.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.channel import CHANNEL_METHODS, ChannelClient, ChannelError, check_mode, make_identity
 from msa_fed.core.options import from_mapping
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.config import RayConfig
@@ -40,8 +40,9 @@ from msa_fed.runtime.ray_actors import (
     original_error,
     placement,
 )
-from msa_fed.runtime.shards import split_rows
-from msa_fed.runtime.site import ShardWorker, SiteStateLost, SiteWorker
+from msa_fed.site.shards import split_rows
+from msa_fed.site.published import ShardWorker, SiteStateLost
+from msa_fed.site.worker import SiteWorker
 
 #: pause between retries of a call to a restarting actor
 RETRY_PAUSE_S = 0.1
@@ -74,7 +75,13 @@ class RaySites:
     config : a :class:`msa_fed.runtime.config.RayConfig` (each option documented there), or its
         fields as keyword arguments.
     worker_cls : the site class (a :class:`SiteWorker` or subclass) made remote.
+
+    The actors are told their host (:data:`site_host_kwargs`): the site's policy is its node's
+    policy file, and a policy passed with the job only tightens it (:mod:`msa_fed.site.policy`).
     """
+
+    #: what every site actor's constructor is given besides its own keyword arguments
+    site_host_kwargs: dict = {"host": "ray"}
 
     def __init__(self, site_kwargs: list[dict], config: RayConfig | None = None, *, worker_cls=SiteWorker, **options):
         if config is None:
@@ -124,7 +131,7 @@ class RaySites:
         # references for the backend's life keeps them there for actor restarts
         self._arg_refs = [
             {k: ray.put(v) if isinstance(v, np.ndarray) and v.nbytes > LARGE_ARG_BYTES else v for k, v in kw.items()}
-            for kw in self.site_kwargs
+            for kw in ({**kw, **self.site_host_kwargs} for kw in self.site_kwargs)
         ]
         self.sites = [
             _Endpoint(name, i, site_cls.options(**opts).remote(**kw))

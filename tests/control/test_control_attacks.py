@@ -26,6 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import msa_fed.cli as top_cli
 from msa_fed.artifacts.predictors import META_KIND, META_N_FEATURES
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control import (
     Limits,
     MemoryStore,
@@ -35,8 +37,6 @@ from msa_fed.control import (
     SqliteStore,
     TlsConfig,
 )
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.errors import RegistryError
 

@@ -11,10 +11,10 @@ from control_helpers import ARTIFACT_REFUSED_DETAILS, linear_onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from msa_fed.boundary.proto import SERVICE_NAME
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control import Limits, Registry, RegistryClient, RegistryServer, SqliteStore
-from msa_fed.control.proto import SERVICE_NAME
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Codes the domain layer may answer with; UNKNOWN or INTERNAL would mean an unhandled exception.

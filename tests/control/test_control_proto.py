@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "msa_fed" / "control" / "proto"
+COMMITTED = REPO / "msa_fed" / "boundary" / "proto"
 
 
 def load_generator():
@@ -18,9 +18,10 @@ def load_generator():
 
 def test_generated_code_is_up_to_date(tmp_path):
     written = load_generator().generate(tmp_path)
-    sorted(p.name for p in written)
-    control = sorted(p.name for p in written if p.parent == tmp_path)
-    assert control == [
+    names = sorted(p.name for p in written)
+    assert names == [
+        "boundary_pb2.py",
+        "boundary_pb2.pyi",
         "operations_pb2.py",
         "operations_pb2.pyi",
         "operations_pb2_grpc.py",
@@ -32,15 +33,14 @@ def test_generated_code_is_up_to_date(tmp_path):
         "relay_pb2_grpc.py",
     ]
     committed = sorted(p.name for p in COMMITTED.glob("*_pb2*"))
-    assert committed == control, "generated files were added or removed; rerun protos/generate.py"
-    for path in written:  # the runtime layer's boundary_pb2* are under tmp_path/runtime_proto
-        where = COMMITTED if path.parent == tmp_path else REPO / "msa_fed" / "runtime" / "proto"
-        assert (where / path.name).read_text() == path.read_text(), (
+    assert committed == names, "generated files were added or removed; rerun protos/generate.py"
+    for path in written:
+        assert (COMMITTED / path.name).read_text() == path.read_text(), (
             f"{path.name} differs; rerun: python protos/generate.py"
         )
 
 
 def test_generated_stub_imports_from_the_package():
     text = (COMMITTED / "registry_pb2_grpc.py").read_text()
-    assert "from msa_fed.control.proto import registry_pb2" in text
+    assert "from msa_fed.boundary.proto import registry_pb2" in text
     assert "\nimport registry_pb2" not in text

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from control_helpers import linear_onnx, softmax_onnx
 
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control import Registry, RegistryClient, SqliteStore
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 
 LISTENING = re.compile(r"registry listening on (\S+)")
 

@@ -14,9 +14,9 @@ from control_helpers import ARTIFACT_REFUSED_DETAILS, linear_onnx, softmax_onnx
 from sklearn.linear_model import LinearRegression
 
 from msa_fed.artifacts.predictors import load_predictor
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control import Limits, MemoryStore, Registry, RegistryClient, RegistryServer
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.errors import RegistryError
 
 RNG = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """boundary.proto as the one codec of the boundary messages (no Ray, no network).
 
-- every request and response type of msa_fed.runtime.messages round-trips through the protobuf
+- every request and response type of msa_fed.boundary.messages round-trips through the protobuf
   schema bit for bit (arrays with their dtype and shape), including the federated JobSetup and
   the domain model with its feature map;
 - the schema refuses what may not cross: in-process objects, strings or objects in arrays,
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.proto import boundary_pb2 as pb
 from msa_fed.core.dc_terms import DCSums
 from msa_fed.core.features import RandomFourierFeatures, feature_map_state
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
-from msa_fed.runtime.proto import boundary_pb2 as pb
 
 RNG = np.random.default_rng(0)
 FMAP = feature_map_state(RandomFourierFeatures(n_components=6).fit(RNG.normal(size=(30, 3))))

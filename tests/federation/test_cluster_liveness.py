@@ -22,7 +22,7 @@ from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import SiteError  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
-from msa_fed.runtime.site import SiteWorker  # noqa: E402
+from msa_fed.site.worker import SiteWorker  # noqa: E402
 
 NAMES = ("a", "b", "c")
 

@@ -244,8 +244,8 @@ def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federatio
     from inspect_messages import audit
 
     from msa_fed.artifacts.predictors import sha256_hex
+    from msa_fed.boundary import messages as m
     from msa_fed.federation.relay_client import RelayClient
-    from msa_fed.runtime import messages as m
     from msa_fed.runtime.federated import ACTOR_METHODS, RELAY_METHODS, FederatedSites
 
     kw, preds, classes = local_kwargs(files, ORDER)

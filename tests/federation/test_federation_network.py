@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from fedhelpers import local_kwargs, make_pki, site_files, tcp_sockets  # noqa: E402
 
-from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.boundary.proto import relay_pb2 as pb
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.server import TlsConfig
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient

@@ -32,14 +32,14 @@ ray = pytest.importorskip("ray")
 from fedhelpers import fit_config, local_kwargs, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
-from msa_fed.control.proto import relay_pb2 as pb  # noqa: E402
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc  # noqa: E402
+from msa_fed.boundary import messages as m  # noqa: E402
+from msa_fed.boundary import wire  # noqa: E402
+from msa_fed.boundary.proto import relay_pb2 as pb  # noqa: E402
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import RegistryError, SiteError  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
-from msa_fed.runtime import messages as m  # noqa: E402
-from msa_fed.runtime import wire  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites, SiteUnreachable  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
@@ -289,7 +289,7 @@ def _hostile_site(address: str, token: str, name: str, answer):
 
 @pytest.mark.parametrize("kind", ["wrong type", "bad array", "wrong method"])
 def test_a_hostile_site_makes_the_job_fail_naming_it(fed, files, kind):
-    from msa_fed.runtime.proto import boundary_pb2 as bpb
+    from msa_fed.boundary.proto import boundary_pb2 as bpb
 
     fed.kill("west")  # west's token is now held by a hostile process
     fed.procs.pop("west")

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedhelpers import job_config, output_dir  # noqa: E402
 from hostile_predictors import hostile_from_sklearn  # noqa: E402
 
+from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.errors import PeerFault  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
-from msa_fed.runtime import messages as m  # noqa: E402
 
 HONEST = {"north": (0.0, 2.0), "east": (2.0, 0.0)}
 HOSTILE = {"slowpoke": "slow", "hog": "mem", "liar": "honest", "flipper": "flip"}

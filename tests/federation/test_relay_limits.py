@@ -11,14 +11,14 @@ import time
 import grpc
 import pytest
 
-from msa_fed.control.proto import relay_pb2 as pb
-from msa_fed.control.proto import relay_pb2_grpc as pb_grpc
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.proto import relay_pb2 as pb
+from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.registry import Registry
 from msa_fed.control.server import RegistryServer
 from msa_fed.control.sqlite_store import SqliteStore
 from msa_fed.federation.relay_client import RelayClient
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
 from msa_fed.runtime.federated import TRANSIENT, SiteUnreachable
 
 

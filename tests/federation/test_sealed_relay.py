@@ -25,8 +25,9 @@ import pytest
 from fedhelpers import NAMES, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
+from msa_fed.boundary.proto import boundary_pb2 as bpb
+from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.control import relay as relay_mod
-from msa_fed.control.proto import relay_pb2 as pb
 from msa_fed.crypto.sealing import (
     JobKey,
     JobSealer,
@@ -40,7 +41,6 @@ from msa_fed.errors import PrivacyError
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
-from msa_fed.runtime.proto import boundary_pb2 as bpb
 
 ORDER = sorted(NAMES)
 

@@ -97,8 +97,8 @@ def test_a_bad_policy_file_is_one_error_line(tmp_path, capsys):
 def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path):
     """load_site_policy: the policy file's limits, site.toml's audit log, a ledger file next to it
     by default (budgets survive restarts); a policy naming another audit log is refused."""
+    from msa_fed.boundary import messages as m
     from msa_fed.federation.agent import load_site_policy, worker_policy_kwargs
-    from msa_fed.runtime import messages as m
 
     (tmp_path / "policy.toml").write_text("[limits]\nmin_points = 40\n[budget]\ndc_evaluations_per_job = 7\n")
     config = SiteConfig.from_toml(_write(tmp_path, policy="policy.toml"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import cli_runner
@@ -287,3 +288,18 @@ def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
         "error: --admin-token holds a token of site 'east', not an admin token; the job "
         "needs the registry's admin token (msa-fed admin issue-token --admin)"
     )
+
+
+def test_a_job_config_is_validated_once_and_never_changed_in_place(tmp_path):
+    """from_toml returns a validated config; validating it again returns it unchanged (run_job
+    does); validating an unchecked config leaves it as it was and returns a checked copy."""
+    config = JobConfig.from_toml(write(tmp_path, GOOD.format(port=closed_port())))
+    assert config.validated and config.validate() is config
+    raw = JobConfig(name="t", registry="127.0.0.1:1", insecure=True, sites=["a", "b"])
+    checked = raw.validate()
+    assert not raw.validated and raw.sites == ["a", "b"]  # the caller's object is untouched
+    assert checked.validated and checked is not raw and checked.sites == ("a", "b")
+    changed = replace(checked, name="two words")  # a new config: checked anew
+    assert not changed.validated
+    with pytest.raises(ConfigError, match="job name 'two words' is the job's id at the registry's relay"):
+        changed.validate()

@@ -9,8 +9,8 @@ from sklearn.linear_model import LogisticRegression
 
 from msa_fed import SiteData, fit_dmsa
 from msa_fed.artifacts.model import load_model
+from msa_fed.boundary.messages import Recorder
 from msa_fed.jobs.operations import summary_lines
-from msa_fed.runtime.messages import Recorder
 
 
 def test_summary_counts_the_rounds_each_site_answered(tmp_path):

@@ -11,11 +11,11 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.artifacts.predictors import export_sklearn
+from msa_fed.boundary.proto import registry_pb2 as pb
+from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
 from msa_fed.control.ops_audit import AuditLog
 from msa_fed.control.ops_client import OpsClient
-from msa_fed.control.proto import registry_pb2 as pb
-from msa_fed.control.proto import registry_pb2_grpc as pb_grpc
 from msa_fed.errors import RegistryError
 
 

@@ -114,5 +114,5 @@ def test_generated_operations_code_is_up_to_date(tmp_path):
     spec.loader.exec_module(gen)
     gen.generate(tmp_path)
     for name in ("operations_pb2.py", "operations_pb2.pyi", "operations_pb2_grpc.py"):
-        committed = (REPO / "msa_fed" / "control" / "proto" / name).read_text()
+        committed = (REPO / "msa_fed" / "boundary" / "proto" / name).read_text()
         assert committed == (tmp_path / name).read_text(), f"{name} differs; rerun: python protos/generate.py"

@@ -41,7 +41,7 @@ def test_wheel_builds_offline_from_a_clean_checkout(tmp_path):
     (wheel,) = (src / "dist").glob("msa_fed-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in (
-        "msa_fed/control/proto/operations_pb2.py",
+        "msa_fed/boundary/proto/operations_pb2.py",
         "msa_fed/control/ops_cli.py",
         "msa_fed/jobs/report.py",
         "msa_fed/runtime/progress.py",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
+from msa_fed.boundary import messages as m
 from msa_fed.errors import PrivacyError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.site.worker import SiteWorker
 
 N = 60
 

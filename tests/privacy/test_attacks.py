@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
+from msa_fed.boundary import messages as m
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.runtime import messages as m
 from tests.privacy import attacks as A
 
 MAX_CORRECT = int(0.6 * A.N)  # 36 of 60

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from msa_fed.api import SiteData
+from msa_fed.boundary import messages as m
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.runtime import messages as m
 from tests.privacy import attacks as A
 from tests.privacy import transcript as T
 

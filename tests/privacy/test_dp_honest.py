@@ -50,7 +50,7 @@ def test_dp_at_one_site_never_makes_another_refuse(seed):
 def test_a_dp_site_answers_qhat_from_its_published_sample_at_no_epsilon():
     """The DP site's Qhat partial is over its published sample: no noise, nothing spent, and
     the broadcast can no longer fall below another site's own share."""
-    from msa_fed.runtime.messages import Recorder
+    from msa_fed.boundary.messages import Recorder
 
     sites = make_sites(random_state=2)
     dp = SitePolicy(dp_enabled=True, epsilon_per_job=0.3, dp_dc_evaluations=30)

@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 
+from msa_fed.boundary import messages as m
 from msa_fed.cli import main
 from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.federation.agent import job_key, run_key
 from msa_fed.federation.site_sealing import unsealed_content
-from msa_fed.federation.state import JobBook
-from msa_fed.runtime import messages as m
+from msa_fed.site.job_book import JobBook
 from tests.federation.test_site_cli import _site_files, _write
 
 

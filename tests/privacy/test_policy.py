@@ -7,11 +7,11 @@ import pickle
 import numpy as np
 import pytest
 
+from msa_fed.boundary import messages as m
 from msa_fed.cli import main
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditError, verify_log
 from msa_fed.privacy.policy import SitePolicy, load_policy, tighten
-from msa_fed.runtime import messages as m
 from tests.privacy import attacks as A
 
 

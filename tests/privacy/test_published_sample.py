@@ -9,7 +9,8 @@ import pytest
 from msa_fed.cli import main
 from msa_fed.errors import ConfigError
 from msa_fed.privacy.consortium import check_disjoint, shared_rows
-from msa_fed.runtime.site import SiteWorker, load_site_data
+from msa_fed.site.data import load_site_data
+from msa_fed.site.worker import SiteWorker
 
 
 def _data(tmp_path, overlap: int):

@@ -14,12 +14,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from msa_fed.boundary import messages as m
 from msa_fed.errors import PrivacyError
 from msa_fed.privacy.audit import _SHA256, GENESIS, AuditLog, _json_default, line_hash, verify_log
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.ledger import HOUR_S, Ledger, MemoryLedger
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.runtime import messages as m
 from tests.privacy import attacks as A
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +52,7 @@ def test_every_answer_is_counted_before_it_leaves_even_if_the_site_is_killed(tmp
         import os, signal, sys
         import numpy as np
         from msa_fed.privacy.policy import SitePolicy
-        from msa_fed.runtime import messages as m
+        from msa_fed.boundary import messages as m
         from tests.privacy import attacks as A
         from tests.privacy.test_policy import _honest_spec
         pol = SitePolicy(ledger={str(ledger)!r}, audit_log={str(log)!r}, dc_evaluations_per_job=5)

@@ -14,6 +14,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.api import SiteData
+from msa_fed.boundary import messages as m
 from msa_fed.core.config import ClassifierConfig
 from msa_fed.core.domain_classifier import (
     balanced_shards,
@@ -25,11 +26,10 @@ from msa_fed.core.features import feature_map_state, make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import check_maxent
-from msa_fed.runtime import messages as m
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.site.worker import SiteWorker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from problems import make_sites, site_kwargs  # noqa: E402
@@ -271,7 +271,7 @@ def test_policy_keys_and_tightening():
 def test_a_model_verifies_after_crossing_the_wire(sites):
     """What a site process receives (the boundary schema) verifies like the in-process spec:
     the rff seed and every parameter keep their types."""
-    from msa_fed.runtime import wire
+    from msa_fed.boundary import wire
 
     rff = honest(sites, features=("rff", {"n_components": 50}))
     spec = m.domain_model_spec(rff, 3)

@@ -24,13 +24,13 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.api import SiteData
+from msa_fed.boundary import messages as m
 from msa_fed.core.combination import class_union
 from msa_fed.core.dc_terms import PROB_FLOOR
-from msa_fed.runtime import messages as m
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.site import SiteWorker, build_domain_model
+from msa_fed.site.worker import SiteWorker, build_domain_model
 
 N = 300
 D = 2

@@ -7,7 +7,7 @@ from dataclasses import fields, is_dataclass
 import numpy as np
 
 from msa_fed.core.dc_terms import DCSums
-from msa_fed.runtime import messages as m
+from msa_fed.boundary import messages as m
 
 COUNTS = ("n_labeled", "n_unlabeled")  # counts, not data
 SCALARS = (int, float, str, bool, np.integer, np.floating, type(None))

@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from msa_fed.runtime import messages as m
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.boundary import messages as m
+from msa_fed.site.worker import SiteWorker
 
 LIAR = os.environ.get("MSA_FED_TEST_LIAR", "")
 MODE = os.environ.get("MSA_FED_TEST_LIE", "")

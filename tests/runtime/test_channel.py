@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from msa_fed.core.dc_terms import DCSums
 from msa_fed.core.features import StandardFeatures, feature_map_state
 from msa_fed.errors import ConfigError
-from msa_fed.runtime import channel as ch
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
-from msa_fed.runtime.site import SiteWorker
+from msa_fed.boundary import channel as ch
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.site.worker import SiteWorker
 from problems import make_sites, site_kwargs
 
 
@@ -91,13 +91,13 @@ def test_wire_refuses_what_may_not_cross():
 
 def _response(**kw) -> bytes:
     """A hand-built SiteResponse, as a hostile peer could send it."""
-    from msa_fed.runtime.proto import boundary_pb2 as pb
+    from msa_fed.boundary.proto import boundary_pb2 as pb
 
     return pb.SiteResponse(**kw).SerializeToString()
 
 
 def _grad(dtype="<f8", shape=(2,), data=bytes(16)) -> dict:
-    from msa_fed.runtime.proto import boundary_pb2 as pb
+    from msa_fed.boundary.proto import boundary_pb2 as pb
 
     return dict(method="x", grad=pb.GradSum(loss=1.0, n=1, grad=pb.NdArray(dtype=dtype, shape=shape, data=data)))
 
@@ -138,7 +138,7 @@ def test_wire_refuses_a_custom_feature_map_object():
 
 
 def test_every_boundary_type_is_in_the_schema():
-    """Each request and response type of msa_fed.runtime.messages has its place in boundary.proto."""
+    """Each request and response type of msa_fed.boundary.messages has its place in boundary.proto."""
     for cls in m.REQUEST_TYPES:
         assert cls in wire._REQUEST_FIELDS, cls
     for cls in m.RESPONSE_TYPES:

@@ -111,7 +111,7 @@ def test_the_regret_objective_protects_the_honest_sites_from_the_flip_site(hones
 
 def test_the_answer_checker_alone():
     from msa_fed.core.dc_terms import DCSums
-    from msa_fed.runtime import messages as m
+    from msa_fed.boundary import messages as m
 
     ch = AnswerChecker(["a", "b"], [10, 20], "cross_entropy")
     ok = [m.QhatPartial(sums=np.array([0.4, 0.1]), n=10), m.QhatPartial(sums=np.array([0.05, 0.45]), n=20)]

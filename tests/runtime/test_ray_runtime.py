@@ -20,7 +20,7 @@ from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classi
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
 from msa_fed.privacy.policy import POLICY_ENV  # noqa: E402
-from msa_fed.runtime import messages as m  # noqa: E402
+from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.runtime.config import FitConfig, SolverConfig
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites, actor_status  # noqa: E402

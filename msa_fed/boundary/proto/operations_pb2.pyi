@@ -1,4 +1,4 @@
-from msa_fed.control.proto import registry_pb2 as _registry_pb2
+from msa_fed.boundary.proto import registry_pb2 as _registry_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

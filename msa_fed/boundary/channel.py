@@ -18,7 +18,7 @@ restarts them and carries their setup through Ray, and the hot calls
   the process that made them.
 - ``mode="plain"``: no TLS, only on loopback (the site binds 127.0.0.1 and the coordinator must
   run on the same node); an explicit choice for single-machine research runs.
-- messages are encoded by :mod:`msa_fed.runtime.wire` (the protobuf schema of
+- messages are encoded by :mod:`msa_fed.boundary.wire` (the protobuf schema of
   ``protos/msa_fed/v1/boundary.proto``, one message per length-prefixed frame, never pickle) and
   must be boundary messages of the allowed direction.
 
@@ -40,10 +40,10 @@ import struct
 import tempfile
 import threading
 
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.node import current_node_id
 from msa_fed.errors import ConfigError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime import wire
-from msa_fed.runtime.node import current_node_id
 
 log = logging.getLogger(__name__)
 

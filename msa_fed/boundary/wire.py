@@ -1,9 +1,9 @@
-"""The one codec of the boundary messages: :mod:`msa_fed.runtime.messages` <-> protobuf.
+"""The one codec of the boundary messages: :mod:`msa_fed.boundary.messages` <-> protobuf.
 
 The schema is ``protos/msa_fed/v1/boundary.proto`` (generated code in
-:mod:`msa_fed.runtime.proto`): ``SiteRequest`` is everything a coordinator may send a site,
+:mod:`msa_fed.boundary.proto`): ``SiteRequest`` is everything a coordinator may send a site,
 ``SiteResponse`` everything a site may return.  Both topologies use it: the cluster topology's
-direct data channel (:mod:`msa_fed.runtime.channel`, one serialised message per frame) and the
+direct data channel (:mod:`msa_fed.boundary.channel`, one serialised message per frame) and the
 federated relay (``relay.proto`` embeds the same two messages).
 
 - :func:`to_proto` / :func:`from_proto`: a message object <-> a ``SiteRequest`` /
@@ -26,10 +26,10 @@ from dataclasses import fields
 import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from msa_fed.boundary import messages as m
+from msa_fed.boundary.proto import boundary_pb2 as pb
 from msa_fed.core.dc_terms import DCSums
 from msa_fed.errors import PeerFault, PrivacyError
-from msa_fed.runtime import messages as m
-from msa_fed.runtime.proto import boundary_pb2 as pb
 
 #: the dtypes an array may have on the wire: booleans, integers, floats, either byte order
 DTYPES = frozenset(

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from msa_fed.control.proto import operations_pb2 as msa__fed_dot_v1_dot_operations__pb2
+from msa_fed.boundary.proto import operations_pb2 as msa__fed_dot_v1_dot_operations__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

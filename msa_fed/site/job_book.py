@@ -1,25 +1,19 @@
-"""What a site process keeps on its own disk: the jobs it was asked to serve, and its request log.
+"""The jobs a site process was asked to serve, on the site's own disk.
 
-- :class:`JobBook` (SQLite): every job the site was asked to join, with its state ``pending``
-  (``accept_jobs = "approve"`` and not approved yet), ``approved`` (``msa-fed site approve``) or
-  ``served`` (joined).  The site's operator reads and changes it with ``msa-fed site jobs`` and
-  ``msa-fed site approve``; the site process reads it at every join.
-- :class:`RequestLog`: an append-only JSON-lines file, one line per request the site answered
-  or refused, each line carrying the sha256 of the previous one (a hash chain: an edited or
-  removed line breaks every hash after it; :func:`verify_log` checks it).
+:class:`JobBook` (SQLite): every job the site was asked to join, with its state ``pending``
+(``accept_jobs = "approve"`` and not approved yet), ``approved`` (``msa-fed site approve``) or
+``served`` (joined).  The site's operator reads and changes it with ``msa-fed site jobs`` and
+``msa-fed site approve``; the site process reads it at every join.  What the site answered and
+refused is in its one audit log (:mod:`msa_fed.privacy.audit`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-from msa_fed.errors import ConfigError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -140,63 +134,3 @@ class JobBook:
             )
             for r in rows
         ]
-
-
-class RequestLog:
-    """Append-only, hash-chained JSON lines (see the module docstring)."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._prev = "0" * 64
-        if self.path.is_file():
-            lines = self.path.read_text().splitlines()
-            if lines:
-                self._prev = hashlib.sha256(lines[-1].encode()).hexdigest()
-
-    def write(self, **entry) -> None:
-        with self._lock:
-            entry = {"time": round(time.time(), 6), **entry, "prev": self._prev}
-            line = json.dumps(entry, sort_keys=True, separators=(",", ":"))
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-                f.flush()
-            self._prev = hashlib.sha256(line.encode()).hexdigest()
-
-
-def read_log(path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-
-
-def verify_log(path) -> int:
-    """The number of entries of a request log; ConfigError naming the first broken line."""
-    prev = "0" * 64
-    lines = Path(path).read_text().splitlines() if Path(path).is_file() else []
-    for k, line in enumerate(lines, 1):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            raise ConfigError(f"request log {str(path)!r}: line {k} is not JSON") from None
-        if entry.get("prev") != prev:
-            raise ConfigError(f"request log {str(path)!r}: line {k} does not follow line {k - 1} (edited or removed)")
-        prev = hashlib.sha256(line.encode()).hexdigest()
-    return len(lines)
-
-
-def summarise(entries: list[dict]) -> dict:
-    """{"answered": {method: count}, "refused": {method: count}, "jobs": [...], "refusals": [reason, ...]}."""
-    out: dict[str, Any] = {"answered": {}, "refused": {}, "jobs": [], "refusals": []}
-    for e in entries:
-        if e.get("event") != "request":
-            continue
-        bucket = out["answered"] if e.get("decision") == "answered" else out["refused"]
-        bucket[e.get("method", "?")] = bucket.get(e.get("method", "?"), 0) + 1
-        if e.get("job") and e["job"] not in out["jobs"]:
-            out["jobs"].append(e["job"])
-        if e.get("decision") != "answered" and e.get("reason") and e["reason"] not in out["refusals"]:
-            out["refusals"].append(e["reason"])
-    return out

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from msa_fed.control.proto import registry_pb2 as msa__fed_dot_v1_dot_registry__pb2
-from msa_fed.control.proto import relay_pb2 as msa__fed_dot_v1_dot_relay__pb2
+from msa_fed.boundary.proto import registry_pb2 as msa__fed_dot_v1_dot_registry__pb2
+from msa_fed.boundary.proto import relay_pb2 as msa__fed_dot_v1_dot_relay__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

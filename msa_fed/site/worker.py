@@ -1,37 +1,36 @@
 """A site: private labelled data, the published frozen predictors, and the sums it computes.
 
 :class:`SiteWorker` is a plain class (tested without Ray).  The local runtime calls it
-directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``.  Every public method
-takes one request message (or None) and returns one response message from
-:mod:`msa_fed.runtime.messages`: that is the whole surface of a site.  :class:`ShardWorker` is
-a site's helper for data-parallel classifier training (``workers_per_site > 1``).
+directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``; the site process
+(:mod:`msa_fed.federation.agent`) calls it for the requests the relay carries.  Every public
+method takes one request message (or None) and returns one response message from
+:mod:`msa_fed.boundary.messages`: that is the whole surface of a site.  Its published half (the
+unlabelled sample and the classifier shard) is :mod:`msa_fed.site.published`; its host hands
+in where its policy comes from (:mod:`msa_fed.site.policy`).
 """
 
 from __future__ import annotations
 
-import os
 import uuid
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
-from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy import rules
-from msa_fed.privacy.consortium import check_consortium, check_disjoint
+from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.influence import bounded, shares
-from msa_fed.privacy.policy import SitePolicy, policy_from_env, tighten
+from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
-from msa_fed.runtime import messages as m
-from msa_fed.runtime.node import current_node_id
-
-
-class SiteStateLost(MsaFedError):
-    """The site restarted and lost the state the coordinator had sent; replay the setup."""
+from msa_fed.site.data import load_site_data
+from msa_fed.site.policy import check_host, site_policy, trusts_custom_feature_maps
+from msa_fed.site.published import PublishedHalf, SiteStateLost
 
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
@@ -63,100 +62,29 @@ def build_domain_model(spec: m.DomainModelSpec):
         raise ConfigError(f"malformed domain model: {exc}") from None
 
 
-SITE_DATA_KEYS = ("X_labeled", "y_labeled", "X_unlabeled")
-#: on a site's node, the directory its relative data paths are read from (see cluster/README.md)
-SITE_DATA_ENV = "MSA_FED_SITE_DATA"
+@dataclass(frozen=True)
+class Gate:
+    """What a request of the labelled half needs before the policy's own checks run."""
+
+    data: bool = False  # the private data, read (from data_path: on first use)
+    admit: bool = False  # the job's consortium checked against the policy (once per job)
+    state: str = ""  # the set-up it builds on (an attribute): without it, SiteStateLost (replay)
 
 
-def resolve_site_path(name: str, data_path) -> Path:
-    """``data_path`` as a path on this node: relative paths are under ``$MSA_FED_SITE_DATA``."""
-    path = Path(os.path.expanduser(str(data_path)))
-    if not path.is_absolute():
-        base = os.environ.get(SITE_DATA_ENV)
-        if not base:
-            raise ConfigError(
-                f"site {name!r}: data_path {str(data_path)!r} is relative but {SITE_DATA_ENV} "
-                "is not set on the site's node; give an absolute path or set it"
-            )
-        path = Path(base) / path
-    return path
+#: every request that touches the labelled data, and its gate (as control/auth.py's METHOD_RULES
+#: declares access); the published half's requests are :mod:`msa_fed.site.published`'s
+LABELLED: dict[str, Gate] = {
+    "info": Gate(data=True, admit=True),
+    "setup_shard": Gate(data=True, admit=True),
+    "set_domain_model": Gate(data=True, admit=True),
+    "set_published": Gate(data=True),
+    "set_qhat": Gate(state="_Q"),
+    "dc_evaluate": Gate(state="_points"),
+    "max_bound": Gate(state="_points"),
+}
 
 
-def load_site_data(name: str, data_path) -> dict[str, np.ndarray]:
-    """Read a site's private data from an .npz on this node (never unpickles).
-
-    Returns {"X_labeled": (n, d), "y_labeled": (n,), "X_unlabeled": (m, d)}.
-    """
-    path = resolve_site_path(name, data_path)
-    if not path.is_file():
-        raise ConfigError(f"site {name!r}: data file {str(path)!r} not found on the site's node")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [k for k in SITE_DATA_KEYS if k not in npz.files]
-            if missing:
-                raise ConfigError(
-                    f"site {name!r}: data file {str(path)!r} lacks arrays {missing}; expected {list(SITE_DATA_KEYS)}"
-                )
-            out = {k: npz[k] for k in SITE_DATA_KEYS}
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"site {name!r}: cannot read data file {str(path)!r}: {exc}") from None
-    Xl, y, Xu = out["X_labeled"], out["y_labeled"], out["X_unlabeled"]
-    if Xl.ndim != 2 or Xu.ndim != 2 or y.shape != (Xl.shape[0],) or Xu.shape[1] != Xl.shape[1]:
-        raise ConfigError(
-            f"site {name!r}: data file {str(path)!r} has inconsistent shapes: X_labeled {Xl.shape}, "
-            f"y_labeled {y.shape}, X_unlabeled {Xu.shape}; expected (n, d), (n,), (m, d)"
-        )
-    for key in ("X_labeled", "X_unlabeled"):
-        if out[key].dtype.kind not in "biuf" or not np.all(np.isfinite(out[key])):
-            raise ConfigError(f"site {name!r}: data file {str(path)!r}: {key} must be finite numbers")
-    check_disjoint(name, Xl, Xu)  # a data file is a deployed site's: its labelled inputs stay private
-    return out
-
-
-def in_ray_actor() -> bool:
-    """True inside a Ray actor (a process that receives its arguments from another party)."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return False
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-
-
-def site_policy(given: SitePolicy | None, job_request=None) -> SitePolicy:
-    """The policy a site enforces.  In-process, the caller is the site itself and may pass its
-    policy; inside a Ray actor the arguments come from the job, so the policy is the one named
-    by ``$MSA_FED_SITE_POLICY`` on this node (else the defaults) and a passed policy can only
-    tighten it.  ``job_request`` (the job's own values, e.g. min_points) only tightens."""
-    if given is not None and not isinstance(given, SitePolicy):
-        raise ConfigError(f"policy must be a SitePolicy; got {type(given).__name__}")
-    if in_ray_actor():
-        base = tighten(policy_from_env(), given)
-    else:
-        base = given if given is not None else policy_from_env()
-    return tighten(base, job_request)
-
-
-def _make_shard(fmap_msg: m.ShardSetup, X: np.ndarray, index: int, start: int, n_total: int):
-    from msa_fed.core.domain_classifier import shard_seed
-    from msa_fed.runtime.shards import RowShard
-
-    fmap = m.feature_map_of(fmap_msg.feature_map, fmap_msg.custom_feature_map)
-    Phi = np.asarray(fmap.transform(X), dtype=np.float64)
-    return RowShard(
-        Phi,
-        index,
-        start,
-        n_total,
-        fmap_msg.n_sources,
-        device=fmap_msg.device,
-        dtype=fmap_msg.dtype,
-        seed=shard_seed(fmap_msg.seed, index),
-    )
-
-
-class SiteWorker:
+class SiteWorker(PublishedHalf):
     """One site.  ``predictors`` are all p published frozen predictors, in site order.
 
     The private data are given as arrays (in-process) or as ``data_path``, an .npz with
@@ -165,10 +93,12 @@ class SiteWorker:
 
     Every request is checked against the site's privacy policy before any aggregate leaves
     (:mod:`msa_fed.privacy`, docs/DESIGN.md section 9), counted in its ledger and written to
-    its audit log.  ``policy``: the site's :class:`SitePolicy` (in-process callers; inside a
-    Ray actor the policy is read from ``$MSA_FED_SITE_POLICY`` on the node and a passed one
-    only tightens it); ``min_points`` and ``privacy`` (a dict of policy values) are the job's
-    requests and only tighten; ``job_id`` names the job in the ledger and the log.
+    its audit log.  ``policy``: the site's :class:`SitePolicy` as its host passes it, ``host``:
+    who runs the worker, ``"process"`` (the site's own process: the policy given is the site's)
+    or ``"ray"`` (an actor of the job's Ray cluster: the policy is read from
+    ``$MSA_FED_SITE_POLICY`` on the node and a passed one only tightens it; see
+    :mod:`msa_fed.site.policy`); ``min_points`` and ``privacy`` (a dict of policy values) are the
+    job's requests and only tighten; ``job_id`` names the job in the ledger and the log.
     """
 
     # None until set: the private data (given, or read from data_path on first use) and the
@@ -200,8 +130,10 @@ class SiteWorker:
         job_id: str = "",
         privacy: dict | None = None,
         sites=None,
+        host: str = "process",
     ):
         self.name = name
+        self.host = check_host(host)
         self.sites = None if sites is None else [str(s) for s in sites]  # the job's sites, in order
         self.index = index
         self.data_path = None if data_path is None else str(data_path)
@@ -216,7 +148,7 @@ class SiteWorker:
         self.loss = loss
         self.classes = None if classes is None else np.asarray(classes)
         # the site's own policy; the job's min_points and privacy requests can only tighten it
-        self.policy = site_policy(policy, {**(privacy or {}), "min_points": int(min_points)})
+        self.policy = site_policy(policy, {**(privacy or {}), "min_points": int(min_points)}, host=self.host)
         self.min_points = self.policy.min_points
         self.guard = SiteGuard(name, self.policy, job_id)
         self.incarnation = uuid.uuid4().hex
@@ -243,7 +175,7 @@ class SiteWorker:
         min_points: int = 20,
         policy: SitePolicy | None = None,
         job_id: str = "",
-    ) -> "SiteWorker":
+    ) -> SiteWorker:
         """A site whose data are read from ``data_path`` on this node."""
         worker = cls(
             name,
@@ -261,6 +193,20 @@ class SiteWorker:
         return worker
 
     # ------------------------------------------------------------------ helpers
+    def _gate(self, method: str) -> None:
+        """The gate of a labelled-data request (:data:`LABELLED`)."""
+        gate = LABELLED[method]
+        if gate.state and getattr(self, gate.state) is None:
+            raise SiteStateLost(self.name)
+        if gate.data:
+            self._data()
+        if gate.admit:
+            self._admit()
+
+    def _published(self) -> np.ndarray:
+        self._data()
+        return self.X_unlabeled
+
     def _set_data(self, X_labeled, y_labeled, X_unlabeled):
         self.X_labeled = np.asarray(X_labeled, dtype=np.float64)
         self.y_labeled = np.asarray(y_labeled)
@@ -324,8 +270,7 @@ class SiteWorker:
 
     # ------------------------------------------------------------------ public surface
     def info(self, _=None) -> m.SiteInfo:
-        self._data()
-        self._admit()
+        self._gate("info")
         own = self.predictors[self.index]
         classes = np.asarray(own.classes_) if self.task == "classification" else None
         return m.SiteInfo(
@@ -337,37 +282,19 @@ class SiteWorker:
             classes=classes,
         )
 
-    def unlabeled_sample(self, _=None) -> m.UnlabeledSample:
-        self._data()
-        return m.UnlabeledSample(X=self.X_unlabeled)
-
-    def unlabeled_rows(self, msg: m.RowRange) -> m.UnlabeledSample:
-        """Rows of the published unlabelled sample, for a helper worker on this site's node (with
-        Ray the answer goes to the helper by reference, never through the coordinator)."""
-        self._data()
-        return m.UnlabeledSample(X=self.X_unlabeled[msg.start : msg.stop])
-
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        self._data()
-        self._admit()
+        self._gate("setup_shard")
         mk = self.X_unlabeled.shape[0]
         with self.guard.request("setup_shard", n_unlabeled=mk) as dec:
             dec.update(self._require(mk, "unlabelled"))
             self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_unlabeled, dec)
-        from msa_fed.runtime.shards import split_rows
-
-        start, stop = split_rows(mk, msg.workers_per_site)[0]
-        self._shard = _make_shard(msg, self.X_unlabeled[start:stop], self.index, start, mk)
-        return m.Ack(self.incarnation)
-
-    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
-        return _loss_grad(self._shard, self.name, msg)
+        return self._first_block(msg)
 
     def _check_fmap(self, state, custom, X, dec: dict):
         if state is None and custom is None:
             return
         if state is None:
-            if not (self.policy.allow_custom_feature_map and not in_ray_actor()):
+            if not trusts_custom_feature_maps(self.host, self.policy):
                 raise PrivacyError(
                     "feature_map",
                     self.name,
@@ -380,8 +307,7 @@ class SiteWorker:
 
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
-        self._data()
-        self._admit()
+        self._gate("set_domain_model")
         n = int(self.X_labeled.shape[0])
         with self.guard.request(
             "set_domain_model", n_labeled=n, n_sources=int(msg.n_sources), model=str(msg.kind)
@@ -425,14 +351,13 @@ class SiteWorker:
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster
         topologies; a site process fetches them from the registry itself)."""
-        self._data()
+        self._gate("set_published")
         samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
         self.published = lambda: samples
         return m.Ack(self.incarnation)
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
-        if self._Q is None:
-            raise SiteStateLost(self.name)
+        self._gate("set_qhat")
         with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
             # the answer (accepted or refused) depends on the labelled points: it is a query
             dec.update(self.guard.charge("dc_evaluation"))
@@ -459,8 +384,7 @@ class SiteWorker:
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
-        if self._points is None:
-            raise SiteStateLost(self.name)
+        self._gate("dc_evaluate")
         pts = self._points
         what = tuple(msg.what)
         with self.guard.request("dc_evaluate", n_labeled=pts.n_points, what=list(what)) as dec:
@@ -491,8 +415,7 @@ class SiteWorker:
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:
-        if self._points is None:
-            raise SiteStateLost(self.name)
+        self._gate("max_bound")
         with self.guard.request("max_bound", n_labeled=self._points.n_points) as dec:
             if self.guard.dp is not None:
                 raise PrivacyError(
@@ -503,15 +426,6 @@ class SiteWorker:
             dec.update(self.guard.charge("dc_evaluation"))
             value = self._points.max_bound()
         return m.BoundMax(value)
-
-    def ping(self, _=None) -> m.Ack:
-        return m.Ack(self.incarnation, node_id=current_node_id())
-
-    def open_channel(self, msg: m.ChannelOffer) -> m.ChannelAddress:
-        """Listen for the coordinator on the direct data channel (:mod:`msa_fed.runtime.channel`)."""
-        from msa_fed.runtime.channel import serve_channel
-
-        return serve_channel(self, self.name, msg)
 
 
 def _spec_digest(msg: m.DomainModelSpec) -> str:
@@ -542,53 +456,3 @@ def _spec_digest(msg: m.DomainModelSpec) -> str:
     feed([np.asarray(x) for x in msg.samples])
     h.update(str(id(msg.custom_feature_map) if msg.custom_feature_map is not None else "").encode())
     return h.hexdigest()
-
-
-def _loss_grad(shard, name: str, msg: m.ThetaRequest) -> m.GradSum:
-    if shard is None:
-        raise SiteStateLost(name)
-    theta = np.array(msg.theta)  # a writable copy (Ray hands out read-only buffers)
-    if msg.step is None:
-        loss, grad = shard.loss_grad(theta)
-    else:
-        loss, grad = shard.minibatch_loss_grad(theta, msg.step, msg.batch_size)
-    return m.GradSum(loss=loss, grad=grad, n=shard.n_points)
-
-
-class ShardWorker:
-    """A helper of site ``name`` for data-parallel classifier training: holds rows
-    [start, stop) of the site's published unlabelled sample (n_total points), sent to it by the
-    site itself (:meth:`load_rows`).  Runs on the site's node (same ``site:<name>`` resource)
-    and answers only gradient sums."""
-
-    X_rows: Any  # None until load_rows
-    _shard: Any
-
-    def __init__(self, name: str, index: int, start: int, stop: int, n_total: int):
-        self.name = name
-        self.index = index
-        self.start, self.stop, self.n_total = int(start), int(stop), int(n_total)
-        self.incarnation = uuid.uuid4().hex
-        self.X_rows = None
-        self._shard = None
-
-    def load_rows(self, rows: m.UnlabeledSample) -> m.Ack:
-        X = np.asarray(rows.X, dtype=np.float64)
-        if X.shape[0] != self.stop - self.start:
-            raise ConfigError(f"site {self.name!r}: helper for rows [{self.start}, {self.stop}) got {X.shape[0]} rows")
-        self.X_rows = X
-        return m.Ack(self.incarnation)
-
-    def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        if self.X_rows is None:
-            raise SiteStateLost(self.name)
-        self._shard = _make_shard(msg, self.X_rows, self.index, self.start, self.n_total)
-        return m.Ack(self.incarnation)
-
-    def classifier_loss_grad(self, msg: m.ThetaRequest) -> m.GradSum:
-        return _loss_grad(self._shard, self.name, msg)
-
-    def ping(self, _=None) -> m.Ack:
-        return m.Ack(self.incarnation, node_id=current_node_id())
-
-    open_channel = SiteWorker.open_channel

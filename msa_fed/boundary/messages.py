@@ -200,7 +200,7 @@ class ShardSetup(Message):
     dtype: str = "float64"
     device: str = "cpu"
     seed: int = 0
-    workers_per_site: int = 1  # the site keeps the first of this many row blocks (runtime.shards)
+    workers_per_site: int = 1  # the site keeps the first of this many row blocks (msa_fed.site.shards)
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ class DCRequest(Message):
 
 @dataclass(frozen=True)
 class ChannelOffer(Message):
-    """Open the direct data channel (:mod:`msa_fed.runtime.channel`): its mode and the
+    """Open the direct data channel (:mod:`msa_fed.boundary.channel`): its mode and the
     coordinator's ephemeral certificate for this run (PEM text, public; empty in plain mode)."""
 
     mode: str
