@@ -96,6 +96,7 @@ def federated_backend(
         X, _ = client.download_sample(name, expected_sha256=rec.sha256)
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
+    config.check_sealed()
     sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
     relay = RelayClient(config.registry, admin_token, sealer=sealer, **config.client_tls())
     fit = config.fit

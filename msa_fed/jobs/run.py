@@ -157,6 +157,7 @@ def run_job(
         from msa_fed.federation.job import check_job_name
 
         check_job_name(config.name)  # the job's id at the relay: before any work too
+        config.check_sealed()
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
     flags = connection_flags(
         config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file

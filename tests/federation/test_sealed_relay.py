@@ -52,7 +52,7 @@ def files():
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory, files):
-    with LocalFederation(tmp_path_factory.mktemp("sealed"), files, sealed=True) as fed:
+    with LocalFederation(tmp_path_factory.mktemp("sealed"), files) as fed:  # sealed: the default
         fed.wait_connected(timeout=180)
         yield fed
 
@@ -247,11 +247,46 @@ def test_an_unsealed_job_is_refused_by_a_sealed_site(fed, files):
     relay.close()
 
 
+def test_a_relay_that_strips_the_seal_is_refused_by_a_default_site(fed, files, monkeypatch):
+    """A registry that takes the seal off a request and delivers a plaintext request of its own
+    (a downgrade) to a site that did not opt out: the site refuses it naming the reason (rule
+    "sealed", in its audit log and in its answer), answers nothing of it, and the job fails with
+    one line naming the site."""
+    job_id = "stripped"
+    tap = _Tap(monkeypatch)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))  # honest so far
+    victim = "east"
+    before = len(_audit(fed, victim))
+
+    def strip(conn, message):
+        if conn.name != victim:
+            return message
+        fwd = pb.RelayToSite.FromString(message.SerializeToString())
+        fwd.forward.ClearField("sealed")
+        fwd.forward.request.CopyFrom(bpb.SiteRequest(method="info", empty=bpb.Empty()))  # its own, in the clear
+        return fwd
+
+    tap.on_forward = strip
+    with pytest.raises(TamperedError) as info:
+        backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    text = str(info.value)
+    assert info.value.site == victim and text.startswith(f"site '{victim}': tampered") and "\n" not in text, text
+    assert "serves only sealed jobs" in text, text  # the site's reason, carried in the job's line
+    records = _audit(fed, victim)[before:]
+    assert any(r.get("outcome") == "refused" and r.get("rule") == "sealed" for r in records), records
+    assert not any(r.get("outcome") == "answered" for r in records), records  # nothing of the forgery answered
+    # what the site sent back through the relay: a refusal naming the rule, nothing sealed, no info
+    answer = [a for site, a in tap.answers if site == victim][-1]
+    assert not answer.sealed and answer.response.WhichOneof("body") == "failure", answer
+    assert (answer.response.failure.rule, answer.response.failure.site) == ("sealed", victim), answer
+    relay.close()
+
+
 # ---------------------------------------------------------------------- approval binds the content
 def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, files):
     two = {n: files[n] for n in ("east", "north")}
     names = sorted(two)
-    with LocalFederation(tmp_path, two, accept_jobs="approve", sealed=True) as fed:
+    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
         fed.wait_connected(timeout=180)
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)
@@ -419,7 +454,7 @@ def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray,
     tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"], pki["ca"])
     certs = {n: (pki[f"{n}_cert"], pki[f"{n}_key"]) for n in names}
     two = {n: files[n] for n in names}
-    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs, sealed=True) as fed:
+    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs) as fed:
         fed.wait_connected(timeout=180)
         token = tmp_path / "admin_token"
         token.write_text(fed.admin_token + "\n")

@@ -54,6 +54,11 @@ def _error(capsys, argv) -> str:
         ({"insecure": "yes"}, "insecure must be a bool"),
         ({"tls_cert": "c.pem", "insecure": None}, "tls_cert and tls_key must be given together"),
         ({"name": "no spaces"}, "is not a valid site name"),
+        ({"allow_unsealed": "yes"}, "allow_unsealed must be a bool"),
+        (
+            {"allow_unsealed": True, "seal_key": "site.key", "job_keys": ["ab" * 32]},
+            "seal_key and allow_unsealed = true are mutually exclusive",
+        ),
     ],
 )
 def test_bad_site_config_is_one_error_line(tmp_path, capsys, changes, match):
@@ -92,6 +97,30 @@ def test_a_bad_policy_file_is_one_error_line(tmp_path, capsys):
     assert "policy.toml" in err and "min_pointz" in err
     err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="absent.toml"))])
     assert "absent.toml" in err and "not found" in err
+
+
+def test_a_site_without_a_sealing_key_serves_only_once_it_opts_out(tmp_path, capsys):
+    """Sealing is the default: `site serve` without seal_key stops with one line naming the
+    command and the keys to set; allow_unsealed = true is the explicit opt-out."""
+    from msa_fed.crypto.sealing import JobKey, SiteKey
+    from msa_fed.federation.agent import SiteAgent
+
+    _site_files(tmp_path)
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    assert "holds no sealing key" in err and "msa-fed site keygen" in err, err
+    assert "seal_key and job_keys" in err and "allow_unsealed = true" in err, err
+    opted_out = SiteAgent(SiteConfig.from_toml(_write(tmp_path, allow_unsealed=True)), echo=lambda _: None)
+    try:
+        assert opted_out.opener is None  # it takes unsealed jobs, as its operator wrote
+    finally:
+        opted_out.close()
+    SiteKey.generate().save(tmp_path / "site.key")
+    sealed = _write(tmp_path, seal_key="site.key", job_keys=[JobKey.generate().fingerprint])
+    agent = SiteAgent(SiteConfig.from_toml(sealed), echo=lambda _: None)
+    try:
+        assert agent.opener is not None
+    finally:
+        agent.close()
 
 
 def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path):
