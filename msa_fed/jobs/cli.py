@@ -22,11 +22,11 @@ def _run(args) -> int:
         tls_key=args.tls_key,
         job_key=args.job_key,
     )
-    config.check_sealed()
     if args.admin_token:
         check_admin_token(args.admin_token, "--admin-token")
     token = args.admin_token or read_token_file(config.admin_token_file)
     check_output_dir(args.output)
+    config.check_sealed()
     from msa_fed.jobs.run import report, run_job  # torch, Ray: only once the whole input is checked
 
     _, model = run_job(

@@ -123,6 +123,30 @@ def test_a_site_without_a_sealing_key_serves_only_once_it_opts_out(tmp_path, cap
         agent.close()
 
 
+@pytest.mark.parametrize("kind", ["site", "job"])
+def test_keygen_writes_a_private_key_file_and_prints_only_its_fingerprint(tmp_path, capsys, kind):
+    """`msa-fed site keygen` / `job keygen`: the private key 0600 from creation, never printed,
+    never overwritten; what it prints is the fingerprint the other parties pin."""
+    import stat
+
+    from msa_fed.crypto.sealing import JobKey, SiteKey
+
+    path = tmp_path / "keys" / f"{kind}.key"
+    assert main([kind, "keygen", "--out", str(path)]) == 0
+    out = capsys.readouterr()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = SiteKey.load(path) if kind == "site" else JobKey.load(path)
+    fp = key.public.fingerprint if kind == "site" else key.fingerprint
+    assert f"fingerprint {fp}" in out.out
+    secret = "".join(path.read_text().split("-----")[2::4]).split()  # the base64 lines of each PEM block
+    assert secret and not any(line in out.out + out.err for line in secret)
+    if kind == "site":
+        assert f'seal_key = "{path}"' in out.out and "job_keys" in out.out
+    before = path.read_bytes()
+    err = _error(capsys, [kind, "keygen", "--out", str(path)])
+    assert "never overwritten" in err and path.read_bytes() == before
+
+
 def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path):
     """load_site_policy: the policy file's limits, site.toml's audit log, a ledger file next to it
     by default (budgets survive restarts); a policy naming another audit log is refused."""
