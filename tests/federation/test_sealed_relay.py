@@ -441,6 +441,26 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     assert not ok and "DOES NOT VERIFY" in line and bad["answers"][-1]["site"] in line
 
 
+def test_a_job_that_does_not_pin_a_sites_key_is_one_line_naming_the_key_to_set(local_ray, fed, files):
+    """The job pins every site's key: one site left out of [sealing] sites stops the job before it
+    sends anything, naming the site and the key to set; no job key at all names the opt-out too."""
+    from msa_fed.errors import ConfigError
+    from msa_fed.jobs.run import run_job
+
+    sealing = fed.sealing()
+    partial = tuple(p for p in sealing["seal_sites"] if not p.startswith("west="))
+    job = job_config("unpinned", fed.address, insecure=True, job_key=sealing["job_key"], seal_sites=partial)
+    before = len(_audit(fed, "west"))
+    with pytest.raises(ConfigError) as info:
+        run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+    text = str(info.value)
+    assert "site(s) west:" in text and "[sealing] sites" in text and "\n" not in text, text
+    bare = job_config("unsealed-file", fed.address, insecure=True)
+    with pytest.raises(ConfigError, match=r"not sealed.*\[sealing\] job_key.*\[sealing\] allow_unsealed = true"):
+        run_job(bare, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+    assert len(_audit(fed, "west")) == before  # nothing reached a site
+
+
 # ---------------------------------------------------------------------- mutual TLS for the job
 def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray, tmp_path, files):
     """The certificate on `msa-fed run`'s command line, or in the job file (Python API: JobConfig);
