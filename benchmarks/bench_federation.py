@@ -149,7 +149,7 @@ def bench_round(args, workdir: Path) -> dict:
         t_local.append(time.perf_counter() - t0)
 
     t_start = time.perf_counter()
-    with LocalFederation(workdir / "round", files) as fed:
+    with LocalFederation(workdir / "round", files, sealed=False) as fed:  # the unsealed relay
         fed.wait_connected(timeout=600)
         connect_s = time.perf_counter() - t_start
         with _round_setup(fed, names, files, classes, spec, qhat) as relay:
@@ -231,7 +231,7 @@ def bench_sealed_round(args, workdir: Path) -> dict:
     zs = [rng.dirichlet(np.ones(p)) for _ in range(args.rounds)]
     times: dict[str, list] = {"unsealed": [], "sealed": []}
     with (
-        LocalFederation(workdir / "plain", files, silence_timeout_s=120) as plain,
+        LocalFederation(workdir / "plain", files, sealed=False, silence_timeout_s=120) as plain,
         LocalFederation(workdir / "sealed", files, sealed=True, silence_timeout_s=120) as sealed,
     ):
         plain.wait_connected(timeout=600)
@@ -301,7 +301,7 @@ def bench_job(args, workdir: Path) -> dict:
     local = c.fit()
     t_local = time.perf_counter() - t0
     ensure_ray(num_cpus=os.cpu_count())
-    with LocalFederation(workdir / "job", files) as fed:
+    with LocalFederation(workdir / "job", files, sealed=False) as fed:  # the unsealed relay
         fed.wait_connected(timeout=600)
         relay = RelayClient(fed.address, fed.admin_token, insecure=True)
         backend = FederatedSites(

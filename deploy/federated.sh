@@ -4,7 +4,10 @@
 # publish and then run their own `msa-fed site serve` process (it dials out; no listening
 # socket), the job (`msa-fed run --job job.toml`: a Ray instance for the coordinator only, no
 # labelled data in it), then the model listed, shown, downloaded, opened and reported, and each
-# site's status.
+# site's status.  The job's traffic with each site is sealed end to end, as by default: each site
+# has a sealing key (`msa-fed site keygen`), the consortium a job key (`msa-fed job keygen`) that
+# the sites pin, and the job pins each site's key fingerprint; the registry relays what it can
+# neither read nor forge.
 #
 #   make federation                         # or: deploy/federated.sh
 #   BASE_PORT=31000 KEEP=1 deploy/federated.sh
@@ -77,10 +80,18 @@ for name in SITES:
     np.savez(site / "data.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"], X_unlabeled=X_unlabeled)
     print(f"site {name}: {len(d['y_labeled'])} labelled points (private), {len(d['X_unlabeled'])} unlabelled")
 PYEOF
+step "the consortium's job key (it signs every job; each site pins its fingerprint)"
+# keygen prints the key's fingerprint: the line the other parties pin
+keygen() { local out; out="$(msa_fed "$@")"; echo "$out" >&2; sed -n 's/^fingerprint \([0-9a-f]\{64\}\).*/\1/p' <<< "$out"; }
+JOB_FP="$(keygen job keygen --out "$WORK/job.key")"; [ ${#JOB_FP} = 64 ]
+SEAL_SITES=()
 for site in north east west; do
     S="$WORK/sites/$site"
     msa_fed admin issue-token --db "$DB" --site "$site" > "$S/token" 2>/dev/null
     chmod 600 "$S/token"
+    # the site's sealing key (private half mode 0600): the job's traffic with it is sealed end to end
+    SITE_FP="$(keygen site keygen --out "$S/site.key")"; [ ${#SITE_FP} = 64 ]
+    SEAL_SITES+=("\"$site=$SITE_FP\"")
     cat > "$S/site.toml" <<TOMLEOF
 name = "$site"
 registry = "$REG"
@@ -90,9 +101,11 @@ data = "data.npz"
 predictor = "predictor.onnx"
 audit_log = "state/audit.jsonl"
 accept_jobs = "admin"
+seal_key = "site.key"
+job_keys = ["$JOB_FP"]
 TOMLEOF
     SITE=(--registry "$REG" --insecure --token-file "$S/token")
-    msa_fed site register "${SITE[@]}" --name "$site"
+    msa_fed site register "${SITE[@]}" --name "$site" --seal-key "$S/site.key.pub"
     # --config: the sample is checked to share no row with the site's data file (site.toml's data)
     msa_fed site publish --config "$S/site.toml" --predictor "$S/predictor.onnx" --unlabeled "$S/unlabeled.npy"
 done
@@ -142,6 +155,10 @@ topology = "federated"
 ray_address = "127.0.0.1:$GCS_PORT"
 checkpoint_dir = "$WORK/checkpoint"
 output_version = "walkthrough-v1"
+
+[sealing]
+job_key = "$WORK/job.key"
+sites = [$(IFS=,; echo "${SEAL_SITES[*]}")]
 TOMLEOF
 (cd "$WORK" && msa_fed run --job "$WORK/job.toml" --output "$WORK/job-output")
 

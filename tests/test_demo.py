@@ -39,6 +39,8 @@ def test_msa_fed_demo_runs_end_to_end():
         "registered over gRPC",
         "ray: local instance",
         "run 'msa-fed site serve' and are connected",
+        "(pinned by the job)",  # each site's sealing key: the demo's job is sealed end to end
+        "  sealed end to end: job key ",
         "stored combined model version 1",
         "downloaded combined model version 1",
         "demo finished in",

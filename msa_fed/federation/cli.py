@@ -146,6 +146,7 @@ def _site_keygen(args) -> int:
     print(f"sealing key written to {path} (mode 0600) and its public half to {path}.pub")
     print(f"fingerprint {key.public.fingerprint}")
     print(f"register it: msa-fed site register ... --seal-key {path}.pub; the consortium pins the fingerprint")
+    print(f'site.toml: seal_key = "{path}", and job_keys lists the fingerprint of the consortium\'s job key')
     return 0
 
 

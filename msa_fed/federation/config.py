@@ -15,8 +15,13 @@
                                            # "approve": only jobs approved with `msa-fed site approve`
     # jobs_db = "jobs.db"                  # pending/approved jobs (default: next to audit_log)
     # ledger = "ledger.db"                 # the policy's query/epsilon ledger (default: next to audit_log)
-    # seal_key = "site.key"                # the site's sealing key (msa-fed site keygen): serve sealed jobs only
-    # job_keys = ["<sha256>"]              # fingerprints of the job keys allowed to run jobs here
+    seal_key = "site.key"                  # the site's sealing key (msa-fed site keygen): serve sealed jobs only
+    job_keys = ["<sha256>"]                # fingerprints of the job keys allowed to run jobs here
+    # allow_unsealed = true                # instead of seal_key: serve unsealed jobs (the registry reads them)
+
+A site serves sealed jobs only: ``site serve`` refuses to start without ``seal_key`` and
+``job_keys`` unless ``allow_unsealed = true`` says, in so many words, that the registry may read
+(and could forge) the job's requests and the site's answers.
 
 Relative paths are relative to the folder of ``site.toml``.
 """
@@ -58,6 +63,7 @@ _OPTIONAL = (
     "ledger",
     "seal_key",
     "job_keys",
+    "allow_unsealed",
 )
 
 
@@ -80,6 +86,7 @@ class SiteConfig:
     ledger: str | None = None
     seal_key: str | None = None
     job_keys: tuple = ()
+    allow_unsealed: bool = False
 
     @classmethod
     def from_toml(cls, path) -> SiteConfig:
@@ -106,7 +113,7 @@ class SiteConfig:
                     )
                 doc[key] = tuple(v.strip().lower() for v in value)
                 continue
-            want = bool if key == "insecure" else str
+            want = bool if key in ("insecure", "allow_unsealed") else str
             if not isinstance(value, want):
                 raise ConfigError(f"site config {str(path)!r}: {key} must be a {want.__name__}; got {value!r}")
         base = path.resolve().parent
@@ -132,6 +139,11 @@ class SiteConfig:
             raise ConfigError(
                 "site config: seal_key and job_keys go together (the site's sealing key, and the "
                 "fingerprints of the job keys it lets run jobs)"
+            )
+        if self.seal_key and self.allow_unsealed:
+            raise ConfigError(
+                "site config: seal_key and allow_unsealed = true are mutually exclusive (a site with a "
+                "sealing key serves sealed jobs only)"
             )
         for fp in self.job_keys:
             if len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):

@@ -38,6 +38,7 @@ def relayed_sites(
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
     loss = config.fit.loss
+    config.check_sealed()
     sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
     relay = RelayClient(config.registry, admin_token, sealer=sealer, **config.client_tls())
     return RelayedSites(
@@ -63,8 +64,9 @@ def job_sealer(config, names, records, predictor_sha256, loss: str, log=print):
     unpinned = [n for n in names if n not in pins]
     if unpinned:
         raise ConfigError(
-            f"[sealing] sites pins no sealing key for site(s) {unpinned}; add NAME=FINGERPRINT for each "
-            "(the fingerprint the site's operator gives out: msa-fed site keygen / site register --seal-key)"
+            f'the job pins no sealing key for site(s) {", ".join(unpinned)}: add "NAME=SHA256" for each to '
+            "[sealing] sites (the fingerprint the site's operator gives out: msa-fed site keygen / site "
+            "register --seal-key), or leave the site out of [run] sites"
         )
     keys = {}
     for name in names:

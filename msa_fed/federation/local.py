@@ -2,14 +2,15 @@
 
     with LocalFederation(workdir, sites) as fed:        # sites: {name: SiteFiles}
         fed.wait_connected()
-        job = JobConfig(registry=fed.address, insecure=True, ...)
+        job = JobConfig(registry=fed.address, insecure=True, **fed.sealing(), ...)
         run_job(job, fed.admin_token)
 
 It starts a registry (gRPC on 127.0.0.1, plaintext by explicit choice, or TLS on ``listen``; SQLite
 in ``workdir``)
 with its relay, issues an admin token and one token per site, registers each site and publishes
 its predictor and unlabelled sample over gRPC as the site's operator would, writes each site's
-``site.toml``, data file and token file into ``workdir/<site>/``, and starts one
+``site.toml``, data file, token file and sealing key into ``workdir/<site>/`` (the consortium's
+job key is ``workdir/job.key``: its jobs are sealed end to end, as by default), and starts one
 ``msa-fed site serve --config site.toml`` subprocess per site.
 """
 
@@ -49,6 +50,7 @@ def site_toml(
     tls_key: str | None = None,
     seal_key: str | None = None,
     job_keys=(),
+    allow_unsealed: bool = False,
 ) -> str:
     lines = [
         f'name = "{name}"',
@@ -70,6 +72,8 @@ def site_toml(
     if seal_key:
         lines.append(f'seal_key = "{seal_key}"')
         lines.append("job_keys = [" + ", ".join(f'"{k}"' for k in job_keys) + "]")
+    elif allow_unsealed:
+        lines.append("allow_unsealed = true")
     return "\n".join(lines) + "\n"
 
 
@@ -92,7 +96,7 @@ class LocalFederation:
         client_certs: dict | None = None,
         launcher: dict | None = None,
         policies: dict[str, str] | None = None,
-        sealed: bool = False,
+        sealed: bool = True,
     ):
         """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
         the CA file the sites and this process trust; site_host(name) : the registry host a site
@@ -101,7 +105,8 @@ class LocalFederation:
         its privacy policy file} (written to ``<site>/policy.toml``; a site without one runs with the
         policy's defaults); sealed : every site gets a sealing key (``<site>/site.key``, registered
         with the registry) and pins the consortium's job key ``workdir/job.key``: the sites serve
-        sealed jobs only (:meth:`sealing` gives a job's [sealing] fields)."""
+        sealed jobs only (:meth:`sealing` gives a job's [sealing] fields); False: every site opts
+        out (``allow_unsealed = true``), for the tests of the unsealed path."""
         self.sealed = sealed
         self.seal_keys: dict[str, Any] = {}
         self.tls, self.tls_ca, self.listen = tls, tls_ca, listen
@@ -191,6 +196,7 @@ class LocalFederation:
                     policy=policy,
                     seal_key=seal_key,
                     job_keys=job_keys,
+                    allow_unsealed=not self.sealed,
                 )
             )
             with RegistryClient(self.address, token, tls_cert=cert, tls_key=key, **secure) as client:
@@ -204,7 +210,10 @@ class LocalFederation:
         return self
 
     def sealing(self, names=None) -> dict:
-        """The JobConfig fields of a job sealed for this federation's sites: job_key, seal_sites."""
+        """The JobConfig fields of a job sealed for this federation's sites: job_key, seal_sites
+        (for a federation built with ``sealed=False``: allow_unsealed)."""
+        if not self.sealed:
+            return dict(allow_unsealed=True)
         names = sorted(self.sites if names is None else names)
         return dict(
             job_key=str(self.job_key_path),

@@ -1,6 +1,8 @@
 """The site process's side of sealed jobs: its opener, and the checks of a job's signed content.
 
-A site with ``seal_key`` in site.toml (:mod:`msa_fed.federation.config`) serves sealed jobs only:
+A site serves sealed jobs only: ``seal_key`` and ``job_keys`` in site.toml
+(:mod:`msa_fed.federation.config`), or else ``allow_unsealed = true``, the operator's explicit
+choice to let the registry read (and so forge) the job's traffic.  A site with ``seal_key``:
 every request must be sealed for it by a job whose certificate is signed by a job key it pins
 (``job_keys``), and the job's joining request must agree with the content the certificate
 signs (its sites, their key fingerprints, this site's published sample and predictor).  What the
@@ -12,12 +14,23 @@ from __future__ import annotations
 from msa_fed.crypto.sealing import SiteKey, SiteOpener, job_content
 from msa_fed.errors import ConfigError
 
+#: what a site without a sealing key is told to do (one line, with the keys to set)
+NO_SEAL_KEY = (
+    "site {name!r} holds no sealing key, and a site serves sealed jobs only: create one with "
+    "'msa-fed site keygen --out site.key', register its public half ('msa-fed site register ... "
+    "--seal-key site.key.pub'), and set seal_key and job_keys in site.toml; or set "
+    "allow_unsealed = true there to serve unsealed jobs, which the registry can read and forge"
+)
+
 
 def sealing_opener(config, book=None) -> SiteOpener | None:
-    """The site's :class:`SiteOpener`, or None when site.toml names no ``seal_key``; ``book``
-    (the site's :class:`msa_fed.site.job_book.JobBook`) keeps each sealed job's last join
-    across restarts of the site process."""
+    """The site's :class:`SiteOpener`, or None when site.toml says ``allow_unsealed = true``
+    (ConfigError when it names neither a ``seal_key`` nor that); ``book`` (the site's
+    :class:`msa_fed.site.job_book.JobBook`) keeps each sealed job's last join across restarts
+    of the site process."""
     if not getattr(config, "seal_key", None):
+        if not getattr(config, "allow_unsealed", False):
+            raise ConfigError("site config: " + NO_SEAL_KEY.format(name=config.name))
         return None
     floor = book.seal_floor if book is not None else None
     return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor)

@@ -26,6 +26,7 @@ def _run(args) -> int:
         check_admin_token(args.admin_token, "--admin-token")
     token = args.admin_token or read_token_file(config.admin_token_file)
     check_output_dir(args.output)
+    config.check_sealed()
     from msa_fed.jobs.run import report, run_job  # torch, Ray: only once the whole input is checked
 
     _, model = run_job(

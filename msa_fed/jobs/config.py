@@ -45,6 +45,12 @@ class JobConfig:
         Optional(Text(nonempty=True)),
     )
     seal_sites: tuple = option((), "each site's pinned sealing-key fingerprint, as NAME=SHA256", TextList())
+    allow_unsealed: bool = option(
+        False,
+        "federated topology: send the job's requests unsealed, for sites that opted out of sealing "
+        "(allow_unsealed = true in their site.toml); the registry reads and could forge them",
+        Flag(),
+    )
     planned_queries: int = option(
         10000, "the most labelled-data queries the job sends each site (part of what sites approve)", Integer(1)
     )
@@ -131,6 +137,7 @@ class JobConfig:
             "tls_key": "[registry] tls_key",
             "job_key": "[sealing] job_key",
             "seal_sites": "[sealing] sites",
+            "allow_unsealed": "[sealing] allow_unsealed",
             "planned_queries": "[sealing] queries",
             "sites": "[run] sites",
             "site_data": "[run] site_data",
@@ -203,9 +210,24 @@ class JobConfig:
             raise ConfigError(f"{label} {self.job_key!r} is not a readable file (msa-fed job keygen)")
         if self.seal_sites and self.job_key is None:
             raise ConfigError(f"[sealing] sites pins sealing keys, but no {label} signs the job")
+        if self.allow_unsealed and self.job_key is not None:
+            raise ConfigError(f"{label} seals the job; [sealing] allow_unsealed = true sends it unsealed: give one")
         pins = self.seal_pins
         if len(pins) != len(self.seal_sites):
             raise ConfigError(f"[sealing] sites names a site twice: {list(self.seal_sites)}")
+
+    def check_sealed(self) -> None:
+        """A federated job is sealed end to end unless ``[sealing] allow_unsealed = true`` says
+        otherwise: a ConfigError naming the keys to set when it holds no job key (no network)."""
+        if self.fit.topology != "federated" or self.job_key is not None or self.allow_unsealed:
+            return
+        raise ConfigError(
+            f"job {self.name!r} is not sealed, and sites serve sealed jobs only: give the consortium's "
+            f"job key ({self._label('job_key', '[sealing] job_key')} or --job-key; msa-fed job keygen) and "
+            'each site\'s sealing-key fingerprint ([sealing] sites = ["NAME=SHA256", ...]); or, only for '
+            "sites that set allow_unsealed = true, set [sealing] allow_unsealed = true (the registry then "
+            "reads and could forge the job's traffic)"
+        )
 
     @property
     def seal_pins(self) -> dict[str, str]:
@@ -234,6 +256,7 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "job_key": (_JOB, "job_key"),
         "sites": (_JOB, "seal_sites"),
         "queries": (_JOB, "planned_queries"),
+        "allow_unsealed": (_JOB, "allow_unsealed"),
     },
     "model": {
         "task": (_FIT, "task"),

@@ -9,7 +9,9 @@
    what it published and dials out to the registry (no listening socket);
 5. the federated job runs on a local Ray: one actor per site stands for it with its published
    sample (data-parallel classifier training); every labelled-data query goes through the relay
-   to the site's process; the combined model is stored in the registry;
+   to the site's process, sealed end to end (each site has a sealing key whose fingerprint the
+   job pins, and serves only jobs signed by the consortium's job key); the combined model is
+   stored in the registry;
 6. each site's policy and audit log are summarised (what it answered and refused, and the
    policy's measured decisions; the log's hash chain and its length in the site's ledger are
    checked), and the model is downloaded again and evaluated against every baseline on target
@@ -148,7 +150,8 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
             for name in SITES:
                 log(
                     f"site {name}: registered over gRPC, published predictor and {len(fed[name]['X_unlabeled'])} "
-                    f"unlabelled points; {len(fed[name]['y_labeled'])} labelled points stay in its folder"
+                    f"unlabelled points; {len(fed[name]['y_labeled'])} labelled points stay in its folder; "
+                    f"sealing key {lf.seal_keys[name].public.fingerprint[:16]}... (pinned by the job)"
                 )
             ensure_ray(num_cpus=2)
             log("ray: local instance (the coordinator's cluster; it holds no labelled data)")
@@ -164,6 +167,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
                 insecure=True,
                 output_version="demo-v1",
                 fit=FitConfig(runtime="ray", topology="federated"),
+                **lf.sealing(),  # sealed end to end: the consortium's job key and each site's pinned key
             ).validate()
             record, model = run_job(
                 job, lf.admin_token, log=log, verbose=True, output_dir=Path(tmp) / "job-output", pointers=False

@@ -117,6 +117,8 @@ def run_job(
     from msa_fed.control.client import RegistryClient
 
     config = config.validate()  # before any network work (a config read from its file is checked already)
+    if config.fit.topology == "federated":
+        config.check_sealed()
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
 
     def connect():

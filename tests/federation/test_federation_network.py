@@ -42,7 +42,14 @@ def test_mutual_tls_binds_the_stream_to_the_certified_site(tmp_path, files):
     tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"], pki["ca"])
     certs = {n: (pki[f"{n}_cert"], pki[f"{n}_key"]) for n in NAMES}
     two = {n: files[n] for n in NAMES}
-    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs) as fed:
+    with LocalFederation(
+        tmp_path / "fed",
+        two,
+        tls=tls,
+        tls_ca=pki["ca"],
+        client_certs=certs,
+        sealed=False,  # a plain relay client
+    ) as fed:
         fed.wait_connected(timeout=180)
         admin = dict(tls_ca=pki["ca"], tls_cert=pki["operator_cert"], tls_key=pki["operator_key"])
         with RelayClient(fed.address, fed.admin_token, **admin) as relay:
@@ -181,6 +188,6 @@ def _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher):
             assert _connect_from(ns, other, port).startswith("OSError")  # another site's network: no route
             assert _connect_from(ns, "127.0.0.1", port).startswith("ConnectionRefusedError")  # its own loopback
             assert not [s for s in tcp_sockets(fed.procs[n].pid) if s[0] == "0A"]
-        job = job_config("netns", fed.address, tls_ca=pki["ca"])
+        job = job_config("netns", fed.address, tls_ca=pki["ca"], **fed.sealing())
         _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
         return model

@@ -62,7 +62,7 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, files):
-    with LocalFederation(tmp_path_factory.mktemp("fed"), files, heartbeat_interval_s=0.5) as f:
+    with LocalFederation(tmp_path_factory.mktemp("fed"), files, heartbeat_interval_s=0.5, sealed=False) as f:
         f.wait_connected(timeout=180)
         yield f
 
@@ -83,7 +83,7 @@ def fed(shared):
 def own_fed(tmp_path, files):
     """A federation of its own, for a test that revokes and deregisters sites."""
     two = {n: files[n] for n in ("north", "west")}
-    with LocalFederation(tmp_path, two, heartbeat_interval_s=0.5) as f:
+    with LocalFederation(tmp_path, two, heartbeat_interval_s=0.5, sealed=False) as f:
         f.wait_connected(timeout=180)
         yield f
 

@@ -52,7 +52,7 @@ def files():
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory, files):
-    with LocalFederation(tmp_path_factory.mktemp("sealed"), files, sealed=True) as fed:
+    with LocalFederation(tmp_path_factory.mktemp("sealed"), files) as fed:  # sealed: the default
         fed.wait_connected(timeout=180)
         yield fed
 
@@ -247,11 +247,46 @@ def test_an_unsealed_job_is_refused_by_a_sealed_site(fed, files):
     relay.close()
 
 
+def test_a_relay_that_strips_the_seal_is_refused_by_a_default_site(fed, files, monkeypatch):
+    """A registry that takes the seal off a request and delivers a plaintext request of its own
+    (a downgrade) to a site that did not opt out: the site refuses it naming the reason (rule
+    "sealed", in its audit log and in its answer), answers nothing of it, and the job fails with
+    one line naming the site."""
+    job_id = "stripped"
+    tap = _Tap(monkeypatch)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))  # honest so far
+    victim = "east"
+    before = len(_audit(fed, victim))
+
+    def strip(conn, message):
+        if conn.name != victim:
+            return message
+        fwd = pb.RelayToSite.FromString(message.SerializeToString())
+        fwd.forward.ClearField("sealed")
+        fwd.forward.request.CopyFrom(bpb.SiteRequest(method="info", empty=bpb.Empty()))  # its own, in the clear
+        return fwd
+
+    tap.on_forward = strip
+    with pytest.raises(TamperedError) as info:
+        backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    text = str(info.value)
+    assert info.value.site == victim and text.startswith(f"site '{victim}': tampered") and "\n" not in text, text
+    assert "serves only sealed jobs" in text, text  # the site's reason, carried in the job's line
+    records = _audit(fed, victim)[before:]
+    assert any(r.get("outcome") == "refused" and r.get("rule") == "sealed" for r in records), records
+    assert not any(r.get("outcome") == "answered" for r in records), records  # nothing of the forgery answered
+    # what the site sent back through the relay: a refusal naming the rule, nothing sealed, no info
+    answer = [a for site, a in tap.answers if site == victim][-1]
+    assert not answer.sealed and answer.response.WhichOneof("body") == "failure", answer
+    assert (answer.response.failure.rule, answer.response.failure.site) == ("sealed", victim), answer
+    relay.close()
+
+
 # ---------------------------------------------------------------------- approval binds the content
 def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, files):
     two = {n: files[n] for n in ("east", "north")}
     names = sorted(two)
-    with LocalFederation(tmp_path, two, accept_jobs="approve", sealed=True) as fed:
+    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
         fed.wait_connected(timeout=180)
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)
@@ -406,6 +441,26 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     assert not ok and "DOES NOT VERIFY" in line and bad["answers"][-1]["site"] in line
 
 
+def test_a_job_that_does_not_pin_a_sites_key_is_one_line_naming_the_key_to_set(local_ray, fed, files):
+    """The job pins every site's key: one site left out of [sealing] sites stops the job before it
+    sends anything, naming the site and the key to set; no job key at all names the opt-out too."""
+    from msa_fed.errors import ConfigError
+    from msa_fed.jobs.run import run_job
+
+    sealing = fed.sealing()
+    partial = tuple(p for p in sealing["seal_sites"] if not p.startswith("west="))
+    job = job_config("unpinned", fed.address, insecure=True, job_key=sealing["job_key"], seal_sites=partial)
+    before = len(_audit(fed, "west"))
+    with pytest.raises(ConfigError) as info:
+        run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+    text = str(info.value)
+    assert "site(s) west:" in text and "[sealing] sites" in text and "\n" not in text, text
+    bare = job_config("unsealed-file", fed.address, insecure=True)
+    with pytest.raises(ConfigError, match=r"not sealed.*\[sealing\] job_key.*\[sealing\] allow_unsealed = true"):
+        run_job(bare, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+    assert len(_audit(fed, "west")) == before  # nothing reached a site
+
+
 # ---------------------------------------------------------------------- mutual TLS for the job
 def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray, tmp_path, files):
     """The certificate on `msa-fed run`'s command line, or in the job file (Python API: JobConfig);
@@ -419,7 +474,7 @@ def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray,
     tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"], pki["ca"])
     certs = {n: (pki[f"{n}_cert"], pki[f"{n}_key"]) for n in names}
     two = {n: files[n] for n in names}
-    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs, sealed=True) as fed:
+    with LocalFederation(tmp_path / "fed", two, tls=tls, tls_ca=pki["ca"], client_certs=certs) as fed:
         fed.wait_connected(timeout=180)
         token = tmp_path / "admin_token"
         token.write_text(fed.admin_token + "\n")

@@ -54,6 +54,11 @@ def _error(capsys, argv) -> str:
         ({"insecure": "yes"}, "insecure must be a bool"),
         ({"tls_cert": "c.pem", "insecure": None}, "tls_cert and tls_key must be given together"),
         ({"name": "no spaces"}, "is not a valid site name"),
+        ({"allow_unsealed": "yes"}, "allow_unsealed must be a bool"),
+        (
+            {"allow_unsealed": True, "seal_key": "site.key", "job_keys": ["ab" * 32]},
+            "seal_key and allow_unsealed = true are mutually exclusive",
+        ),
     ],
 )
 def test_bad_site_config_is_one_error_line(tmp_path, capsys, changes, match):
@@ -92,6 +97,54 @@ def test_a_bad_policy_file_is_one_error_line(tmp_path, capsys):
     assert "policy.toml" in err and "min_pointz" in err
     err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="absent.toml"))])
     assert "absent.toml" in err and "not found" in err
+
+
+def test_a_site_without_a_sealing_key_serves_only_once_it_opts_out(tmp_path, capsys):
+    """Sealing is the default: `site serve` without seal_key stops with one line naming the
+    command and the keys to set; allow_unsealed = true is the explicit opt-out."""
+    from msa_fed.crypto.sealing import JobKey, SiteKey
+    from msa_fed.federation.agent import SiteAgent
+
+    _site_files(tmp_path)
+    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    assert "holds no sealing key" in err and "msa-fed site keygen" in err, err
+    assert "seal_key and job_keys" in err and "allow_unsealed = true" in err, err
+    opted_out = SiteAgent(SiteConfig.from_toml(_write(tmp_path, allow_unsealed=True)), echo=lambda _: None)
+    try:
+        assert opted_out.opener is None  # it takes unsealed jobs, as its operator wrote
+    finally:
+        opted_out.close()
+    SiteKey.generate().save(tmp_path / "site.key")
+    sealed = _write(tmp_path, seal_key="site.key", job_keys=[JobKey.generate().fingerprint])
+    agent = SiteAgent(SiteConfig.from_toml(sealed), echo=lambda _: None)
+    try:
+        assert agent.opener is not None
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("kind", ["site", "job"])
+def test_keygen_writes_a_private_key_file_and_prints_only_its_fingerprint(tmp_path, capsys, kind):
+    """`msa-fed site keygen` / `job keygen`: the private key 0600 from creation, never printed,
+    never overwritten; what it prints is the fingerprint the other parties pin."""
+    import stat
+
+    from msa_fed.crypto.sealing import JobKey, SiteKey
+
+    path = tmp_path / "keys" / f"{kind}.key"
+    assert main([kind, "keygen", "--out", str(path)]) == 0
+    out = capsys.readouterr()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = SiteKey.load(path) if kind == "site" else JobKey.load(path)
+    fp = key.public.fingerprint if kind == "site" else key.fingerprint
+    assert f"fingerprint {fp}" in out.out
+    secret = "".join(path.read_text().split("-----")[2::4]).split()  # the base64 lines of each PEM block
+    assert secret and not any(line in out.out + out.err for line in secret)
+    if kind == "site":
+        assert f'seal_key = "{path}"' in out.out and "job_keys" in out.out
+    before = path.read_bytes()
+    err = _error(capsys, [kind, "keygen", "--out", str(path)])
+    assert "never overwritten" in err and path.read_bytes() == before
 
 
 def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path):

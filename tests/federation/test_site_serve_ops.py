@@ -71,7 +71,9 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
     two = {n: files[n] for n in ("east", "north")}
     with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
         fed.wait_connected(timeout=180)
-        job = job_config("wait-for-me", fed.address, insecure=True, site_timeout_s=60, approval_wait_s=300)
+        job = job_config(
+            "wait-for-me", fed.address, insecure=True, site_timeout_s=60, approval_wait_s=300, **fed.sealing()
+        )
         lines, result = [], {}
 
         def run():
@@ -125,7 +127,9 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
         assert "['" not in text and "{" not in text
 
         # not approved within the wait: one line with the command, and the site's refusal line
-        late = job_config("never-approved", fed.address, insecure=True, site_timeout_s=60, approval_wait_s=3)
+        late = job_config(
+            "never-approved", fed.address, insecure=True, site_timeout_s=60, approval_wait_s=3, **fed.sealing()
+        )
         with pytest.raises(PrivacyError) as info:
             run_job(late, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp_path))
         text = str(info.value)
@@ -138,7 +142,7 @@ def test_a_refusal_is_one_line_in_site_serve(local_ray, tmp_path, files):
     strict = f"[limits]\nmin_points = {files['east'].X_labeled.shape[0] + 1}\n"
     with LocalFederation(tmp_path, two, policies={"east": strict}) as fed:
         fed.wait_connected(timeout=180)
-        job = job_config("too-strict", fed.address, insecure=True, site_timeout_s=60)
+        job = job_config("too-strict", fed.address, insecure=True, site_timeout_s=60, **fed.sealing())
         with pytest.raises(PrivacyError):
             run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp_path))
         found = _wait_for(fed, "east", r"^site east: refused (\w+) for job too-strict \(min_points\): (.+)$")

@@ -56,6 +56,20 @@ CASES = {
         lambda tmp: ["run", "--job", job_file(tmp, top='name = "two words"\n')],
         "job name 'two words' is the job's id at the registry's relay",
     ),
+    "unsealed federated job": (
+        lambda tmp: ["run", "--job", job_file(tmp)],
+        "job 'msa' is not sealed, and sites serve sealed jobs only",
+    ),
+    "sealed and unsealed at once": (
+        lambda tmp: [
+            "run",
+            "--job",
+            job_file(tmp, tables="[sealing]\nallow_unsealed = true\n"),
+            "--job-key",
+            tmp / "admin_token",
+        ],
+        "sends it unsealed: give one",
+    ),
     "occupied output folder": (
         lambda tmp: ["run", "--job", job_file(tmp, tables='[run]\ntopology = "cluster"\n'), "--output", occupied(tmp)],
         "already exists and is not an empty directory",

@@ -259,15 +259,43 @@ def test_example_job_files_are_valid_and_use_explicit_addresses(path):
     assert job.fit.topology == "cluster" and job.fit.ray.address == doc["run"]["ray_address"]
 
 
-def test_the_federated_example_job_file_is_valid():
+def test_the_federated_example_job_file_is_valid(tmp_path):
     import tomllib
 
+    from msa_fed.crypto.sealing import JobKey
     from msa_fed.jobs.config import from_document
 
     doc = tomllib.loads((ROOT / "cluster/jobs/federated_job.toml").read_text())
     doc["registry"].pop("tls_ca", None)
+    # the deployment's job key is not on this machine either: one of the same kind stands in
+    assert doc["sealing"]["job_key"] == "/etc/msa-fed/job.key"
+    doc["sealing"]["job_key"] = str(JobKey.generate().save(tmp_path / "job.key"))
     job = from_document(doc)
     assert job.fit.topology == "federated" and job.fit.site_timeout_s == 60.0 and job.name == "federated-example"
+    job.check_sealed()  # sealed: the job key and every site's pin
+    assert sorted(job.seal_pins) == ["site-a", "site-b"]
+
+
+def test_a_federated_job_is_sealed_unless_its_file_opts_out(tmp_path):
+    """The federated topology seals by default: a job without a job key is one error line naming
+    the keys to set; [sealing] allow_unsealed = true is the explicit opt-out (exclusive with a
+    job key); the cluster topology has no relay and needs neither."""
+    from msa_fed.crypto.sealing import JobKey
+
+    base = '[registry]\naddress = "127.0.0.1:50051"\ninsecure = true\n'
+    bare = JobConfig.from_toml(write(tmp_path, base))
+    with pytest.raises(ConfigError) as info:
+        bare.check_sealed()
+    text = str(info.value)
+    assert "\n" not in text and "is not sealed" in text, text
+    for key in ("[sealing] job_key", "--job-key", "[sealing] sites", "[sealing] allow_unsealed = true"):
+        assert key in text, (key, text)
+    JobConfig.from_toml(write(tmp_path, base + "[sealing]\nallow_unsealed = true\n")).check_sealed()
+    JobConfig.from_toml(write(tmp_path, base + '[run]\ntopology = "cluster"\n')).check_sealed()
+    key = JobKey.generate().save(tmp_path / "job.key")
+    with pytest.raises(ConfigError, match="allow_unsealed = true sends it unsealed: give one"):
+        JobConfig.from_toml(write(tmp_path, base + f'[sealing]\njob_key = "{key}"\nallow_unsealed = true\n'))
+    JobConfig.from_toml(write(tmp_path, base + f'[sealing]\njob_key = "{key}"\n')).check_sealed()
 
 
 def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):

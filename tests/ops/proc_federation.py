@@ -1,6 +1,9 @@
 """A federation of real processes, driven with the commands an operator types: a registry
 process (restartable on its port), `msa-fed site register/publish` per site, one `msa-fed site
-serve` process per site, and the job as `msa-fed run --job job.toml`."""
+serve` process per site, and the job as `msa-fed run --job job.toml`.  Sealed end to end, as by
+default: the consortium's job key (`msa-fed job keygen`) and one sealing key per site (`msa-fed
+site keygen`, registered with `site register --seal-key`) whose fingerprints each job file pins;
+``sealed=False`` opts every site and job out (``allow_unsealed = true``)."""
 
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ def demo_sites(names=("north", "east", "west"), seed: int = 0) -> dict:
 
 
 class ProcFederation:
-    def __init__(self, root: Path, sites: dict, accept_jobs: dict | None = None):
+    def __init__(self, root: Path, sites: dict, accept_jobs: dict | None = None, sealed: bool = True):
         self.root = Path(root)
+        self.sealed = sealed
+        self.fingerprints: dict[str, str] = {}  # "job" and each site: the key fingerprint keygen printed
         self.sites = sites
         self.accept_jobs = accept_jobs or {}
         self.registry = RegistryProcess(self.root / "registry.db", audit_log=self.root / "audit.jsonl")
@@ -52,6 +57,8 @@ class ProcFederation:
         tokens = issue_tokens(self.root / "registry.db", list(self.sites))
         (self.root / "admin_token").write_text(tokens["admin"] + "\n")
         os.chmod(self.root / "admin_token", 0o600)
+        if self.sealed:
+            self.fingerprints["job"] = self._keygen("job", self.root / "job.key")
         for name, files in self.sites.items():
             folder = self.root / name
             folder.mkdir()
@@ -65,12 +72,19 @@ class ProcFederation:
             )
             np.save(folder / "unlabeled.npy", files["X_unlabeled"])
             (folder / "predictor.onnx").write_bytes(files["predictor"])
+            sealing: dict = dict(allow_unsealed=True)
+            register = ["site", "register", "--registry", self.address, "--insecure"]
+            register += ["--token-file", folder / "token.txt", "--name", name]
+            if self.sealed:
+                self.fingerprints[name] = self._keygen("site", folder / "site.key")
+                sealing = dict(seal_key="site.key", job_keys=(self.fingerprints["job"],))
+                register += ["--seal-key", folder / "site.key.pub"]
             (folder / "site.toml").write_text(
-                site_toml(name, self.address, accept_jobs=self.accept_jobs.get(name, "admin"))
+                site_toml(name, self.address, accept_jobs=self.accept_jobs.get(name, "admin"), **sealing)
             )
             site = ["--registry", self.address, "--insecure", "--token-file", folder / "token.txt"]
             for args in (
-                ["site", "register", *site, "--name", name],
+                register,
                 [
                     "site",
                     "publish",
@@ -86,6 +100,13 @@ class ProcFederation:
                 rc, out, err = cli(*args)
                 assert rc == 0, (args, out, err)
         return self
+
+    @staticmethod
+    def _keygen(kind: str, path: Path) -> str:
+        """``msa-fed site|job keygen --out PATH``; the fingerprint it prints (what the others pin)."""
+        rc, out, err = cli(kind, "keygen", "--out", path)
+        assert rc == 0, (out, err)
+        return next(line.split()[1] for line in out.splitlines() if line.startswith("fingerprint "))
 
     @property
     def address(self) -> str:
@@ -129,9 +150,18 @@ class ProcFederation:
         path.write_text(
             f'name = "{name}"\n\n[registry]\naddress = "{self.address}"\ninsecure = true\n'
             f'admin_token_file = "{self.root / "admin_token"}"\n\n[run]\ntopology = "federated"\n'
-            f'data_channel = "plain"\nsite_timeout_s = 180\ncheckpoint_dir = "{self.root / ("ckpt-" + name)}"\n' + extra
+            f'data_channel = "plain"\nsite_timeout_s = 180\ncheckpoint_dir = "{self.root / ("ckpt-" + name)}"\n'
+            + extra
+            + self.sealing_table()
         )
         return path
+
+    def sealing_table(self) -> str:
+        """The job file's [sealing] table: the job key and each site's pinned fingerprint."""
+        if not self.sealed:
+            return "\n[sealing]\nallow_unsealed = true\n"
+        pins = ", ".join(f'"{n}={self.fingerprints[n]}"' for n in self.sites)
+        return f'\n[sealing]\njob_key = "{self.root / "job.key"}"\nsites = [{pins}]\n'
 
     def start_job(self, job: Path, *args) -> tuple[subprocess.Popen, Lines]:
         proc = subprocess.Popen(

@@ -106,6 +106,8 @@ def test_make_federation_runs_the_federated_topology():
         assert f"site {site}: joined job walkthrough (opened by admin" in out
         assert re.search(rf"^site {site}: job walkthrough ended; answered .*dc_evaluate x\d+", out, re.M), out[-3000:]
         assert re.search(rf"^site {site} \(accepting jobs: admin\)$", out, re.M)
+    # sealed end to end, as by default: the job signed with the job key, each site's key pinned
+    assert re.search(r"^  sealed end to end: job key [0-9a-f]{16}\.\.\., content digest [0-9a-f]{64}$", out, re.M), out
     assert "stored combined model version 1" in out
     assert "loaded with msa_fed.load_model: dmsa over east, north, west" in out
     assert "federation walkthrough finished" in out

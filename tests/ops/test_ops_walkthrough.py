@@ -68,7 +68,8 @@ def test_the_operations_walkthrough(tmp_path):
             _check_lines(" ".join(args[:2]), out + err)
             return out
 
-        ran += ["site register", "site publish"]  # done by ProcFederation.start for each site, as documented
+        # done by ProcFederation.start, as documented: the job key, then each site's key, record, files
+        ran += ["job keygen", "site keygen", "site register", "site publish"]
         for name in fed.sites:
             ran.append("site serve")
             fed.serve(name).wait_for("connected to the registry", timeout=300)
@@ -125,4 +126,9 @@ def test_the_operations_walkthrough(tmp_path):
 
 def test_the_walkthrough_block_is_in_the_doc():
     commands = _doc_commands()
-    assert commands[0] == "site register" and "run" in commands and commands[-1] == "model report"
+    assert (
+        commands[0] == "job keygen"
+        and "site keygen" in commands
+        and "run" in commands
+        and commands[-1] == "model report"
+    )
