@@ -20,6 +20,9 @@ import pytest
 # `ray start` refuses worker nodes under it: tests/cluster removes it for its own processes.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
+# Ray waits 30 s for a new head's GCS to write its port file; a loaded two-core machine (the
+# suite's own processes beside it) can take longer (a CI run failed on it): wait 60 s.
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "60")
 # load_model keeps a per-user record of verified predictors (msa_fed.artifacts.verified_cache):
 # the suite keeps its own, in a temporary directory (inherited by its subprocesses), so that no
 # run finds the verdicts of an earlier one and nothing is written to the user's cache.
