@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from msa_fed.artifacts.isolated import answered_together
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
@@ -294,7 +295,7 @@ class SiteWorker:
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
             both = np.concatenate([self.X_labeled, self.X_unlabeled])
-            for k, h in enumerate(self.predictors):
+            for k, h in enumerate(answered_together(self.predictors, both)):  # peers': one request
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols.append(out)

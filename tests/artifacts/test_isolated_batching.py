@@ -1,0 +1,132 @@
+"""Several peers' predictors answered in one request to a limited worker (the site's evaluation of
+its peers' predictors, the coordinator's combined model): the same outputs as in process, one
+round trip, and a hostile predictor among honest ones is the one named.  The combined model never
+runs a peer's predictor in this process (its fast ONNX graph would)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hostile_predictors import hostile_from_sklearn  # noqa: E402
+
+from msa_fed.artifacts.isolated import IsolationLimits, PredictorPool, answered_together, isolate  # noqa: E402
+from msa_fed.artifacts.model import CombinedModel  # noqa: E402
+from msa_fed.artifacts.predictors import export_sklearn, load_predictor  # noqa: E402
+from msa_fed.core.config import ClassifierConfig  # noqa: E402
+from msa_fed.core.domain_classifier import train_domain_classifier  # noqa: E402
+from msa_fed.core.features import make_feature_map  # noqa: E402
+from msa_fed.errors import PeerFault  # noqa: E402
+
+rng = np.random.default_rng(1)
+X = rng.normal(size=(400, 2))
+WHOLE = np.round(10 * X)  # the rows a hostile predictor waits for
+ESTS = [LogisticRegression().fit(X, (X @ w > 0).astype(int)) for w in ([1.0, 0.0], [0.0, 1.0], [1.0, 1.0])]
+
+
+class CountingPool(PredictorPool):
+    """A real pool that counts its requests to workers."""
+
+    requests = 0
+
+    def _run_chunk(self, items, X):
+        self.requests += 1
+        return super()._run_chunk(items, X)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = CountingPool(IsolationLimits(base_s=1.5, per_row_s=1e-3, workers=1))
+    yield pool
+    pool.close()
+
+
+def honest(k):
+    return load_predictor(export_sklearn(ESTS[k], n_features=2), kind="probabilities")
+
+
+def hostile(kind, k=0):
+    return load_predictor(hostile_from_sklearn(kind, ESTS[k]), kind="probabilities", sample=X)
+
+
+def test_peers_answered_together_are_their_in_process_outputs_in_one_request(pool):
+    own = honest(0)
+    inproc = [own, honest(1), honest(2)]
+    hs = [own] + [isolate(h, name, pool) for h, name in zip(inproc[1:], ("b", "c"))]
+    before = pool.requests
+    together = answered_together(hs, WHOLE)
+    assert pool.requests == before + 1  # both peers, one request (the models loaded with it)
+    assert together[0] is own  # ours runs here, as before
+    for h, ref in zip(together, inproc):
+        np.testing.assert_array_equal(h.predict_proba(WHOLE), ref.predict_proba(WHOLE))
+    assert pool.requests == before + 1  # answered from what the request brought back
+    # other rows go through the pool again, and still answer right
+    np.testing.assert_array_equal(together[1].predict_proba(X[:7]), inproc[1].predict_proba(X[:7]))
+    assert pool.requests == before + 2
+    # more rows than a chunk: one request per chunk, outputs in row order
+    big = rng.normal(size=(70_000, 2))
+    before = pool.requests
+    together = answered_together(hs, big)
+    assert pool.requests == before + 2
+    np.testing.assert_array_equal(together[2].predict_proba(big), inproc[2].predict_proba(big))
+
+
+def test_a_slow_predictor_among_honest_ones_is_the_one_named(pool):
+    hs = [isolate(honest(1), "b", pool), isolate(hostile("slow"), "west", pool), isolate(honest(2), "c", pool)]
+    before = pool.restarts
+    with pytest.raises(PeerFault) as err:
+        answered_together(hs, WHOLE)
+    assert err.value.site == "west"
+    assert str(err.value) == "site 'west''s predictor exceeded 1.9 s on 400 rows"
+    assert pool.restarts == before + 1
+    # honest peers answer again, in a fresh worker
+    np.testing.assert_array_equal(
+        answered_together(hs[::2], WHOLE)[1].predict_proba(WHOLE), honest(2).predict_proba(WHOLE)
+    )
+
+
+def test_a_memory_hungry_predictor_after_honest_ones_is_the_one_named(pool):
+    hs = [isolate(honest(1), "b", pool), isolate(honest(2), "c", pool), isolate(hostile("mem"), "east", pool)]
+    with pytest.raises(
+        PeerFault, match=r"^site 'east''s predictor exceeded the memory limit \(1024 MiB\) on 400 rows$"
+    ):
+        answered_together(hs, WHOLE)
+
+
+def _combined(predictors):
+    dm = train_domain_classifier([X[:200], X[200:] + 1], make_feature_map("standard"), ClassifierConfig())
+    return CombinedModel(
+        method="dmsa",
+        task="classification",
+        site_names=["a", "b"],
+        domain_model=dm,
+        qhat=[0.5, 0.5],
+        z=[0.4, 0.6],
+        eta=1e-2,
+        predictors=predictors,
+        n_features=2,
+        classes=[0, 1],
+    )
+
+
+def test_the_combined_model_runs_peers_predictors_in_their_workers_not_in_its_graph(pool):
+    inproc = _combined([honest(0), honest(1)])
+    assert inproc._graph_session() is not None  # the fast path, where every predictor is trusted
+    iso = _combined([honest(0), isolate(honest(1), "b", pool)])
+    assert iso._graph_session() is None
+    before = pool.requests
+    np.testing.assert_allclose(iso.predict_proba(WHOLE), inproc.predict_proba(WHOLE), rtol=1e-12, atol=1e-12)
+    assert pool.requests == before + 1
+    # a peer's predictor that allocates 2 GB on whole-number rows: named, and not in this process
+    hostile_model = _combined([honest(0), isolate(hostile("mem"), "b", pool)])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PeerFault, match=r"^site 'b''s predictor exceeded the memory limit"):
+        hostile_model.predict(WHOLE)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100_000  # KiB: no 2 GB here
