@@ -243,11 +243,36 @@ class PredictorPool:
         self._idle: list[_Worker] = []
         self._count = 0
         self._cond = threading.Condition()
+        self._starting = 0  # workers being started in the background (prestart)
         self.restarts = 0  # workers killed after a violation (for tests and the operator's log)
+
+    def prestart(self) -> None:
+        """Start a worker in the background where none runs yet, so that the first call finds it
+        ready (starting one takes seconds: the fork, the limits, onnxruntime's import)."""
+        with self._cond:
+            if self._count or self._starting:
+                return
+            self._count += 1
+            self._starting += 1
+        threading.Thread(target=self._start_one, name="msa-fed-predictor-worker", daemon=True).start()
+
+    def _start_one(self) -> None:
+        worker = None
+        try:
+            worker = _Worker(self.limits)
+        except Exception:  # noqa: BLE001 - the first call starts one again and reports why it cannot
+            pass
+        with self._cond:
+            self._starting -= 1
+            if worker is None:
+                self._count -= 1
+            else:
+                self._idle.append(worker)
+            self._cond.notify_all()
 
     def _acquire(self) -> _Worker:
         with self._cond:
-            while not self._idle and self._count >= self.limits.workers:
+            while not self._idle and (self._starting or self._count >= self.limits.workers):
                 self._cond.wait()
             if self._idle:
                 return self._idle.pop()
@@ -340,6 +365,8 @@ class PredictorPool:
 
     def close(self) -> None:
         with self._cond:
+            while self._starting:
+                self._cond.wait()
             idle, self._idle = self._idle, []
             self._count -= len(idle)
         for w in idle:
@@ -404,6 +431,14 @@ def isolate(predictor: OnnxPredictor, owner: str, pool: PredictorPool | None = N
 def is_isolated(predictor) -> bool:
     """Whether ``predictor`` runs in a limited worker process at every call (see :func:`isolate`)."""
     return isinstance(predictor, _Isolated)
+
+
+def prestart(predictors) -> None:
+    """Start, in the background, a worker for the isolated ones among ``predictors`` where their
+    pool has none yet (a site does it when a job's predictors arrive: the worker is ready by the
+    time the site first evaluates them)."""
+    for pool in {id(p): p for p in (h.pool or default_pool() for h in predictors if is_isolated(h))}.values():
+        pool.prestart()
 
 
 def answered_together(predictors: list, X) -> list:

@@ -75,6 +75,9 @@ def serve(rfd: int, wfd: int) -> int:
     once loaded, then every model ``{"ok": true, "dtype": "<f4"|"<f8", "shape": [...]}`` + its
     output's bytes.  A failure answers ``{"ok": false, "code": "memory"|"error", "detail"}`` in
     place of the frame it stops (the caller then ends this process).  Ends at EOF."""
+    import onnx  # noqa: F401 - imported while the worker waits for its first request
+    import onnxruntime  # noqa: F401
+
     from msa_fed.artifacts.structure import open_session
 
     sessions: dict[str, tuple] = {}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from msa_fed.artifacts.isolated import answered_together
+from msa_fed.artifacts.isolated import answered_together, prestart
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
@@ -213,6 +213,7 @@ class SiteWorker:
         else:
             self.X_labeled = self.y_labeled = self.X_unlabeled = None
         self.predictors = list(predictors)
+        prestart(self.predictors)  # peers' predictors: their worker starts while the job sets up
         self.task = task
         self.loss = loss
         self.classes = None if classes is None else np.asarray(classes)

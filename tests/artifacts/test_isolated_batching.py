@@ -130,3 +130,23 @@ def test_the_combined_model_runs_peers_predictors_in_their_workers_not_in_its_gr
     with pytest.raises(PeerFault, match=r"^site 'b''s predictor exceeded the memory limit"):
         hostile_model.predict(WHOLE)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100_000  # KiB: no 2 GB here
+
+
+def test_a_site_starts_its_peers_worker_before_the_first_call():
+    from msa_fed.artifacts.isolated import prestart
+
+    fresh = PredictorPool(IsolationLimits(workers=2))
+    try:
+        own, peer = honest(0), isolate(honest(1), "b", fresh)
+        prestart([own, peer])
+        prestart([own, peer])  # one is enough: already starting
+        peer.predict_proba(X)  # waits for the started worker rather than starting another
+        assert fresh._count == 1 and len(fresh._idle) == 1 and fresh.restarts == 0
+        pid = fresh._idle[0].pid
+        assert Path(f"/proc/{pid}").exists()
+        answered_together([own, peer], WHOLE)
+        assert [w.pid for w in fresh._idle] == [pid]
+        prestart([own])  # no isolated predictor: no worker
+    finally:
+        fresh.close()
+    assert fresh._count == 0
