@@ -41,6 +41,8 @@ from msa_fed.errors import PeerFault
 
 #: rows per call: a larger batch is sent in chunks of this many rows (each with its own limit)
 CHUNK_ROWS = 1 << 16
+#: a model that runs out of memory runs again alone on halves of its rows down to this many
+MIN_SPLIT_ROWS = 1024
 #: largest output accepted from a worker (values per row times rows, checked before reading)
 MAX_OUTPUT_VALUES_PER_ROW = 10_000
 
@@ -91,9 +93,20 @@ class IsolationLimits:
 class _Violation(Exception):
     """A worker broke a limit or the protocol: ``what`` completes "site 'x''s predictor ..."."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, memory: bool = False):
         super().__init__(what)
         self.what = what
+        self.memory = memory
+
+
+class _OutOfMemory(Exception):
+    """A model ran out of memory or ended its worker: ``done`` the outputs of the models before it
+    in the request, ``fault`` the error naming its owner, ``shared`` whether other models' sessions
+    were in the worker with it (then it is not blamed yet: see :meth:`PredictorPool.run_many`)."""
+
+    def __init__(self, done: list, fault: PeerFault, shared: bool):
+        super().__init__(str(fault))
+        self.done, self.fault, self.shared = done, fault, shared
 
 
 class _Worker:
@@ -193,7 +206,7 @@ class _Worker:
             raise _Violation("answered out of protocol")
         if answer.get("ok") is not True:
             if answer.get("code") == "memory":
-                raise _Violation(f"exceeded the memory limit ({self.limits.memory_bytes >> 20} MiB)")
+                raise _Violation(f"exceeded the memory limit ({self.limits.memory_bytes >> 20} MiB)", memory=True)
             raise _Violation("failed")
         if max_out is None:
             return None
@@ -309,19 +322,52 @@ class PredictorPool:
 
         Each model has its own limits (:meth:`IsolationLimits.call_limit`, counted from the
         previous model's answer, and ``load_s`` for a load); the first to break one raises
-        :class:`PeerFault` naming its owner (the models after it are not run)."""
+        :class:`PeerFault` naming its owner (the models after it are not run).  A model that
+        runs out of memory (or ends its worker) is blamed only once it does so alone in a fresh
+        worker on at most :data:`MIN_SPLIT_ROWS` rows: before that it runs again alone, its rows
+        halved (an honest model's peak grows with the rows, and other models' sessions share a
+        worker's limit)."""
         X = np.ascontiguousarray(X, dtype="<f4")
         if not items:
             return []
-        parts = [self._run_chunk(items, X[a : a + CHUNK_ROWS]) for a in range(0, max(X.shape[0], 1), CHUNK_ROWS)]
+        parts = [self._run_rows(items, X[a : a + CHUNK_ROWS]) for a in range(0, max(X.shape[0], 1), CHUNK_ROWS)]
         if len(parts) == 1:
             return parts[0]
         return [np.concatenate([part[i] for part in parts], axis=0) for i in range(len(items))]
 
-    def _run_chunk(self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray) -> list[np.ndarray]:
+    def _run_rows(self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray) -> list[np.ndarray]:
+        outs: list[np.ndarray] = []
+        while len(outs) < len(items):
+            try:
+                outs += self._run_chunk(items[len(outs) :], X)
+            except _OutOfMemory as oom:
+                outs += oom.done
+                outs.append(self._run_alone(items[len(outs)], X, oom))
+        return outs
+
+    def _run_alone(self, item: tuple[OnnxPredictor, str], X: np.ndarray, oom: _OutOfMemory) -> np.ndarray:
+        rows = int(X.shape[0])
+        if rows <= MIN_SPLIT_ROWS and not oom.shared:
+            raise oom.fault
+        halves = [X] if rows <= MIN_SPLIT_ROWS else [X[: rows // 2], X[rows // 2 :]]
+        outs = []
+        for part in halves:
+            try:
+                outs.append(self._run_chunk([item], part, alone=True)[0])
+            except _OutOfMemory as again:
+                outs.append(self._run_alone(item, part, again))
+        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
+
+    def _run_chunk(
+        self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray, alone: bool = False
+    ) -> list[np.ndarray]:
+        """``items`` on ``X`` in one request (``alone``: in a worker that holds no other model)."""
         rows = int(X.shape[0])
         worker = self._acquire()
-        broken, owner, phase, limit = True, items[0][1], "send", self.limits.load_s
+        if alone and worker.loaded - {items[0][0].sha256}:
+            worker = self._replace(worker)
+        broken, owner, phase, limit, shared = True, items[0][1], "send", self.limits.load_s, False
+        outs: list[np.ndarray] = []
         try:
             sending: set[str] = set()
             models, blobs = [], []
@@ -337,9 +383,9 @@ class PredictorPool:
                 [*blobs, X],
                 time.monotonic() + budget,
             )
-            outs = []
             for (predictor, name), model in zip(items, models):
                 owner = name  # the one a violation from here on names
+                shared = bool(outs) or bool(worker.loaded - {predictor.sha256})
                 if model["nbytes"]:
                     phase, limit = "load", self.limits.load_s
                     worker.answer(time.monotonic() + limit, None)
@@ -356,12 +402,27 @@ class PredictorPool:
             what = f"exceeded {limit:.3g} s" + (" loading" if phase == "load" else "")
             raise PeerFault(owner, f"site {owner!r}'s predictor {what} on {rows} rows") from None
         except _Violation as v:
-            raise PeerFault(owner, f"site {owner!r}'s predictor {v.what} on {rows} rows") from None
+            fault = PeerFault(owner, f"site {owner!r}'s predictor {v.what} on {rows} rows")
+            if v.memory:
+                raise _OutOfMemory(outs, fault, shared) from None
+            raise fault from None
         except (EOFError, OSError):
             # the worker died: RLIMIT_AS can end it outside onnxruntime's allocator too
-            raise PeerFault(owner, f"site {owner!r}'s predictor ended its worker process on {rows} rows") from None
+            fault = PeerFault(owner, f"site {owner!r}'s predictor ended its worker process on {rows} rows")
+            raise _OutOfMemory(outs, fault, shared) from None
         finally:
             self._release(worker, broken)
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        """A new worker in place of ``worker`` (which holds other models)."""
+        worker.kill()
+        try:
+            return _Worker(self.limits)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
 
     def close(self) -> None:
         with self._cond:

@@ -114,7 +114,7 @@ def serve(rfd: int, wfd: int) -> int:
                 if nbytes:
                     if hashlib.sha256(data).hexdigest() != sha:
                         raise ValueError("sha256 mismatch")
-                    sessions[sha] = open_session(data, 1)
+                    sessions[sha] = open_session(data, 1, memory_arena=False)
                     _send(wfd, {"ok": True})
                 session, input_name, output_name = sessions[sha]
                 out = np.asarray(session.run([output_name], {input_name: X})[0])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from sklearn.linear_model import LogisticRegression
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,9 +37,9 @@ class CountingPool(PredictorPool):
 
     requests = 0
 
-    def _run_chunk(self, items, X):
+    def _run_chunk(self, items, X, alone=False):
         self.requests += 1
-        return super()._run_chunk(items, X)
+        return super()._run_chunk(items, X, alone)
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,51 @@ def test_a_site_starts_its_peers_worker_before_the_first_call():
     finally:
         fresh.close()
     assert fresh._count == 0
+
+
+def wide_predictor(width: int) -> bytes:
+    """An honest 2-class predictor whose peak memory grows with the rows: an (n, width) float32
+    product (``width`` * 4 bytes a row), reduced to one logit."""
+    W = np.random.default_rng(0).normal(size=(2, width)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["H"]),
+        helper.make_node("ReduceMax", ["H"], ["m"], axes=[1], keepdims=1),
+        helper.make_node("Mul", ["m", "s"], ["l"]),
+        helper.make_node("Neg", ["l"], ["nl"]),
+        helper.make_node("Concat", ["nl", "l"], ["logits"], axis=1),
+        helper.make_node("Softmax", ["logits"], ["P"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("P", TensorProto.FLOAT, ["n", 2])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(np.array([0.01], np.float32), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(
+        model, {"msa_fed.kind": "probabilities", "msa_fed.n_features": "2", "msa_fed.classes": "[0, 1]"}
+    )
+    return model.SerializeToString()
+
+
+def test_an_honest_predictor_too_big_for_the_limit_on_the_whole_batch_answers_on_halves():
+    """16000 rows need a 500 MiB product, over a 512 MiB worker with its libraries: the model runs
+    again alone on halves of the rows instead of being blamed; a hostile one still is."""
+    h = load_predictor(wide_predictor(8192), kind="probabilities")
+    small = PredictorPool(IsolationLimits(memory_bytes=512 << 20, workers=1))
+    try:
+        big = rng.normal(size=(16_000, 2))
+        hs = [isolate(honest(1), "b", small), isolate(h, "wide", small)]
+        out = answered_together(hs, big)
+        assert small.restarts >= 1  # it did run out of memory on the whole batch
+        ref = np.concatenate([h.predict_proba(big[a : a + 1000]) for a in range(0, big.shape[0], 1000)])
+        np.testing.assert_array_equal(out[1].predict_proba(big), ref)
+        np.testing.assert_array_equal(out[0].predict_proba(big), honest(1).predict_proba(big))
+        with pytest.raises(
+            PeerFault, match=r"^site 'east''s predictor exceeded the memory limit \(512 MiB\) on 1000 rows$"
+        ):
+            answered_together([hs[1], isolate(hostile("mem"), "east", small)], np.round(10 * big[:2000]))
+    finally:
+        small.close()
