@@ -15,8 +15,9 @@ regressions, d = 2, 400 labelled + 1000 unlabelled rows), Adult (2 sites, logist
 d = 14 stand-in for the one-hot pipeline, 400 + 400 rows), digits (3 sites, the digit CNN on
 16x16 images, untrained weights, 1000 + 1000 rows).  Each timing is the median of repeats,
 the in-process and isolated variants interleaved.  "one by one" is one request per peer
-predictor (one load round trip and one run round trip each: the path before requests were
-batched), in the same run.
+predictor (the path before requests were batched), in the same run.  At the coordinator the
+in-process baseline is the fused ONNX graph (every predictor trusted) and, for reference, the
+part-by-part numpy path the isolated model takes.
 
     python benchmarks/bench_isolation.py [--quick]   ->  benchmarks/results/bench_isolation.json
 """
@@ -176,15 +177,24 @@ def coordinator_case(name: str, onnxs: list[bytes], d: int, rows: int, pool, rep
     iso = model([isolate(h, f"site{k}", pool) for k, h in enumerate(loaded)])  # the coordinator: all are peers'
     X = rng.normal(size=(rows, d))
     np.testing.assert_allclose(iso.predict_proba(X), inproc.predict_proba(X), atol=1e-6)
-    t = _interleaved({"inproc": lambda: inproc.predict_proba(X), "isolated": lambda: iso.predict_proba(X)}, repeats)
+    t = _interleaved(
+        {
+            "inproc": lambda: inproc.predict_proba(X),
+            "inproc_numpy": lambda: inproc._predict_proba_numpy(X),
+            "isolated": lambda: iso.predict_proba(X),
+        },
+        repeats,
+    )
     return {
         "case": name,
         "p": p,
         "d": d,
         "rows": rows,
         "inproc_ms": t["inproc"],
+        "inproc_numpy_ms": t["inproc_numpy"],
         "isolated_ms": t["isolated"],
         "ratio": t["isolated"] / t["inproc"],
+        "ratio_to_numpy": t["isolated"] / t["inproc_numpy"],
     }
 
 
@@ -223,8 +233,9 @@ def main() -> int:
             c = coordinator_case(name, onnxs, d, n, pool, repeats, rng)
             coordinator.append(c)
             print(
-                f"coord  {name:<13} p={c['p']} d={d:<3} n={n:<5} predict_proba {c['inproc_ms']:7.2f} -> "
-                f"{c['isolated_ms']:7.2f} ms (x{c['ratio']:.2f})",
+                f"coord  {name:<13} p={c['p']} d={d:<3} n={n:<5} predict_proba {c['inproc_ms']:7.2f} "
+                f"(numpy path {c['inproc_numpy_ms']:7.2f}) -> {c['isolated_ms']:7.2f} ms (x{c['ratio']:.2f}; "
+                f"x{c['ratio_to_numpy']:.2f} of the numpy path)",
                 flush=True,
             )
     pool.close()
