@@ -257,6 +257,7 @@ class PredictorPool:
         self._count = 0
         self._cond = threading.Condition()
         self._starting = 0  # workers being started in the background (prestart)
+        self._fits: dict[str, int] = {}  # sha256 -> rows it ran on alone after running out of memory
         self.restarts = 0  # workers killed after a violation (for tests and the operator's log)
 
     def prestart(self) -> None:
@@ -330,7 +331,9 @@ class PredictorPool:
         X = np.ascontiguousarray(X, dtype="<f4")
         if not items:
             return []
-        parts = [self._run_rows(items, X[a : a + CHUNK_ROWS]) for a in range(0, max(X.shape[0], 1), CHUNK_ROWS)]
+        with self._cond:  # rows a model ran on after running out of memory on more: chunks that size
+            step = min([CHUNK_ROWS, *(self._fits.get(h.sha256, CHUNK_ROWS) for h, _ in items)])
+        parts = [self._run_rows(items, X[a : a + step]) for a in range(0, max(X.shape[0], 1), step)]
         if len(parts) == 1:
             return parts[0]
         return [np.concatenate([part[i] for part in parts], axis=0) for i in range(len(items))]
@@ -356,6 +359,11 @@ class PredictorPool:
                 outs.append(self._run_chunk([item], part, alone=True)[0])
             except _OutOfMemory as again:
                 outs.append(self._run_alone(item, part, again))
+                continue
+            if len(halves) > 1:
+                with self._cond:
+                    sha = item[0].sha256
+                    self._fits[sha] = min(self._fits.get(sha, CHUNK_ROWS), int(part.shape[0]))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
 
     def _run_chunk(

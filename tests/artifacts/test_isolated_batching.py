@@ -193,6 +193,9 @@ def test_an_honest_predictor_too_big_for_the_limit_on_the_whole_batch_answers_on
         ref = np.concatenate([h.predict_proba(big[a : a + 1000]) for a in range(0, big.shape[0], 1000)])
         np.testing.assert_array_equal(out[1].predict_proba(big), ref)
         np.testing.assert_array_equal(out[0].predict_proba(big), honest(1).predict_proba(big))
+        restarts = small.restarts  # the next call sends it rows in chunks that fit: no new failure
+        np.testing.assert_array_equal(answered_together(hs, big)[1].predict_proba(big), ref)
+        assert small.restarts == restarts
         with pytest.raises(
             PeerFault, match=r"^site 'east''s predictor exceeded the memory limit \(512 MiB\) on 1000 rows$"
         ):
