@@ -9,13 +9,17 @@ nonsense.  So every call of a peer's predictor runs here:
   from the sandbox's helper (:mod:`msa_fed.artifacts.zygote`; a fresh ``python -I -B`` when
   there is none) and limited like a sandbox child (RLIMIT_AS, no file writes, few descriptors,
   empty working directory, minimal environment, own session) before it reads a byte of a model;
-- one call = one JSON header and raw little-endian bytes each way over a socket pair: float32
-  rows in, the output tensor out (float32 or float64, its shape in the header and checked
-  against the predictor's declaration).  Nothing is pickled in either direction;
-- a per-call wall-clock limit scaled to the batch (:meth:`IsolationLimits.call_limit`); a worker
+- one request = one JSON header and raw little-endian bytes each way over a socket pair: float32
+  rows in (once for all the models of the request, with the bytes of those the worker has not
+  loaded yet), each model's output tensor out in turn (float32 or float64, its shape in the
+  header and checked against the predictor's declaration).  Nothing is pickled in either
+  direction.  :func:`answered_together` puts all of a site's peers' predictors in one request;
+- a per-model wall-clock limit scaled to the batch (:meth:`IsolationLimits.call_limit`); a worker
   that runs past it, dies, answers out of protocol or runs out of memory is killed and replaced,
   and the call raises :class:`msa_fed.errors.PeerFault` naming the predictor's owner, in one
-  line: ``site 'b''s predictor exceeded 2.5 s on 512 rows``.
+  line: ``site 'b''s predictor exceeded 2.5 s on 512 rows`` (out of memory: only once it is so
+  alone in a fresh worker on at most :data:`MIN_SPLIT_ROWS` rows, see
+  :meth:`PredictorPool.run_many`).
 
 :func:`isolate` turns a loaded :class:`~msa_fed.artifacts.loader.OnnxPredictor` into one whose
 ``predict`` / ``predict_proba`` go through the pool (same class surface; it saves and exports
@@ -517,8 +521,11 @@ def answered_together(predictors: list, X) -> list:
     exactly these rows from what it holds and any other call through its pool; the predictors
     that are not isolated are returned as they are.  A limit broken raises :class:`PeerFault`
     naming the predictor's owner, as the call itself would."""
-    X32 = np.ascontiguousarray(np.asarray(X, dtype=np.float64), dtype=np.float32)
     out = list(predictors)
+    if not any(is_isolated(h) for h in out):
+        return out
+    # the conversions the predictor's own call makes (to float64 at the site, then float32)
+    X32 = np.ascontiguousarray(np.asarray(X, dtype=np.float64), dtype=np.float32)
     if X32.ndim != 2 or X32.shape[0] == 0:
         return out
     by_pool: dict[int, tuple[PredictorPool, list[int]]] = {}
