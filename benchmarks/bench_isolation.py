@@ -1,16 +1,23 @@
-"""Cost of running a peer's predictor in a limited worker process (msa_fed.artifacts.isolated)
-against in-process onnxruntime, in the same run.
+"""Cost of running peers' predictors in limited worker processes (msa_fed.artifacts.isolated)
+against in-process onnxruntime, in the same run, at the batch sizes a job uses.
 
-A site runs each peer's predictor once per job, on its unlabelled and labelled rows together
-(msa_fed.site.worker: one call of n_u + n_l rows); the combined model's predict at the
-coordinator runs it on the caller's batch.  Measured per model and batch size:
+Where a job runs predictors:
 
-- warm call: the session exists (in-process) or is loaded in the worker (isolated); median of
-  repeats of one call;
-- per job: a fresh in-process session plus one call, against a warm worker that loads the model
-  (bytes over the socket, its own session) plus one call: what a job pays;
-- worker start: forking a limited worker from the sandbox's helper and its first load (once per
-  site process and worker).
+- each site, once per job: every predictor on its labelled and unlabelled rows together
+  (``SiteWorker._outputs``: its own in process, its peers' through ``answered_together``, one
+  request to a worker for all of them); the predictors' sessions are new to the job (a site's Ray
+  actor is new per job; a site agent's worker keeps a model loaded across jobs, the "warm" rows);
+- the coordinator: the combined model's ``predict_proba`` (peers' predictors in its workers,
+  one request per call; in process, its fused ONNX graph).
+
+Cases (sizes of the experiments this repository runs): the synthetic demo (3 sites, logistic
+regressions, d = 2, 400 labelled + 1000 unlabelled rows), Adult (2 sites, logistic regression,
+d = 14 stand-in for the one-hot pipeline, 400 + 400 rows), digits (3 sites, the digit CNN on
+16x16 images, untrained weights, 1000 + 1000 rows).  Each timing is the median of repeats,
+the in-process and isolated variants interleaved.  "one by one" is one request per peer
+predictor (the path before requests were batched), in the same run.  At the coordinator the
+in-process baseline is the fused ONNX graph (every predictor trusted) and, for reference, the
+part-by-part numpy path the isolated model takes.
 
     python benchmarks/bench_isolation.py [--quick]   ->  benchmarks/results/bench_isolation.json
 """
@@ -30,19 +37,40 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sklearn.linear_model import LogisticRegression  # noqa: E402
-from sklearn.neural_network import MLPClassifier  # noqa: E402
 
-from msa_fed.artifacts.isolated import IsolationLimits, PredictorPool, isolate  # noqa: E402
-from msa_fed.artifacts.loader import _session_for  # noqa: E402
+from msa_fed.artifacts.export import export_torch  # noqa: E402
+from msa_fed.artifacts.isolated import IsolationLimits, PredictorPool, answered_together, isolate  # noqa: E402
+from msa_fed.artifacts.loader import OnnxClassifier  # noqa: E402
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor  # noqa: E402
+from msa_fed.site.worker import predictor_outputs  # noqa: E402
 
 
-def _models(d: int, rng):
-    X = rng.normal(size=(2000, d))
-    y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(int)
-    lr = LogisticRegression(max_iter=200).fit(X, y)
-    mlp = MLPClassifier(hidden_layer_sizes=(256, 256), max_iter=30, random_state=0).fit(X, y)
-    return {"logistic": export_sklearn(lr, n_features=d), "mlp-256x2": export_sklearn(mlp, n_features=d)}
+def _logistic(d: int, rng, k: int) -> bytes:
+    X = rng.normal(size=(500, d))
+    y = (X @ rng.normal(size=d) + 0.3 * k > 0).astype(int)
+    return export_sklearn(LogisticRegression(max_iter=500).fit(X, y), n_features=d)
+
+
+def _cnn(seed: int) -> bytes:
+    import torch
+
+    from msa_fed.experiments.cnn import DigitCNN
+
+    class Flat(torch.nn.Module):  # rows of 256 pixels in, class probabilities out
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.cnn = DigitCNN()
+
+        def forward(self, x):
+            return torch.softmax(self.cnn(x.reshape(-1, 1, 16, 16)), dim=1)
+
+    return export_torch(Flat().eval(), 256, "probabilities", classes=list(range(10)))
+
+
+def _fresh(h: OnnxClassifier) -> OnnxClassifier:
+    """The same predictor with no session yet (as a job's new site worker has it)."""
+    return OnnxClassifier(h.data, h.kind, h.n_features_in_, 1, h.sha256, classes=list(h.classes_))
 
 
 def _median(f, repeats: int) -> float:
@@ -54,75 +82,176 @@ def _median(f, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _interleaved(fs: dict, repeats: int) -> dict:
+    times: dict = {k: [] for k in fs}
+    for _ in range(repeats):
+        for k, f in fs.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def site_case(name: str, onnxs: list[bytes], d: int, rows: int, pool: PredictorPool, repeats: int, rng) -> dict:
+    """A site's evaluation of all p predictors on its ``rows`` rows, in process against isolated."""
+    loaded = [load_predictor(o, kind="probabilities") for o in onnxs]
+    classes = np.unique(np.concatenate([h.classes_ for h in loaded]))
+    X = rng.normal(size=(rows, d))
+    peers = [isolate(h, f"site{k}", pool) for k, h in enumerate(loaded) if k > 0]
+
+    def evaluate(hs):
+        for h in answered_together(hs, X):
+            predictor_outputs(h, X, "classification", classes, who="")
+
+    def forget():  # the worker has not seen these models yet (a new job's predictors)
+        for w in pool._idle:
+            w.loaded.difference_update(h.sha256 for h in peers)
+
+    def inproc_fresh():
+        evaluate([_fresh(h) for h in loaded])
+
+    def isolated_fresh():
+        forget()
+        evaluate([_fresh(loaded[0]), *peers])
+
+    def one_by_one_fresh():
+        forget()
+        for h in [_fresh(loaded[0]), *peers]:
+            predictor_outputs(h, X, "classification", classes, who="")
+
+    warm_in = [_fresh(h) for h in loaded]
+
+    def inproc_warm():
+        evaluate(warm_in)
+
+    def isolated_warm():
+        evaluate([warm_in[0], *peers])
+
+    isolated_fresh(), inproc_warm(), isolated_warm()  # sessions and the worker up
+    t = _interleaved(
+        {
+            "inproc_fresh": inproc_fresh,
+            "isolated_fresh": isolated_fresh,
+            "one_by_one_fresh": one_by_one_fresh,
+            "inproc_warm": inproc_warm,
+            "isolated_warm": isolated_warm,
+        },
+        repeats,
+    )
+    out = {"case": name, "p": len(onnxs), "d": d, "rows": rows, **{f"{k}_ms": v for k, v in t.items()}}
+    out["fresh_ratio"] = t["isolated_fresh"] / t["inproc_fresh"]
+    out["one_by_one_ratio"] = t["one_by_one_fresh"] / t["inproc_fresh"]
+    out["warm_ratio"] = t["isolated_warm"] / t["inproc_warm"]
+    return out
+
+
+def coordinator_case(name: str, onnxs: list[bytes], d: int, rows: int, pool, repeats: int, rng) -> dict:
+    """The combined model's predict_proba: every predictor in process (the fused graph) against
+    peers' predictors in their workers (one request per call)."""
+    from msa_fed.artifacts.model import CombinedModel
+    from msa_fed.core.config import ClassifierConfig
+    from msa_fed.core.domain_classifier import train_domain_classifier
+    from msa_fed.core.features import make_feature_map
+
+    p = len(onnxs)
+    loaded = [load_predictor(o, kind="probabilities") for o in onnxs]
+    samples = [rng.normal(size=(200, d)) + k for k in range(p)]
+    dm = train_domain_classifier(samples, make_feature_map("standard"), ClassifierConfig())
+    classes = np.unique(np.concatenate([h.classes_ for h in loaded]))
+
+    def model(predictors):
+        return CombinedModel(
+            method="dmsa",
+            task="classification",
+            site_names=[f"site{k}" for k in range(p)],
+            domain_model=dm,
+            qhat=np.full(p, 1 / p),
+            z=np.full(p, 1 / p),
+            eta=1e-2,
+            predictors=predictors,
+            n_features=d,
+            classes=classes,
+        )
+
+    inproc = model(loaded)
+    iso = model([isolate(h, f"site{k}", pool) for k, h in enumerate(loaded)])  # the coordinator: all are peers'
+    X = rng.normal(size=(rows, d))
+    np.testing.assert_allclose(iso.predict_proba(X), inproc.predict_proba(X), atol=1e-6)
+    t = _interleaved(
+        {
+            "inproc": lambda: inproc.predict_proba(X),
+            "inproc_numpy": lambda: inproc._predict_proba_numpy(X),
+            "isolated": lambda: iso.predict_proba(X),
+        },
+        repeats,
+    )
+    return {
+        "case": name,
+        "p": p,
+        "d": d,
+        "rows": rows,
+        "inproc_ms": t["inproc"],
+        "inproc_numpy_ms": t["inproc_numpy"],
+        "isolated_ms": t["isolated"],
+        "ratio": t["isolated"] / t["inproc"],
+        "ratio_to_numpy": t["isolated"] / t["inproc_numpy"],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "bench_isolation.json"))
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    batches = (150, 512, 2000, 10_000, 50_000) if not args.quick else (150, 2000)
-    widths = (2, 100) if not args.quick else (2,)
-    repeats = 15 if not args.quick else 5
+    repeats = 21 if not args.quick else 5
     pool = PredictorPool(IsolationLimits(workers=1))
-    rows = []
+    load_before = os.getloadavg()
     t = time.perf_counter()
     first = isolate(
         load_predictor(export_sklearn(LogisticRegression().fit([[0.0], [1.0]], [0, 1]), n_features=1)), "s", pool
     )
     first.predict_proba(np.zeros((1, 1)))
     worker_start = time.perf_counter() - t
-    for d in widths:
-        for name, onnx in _models(d, rng).items():
-            inproc = load_predictor(onnx, kind="probabilities")
-            iso = isolate(inproc, "peer", pool)
-            for n in batches:
-                X = rng.normal(size=(n, d)).astype(np.float32)
-                inproc.predict_proba(X)
-                iso.predict_proba(X)
-                warm_in = _median(lambda h=inproc, X=X: h.predict_proba(X), repeats)
-                warm_iso = _median(lambda h=iso, X=X: h.predict_proba(X), repeats)
-
-                def job_in(onnx=onnx, X=X):
-                    s, i, o = _session_for(onnx, 1)
-                    s.run([o], {i: X})
-
-                def job_iso(iso=iso, X=X):
-                    for w in pool._idle:  # the worker forgets the model: the job loads it again
-                        w.loaded.discard(iso.sha256)
-                    iso.predict_proba(X)
-
-                job_inproc = _median(job_in, max(3, repeats // 3))
-                job_isolated = _median(job_iso, max(3, repeats // 3))
-                rows.append(
-                    {
-                        "model": name,
-                        "d": d,
-                        "rows": n,
-                        "warm_inprocess_ms": 1e3 * warm_in,
-                        "warm_isolated_ms": 1e3 * warm_iso,
-                        "warm_ratio": warm_iso / warm_in,
-                        "job_inprocess_ms": 1e3 * job_inproc,
-                        "job_isolated_ms": 1e3 * job_isolated,
-                        "job_ratio": job_isolated / job_inproc,
-                    }
-                )
-                r = rows[-1]
-                print(
-                    f"{name:<10} d={d:<4} n={n:<6} warm {r['warm_inprocess_ms']:8.2f} -> "
-                    f"{r['warm_isolated_ms']:8.2f} ms (x{r['warm_ratio']:.2f})   per job "
-                    f"{r['job_inprocess_ms']:8.2f} -> {r['job_isolated_ms']:8.2f} ms (x{r['job_ratio']:.2f})",
-                    flush=True,
-                )
+    cases = [
+        ("demo", [_logistic(2, rng, k) for k in range(3)], 2, 1400),
+        ("adult", [_logistic(14, rng, k) for k in range(2)], 14, 800),
+    ]
+    if not args.quick:
+        cases.append(("digits (CNN)", [_cnn(k) for k in range(3)], 256, 2000))
+    sites, coordinator = [], []
+    for name, onnxs, d, rows in cases:
+        r = site_case(name, onnxs, d, rows, pool, repeats, rng)
+        sites.append(r)
+        print(
+            f"site   {name:<13} p={r['p']} d={d:<3} n={rows:<5} per job {r['inproc_fresh_ms']:7.2f} -> "
+            f"{r['isolated_fresh_ms']:7.2f} ms (x{r['fresh_ratio']:.2f}; one by one x{r['one_by_one_ratio']:.2f})"
+            f"   warm {r['inproc_warm_ms']:7.2f} -> {r['isolated_warm_ms']:7.2f} ms (x{r['warm_ratio']:.2f})",
+            flush=True,
+        )
+        for n in (rows, 10 * rows) if not args.quick else (rows,):
+            c = coordinator_case(name, onnxs, d, n, pool, repeats, rng)
+            coordinator.append(c)
+            print(
+                f"coord  {name:<13} p={c['p']} d={d:<3} n={n:<5} predict_proba {c['inproc_ms']:7.2f} "
+                f"(numpy path {c['inproc_numpy_ms']:7.2f}) -> {c['isolated_ms']:7.2f} ms (x{c['ratio']:.2f}; "
+                f"x{c['ratio_to_numpy']:.2f} of the numpy path)",
+                flush=True,
+            )
     pool.close()
     out = {
-        "load": os.getloadavg(),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
         "worker_start_s": worker_start,
-        "rows": rows,
+        "site": sites,
+        "coordinator": coordinator,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(
-        f"worker start (fork + limits + onnxruntime import + first load): {worker_start:.2f} s; load {os.getloadavg()}"
+        f"worker start (fork + limits + onnxruntime import + first load): {worker_start:.2f} s; "
+        f"load {load_before} -> {os.getloadavg()}"
     )
     return 0
 

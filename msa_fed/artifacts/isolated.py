@@ -9,13 +9,17 @@ nonsense.  So every call of a peer's predictor runs here:
   from the sandbox's helper (:mod:`msa_fed.artifacts.zygote`; a fresh ``python -I -B`` when
   there is none) and limited like a sandbox child (RLIMIT_AS, no file writes, few descriptors,
   empty working directory, minimal environment, own session) before it reads a byte of a model;
-- one call = one JSON header and raw little-endian bytes each way over a socket pair: float32
-  rows in, the output tensor out (float32 or float64, its shape in the header and checked
-  against the predictor's declaration).  Nothing is pickled in either direction;
-- a per-call wall-clock limit scaled to the batch (:meth:`IsolationLimits.call_limit`); a worker
+- one request = one JSON header and raw little-endian bytes each way over a socket pair: float32
+  rows in (once for all the models of the request, with the bytes of those the worker has not
+  loaded yet), each model's output tensor out in turn (float32 or float64, its shape in the
+  header and checked against the predictor's declaration).  Nothing is pickled in either
+  direction.  :func:`answered_together` puts all of a site's peers' predictors in one request;
+- a per-model wall-clock limit scaled to the batch (:meth:`IsolationLimits.call_limit`); a worker
   that runs past it, dies, answers out of protocol or runs out of memory is killed and replaced,
   and the call raises :class:`msa_fed.errors.PeerFault` naming the predictor's owner, in one
-  line: ``site 'b''s predictor exceeded 2.5 s on 512 rows``.
+  line: ``site 'b''s predictor exceeded 2.5 s on 512 rows`` (out of memory: only once it is so
+  alone in a fresh worker on at most :data:`MIN_SPLIT_ROWS` rows, see
+  :meth:`PredictorPool.run_many`).
 
 :func:`isolate` turns a loaded :class:`~msa_fed.artifacts.loader.OnnxPredictor` into one whose
 ``predict`` / ``predict_proba`` go through the pool (same class surface; it saves and exports
@@ -41,6 +45,8 @@ from msa_fed.errors import PeerFault
 
 #: rows per call: a larger batch is sent in chunks of this many rows (each with its own limit)
 CHUNK_ROWS = 1 << 16
+#: a model that runs out of memory runs again alone on halves of its rows down to this many
+MIN_SPLIT_ROWS = 1024
 #: largest output accepted from a worker (values per row times rows, checked before reading)
 MAX_OUTPUT_VALUES_PER_ROW = 10_000
 
@@ -91,9 +97,20 @@ class IsolationLimits:
 class _Violation(Exception):
     """A worker broke a limit or the protocol: ``what`` completes "site 'x''s predictor ..."."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, memory: bool = False):
         super().__init__(what)
         self.what = what
+        self.memory = memory
+
+
+class _OutOfMemory(Exception):
+    """A model ran out of memory or ended its worker: ``done`` the outputs of the models before it
+    in the request, ``fault`` the error naming its owner, ``shared`` whether other models' sessions
+    were in the worker with it (then it is not blamed yet: see :meth:`PredictorPool.run_many`)."""
+
+    def __init__(self, done: list, fault: PeerFault, shared: bool):
+        super().__init__(str(fault))
+        self.done, self.fault, self.shared = done, fault, shared
 
 
 class _Worker:
@@ -169,15 +186,19 @@ class _Worker:
             buf += chunk
         return bytes(buf)
 
-    def exchange(self, header: dict, payload, limit_s: float, max_out: int) -> tuple[dict, np.ndarray | None]:
-        """Send one request (``payload``: bytes or a C-contiguous array), read one answer (the
-        output array of a "run"); raises socket.timeout, EOFError, OSError, _Violation."""
-        deadline = time.monotonic() + limit_s
+    def send(self, header: dict, payloads: list, deadline: float) -> None:
+        """One request: the JSON header, then each payload (bytes or a C-contiguous array)."""
         raw = json.dumps(header).encode()
         self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
         self.sock.sendall(_HEADER.pack(len(raw)) + raw)
-        if len(payload):
-            self.sock.sendall(memoryview(payload).cast("B"))
+        for payload in payloads:
+            if len(payload):
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                self.sock.sendall(memoryview(payload).cast("B"))
+
+    def answer(self, deadline: float, max_out: int | None) -> np.ndarray | None:
+        """Read one answer frame: ``{"ok": true}`` (``max_out`` None: a model loaded) or an output
+        array of at most ``max_out`` values; raises TimeoutError, EOFError, OSError, _Violation."""
         (size,) = _HEADER.unpack(self._recv_exactly(_HEADER.size, deadline))
         if size > MAX_HEADER_BYTES:
             raise _Violation("answered out of protocol")
@@ -189,10 +210,10 @@ class _Worker:
             raise _Violation("answered out of protocol")
         if answer.get("ok") is not True:
             if answer.get("code") == "memory":
-                raise _Violation(f"exceeded the memory limit ({self.limits.memory_bytes >> 20} MiB)")
+                raise _Violation(f"exceeded the memory limit ({self.limits.memory_bytes >> 20} MiB)", memory=True)
             raise _Violation("failed")
-        if header["op"] != "run":
-            return answer, None
+        if max_out is None:
+            return None
         shape, dtype = answer.get("shape"), answer.get("dtype")
         if (
             dtype not in ("<f4", "<f8")
@@ -212,7 +233,7 @@ class _Worker:
             if n == 0:
                 raise EOFError
             got += n
-        return answer, out
+        return out
 
     def kill(self) -> None:
         from msa_fed.artifacts.sandbox import kill_group
@@ -239,11 +260,37 @@ class PredictorPool:
         self._idle: list[_Worker] = []
         self._count = 0
         self._cond = threading.Condition()
+        self._starting = 0  # workers being started in the background (prestart)
+        self._fits: dict[str, int] = {}  # sha256 -> rows it ran on alone after running out of memory
         self.restarts = 0  # workers killed after a violation (for tests and the operator's log)
+
+    def prestart(self) -> None:
+        """Start a worker in the background where none runs yet, so that the first call finds it
+        ready (starting one takes seconds: the fork, the limits, onnxruntime's import)."""
+        with self._cond:
+            if self._count or self._starting:
+                return
+            self._count += 1
+            self._starting += 1
+        threading.Thread(target=self._start_one, name="msa-fed-predictor-worker", daemon=True).start()
+
+    def _start_one(self) -> None:
+        worker = None
+        try:
+            worker = _Worker(self.limits)
+        except Exception:  # noqa: BLE001 - the first call starts one again and reports why it cannot
+            pass
+        with self._cond:
+            self._starting -= 1
+            if worker is None:
+                self._count -= 1
+            else:
+                self._idle.append(worker)
+            self._cond.notify_all()
 
     def _acquire(self) -> _Worker:
         with self._cond:
-            while not self._idle and self._count >= self.limits.workers:
+            while not self._idle and (self._starting or self._count >= self.limits.workers):
                 self._cond.wait()
             if self._idle:
                 return self._idle.pop()
@@ -271,48 +318,128 @@ class PredictorPool:
         """The output tensor of ``predictor`` on float32 rows ``X`` (n, d), computed in a worker.
 
         Raises :class:`PeerFault` naming ``owner`` when the predictor breaks a limit."""
+        return self.run_many([(predictor, owner)], X)[0]
+
+    def run_many(self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray) -> list[np.ndarray]:
+        """The output tensors of several predictors (``(predictor, owner)`` pairs) on the same
+        float32 rows ``X`` (n, d), in one request to one worker: the rows cross once, the models
+        not loaded there yet cross with them, and the answers come back model by model.
+
+        Each model has its own limits (:meth:`IsolationLimits.call_limit`, counted from the
+        previous model's answer, and ``load_s`` for a load); the first to break one raises
+        :class:`PeerFault` naming its owner (the models after it are not run).  A model that
+        runs out of memory (or ends its worker) is blamed only once it does so alone in a fresh
+        worker on at most :data:`MIN_SPLIT_ROWS` rows: before that it runs again alone, its rows
+        halved (an honest model's peak grows with the rows, and other models' sessions share a
+        worker's limit)."""
         X = np.ascontiguousarray(X, dtype="<f4")
-        outs = [self._run_chunk(predictor, X[a : a + CHUNK_ROWS], owner) for a in range(0, X.shape[0], CHUNK_ROWS)]
+        if not items:
+            return []
+        with self._cond:  # rows a model ran on after running out of memory on more: chunks that size
+            step = min([CHUNK_ROWS, *(self._fits.get(h.sha256, CHUNK_ROWS) for h, _ in items)])
+        parts = [self._run_rows(items, X[a : a + step]) for a in range(0, max(X.shape[0], 1), step)]
+        if len(parts) == 1:
+            return parts[0]
+        return [np.concatenate([part[i] for part in parts], axis=0) for i in range(len(items))]
+
+    def _run_rows(self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray) -> list[np.ndarray]:
+        outs: list[np.ndarray] = []
+        while len(outs) < len(items):
+            try:
+                outs += self._run_chunk(items[len(outs) :], X)
+            except _OutOfMemory as oom:
+                outs += oom.done
+                outs.append(self._run_alone(items[len(outs)], X, oom))
+        return outs
+
+    def _run_alone(self, item: tuple[OnnxPredictor, str], X: np.ndarray, oom: _OutOfMemory) -> np.ndarray:
+        rows = int(X.shape[0])
+        if rows <= MIN_SPLIT_ROWS and not oom.shared:
+            raise oom.fault
+        halves = [X] if rows <= MIN_SPLIT_ROWS else [X[: rows // 2], X[rows // 2 :]]
+        outs = []
+        for part in halves:
+            try:
+                outs.append(self._run_chunk([item], part, alone=True)[0])
+            except _OutOfMemory as again:
+                outs.append(self._run_alone(item, part, again))
+                continue
+            if len(halves) > 1:
+                with self._cond:
+                    sha = item[0].sha256
+                    self._fits[sha] = min(self._fits.get(sha, CHUNK_ROWS), int(part.shape[0]))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
 
-    def _run_chunk(self, predictor: OnnxPredictor, X: np.ndarray, owner: str) -> np.ndarray:
+    def _run_chunk(
+        self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray, alone: bool = False
+    ) -> list[np.ndarray]:
+        """``items`` on ``X`` in one request (``alone``: in a worker that holds no other model)."""
         rows = int(X.shape[0])
         worker = self._acquire()
-        broken, phase, limit = True, "load", self.limits.load_s
+        if alone and worker.loaded - {items[0][0].sha256}:
+            worker = self._replace(worker)
+        broken, owner, phase, limit, shared = True, items[0][1], "send", self.limits.load_s, False
+        outs: list[np.ndarray] = []
         try:
-            if predictor.sha256 not in worker.loaded:
-                worker.exchange(
-                    {"op": "load", "sha256": predictor.sha256, "nbytes": len(predictor.data)},
-                    predictor.data,
-                    limit,
-                    0,
-                )
-                worker.loaded.add(predictor.sha256)
-            phase, limit = "run", self.limits.call_limit(rows)
-            _, out = worker.exchange(
-                {"op": "run", "sha256": predictor.sha256, "rows": rows, "cols": int(X.shape[1])},
-                X,
-                limit,
-                rows * MAX_OUTPUT_VALUES_PER_ROW,
+            sending: set[str] = set()
+            models, blobs = [], []
+            for predictor, _ in items:
+                new = predictor.sha256 not in worker.loaded and predictor.sha256 not in sending
+                models.append({"sha256": predictor.sha256, "nbytes": len(predictor.data) if new else 0})
+                if new:
+                    sending.add(predictor.sha256)
+                    blobs.append(predictor.data)
+            budget = len(blobs) * self.limits.load_s + len(items) * self.limits.call_limit(rows)
+            worker.send(
+                {"op": "runs", "rows": rows, "cols": int(X.shape[1]), "models": models},
+                [*blobs, X],
+                time.monotonic() + budget,
             )
-            assert out is not None  # a "run" answers an array
-            if out.ndim == 0 or out.shape[0] != rows:
-                raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
+            for (predictor, name), model in zip(items, models):
+                owner = name  # the one a violation from here on names
+                shared = bool(outs) or bool(worker.loaded - {predictor.sha256})
+                if model["nbytes"]:
+                    phase, limit = "load", self.limits.load_s
+                    worker.answer(time.monotonic() + limit, None)
+                    worker.loaded.add(predictor.sha256)
+                phase, limit = "run", self.limits.call_limit(rows)
+                out = worker.answer(time.monotonic() + limit, rows * MAX_OUTPUT_VALUES_PER_ROW)
+                assert out is not None  # a run answers an array
+                if out.ndim == 0 or out.shape[0] != rows:
+                    raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
+                outs.append(out)
             broken = False
-            return out
+            return outs
         except TimeoutError:
             what = f"exceeded {limit:.3g} s" + (" loading" if phase == "load" else "")
             raise PeerFault(owner, f"site {owner!r}'s predictor {what} on {rows} rows") from None
         except _Violation as v:
-            raise PeerFault(owner, f"site {owner!r}'s predictor {v.what} on {rows} rows") from None
+            fault = PeerFault(owner, f"site {owner!r}'s predictor {v.what} on {rows} rows")
+            if v.memory:
+                raise _OutOfMemory(outs, fault, shared) from None
+            raise fault from None
         except (EOFError, OSError):
             # the worker died: RLIMIT_AS can end it outside onnxruntime's allocator too
-            raise PeerFault(owner, f"site {owner!r}'s predictor ended its worker process on {rows} rows") from None
+            fault = PeerFault(owner, f"site {owner!r}'s predictor ended its worker process on {rows} rows")
+            raise _OutOfMemory(outs, fault, shared) from None
         finally:
             self._release(worker, broken)
 
+    def _replace(self, worker: _Worker) -> _Worker:
+        """A new worker in place of ``worker`` (which holds other models)."""
+        worker.kill()
+        try:
+            return _Worker(self.limits)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
     def close(self) -> None:
         with self._cond:
+            while self._starting:
+                self._cond.wait()
             idle, self._idle = self._idle, []
             self._count -= len(idle)
         for w in idle:
@@ -339,6 +466,9 @@ class _Isolated:
     pool: PredictorPool | None
 
     def _run(self, X: np.ndarray) -> np.ndarray:
+        answered = self.__dict__.get("_answered")
+        if answered is not None and answered[0].shape == X.shape and np.array_equal(answered[0], X, equal_nan=True):
+            return answered[1]
         pool = self.pool or default_pool()
         out: np.ndarray = pool.run(self, X, self.owner)  # type: ignore[arg-type]  # a mixin of OnnxPredictor
         return out
@@ -368,4 +498,46 @@ def isolate(predictor: OnnxPredictor, owner: str, pool: PredictorPool | None = N
         out = IsolatedRegressor(*args)
     out.owner = str(owner)
     out.pool = pool
+    return out
+
+
+def is_isolated(predictor) -> bool:
+    """Whether ``predictor`` runs in a limited worker process at every call (see :func:`isolate`)."""
+    return isinstance(predictor, _Isolated)
+
+
+def prestart(predictors) -> None:
+    """Start, in the background, a worker for the isolated ones among ``predictors`` where their
+    pool has none yet (a site does it when a job's predictors arrive: the worker is ready by the
+    time the site first evaluates them)."""
+    for pool in {id(p): p for p in (h.pool or default_pool() for h in predictors if is_isolated(h))}.values():
+        pool.prestart()
+
+
+def answered_together(predictors: list, X) -> list:
+    """``predictors`` with every isolated one replaced by a copy that already holds its output on
+    ``X`` (n, d): all of them computed in one request per pool (:meth:`PredictorPool.run_many`:
+    one round trip, the rows sent once) instead of one request each.  A copy answers a call on
+    exactly these rows from what it holds and any other call through its pool; the predictors
+    that are not isolated are returned as they are.  A limit broken raises :class:`PeerFault`
+    naming the predictor's owner, as the call itself would."""
+    out = list(predictors)
+    if not any(is_isolated(h) for h in out):
+        return out
+    # the conversions the predictor's own call makes (to float64 at the site, then float32)
+    X32 = np.ascontiguousarray(np.asarray(X, dtype=np.float64), dtype=np.float32)
+    if X32.ndim != 2 or X32.shape[0] == 0:
+        return out
+    by_pool: dict[int, tuple[PredictorPool, list[int]]] = {}
+    for k, h in enumerate(predictors):
+        if is_isolated(h) and h.n_features_in_ == X32.shape[1]:
+            pool = h.pool or default_pool()
+            by_pool.setdefault(id(pool), (pool, []))[1].append(k)
+    for pool, ks in by_pool.values():
+        outs = pool.run_many([(predictors[k], predictors[k].owner) for k in ks], X32)
+        for k, o in zip(ks, outs):
+            h = predictors[k]
+            copy = isolate(h, h.owner, h.pool)
+            copy._answered = (X32, o)  # type: ignore[attr-defined]
+            out[k] = copy
     return out

@@ -53,13 +53,31 @@ def _recv_into(sock: socket.socket, buf) -> bool:
     return True
 
 
+def _fail(wfd: int, exc: BaseException) -> None:
+    """Answer a failure: ``code`` "memory" where the message says an allocation failed."""
+    detail = f"{type(exc).__name__}: {exc}"[:2000]
+    alloc = ("bad_alloc", "Failed to allocate", "alloc failed")
+    memory = isinstance(exc, MemoryError) or any(s in detail for s in alloc)
+    _send(wfd, {"ok": False, "code": "memory" if memory else "error", "detail": detail})
+
+
 def serve(rfd: int, wfd: int) -> int:
     """The worker's loop (limits already set): requests on ``rfd``, answers on ``wfd``.
 
-    ``{"op": "load", "sha256", "nbytes"}`` + ONNX bytes -> ``{"ok": true}``;
-    ``{"op": "run", "sha256", "rows", "cols"}`` + rows*cols little-endian float32 ->
-    ``{"ok": true, "dtype": "<f4"|"<f8", "shape": [...]}`` + the output's bytes;
-    any failure -> ``{"ok": false, "code": "memory"|"error", "detail"}``.  Ends at EOF."""
+    One request runs several models on the same rows (a site evaluates all its peers' predictors
+    on its points at once: one round trip, the rows sent once)::
+
+        {"op": "runs", "rows", "cols", "models": [{"sha256", "nbytes"}, ...]}
+        + the ONNX bytes of each model with nbytes > 0 (not loaded yet), in order
+        + rows*cols little-endian float32
+
+    answered model by model, in order: a model sent with its bytes first answers ``{"ok": true}``
+    once loaded, then every model ``{"ok": true, "dtype": "<f4"|"<f8", "shape": [...]}`` + its
+    output's bytes.  A failure answers ``{"ok": false, "code": "memory"|"error", "detail"}`` in
+    place of the frame it stops (the caller then ends this process).  Ends at EOF."""
+    import onnx  # noqa: F401 - imported while the worker waits for its first request
+    import onnxruntime  # noqa: F401
+
     from msa_fed.artifacts.structure import open_session
 
     sessions: dict[str, tuple] = {}
@@ -74,22 +92,31 @@ def serve(rfd: int, wfd: int) -> int:
         body = _read_exactly(rfd, size)
         if body is None:
             return 0
-        req = json.loads(body)
         try:
-            if req["op"] == "load":
-                data = _read_exactly(rfd, int(req["nbytes"]))
+            req = json.loads(body)
+            if req["op"] != "runs":
+                raise ValueError("unknown op")
+            models = [(str(m["sha256"]), int(m["nbytes"])) for m in req["models"]]
+            blobs = []
+            for _, nbytes in models:
+                data = _read_exactly(rfd, nbytes) if nbytes else b""
                 if data is None:
                     return 0
-                if hashlib.sha256(data).hexdigest() != req["sha256"]:
-                    raise ValueError("sha256 mismatch")
-                sessions[req["sha256"]] = open_session(data, 1)
-                _send(wfd, {"ok": True})
-            elif req["op"] == "run":
-                rows, cols = int(req["rows"]), int(req["cols"])
-                X = np.empty((rows, cols), dtype="<f4")
-                if not _recv_into(sock, X):
-                    return 0
-                session, input_name, output_name = sessions[req["sha256"]]
+                blobs.append(data)
+            X = np.empty((int(req["rows"]), int(req["cols"])), dtype="<f4")
+            if not _recv_into(sock, X):
+                return 0
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer
+            _fail(wfd, exc)
+            continue
+        for (sha, nbytes), data in zip(models, blobs):
+            try:
+                if nbytes:
+                    if hashlib.sha256(data).hexdigest() != sha:
+                        raise ValueError("sha256 mismatch")
+                    sessions[sha] = open_session(data, 1, memory_arena=False)
+                    _send(wfd, {"ok": True})
+                session, input_name, output_name = sessions[sha]
                 out = np.asarray(session.run([output_name], {input_name: X})[0])
                 if out.dtype.kind != "f":
                     raise TypeError(f"output dtype {out.dtype}")
@@ -97,13 +124,7 @@ def serve(rfd: int, wfd: int) -> int:
                 out = np.ascontiguousarray(out, dtype=dtype)
                 _send(wfd, {"ok": True, "dtype": dtype, "shape": list(out.shape)})
                 sock.sendall(out.data.cast("B"))
-            else:
-                raise ValueError("unknown op")
-        except MemoryError as exc:
-            _send(wfd, {"ok": False, "code": "memory", "detail": f"MemoryError: {exc}"[:2000]})
-        except Exception as exc:  # noqa: BLE001 - every failure is an answer
-            detail = f"{type(exc).__name__}: {exc}"[:2000]
-            code = (
-                "memory" if any(s in detail for s in ("bad_alloc", "Failed to allocate", "alloc failed")) else "error"
-            )
-            _send(wfd, {"ok": False, "code": code, "detail": detail})
+            except Exception as exc:  # noqa: BLE001 - MemoryError included: every failure is an answer
+                _fail(wfd, exc)
+                break
+        del blobs

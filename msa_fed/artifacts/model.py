@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed import __version__
+from msa_fed.artifacts.isolated import answered_together, is_isolated
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.core.domain_models import domain_model_state
 from msa_fed.core.inference import StoredFeatureMap, stored_domain_model
@@ -147,8 +148,8 @@ class CombinedModel:
     def _who(self, k) -> str:
         return f"predictor {k} (site {self.site_names[k]!r})" if k < len(self.site_names) else f"predictor {k}"
 
-    def _proba_of(self, k, X) -> np.ndarray:
-        h = self.predictors[k]
+    def _proba_of(self, k, X, h=None) -> np.ndarray:
+        h = self.predictors[k] if h is None else h
         P = checked_proba(h.predict_proba(X), X.shape[0], len(h.classes_), self._who(k), ArtifactError)
         out = np.zeros((X.shape[0], self.classes_.size))
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
@@ -214,7 +215,8 @@ class CombinedModel:
 
         with blas_threads_for(X.size * self.n_sources):
             a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
-            P = np.stack([self._proba_of(k, X) for k in range(self.n_sources)], axis=1)
+            hs = answered_together(self.predictors, X)  # peers' predictors: one request
+            P = np.stack([self._proba_of(k, X, hs[k]) for k in range(self.n_sources)], axis=1)
         return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:
@@ -233,7 +235,7 @@ class CombinedModel:
             H = np.column_stack(
                 [
                     checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)
-                    for k, h in enumerate(self.predictors)
+                    for k, h in enumerate(answered_together(self.predictors, X))
                 ]
             )
         return _finite(combine_regression(a, H), "the combined prediction")
@@ -311,6 +313,8 @@ def _build_session(model: CombinedModel):
         return None  # KDEs: the graph would hold (rows x sample) distances at once; numpy blocks them
     if not model.predictors or not all(isinstance(h, OnnxPredictor) for h in model.predictors):
         return None
+    if any(is_isolated(h) for h in model.predictors):
+        return None  # the graph would run a peer's predictor in this process, outside its limits
     from msa_fed.artifacts.onnx_graph import build_graph
 
     try:

@@ -354,10 +354,11 @@ def check_outputs(out, d_kind: str, n_rows: int, classes) -> list | None:
     return classes
 
 
-def open_session(data: bytes, intra_op_threads: int):
+def open_session(data: bytes, intra_op_threads: int, *, memory_arena: bool = True):
     """(session, input name, output name) of ONNX bytes that a sandbox accepted, their structure
     checked again here (raises :class:`Refusal` on a structure rule, the library's own errors
-    otherwise: the caller words them)."""
+    otherwise: the caller words them).  ``memory_arena`` False: a run's buffers are returned when
+    it ends (a worker holding several peers' models keeps none of one model's peak for the next)."""
     import onnx
     import onnxruntime as ort
 
@@ -369,6 +370,8 @@ def open_session(data: bytes, intra_op_threads: int):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 4
+    if not memory_arena:
+        options.enable_cpu_mem_arena = False
     options.add_session_config_entry("session.load_model_format", "ONNX")
     session = ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
     return session, session.get_inputs()[0].name, session.get_outputs()[0].name

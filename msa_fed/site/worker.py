@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from msa_fed.artifacts.isolated import answered_together, prestart
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
@@ -144,6 +145,7 @@ class SiteWorker(PublishedHalf):
         else:
             self.X_labeled = self.y_labeled = self.X_unlabeled = None
         self.predictors = list(predictors)
+        prestart(self.predictors)  # peers' predictors: their worker starts while the job sets up
         self.task = task
         self.loss = loss
         self.classes = None if classes is None else np.asarray(classes)
@@ -240,7 +242,7 @@ class SiteWorker(PublishedHalf):
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
             both = np.concatenate([self.X_labeled, self.X_unlabeled])
-            for k, h in enumerate(self.predictors):
+            for k, h in enumerate(answered_together(self.predictors, both)):  # peers': one request
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols.append(out)

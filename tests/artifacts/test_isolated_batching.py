@@ -1,0 +1,204 @@
+"""Several peers' predictors answered in one request to a limited worker (the site's evaluation of
+its peers' predictors, the coordinator's combined model): the same outputs as in process, one
+round trip, and a hostile predictor among honest ones is the one named.  The combined model never
+runs a peer's predictor in this process (its fast ONNX graph would)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.linear_model import LogisticRegression
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hostile_predictors import hostile_from_sklearn  # noqa: E402
+
+from msa_fed.artifacts.isolated import IsolationLimits, PredictorPool, answered_together, isolate  # noqa: E402
+from msa_fed.artifacts.model import CombinedModel  # noqa: E402
+from msa_fed.artifacts.predictors import export_sklearn, load_predictor  # noqa: E402
+from msa_fed.core.config import ClassifierConfig  # noqa: E402
+from msa_fed.core.domain_classifier import train_domain_classifier  # noqa: E402
+from msa_fed.core.features import make_feature_map  # noqa: E402
+from msa_fed.errors import PeerFault  # noqa: E402
+
+rng = np.random.default_rng(1)
+X = rng.normal(size=(400, 2))
+WHOLE = np.round(10 * X)  # the rows a hostile predictor waits for
+ESTS = [LogisticRegression().fit(X, (X @ w > 0).astype(int)) for w in ([1.0, 0.0], [0.0, 1.0], [1.0, 1.0])]
+
+
+class CountingPool(PredictorPool):
+    """A real pool that counts its requests to workers."""
+
+    requests = 0
+
+    def _run_chunk(self, items, X, alone=False):
+        self.requests += 1
+        return super()._run_chunk(items, X, alone)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = CountingPool(IsolationLimits(base_s=1.5, per_row_s=1e-3, workers=1))
+    yield pool
+    pool.close()
+
+
+def honest(k):
+    return load_predictor(export_sklearn(ESTS[k], n_features=2), kind="probabilities")
+
+
+def hostile(kind, k=0):
+    return load_predictor(hostile_from_sklearn(kind, ESTS[k]), kind="probabilities", sample=X)
+
+
+def test_peers_answered_together_are_their_in_process_outputs_in_one_request(pool):
+    own = honest(0)
+    inproc = [own, honest(1), honest(2)]
+    hs = [own] + [isolate(h, name, pool) for h, name in zip(inproc[1:], ("b", "c"))]
+    before = pool.requests
+    together = answered_together(hs, WHOLE)
+    assert pool.requests == before + 1  # both peers, one request (the models loaded with it)
+    assert together[0] is own  # ours runs here, as before
+    for h, ref in zip(together, inproc):
+        np.testing.assert_array_equal(h.predict_proba(WHOLE), ref.predict_proba(WHOLE))
+    assert pool.requests == before + 1  # answered from what the request brought back
+    # other rows go through the pool again, and still answer right
+    np.testing.assert_array_equal(together[1].predict_proba(X[:7]), inproc[1].predict_proba(X[:7]))
+    assert pool.requests == before + 2
+    # more rows than a chunk: one request per chunk, outputs in row order
+    big = rng.normal(size=(70_000, 2))
+    before = pool.requests
+    together = answered_together(hs, big)
+    assert pool.requests == before + 2
+    np.testing.assert_array_equal(together[2].predict_proba(big), inproc[2].predict_proba(big))
+
+
+def test_a_slow_predictor_among_honest_ones_is_the_one_named(pool):
+    hs = [isolate(honest(1), "b", pool), isolate(hostile("slow"), "west", pool), isolate(honest(2), "c", pool)]
+    before = pool.restarts
+    with pytest.raises(PeerFault) as err:
+        answered_together(hs, WHOLE)
+    assert err.value.site == "west"
+    assert str(err.value) == "site 'west''s predictor exceeded 1.9 s on 400 rows"
+    assert pool.restarts == before + 1
+    # honest peers answer again, in a fresh worker
+    np.testing.assert_array_equal(
+        answered_together(hs[::2], WHOLE)[1].predict_proba(WHOLE), honest(2).predict_proba(WHOLE)
+    )
+
+
+def test_a_memory_hungry_predictor_after_honest_ones_is_the_one_named(pool):
+    hs = [isolate(honest(1), "b", pool), isolate(honest(2), "c", pool), isolate(hostile("mem"), "east", pool)]
+    with pytest.raises(
+        PeerFault, match=r"^site 'east''s predictor exceeded the memory limit \(1024 MiB\) on 400 rows$"
+    ):
+        answered_together(hs, WHOLE)
+
+
+def _combined(predictors):
+    dm = train_domain_classifier([X[:200], X[200:] + 1], make_feature_map("standard"), ClassifierConfig())
+    return CombinedModel(
+        method="dmsa",
+        task="classification",
+        site_names=["a", "b"],
+        domain_model=dm,
+        qhat=[0.5, 0.5],
+        z=[0.4, 0.6],
+        eta=1e-2,
+        predictors=predictors,
+        n_features=2,
+        classes=[0, 1],
+    )
+
+
+def test_the_combined_model_runs_peers_predictors_in_their_workers_not_in_its_graph(pool):
+    inproc = _combined([honest(0), honest(1)])
+    assert inproc._graph_session() is not None  # the fast path, where every predictor is trusted
+    iso = _combined([honest(0), isolate(honest(1), "b", pool)])
+    assert iso._graph_session() is None
+    before = pool.requests
+    np.testing.assert_allclose(iso.predict_proba(WHOLE), inproc.predict_proba(WHOLE), rtol=1e-12, atol=1e-12)
+    assert pool.requests == before + 1
+    # a peer's predictor that allocates 2 GB on whole-number rows: named, and not in this process
+    hostile_model = _combined([honest(0), isolate(hostile("mem"), "b", pool)])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PeerFault, match=r"^site 'b''s predictor exceeded the memory limit"):
+        hostile_model.predict(WHOLE)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100_000  # KiB: no 2 GB here
+
+
+def test_a_site_starts_its_peers_worker_before_the_first_call():
+    from msa_fed.artifacts.isolated import prestart
+
+    fresh = PredictorPool(IsolationLimits(workers=2))
+    try:
+        own, peer = honest(0), isolate(honest(1), "b", fresh)
+        prestart([own, peer])
+        prestart([own, peer])  # one is enough: already starting
+        peer.predict_proba(X)  # waits for the started worker rather than starting another
+        assert fresh._count == 1 and len(fresh._idle) == 1 and fresh.restarts == 0
+        pid = fresh._idle[0].pid
+        assert Path(f"/proc/{pid}").exists()
+        answered_together([own, peer], WHOLE)
+        assert [w.pid for w in fresh._idle] == [pid]
+        prestart([own])  # no isolated predictor: no worker
+    finally:
+        fresh.close()
+    assert fresh._count == 0
+
+
+def wide_predictor(width: int) -> bytes:
+    """An honest 2-class predictor whose peak memory grows with the rows: an (n, width) float32
+    product (``width`` * 4 bytes a row), reduced to one logit."""
+    W = np.random.default_rng(0).normal(size=(2, width)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["H"]),
+        helper.make_node("ReduceMax", ["H"], ["m"], axes=[1], keepdims=1),
+        helper.make_node("Mul", ["m", "s"], ["l"]),
+        helper.make_node("Neg", ["l"], ["nl"]),
+        helper.make_node("Concat", ["nl", "l"], ["logits"], axis=1),
+        helper.make_node("Softmax", ["logits"], ["P"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("P", TensorProto.FLOAT, ["n", 2])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(np.array([0.01], np.float32), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(
+        model, {"msa_fed.kind": "probabilities", "msa_fed.n_features": "2", "msa_fed.classes": "[0, 1]"}
+    )
+    return model.SerializeToString()
+
+
+def test_an_honest_predictor_too_big_for_the_limit_on_the_whole_batch_answers_on_halves():
+    """16000 rows need a 500 MiB product, over a 512 MiB worker with its libraries: the model runs
+    again alone on halves of the rows instead of being blamed; a hostile one still is."""
+    h = load_predictor(wide_predictor(8192), kind="probabilities")
+    small = PredictorPool(IsolationLimits(memory_bytes=512 << 20, workers=1))
+    try:
+        big = rng.normal(size=(16_000, 2))
+        hs = [isolate(honest(1), "b", small), isolate(h, "wide", small)]
+        out = answered_together(hs, big)
+        assert small.restarts >= 1  # it did run out of memory on the whole batch
+        ref = np.concatenate([h.predict_proba(big[a : a + 1000]) for a in range(0, big.shape[0], 1000)])
+        np.testing.assert_array_equal(out[1].predict_proba(big), ref)
+        np.testing.assert_array_equal(out[0].predict_proba(big), honest(1).predict_proba(big))
+        restarts = small.restarts  # the next call sends it rows in chunks that fit: no new failure
+        np.testing.assert_array_equal(answered_together(hs, big)[1].predict_proba(big), ref)
+        assert small.restarts == restarts
+        with pytest.raises(
+            PeerFault, match=r"^site 'east''s predictor exceeded the memory limit \(512 MiB\) on 1000 rows$"
+        ):
+            answered_together([hs[1], isolate(hostile("mem"), "east", small)], np.round(10 * big[:2000]))
+    finally:
+        small.close()
