@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_solver.py --baseline ../main    # and another tree, interleaved
     .venv/bin/python benchmarks/bench_solver.py --big                 # also p = 32, n = 1e6 (minutes)
     .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --problems --experiments
+    .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --seeds 6   # counts per seed
 
 Every DC evaluation is one round trip to every site and one query charged to each site's
 budget, so the number of evaluations per fit is reported next to the time.  Each measurement
@@ -55,7 +56,10 @@ def make_sites(p: int, n: int, seed: int = 0, d: int = 5, m: int = 2000):
     from sklearn.linear_model import LogisticRegression
 
     from msa_fed import SiteData
+    from msa_fed.privacy.policy import SitePolicy
 
+    # the default site policy serves jobs of at most 16 sites: these sites agree to p of them
+    policy = SitePolicy(max_sites=p) if p > SitePolicy().max_sites else None
     rng = np.random.default_rng(seed)
     means, rules = rng.normal(size=(p, d)), rng.normal(size=(p, d))
     sites = []
@@ -68,12 +72,19 @@ def make_sites(p: int, n: int, seed: int = 0, d: int = 5, m: int = 2000):
         Xt, yt = draw(300)
         Xl, yl = draw(n // p)
         sites.append(
-            SiteData(f"site{k:02d}", Xl, yl, rng.normal(size=(m, d)) + means[k], LogisticRegression().fit(Xt, yt))
+            SiteData(
+                f"site{k:02d}",
+                Xl,
+                yl,
+                rng.normal(size=(m, d)) + means[k],
+                LogisticRegression().fit(Xt, yt),
+                policy=policy,
+            )
         )
     return sites
 
 
-def child_fit(p: int, n: int, exhaustive: bool, blas: str) -> dict:
+def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dict:
     import msa_fed.runtime.coordinator as coordinator
     from msa_fed import fit_dmsa
 
@@ -102,8 +113,18 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str) -> dict:
             seen["exhaustive_s"] = time.perf_counter() - t
         return res
 
+    real_influence = getattr(coordinator, "influence_table", None)  # None: a tree without the report
+
+    def timed_influence(*args, **kw):
+        t = time.perf_counter()
+        table = real_influence(*args, **kw)
+        seen["influence_s"] = time.perf_counter() - t
+        return table
+
     coordinator.solve_dc = timed_solve
-    sites = make_sites(p, n)
+    if real_influence is not None:
+        coordinator.influence_table = timed_influence
+    sites = make_sites(p, n, seed=seed)
     fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
     seen["exhaustive_s"] = 0.0
     cpu = time.process_time()
@@ -120,6 +141,10 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str) -> dict:
         "converged": model.info["solver"]["converged"],
         "runs": [r["iterations"] for r in model.info["solver"]["restarts"]],
     }
+    if (model.info.get("influence") or {}).get("evaluations") is not None:
+        # the influence report's re-solves (one per site, after the solve): rounds at every site too
+        out["influence_s"] = seen["influence_s"]
+        out["influence_evaluations"] = model.info["influence"]["evaluations"]
     if exhaustive:
         out["exhaustive_max_loss"] = seen["exhaustive_max_loss"]
         out["exhaustive_evaluations"] = seen["exhaustive_evaluations"]
@@ -255,6 +280,10 @@ def run_child(tree: Path, args: list[str]) -> dict:
     return result
 
 
+#: the influence report's share of a fit (absent in a tree without the report)
+INFLUENCE = ("influence_s", "influence_evaluations")
+
+
 def median(rows: list[dict], key: str) -> float:
     return float(np.median([r[key] for r in rows]))
 
@@ -265,6 +294,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--big", action="store_true", help="also p = 32, n = 1e6 (this tree; the baseline once)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["fit", "threads", "sums"])
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        help="also the fits of p = 4, 8, 16 (n = 1e5) on this many seeds of the sites' generator (this tree): "
+        "evaluations against the bounds 15/20/30 and max_k L_k against the exhaustive solve",
+    )
     ap.add_argument("--problems", action="store_true", help="also bench_core's problems against the exhaustive solve")
     ap.add_argument(
         "--experiments",
@@ -278,7 +314,7 @@ def main(argv=None) -> int:
     if args.child:
         kind, rest = args.child[0], args.child[1:]
         if kind == "fit":
-            res = child_fit(int(rest[0]), int(float(rest[1])), rest[2] == "1", rest[3])
+            res = child_fit(int(rest[0]), int(float(rest[1])), rest[2] == "1", rest[3], *map(int, rest[4:5]))
         else:
             res = child_sums(int(rest[0]), int(float(rest[1])), rest[2])
         print(json.dumps(res))
@@ -304,7 +340,8 @@ def main(argv=None) -> int:
                     )
             row = {"p": p, "n": n, "runs": runs, "load_average": os.getloadavg()}
             for name, rs in runs.items():
-                row[name] = {k: median(rs, k) for k in ("fit_s", "solve_s", "evaluations", "max_loss", "cpu_over_wall")}
+                keys = ("fit_s", "solve_s", "evaluations", "max_loss", "cpu_over_wall")
+                row[name] = {k: median(rs, k) for k in keys + tuple(k for k in INFLUENCE if k in rs[0])}
             ex = runs["this"][0]
             row["this"].update({k: ex[k] for k in ("exhaustive_evaluations", "max_loss_minus_exhaustive")})
             line = (
@@ -312,6 +349,11 @@ def main(argv=None) -> int:
                 f"{row['this']['evaluations']:.0f} evaluations (exhaustive {ex['exhaustive_evaluations']}, "
                 f"max_k L_k - exhaustive {ex['max_loss_minus_exhaustive']:.1e})"
             )
+            if "influence_s" in row["this"]:
+                line += (
+                    f" | influence report {row['this']['influence_s']:.3f} s, "
+                    f"{row['this']['influence_evaluations']:.0f} evaluations"
+                )
             if "baseline" in runs:
                 b = row["baseline"]
                 row["ratio_fit"] = b["fit_s"] / row["this"]["fit_s"]
@@ -363,6 +405,19 @@ def main(argv=None) -> int:
                 print(line, flush=True)
                 rows.append(row)
         result["sums"] = rows
+    if args.seeds:
+        rows = []
+        for p, bound in ((4, 15), (8, 20), (16, 30)):
+            for seed in range(args.seeds):
+                r = run_child(ROOT, ["fit", str(p), "100000", "1", "one", str(seed)])
+                rows.append({"p": p, "seed": seed, "bound": bound, **r})
+                print(
+                    f"p={p:3d} seed={seed}: {r['evaluations']} evaluations (bound {bound}; exhaustive "
+                    f"{r['exhaustive_evaluations']}), max_k L_k - exhaustive {r['max_loss_minus_exhaustive']:.1e}"
+                    + (f"; influence report {r['influence_evaluations']} evaluations" if "influence_s" in r else ""),
+                    flush=True,
+                )
+        result["seeds"] = rows
     if args.problems:
         sys.path.insert(0, str(ROOT))
         result["problems"] = core_problems((1_000, 10_000, 100_000), (2, 4, 8, 16, 32))

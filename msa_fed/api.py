@@ -219,7 +219,7 @@ def fit_dmsa(
     mu : L2 weight of the classifier (> 0), :attr:`ClassifierConfig.mu`.
     classifier_options : the other fields of :class:`msa_fed.core.config.ClassifierConfig`.
     solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
-        tol, max_iter, n_restarts, bound, z0).
+        tol, max_iter, n_restarts, all_starts, bound, z0).
     ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
     recorder : a :class:`msa_fed.boundary.messages.Recorder` capturing every boundary message.
     solver_callback : called as callback(iteration, z, value) after each solver iteration.

@@ -162,6 +162,13 @@ def test_solver_options_change_the_fit(sites):
     assert fit_dmsa(sites).info["solver"]["method"] == "slsqp-minmax"
 
 
+def test_all_starts_reaches_the_solve_of_a_fit(sites):
+    every = fit_dmsa(sites, solver_options={"all_starts": True, "n_restarts": 2}).info["solver"]
+    first = fit_dmsa(sites, solver_options={"n_restarts": 2}).info["solver"]
+    assert len(every["restarts"]) == 3 and len(first["restarts"]) == 1
+    assert every["n_evaluations"] > first["n_evaluations"]
+
+
 def test_reported_domain_losses_are_the_models_own_log_loss(sites):
     """With eta = 0 and a predictor that gives the true labels probability ~0, the losses the
     solver reports are the combined model's own log-loss on each domain's weighted sample (the

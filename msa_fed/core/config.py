@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from msa_fed.core.options import Choice, Integer, Number, Optional, Text, normalise, option
+from msa_fed.core.options import Choice, Flag, Integer, Number, Optional, Text, normalise, option
 
 if TYPE_CHECKING:
     import torch
@@ -117,6 +117,13 @@ class SolverConfig:
     tol: float = option(1e-9, "stop when Gamma(z) <= tol (a global optimality test)", Number(0.0))
     max_iter: int = option(200, "iterations per run (a ConvergenceWarning when reached)", Integer(1))
     n_restarts: int = option(4, "random simplex starts tried after the first one, only while not converged", Integer(0))
+    all_starts: bool = option(
+        False,
+        "run every start (the first and the n_restarts random ones) to the end and keep the best, "
+        "even after one has converged: the exhaustive solve, for checking a solution; each start "
+        "costs rounds at every site",
+        Flag(),
+    )
     bound: str | None = option(
         None,
         'objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter) or "global" (one M)',

@@ -33,7 +33,9 @@ All record the history of Gamma and stop when Gamma <= ``tol``.
     converged (measured: 9/14/18 rounds per fit at p = 4/8/16, n = 1e5, against 69/137/191
     with every start run; max_k L_k within 1e-9 of the best start on bench_core's problems and
     the paper's experiments, BENCHMARKS.md).  min max_k L_k is not convex in general: a start
-    can converge to a local minimum that another start would have beaten.
+    can converge to a local minimum that another start would have beaten; ``all_starts=True``
+    runs every start to the end and keeps the best (the exhaustive solve, at several times the
+    rounds).
 """
 
 from __future__ import annotations
@@ -400,8 +402,11 @@ def _gamma_runs(
     tol: float,
     max_iter: int,
     callback: Callback | None,
+    all_starts: bool = False,
 ) -> tuple[DCResult, list[dict[str, Any]]]:
-    """Minimise Gamma with ``method``; returns the best result and a summary of every run."""
+    """Minimise Gamma with ``method``; returns the best result and a summary of every run.
+
+    A run that converges ends the solve, unless ``all_starts`` (every start is run)."""
     best: DCResult | None = None
     runs: list[dict[str, Any]] = []
 
@@ -435,7 +440,7 @@ def _gamma_runs(
                 n_evaluations=0,
                 method=used,
             )
-        return best.converged
+        return best.converged and not all_starts
 
     def result() -> tuple[DCResult, list[dict[str, Any]]]:
         assert best is not None  # keep() has run: there is at least one start or the path
@@ -486,6 +491,7 @@ def _solve(
     tol: float,
     max_iter: int,
     callback: Callback | None,
+    all_starts: bool = False,
 ) -> tuple[DCResult | None, list[dict[str, Any]]]:
     """The runs of :func:`solve_dc` from ``starts``: the best result and a summary of each run."""
     if objective in ("minmax", "regret"):
@@ -513,10 +519,10 @@ def _solve(
                     n_evaluations=0,
                     method="slsqp-minmax" if objective == "minmax" else "slsqp-regret",
                 )
-            if ok:  # restarts only while not converged: each costs rounds at every site
+            if ok and not all_starts:  # restarts only while not converged: each costs rounds at every site
                 break
     else:
-        best, runs = _gamma_runs(ev, p, method, starts, z0_given, tol, max_iter, callback)
+        best, runs = _gamma_runs(ev, p, method, starts, z0_given, tol, max_iter, callback, all_starts)
     return best, runs
 
 
@@ -529,6 +535,7 @@ def solve_dc(
     tol: float = 1e-9,
     max_iter: int = 200,
     n_restarts: int = 4,
+    all_starts: bool = False,
     random_state: int | np.random.Generator | None = 0,
     bound: str | None = None,
     z0: np.ndarray | None = None,
@@ -552,6 +559,9 @@ def solve_dc(
     tol : stop as soon as Gamma(z) <= tol (Gamma >= 0, so this is a global optimality test).
     max_iter : iteration cap per run; hitting it gives ``converged=False`` and a ConvergenceWarning.
     n_restarts : random simplex starts tried after the first one, only while not converged.
+    all_starts : run every start (the first and the ``n_restarts`` random ones) to the end and
+        keep the best, even after one has converged (the exhaustive solve: each start costs
+        rounds at every site).
     bound : objective "gamma", squared loss only: "pointwise" (default; M_i per point, tighter)
         or "global" (one M).
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
@@ -563,10 +573,12 @@ def solve_dc(
         tol=tol,
         max_iter=max_iter,
         n_restarts=n_restarts,
+        all_starts=all_starts,
         bound=bound,
         z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1)),
     ).validate()
     objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
+    all_starts = cfg.all_starts
     method, bound = cfg.method or "auto", cfg.bound or "pointwise"
     if not (np.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
@@ -583,7 +595,7 @@ def solve_dc(
     # one BLAS thread for the whole solve: its own products are (p, p), and an idle second
     # thread spins between the oracle's calls (msa_fed/core/threads.py)
     with blas_threads_for(p * p):
-        best, runs = _solve(ev, p, objective, method, starts, z0 is not None, tol, max_iter, callback)
+        best, runs = _solve(ev, p, objective, method, starts, z0 is not None, tol, max_iter, callback, all_starts)
     assert best is not None  # there is at least one start
     best.n_evaluations = ev.calls
     best.restarts = runs

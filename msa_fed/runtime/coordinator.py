@@ -288,6 +288,7 @@ class Coordinator:
             tol=solver.tol,
             max_iter=solver.max_iter,
             n_restarts=solver.n_restarts,
+            all_starts=solver.all_starts,
             bound=solver.bound,
             z0=None if solver.z0 is None else np.asarray(solver.z0),
             random_state=cfg.random_state,

@@ -139,3 +139,44 @@ def test_the_whole_solve_runs_on_one_blas_thread():
         solve_dc(oracle, ETA, callback=lambda it, z, v: seen.append(blas_threads()))
         assert blas_threads() == {2}
     assert seen and all(s == {1} for s in seen)
+
+
+@pytest.mark.parametrize("objective", ["minmax", "regret"])
+def test_all_starts_runs_every_start_and_gives_the_restart_solution(objective):
+    """``all_starts`` is the exhaustive solve: every start run to the end (the rounds of all of
+    them), the best kept; the default stops at the first converged start."""
+    p = 4
+    oracle = CountingOracle(make_dc_problem(p, 2000, "squared", kind="harsh", random_state=4))
+    rng = np.random.default_rng(0)
+    starts = [np.full(p, 1.0 / p)] + [rng.dirichlet(np.ones(p)) for _ in range(N_RESTARTS)]
+    runs = [solve_dc(oracle.inner, ETA, objective=objective, z0=s, n_restarts=0, warn=False) for s in starts]
+    every = solve_dc(oracle, ETA, objective=objective, n_restarts=N_RESTARTS, all_starts=True)
+    assert len(every.restarts) == N_RESTARTS + 1 and every.converged
+    assert [r["start"] for r in every.restarts] == [s.tolist() for s in starts]
+    values = [r.max_loss for r in runs] if objective == "minmax" else [r.restarts[0]["max_loss"] for r in runs]
+    assert [r["max_loss"] for r in every.restarts] == pytest.approx(values, abs=1e-12)
+    kept = 0  # the solver keeps a later start only if it is better by more than 1e-12
+    for i, v in enumerate(values):
+        kept = i if v < values[kept] - 1e-12 else kept
+    np.testing.assert_array_equal(every.z, runs[kept].z)
+    assert every.max_loss == runs[kept].max_loss <= min(r.max_loss for r in runs) + 1e-12
+    # the rounds of every start (the regret baseline, p + 1 rounds, asked once, not per start)
+    baseline = p + 1 if objective == "regret" else 0
+    assert every.n_evaluations == len(oracle.calls) >= sum(r.n_evaluations - baseline for r in runs)
+    default = solve_dc(LocalOracle(oracle.inner.point_sets), ETA, objective=objective, n_restarts=N_RESTARTS)
+    assert len(default.restarts) == 1 and default.n_evaluations < every.n_evaluations / 2
+
+
+def test_all_starts_under_the_gamma_objective_runs_every_start():
+    p = 3
+    oracle = LocalOracle(make_dc_problem(p, 600, "cross_entropy", kind="coupled", random_state=1))
+    plain = solve_dc(oracle, ETA, objective="gamma", method="newton", n_restarts=2)
+    every = solve_dc(oracle, ETA, objective="gamma", method="newton", n_restarts=2, all_starts=True)
+    assert len(plain.restarts) == 1 and len(every.restarts) == 3
+    assert every.gamma <= min(r["gamma"] for r in every.restarts) + 0.0
+    assert every.n_evaluations > plain.n_evaluations
+
+
+def test_all_starts_is_checked_like_every_solver_option():
+    with pytest.raises(TypeError, match="all_starts"):
+        solve_dc(LocalOracle(make_dc_problem(2, 100, "squared", random_state=0)), ETA, all_starts="yes")

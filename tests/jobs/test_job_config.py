@@ -117,6 +117,7 @@ BAD = [
     ('[solver]\nmethod = "dca"', r"\[solver\] method='dca' applies only to objective='gamma'"),
     ('[solver]\nobjective = "gamma"', r"unknown key\(s\) \['objective'\] in \[solver\] \(objective is set in"),
     ("[solver]\nmax_iter = 0", r"\[solver\] max_iter must be an integer >= 1; got 0"),
+    ('[solver]\nall_starts = "yes"', r"\[solver\] all_starts must be true or false; got 'yes'"),
     ("[model]\nspeed = 1", r"unknown key\(s\) \['speed'\] in \[model\]"),
     ("[extra]\nx = 1", r"unknown table\(s\) or key\(s\) \['extra'\]"),
     ("model = 3", r"\[model\] must be a table; got 3"),
@@ -331,3 +332,10 @@ def test_a_job_config_is_validated_once_and_never_changed_in_place(tmp_path):
     assert not changed.validated
     with pytest.raises(ConfigError, match="job name 'two words' is the job's id at the registry's relay"):
         changed.validate()
+
+
+def test_all_starts_reaches_the_solver(tmp_path):
+    registry = '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'
+    job = JobConfig.from_toml(write(tmp_path, registry + "[solver]\nall_starts = true\nn_restarts = 2\n"))
+    assert job.fit.solver == SolverConfig(all_starts=True, n_restarts=2)
+    assert JobConfig.from_toml(write(tmp_path, registry, "plain.toml")).fit.solver.all_starts is False
