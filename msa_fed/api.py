@@ -130,6 +130,7 @@ def build_config(
     bandwidth=None,
     checkpoint_dir=None,
     ray_options: dict | None = None,
+    influence: bool = False,
 ) -> FitConfig:
     """The :class:`msa_fed.runtime.config.FitConfig` of :func:`fit_dmsa` / :func:`fit_gmsa`'s
     keyword arguments: every value checked (TypeError / ValueError naming the argument)."""
@@ -153,6 +154,7 @@ def build_config(
         ray=ray,
         bandwidth=bandwidth,
         checkpoint_dir=checkpoint_dir,
+        influence=influence,
     ).validate()
 
 
@@ -209,12 +211,13 @@ def fit_dmsa(
     recorder: Recorder | None = None,
     ray_options: dict | None = None,
     solver_callback: Callable | None = None,
+    influence: bool = False,
 ) -> CombinedModel:
     """Discriminative MSA: conditional-Maxent domain classifier + DC solve for z.
 
     The keyword arguments are the fields of :class:`msa_fed.runtime.config.FitConfig`, each
     documented there once (``features``, ``eta``, ``random_state``, ``runtime``, ``min_points``,
-    ``verbose``, ``bandwidth``, ``checkpoint_dir``); besides them:
+    ``verbose``, ``bandwidth``, ``checkpoint_dir``, ``influence``); besides them:
 
     mu : L2 weight of the classifier (> 0), :attr:`ClassifierConfig.mu`.
     classifier_options : the other fields of :class:`msa_fed.core.config.ClassifierConfig`.
@@ -246,6 +249,7 @@ def fit_dmsa(
         recorder=recorder,
         ray_options=ray_options,
         solver_callback=solver_callback,
+        influence=influence,
     )
 
 
@@ -267,6 +271,7 @@ def fit_gmsa(
     recorder: Recorder | None = None,
     ray_options: dict | None = None,
     solver_callback: Callable | None = None,
+    influence: bool = False,
 ) -> CombinedModel:
     """Generative MSA (the baseline): per-domain Gaussian KDEs in place of the classifier.
 
@@ -291,4 +296,5 @@ def fit_gmsa(
         recorder=recorder,
         ray_options=ray_options,
         solver_callback=solver_callback,
+        influence=influence,
     )

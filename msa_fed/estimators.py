@@ -57,6 +57,7 @@ class _MSA(BaseEstimator):
     bandwidth: Any
     checkpoint_dir: Any
     ray_options: dict | None
+    influence: bool
 
     def fit(
         self,
@@ -125,6 +126,7 @@ class DMSA(_MSA):
         bandwidth: Any = None,
         checkpoint_dir: Any = None,
         ray_options: dict | None = None,
+        influence: bool = False,
     ) -> None:
         self.task = task
         self.features = features
@@ -139,6 +141,7 @@ class DMSA(_MSA):
         self.bandwidth = bandwidth
         self.checkpoint_dir = checkpoint_dir
         self.ray_options = ray_options
+        self.influence = influence
 
 
 class GMSA(_MSA):
@@ -164,6 +167,7 @@ class GMSA(_MSA):
         bandwidth: Any = None,
         checkpoint_dir: Any = None,
         ray_options: dict | None = None,
+        influence: bool = False,
     ) -> None:
         self.task = task
         self.features = features
@@ -178,3 +182,4 @@ class GMSA(_MSA):
         self.bandwidth = bandwidth
         self.checkpoint_dir = checkpoint_dir
         self.ray_options = ray_options
+        self.influence = influence

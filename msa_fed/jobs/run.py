@@ -231,7 +231,7 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
 def fit_job(config: JobConfig, plan: JobPlan, backend, verbose: bool, log) -> CombinedModel:
     """Train and solve with the sites; a site whose answer was implausible is excluded from later
     jobs until cleared; a model that fails the job's influence margin is refused."""
-    fit = config.fit
+    fit = replace(config.fit, influence=config.influence or config.influence_margin is not None)
     data_channel = fit.ray.data_channel
     with Coordinator(backend, plan.predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
         for line in site_lines(plan.names, data_channel, topology=fit.topology):

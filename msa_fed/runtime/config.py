@@ -183,6 +183,12 @@ class FitConfig:
         _Directory(),
     )
     verbose: bool = option(False, "progress bars and notes on stderr", Flag())
+    influence: bool = option(
+        False,
+        "the influence report with the model: each site's loss with and without each other site, z "
+        "re-solved without each (about 10 to 30 more evaluations per site; jobs turn it on)",
+        Flag(),
+    )
     classifier: ClassifierConfig = option(None, "domain classifier options (ClassifierConfig)")
     solver: SolverConfig = option(None, "z solver options (SolverConfig)")
     ray: RayConfig = option(None, "Ray runtime options (RayConfig)")

@@ -328,7 +328,8 @@ class Coordinator:
         progress.note(solver_summary(res, objective, runs=bar.runs))
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
         influence = None
-        if not self.epsilon:  # with DP noise, re-solves would spend more of the sites' epsilon
+        # asked for (jobs: on); never with DP noise, where re-solves would spend more of the sites' epsilon
+        if cfg.influence and not self.epsilon:
             influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
             progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
         info = {

@@ -22,7 +22,7 @@ def test_summary_counts_the_rounds_each_site_answered(tmp_path):
         predictor = LogisticRegression().fit(X[:100], y[:100])
         sites.append(SiteData(f"s{k}", X[100:], y[100:], rng.normal(size=(200, 2)) + 2.0 * k, predictor))
     recorder = Recorder()
-    model = fit_dmsa(sites, "classification", recorder=recorder)
+    model = fit_dmsa(sites, "classification", recorder=recorder, influence=True)
     rounds = model.info["solver"]["n_evaluations"]
     extra = model.info["influence"]["evaluations"]  # the influence report's re-solves
     asked = Counter(
@@ -34,3 +34,24 @@ def test_summary_counts_the_rounds_each_site_answered(tmp_path):
     assert f": {rounds} rounds for z (queries each site answered; the influence report {extra} more, " in line
     assert f"{rounds + extra} in all" in line
     assert "converged = True" in line
+
+
+def test_without_the_influence_report_the_sites_answer_the_solver_only():
+    """fit_dmsa's default (a researcher's fit): no influence report, no query beyond the solver's."""
+    rng = np.random.default_rng(1)
+    sites = []
+    for k in range(3):
+        X = rng.normal(size=(300, 2)) + 2.0 * k
+        y = (X[:, 0] + rng.normal(size=300) > 2.0 * k).astype(int)
+        predictor = LogisticRegression().fit(X[:100], y[:100])
+        sites.append(SiteData(f"s{k}", X[100:], y[100:], rng.normal(size=(200, 2)) + 2.0 * k, predictor))
+    recorder = Recorder()
+    model = fit_dmsa(sites, "classification", recorder=recorder)
+    assert model.info["influence"] is None
+    rounds = model.info["solver"]["n_evaluations"]
+    asked = Counter(
+        site for direction, site, method, _ in recorder.records if direction == "to_site" and method == "dc_evaluate"
+    )
+    assert asked == {f"s{k}": rounds for k in range(3)}
+    line = next(line for line in summary_lines(model) if line.startswith("DC solver"))
+    assert "influence report" not in line and f": {rounds} rounds for z" in line

@@ -31,7 +31,7 @@ def _fit(hostile=None, liar: str = "", lie: str = "", objective: str = "minmax")
     sites = [
         SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
     ]
-    config = build_config("dmsa", solver_options={"objective": objective}, random_state=0)
+    config = build_config("dmsa", solver_options={"objective": objective}, random_state=0, influence=True)
     backend = make_backend(sites, config)
     backend.worker_cls = liars.LyingSite
     liars.LIAR, liars.MODE = liar, lie
