@@ -38,10 +38,14 @@ lint: setup typecheck
 typecheck: setup
 	$(BIN)/mypy
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time: most
+# of its time is real processes, Ray and sockets waiting on each other, so two workers on two
+# cores take about half the wall time.  TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 # core, control, the in-process API, local runtime, artifacts: no Ray, no data sets, no long runs
 test-fast: setup
