@@ -295,13 +295,7 @@ class PredictorPool:
             if self._idle:
                 return self._idle.pop()
             self._count += 1
-        try:
-            return _Worker(self.limits)
-        except BaseException:
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
-            raise
+        return self._spawn()
 
     def _release(self, worker: _Worker, broken: bool) -> None:
         if broken:
@@ -428,6 +422,10 @@ class PredictorPool:
     def _replace(self, worker: _Worker) -> _Worker:
         """A new worker in place of ``worker`` (which holds other models)."""
         worker.kill()
+        return self._spawn()
+
+    def _spawn(self) -> _Worker:
+        """A new worker for a slot already counted; the slot is given back if it cannot start."""
         try:
             return _Worker(self.limits)
         except BaseException:
