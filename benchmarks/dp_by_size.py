@@ -6,7 +6,7 @@ The synthetic problem of ``msa_fed.experiments.privacy.synthetic_seed`` at 30, 5
 are lifted (they refuse honest fits at 30 points per site, a separate matter from DP); every
 other rule is the site's default.
 
-    python benchmarks/dp_by_size.py TAG [--loss-clip 5] [--difference-clip 0] [--seeds 5]
+    python benchmarks/dp_by_size.py TAG [--loss-clip 5] [--seeds 5]
         writes benchmarks/results/dp_by_size_TAG.json
 """
 
@@ -35,7 +35,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("tag")
     ap.add_argument("--loss-clip", type=float, default=P.LOSS_CLIP)
-    ap.add_argument("--difference-clip", type=float, default=0.0, help="[dp] difference_clip (0: off)")
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -50,7 +49,6 @@ def main(argv=None):
                     f"[dp]\nenabled = true\nepsilon_per_job = {eps!r}\nepsilon_lifetime = 1e9\n"
                     f"delta = {P.DELTA!r}\ndc_evaluations = {P.DP_EVALUATIONS}\n"
                     f"loss_clip = {loss_clip!r}\nratio_clip = {ratio_clip!r}\n"
-                    f"difference_clip = {args.difference_clip!r}\n"
                 )
             f.write_text(body)
             old = os.environ.get(POLICY_ENV)

@@ -42,7 +42,6 @@ File layout (every section and key optional; unknown ones are errors naming them
     dc_evaluations = 40            # DP answers planned per job (noise calibrated for them)
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
-    difference_clip = 0.0          # > 0: answer L(z) - L(centre) per point clipped to this (0: L(z))
 
     [verify]
     domain_models = true           # recompute the domain model from the published samples
@@ -106,7 +105,6 @@ class SitePolicy:
     dp_dc_evaluations: int = 40
     loss_clip: float = 10.0
     ratio_clip: float = 10.0
-    dp_difference_clip: float = 0.0
     # [verify] (msa_fed/privacy/verify.py)
     verify_domain_models: bool = True
     mu_max: float = 10.0
@@ -172,7 +170,6 @@ SECTIONS: dict[str, dict[str, str]] = {
         "dc_evaluations": "dp_dc_evaluations",
         "loss_clip": "loss_clip",
         "ratio_clip": "ratio_clip",
-        "difference_clip": "dp_difference_clip",
     },
     "verify": {"domain_models": "verify_domain_models", "mu_max": "mu_max", "tolerance": "verify_tolerance"},
 }
@@ -298,8 +295,6 @@ def validate(policy: SitePolicy) -> SitePolicy:
             raise ConfigError(f"site policy: {name} must be >= 1; got {getattr(policy, name)!r}")
     if not 0 < policy.max_point_share <= 1:
         raise ConfigError(f"site policy: max_point_share must be in (0, 1]; got {policy.max_point_share!r}")
-    if policy.dp_difference_clip < 0:
-        raise ConfigError(f"site policy: difference_clip must be >= 0; got {policy.dp_difference_clip!r}")
     if policy.weight_floor < 0:
         raise ConfigError(f"site policy: weight_floor must be >= 0; got {policy.weight_floor!r}")
     if policy.mu_max < policy.mu_min:

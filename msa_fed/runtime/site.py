@@ -476,6 +476,7 @@ class SiteWorker:
                 sums = pts.evaluate(msg.z, eta, what=what, global_bound=msg.global_bound)
             else:
                 from msa_fed.core.dc_terms import DCSums
+                from msa_fed.privacy.dp import clipped_losses
 
                 if what != ("L",):
                     raise PrivacyError(
@@ -484,9 +485,9 @@ class SiteWorker:
                         f"the request: with differential privacy on, the site answers the "
                         f"losses L only; asked for {list(what)}",
                     )
-                L, spent = dp.answer(pts, msg.z, eta)
-                dec.update(spent)
-                sums = DCSums(L=L, n=pts.n_points)
+                dec.update(dp.spend())
+                L, sens = clipped_losses(pts, msg.z, eta, self.policy)
+                sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:
