@@ -154,6 +154,21 @@ def pytest_collection_modifyitems(config, items):
         slow = "slow" in marks or "cluster" in marks or item.get_closest_marker("slow") is not None
         if slow and item.get_closest_marker("timeout") is None:  # a decorated slow test too
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    heavy_first(items)
+
+
+def heavy_first(items) -> None:
+    """The files with slow or cluster tests first, then those with Ray tests, then the rest, each
+    file's tests together and in their order.  `make test`'s workers take a file at a time in this
+    order: the long files start at once and the short ones fill the end, rather than one long
+    file running alone at the end."""
+    tier: dict = {}  # a file's tier: 0 slow or cluster tests, 1 Ray tests, 2 the rest
+    for item in items:
+        own = 0 if item.get_closest_marker("slow") or item.get_closest_marker("cluster") else 2
+        own = 1 if own == 2 and item.get_closest_marker("ray") else own
+        tier[item.path] = min(tier.get(item.path, 2), own)
+    first_seen = {path: k for k, path in reversed(list(enumerate(item.path for item in items)))}
+    items.sort(key=lambda item: (tier[item.path], first_seen[item.path]))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -87,7 +87,8 @@ class RecordingSite(SiteWorker):
 
 
 def honest_fit(sites: list[SiteData], policies=None, **config):
-    """fit with the default pipeline; returns (model, {site name: RecordingSite})."""
+    """fit with the default pipeline of a job (the influence report on: its re-solves are in the
+    transcript the attacker reads); returns (model, {site name: RecordingSite})."""
     predictors = [s.predictor for s in sites]
     classes = class_union(h.classes_ for h in predictors)
     kw = [
@@ -107,7 +108,7 @@ def honest_fit(sites: list[SiteData], policies=None, **config):
         for k, s in enumerate(sites)
     ]
     RecordingSite.live = {}
-    with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, FitConfig(**config)) as c:
+    with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, FitConfig(**{"influence": True, **config})) as c:
         model = c.fit()
     return model, dict(RecordingSite.live)
 

@@ -113,8 +113,8 @@ def test_ray_equals_local(warm, sites, options):
 
 
 def _rounds(model) -> int:
-    """The DC rounds each site answered: the solve's and the influence report's re-solves."""
-    return model.info["solver"]["n_evaluations"] + model.info.get("influence", {}).get("evaluations", 0)
+    """The DC rounds each site answered: the solve's and the influence report's re-solves (if asked for)."""
+    return model.info["solver"]["n_evaluations"] + (model.info.get("influence") or {}).get("evaluations", 0)
 
 
 def test_privacy_audit_of_a_full_ray_run(warm, sites):
