@@ -108,7 +108,8 @@ def honest_fit(sites: list[SiteData], policies=None, **config):
         for k, s in enumerate(sites)
     ]
     RecordingSite.live = {}
-    with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, FitConfig(**{"influence": True, **config})) as c:
+    fit = FitConfig(**{"influence": True, **config})
+    with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, fit) as c:
         model = c.fit()
     return model, dict(RecordingSite.live)
 
