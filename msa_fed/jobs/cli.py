@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=300.0,
         metavar="S",
-        help="retry storing the model in an unreachable registry for S seconds (default 300)",
+        help="retry storing the model in an unreachable registry for S seconds (default 300; recording "
+        "the job's end: at most 60 s)",
     )
     run.set_defaults(func=_run)
 

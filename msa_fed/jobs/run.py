@@ -40,6 +40,7 @@ from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_
 from msa_fed.jobs.operations import (
     output_root,
     DEFAULT_UPLOAD_RETRY_S,
+    FINISH_RETRY_S,
     JobTracker,
     channel_lines,
     check_output_dir,
@@ -128,7 +129,14 @@ def run_job(
         config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
     )
     tracker = JobTracker(
-        connect, job_id, name=config.name, topology=config.fit.topology, log=log, pointers=pointers, flags=flags
+        connect,
+        job_id,
+        name=config.name,
+        topology=config.fit.topology,
+        log=log,
+        pointers=pointers,
+        flags=flags,
+        finish_retry_s=min(FINISH_RETRY_S, upload_retry_for),  # a registry down that long is down for now
     )
     try:
         with RegistryClient(config.registry, admin_token, **config.client_tls()) as client:
