@@ -51,8 +51,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
             ray.init(address=address, **kwargs)
             break
         except Exception as exc:  # Ray raises a bare Exception when its raylet starts too slowly
-            # measured: on a loaded 2-core machine a local raylet can miss Ray's fixed 30 s wait
-            if "timed out during startup" not in str(exc) or attempt + 1 == RAY_START_ATTEMPTS:
+            # measured: on a loaded 2-core machine a local raylet can miss Ray's fixed 30 s wait, and
+            # a new head's GCS, started beside another Ray, can fail to write its port file
+            text = str(exc)
+            slow = "timed out during startup" in text or "Timed out waiting for file" in text
+            if not slow or attempt + 1 == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray did not start in time (machine loaded?); trying again")
             ray.shutdown()

@@ -21,6 +21,7 @@ from fedhelpers import fit_config, local_kwargs, site_files  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import SiteError  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
 from msa_fed.site.worker import SiteWorker  # noqa: E402
 
@@ -29,13 +30,7 @@ NAMES = ("a", "b", "c")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        resources={"site:a": 1, "site:b": 1, "site:c": 1},
-    )
+    ensure_ray(num_cpus=2, resources={"site:a": 1, "site:b": 1, "site:c": 1})
     yield ray
     ray.shutdown()
 

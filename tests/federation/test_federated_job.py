@@ -29,6 +29,7 @@ from msa_fed.jobs.run import model_from_bytes, run_job  # noqa: E402
 from msa_fed.privacy.audit import AuditError, verify_log  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 ORDER = sorted(NAMES)  # a job takes the registered sites in name order
 
@@ -40,13 +41,7 @@ def files():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        resources={f"site:{n}": 1 for n in NAMES},
-    )
+    ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in NAMES})
     yield ray
     ray.shutdown()
 

@@ -28,6 +28,7 @@ from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.server import TlsConfig
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient
+from msa_fed.runtime.ray_actors import ensure_ray
 
 NAMES = ("east", "north")
 
@@ -153,7 +154,7 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
     tls = TlsConfig.from_files(pki["server_cert"], pki["server_key"])
     launcher = {n: ["ip", "netns", "exec", namespaces[n][0]] for n in names}
     # Ray first: it forks its processes before this process runs gRPC threads
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     try:
         model = _run_in_namespaces(namespaces, tmp_path, files, names, pki, tls, launcher)
     finally:

@@ -43,6 +43,7 @@ from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites, SiteUnreachable  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 NAMES = ("east", "north", "west")
 DCA = {"objective": "gamma", "method": "dca"}
@@ -55,7 +56,7 @@ def files():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 

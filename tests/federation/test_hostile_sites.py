@@ -38,6 +38,7 @@ from msa_fed.errors import PeerFault  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 HONEST = {"north": (0.0, 2.0), "east": (2.0, 0.0)}
 HOSTILE = {"slowpoke": "slow", "hog": "mem", "liar": "honest", "flipper": "flip"}
@@ -74,7 +75,7 @@ def _files() -> dict[str, SiteFiles]:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 

@@ -41,6 +41,7 @@ from msa_fed.errors import PrivacyError
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
+from msa_fed.runtime.ray_actors import ensure_ray
 
 ORDER = sorted(NAMES)
 
@@ -320,7 +321,7 @@ def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, file
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 

@@ -53,6 +53,7 @@ class Lines:
 
     def __init__(self, stream):
         self.lines: list[str] = []
+        self.ended = False  # the stream closed: the process will print nothing more
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
@@ -62,6 +63,9 @@ class Lines:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
+        with self._cond:
+            self.ended = True
+            self._cond.notify_all()
 
     def wait_for(self, text: str, timeout: float = 300) -> str:
         deadline = time.monotonic() + timeout
@@ -71,10 +75,9 @@ class Lines:
                     if text in line:
                         return line
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(
-                        f"no line with {text!r} within {timeout} s; got:\n" + "\n".join(self.lines[-40:])
-                    )
+                if left <= 0 or self.ended:
+                    why = "the process ended" if self.ended else f"within {timeout} s"
+                    raise AssertionError(f"no line with {text!r} ({why}); got:\n" + "\n".join(self.lines[-40:]))
                 self._cond.wait(min(left, 1.0))
 
     def text(self) -> str:

@@ -15,6 +15,7 @@ from msa_fed.privacy.policy import POLICY_ENV, SitePolicy
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
+from msa_fed.runtime.ray_actors import ensure_ray
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from problems import make_sites, site_kwargs
@@ -80,7 +81,7 @@ def test_ray_site_reads_its_policy_from_its_own_node(sites, tmp_path, monkeypatc
     policy = tmp_path / "site_policy.toml"
     policy.write_text("[limits]\nmin_points = 50\n")
     monkeypatch.setenv(POLICY_ENV, str(policy))  # the site's node environment (inherited by its workers)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     try:
         kw = site_kwargs(sites, min_points=1)
         for k in kw:

@@ -16,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import msa_fed  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
@@ -40,7 +41,7 @@ def local_ray(tmp_path_factory):
     policy.write_text("[budget]\ndomain_models_per_job = 100\ndomain_models_per_day = 1000\n")
     before = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = str(policy)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
     if before is None:
