@@ -13,14 +13,20 @@ from msa_fed.boundary.messages import Recorder
 from msa_fed.jobs.operations import summary_lines
 
 
-def test_summary_counts_the_rounds_each_site_answered(tmp_path):
-    rng = np.random.default_rng(0)
+def _sites(seed: int, n: int) -> list[SiteData]:
+    """Three 2-d sites shifted apart, n - 100 labelled points each (100 train the predictor)."""
+    rng = np.random.default_rng(seed)
     sites = []
     for k in range(3):
-        X = rng.normal(size=(400, 2)) + 2.0 * k
-        y = (X[:, 0] + rng.normal(size=400) > 2.0 * k).astype(int)
+        X = rng.normal(size=(n, 2)) + 2.0 * k
+        y = (X[:, 0] + rng.normal(size=n) > 2.0 * k).astype(int)
         predictor = LogisticRegression().fit(X[:100], y[:100])
         sites.append(SiteData(f"s{k}", X[100:], y[100:], rng.normal(size=(200, 2)) + 2.0 * k, predictor))
+    return sites
+
+
+def test_summary_counts_the_rounds_each_site_answered(tmp_path):
+    sites = _sites(0, 400)
     recorder = Recorder()
     model = fit_dmsa(sites, "classification", recorder=recorder, influence=True)
     rounds = model.info["solver"]["n_evaluations"]
@@ -38,13 +44,7 @@ def test_summary_counts_the_rounds_each_site_answered(tmp_path):
 
 def test_without_the_influence_report_the_sites_answer_the_solver_only():
     """fit_dmsa's default (a researcher's fit): no influence report, no query beyond the solver's."""
-    rng = np.random.default_rng(1)
-    sites = []
-    for k in range(3):
-        X = rng.normal(size=(300, 2)) + 2.0 * k
-        y = (X[:, 0] + rng.normal(size=300) > 2.0 * k).astype(int)
-        predictor = LogisticRegression().fit(X[:100], y[:100])
-        sites.append(SiteData(f"s{k}", X[100:], y[100:], rng.normal(size=(200, 2)) + 2.0 * k, predictor))
+    sites = _sites(1, 300)
     recorder = Recorder()
     model = fit_dmsa(sites, "classification", recorder=recorder)
     assert model.info["influence"] is None
