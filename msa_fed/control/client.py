@@ -52,9 +52,6 @@ class HeartbeatInfo:
     latest_combined_version: int
 
 
-_pem = read_pem  # the name the relay's client imported before msa_fed.control.connection
-
-
 def _one_line(text: str) -> str:
     return " ".join((text or "").split())
 
@@ -64,6 +61,11 @@ MTLS_HINT = (
     "; if the registry requires client certificates (mutual TLS), give --tls-cert and --tls-key "
     "(tls_cert and tls_key in the job file's [registry] table)"
 )
+
+
+#: codes that say the registry itself is away (down, restarting: CANCELLED when it stopped with
+#: the call in flight), not that it refused: the callers retry or count every site unreachable
+REGISTRY_AWAY = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
 
 
 def _error(exc: grpc.RpcError, hint: str = "") -> RegistryError:

@@ -11,8 +11,8 @@ predictor that is confidently wrong on real rows, or a site that overstates its 
 z towards itself, raises the others' losses for a small gain of its own.
 
 The re-solves use the same loss oracle: answers at a z already evaluated come from a cache
-(:class:`CachedOracle`), the others are new evaluations (about ten per site, each an O(p^2)
-sum at every site, within the sites' policies and budgets like any other).  Measured: a
+(:class:`CachedOracle`), the others are new evaluations (9 to 29 per site measured at p = 8 to
+32, each an O(p^2) sum at every site, within the sites' policies and budgets like any other).  Measured: a
 surrogate built only from the solver's own path (first-order expansions around the evaluated z)
 put honest sites' losses at 0 on faces the path never came near and flagged them; exact
 evaluations do not.

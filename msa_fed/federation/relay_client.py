@@ -21,7 +21,7 @@ import grpc
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
-from msa_fed.control.client import MTLS_HINT, _error
+from msa_fed.control.client import MTLS_HINT, REGISTRY_AWAY, _error
 from msa_fed.control.connection import KEY_LABELS, Connection
 from msa_fed.errors import RegistryError
 from msa_fed.runtime.federated import SiteUnreachable
@@ -83,7 +83,7 @@ class RelayClient:
         try:
             self.open_job(job_id, self._opened[job_id])
         except RegistryError as exc:
-            if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+            if exc.code not in REGISTRY_AWAY:
                 raise
         return [SiteUnreachable("UNAVAILABLE", "the registry: restarted; the job was opened again") for _ in range(n)]
 
@@ -109,8 +109,7 @@ class RelayClient:
         try:
             response = self._unary(self._stub.Call, request, float(timeout_s) + CALL_MARGIN_S, retries=0)
         except RegistryError as exc:
-            # the registry itself: every site unreachable (CANCELLED: it stopped with the call in flight)
-            if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+            if exc.code in REGISTRY_AWAY:  # the registry itself: every site unreachable
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
             if exc.code == "FAILED_PRECONDITION" and job_id in self._opened and "no open job" in exc.message:
                 return self._reopen(job_id, len(calls))

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts
+from msa_fed.control.client import REGISTRY_AWAY
 from msa_fed.control.ops import exclusion_reason
 from msa_fed.control.ops_client import OpsClient
 from msa_fed.control.ops_models import (
@@ -105,8 +106,7 @@ class JobTracker:
                     OpsClient(client).finish_job(self.job_id, status, model_version or 0, error)
                 return
             except RegistryError as exc:
-                transient = exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
-                if not transient or time.monotonic() + pause > deadline:
+                if exc.code not in REGISTRY_AWAY or time.monotonic() + pause > deadline:
                     why = f"{exc.code}: {exc.message}"
                     break
                 if pause == 1.0:
