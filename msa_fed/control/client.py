@@ -35,7 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_hex
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control.connection import FLAG_LABELS, MAX_PEM_BYTES, Connection, read_pem  # noqa: F401 - MAX_PEM_BYTES: importers
+from msa_fed.control.connection import FLAG_LABELS, Connection
 from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
 from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
