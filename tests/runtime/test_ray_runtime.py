@@ -249,6 +249,8 @@ def test_a_site_the_channel_cannot_reach_is_served_through_ray(warm, sites, monk
 
 # ---------------------------------------------------------------------------- faults
 def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
+    if not warm.actors:  # run on its own: the actors start with a first coordinator
+        _fit(warm, sites)
     before = ray.get(warm.actors[1].ping.remote()).incarnation
     killed = []
 
@@ -263,7 +265,14 @@ def test_site_killed_mid_solve_restarts_and_the_run_continues(warm, sites):
     assert after != before  # a new worker process answered the rest of the solve
     assert actor_status(warm.actors[1])[0] == "ALIVE"
     np.testing.assert_allclose(model.z, msa_fed.fit_dmsa(sites).z, atol=1e-6)
-    # the round that met the dead channel went through Ray; the next one reopened the channel
+    # the round that met the dead channel went through Ray; a later one reopened the channel
+    # (on a loaded machine the restarted actor may not answer the first reopen: that try's
+    # back-off pause then runs past the short solve, and the try after the pause opens it)
+    if not warm.channel_status()["b"]:
+        b = warm.sites[1]
+        assert b.channel_failures >= 1 and b.channel_retry_at > 0
+        b.channel_retry_at = 0.0
+        _fit(warm, sites)
     assert warm.channel_status() == {"a": True, "b": True, "c": True}
 
 
