@@ -128,15 +128,15 @@ def test_a_job_naming_a_deregistered_or_revoked_site_fails_with_the_reason(feder
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
     job = write_job(tmp / "job2.toml", reg.address, token_file, data_dir, sites=("north", "west"))
-    proc, out = start_job("--job", job, cwd=tmp)
-    assert proc.wait(timeout=600) == 1
-    assert "site 'west': its token was revoked at 20" in out.text()
+    rc, out, err = cli("run", "--job", job, cwd=tmp)
+    assert rc == 1 and "site 'west': its token was revoked at 20" in out + err, out + err
 
     # without a site list the job leaves both out (and then has too few sites)
     job = write_job(tmp / "job3.toml", reg.address, token_file, data_dir)
-    proc, out = start_job("--job", job, cwd=tmp)
-    assert proc.wait(timeout=600) == 1
-    assert "excluding site 'west': its token was revoked" in out.text()
+    rc, out, err = cli("run", "--job", job, cwd=tmp)
+    assert rc == 1 and "excluding site 'west': its token was revoked" in out + err, out + err
+    assert ": node " not in out + err  # refused before any site actor started, as the first
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
     rc, listing, _ = admin(reg, token_file, "job", "list", "--json")
     jobs = json.loads(listing)
