@@ -1,7 +1,9 @@
 """The operator's walkthrough of docs/OPERATIONS.md, run as written: three sites (one in approve
 mode), the job, a registry restart and a site killed and restarted in the middle of it, then
 `site status`, `job list`, `model show` and `model report`, every command a real process.  No
-line any of them prints is a raw gRPC status, a Python repr or a Ray warning."""
+line any of them prints is a raw gRPC status, a Python repr or a Ray warning.  The job survives
+the registry's restart (SIGTERM mid-job, back on its port): the relay's job is opened again and
+the sites reconnect."""
 
 from __future__ import annotations
 
@@ -98,6 +100,9 @@ def test_the_operations_walkthrough(tmp_path):
         text = out.text()
         _check_lines("msa-fed run", text)
         assert "stored combined model version 1" in text
+        # the job went on through the registry's restart: the relay forgot the job and the job
+        # opened it again (no call found it closed)
+        assert "FAILED_PRECONDITION" not in text and "no open job" not in text, text
         assert "site west: waits for its operator to approve job ward-study" in text
         methods = [json.loads(x)["method"] for x in open(fed.root / "audit.jsonl")]
         assert methods.count("/msa_fed.v1.Relay/OpenJob") >= 2  # reopened after the restart
