@@ -32,7 +32,10 @@ def test_a_jobs_end_is_recorded_when_the_registry_is_back(tmp_path):
         reg.stop()
         ended = threading.Thread(target=tracker.failed, args=(RuntimeError("a site went away"),))
         ended.start()
-        time.sleep(3)
+        deadline = time.monotonic() + 120  # the registry is back once the job found it away
+        while not any("the registry is unreachable; retrying" in line for line in lines):
+            assert time.monotonic() < deadline and ended.is_alive(), lines
+            time.sleep(0.05)
         reg.start()
         ended.join(180)
         assert not ended.is_alive()
