@@ -15,6 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from cli_runner import run_cli  # noqa: E402
 from fedhelpers import job_config, output_dir, site_files  # noqa: E402
 
 from msa_fed.errors import PrivacyError  # noqa: E402
@@ -35,6 +36,22 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def strict_east(tmp_path_factory, files):
+    """Sites east and north in admin mode, east's policy asking one labelled point more than it
+    holds (its jobs are refused); shared by the tests that need only two connected sites."""
+    two = {n: files[n] for n in ("east", "north")}
+    strict = f"[limits]\nmin_points = {files['east'].X_labeled.shape[0] + 1}\n"
+    with LocalFederation(tmp_path_factory.mktemp("strict"), two, policies={"east": strict}) as fed:
+        fed.wait_connected(timeout=180)
+        yield fed
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    """An operator's ``msa-fed ARGS`` (site approve, site status) in this process (tests/cli_runner.py)."""
+    return run_cli(*args)
+
+
 def _wait_for(fed, name, pattern, timeout=180.0) -> re.Match:
     deadline = time.monotonic() + timeout
     while True:
@@ -46,26 +63,25 @@ def _wait_for(fed, name, pattern, timeout=180.0) -> re.Match:
         time.sleep(0.2)
 
 
-def test_one_site_serve_per_site(tmp_path, files):
-    one = {"east": files["east"], "north": files["north"]}
-    with LocalFederation(tmp_path, one) as fed:
-        fed.wait_connected(timeout=180)
-        first = fed.procs["east"]
-        second = subprocess.run(
-            [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(fed.config_path("east"))],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert second.returncode == 1, second.stdout + second.stderr
-        assert second.stderr.startswith("error: site east is already served by another process (pid ")
-        assert f"(pid {first.pid}, started " in second.stderr and second.stderr.count("\n") == 1
-        assert "one 'msa-fed site serve' per site" in second.stderr
-        assert first.poll() is None and "east" in fed.connected()  # the first one kept its connection
-        # killed, not stopped: the kernel drops its lock, and a new process starts
-        fed.kill("east")
-        fed.spawn("east")
-        fed.wait_connected(["east"], timeout=180)
+def test_one_site_serve_per_site(strict_east):
+    fed = strict_east
+    first = fed.procs["east"]
+    second = subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", "site", "serve", "--config", str(fed.config_path("east"))],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert second.stderr.startswith("error: site east is already served by another process (pid ")
+    assert f"(pid {first.pid}, started " in second.stderr and second.stderr.count("\n") == 1
+    assert "one 'msa-fed site serve' per site" in second.stderr
+    assert first.poll() is None and "east" in fed.connected()  # the first one kept its connection
+    # killed, not stopped: the kernel drops its lock, and a new process starts
+    fed.kill("east")
+    fed.spawn("east")
+    fed.wait_connected(["east"], timeout=180)
+    assert fed.procs["east"].pid != first.pid and fed.procs["east"].poll() is None
 
 
 def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, tmp_path, files):
@@ -91,10 +107,8 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
             found = _wait_for(fed, name, r"^site \w+: job wait-for-me waits for approval; to admit it run: (.*)$")
             command = shlex.split(found.group(1))
             assert command[:3] == ["msa-fed", "site", "approve"] and command[-1] == str(fed.config_path(name))
-            done = subprocess.run(
-                [sys.executable, "-m", "msa_fed.cli", *command[1:]], capture_output=True, text=True, timeout=120
-            )
-            assert done.returncode == 0, done.stderr
+            rc, _, err = _cli(*command[1:])
+            assert rc == 0, err
         thread.join(600)
         assert "error" not in result, result.get("error")
         assert result["out"][1].site_names == ["east", "north"]
@@ -111,14 +125,8 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
             ), log
 
         # site status: its process, the registry, budgets with their refill, the job's outcome
-        status = subprocess.run(
-            [sys.executable, "-m", "msa_fed.cli", "site", "status", "--config", str(fed.config_path("east"))],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert status.returncode == 0, status.stderr
-        text = status.stdout
+        rc, text, err = _cli("site", "status", "--config", fed.config_path("east"))
+        assert rc == 0, err
         assert f"process:  serving, pid {fed.procs['east'].pid}, started " in text, text
         assert "reachable; registered as east; published predictor matches site.toml's predictor" in text, text
         assert re.search(r"domain models: 1 of 10 used in the rolling day, 9 left; 1 come back at 20", text), text
@@ -138,13 +146,11 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
         assert "\n" not in text
 
 
-def test_a_refusal_is_one_line_in_site_serve(local_ray, tmp_path, files):
-    two = {n: files[n] for n in ("east", "north")}
-    strict = f"[limits]\nmin_points = {files['east'].X_labeled.shape[0] + 1}\n"
-    with LocalFederation(tmp_path, two, policies={"east": strict}) as fed:
-        fed.wait_connected(timeout=180)
-        job = job_config("too-strict", fed.address, insecure=True, site_timeout_s=60, **fed.sealing())
-        with pytest.raises(PrivacyError):
-            run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp_path))
-        found = _wait_for(fed, "east", r"^site east: refused (\w+) for job too-strict \(min_points\): (.+)$")
-        assert "['" not in found.group(0)
+def test_a_refusal_is_one_line_in_site_serve(local_ray, tmp_path, strict_east):
+    fed = strict_east
+    fed.wait_connected(timeout=180)
+    job = job_config("too-strict", fed.address, insecure=True, site_timeout_s=60, **fed.sealing())
+    with pytest.raises(PrivacyError):
+        run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp_path))
+    found = _wait_for(fed, "east", r"^site east: refused (\w+) for job too-strict \(min_points\): (.+)$")
+    assert "['" not in found.group(0)
