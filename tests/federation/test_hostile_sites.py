@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli_runner import run_cli  # noqa: E402
 from fedhelpers import job_config, output_dir  # noqa: E402
 from hostile_predictors import hostile_from_sklearn  # noqa: E402
 
@@ -112,7 +113,10 @@ def _peak_rss_kb(pid: int) -> int:
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=120)
+    """An operator's ``msa-fed ARGS`` (site peers, site clear-peer, excluded), in this process
+    (tests/cli_runner.py: the same command without a new interpreter's imports)."""
+    rc, out, err = run_cli(*args)
+    return subprocess.CompletedProcess(CLI + list(args), rc, out, err)
 
 
 def test_a_slow_predictor_fails_the_job_in_time_naming_its_site_while_another_job_is_answered(local_ray, federation):
