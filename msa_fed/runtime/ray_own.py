@@ -7,7 +7,8 @@ team's cluster on a shared host, a notebook's local Ray).  msa_fed's cluster con
 Ray with ``--temp-dir`` set to a folder of their own, and every process of that Ray (GCS,
 raylet, dashboard, agents, workers) names that folder on its command line; this stops exactly
 the processes of this user whose command line names it: SIGTERM, then SIGKILL for those still
-there after ``--grace`` seconds.
+there after ``--grace`` seconds.  The GCS server is signalled last, once the others are gone:
+signalled with them (while its raylet shuts down) it waits out the whole grace period.
 """
 
 from __future__ import annotations
@@ -57,17 +58,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _is_gcs(pid: int) -> bool:
+    """Whether ``pid`` runs Ray's GCS server (its program is ``.../gcs_server``)."""
+    try:
+        program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return program.rsplit(b"/", 1)[-1] == b"gcs_server"
+
+
 def stop(temp_dir: str, grace: float = 15.0) -> int:
-    """Stop the Ray of ``temp_dir``; returns how many processes were signalled."""
+    """Stop the Ray of ``temp_dir``; returns how many processes were signalled.  The GCS server
+    goes last (after the others, within the same ``grace``)."""
     pids = own_ray_processes(temp_dir)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    gcs = [p for p in pids if _is_gcs(p)]
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.2)
+    for group in ([p for p in pids if p not in gcs], gcs):
+        for pid in group:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        while time.monotonic() < deadline and any(_alive(p) for p in group):
+            time.sleep(0.2)
     for pid in pids:
         if _alive(pid):
             try:

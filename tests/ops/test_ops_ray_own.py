@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -57,6 +59,60 @@ def test_only_the_ray_of_its_temp_dir_is_stopped(tmp_path):
         for p in mine + others:
             p.kill()
             p.wait()
+
+
+#: a Ray process that goes argv[3] seconds after SIGTERM, noting argv[2] in the file argv[1] then
+SLOW_TO_GO = """
+import signal, sys, time
+def bye(*_):
+    time.sleep(float(sys.argv[3]))
+    with open(sys.argv[1], "a") as f:
+        f.write(sys.argv[2] + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+time.sleep(600)
+"""
+
+
+def test_the_gcs_server_is_stopped_after_the_rest_of_its_ray(tmp_path):
+    """Signalled together, Ray's GCS server outlives the raylet's shutdown by the whole grace
+    period; ray_own signals it once the other processes are gone.  (Here the GCS would go first
+    if it were signalled with the raylet, which takes a second.)"""
+    ours, log = tmp_path / "msa-fed-ray", tmp_path / "went.txt"
+    (tmp_path / "ray" / "_private" / "workers").mkdir(parents=True)
+    raylet_script = tmp_path / "ray" / "_private" / "workers" / "raylet_like.py"
+    raylet_script.write_text(SLOW_TO_GO)
+    gcs = tmp_path / "ray" / "core" / "src" / "ray" / "gcs" / "gcs_server"  # the program's name is what counts
+    gcs.parent.mkdir(parents=True)
+    gcs.symlink_to(Path(sys.executable).resolve())
+    procs = [
+        subprocess.Popen([str(gcs), "-I", "-c", SLOW_TO_GO, str(log), "gcs", "0", f"--log_dir={ours}/session_1/logs"]),
+        subprocess.Popen([sys.executable, str(raylet_script), str(log), "raylet", "1", f"--temp-dir={ours}"]),
+    ]
+    try:
+        deadline = time.monotonic() + 60  # both have set their SIGTERM handler (a started interpreter)
+        while not all(_catches_sigterm(p.pid) for p in procs):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        done = subprocess.run(
+            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours), "--grace", "60"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env(),
+        )
+        assert done.returncode == 0 and done.stdout.strip() == f"stopped 2 process(es) of the Ray in {ours}"
+        assert [p.wait(30) for p in procs] == [0, 0]  # both went on SIGTERM (none was killed)
+        assert log.read_text().split() == ["raylet", "gcs"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _catches_sigterm(pid: int) -> bool:
+    caught = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
 
 
 def _commands(cfg: dict) -> list[str]:
