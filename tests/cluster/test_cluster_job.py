@@ -2,7 +2,9 @@
 
 `ray start --head` plus one `ray start --address ... --resources '{"site:<name>": 1}'` worker
 process per site, the registry server as its own process, sites registering and publishing
-through the `msa-fed` CLI, and `ray job submit` running cluster/jobs/run_msa.py.  Every
+through the `msa-fed` CLI (run in the test's process: its gRPC calls reach the registry's
+process all the same), the job driver as `msa-fed run` processes, and `ray job submit` running
+cluster/jobs/run_msa.py.  Every
 process is started in its own process group and killed at the end, even on failure.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from sklearn.linear_model import LogisticRegression
 
 from msa_fed.artifacts.predictors import export_sklearn
@@ -84,9 +87,19 @@ def node_ports() -> list[str]:
 
 
 def cli(*args, env=None, check=True):
+    """``msa-fed ARGS`` in a new process (the job driver: it starts its own local Ray)."""
     out = subprocess.run([str(BIN / "msa-fed"), *args], capture_output=True, text=True, env=env, timeout=120)
     if check and out.returncode != 0:
         raise AssertionError(f"msa-fed {' '.join(args)} failed: {out.stdout}\n{out.stderr}")
+    return out
+
+
+def setup_cli(*args) -> str:
+    """``msa-fed ARGS`` of the set-up (tokens, site register and publish) in this process
+    (tests/cli_runner.py: the same command without a new interpreter's imports); its stdout."""
+    rc, out, err = run_cli(*args)
+    if rc != 0:
+        raise AssertionError(f"msa-fed {' '.join(map(str, args))} failed: {out}\n{err}")
     return out
 
 
@@ -107,7 +120,7 @@ def federation(tmp_path_factory):
     procs = Procs(tmp)
     try:
         db = tmp / "registry.db"
-        admin = cli("admin", "issue-token", "--db", str(db), "--admin", env=env).stdout.strip().splitlines()[-1]
+        admin = setup_cli("admin", "issue-token", "--db", str(db), "--admin").strip().splitlines()[-1]
         (tmp / "admin_token").write_text(admin)
         port = free_port()
         address = f"127.0.0.1:{port}"
@@ -125,9 +138,7 @@ def federation(tmp_path_factory):
         fed = make_federation(n_labeled=200, n_unlabeled=300, n_test=1000)
         for name in SITES:
             d = fed[name]
-            token = (
-                cli("admin", "issue-token", "--db", str(db), "--site", name, env=env).stdout.strip().splitlines()[-1]
-            )
+            token = setup_cli("admin", "issue-token", "--db", str(db), "--site", name).strip().splitlines()[-1]
             h = LogisticRegression().fit(d["X_train"], d["y_train"])
             (tmp / f"{name}.onnx").write_bytes(export_sklearn(h, n_features=2))
             np.save(tmp / f"{name}_unlabeled.npy", d["X_unlabeled"])
@@ -135,8 +146,8 @@ def federation(tmp_path_factory):
                 tmp / f"{name}.npz", X_labeled=d["X_labeled"], y_labeled=d["y_labeled"], X_unlabeled=d["X_unlabeled"]
             )
             common = ["--registry", address, "--token", token, "--insecure"]
-            cli("site", "register", *common, "--name", name, env=env)
-            cli(
+            setup_cli("site", "register", *common, "--name", name)
+            setup_cli(
                 "site",
                 "publish",
                 *common,
@@ -146,7 +157,6 @@ def federation(tmp_path_factory):
                 str(tmp / f"{name}_unlabeled.npy"),
                 "--labeled",
                 str(tmp / f"{name}.npz"),
-                env=env,
             )
         yield dict(tmp=tmp, address=address, admin=admin, fed=fed, env=env, db=db)
     finally:
@@ -169,13 +179,15 @@ def test_job_fails_before_training_on_bad_setup(federation, tmp_path):
     f = federation
     env = dict(f["env"], RAY_ADDRESS="")
     job = write_job(f["tmp"], f["address"], name="bad")
-    # wrong admin token
+    # wrong admin token: refused by the registry before any Ray work (in this process, which
+    # starts no Ray: the second run below is the driver process that does)
     bad_token = tmp_path / "bad_token"
     bad_token.write_text("admin.operator.not-the-secret")
-    out = cli("run", "--job", str(job), "--admin-token-file", str(bad_token), env=env, check=False)
-    assert out.returncode != 0
-    assert out.stderr.strip().startswith("error: UNAUTHENTICATED"), out.stderr
-    assert "Traceback" not in out.stderr
+    rc, _, err = run_cli("run", "--job", str(job), "--admin-token-file", str(bad_token))
+    assert rc != 0
+    assert err.strip().startswith("error: UNAUTHENTICATED"), err
+    assert "Traceback" not in err
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     # a registered site with no Ray node carrying its resource: the job starts a local Ray
     # without any site resource, so every site is missing; the error names them
     out = cli("run", "--job", str(job), env=env, check=False)
@@ -194,14 +206,14 @@ def test_job_rejects_corrupted_artifact(federation, tmp_path):
     env = dict(f["env"], RAY_ADDRESS="")
     # publish a fourth site whose ONNX file is then truncated inside the database
     db = f["db"]
-    token = cli("admin", "issue-token", "--db", str(db), "--site", "broken", env=env).stdout.strip().splitlines()[-1]
+    token = setup_cli("admin", "issue-token", "--db", str(db), "--site", "broken").strip().splitlines()[-1]
     common = ["--registry", f["address"], "--token", token, "--insecure"]
-    cli("site", "register", *common, "--name", "broken", env=env)
+    setup_cli("site", "register", *common, "--name", "broken")
     rng = np.random.default_rng(1)
     X = rng.normal(size=(100, 2))
     onnx = export_sklearn(LogisticRegression().fit(X, (X[:, 0] > 0).astype(int)), n_features=2)
     (tmp_path / "broken.onnx").write_bytes(onnx)
-    cli("site", "publish", *common, "--predictor", str(tmp_path / "broken.onnx"), env=env)
+    setup_cli("site", "publish", *common, "--predictor", str(tmp_path / "broken.onnx"))
     job = write_job(f["tmp"], f["address"], sites=("north", "broken"), name="corrupt")
     sha = hashlib.sha256(onnx).hexdigest()
     with sqlite3.connect(db) as con:  # flip the stored bytes behind the registry's back
