@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_solver.py --big                 # also p = 32, n = 1e6 (minutes)
     .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --problems --experiments
     .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --seeds 6   # counts per seed
+    .venv/bin/python benchmarks/bench_solver.py --baseline ../main --skip fit threads sums --phases  # CPU by part
 
 Every DC evaluation is one round trip to every site and one query charged to each site's
 budget, so the number of evaluations per fit is reported next to the time.  Each measurement
@@ -156,6 +157,46 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
     return out
 
 
+def child_phases(p: int, n: int) -> dict:
+    """CPU seconds of one ``fit_dmsa`` (local runtime, defaults) by part: the domain classifier,
+    ``prepare_dc`` (the sites' ``set_domain_model``, with the model's verification, and
+    ``set_qhat``, with the predictors on the sites' points), the solve (the sites' sums and the
+    coordinator's plausibility checks)."""
+    import msa_fed.runtime.coordinator as coordinator
+    import msa_fed.runtime.plausibility as plausibility
+    from msa_fed import fit_dmsa
+    from msa_fed.site.worker import SiteWorker
+
+    cpu: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapper(*args, **kw):
+            t = time.process_time()
+            try:
+                return real(*args, **kw)
+            finally:
+                cpu[label] = cpu.get(label, 0.0) + time.process_time() - t
+
+        setattr(owner, name, wrapper)
+
+    timed(coordinator.Coordinator, "train_domain_model", "classifier")
+    timed(coordinator.Coordinator, "prepare_dc", "prepare_dc")
+    timed(SiteWorker, "set_domain_model", "set_domain_model")
+    timed(SiteWorker, "set_qhat", "set_qhat")
+    timed(coordinator, "solve_dc", "solve")
+    timed(SiteWorker, "dc_evaluate", "dc_evaluate")
+    timed(plausibility.AnswerChecker, "dc_partials", "plausibility")
+    sites = make_sites(p, n)
+    fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
+    cpu.clear()
+    c, t = time.process_time(), time.perf_counter()
+    model = fit_dmsa(sites, "classification")
+    cpu["fit"], cpu["fit_wall"] = time.process_time() - c, time.perf_counter() - t
+    return {**cpu, "evaluations": model.info["solver"]["n_evaluations"]}
+
+
 def child_sums(p: int, n: int, loss: str) -> dict:
     from msa_fed.core.dc_terms import PointSet, one_blas_thread
 
@@ -305,6 +346,12 @@ def main(argv=None) -> int:
         help="also the fits of p = 4, 8, 16 (n = 1e5) on this many seeds of the sites' generator (this tree): "
         "evaluations against the bounds 15/20/30 and max_k L_k against the exhaustive solve",
     )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also the CPU time of each part of the fit (p = 16, n = 1e5; with --big also p = 32, n = 1e6), "
+        "each tree in turn",
+    )
     ap.add_argument("--problems", action="store_true", help="also bench_core's problems against the exhaustive solve")
     ap.add_argument(
         "--experiments",
@@ -319,6 +366,8 @@ def main(argv=None) -> int:
         kind, rest = args.child[0], args.child[1:]
         if kind == "fit":
             res = child_fit(int(rest[0]), int(float(rest[1])), rest[2] == "1", rest[3], *map(int, rest[4:5]))
+        elif kind == "phases":
+            res = child_phases(int(rest[0]), int(float(rest[1])))
         else:
             res = child_sums(int(rest[0]), int(float(rest[1])), rest[2])
         print(json.dumps(res))
@@ -425,6 +474,24 @@ def main(argv=None) -> int:
                     flush=True,
                 )
         result["seeds"] = rows
+    if args.phases:
+        rows = []
+        for p, n in [(16, 100_000)] + ([(32, 1_000_000)] if args.big else []):
+            for _ in range(1 if n >= 1_000_000 else args.repeats):
+                for name, tree in trees.items():
+                    row = {"p": p, "n": n, "tree": name, **run_child(tree, ["phases", str(p), str(n)])}
+                    row["load_average"] = os.getloadavg()
+                    rows.append(row)
+                    parts = ", ".join(
+                        f"{k} {row[k]:.3f}"
+                        for k in ("classifier", "set_domain_model", "set_qhat", "solve", "dc_evaluate", "plausibility")
+                    )
+                    print(
+                        f"phases p={p:3d} n={n:8d} {name}: CPU {row['fit']:.3f} s (wall {row['fit_wall']:.3f} s): "
+                        f"{parts} | load {row['load_average'][0]:.1f}",
+                        flush=True,
+                    )
+        result["phases"] = rows
     if args.problems:
         sys.path.insert(0, str(ROOT))
         result["problems"] = core_problems((1_000, 10_000, 100_000), (2, 4, 8, 16, 32))
