@@ -108,7 +108,7 @@ class ProcessMemo:
             if k in self._entries:
                 self._entries.move_to_end(k)
                 self.hits += 1
-                return self._entries[k]  # type: ignore[no-any-return]
+                return self._entries[k]
         result = compute()  # a refusal raises here and stores nothing
         with self._lock:
             self.misses += 1
