@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_solver.py --big                 # also p = 32, n = 1e6 (minutes)
     .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --problems --experiments
     .venv/bin/python benchmarks/bench_solver.py --skip fit threads sums --seeds 6   # counts per seed
+    .venv/bin/python benchmarks/bench_solver.py --baseline ../main --skip fit threads sums --phases  # CPU by part
 
 Every DC evaluation is one round trip to every site and one query charged to each site's
 budget, so the number of evaluations per fit is reported next to the time.  Each measurement
@@ -93,14 +94,14 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
 
         threads.SMALL_WORK = 0
     real = coordinator.solve_dc
-    seen: dict = {"exhaustive_s": 0.0}
+    seen: dict = {"exhaustive_s": 0.0, "exhaustive_cpu": 0.0}
 
     def timed_solve(oracle, eta, **kw):
         t = time.perf_counter()
         res = real(oracle, eta, **kw)
         seen["solve_s"] = time.perf_counter() - t
         if exhaustive:  # every start run to the end, on the same sums (timed apart, left out of the fit)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             opts = {k: v for k, v in kw.items() if k not in ("z0", "n_restarts", "callback")}
             rng = np.random.default_rng(opts.get("random_state", 0))
             q = oracle.n_sources
@@ -111,6 +112,7 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
             seen["exhaustive_max_loss"] = min(r.max_loss for r in runs)
             seen["exhaustive_evaluations"] = sum(r.n_evaluations for r in runs)
             seen["exhaustive_s"] = time.perf_counter() - t
+            seen["exhaustive_cpu"] = time.process_time() - c
         return res
 
     real_influence = getattr(coordinator, "influence_table", None)  # None: a tree without the report
@@ -126,7 +128,7 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
         coordinator.influence_table = timed_influence
     sites = make_sites(p, n, seed=seed)
     fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
-    seen["exhaustive_s"] = 0.0
+    seen["exhaustive_s"] = seen["exhaustive_cpu"] = 0.0
     cpu = time.process_time()
     t = time.perf_counter()
     model = fit_dmsa(sites, "classification")
@@ -134,6 +136,9 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
     cpu = time.process_time() - cpu
     out = {
         "fit_s": fit_s,
+        # the process's CPU time over the fit (all threads, the exhaustive solve's left out): less
+        # sensitive to the load than the wall time
+        "cpu_s": cpu - seen["exhaustive_cpu"],
         "cpu_over_wall": cpu / (fit_s + seen["exhaustive_s"]),
         "solve_s": seen["solve_s"],
         "evaluations": model.info["solver"]["n_evaluations"],
@@ -150,6 +155,46 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
         out["exhaustive_evaluations"] = seen["exhaustive_evaluations"]
         out["max_loss_minus_exhaustive"] = out["max_loss"] - out["exhaustive_max_loss"]
     return out
+
+
+def child_phases(p: int, n: int) -> dict:
+    """CPU seconds of one ``fit_dmsa`` (local runtime, defaults) by part: the domain classifier,
+    ``prepare_dc`` (the sites' ``set_domain_model``, with the model's verification, and
+    ``set_qhat``, with the predictors on the sites' points), the solve (the sites' sums and the
+    coordinator's plausibility checks)."""
+    import msa_fed.runtime.coordinator as coordinator
+    import msa_fed.runtime.plausibility as plausibility
+    from msa_fed import fit_dmsa
+    from msa_fed.site.worker import SiteWorker
+
+    cpu: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapper(*args, **kw):
+            t = time.process_time()
+            try:
+                return real(*args, **kw)
+            finally:
+                cpu[label] = cpu.get(label, 0.0) + time.process_time() - t
+
+        setattr(owner, name, wrapper)
+
+    timed(coordinator.Coordinator, "train_domain_model", "classifier")
+    timed(coordinator.Coordinator, "prepare_dc", "prepare_dc")
+    timed(SiteWorker, "set_domain_model", "set_domain_model")
+    timed(SiteWorker, "set_qhat", "set_qhat")
+    timed(coordinator, "solve_dc", "solve")
+    timed(SiteWorker, "dc_evaluate", "dc_evaluate")
+    timed(plausibility.AnswerChecker, "dc_partials", "plausibility")
+    sites = make_sites(p, n)
+    fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
+    cpu.clear()
+    c, t = time.process_time(), time.perf_counter()
+    model = fit_dmsa(sites, "classification")
+    cpu["fit"], cpu["fit_wall"] = time.process_time() - c, time.perf_counter() - t
+    return {**cpu, "evaluations": model.info["solver"]["n_evaluations"]}
 
 
 def child_sums(p: int, n: int, loss: str) -> dict:
@@ -301,6 +346,12 @@ def main(argv=None) -> int:
         help="also the fits of p = 4, 8, 16 (n = 1e5) on this many seeds of the sites' generator (this tree): "
         "evaluations against the bounds 15/20/30 and max_k L_k against the exhaustive solve",
     )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also the CPU time of each part of the fit (p = 16, n = 1e5; with --big also p = 32, n = 1e6), "
+        "each tree in turn",
+    )
     ap.add_argument("--problems", action="store_true", help="also bench_core's problems against the exhaustive solve")
     ap.add_argument(
         "--experiments",
@@ -315,6 +366,8 @@ def main(argv=None) -> int:
         kind, rest = args.child[0], args.child[1:]
         if kind == "fit":
             res = child_fit(int(rest[0]), int(float(rest[1])), rest[2] == "1", rest[3], *map(int, rest[4:5]))
+        elif kind == "phases":
+            res = child_phases(int(rest[0]), int(float(rest[1])))
         else:
             res = child_sums(int(rest[0]), int(float(rest[1])), rest[2])
         print(json.dumps(res))
@@ -340,12 +393,13 @@ def main(argv=None) -> int:
                     )
             row = {"p": p, "n": n, "runs": runs, "load_average": os.getloadavg()}
             for name, rs in runs.items():
-                keys = ("fit_s", "solve_s", "evaluations", "max_loss", "cpu_over_wall")
+                keys = ("fit_s", "cpu_s", "solve_s", "evaluations", "max_loss", "cpu_over_wall")
                 row[name] = {k: median(rs, k) for k in keys + tuple(k for k in INFLUENCE if k in rs[0])}
             ex = runs["this"][0]
             row["this"].update({k: ex[k] for k in ("exhaustive_evaluations", "max_loss_minus_exhaustive")})
             line = (
-                f"p={p:3d} n={n:8d} | this: fit {row['this']['fit_s']:.3f} s, solve {row['this']['solve_s']:.3f} s, "
+                f"p={p:3d} n={n:8d} | this: fit {row['this']['fit_s']:.3f} s (CPU {row['this']['cpu_s']:.3f} s), "
+                f"solve {row['this']['solve_s']:.3f} s, "
                 f"{row['this']['evaluations']:.0f} evaluations (exhaustive {ex['exhaustive_evaluations']}, "
                 f"max_k L_k - exhaustive {ex['max_loss_minus_exhaustive']:.1e})"
             )
@@ -357,10 +411,12 @@ def main(argv=None) -> int:
             if "baseline" in runs:
                 b = row["baseline"]
                 row["ratio_fit"] = b["fit_s"] / row["this"]["fit_s"]
+                row["ratio_cpu"] = b["cpu_s"] / row["this"]["cpu_s"]
                 row["ratio_solve"] = b["solve_s"] / row["this"]["solve_s"]
                 line += (
-                    f" | baseline: fit {b['fit_s']:.3f} s, {b['evaluations']:.0f} evaluations | "
-                    f"fit {row['ratio_fit']:.1f}x, "
+                    f" | baseline: fit {b['fit_s']:.3f} s (CPU {b['cpu_s']:.3f} s), "
+                    f"{b['evaluations']:.0f} evaluations | "
+                    f"fit {row['ratio_fit']:.1f}x (CPU {row['ratio_cpu']:.1f}x), "
                     f"solve {row['ratio_solve']:.1f}x faster"
                 )
             print(line + f" | load {row['load_average'][0]:.1f}", flush=True)
@@ -418,6 +474,24 @@ def main(argv=None) -> int:
                     flush=True,
                 )
         result["seeds"] = rows
+    if args.phases:
+        rows = []
+        for p, n in [(16, 100_000)] + ([(32, 1_000_000)] if args.big else []):
+            for _ in range(1 if n >= 1_000_000 else args.repeats):
+                for name, tree in trees.items():
+                    row = {"p": p, "n": n, "tree": name, **run_child(tree, ["phases", str(p), str(n)])}
+                    row["load_average"] = os.getloadavg()
+                    rows.append(row)
+                    parts = ", ".join(
+                        f"{k} {row[k]:.3f}"
+                        for k in ("classifier", "set_domain_model", "set_qhat", "solve", "dc_evaluate", "plausibility")
+                    )
+                    print(
+                        f"phases p={p:3d} n={n:8d} {name}: CPU {row['fit']:.3f} s (wall {row['fit_wall']:.3f} s): "
+                        f"{parts} | load {row['load_average'][0]:.1f}",
+                        flush=True,
+                    )
+        result["phases"] = rows
     if args.problems:
         sys.path.insert(0, str(ROOT))
         result["problems"] = core_problems((1_000, 10_000, 100_000), (2, 4, 8, 16, 32))

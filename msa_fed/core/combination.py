@@ -42,7 +42,9 @@ def site_point_set(Q: np.ndarray, qhat: np.ndarray, H: np.ndarray, loss: str, y:
     Q = np.asarray(Q, dtype=np.float64)
     n, p = Q.shape
     pi = np.full(n, 1.0 / (p * n))
-    w = pi[:, None] * Q / np.asarray(qhat, dtype=np.float64)[None, :]
+    w = np.empty((n, p), order="F")  # column-major, as PointSet keeps it (no copy there)
+    np.multiply(pi[:, None], Q, out=w)
+    w /= np.asarray(qhat, dtype=np.float64)[None, :]
     return PointSet(w=w, pi=pi, H=H, y=y, loss=loss)
 
 

@@ -32,6 +32,12 @@ and of W* may differ by a constant per class: that scales a whole column, as Qha
 does not separate points; with the same identity the weighted mean symmetric KL divergence
 between Q and the optimum's Q over the published points is at most |G|_F^2 / (8 mu).)
 
+Steps 1, 3 and 4 and max |Phi| over the published points are the same at every site of a job:
+where several sites share a process (the local runtime, a cluster host) they are computed once
+per model (:func:`maxent_published_part`, memoised by a digest of every input it reads,
+:mod:`msa_fed.privacy.memo`); mu's range, the site's labelled points and the tolerance are each
+site's own and are checked at every request.
+
 Everything here is numpy over :mod:`msa_fed.core`; refusals are
 :class:`~msa_fed.errors.PrivacyError` naming the rule, never a measured value (the measured
 values go to the site's audit log through the returned dict).
@@ -41,16 +47,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import numpy as np
 
+from msa_fed.core.threads import one_blas_thread
 from msa_fed.errors import PrivacyError
+from msa_fed.privacy.memo import ProcessMemo
 from msa_fed.privacy.policy import SitePolicy
 
 #: where a site gets the published unlabelled samples of a job's sites, in site order
 #: (the host provides it: in-process the sites' own arrays, in a site process the registry)
 SampleSource = Callable[[], Sequence[np.ndarray]]
+
+#: the re-solved intercepts must zero the gradient in b to this (round-off is ~1e-16): G is the
+#: gradient of min_b F only at the optimal intercepts
+INTERCEPT_GTOL = 1e-10
 
 #: relative tolerance of a re-derived feature map's arrays (same numpy, same data: bit-equal
 #: in practice; the slack covers another BLAS summing in another order)
@@ -102,45 +115,125 @@ def derive_feature_map(state, samples: Sequence[np.ndarray], site: str, balanced
     return fmap
 
 
-def _softmax(A: np.ndarray) -> np.ndarray:
-    E = np.exp(A - A.max(axis=1, keepdims=True))
-    E /= E.sum(axis=1, keepdims=True)
-    return E
+def _value_softmax(A: np.ndarray, b: np.ndarray, s: np.ndarray, target: np.ndarray, out: np.ndarray):
+    """(sum_i s_i lse(A_i + b) - target . b, softmax(A + b)) in one pass over A; the softmax is
+    written into ``out`` (an array like A) and returned."""
+    np.add(A, b, out=out)
+    top = out.max(axis=1)
+    out -= top[:, None]
+    np.exp(out, out=out)
+    S = out.sum(axis=1)
+    f = float(s @ (top + np.log(S)) - target @ b)
+    out /= S[:, None]
+    return f, out
 
 
-def solve_intercepts(A: np.ndarray, s: np.ndarray, target: np.ndarray, b0: np.ndarray, iters: int = 50) -> np.ndarray:
-    """argmin_b sum_i s_i lse(A_i + b) - target . b (the intercepts for fixed W; A = Phi W^T).
+def intercepts_and_softmax(
+    A: np.ndarray, s: np.ndarray, target: np.ndarray, b0: np.ndarray, iters: int = 50
+) -> tuple[np.ndarray, np.ndarray]:
+    """argmin_b sum_i s_i lse(A_i + b) - target . b (the intercepts for fixed W; A = Phi W^T),
+    and softmax(A + b) at the returned b.
 
-    Damped Newton on the p intercepts (the objective is invariant under b + c 1; the result
-    is centred).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).
+    Damped Newton on the p intercepts (the objective is invariant under b + c 1; every iterate
+    is centred).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).  Each
+    trial point costs one pass over A, which also gives the softmax the next step needs.
     """
+    A = np.ascontiguousarray(A, dtype=np.float64)
     b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
     p = b.size
-
-    def value(bb):
-        Z = A + bb
-        top = Z.max(axis=1)
-        return float(s @ (top + np.log(np.exp(Z - top[:, None]).sum(axis=1))) - target @ bb)
-
-    f = value(b)
+    cur, trial = np.empty_like(A), np.empty_like(A)
+    f, P = _value_softmax(A, b, s, target, cur)
     for _ in range(iters):
-        P = _softmax(A + b)
         g = s @ P - target
         if np.abs(g).max() < 1e-15:
             break
-        H = np.diag(s @ P) - (P * s[:, None]).T @ P + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
-        step = np.linalg.solve(H, g)
+        sP = np.multiply(P, s[:, None], out=trial)
+        H = np.diag(s @ P) - sP.T @ P + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
+        try:
+            step = np.linalg.solve(H, g)
+        except np.linalg.LinAlgError:  # a class no point gives any mass to (b far off): least squares
+            step = np.linalg.lstsq(H, g, rcond=None)[0]
         t = 1.0
         while t > 1e-8:
             nb = b - t * step
-            nf = value(nb)
+            nb -= np.mean(nb)
+            nf, _ = _value_softmax(A, nb, s, target, trial)
             if nf <= f + 1e-16 * max(1.0, abs(f)):
                 break
             t *= 0.5
         if t <= 1e-8:
             break
-        b, f = nb - np.mean(nb), nf
-    return b
+        b, f = nb, nf
+        cur, trial = trial, cur
+        P = cur
+    return b, P
+
+
+def solve_intercepts(A: np.ndarray, s: np.ndarray, target: np.ndarray, b0: np.ndarray, iters: int = 50) -> np.ndarray:
+    """The intercepts of :func:`intercepts_and_softmax` alone."""
+    return intercepts_and_softmax(A, s, target, b0, iters)[0]
+
+
+@dataclass(frozen=True)
+class PublishedPart:
+    """What the Maxent check computes over the published samples alone (the same at every site of
+    a job): the re-derived feature map, |G|_F, the intercept gap and max |Phi(x)| over the
+    published points.  Read-only: one instance may serve several sites of one process."""
+
+    fmap: Any
+    grad_norm: float
+    intercept_gap: float
+    phi_max: float
+
+
+#: the published part of the checks this process ran (:mod:`msa_fed.privacy.memo`): keyed by a
+#: digest of every input, never shared with another process, a refusal never stored
+PUBLISHED_MEMO = ProcessMemo(size=4)
+
+
+def maxent_published_part(
+    theta: np.ndarray, mu: float, state, samples: Sequence[np.ndarray], site: str
+) -> PublishedPart:
+    """The part of :func:`check_maxent` over the published samples (module docstring, steps 1, 3
+    and 4): refuses (naming ``site``) a map the samples do not derive or a model without one
+    column per site; memoised in this process by a digest of theta, mu, the map's state, the
+    samples and the tolerance of the map's re-derivation."""
+    theta = np.asarray(theta, dtype=np.float64)
+    mu = float(mu)
+    Xs = [np.asarray(X, dtype=np.float64) for X in samples]
+
+    def compute() -> PublishedPart:
+        p = len(Xs)
+        fmap = derive_feature_map(state, Xs, site)
+        Phis = [np.asarray(fmap.transform(X), dtype=np.float64) for X in Xs]
+        D = Phis[0].shape[1]
+        if theta.ndim != 1 or theta.size != p * (D + 1) or not np.all(np.isfinite(theta)):
+            _refuse(
+                "verify_columns",
+                site,
+                f"the model must have one column per site of the job ({p}) over the map's features",
+            )
+        Wb = theta.reshape(p, D + 1)
+        W, b = Wb[:, :D], Wb[:, D]
+        Phi = np.vstack(Phis)
+        s = np.concatenate([np.full(len(P), 1.0 / (p * len(P))) for P in Phis])
+        k = np.concatenate([np.full(len(P), j) for j, P in enumerate(Phis)])
+        A = Phi @ W.T
+        target = np.full(p, 1.0 / p)
+        b_hat, R = intercepts_and_softmax(A, s, target, b)
+        if not np.abs(s @ R - target).max() <= INTERCEPT_GTOL:  # G below needs the optimal intercepts
+            _refuse("verify_optimum", site, "the intercepts of the domain model's weights could not be re-solved")
+        b_gap = float(np.abs((b - b.mean()) - b_hat).max())
+        R[np.arange(k.size), k] -= 1.0  # softmax(A + b_hat) - Y
+        R *= s[:, None]
+        G = R.T @ Phi + 2.0 * mu * W
+        return PublishedPart(fmap, float(np.linalg.norm(G)), b_gap, _row_norm_max(Phi))
+
+    def on_one_thread() -> PublishedPart:  # small products: a second BLAS thread only spins (core/threads.py)
+        with one_blas_thread():
+            return compute()
+
+    return PUBLISHED_MEMO.get(("maxent", FMAP_RTOL, theta, mu, state, Xs), on_one_thread)
 
 
 def check_maxent(
@@ -152,35 +245,18 @@ def check_maxent(
     policy: SitePolicy,
     site: str,
 ) -> dict:
-    """Verify a Maxent domain model (module docstring); returns the measured values."""
-    p = len(samples)
-    theta = np.asarray(theta, dtype=np.float64)
+    """Verify a Maxent domain model (module docstring); returns the measured values.
+
+    The part over the published samples is the same at every site (:func:`maxent_published_part`,
+    computed once per process for one model); mu's range, max |Phi| over this site's labelled
+    points and the tolerance are this site's own, checked at every call."""
     mu = float(mu)
     if not (math.isfinite(mu) and policy.mu_min <= mu <= policy.mu_max):
         _refuse("verify_mu", site, f"mu must lie in the site's range [{policy.mu_min:g}, {policy.mu_max:g}]")
-    fmap = derive_feature_map(state, samples, site)
-    Phis = [np.asarray(fmap.transform(np.asarray(X, dtype=np.float64)), dtype=np.float64) for X in samples]
-    D = Phis[0].shape[1]
-    if theta.ndim != 1 or theta.size != p * (D + 1) or not np.all(np.isfinite(theta)):
-        _refuse(
-            "verify_columns", site, f"the model must have one column per site of the job ({p}) over the map's features"
-        )
-    Wb = theta.reshape(p, D + 1)
-    W, b = Wb[:, :D], Wb[:, D]
-    Phi = np.vstack(Phis)
-    s = np.concatenate([np.full(len(P), 1.0 / (p * len(P))) for P in Phis])
-    k = np.concatenate([np.full(len(P), j) for j, P in enumerate(Phis)])
-    A = Phi @ W.T
-    target = np.full(p, 1.0 / p)
-    b_hat = solve_intercepts(A, s, target, b)
-    b_gap = float(np.abs((b - b.mean()) - b_hat).max())
-    R = _softmax(A + b_hat)
-    R[np.arange(k.size), k] -= 1.0
-    R *= s[:, None]
-    G = R.T @ Phi + 2.0 * mu * W
-    grad_norm = float(np.linalg.norm(G))
+    pub = maxent_published_part(theta, mu, state, samples, site)
+    grad_norm, b_gap = pub.grad_norm, pub.intercept_gap
     radius = grad_norm / (2.0 * mu)
-    phi_max = float(max(np.sqrt(np.einsum("ij,ij->i", Phi, Phi)).max(), _row_norm_max(fmap.transform(X_labeled))))
+    phi_max = max(pub.phi_max, _row_norm_max(pub.fmap.transform(X_labeled)))
     deviation = math.sqrt(2.0) * radius * phi_max
     out = {
         "verify_grad_norm": grad_norm,

@@ -61,7 +61,7 @@ class AnswerChecker:
         self.mass: np.ndarray | None = None  # (sites, p): the mass of w_k on each site
         self._dp = [False] * self.p  # sites whose Qhat partial carried DP noise
         self._seen: list[dict] = [{} for _ in self.names]
-        self._path: list[list] = [[] for _ in self.names]
+        self._path: list[_PathRing | None] = [None for _ in self.names]
 
     def _fault(self, s: int, method: str, why: str) -> ImplausibleAnswer:
         name = self.names[s]
@@ -127,28 +127,69 @@ class AnswerChecker:
                 )
 
     def _along_path(self, s: int, z: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> None:
-        path = self._path[s]
-        for z1, eta1, L1, dL1 in path:
-            if eta1 != eta or float(np.max(np.abs(z - z1))) > PATH_STEP:
-                continue
-            dz = z - z1
-            d1, d2 = dL1 @ dz, dL @ dz
+        ring = self._path[s]
+        if ring is None:
+            ring = self._path[s] = _PathRing(z.size, L.size)
+        if not ring.fits(z, L, dL):
+            raise self._fault(s, "dc_evaluate", "its losses or gradients changed shape along the solver's path")
+        past = ring.near(z, eta)
+        if past is not None:
+            Z1, L1, dL1 = past
+            dz = z[None, :] - Z1
+            d1 = np.einsum("mkj,mj->mk", dL1, dz)
+            d2 = dz @ dL.T
             predicted = 0.5 * (d1 + d2)
             # the trapezoid's error has no bound without the points: only gross disagreement counts
-            slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (np.abs(L) + np.abs(L1))
-            bad = np.abs((L - L1) - predicted) > slack + ATOL
-            if np.any(bad):
-                k = int(np.argmax(bad))
+            slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (
+                np.abs(L)[None, :] + np.abs(L1)
+            )
+            bad = np.abs((L[None, :] - L1) - predicted) > slack + ATOL
+            if bad.any():
+                i = int(np.argmax(bad.any(axis=1)))  # the oldest pair that disagrees
+                k = int(np.argmax(bad[i]))
                 raise self._fault(
                     s,
                     "dc_evaluate",
                     f"its losses disagree with its gradients along the solver's path (domain {k}: "
-                    f"change {L[k] - L1[k]:.6g}, gradients say {predicted[k]:.6g})",
+                    f"change {L[k] - L1[i, k]:.6g}, gradients say {predicted[i, k]:.6g})",
                 )
-        path.append((z.copy(), eta, L.copy(), dL.copy()))
-        del path[:-PATH_MEMORY]
+        ring.add(z, eta, L, dL)
 
     def bound(self, parts) -> None:
         for s, r in enumerate(parts):
             if not float(r.value) >= 0:
                 raise self._fault(s, "max_bound", "a negative bound")
+
+
+class _PathRing:
+    """A site's last :data:`PATH_MEMORY` evaluations (z, eta, L, dL) in preallocated arrays, so
+    that the path check compares a new answer with all of them in a few vector operations."""
+
+    def __init__(self, q: int, k: int):
+        self.q, self.k = q, k
+        self.Z = np.empty((PATH_MEMORY, q))
+        self.eta = np.empty(PATH_MEMORY)
+        self.L = np.empty((PATH_MEMORY, k))
+        self.dL = np.empty((PATH_MEMORY, k, q))
+        self.count = 0  # entries held
+        self.slot = 0  # where the next one goes
+
+    def fits(self, z: np.ndarray, L: np.ndarray, dL: np.ndarray) -> bool:
+        return z.shape == (self.q,) and L.shape == (self.k,) and dL.shape == (self.k, self.q)
+
+    def near(self, z: np.ndarray, eta: float):
+        """(Z, L, dL) of the held evaluations at the same eta with every coordinate of z within
+        :data:`PATH_STEP`, oldest first; None when there is none."""
+        if not self.count:
+            return None
+        order = (self.slot - self.count + np.arange(self.count)) % PATH_MEMORY
+        near = (self.eta[order] == eta) & (np.abs(self.Z[order] - z[None, :]).max(axis=1) <= PATH_STEP)
+        if not near.any():
+            return None
+        idx = order[near]
+        return self.Z[idx], self.L[idx], self.dL[idx]
+
+    def add(self, z: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> None:
+        self.Z[self.slot], self.eta[self.slot], self.L[self.slot], self.dL[self.slot] = z, eta, L, dL
+        self.count = min(self.count + 1, PATH_MEMORY)
+        self.slot = (self.slot + 1) % PATH_MEMORY

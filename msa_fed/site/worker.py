@@ -237,16 +237,19 @@ class SiteWorker(PublishedHalf):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
         classification)."""
         if self._H is None:
-            cols = []
             # the unlabelled sample is checked too (the combined model will be used on points like
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
             both = np.concatenate([self.X_labeled, self.X_unlabeled])
+            # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
+            cols = np.empty((n, len(self.predictors)), order="F")
+            rows = idx = None
             for k, h in enumerate(answered_together(self.predictors, both)):  # peers': one request
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
-                    cols.append(out)
-                else:
+                    cols[:, k] = out
+                    continue
+                if idx is None:  # the labels' columns, the same for every predictor
                     assert self.classes is not None  # classification: the job's classes
                     idx = np.searchsorted(self.classes, self.y_labeled)
                     if np.any(idx >= self.classes.size) or np.any(
@@ -255,8 +258,9 @@ class SiteWorker(PublishedHalf):
                         raise ConfigError(
                             f"site {self.name!r}: labels outside the predictors' classes {self.classes.tolist()}"
                         )
-                    cols.append(out[np.arange(out.shape[0]), idx])
-            self._H = np.column_stack(cols)
+                    rows = np.arange(n)
+                cols[:, k] = out[rows, idx]
+            self._H = cols
         return self._H
 
     def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:

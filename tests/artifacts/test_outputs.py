@@ -43,3 +43,51 @@ def test_shapes_and_non_finite_values():
         checked_values([1.0, 2.0], 3, "h")
     with pytest.raises(ValueError, match=r"NaN or inf for 1 of 3 rows \(first row 1\)"):
         checked_values([1.0, -np.inf, 3.0], 3, "h")
+
+
+def _rowwise(P, atol=1e-4):
+    """The rule row by row (what the checks' slow path and their messages apply)."""
+    finite = np.isfinite(P).all(axis=1)
+    if not finite.all():
+        return "NaN or inf"
+    if not ((P >= -atol) & (P <= 1 + atol)).all():
+        return "outside"
+    if float(np.abs(P.sum(axis=1) - 1.0).max()) > atol:
+        return "do not sum to 1"
+    return None
+
+
+def test_the_quick_pass_accepts_exactly_what_the_row_by_row_checks_accept():
+    """Many outputs at the edges of the rule (entries just inside and outside [-atol, 1 + atol],
+    row sums just inside and outside 1 +- atol, NaN, infinities, 2 to 5 classes): the check
+    accepts exactly those the row-by-row rule accepts, and refuses the others for its reason."""
+    rng = np.random.default_rng(0)
+    edges = [np.nan, np.inf, -np.inf, -1.5e-4, -0.5e-4, 1 + 0.5e-4, 1 + 1.5e-4, 0.0, 1.0]
+    accepted = refused = 0
+    for trial in range(3000):
+        c = 2 + trial % 4
+        P = rng.dirichlet(np.ones(c), size=5 + trial % 7)
+        kind = trial % 5
+        if kind == 1:  # one entry at an edge
+            P[rng.integers(P.shape[0]), rng.integers(c)] = edges[trial % len(edges)]
+        elif kind == 2:  # one row's sum moved by about the tolerance
+            P[rng.integers(P.shape[0])] *= 1 + rng.choice([-1.5e-4, -0.5e-4, 0.5e-4, 1.5e-4])
+        elif kind == 3:  # a row of a degenerate prediction, shifted slightly
+            P[rng.integers(P.shape[0])] = np.eye(c)[0] + rng.choice([-1.5e-4, 0.0, 1.5e-4])
+        elif kind == 4:  # an entry just below 0 or above 1, the row still summing to 1
+            r, delta = rng.integers(P.shape[0]), rng.choice([-1.5e-4, -0.5e-4, 0.5e-4, 1.5e-4])
+            if delta < 0:  # one entry below 0, the first raised to make up for it
+                P[r] = 1.0 / c
+                P[r, 1], P[r, 0] = delta, 2.0 / c - delta
+            else:  # the first above 1, the others below 0 by less than the tolerance each
+                P[r] = -delta / max(c - 1, 1)
+                P[r, 0] = 1.0 + delta
+        want = _rowwise(P)
+        if want is None:
+            accepted += 1
+            np.testing.assert_array_equal(checked_proba(P, P.shape[0], c, "h"), P)
+        else:
+            refused += 1
+            with pytest.raises(ValueError, match=want):
+                checked_proba(P, P.shape[0], c, "h")
+    assert accepted > 1000 and refused > 500

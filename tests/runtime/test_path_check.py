@@ -1,0 +1,110 @@
+"""The coordinator's path check (msa_fed/runtime/plausibility.py): a site's losses must follow
+its gradients between nearby evaluations.  The check compares each answer with the site's last
+PATH_MEMORY answers in a few vector operations; here it is held against the pairwise rule
+written out as a loop, on a real site's sums along a path and on fabricated answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from msa_fed.boundary import messages as m
+from msa_fed.core.dc_terms import DCSums, PointSet
+from msa_fed.runtime import plausibility as pl
+from msa_fed.runtime.plausibility import AnswerChecker, ImplausibleAnswer
+
+
+def reference(history, z, eta, L, dL):
+    """The rule pair by pair, oldest first: the first (entry, domain) that breaks it, or None."""
+    for z1, eta1, L1, dL1 in history[-pl.PATH_MEMORY :]:
+        if eta1 != eta or float(np.max(np.abs(z - z1))) > pl.PATH_STEP:
+            continue
+        dz = z - z1
+        d1, d2 = dL1 @ dz, dL @ dz
+        predicted = 0.5 * (d1 + d2)
+        slack = pl.PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + pl.PATH_RTOL * (np.abs(L) + np.abs(L1))
+        bad = np.abs((L - L1) - predicted) > slack + pl.ATOL
+        if np.any(bad):
+            k = int(np.argmax(bad))
+            return f"(domain {k}: change {L[k] - L1[k]:.6g}, gradients say {predicted[k]:.6g})"
+    return None
+
+
+def point_set(p: int, n: int, seed: int) -> PointSet:
+    rng = np.random.default_rng(seed)
+    Q = rng.dirichlet(np.ones(p), size=n)
+    H = rng.random((n, p)) * 0.9 + 0.05
+    return PointSet(w=Q / Q.sum(axis=0) / p, pi=np.full(n, 1.0 / n), H=H, loss="cross_entropy")
+
+
+def checker() -> AnswerChecker:
+    return AnswerChecker(["a"], [10], "cross_entropy")  # no Qhat noted: the bound on the mass is off
+
+
+@pytest.mark.parametrize("p,seed", [(3, 0), (8, 1), (16, 2)])
+def test_the_vectorised_check_agrees_with_the_pairwise_rule(p, seed):
+    """A random walk of small and large steps, two etas, a few hundred answers: honest sums from a
+    real point set, and every fifth answer a lie (L scaled, shifted or one domain moved).  After
+    each answer the check raises exactly when the pairwise rule finds a pair, with its message."""
+    rng = np.random.default_rng(seed)
+    pts = point_set(p, 500, seed)
+    ch, history, caught = checker(), [], 0
+    z = np.full(p, 1.0 / p)
+    for step in range(300):
+        z = np.abs(z + rng.normal(scale=0.004 if step % 7 else 0.05, size=p))
+        z /= z.sum()
+        eta = 0.01 if step % 11 else 0.02
+        s = pts.evaluate(z, eta, what=("L", "dL"))
+        L, dL = np.array(s.L), np.array(s.dL)
+        if step % 5 == 4:
+            lie = step % 3
+            if lie == 0:
+                L = L * 1.5
+            elif lie == 1:
+                L = L + 0.05
+            else:
+                L[step % p] += 0.2
+        want = reference(history, z, eta, L, dL)
+        sums = DCSums(L=L, dL=dL, n=500)
+        if want is None:
+            ch.dc_partials([m.DCPartial(sums=sums)], z, eta, ("L", "dL"))
+            history.append((z.copy(), eta, L.copy(), dL.copy()))
+        else:
+            caught += 1
+            with pytest.raises(ImplausibleAnswer) as err:
+                ch.dc_partials([m.DCPartial(sums=sums)], z, eta, ("L", "dL"))
+            assert str(err.value).endswith(want)  # and the refused answer is not kept
+    assert caught >= 10  # the lies near earlier answers were caught
+    assert len(history) > pl.PATH_MEMORY  # and the ring wrapped around
+
+
+def test_only_the_last_answers_are_compared():
+    """An answer that contradicts one older than PATH_MEMORY answers only is not compared with it
+    (as before: the memory is bounded), one that contradicts a recent one is refused."""
+    pts = point_set(4, 300, 7)
+    ch = checker()
+    z0 = np.full(4, 0.25)
+    s0 = pts.evaluate(z0, 0.01, what=("L", "dL"))
+    ch.dc_partials([m.DCPartial(sums=s0)], z0, 0.01, ("L", "dL"))
+    far = np.array([0.7, 0.1, 0.1, 0.1])
+    for _ in range(pl.PATH_MEMORY):  # far from z0: pushes it out of the ring
+        ch.dc_partials([m.DCPartial(sums=pts.evaluate(far, 0.01, what=("L", "dL")))], far, 0.01, ("L", "dL"))
+    z1 = z0 + np.array([0.005, -0.005, 0.0, 0.0])
+    s1 = pts.evaluate(z1, 0.01, what=("L", "dL"))
+    lie = DCSums(L=np.asarray(s1.L) * 2.0, dL=s1.dL, n=300)
+    ch.dc_partials([m.DCPartial(sums=lie)], z1, 0.01, ("L", "dL"))  # z0 is out of memory
+    z2 = z1 + np.array([0.0, 0.0, 0.005, -0.005])
+    s2 = pts.evaluate(z2, 0.01, what=("L", "dL"))
+    with pytest.raises(ImplausibleAnswer, match="disagree with its gradients"):  # but z1 is in it
+        ch.dc_partials([m.DCPartial(sums=s2)], z2, 0.01, ("L", "dL"))
+
+
+def test_answers_that_change_shape_are_implausible():
+    pts = point_set(3, 200, 3)
+    ch = checker()
+    z = np.full(3, 1.0 / 3)
+    ch.dc_partials([m.DCPartial(sums=pts.evaluate(z, 0.01, what=("L", "dL")))], z, 0.01, ("L", "dL"))
+    s = pts.evaluate(z, 0.01, what=("L", "dL"))
+    odd = DCSums(L=np.append(s.L, 0.0), dL=np.vstack([s.dL, np.zeros(3)]), n=200)
+    with pytest.raises(ImplausibleAnswer, match="changed shape"):
+        ch.dc_partials([m.DCPartial(sums=odd)], z + 0.001, 0.01, ("L", "dL"))
