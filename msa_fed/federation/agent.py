@@ -57,6 +57,7 @@ from msa_fed.federation.relay_client import open_channel
 from msa_fed.federation.serve_ops import JobLines
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.privacy.audit import AuditLog
+from msa_fed.privacy.guard import recording
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime.exclusions import ExclusionBook
@@ -174,6 +175,7 @@ class SiteAgent:
         import msa_fed.core.domain_classifier  # noqa: F401
 
         self.book = JobBook(config.jobs_path)
+        # the process's one audit writer and ledger, shared by the agent and every job's guard
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
         self.jobs: dict[str, SiteWorker] = {}
@@ -313,7 +315,7 @@ class SiteAgent:
         worker = self.jobs.pop(job_id, None)
         if worker is not None:
             self._record(job_id, "", "end_job", "noted")
-            _close_guard(worker)
+            worker.guard.close()  # the shared writer stays open
             self.lines.ended(job_id)
 
     def answer(self, fwd: pb.Forward) -> pb.Answer:
@@ -353,10 +355,14 @@ class SiteAgent:
 
     def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):
         """The SiteResponse to one relayed request (never raises); ``request``: the opened
-        SiteRequest of a sealed frame, ``content``: the signed content of its job."""
+        SiteRequest of a sealed frame, ``content``: the signed content of its job.  One audit
+        record per request: the policy guard's where it wrote one, else the agent's."""
+        with recording() as guard:
+            return self._handle(fwd, request, content, guard)
+
+    def _handle(self, fwd: pb.Forward, request, content: dict | None, guard):
         request = fwd.request if request is None else request
         job, admin, method = fwd.job_id, fwd.admin, request.method
-        worker, before = None, 0
         try:
             method, msg = wire.from_proto(request, wire.REQUESTS)
             if method not in RELAY_METHODS:
@@ -375,23 +381,22 @@ class SiteAgent:
                     raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
                 if content is not None:
                     self._check_planned(job, method, content)
-                before = worker.guard.audit.count
                 out = getattr(worker, method)(msg)
             response = wire.to_proto(method, out, wire.RESPONSES)
         except (MsaFedError, wire.WireError) as exc:
             if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
                 self.excluded.add(exc.site, str(exc))
-            if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
+            if not guard.wrote:  # the policy's checks record their own refusals
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
             self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
             return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
         except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
             log.exception("site %s: %s for job %s failed", self.name, method, job)
-            if not _guard_wrote(worker, before):
+            if not guard.wrote:
                 self._record(job, admin, method, "error", detail=type(exc).__name__)
             return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
-        if not _guard_wrote(worker, before):  # join_job, info, ping: not the policy's requests
+        if not guard.wrote:  # join_job, info, ping: not the policy's requests
             self._record(job, admin, method, "answered", answer=_describe(out))
         if method == "join_job":
             self.lines.joined(job, admin, msg.sites)
@@ -463,13 +468,14 @@ class SiteAgent:
             task=msg.task,
             loss=msg.loss,
             classes=msg.classes,
+            audit=self.audit,
             **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         worker.published = self._published_samples(job, sites)  # to verify domain models
         info = worker.info()
         old = self.jobs.pop(job, None)
         if old is not None:  # joined again (the job restarted): the new worker replaces it
-            _close_guard(old)
+            old.guard.close()
         self.jobs[job] = worker
         self._queries[job] = 0
         self.book.set_state(job, "served")
@@ -558,22 +564,11 @@ class SiteAgent:
     def close(self):
         self.dispatch.close()
         for worker in self.jobs.values():
-            _close_guard(worker)
+            worker.guard.close()
         self.jobs.clear()
         self.book.close()
         self.audit.close()
         self.ledger.close()
-
-
-def _guard_wrote(worker, before: int) -> bool:
-    """Whether the worker's policy guard wrote an audit record since its count was ``before``."""
-    return worker is not None and worker.guard.audit.count > before
-
-
-def _close_guard(worker) -> None:
-    """Close the files of a finished job's policy guard (its audit log and ledger handles)."""
-    worker.guard.audit.close()
-    worker.guard.ledger.close()
 
 
 def _describe(msg) -> str:
