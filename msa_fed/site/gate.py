@@ -254,9 +254,9 @@ class Call:
         quiet = rule.quiet
         if rule.sample:
             self.X = X = w.X_labeled if rule.sample == "labelled" else w.X_unlabeled
-            got = rules.check_min_points(X.shape[0], w.policy, w.name, rule.sample)
+            counted = rules.check_min_points(X.shape[0], w.policy, w.name, rule.sample)
             if not quiet:
-                dec.update(got)
+                dec.update(counted)
         for name in rule.before:
             if (got := CHECKS[name](self)) and not quiet:
                 dec.update(got)
