@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditLog
-from msa_fed.privacy.ledger import Ledger
+from msa_fed.privacy.ledger import Held, Ledger
 from msa_fed.privacy.policy import SitePolicy
 
 #: ledger kinds with a budget: (per-job limit field, per-day limit field)
@@ -122,8 +122,10 @@ class SiteGuard:
         """Count ``n`` queries of ``kind`` (refused ones too: a refusal is an answer); refuse over budget."""
         f_job, f_day = BUDGETS[kind]
         per_job, per_day = getattr(self.policy, f_job), getattr(self.policy, f_day)
-        used_job, used_day = self.ledger.used(self.job, kind)
-        self._pending.counts.append((kind, n))  # written with the request's audit line
+        # what the job and the day have used, with what other requests in progress hold (jobs
+        # served at once share the day); held until the request's audit line commits it
+        used_job, used_day = self.ledger.hold(self.job, kind, n)
+        self._pending.counts.append(Held(kind, n))  # written with the request's audit line
         if used_job + n > per_job:
             raise PrivacyError(
                 "budget",
@@ -198,7 +200,7 @@ class _Request:
         elif isinstance(exc, PrivacyError):
             pending = self.guard._pending
             if pending.counts and day_charge_waived(exc.rule or "", self.decisions):
-                pending.counts = [(k, n, False) for k, n in pending.counts]
+                pending.counts = [c._replace(day=False) for c in pending.counts]
                 self.decisions["day_charge"] = "waived: refused by a public rule"
             self.decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self.guard._write(

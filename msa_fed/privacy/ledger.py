@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from typing import NamedTuple
 
 DAY_S = 86400.0
 HOUR_S = 3600.0
@@ -23,6 +24,15 @@ CREATE TABLE IF NOT EXISTS dp_events (job TEXT NOT NULL, t REAL NOT NULL, noise_
                                       count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit_anchor (log TEXT PRIMARY KEY, count INTEGER NOT NULL, head TEXT NOT NULL);
 """
+
+
+class Held(NamedTuple):
+    """A count that :meth:`Ledger.hold` reserved for the request in progress; committing it
+    (:meth:`Ledger.commit`) releases the reservation.  ``day``: counted in the rolling day."""
+
+    kind: str
+    n: int
+    day: bool = True
 
 
 class Ledger:
@@ -39,6 +49,8 @@ class Ledger:
     def __init__(self, path: str = ""):
         self.path = path
         self._lock = threading.Lock()
+        self._hold_lock = threading.Lock()
+        self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -68,7 +80,8 @@ class Ledger:
         """In one transaction: add ``counts`` [(kind, n)] for ``job`` and set an audit anchor
         (log, line count, last hash).  The site calls this once per request, before it answers.
         A count ``(kind, n, False)`` is counted for the job only, not in the rolling day
-        (:data:`msa_fed.privacy.guard.PUBLIC_RULES`)."""
+        (:data:`msa_fed.privacy.guard.PUBLIC_RULES`); a :class:`Held` count's reservation is
+        released once it is committed."""
         hour = int((time.time() if t is None else t) // HOUR_S)
         with self._lock:
             self._db.execute("BEGIN")
@@ -91,6 +104,7 @@ class Ledger:
                     (anchor[0], int(anchor[1]), anchor[2]),
                 )
             self._db.execute("COMMIT")
+        self._release(job, counts)
 
     def job_count(self, job: str, kind: str) -> int:
         with self._lock:
@@ -128,6 +142,39 @@ class Ledger:
                 (kind, hour - 24),
             ).fetchall()
         return [(int(h), int(n)) for h, n in rows]
+
+    # ------------------------------------------------------------------ counts held
+    # by requests in progress in this process, not yet committed: a site process answers several
+    # jobs at once, and a budget check must see what the others are about to count (else two
+    # jobs could each take the rolling day's last query)
+    def hold(self, job: str, kind: str, n: int, now: float | None = None) -> tuple[int, int]:
+        """``used(job, kind)`` plus what requests in progress hold, then hold ``n`` more (one
+        step, so two requests never both see the same last unit of a budget)."""
+        with self._hold_lock:
+            used_job, used_day = self.used(job, kind, now)
+            used_job += self._held.get((job, kind), 0)
+            used_day += self._held.get((None, kind), 0)
+            self._held[(job, kind)] = self._held.get((job, kind), 0) + int(n)
+            self._held[(None, kind)] = self._held.get((None, kind), 0) + int(n)
+        return used_job, used_day
+
+    def _release(self, job: str, counts) -> None:
+        held = [c for c in counts if isinstance(c, Held)]
+        if not held:
+            return
+        with self._hold_lock:
+            for c in held:
+                for key in ((job, c.kind), (None, c.kind)):
+                    left = self._held.get(key, 0) - int(c.n)
+                    if left > 0:
+                        self._held[key] = left
+                    else:
+                        self._held.pop(key, None)
+
+    def held(self) -> int:
+        """The counts held by requests in progress (all jobs and kinds)."""
+        with self._hold_lock:
+            return sum(n for (job, _), n in self._held.items() if job is not None)
 
     # ------------------------------------------------------------------ DP
     def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
@@ -174,6 +221,8 @@ class MemoryLedger(Ledger):
     def __init__(self, path: str = ""):
         self.path = ""
         self._lock = threading.Lock()
+        self._hold_lock = threading.Lock()
+        self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
         self._jobs: dict = {}
         self._hours: dict = {}
         self._dp: list = []
@@ -197,6 +246,7 @@ class MemoryLedger(Ledger):
                     jobs[(job, kind)] = jobs.get((job, kind), 0) + int(n)
                     if day:
                         hours[(kind, hour)] = hours.get((kind, hour), 0) + int(n)
+            self._release(job, counts)
         if anchor is not None:
             self.set_anchor(*anchor)
 
