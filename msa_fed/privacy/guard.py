@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditLog
-from msa_fed.privacy.ledger import Held, Ledger
+from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy
 
 #: ledger kinds with a budget: (per-job limit field, per-day limit field)
@@ -125,7 +125,7 @@ class SiteGuard:
         # what the job and the day have used, with what other requests in progress hold (jobs
         # served at once share the day); held until the request's audit line commits it
         used_job, used_day = self.ledger.hold(self.job, kind, n)
-        self._pending.counts.append(Held(kind, n))  # written with the request's audit line
+        self._pending.counts.append((kind, n, True, True))  # held; committed with the request's audit line
         if used_job + n > per_job:
             raise PrivacyError(
                 "budget",
@@ -141,11 +141,10 @@ class SiteGuard:
             )
         return {f"{kind}s_job": used_job + n}
 
-    def request(self, kind: str, **sizes) -> _Request:
+    def request(self, kind: str, **sizes) -> Request:
         """``with guard.request("dc_evaluate", p=3) as decisions:`` ... add measured values to
         ``decisions``; the audit record is written when the block ends (answered or refused)."""
-        self._pending.counts = []
-        return _Request(self, kind, sizes)
+        return Request(self, kind, sizes)
 
     def _write(self, kind, sizes, decisions, outcome, **extra):
         rec = {"site": self.site, "job": self.job_name, "request": kind, "sizes": sizes, "decisions": decisions}
@@ -178,10 +177,11 @@ def _abs(path: str) -> str:
     return os.path.abspath(path) if path else ""
 
 
-class _Request:
+class Request:
     """The context of one request (a plain class: a generator-based context manager costs more
     per request).  Writes the audit record when the block ends: answered, refused (a
-    :class:`PrivacyError`, with what it measured) or error (any other exception, by type name)."""
+    :class:`PrivacyError`, with what it measured) or error (any other exception, by type name).
+    The site's gate (:class:`msa_fed.site.gate.Call`) extends it with the request's checks."""
 
     __slots__ = ("guard", "kind", "sizes", "decisions")
 
@@ -190,6 +190,7 @@ class _Request:
         self.kind = kind
         self.sizes = sizes
         self.decisions: dict = {}
+        guard._pending.counts = []  # what this request charges, written with its record
 
     def __enter__(self) -> dict:
         return self.decisions
@@ -200,7 +201,7 @@ class _Request:
         elif isinstance(exc, PrivacyError):
             pending = self.guard._pending
             if pending.counts and day_charge_waived(exc.rule or "", self.decisions):
-                pending.counts = [c._replace(day=False) for c in pending.counts]
+                pending.counts = [(c[0], c[1], False, *c[3:]) for c in pending.counts]
                 self.decisions["day_charge"] = "waived: refused by a public rule"
             self.decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self.guard._write(

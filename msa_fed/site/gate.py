@@ -22,6 +22,7 @@ import numpy as np
 from msa_fed.boundary import messages as m
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy import rules
+from msa_fed.privacy.guard import Request
 from msa_fed.privacy.verify import verify_domain_model
 from msa_fed.site.policy import trusts_custom_feature_maps
 from msa_fed.site.published import SiteStateLost
@@ -209,19 +210,20 @@ def gate(worker, method: str, msg) -> Call:
     return Call(worker, method, msg, rule)
 
 
-class Call:
-    """One labelled request inside the gate: ``dec``, the decisions of its audit record (the
-    body adds what it measures), the sample of its rule ``X``, and what the checks computed for
-    the body (:meth:`key`, :meth:`model`).  A plain class, as the guard's request context (one
-    per request on the DC round's path)."""
+class Call(Request):
+    """One labelled request inside the gate: the guard's request context (its audit record:
+    ``decisions``, to which the body adds what it measures), with the checks of its rule run on
+    entering, the sample of its rule ``X``, and what the checks computed for the body
+    (:meth:`key`, :meth:`model`).  A request whose rule records nothing (no ``sizes``) enters
+    and leaves without a record."""
 
-    __slots__ = ("worker", "method", "msg", "rule", "dec", "X", "_req", "_key", "_model")
+    __slots__ = ("worker", "msg", "rule", "X", "_key", "_model")
 
     def __init__(self, worker, method: str, msg, rule: Rule):
-        self.worker, self.method, self.msg, self.rule = worker, method, msg, rule
-        self.dec: dict = {}
+        sizes = rule.sizes
+        Request.__init__(self, worker.guard, method, {} if sizes is None else sizes(worker, msg))
+        self.worker, self.msg, self.rule = worker, msg, rule
         self.X: Any = None
-        self._req: Any = None
         self._key: str | None = None
         self._model: Any = None
 
@@ -237,17 +239,13 @@ class Call:
             self._model = build_domain_model(self.msg)
         return self._model
 
-    def __enter__(self) -> Call:
-        rule, w = self.rule, self.worker
-        if rule.sizes is None:
-            return self
-        self._req = w.guard.request(self.method, **rule.sizes(w, self.msg))
-        self.dec = dec = self._req.__enter__()
-        try:
-            self._apply(rule, w, dec)
-        except BaseException as exc:
-            self._req.__exit__(type(exc), exc, exc.__traceback__)
-            raise
+    def __enter__(self) -> Call:  # type: ignore[override]  # the call, not only its decisions
+        if self.rule.sizes is not None:
+            try:
+                self._apply(self.rule, self.worker, self.decisions)
+            except BaseException as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                raise
         return self
 
     def _apply(self, rule: Rule, w, dec: dict) -> None:
@@ -265,7 +263,7 @@ class Call:
                 "dp_what",
                 w.name,
                 f"the request: with differential privacy on, the site does not answer "
-                f"{_ANSWERS.get(self.method, self.method)}",
+                f"{_ANSWERS.get(self.kind, self.kind)}",
             )
         if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
             dec.update(w.guard.charge(rule.charges))
@@ -283,9 +281,9 @@ class Call:
             dec.update(dp.spend())
 
     def __exit__(self, etype, exc, tb) -> Literal[False]:
-        if self._req is not None:
-            self._req.__exit__(etype, exc, tb)
-        return False
+        if self.rule.sizes is None:
+            return False
+        return Request.__exit__(self, etype, exc, tb)
 
 
 # ---------------------------------------------------------------------- domain models

@@ -262,7 +262,7 @@ class SiteWorker(PublishedHalf):
             self._Q = self._points = self._own_partial = self._spec_key = None
             # no label enters a Qhat partial and one point adds at most pi_i = 1 / (p n) to it;
             # the partials must add up to a probability vector, so they are not clipped
-            call.dec["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
+            call.decisions["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, call.key()
             dp = self.guard.dp
@@ -281,7 +281,7 @@ class SiteWorker(PublishedHalf):
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
         with gate(self, "set_qhat", msg) as call:
-            dec = call.dec
+            dec = call.decisions
             qhat = msg.qhat
             if self.guard.dp is None:  # floored at this site's own share (verify.own_qhat)
                 qhat, floored = own_qhat(msg.qhat, self._own_partial)
