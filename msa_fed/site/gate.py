@@ -32,8 +32,9 @@ Sizes = Callable[[Any, Any], dict]
 
 @dataclass(frozen=True)
 class Rule:
-    """What one request of the labelled half needs, checks and costs; :func:`gate` applies the
-    fields in this order (a refusal stops it there: the rules after it are not run)."""
+    """What one request of the labelled half needs, checks and costs.  :func:`gate` applies the
+    fields in this order (``state``, ``data`` and ``admit`` before its audit record opens, the
+    rest inside it; DP's refusal just before the charge); a refusal stops it there."""
 
     state: str = ""  # the set-up it builds on (a worker attribute): without it, SiteStateLost (replay)
     data: bool = False  # the private data, read (from data_path: on first use)

@@ -5,8 +5,10 @@ directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``; the sit
 (:mod:`msa_fed.federation.agent`) calls it for the requests the relay carries.  Every public
 method takes one request message (or None) and returns one response message from
 :mod:`msa_fed.boundary.messages`: that is the whole surface of a site.  Its published half (the
-unlabelled sample and the classifier shard) is :mod:`msa_fed.site.published`; its host hands
-in where its policy comes from (:mod:`msa_fed.site.policy`).
+unlabelled sample and the classifier shard) is :mod:`msa_fed.site.published`; its labelled
+half passes one policy gate, whose table says what each request needs, checks and costs
+(:mod:`msa_fed.site.gate`); its host hands in where its policy comes from
+(:mod:`msa_fed.site.policy`) and, in a site process, the process's one audit writer.
 """
 
 from __future__ import annotations
