@@ -19,7 +19,8 @@ its request log; it opens **no listening socket**.  It
 4. applies its own privacy policy (``policy`` in site.toml, :mod:`msa_fed.privacy`) inside each
    job's worker, decides which jobs it serves (``accept_jobs``: every job the registry's admin
    opens, or only those approved with ``msa-fed site approve``), and writes every answer and
-   refusal to its one hash-chained audit log (:func:`load_site_policy`).
+   refusal to its one hash-chained audit log, through one writer and one ledger shared by all
+   its jobs (:func:`load_site_policy`).
 
 Errors sent back carry the library's own message for the library's own errors (a refusal, a
 configuration mismatch) and only the error's type name for anything else.
@@ -99,8 +100,9 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
 
     The site keeps one audit log, ``config.audit_log``: the policy's hash-chained log
     (:class:`msa_fed.privacy.audit.AuditLog`; ``msa-fed site audit --log F --ledger L`` verifies
-    it), written by the policy's checks inside each job's :class:`SiteWorker` and by the agent
-    (jobs joined and ended, refusals before the policy's checks).  Its ledger (budgets, epsilon
+    it), written through one writer in the process by the policy's checks inside each job's
+    :class:`SiteWorker` and by the agent (jobs joined and ended, refusals before the policy's
+    checks), one record per request.  Its ledger (budgets, epsilon
     spent, the log's length) is a file too, ``config.ledger_path`` (next to the audit log unless
     site.toml or the policy names one), so that budgets survive a restart.  A policy file that
     names another audit log than site.toml is refused: one site, one log.
