@@ -184,6 +184,10 @@ class SiteAgent:
         self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
+        # one download from the registry at a time: the Connect stream holds one of the site
+        # token's transfer slots (two by default), so two jobs joining at once would be refused
+        # the second fetch; a predictor two jobs share is fetched and loaded once
+        self._downloads = threading.RLock()
         # peers whose predictor broke a limit here, refused until the operator clears them
         self.excluded = ExclusionBook(excluded_peers_path(config), f"site {self.name!r}")
         self.dispatch = JobDispatcher()  # jobs answered concurrently, each job's requests in order
@@ -485,17 +489,18 @@ class SiteAgent:
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
         key = f"{sha}:{kind}"
-        if key in self._predictors:
-            return self._predictors[key]
-        if sha == self.predictor_sha256:
-            data = self.predictor_bytes
-        else:
-            data = self._fetch(job, site)
-        loaded = load_predictor(data, expected_sha256=sha, kind=kind)
-        if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
-            loaded = isolate(loaded, site)
-        self._predictors[key] = loaded
-        return loaded
+        with self._downloads:
+            if key in self._predictors:
+                return self._predictors[key]
+            if sha == self.predictor_sha256:
+                data = self.predictor_bytes
+            else:
+                data = self._fetch(job, site)
+            loaded = load_predictor(data, expected_sha256=sha, kind=kind)
+            if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
+                loaded = isolate(loaded, site)
+            self._predictors[key] = loaded
+            return loaded
 
     def _fetch(self, job: str, site: str) -> bytes:
         parts, header = [], None
@@ -527,7 +532,8 @@ class SiteAgent:
 
         def samples():
             if not got:
-                got.append(tuple(self._fetch_sample(job, name) for name in sites))
+                with self._downloads:
+                    got.append(tuple(self._fetch_sample(job, name) for name in sites))
             return got[0]
 
         return samples

@@ -60,15 +60,19 @@ def _one(relay: RelayClient, job: str, site: str, method: str, msg, sent: Counte
 
 def _serve_one_job(fed, files, job: str, sent: Counter, errors: list, rounds: threading.Barrier) -> None:
     """A job's honest requests at both sites, one refused by east's policy (eta_min) and one
-    refused by north's process (no Qhat yet: its state is missing).  The DC rounds of the two
-    jobs go in lockstep (``rounds``): each round's two requests are in flight at once."""
+    refused by north's process (no Qhat yet: its state is missing).  The two jobs' joins, domain
+    models and DC rounds go in lockstep (``rounds``): each step's two requests are in flight at
+    once."""
     try:
         with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
             relay.open_job(job, list(PAIR))
+            rounds.wait()  # both jobs join at once (each site fetches its peer's predictor)
             for site in PAIR:
-                assert isinstance(_one(relay, job, site, "join_job", _setup(fed, job, PAIR, site), sent), m.SiteInfo)
+                info = _one(relay, job, site, "join_job", _setup(fed, job, PAIR, site), sent)
+                assert isinstance(info, m.SiteInfo), (site, str(info))
             model = KDEDomainModel(bandwidth=1.0).fit([files[n].X_unlabeled for n in PAIR])
             spec = m.domain_model_spec(model, len(PAIR))
+            rounds.wait()  # both jobs' models at once (each site fetches the job's published samples)
             parts = [_one(relay, job, site, "set_domain_model", spec, sent) for site in PAIR]
             assert all(isinstance(p, m.QhatPartial) for p in parts), parts
             qhat = sum(p.sums for p in parts)
