@@ -181,7 +181,7 @@ class Request:
     """The context of one request (a plain class: a generator-based context manager costs more
     per request).  Writes the audit record when the block ends: answered, refused (a
     :class:`PrivacyError`, with what it measured) or error (any other exception, by type name).
-    The site's gate (:class:`msa_fed.site.gate.Call`) extends it with the request's checks."""
+    A host may extend it with the checks of a request (the site's gate does)."""
 
     __slots__ = ("guard", "kind", "sizes", "decisions")
 
