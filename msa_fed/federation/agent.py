@@ -19,7 +19,8 @@ its request log; it opens **no listening socket**.  It
 4. applies its own privacy policy (``policy`` in site.toml, :mod:`msa_fed.privacy`) inside each
    job's worker, decides which jobs it serves (``accept_jobs``: every job the registry's admin
    opens, or only those approved with ``msa-fed site approve``), and writes every answer and
-   refusal to its one hash-chained audit log (:func:`load_site_policy`).
+   refusal to its one hash-chained audit log, through one writer and one ledger shared by all
+   its jobs (:func:`load_site_policy`).
 
 Errors sent back carry the library's own message for the library's own errors (a refusal, a
 configuration mismatch) and only the error's type name for anything else.
@@ -57,6 +58,7 @@ from msa_fed.federation.relay_client import open_channel
 from msa_fed.federation.serve_ops import JobLines
 from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
 from msa_fed.privacy.audit import AuditLog
+from msa_fed.privacy.guard import recording
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime.exclusions import ExclusionBook
@@ -98,8 +100,9 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
 
     The site keeps one audit log, ``config.audit_log``: the policy's hash-chained log
     (:class:`msa_fed.privacy.audit.AuditLog`; ``msa-fed site audit --log F --ledger L`` verifies
-    it), written by the policy's checks inside each job's :class:`SiteWorker` and by the agent
-    (jobs joined and ended, refusals before the policy's checks).  Its ledger (budgets, epsilon
+    it), written through one writer in the process by the policy's checks inside each job's
+    :class:`SiteWorker` and by the agent (jobs joined and ended, refusals before the policy's
+    checks), one record per request.  Its ledger (budgets, epsilon
     spent, the log's length) is a file too, ``config.ledger_path`` (next to the audit log unless
     site.toml or the policy names one), so that budgets survive a restart.  A policy file that
     names another audit log than site.toml is refused: one site, one log.
@@ -174,12 +177,17 @@ class SiteAgent:
         import msa_fed.core.domain_classifier  # noqa: F401
 
         self.book = JobBook(config.jobs_path)
+        # the process's one audit writer and ledger, shared by the agent and every job's guard
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
         self.jobs: dict[str, SiteWorker] = {}
         self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
+        # one download from the registry at a time: the Connect stream holds one of the site
+        # token's transfer slots (two by default), so two jobs joining at once would be refused
+        # the second fetch; a predictor two jobs share is fetched and loaded once
+        self._downloads = threading.RLock()
         # peers whose predictor broke a limit here, refused until the operator clears them
         self.excluded = ExclusionBook(excluded_peers_path(config), f"site {self.name!r}")
         self.dispatch = JobDispatcher()  # jobs answered concurrently, each job's requests in order
@@ -313,7 +321,7 @@ class SiteAgent:
         worker = self.jobs.pop(job_id, None)
         if worker is not None:
             self._record(job_id, "", "end_job", "noted")
-            _close_guard(worker)
+            worker.guard.close()  # the shared writer stays open
             self.lines.ended(job_id)
 
     def answer(self, fwd: pb.Forward) -> pb.Answer:
@@ -353,10 +361,14 @@ class SiteAgent:
 
     def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):
         """The SiteResponse to one relayed request (never raises); ``request``: the opened
-        SiteRequest of a sealed frame, ``content``: the signed content of its job."""
+        SiteRequest of a sealed frame, ``content``: the signed content of its job.  One audit
+        record per request: the policy guard's where it wrote one, else the agent's."""
+        with recording() as guard:
+            return self._handle(fwd, request, content, guard)
+
+    def _handle(self, fwd: pb.Forward, request, content: dict | None, guard):
         request = fwd.request if request is None else request
         job, admin, method = fwd.job_id, fwd.admin, request.method
-        worker, before = None, 0
         try:
             method, msg = wire.from_proto(request, wire.REQUESTS)
             if method not in RELAY_METHODS:
@@ -375,23 +387,22 @@ class SiteAgent:
                     raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
                 if content is not None:
                     self._check_planned(job, method, content)
-                before = worker.guard.audit.count
                 out = getattr(worker, method)(msg)
             response = wire.to_proto(method, out, wire.RESPONSES)
         except (MsaFedError, wire.WireError) as exc:
             if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
                 self.excluded.add(exc.site, str(exc))
-            if not _guard_wrote(worker, before):  # the policy's checks record their own refusals
+            if not guard.wrote:  # the policy's checks record their own refusals
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
             self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
             return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
         except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
             log.exception("site %s: %s for job %s failed", self.name, method, job)
-            if not _guard_wrote(worker, before):
+            if not guard.wrote:
                 self._record(job, admin, method, "error", detail=type(exc).__name__)
             return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
-        if not _guard_wrote(worker, before):  # join_job, info, ping: not the policy's requests
+        if not guard.wrote:  # join_job, info, ping: not the policy's requests
             self._record(job, admin, method, "answered", answer=_describe(out))
         if method == "join_job":
             self.lines.joined(job, admin, msg.sites)
@@ -463,13 +474,14 @@ class SiteAgent:
             task=msg.task,
             loss=msg.loss,
             classes=msg.classes,
+            audit=self.audit,
             **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         worker.published = self._published_samples(job, sites)  # to verify domain models
         info = worker.info()
         old = self.jobs.pop(job, None)
         if old is not None:  # joined again (the job restarted): the new worker replaces it
-            _close_guard(old)
+            old.guard.close()
         self.jobs[job] = worker
         self._queries[job] = 0
         self.book.set_state(job, "served")
@@ -477,17 +489,18 @@ class SiteAgent:
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
         key = f"{sha}:{kind}"
-        if key in self._predictors:
-            return self._predictors[key]
-        if sha == self.predictor_sha256:
-            data = self.predictor_bytes
-        else:
-            data = self._fetch(job, site)
-        loaded = load_predictor(data, expected_sha256=sha, kind=kind)
-        if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
-            loaded = isolate(loaded, site)
-        self._predictors[key] = loaded
-        return loaded
+        with self._downloads:
+            if key in self._predictors:
+                return self._predictors[key]
+            if sha == self.predictor_sha256:
+                data = self.predictor_bytes
+            else:
+                data = self._fetch(job, site)
+            loaded = load_predictor(data, expected_sha256=sha, kind=kind)
+            if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
+                loaded = isolate(loaded, site)
+            self._predictors[key] = loaded
+            return loaded
 
     def _fetch(self, job: str, site: str) -> bytes:
         parts, header = [], None
@@ -519,7 +532,8 @@ class SiteAgent:
 
         def samples():
             if not got:
-                got.append(tuple(self._fetch_sample(job, name) for name in sites))
+                with self._downloads:
+                    got.append(tuple(self._fetch_sample(job, name) for name in sites))
             return got[0]
 
         return samples
@@ -558,22 +572,11 @@ class SiteAgent:
     def close(self):
         self.dispatch.close()
         for worker in self.jobs.values():
-            _close_guard(worker)
+            worker.guard.close()
         self.jobs.clear()
         self.book.close()
         self.audit.close()
         self.ledger.close()
-
-
-def _guard_wrote(worker, before: int) -> bool:
-    """Whether the worker's policy guard wrote an audit record since its count was ``before``."""
-    return worker is not None and worker.guard.audit.count > before
-
-
-def _close_guard(worker) -> None:
-    """Close the files of a finished job's policy guard (its audit log and ledger handles)."""
-    worker.guard.audit.close()
-    worker.guard.ledger.close()
 
 
 def _describe(msg) -> str:

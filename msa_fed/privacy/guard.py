@@ -1,17 +1,26 @@
 """The site's policy in force for one job: budgets, the audit trail, and DP accounting.
 
 :class:`SiteGuard` is what :class:`msa_fed.site.worker.SiteWorker` calls before any aggregate
-leaves the site: ``guard.request(kind, sizes)`` opens an audit record, the worker runs the
-rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or refused.
+leaves the site: ``guard.request(kind, sizes)`` opens an audit record, the worker's gate runs
+the rules of :mod:`msa_fed.privacy.rules`, and the record is written as answered or refused.
+
+A site process keeps one audit writer (and one ledger) for all its jobs: each job's guard is
+given it (``audit=``) and writes through it; a guard given none opens its own, from the policy.
+Whether the guard wrote the record of the request in progress is told by :func:`recording`,
+so that the host writes its own record only for a request the guard did not record.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal
 
-from msa_fed.errors import PrivacyError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy
@@ -43,14 +52,60 @@ def day_charge_waived(rule: str, decisions: dict) -> bool:
     return rule in PUBLIC_RULES and set(decisions) <= PUBLIC_DECISIONS
 
 
+class Recorded:
+    """The audit records a guard wrote for the request in progress (:func:`recording`)."""
+
+    __slots__ = ("records",)
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    @property
+    def wrote(self) -> bool:
+        return self.records > 0
+
+
+#: the request in progress in this thread (its Recorded), while a host's :func:`recording` is open
+_RECORDING: ContextVar[Recorded | None] = ContextVar("msa_fed_guard_recording", default=None)
+
+
+@contextmanager
+def recording() -> Iterator[Recorded]:
+    """``with recording() as rec:`` answer one request; then ``rec.wrote`` tells whether a policy
+    guard wrote its audit record (refused, answered or failed) in this block, in this thread.
+    Per request, not per log: concurrent jobs writing to one log do not see each other's lines."""
+    rec = Recorded()
+    token = _RECORDING.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.reset(token)
+
+
 class SiteGuard:
-    def __init__(self, site: str, policy: SitePolicy, job: str = ""):
+    """The policy of one job at one site.  ``audit``: the site process's one audit writer (its
+    ledger is the guard's), shared with the process's other jobs and left open by :meth:`close`;
+    None: the guard opens its own log and ledger from the policy (and closes them)."""
+
+    def __init__(self, site: str, policy: SitePolicy, job: str = "", audit: AuditLog | None = None):
         self.site = site
         self.policy = policy
         self.job = job or uuid.uuid4().hex  # the ledger's key: NAME@DIGEST#RUN from a site agent
         self.job_name = self.job.split("@", 1)[0]  # what the audit log's "job" shows
-        self.ledger = Ledger(policy.ledger)
-        self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
+        if audit is None:
+            self.ledger = Ledger(policy.ledger)
+            self.audit = AuditLog(policy.audit_log, ledger=self.ledger)
+        else:
+            if audit.ledger is None:
+                raise ConfigError(f"site {site!r}: the shared audit log {audit.path!r} has no ledger")
+            if _abs(audit.path) != _abs(policy.audit_log):
+                raise ConfigError(
+                    f"site {site!r}: the policy's audit log {policy.audit_log!r} is not the site's "
+                    f"audit log {audit.path!r}"
+                )
+            self.ledger = audit.ledger
+            self.audit = audit
+        self._owns = audit is None
         self._dp: Any = None  # a DPAccountant once DP is on (msa_fed.privacy.dp imports dp-accounting)
         self._pending = threading.local()  # counts charged by the request in progress (this thread)
 
@@ -67,8 +122,10 @@ class SiteGuard:
         """Count ``n`` queries of ``kind`` (refused ones too: a refusal is an answer); refuse over budget."""
         f_job, f_day = BUDGETS[kind]
         per_job, per_day = getattr(self.policy, f_job), getattr(self.policy, f_day)
-        used_job, used_day = self.ledger.used(self.job, kind)
-        self._pending.counts.append((kind, n))  # written with the request's audit line
+        # what the job and the day have used, with what other requests in progress hold (jobs
+        # served at once share the day); held until the request's audit line commits it
+        used_job, used_day = self.ledger.hold(self.job, kind, n)
+        self._pending.counts.append((kind, n, True, True))  # held; committed with the request's audit line
         if used_job + n > per_job:
             raise PrivacyError(
                 "budget",
@@ -84,11 +141,10 @@ class SiteGuard:
             )
         return {f"{kind}s_job": used_job + n}
 
-    def request(self, kind: str, **sizes) -> _Request:
+    def request(self, kind: str, **sizes) -> Request:
         """``with guard.request("dc_evaluate", p=3) as decisions:`` ... add measured values to
         ``decisions``; the audit record is written when the block ends (answered or refused)."""
-        self._pending.counts = []
-        return _Request(self, kind, sizes)
+        return Request(self, kind, sizes)
 
     def _write(self, kind, sizes, decisions, outcome, **extra):
         rec = {"site": self.site, "job": self.job_name, "request": kind, "sizes": sizes, "decisions": decisions}
@@ -103,15 +159,29 @@ class SiteGuard:
         counts = getattr(pending, "counts", None) or ()
         pending.counts = []
         self.audit.append(rec, counts)
+        recorded = _RECORDING.get()
+        if recorded is not None:
+            recorded.records += 1
 
     def epsilon_spent(self) -> float:
         return 0.0 if self._dp is None else self._dp.epsilon_job()
 
+    def close(self) -> None:
+        """Close the log and ledger this guard opened (a shared writer stays open for the others)."""
+        if self._owns:
+            self.audit.close()
+            self.ledger.close()
 
-class _Request:
+
+def _abs(path: str) -> str:
+    return os.path.abspath(path) if path else ""
+
+
+class Request:
     """The context of one request (a plain class: a generator-based context manager costs more
     per request).  Writes the audit record when the block ends: answered, refused (a
-    :class:`PrivacyError`, with what it measured) or error (any other exception, by type name)."""
+    :class:`PrivacyError`, with what it measured) or error (any other exception, by type name).
+    A host may extend it with the checks of a request (the site's gate does)."""
 
     __slots__ = ("guard", "kind", "sizes", "decisions")
 
@@ -120,6 +190,7 @@ class _Request:
         self.kind = kind
         self.sizes = sizes
         self.decisions: dict = {}
+        guard._pending.counts = []  # what this request charges, written with its record
 
     def __enter__(self) -> dict:
         return self.decisions
@@ -130,7 +201,7 @@ class _Request:
         elif isinstance(exc, PrivacyError):
             pending = self.guard._pending
             if pending.counts and day_charge_waived(exc.rule or "", self.decisions):
-                pending.counts = [(k, n, False) for k, n in pending.counts]
+                pending.counts = [(c[0], c[1], False, *c[3:]) for c in pending.counts]
                 self.decisions["day_charge"] = "waived: refused by a public rule"
             self.decisions.update(getattr(exc, "measured", None) or {})  # kept here, never in the message
             self.guard._write(

@@ -39,6 +39,8 @@ class Ledger:
     def __init__(self, path: str = ""):
         self.path = path
         self._lock = threading.Lock()
+        self._hold_lock = threading.Lock()
+        self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -68,7 +70,8 @@ class Ledger:
         """In one transaction: add ``counts`` [(kind, n)] for ``job`` and set an audit anchor
         (log, line count, last hash).  The site calls this once per request, before it answers.
         A count ``(kind, n, False)`` is counted for the job only, not in the rolling day
-        (:data:`msa_fed.privacy.guard.PUBLIC_RULES`)."""
+        (:data:`msa_fed.privacy.guard.PUBLIC_RULES`); a count ``(kind, n, day, True)`` was held
+        by :meth:`hold`, and committing it releases the hold."""
         hour = int((time.time() if t is None else t) // HOUR_S)
         with self._lock:
             self._db.execute("BEGIN")
@@ -91,6 +94,7 @@ class Ledger:
                     (anchor[0], int(anchor[1]), anchor[2]),
                 )
             self._db.execute("COMMIT")
+        self._release(job, counts)
 
     def job_count(self, job: str, kind: str) -> int:
         with self._lock:
@@ -129,6 +133,39 @@ class Ledger:
             ).fetchall()
         return [(int(h), int(n)) for h, n in rows]
 
+    # ------------------------------------------------------------------ counts held
+    # by requests in progress in this process, not yet committed: a site process answers several
+    # jobs at once, and a budget check must see what the others are about to count (else two
+    # jobs could each take the rolling day's last query)
+    def hold(self, job: str, kind: str, n: int, now: float | None = None) -> tuple[int, int]:
+        """``used(job, kind)`` plus what requests in progress hold, then hold ``n`` more (one
+        step, so two requests never both see the same last unit of a budget)."""
+        with self._hold_lock:
+            used_job, used_day = self.used(job, kind, now)
+            used_job += self._held.get((job, kind), 0)
+            used_day += self._held.get((None, kind), 0)
+            self._held[(job, kind)] = self._held.get((job, kind), 0) + int(n)
+            self._held[(None, kind)] = self._held.get((None, kind), 0) + int(n)
+        return used_job, used_day
+
+    def _release(self, job: str, counts) -> None:
+        held = [c for c in counts if len(c) > 3 and c[3]]
+        if not held:
+            return
+        with self._hold_lock:
+            for c in held:
+                for key in ((job, c[0]), (None, c[0])):
+                    left = self._held.get(key, 0) - int(c[1])
+                    if left > 0:
+                        self._held[key] = left
+                    else:
+                        self._held.pop(key, None)
+
+    def held(self) -> int:
+        """The counts held by requests in progress (of the jobs and of the day, all kinds)."""
+        with self._hold_lock:
+            return sum(self._held.values())
+
     # ------------------------------------------------------------------ DP
     def add_dp_event(self, job: str, noise_multiplier: float, count: int = 1):
         with self._lock:
@@ -163,7 +200,8 @@ class Ledger:
 
 
 def _counts(counts):
-    """(kind, n, counted in the rolling day) from (kind, n) or (kind, n, day) entries."""
+    """(kind, n, counted in the rolling day) from (kind, n), (kind, n, day) or (kind, n, day,
+    held) entries."""
     for c in counts:
         yield (c[0], c[1], True) if len(c) == 2 else (c[0], c[1], bool(c[2]))
 
@@ -174,6 +212,8 @@ class MemoryLedger(Ledger):
     def __init__(self, path: str = ""):
         self.path = ""
         self._lock = threading.Lock()
+        self._hold_lock = self._lock  # the holds beside the counts, under one lock
+        self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
         self._jobs: dict = {}
         self._hours: dict = {}
         self._dp: list = []
@@ -188,15 +228,38 @@ class MemoryLedger(Ledger):
             self._jobs[(job, kind)] = self._jobs.get((job, kind), 0) + int(n)
             self._hours[(kind, hour)] = self._hours.get((kind, hour), 0) + int(n)
 
+    def hold(self, job: str, kind: str, n: int, now: float | None = None) -> tuple[int, int]:
+        low = int((time.time() if now is None else now) // HOUR_S) - 24
+        key, day_key = (job, kind), (None, kind)
+        held = self._held
+        with self._lock:
+            day = held.get(day_key, 0)
+            for (k, h), v in self._hours.items():
+                if h >= low and k == kind:
+                    day += v
+            mine = held.get(key, 0)
+            held[key] = mine + n
+            held[day_key] = held.get(day_key, 0) + n
+            return self._jobs.get(key, 0) + mine, day
+
     def commit(self, job: str, counts=(), anchor: tuple[str, int, str] | None = None, t: float | None = None):
         if counts:
             hour = int((time.time() if t is None else t) // HOUR_S)
-            jobs, hours = self._jobs, self._hours
+            jobs, hours, held = self._jobs, self._hours, self._held
             with self._lock:
-                for kind, n, day in _counts(counts):
-                    jobs[(job, kind)] = jobs.get((job, kind), 0) + int(n)
-                    if day:
-                        hours[(kind, hour)] = hours.get((kind, hour), 0) + int(n)
+                for c in counts:
+                    kind, n = c[0], int(c[1])
+                    key = (job, kind)
+                    jobs[key] = jobs.get(key, 0) + n
+                    if len(c) == 2 or c[2]:
+                        hours[(kind, hour)] = hours.get((kind, hour), 0) + n
+                    if len(c) > 3 and c[3]:  # committed: no longer held (the job's key goes)
+                        left = held.get(key, 0) - n
+                        if left > 0:
+                            held[key] = left
+                        else:
+                            held.pop(key, None)
+                        held[(None, kind)] = max(0, held.get((None, kind), 0) - n)
         if anchor is not None:
             self.set_anchor(*anchor)
 

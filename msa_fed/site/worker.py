@@ -5,14 +5,15 @@ directly; the Ray runtime wraps it with ``ray.remote(...)(SiteWorker)``; the sit
 (:mod:`msa_fed.federation.agent`) calls it for the requests the relay carries.  Every public
 method takes one request message (or None) and returns one response message from
 :mod:`msa_fed.boundary.messages`: that is the whole surface of a site.  Its published half (the
-unlabelled sample and the classifier shard) is :mod:`msa_fed.site.published`; its host hands
-in where its policy comes from (:mod:`msa_fed.site.policy`).
+unlabelled sample and the classifier shard) is :mod:`msa_fed.site.published`; its labelled
+half passes one policy gate, whose table says what each request needs, checks and costs
+(:mod:`msa_fed.site.gate`); its host hands in where its policy comes from
+(:mod:`msa_fed.site.policy`) and, in a site process, the process's one audit writer.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,15 +24,18 @@ from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, PrivacyError
-from msa_fed.privacy import rules
+from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.influence import bounded, shares
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples, verify_domain_model
+from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples
 from msa_fed.site.data import load_site_data
-from msa_fed.site.policy import check_host, site_policy, trusts_custom_feature_maps
-from msa_fed.site.published import PublishedHalf, SiteStateLost
+from msa_fed.site.gate import LABELLED, Rule, build_domain_model, gate
+from msa_fed.site.policy import check_host, site_policy
+from msa_fed.site.published import PublishedHalf
+
+__all__ = ["LABELLED", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
 
 
 def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
@@ -56,35 +60,6 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     return out
 
 
-def build_domain_model(spec: m.DomainModelSpec):
-    try:
-        return m.domain_model_from_spec(spec)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"malformed domain model: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Gate:
-    """What a request of the labelled half needs before the policy's own checks run."""
-
-    data: bool = False  # the private data, read (from data_path: on first use)
-    admit: bool = False  # the job's consortium checked against the policy (once per job)
-    state: str = ""  # the set-up it builds on (an attribute): without it, SiteStateLost (replay)
-
-
-#: every request that touches the labelled data, and its gate (as control/auth.py's METHOD_RULES
-#: declares access); the published half's requests are :mod:`msa_fed.site.published`'s
-LABELLED: dict[str, Gate] = {
-    "info": Gate(data=True, admit=True),
-    "setup_shard": Gate(data=True, admit=True),
-    "set_domain_model": Gate(data=True, admit=True),
-    "set_published": Gate(data=True),
-    "set_qhat": Gate(state="_Q"),
-    "dc_evaluate": Gate(state="_points"),
-    "max_bound": Gate(state="_points"),
-}
-
-
 class SiteWorker(PublishedHalf):
     """One site.  ``predictors`` are all p published frozen predictors, in site order.
 
@@ -99,7 +74,9 @@ class SiteWorker(PublishedHalf):
     or ``"ray"`` (an actor of the job's Ray cluster: the policy is read from
     ``$MSA_FED_SITE_POLICY`` on the node and a passed one only tightens it; see
     :mod:`msa_fed.site.policy`); ``min_points`` and ``privacy`` (a dict of policy values) are the
-    job's requests and only tighten; ``job_id`` names the job in the ledger and the log.
+    job's requests and only tighten; ``job_id`` names the job in the ledger and the log;
+    ``audit``: the host's one audit writer (a site process's, shared by its jobs), else the
+    worker's guard opens the policy's log.
     """
 
     # None until set: the private data (given, or read from data_path on first use) and the
@@ -132,6 +109,7 @@ class SiteWorker(PublishedHalf):
         privacy: dict | None = None,
         sites=None,
         host: str = "process",
+        audit: AuditLog | None = None,
     ):
         self.name = name
         self.host = check_host(host)
@@ -152,7 +130,7 @@ class SiteWorker(PublishedHalf):
         # the site's own policy; the job's min_points and privacy requests can only tighten it
         self.policy = site_policy(policy, {**(privacy or {}), "min_points": int(min_points)}, host=self.host)
         self.min_points = self.policy.min_points
-        self.guard = SiteGuard(name, self.policy, job_id)
+        self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
         self._Q = None
@@ -195,16 +173,6 @@ class SiteWorker(PublishedHalf):
         return worker
 
     # ------------------------------------------------------------------ helpers
-    def _gate(self, method: str) -> None:
-        """The gate of a labelled-data request (:data:`LABELLED`)."""
-        gate = LABELLED[method]
-        if gate.state and getattr(self, gate.state) is None:
-            raise SiteStateLost(self.name)
-        if gate.data:
-            self._data()
-        if gate.admit:
-            self._admit()
-
     def _published(self) -> np.ndarray:
         self._data()
         return self.X_unlabeled
@@ -229,9 +197,6 @@ class SiteWorker(PublishedHalf):
             with self.guard.request("join", n_sources=len(self.predictors), sites=self.sites):
                 raise  # audited as refused (an admitted job adds no line of its own)
         self._admitted = True
-
-    def _require(self, count: int, what: str):
-        return rules.check_min_points(count, self.policy, self.name, what)
 
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
@@ -275,104 +240,56 @@ class SiteWorker(PublishedHalf):
             raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
 
     # ------------------------------------------------------------------ public surface
+    # each request passes the one gate (msa_fed.site.gate: its row of LABELLED says what it
+    # needs, checks and costs); the bodies below compute the answer
     def info(self, _=None) -> m.SiteInfo:
-        self._gate("info")
-        own = self.predictors[self.index]
-        classes = np.asarray(own.classes_) if self.task == "classification" else None
-        return m.SiteInfo(
-            name=self.name,
-            n_features=int(self.X_labeled.shape[1]),
-            n_labeled=int(self.X_labeled.shape[0]),
-            n_unlabeled=int(self.X_unlabeled.shape[0]),
-            task=self.task,
-            classes=classes,
-        )
+        with gate(self, "info", _):
+            own = self.predictors[self.index]
+            classes = np.asarray(own.classes_) if self.task == "classification" else None
+            return m.SiteInfo(
+                name=self.name,
+                n_features=int(self.X_labeled.shape[1]),
+                n_labeled=int(self.X_labeled.shape[0]),
+                n_unlabeled=int(self.X_unlabeled.shape[0]),
+                task=self.task,
+                classes=classes,
+            )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
-        self._gate("setup_shard")
-        mk = self.X_unlabeled.shape[0]
-        with self.guard.request("setup_shard", n_unlabeled=mk) as dec:
-            dec.update(self._require(mk, "unlabelled"))
-            self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_unlabeled, dec)
+        with gate(self, "setup_shard", msg):
+            pass  # recorded before the shard is built (published data only)
         return self._first_block(msg)
-
-    def _check_fmap(self, state, custom, X, dec: dict):
-        if state is None and custom is None:
-            return
-        if state is None:
-            if not trusts_custom_feature_maps(self.host, self.policy):
-                raise PrivacyError(
-                    "feature_map",
-                    self.name,
-                    "the request: custom feature maps are accepted only from an "
-                    "in-process caller (the site's own process)",
-                )
-            dec["feature_map"] = "custom (in-process)"
-            return
-        dec.update(rules.check_feature_map(state, X, self.policy, self.name))
 
     def set_domain_model(self, msg: m.DomainModelSpec) -> m.QhatPartial:
         """Compute Q(k | x_i) on the labelled points; answer this site's share of Qhat."""
-        self._gate("set_domain_model")
-        n = int(self.X_labeled.shape[0])
-        with self.guard.request(
-            "set_domain_model", n_labeled=n, n_sources=int(msg.n_sources), model=str(msg.kind)
-        ) as dec:
-            dec.update(self._require(n, "labelled"))
-            if int(msg.n_sources) != len(self.predictors):
-                raise PrivacyError(
-                    "n_sources",
-                    self.name,
-                    f"the request: a domain model of {int(msg.n_sources)} sources for a job of "
-                    f"{len(self.predictors)} sites",
-                )
-            key = _spec_digest(msg)
-            if key != self._spec_key:  # a replay of the model in force is not a new query
-                dec.update(self.guard.charge("domain_model"))
-            self._check_fmap(msg.feature_map, msg.custom_feature_map, self.X_labeled, dec)
-            if msg.kind == "maxent":
-                dec.update(rules.check_theta(msg.theta, msg.n_sources, self.policy, self.name))
-            samples = None if self.published is None else self.published()
-            dec.update(verify_domain_model(msg, samples, self.X_labeled, self.policy, self.name))
-            model = build_domain_model(msg)
-            if msg.kind == "kde":
-                Phi = (
-                    self.X_labeled
-                    if model.feature_map is None
-                    else np.asarray(model.feature_map.transform(self.X_labeled))
-                )
-                dec.update(rules.check_kde(msg.bandwidths, msg.samples, Phi, msg.n_sources, self.policy, self.name))
+        with gate(self, "set_domain_model", msg) as call:
+            model = call.model()
             Q = model.predict_proba(self.X_labeled)
             self._Q = self._points = self._own_partial = self._spec_key = None
             # no label enters a Qhat partial and one point adds at most pi_i = 1 / (p n) to it;
             # the partials must add up to a probability vector, so they are not clipped
-            dec["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
+            call.decisions["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
             sums = qhat_partial(Q, msg.n_sources)
-            self._Q, self._own_partial, self._spec_key = Q, sums, key
+            self._Q, self._own_partial, self._spec_key = Q, sums, call.key()
             dp = self.guard.dp
             if dp is not None:  # the same estimate over the published sample: public, no epsilon spent
                 sums = qhat_partial(model.predict_proba(self.X_unlabeled), msg.n_sources)
+        n = int(self.X_labeled.shape[0])
         return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=dp is not None)
 
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster
         topologies; a site process fetches them from the registry itself)."""
-        self._gate("set_published")
-        samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
-        self.published = lambda: samples
+        with gate(self, "set_published", msg):
+            samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
+            self.published = lambda: samples
         return m.Ack(self.incarnation)
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
-        self._gate("set_qhat")
-        with self.guard.request("set_qhat", n_sources=int(np.size(msg.qhat))) as dec:
-            # the answer (accepted or refused) depends on the labelled points: it is a query
-            dec.update(self.guard.charge("dc_evaluation"))
-            dec.update(rules.check_eta(msg.eta, self.policy, self.name))
-            # a probability vector; without DP floored at this site's own share (verify.own_qhat),
-            # with DP the weights are clipped (dp.py)
-            dec.update(rules.check_qhat(msg.qhat, np.zeros_like(self._own_partial), self.name))
+        with gate(self, "set_qhat", msg) as call:
+            dec = call.decisions
             qhat = msg.qhat
-            if self.guard.dp is None:
+            if self.guard.dp is None:  # floored at this site's own share (verify.own_qhat)
                 qhat, floored = own_qhat(msg.qhat, self._own_partial)
                 dec.update(floored)
             self._points = None
@@ -390,75 +307,20 @@ class SiteWorker(PublishedHalf):
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
-        self._gate("dc_evaluate")
-        pts = self._points
-        what = tuple(msg.what)
-        with self.guard.request("dc_evaluate", n_labeled=pts.n_points, what=list(what)) as dec:
-            self._require(pts.n_points, "labelled")
-            dec.update(self.guard.charge("dc_evaluation"))
-            eta = float(msg.eta)
-            rules.check_eta(eta, self.policy, self.name)
-            rules.check_z(msg.z, eta, pts.w.shape[1], self.policy, self.name)
-            if msg.global_bound is not None and not (np.isfinite(msg.global_bound) and msg.global_bound >= 0):
-                raise PrivacyError("global_bound", self.name, "the request: global_bound must be a finite number >= 0")
+        with gate(self, "dc_evaluate", msg):
+            pts = self._points
             dp = self.guard.dp
             if dp is None:
-                sums = pts.evaluate(msg.z, eta, what=what, global_bound=msg.global_bound)
-            else:
+                sums = pts.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
+            else:  # the gate checked that only L is asked and spent one DP answer
                 from msa_fed.core.dc_terms import DCSums
                 from msa_fed.privacy.dp import clipped_losses
 
-                if what != ("L",):
-                    raise PrivacyError(
-                        "dp_what",
-                        self.name,
-                        f"the request: with differential privacy on, the site answers the "
-                        f"losses L only; asked for {list(what)}",
-                    )
-                dec.update(dp.spend())
-                L, sens = clipped_losses(pts, msg.z, eta, self.policy)
+                L, sens = clipped_losses(pts, msg.z, float(msg.eta), self.policy)
                 sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:
-        self._gate("max_bound")
-        with self.guard.request("max_bound", n_labeled=self._points.n_points) as dec:
-            if self.guard.dp is not None:
-                raise PrivacyError(
-                    "dp_what",
-                    self.name,
-                    "the request: with differential privacy on, the site does not answer the largest per-point bound",
-                )
-            dec.update(self.guard.charge("dc_evaluation"))
+        with gate(self, "max_bound", _):
             value = self._points.max_bound()
         return m.BoundMax(value)
-
-
-def _spec_digest(msg: m.DomainModelSpec) -> str:
-    """A digest of a domain model's content (equal specs: the same model, e.g. a replay)."""
-    import hashlib
-
-    h = hashlib.sha256(repr((msg.kind, msg.n_sources)).encode())
-
-    def feed(v):
-        if isinstance(v, np.ndarray):
-            h.update(str((v.dtype.str, v.shape)).encode())
-            h.update(np.ascontiguousarray(v).tobytes())
-        elif isinstance(v, dict):
-            for k in sorted(v):
-                h.update(repr(k).encode())
-                feed(v[k])
-        elif isinstance(v, (list, tuple)):
-            h.update(b"(")
-            for x in v:
-                feed(x)
-            h.update(b")")
-        else:
-            h.update(repr(v).encode())
-
-    feed(msg.feature_map)
-    feed(None if msg.theta is None else np.asarray(msg.theta))
-    feed(None if msg.bandwidths is None else np.asarray(msg.bandwidths))
-    feed([np.asarray(x) for x in msg.samples])
-    h.update(str(id(msg.custom_feature_map) if msg.custom_feature_map is not None else "").encode())
-    return h.hexdigest()

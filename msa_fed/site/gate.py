@@ -1,0 +1,323 @@
+"""The one policy gate of a site's labelled half, and the table of what each request needs,
+checks and costs.
+
+:data:`LABELLED` declares, per request that touches the labelled data (as
+:data:`msa_fed.control.auth.METHOD_RULES` declares access), every rule the site applies before
+an aggregate leaves: reading the table tells what each request costs and checks.  :func:`gate`
+applies a row, always in the order of :class:`Rule`'s fields, inside the audit record of the
+request (:meth:`msa_fed.privacy.guard.SiteGuard.request`), so that what each check measured
+and a refusal's rule are written to the site's audit log.  The checks named in the table are
+:data:`CHECKS` (each a call into :mod:`msa_fed.privacy.rules` or :mod:`msa_fed.privacy.verify`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from msa_fed.boundary import messages as m
+from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.privacy import rules
+from msa_fed.privacy.guard import Request
+from msa_fed.privacy.verify import verify_domain_model
+from msa_fed.site.policy import trusts_custom_feature_maps
+from msa_fed.site.published import SiteStateLost
+
+Sizes = Callable[[Any, Any], dict]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one request of the labelled half needs, checks and costs.  :func:`gate` applies the
+    fields in this order (``state``, ``data`` and ``admit`` before its audit record opens, the
+    rest inside it; DP's refusal just before the charge); a refusal stops it there."""
+
+    state: str = ""  # the set-up it builds on (a worker attribute): without it, SiteStateLost (replay)
+    data: bool = False  # the private data, read (from data_path: on first use)
+    admit: bool = False  # the job's consortium against the policy (peers, max_sites; once per job)
+    sizes: Sizes | None = None  # (worker, request) -> the sizes its audit record shows; None: not recorded
+    sample: Literal["", "labelled", "unlabelled"] = ""  # the points it aggregates over: >= min_points
+    before: tuple[str, ...] = ()  # checks of the request refused before it is charged
+    charges: str = ""  # the budget one request counts toward (answered or refused from here on)
+    free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
+    checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
+    quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
+    # what differential privacy changes (policy [dp] on):
+    #   "refused": not answered (rule dp_what), before the charge
+    #   "noised": only the losses L, with Gaussian noise: one DP answer spent (dp_what, dp_budget)
+    #   "public": answered from the published sample (no epsilon spent)
+    #   "clipped": weights clipped at the data-independent ratio_clip, not at the site's own shares
+    dp: Literal["", "refused", "noised", "public", "clipped"] = ""
+
+
+#: every request that touches the labelled data, and its rules; the published half's requests
+#: are :mod:`msa_fed.site.published`'s (no labelled point, no record)
+LABELLED: dict[str, Rule] = {
+    "info": Rule(data=True, admit=True),
+    "setup_shard": Rule(
+        data=True,
+        admit=True,
+        sizes=lambda w, r: {"n_unlabeled": w.X_unlabeled.shape[0]},
+        sample="unlabelled",
+        checks=("feature_map",),
+    ),
+    "set_domain_model": Rule(
+        data=True,
+        admit=True,
+        sizes=lambda w, r: {
+            "n_labeled": int(w.X_labeled.shape[0]),
+            "n_sources": int(r.n_sources),
+            "model": str(r.kind),
+        },
+        sample="labelled",
+        before=("n_sources",),
+        charges="domain_model",
+        free_replay=True,
+        checks=("feature_map", "theta", "verified", "kde"),
+        dp="public",
+    ),
+    "set_published": Rule(data=True),
+    "set_qhat": Rule(
+        state="_Q",
+        sizes=lambda w, r: {"n_sources": int(np.size(r.qhat))},
+        charges="dc_evaluation",  # the answer (accepted or refused) depends on the labelled points
+        checks=("eta", "qhat"),
+        dp="clipped",
+    ),
+    "dc_evaluate": Rule(
+        state="_points",
+        sizes=lambda w, r: {"n_labeled": w._points.n_points, "what": list(r.what)},
+        sample="labelled",
+        charges="dc_evaluation",
+        checks=("eta", "z", "global_bound"),
+        quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
+        dp="noised",
+    ),
+    "max_bound": Rule(
+        state="_points",
+        sizes=lambda w, r: {"n_labeled": w._points.n_points},
+        charges="dc_evaluation",
+        dp="refused",
+    ),
+}
+
+
+# ---------------------------------------------------------------------- the checks
+def _n_sources(c: Call) -> None:
+    w, r = c.worker, c.msg
+    if int(r.n_sources) != len(w.predictors):
+        raise PrivacyError(
+            "n_sources",
+            w.name,
+            f"the request: a domain model of {int(r.n_sources)} sources for a job of {len(w.predictors)} sites",
+        )
+
+
+def _feature_map(c: Call) -> dict | None:
+    """A built-in map's parameters (rules.check_feature_map) on the request's sample; a custom
+    map only from an in-process caller (the site's own process)."""
+    w, r = c.worker, c.msg
+    state, custom = r.feature_map, r.custom_feature_map
+    if state is None and custom is None:
+        return None
+    if state is None:
+        if not trusts_custom_feature_maps(w.host, w.policy):
+            raise PrivacyError(
+                "feature_map",
+                w.name,
+                "the request: custom feature maps are accepted only from an in-process caller (the site's own process)",
+            )
+        return {"feature_map": "custom (in-process)"}
+    return rules.check_feature_map(state, c.X, w.policy, w.name)
+
+
+def _theta(c: Call) -> dict | None:
+    r = c.msg
+    return rules.check_theta(r.theta, r.n_sources, c.worker.policy, c.worker.name) if r.kind == "maxent" else None
+
+
+def _verified(c: Call) -> dict:
+    w = c.worker
+    samples = None if w.published is None else w.published()
+    return verify_domain_model(c.msg, samples, c.X, w.policy, w.name)
+
+
+def _kde(c: Call) -> dict | None:
+    r = c.msg
+    if r.kind != "kde":
+        return None
+    model = c.model()
+    Phi = c.X if model.feature_map is None else np.asarray(model.feature_map.transform(c.X))
+    return rules.check_kde(r.bandwidths, r.samples, Phi, r.n_sources, c.worker.policy, c.worker.name)
+
+
+def _eta(c: Call) -> dict:
+    return rules.check_eta(c.msg.eta, c.worker.policy, c.worker.name)
+
+
+def _qhat(c: Call) -> dict:
+    # a probability vector; without DP the site's own share is a floor (the body's
+    # verify.own_qhat), with DP the weights are clipped (dp.py)
+    w = c.worker
+    return rules.check_qhat(c.msg.qhat, np.zeros_like(w._own_partial), w.name)
+
+
+def _z(c: Call) -> None:
+    w, r = c.worker, c.msg
+    rules.check_z(r.z, float(r.eta), w._points.w.shape[1], w.policy, w.name)
+
+
+def _global_bound(c: Call) -> None:
+    b = c.msg.global_bound
+    if b is not None and not (np.isfinite(b) and b >= 0):
+        raise PrivacyError("global_bound", c.worker.name, "the request: global_bound must be a finite number >= 0")
+
+
+#: the checks the table names: ``check(call) -> measured values (or None)``, with the request
+#: ``call.msg``, its site ``call.worker`` and the sample of its rule ``call.X``; each refuses
+#: with a PrivacyError under its own rule (or a rule of the module it calls)
+CHECKS: dict[str, Callable[[Call], dict | None]] = {
+    "n_sources": _n_sources,
+    "feature_map": _feature_map,
+    "theta": _theta,
+    "verified": _verified,
+    "kde": _kde,
+    "eta": _eta,
+    "qhat": _qhat,
+    "z": _z,
+    "global_bound": _global_bound,
+}
+
+#: what a request answers, in a refusal's words
+_ANSWERS = {"max_bound": "the largest per-point bound"}
+
+
+# ---------------------------------------------------------------------- the gate
+def gate(worker, method: str, msg) -> Call:
+    """The gate of labelled request ``method``: its rule's needs now (state, data, admission),
+    its record and checks when the returned :class:`Call` is entered:
+    ``with gate(self, "dc_evaluate", msg) as call: ...`` (the record is written when it ends)."""
+    rule = LABELLED[method]
+    if rule.state and getattr(worker, rule.state) is None:
+        raise SiteStateLost(worker.name)
+    if rule.data:
+        worker._data()
+    if rule.admit:
+        worker._admit()
+    return Call(worker, method, msg, rule)
+
+
+class Call(Request):
+    """One labelled request inside the gate: the guard's request context (its audit record:
+    ``decisions``, to which the body adds what it measures), with the checks of its rule run on
+    entering, the sample of its rule ``X``, and what the checks computed for the body
+    (:meth:`key`, :meth:`model`).  A request whose rule records nothing (no ``sizes``) enters
+    and leaves without a record."""
+
+    __slots__ = ("worker", "msg", "rule", "X", "_key", "_model")
+
+    def __init__(self, worker, method: str, msg, rule: Rule):
+        sizes = rule.sizes
+        Request.__init__(self, worker.guard, method, {} if sizes is None else sizes(worker, msg))
+        self.worker, self.msg, self.rule = worker, msg, rule
+        self.X: Any = None
+        self._key: str | None = None
+        self._model: Any = None
+
+    def key(self) -> str:
+        """The digest of the request's domain model (:func:`spec_digest`), computed once."""
+        if self._key is None:
+            self._key = spec_digest(self.msg)
+        return self._key
+
+    def model(self):
+        """The request's domain model, built once (a check and the answer share it)."""
+        if self._model is None:
+            self._model = build_domain_model(self.msg)
+        return self._model
+
+    def __enter__(self) -> Call:  # type: ignore[override]  # the call, not only its decisions
+        if self.rule.sizes is not None:
+            try:
+                self._apply(self.rule, self.worker, self.decisions)
+            except BaseException as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+        return self
+
+    def _apply(self, rule: Rule, w, dec: dict) -> None:
+        quiet = rule.quiet
+        if rule.sample:
+            self.X = X = w.X_labeled if rule.sample == "labelled" else w.X_unlabeled
+            counted = rules.check_min_points(X.shape[0], w.policy, w.name, rule.sample)
+            if not quiet:
+                dec.update(counted)
+        for name in rule.before:
+            if (got := CHECKS[name](self)) and not quiet:
+                dec.update(got)
+        if rule.dp == "refused" and w.guard.dp is not None:
+            raise PrivacyError(
+                "dp_what",
+                w.name,
+                f"the request: with differential privacy on, the site does not answer "
+                f"{_ANSWERS.get(self.kind, self.kind)}",
+            )
+        if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
+            dec.update(w.guard.charge(rule.charges))
+        for name in rule.checks:
+            if (got := CHECKS[name](self)) and not quiet:
+                dec.update(got)
+        if rule.dp == "noised" and (dp := w.guard.dp) is not None:
+            if tuple(self.msg.what) != ("L",):
+                raise PrivacyError(
+                    "dp_what",
+                    w.name,
+                    f"the request: with differential privacy on, the site answers the "
+                    f"losses L only; asked for {list(self.msg.what)}",
+                )
+            dec.update(dp.spend())
+
+    def __exit__(self, etype, exc, tb) -> Literal[False]:
+        if self.rule.sizes is None:
+            return False
+        return Request.__exit__(self, etype, exc, tb)
+
+
+# ---------------------------------------------------------------------- domain models
+def build_domain_model(spec: m.DomainModelSpec):
+    try:
+        return m.domain_model_from_spec(spec)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"malformed domain model: {exc}") from None
+
+
+def spec_digest(msg: m.DomainModelSpec) -> str:
+    """A digest of a domain model's content (equal specs: the same model, e.g. a replay)."""
+    h = hashlib.sha256(repr((msg.kind, msg.n_sources)).encode())
+
+    def feed(v):
+        if isinstance(v, np.ndarray):
+            h.update(str((v.dtype.str, v.shape)).encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                h.update(repr(k).encode())
+                feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            h.update(b"(")
+            for x in v:
+                feed(x)
+            h.update(b")")
+        else:
+            h.update(repr(v).encode())
+
+    feed(msg.feature_map)
+    feed(None if msg.theta is None else np.asarray(msg.theta))
+    feed(None if msg.bandwidths is None else np.asarray(msg.bandwidths))
+    feed([np.asarray(x) for x in msg.samples])
+    h.update(str(id(msg.custom_feature_map) if msg.custom_feature_map is not None else "").encode())
+    return h.hexdigest()
