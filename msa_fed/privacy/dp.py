@@ -79,7 +79,15 @@ class DPAccountant:
         return epsilon_of(self.ledger.dp_events(None), self.policy.delta)
 
     def spend(self) -> dict:
-        """Account one more Gaussian answer, or refuse when it would exceed a budget."""
+        """Account one more Gaussian answer, or refuse when it would exceed a budget.
+
+        The check and the event's write happen under the ledger's ``dp_lock``: answers of
+        several jobs served at once are counted one after the other against the lifetime budget.
+        """
+        with self.ledger.dp_lock:
+            return self._spend()
+
+    def _spend(self) -> dict:
         nm, pol = self.noise_multiplier, self.policy
         after_life = epsilon_of(self.ledger.dp_events(None) + [(nm, 1)], pol.delta)
         if after_life > pol.epsilon_lifetime * (1 + 1e-6):

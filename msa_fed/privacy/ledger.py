@@ -41,6 +41,9 @@ class Ledger:
         self._lock = threading.Lock()
         self._hold_lock = threading.Lock()
         self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
+        #: held by a DP spend from its budget check to its event's write (DPAccountant.spend):
+        #: two jobs answering at once cannot both take the last of the lifetime epsilon
+        self.dp_lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -214,6 +217,7 @@ class MemoryLedger(Ledger):
         self._lock = threading.Lock()
         self._hold_lock = self._lock  # the holds beside the counts, under one lock
         self._held: dict[tuple[str | None, str], int] = {}  # (job or None: the day, kind)
+        self.dp_lock = threading.Lock()
         self._jobs: dict = {}
         self._hours: dict = {}
         self._dp: list = []
