@@ -382,6 +382,13 @@ class RelayServicer(pb_grpc.RelayServicer):
         timeout = request.timeout_s if request.timeout_s > 0 else self.max_call_timeout_s
         deadline = time.monotonic() + min(timeout, self.max_call_timeout_s)
         waits: list[tuple[_Pending, _Connection | None, int]] = []
+        with self._lock:
+            conns = {c.site: self._sites.get(c.site) for c in request.calls if c.site in job.sites}
+        # every site of the call checked at once (one store query); a site that fails is checked
+        # again alone, for the reason in words
+        present = {name: conn.token for name, conn in conns.items() if conn is not None}
+        admitted = self.registry.sites_admitted(present) if present else set()
+        refused = {name: self._site_ok(name, token) for name, token in present.items() if name not in admitted}
         for call in request.calls:
             pending = _Pending(call.site)
             conn = None
@@ -389,9 +396,8 @@ class RelayServicer(pb_grpc.RelayServicer):
             if call.site not in job.sites:
                 pending.fail("PERMISSION_DENIED", f"job {job.job_id!r} does not name site {call.site[:64]!r}")
             else:
-                with self._lock:
-                    conn = self._sites.get(call.site)
-                why = self._site_ok(call.site, conn.token) if conn is not None else ""
+                conn = conns[call.site]
+                why = refused.get(call.site, "")
                 if conn is None:
                     pending.fail("UNAVAILABLE", f"site {call.site!r} is not connected to the registry")
                 elif why:
