@@ -65,18 +65,42 @@ MAX_CALLS = 1024  # site calls in one Call
 MAX_OPEN_JOBS = 1024
 
 
+class _Gather:
+    """The answers one Call waits for: its thread is woken once, when the last one is in (or at
+    its deadline), not once per site."""
+
+    def __init__(self, n: int):
+        self.left = n
+        self.lock = threading.Lock()
+        self.all_in = threading.Event()
+        if n == 0:
+            self.all_in.set()
+
+
 @dataclass
 class _Pending:
     site: str
-    done: threading.Event = field(default_factory=threading.Event)
+    gather: _Gather = field(default_factory=lambda: _Gather(1))
+    done: bool = False
     response: object = None
     status: str = ""
     detail: str = ""
 
+    def _settle(self, response, status: str, detail: str) -> None:
+        gather = self.gather
+        with gather.lock:
+            if self.done:  # the first outcome stays (an answer, a failure, the deadline)
+                return
+            self.response, self.status, self.detail, self.done = response, status, detail, True
+            gather.left -= 1
+            if gather.left == 0:
+                gather.all_in.set()
+
     def fail(self, status: str, detail: str):
-        if not self.done.is_set():
-            self.status, self.detail = status, detail
-            self.done.set()
+        self._settle(None, status, detail)
+
+    def succeed(self, response):
+        self._settle(response, "", "")
 
 
 class _Connection:
@@ -110,9 +134,8 @@ class _Connection:
     def answer(self, call_id: int, response) -> None:
         with self.lock:
             pending = self.pending.pop(call_id, None)
-        if pending is not None and not pending.done.is_set():
-            pending.response = response
-            pending.done.set()
+        if pending is not None:
+            pending.succeed(response)
 
     def forget(self, call_id: int) -> None:
         with self.lock:
@@ -389,8 +412,9 @@ class RelayServicer(pb_grpc.RelayServicer):
         present = {name: conn.token for name, conn in conns.items() if conn is not None}
         admitted = self.registry.sites_admitted(present) if present else set()
         refused = {name: self._site_ok(name, token) for name, token in present.items() if name not in admitted}
+        gather = _Gather(len(request.calls))
         for call in request.calls:
-            pending = _Pending(call.site)
+            pending = _Pending(call.site, gather)
             conn = None
             call_id = next(self._ids)
             if call.site not in job.sites:
@@ -416,9 +440,10 @@ class RelayServicer(pb_grpc.RelayServicer):
                     if not conn.forward(call_id, fwd, pending):
                         pending.fail("UNAVAILABLE", f"site {call.site!r} is disconnecting")
             waits.append((pending, conn, call_id))
+        gather.all_in.wait(max(0.0, deadline - time.monotonic()))
         results = []
         for pending, conn, call_id in waits:
-            if not pending.done.wait(max(0.0, deadline - time.monotonic())):
+            if not pending.done:
                 if conn is not None:
                     conn.forget(call_id)
                 pending.fail("DEADLINE_EXCEEDED", f"site {pending.site!r} did not answer within {timeout:g} s")
