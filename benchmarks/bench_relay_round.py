@@ -40,12 +40,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(kind: str, method: str, p: int, rounds: int) -> dict:
-    """One measurement with the code on ``sys.path`` (run in its own process)."""
+def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
+    """One measurement with the code of ``tree`` (run in its own process; its benchmarks'
+    helpers put ``tree`` first on the path of this process and of the site processes)."""
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(tree / "benchmarks"))
     import bench_federation as bf
+
+    if Path(bf.__file__).resolve().parents[1] != tree.resolve():
+        raise RuntimeError(f"measuring {tree} but its helpers came from {bf.__file__}")
 
     from msa_fed.artifacts.predictors import sha256_hex
     from msa_fed.boundary import messages as m
@@ -126,7 +130,7 @@ def measure(kind: str, method: str, p: int, rounds: int) -> dict:
 
 def _turn(tree: Path, args, kind: str, method: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), GRPC_VERBOSITY="ERROR")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", kind, method]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(tree), kind, method]
     cmd += ["--sites", str(args.sites), "--rounds", str(args.rounds)]
     done = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
@@ -143,10 +147,14 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=Path, help="another tree (e.g. ../main) measured in turns with this one")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one[0], args.one[1], args.sites, args.rounds)))
+        r = measure(Path(args.one[0]), args.one[1], args.one[2], args.sites, args.rounds)
+        import msa_fed
+
+        r["code"] = str(Path(msa_fed.__file__).resolve().parents[1])
+        print(json.dumps(r))
         return 0
     if args.quick:
         args.sites, args.rounds, args.turns = 3, 30, 1
