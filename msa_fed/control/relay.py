@@ -17,7 +17,8 @@ Checks, on the registry's side:
   A second connection of the same site replaces the first.
 - every forwarded request: the job was opened by an admin and names the site; the site is
   connected, still registered, and its token is still valid (a revoked token, a rotated token or
-  a deregistered site is refused).
+  a deregistered site is refused); the sites of one ``Call`` are checked together, in one
+  query of the registry's store.
 - a sweep every ``sweep_interval_s`` re-checks every connected site the same way and closes the
   stream of a site whose token was revoked or that was deregistered (PERMISSION_DENIED), or that
   sent nothing (answers, heartbeats) for ``silence_timeout_s`` (UNAVAILABLE).  Calls waiting on a
