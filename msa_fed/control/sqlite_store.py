@@ -241,13 +241,14 @@ class SqliteStore(RegistryStore):
 
     def site_access(self, names) -> dict[str, TokenRecord | None]:
         names = list(dict.fromkeys(names))
-        if not names:
-            return {}
-        rows = self._read(
-            "SELECT s.name, t.salt, t.digest, t.created_at FROM sites s LEFT JOIN tokens t ON t.role = ? "
-            "AND t.principal = s.name AND t.revoked_at IS NULL WHERE s.name IN (" + ",".join("?" * len(names)) + ")",
-            (ROLE_SITE, *names),
-        )
+        rows: list[tuple] = []
+        for start in range(0, len(names), 500):  # well within SQLite's limit on parameters
+            part = names[start : start + 500]
+            rows += self._read(
+                "SELECT s.name, t.salt, t.digest, t.created_at FROM sites s LEFT JOIN tokens t ON t.role = ? "
+                "AND t.principal = s.name AND t.revoked_at IS NULL WHERE s.name IN (" + ",".join("?" * len(part)) + ")",
+                (ROLE_SITE, *part),
+            )
         out: dict[str, TokenRecord | None] = {}
         for name, salt, digest, created_at in rows:
             if out.get(name) is None:

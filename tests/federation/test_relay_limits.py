@@ -249,4 +249,9 @@ def test_the_stores_say_which_sites_may_still_be_served(tmp_path, kind):
     assert reg.sites_admitted({"a": tokens["a"][:-2] + "xx"}) == set()  # a wrong secret
     assert reg.sites_admitted({"a": reg.issue_token("admin", "a")}) == set()  # an admin's token named a
     assert store.site_access([]) == {} and reg.sites_admitted({}) == set()
+    many = [f"m{k:04d}" for k in range(1200)]  # more names than one query may carry
+    for n in many:
+        store.register_site(n, {}, time.time())
+    got = store.site_access([*many, "a", "nobody"])
+    assert len(got) == 1201 and got["a"].principal == "a" and all(got[n] is None for n in many)
     store.close()
