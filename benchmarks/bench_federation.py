@@ -15,6 +15,9 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    ``--m`` unlabelled points per site, DMSA with the default settings: the federated topology
    (site processes + relay + Ray stand-ins training the classifier) against ``runtime="local"``
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
+   The federated job runs sealed end to end (the default: a job key signs its content, each
+   request sealed for its site, each answer sealed and signed) and unsealed, ``--job-repeats``
+   times each, in turns with the local fit (medians).
 3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
    to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
    signed by its site) next to the unsealed round, on two federations of p sites running side by
@@ -286,7 +289,60 @@ def bench_sealed_round(args, workdir: Path) -> dict:
     }
 
 
+def _job_sealer(fed, files, names, job_id: str):
+    """The sealer a default (sealed) job builds (:func:`msa_fed.federation.job.job_sealer`): its
+    content signed by the consortium's job key, each site's key pinned."""
+    from msa_fed.crypto.sealing import JobKey, JobSealer, job_content
+    from msa_fed.federation.agent import sample_sha256
+
+    content = job_content(
+        job_id,
+        [
+            dict(
+                name=n,
+                key_fingerprint=fed.seal_keys[n].public.fingerprint,
+                sample_sha256=sample_sha256(files[n].X_unlabeled),
+                predictor_sha256=sha256_hex(files[n].predictor),
+            )
+            for n in names
+        ],
+        task="classification",
+        loss="cross_entropy",
+        mu=1e-3,
+        objective="minmax",
+        planned_queries=10000,
+        min_points=20,
+    )
+    return JobSealer(JobKey.load(fed.job_key_path), content, {n: fed.seal_keys[n].public for n in names})
+
+
+def _timed_fit(coord) -> tuple:
+    """(model, {phase: seconds}) of ``coord.fit()``: the domain classifier's training, the DC set-up
+    (domain model and Qhat at the sites) and the rest (the z solve's rounds and the model)."""
+    phases: dict[str, float] = {}
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+
+        return run
+
+    coord.train_domain_model = timed("classifier", coord.train_domain_model)
+    coord.prepare_dc = timed("dc_setup", coord.prepare_dc)
+    t0 = time.perf_counter()
+    model = coord.fit()
+    total = time.perf_counter() - t0
+    phases["solve"] = total - phases.get("classifier", 0.0) - phases.get("dc_setup", 0.0)
+    return model, total, phases
+
+
 def bench_job(args, workdir: Path) -> dict:
+    """The full job, local and federated (sealed, the default, and unsealed), ``--job-repeats``
+    times in turns (local, sealed, unsealed, local, ...) so that all three see the same load."""
     from msa_fed.runtime.ray_sites import ensure_ray
 
     p = args.sites
@@ -296,45 +352,82 @@ def bench_job(args, workdir: Path) -> dict:
     config = FitConfig(
         task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax")
     )
-    c = Coordinator(LocalSites(kw), preds, config).start()
-    t0 = time.perf_counter()
-    local = c.fit()
-    t_local = time.perf_counter() - t0
     ensure_ray(num_cpus=os.cpu_count())
-    with LocalFederation(workdir / "job", files, sealed=False) as fed:  # the unsealed relay
-        fed.wait_connected(timeout=600)
-        relay = RelayClient(fed.address, fed.admin_token, insecure=True)
-        backend = FederatedSites(
-            names,
-            relay,
-            [files[n].X_unlabeled for n in names],
-            job_id="benchjob",
-            predictor_sha256=[sha256_hex(files[n].predictor) for n in names],
-            classes=classes,
-            site_timeout_s=600,
-            data_channel="plain",
-        )
-        t0 = time.perf_counter()
-        with Coordinator(backend, preds, config) as coord:
-            t_started = time.perf_counter()
-            model = coord.fit()
-        t_fed = time.perf_counter() - t_started
-        t_fed_with_start = time.perf_counter() - t0
-        relay.close()
+    times: dict[str, list] = {
+        "local": [],
+        "sealed": [],
+        "unsealed": [],
+        "sealed_start": [],
+        "unsealed_start": [],
+        "transcript": [],
+    }
+    phases: dict[str, list] = {}
+    z_diff, evaluations, signed = 0.0, None, 0
+    with (
+        LocalFederation(workdir / "job-sealed", files, sealed=True, silence_timeout_s=120) as sealed,
+        LocalFederation(workdir / "job-plain", files, sealed=False, silence_timeout_s=120) as plain,
+    ):
+        sealed.wait_connected(timeout=600)
+        plain.wait_connected(timeout=600)
+        for rep in range(args.job_repeats):
+            c = Coordinator(LocalSites(kw), preds, config).start()
+            local, took, split = _timed_fit(c)
+            times["local"].append(took)
+            for phase, v in split.items():
+                phases.setdefault(f"local_{phase}", []).append(v)
+            for kind, fed in (("sealed", sealed), ("unsealed", plain)):
+                job_id = f"benchjob-{kind}-{rep}"
+                sealer = _job_sealer(fed, files, names, job_id) if kind == "sealed" else None
+                relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
+                backend = FederatedSites(
+                    names,
+                    relay,
+                    [files[n].X_unlabeled for n in names],
+                    job_id=job_id,
+                    predictor_sha256=[sha256_hex(files[n].predictor) for n in names],
+                    classes=classes,
+                    site_timeout_s=600,
+                    data_channel="plain",
+                    owns_relay=True,
+                )
+                t0 = time.perf_counter()
+                with Coordinator(backend, preds, config) as coord:
+                    model, took, split = _timed_fit(coord)
+                    times[kind].append(took)
+                    for phase, v in split.items():
+                        phases.setdefault(f"{kind}_{phase}", []).append(v)
+                    if sealer is not None:  # what the job keeps with its model: every signature checked
+                        t1 = time.perf_counter()
+                        backend.transcript()
+                        times["transcript"].append(time.perf_counter() - t1)
+                times[kind + "_start"].append(time.perf_counter() - t0)
+                z_diff = max(z_diff, float(np.max(np.abs(model.z - local.z))))
+                evaluations = model.info["solver"]["n_evaluations"]
+                if sealer is not None:
+                    signed = len(sealer.transcript)
     import ray
 
     ray.shutdown()
+    med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "p": p,
         "n": args.n,
         "m_per_site": args.m,
-        "local_fit_s": t_local,
-        "federated_fit_s": t_fed,
-        "federated_start_and_fit_s": t_fed_with_start,
-        "ratio_fit": t_fed / t_local,
-        "ratio_start_and_fit": t_fed_with_start / t_local,
-        "max_abs_z_difference": float(np.max(np.abs(model.z - local.z))),
-        "n_evaluations": model.info["solver"]["n_evaluations"],
+        "repeats": args.job_repeats,
+        "local_fit_s": med["local"],
+        "federated_fit_s": med["sealed"],
+        "federated_unsealed_fit_s": med["unsealed"],
+        "federated_start_and_fit_s": med["sealed_start"],
+        "sealed_transcript_check_s": med["transcript"],
+        "ratio_fit": med["sealed"] / med["local"],
+        "ratio_fit_unsealed": med["unsealed"] / med["local"],
+        "ratio_start_and_fit": med["sealed_start"] / med["local"],
+        "runs_s": times,
+        "phases_median_s": {k: statistics.median(v) for k, v in phases.items()},
+        "max_abs_z_difference": z_diff,
+        "n_evaluations": evaluations,
+        "signed_answers_last_sealed_job": signed,
+        "load": os.getloadavg(),
     }
 
 
@@ -433,6 +526,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--m", type=int, default=2000)
+    ap.add_argument("--job-repeats", type=int, default=3, help="full jobs of each kind, in turns (medians)")
     ap.add_argument("--many", type=int, default=64)
     ap.add_argument("--many-rounds", type=int, default=50)
     ap.add_argument("--hold", type=float, default=20.0)
@@ -440,6 +534,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.sites, args.rounds, args.n, args.m, args.many, args.hold, args.many_rounds = 3, 30, 3000, 300, 16, 3, 10
+        args.job_repeats = 1
     out = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
         "command": "python benchmarks/bench_federation.py" + (" --quick" if args.quick else ""),
@@ -464,12 +559,20 @@ def main(argv=None) -> int:
         if "job" in todo:
             r = out["full_job"] = bench_job(args, Path(tmp))
             print(
-                f"full job p={r['p']} n={r['n']}: federated fit {r['federated_fit_s']:.1f} s "
-                f"(with start {r['federated_start_and_fit_s']:.1f} s), local {r['local_fit_s']:.1f} s: "
-                f"ratio {r['ratio_fit']:.2f} ({r['ratio_start_and_fit']:.2f} with start); "
-                f"max |z - z_local| = {r['max_abs_z_difference']:.1e}",
+                f"full job p={r['p']} n={r['n']}, medians of {r['repeats']} in turns: sealed (the default) "
+                f"{r['federated_fit_s']:.2f} s, unsealed {r['federated_unsealed_fit_s']:.2f} s, local "
+                f"{r['local_fit_s']:.2f} s: ratio {r['ratio_fit']:.2f} sealed, {r['ratio_fit_unsealed']:.2f} "
+                f"unsealed ({r['ratio_start_and_fit']:.2f} sealed with its start); {r['n_evaluations']} "
+                f"evaluations; max |z - z_local| = {r['max_abs_z_difference']:.1e}",
                 flush=True,
             )
+            ph = r["phases_median_s"]
+            for kind in ("local", "sealed", "unsealed"):
+                print(
+                    f"  {kind}: classifier {ph[kind + '_classifier']:.2f} s, DC set-up (domain model, Qhat) "
+                    f"{ph[kind + '_dc_setup']:.2f} s, solve {ph[kind + '_solve']:.2f} s",
+                    flush=True,
+                )
         if "many" in todo:
             r = out["many_sites"] = bench_many(args, Path(tmp))
             print(

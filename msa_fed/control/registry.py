@@ -195,6 +195,21 @@ class Registry:
             raise RegistryError("UNAUTHENTICATED", f"invalid token for {principal.role} {principal.name!r}")
         return principal
 
+    def sites_admitted(self, site_tokens: dict[str, str]) -> set[str]:
+        """The sites of ``site_tokens`` ({site: the token it connected with}) that are still
+        registered and whose token still proves that site (neither revoked nor replaced): what
+        :meth:`authenticate` and the site's registration say, for many sites in one store query."""
+        access = self.store.site_access(list(site_tokens))
+        admitted = set()
+        for name, token in site_tokens.items():
+            parsed = tokens.parse_token(token)
+            if parsed is None or name not in access:
+                continue
+            principal, secret = parsed
+            if principal.role == ROLE_SITE and principal.name == name and tokens.verify_secret(access[name], secret):
+                admitted.add(name)
+        return admitted
+
     # access rules ----------------------------------------------------------
     @staticmethod
     def require_site(principal: Principal, action: str) -> None:

@@ -17,7 +17,8 @@ Checks, on the registry's side:
   A second connection of the same site replaces the first.
 - every forwarded request: the job was opened by an admin and names the site; the site is
   connected, still registered, and its token is still valid (a revoked token, a rotated token or
-  a deregistered site is refused).
+  a deregistered site is refused); the sites of one ``Call`` are checked together, in one
+  query of the registry's store.
 - a sweep every ``sweep_interval_s`` re-checks every connected site the same way and closes the
   stream of a site whose token was revoked or that was deregistered (PERMISSION_DENIED), or that
   sent nothing (answers, heartbeats) for ``silence_timeout_s`` (UNAVAILABLE).  Calls waiting on a
@@ -65,18 +66,42 @@ MAX_CALLS = 1024  # site calls in one Call
 MAX_OPEN_JOBS = 1024
 
 
+class _Gather:
+    """The answers one Call waits for: its thread is woken once, when the last one is in (or at
+    its deadline), not once per site."""
+
+    def __init__(self, n: int):
+        self.left = n
+        self.lock = threading.Lock()
+        self.all_in = threading.Event()
+        if n == 0:
+            self.all_in.set()
+
+
 @dataclass
 class _Pending:
     site: str
-    done: threading.Event = field(default_factory=threading.Event)
+    gather: _Gather = field(default_factory=lambda: _Gather(1))
+    done: bool = False
     response: object = None
     status: str = ""
     detail: str = ""
 
+    def _settle(self, response, status: str, detail: str) -> None:
+        gather = self.gather
+        with gather.lock:
+            if self.done:  # the first outcome stays (an answer, a failure, the deadline)
+                return
+            self.response, self.status, self.detail, self.done = response, status, detail, True
+            gather.left -= 1
+            if gather.left == 0:
+                gather.all_in.set()
+
     def fail(self, status: str, detail: str):
-        if not self.done.is_set():
-            self.status, self.detail = status, detail
-            self.done.set()
+        self._settle(None, status, detail)
+
+    def succeed(self, response):
+        self._settle(response, "", "")
 
 
 class _Connection:
@@ -110,9 +135,8 @@ class _Connection:
     def answer(self, call_id: int, response) -> None:
         with self.lock:
             pending = self.pending.pop(call_id, None)
-        if pending is not None and not pending.done.is_set():
-            pending.response = response
-            pending.done.set()
+        if pending is not None:
+            pending.succeed(response)
 
     def forget(self, call_id: int) -> None:
         with self.lock:
@@ -382,16 +406,23 @@ class RelayServicer(pb_grpc.RelayServicer):
         timeout = request.timeout_s if request.timeout_s > 0 else self.max_call_timeout_s
         deadline = time.monotonic() + min(timeout, self.max_call_timeout_s)
         waits: list[tuple[_Pending, _Connection | None, int]] = []
+        with self._lock:
+            conns = {c.site: self._sites.get(c.site) for c in request.calls if c.site in job.sites}
+        # every site of the call checked at once (one store query); a site that fails is checked
+        # again alone, for the reason in words
+        present = {name: conn.token for name, conn in conns.items() if conn is not None}
+        admitted = self.registry.sites_admitted(present) if present else set()
+        refused = {name: self._site_ok(name, token) for name, token in present.items() if name not in admitted}
+        gather = _Gather(len(request.calls))
         for call in request.calls:
-            pending = _Pending(call.site)
+            pending = _Pending(call.site, gather)
             conn = None
             call_id = next(self._ids)
             if call.site not in job.sites:
                 pending.fail("PERMISSION_DENIED", f"job {job.job_id!r} does not name site {call.site[:64]!r}")
             else:
-                with self._lock:
-                    conn = self._sites.get(call.site)
-                why = self._site_ok(call.site, conn.token) if conn is not None else ""
+                conn = conns[call.site]
+                why = refused.get(call.site, "")
                 if conn is None:
                     pending.fail("UNAVAILABLE", f"site {call.site!r} is not connected to the registry")
                 elif why:
@@ -410,9 +441,10 @@ class RelayServicer(pb_grpc.RelayServicer):
                     if not conn.forward(call_id, fwd, pending):
                         pending.fail("UNAVAILABLE", f"site {call.site!r} is disconnecting")
             waits.append((pending, conn, call_id))
+        gather.all_in.wait(max(0.0, deadline - time.monotonic()))
         results = []
         for pending, conn, call_id in waits:
-            if not pending.done.wait(max(0.0, deadline - time.monotonic())):
+            if not pending.done:
                 if conn is not None:
                     conn.forget(call_id)
                 pending.fail("DEADLINE_EXCEEDED", f"site {pending.site!r} did not answer within {timeout:g} s")

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from msa_fed.control.ops_records import DeregistrationRecord, JobRecord, PromotionRecord, current_version
-from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, SiteRecord, TokenRecord
+from msa_fed.control.records import ROLE_SITE, ArtifactRecord, CombinedModelRecord, SiteRecord, TokenRecord
 from msa_fed.control.store import RegistryStore, not_registered, upload_conflict
 from msa_fed.errors import ConfigError, RegistryError
 
@@ -238,6 +238,24 @@ class SqliteStore(RegistryStore):
         return [
             TokenRecord(role, principal, bytes(salt), bytes(digest), created_at) for salt, digest, created_at in rows
         ]
+
+    def site_access(self, names) -> dict[str, TokenRecord | None]:
+        names = list(dict.fromkeys(names))
+        rows: list[tuple] = []
+        for start in range(0, len(names), 500):  # well within SQLite's limit on parameters
+            part = names[start : start + 500]
+            rows += self._read(
+                "SELECT s.name, t.salt, t.digest, t.created_at FROM sites s LEFT JOIN tokens t ON t.role = ? "
+                "AND t.principal = s.name AND t.revoked_at IS NULL WHERE s.name IN (" + ",".join("?" * len(part)) + ")",
+                (ROLE_SITE, *part),
+            )
+        out: dict[str, TokenRecord | None] = {}
+        for name, salt, digest, created_at in rows:
+            if out.get(name) is None:
+                out[name] = (
+                    None if salt is None else TokenRecord(ROLE_SITE, name, bytes(salt), bytes(digest), created_at)
+                )
+        return out
 
     # sites --------------------------------------------------------------
     def register_site(self, name: str, labels: dict[str, str], now: float) -> SiteRecord:

@@ -23,6 +23,7 @@ from msa_fed.control.ops_records import (
     current_version,
 )
 from msa_fed.control.records import (
+    ROLE_SITE,
     ArtifactRecord,
     CombinedModelRecord,
     SiteRecord,
@@ -64,6 +65,17 @@ class RegistryStore(abc.ABC):
     @abc.abstractmethod
     def revoked_tokens(self, role: str, principal: str, limit: int = 8) -> list[TokenRecord]:
         """The latest ``limit`` revoked (or replaced) tokens of (role, principal), newest first."""
+
+    def site_access(self, names) -> dict[str, TokenRecord | None]:
+        """{name: the site's active token, or None} for each of ``names`` that is registered (a
+        name that is not registered is left out): what the relay checks before it forwards a
+        request to a site, for all the sites of one call at once.  This default asks
+        :meth:`get_site` and :meth:`get_token` per site; a store may answer in one query."""
+        out = {}
+        for name in names:
+            if self.get_site(name) is not None:
+                out[name] = self.get_token(ROLE_SITE, name)
+        return out
 
     # sites --------------------------------------------------------------
     @abc.abstractmethod

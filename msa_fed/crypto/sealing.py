@@ -37,6 +37,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +286,8 @@ class JobCertificate:
     agreement: bytes
     authority: bytes
 
-    @property
-    def digest(self) -> bytes:
+    @cached_property
+    def digest(self) -> bytes:  # computed once: every answer the site seals binds it
         return hashlib.sha256(self.encode()).digest()
 
     @property

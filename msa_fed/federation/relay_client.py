@@ -97,13 +97,17 @@ class RelayClient:
     def call(self, job_id: str, calls, timeout_s: float) -> list:
         request = pb.CallRequest(job_id=job_id, timeout_s=float(timeout_s))
         sealed: list[tuple[bytes, int]] = []
+        encoded: dict[tuple[str, int], tuple[Any, bytes]] = {}  # one encoding of a message sent to many sites
         for site, method, msg in calls:
-            proto = wire.to_proto(method, msg, wire.REQUESTS)
+            key = (method, id(msg))
+            if key not in encoded:
+                proto = wire.to_proto(method, msg, wire.REQUESTS)
+                encoded[key] = (proto, proto.SerializeToString() if self.sealer is not None else b"")
+            proto, plain = encoded[key]
             if self.sealer is None:
                 request.calls.add(site=site, request=proto)
             else:
-                plain = proto.SerializeToString()
-                frame, seq = self.sealer.seal(site, plain)
+                frame, seq = self.sealer.seal(site, plain)  # sealed for each site, under its own keys
                 request.calls.add(site=site, sealed=frame)
                 sealed.append((plain, seq))
         try:

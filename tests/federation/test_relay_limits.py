@@ -183,3 +183,75 @@ def test_a_registry_that_cancels_the_call_is_an_unreachable_round():
         assert all(r.status in TRANSIENT for r in res), res
     finally:
         server.stop(0)
+
+
+def test_each_forward_is_refused_once_its_site_lost_its_right_and_the_others_are_answered(registry):
+    """The relay checks all the sites of a Call at once; a site whose token was revoked, whose
+    token was replaced, or that was deregistered is refused in that very Call (not at the next
+    sweep), naming the reason, and the other sites of the Call are still answered."""
+    names = ["a", "b", "c", "d"]
+    tokens = {n: registry.issue_token("site", n) for n in names}
+    for n in names:
+        registry.store.register_site(n, {}, time.time())
+    admin = registry.issue_token("admin", "operator")
+    ack = wire.to_proto("ping", m.Ack("real"), wire.RESPONSES)
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        server.relay.sweep_interval_s = 3600  # the sweep must not be what refuses them
+        sites = {
+            n: RawSite(
+                server.address,
+                tokens[n],
+                n,
+                lambda f: pb.SiteToRelay(answer=pb.Answer(call_id=f.call_id, response=ack)),
+            )
+            for n in names
+        }
+        try:
+            _wait(lambda: sorted(server.relay.connected()) == names)
+            with RelayClient(server.address, admin, insecure=True) as relay:
+                relay.open_job("j", names)
+                calls = [(n, "ping", None) for n in names]
+                assert all(isinstance(r, m.Ack) for r in relay.call("j", calls, 10.0))
+                registry.revoke_token("site", "a")
+                registry.issue_token("site", "b")  # b's token replaced: the stream's token is old
+                registry.store.deregister_site("c")
+                res = relay.call("j", calls, 10.0)
+                assert [getattr(r, "status", "") for r in res[:3]] == ["PERMISSION_DENIED"] * 3
+                assert "revoked or replaced" in res[0].detail and "'a'" in res[0].detail
+                assert "revoked or replaced" in res[1].detail and "'b'" in res[1].detail
+                assert "no longer registered" in res[2].detail
+                assert isinstance(res[3], m.Ack) and res[3].incarnation == "real"
+                assert [len(sites[n].forwards) for n in names] == [1, 1, 1, 2]  # nothing forwarded to a, b, c
+                _wait(lambda: sorted(server.relay.connected()) == ["d"])  # and their streams are cut off
+        finally:
+            for s in sites.values():
+                s.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_the_stores_say_which_sites_may_still_be_served(tmp_path, kind):
+    from msa_fed.control.store import MemoryStore
+
+    store = SqliteStore(tmp_path / "r.db") if kind == "sqlite" else MemoryStore()
+    reg = Registry(store)
+    tokens = {n: reg.issue_token("site", n) for n in ("a", "b", "c", "e")}
+    for n in ("a", "b", "c", "d"):  # d registered without a token, e has a token but no registration
+        store.register_site(n, {}, time.time())
+    reg.revoke_token("site", "b")
+    old_c = tokens["c"]
+    tokens["c"] = reg.issue_token("site", "c")
+    access = store.site_access(["a", "b", "c", "d", "e", "nobody"])
+    assert sorted(access) == ["a", "b", "c", "d"]
+    assert access["b"] is None and access["d"] is None
+    assert access["a"].principal == "a" and access["c"] == store.get_token("site", "c")
+    assert reg.sites_admitted(tokens) == {"a", "c"}
+    assert reg.sites_admitted({"c": old_c, "a": tokens["c"], "d": tokens["a"]}) == set()  # old, another's
+    assert reg.sites_admitted({"a": tokens["a"][:-2] + "xx"}) == set()  # a wrong secret
+    assert reg.sites_admitted({"a": reg.issue_token("admin", "a")}) == set()  # an admin's token named a
+    assert store.site_access([]) == {} and reg.sites_admitted({}) == set()
+    many = [f"m{k:04d}" for k in range(1200)]  # more names than one query may carry
+    for n in many:
+        store.register_site(n, {}, time.time())
+    got = store.site_access([*many, "a", "nobody"])
+    assert len(got) == 1201 and got["a"].principal == "a" and all(got[n] is None for n in many)
+    store.close()

@@ -200,6 +200,38 @@ def test_a_hostile_relay_is_detected_and_the_job_fails_naming_the_site(fed, file
     relay.close()
 
 
+def test_a_relay_that_hands_one_site_the_frame_of_another_in_the_same_call_is_named(fed, files, monkeypatch):
+    """All the sites' requests of a round travel in one Call: a relay that gives site west the
+    frame sealed for north in that Call (each a valid frame of this job) is refused by west, which
+    cannot open it; north and east answer as usual and the job fails naming west."""
+    job_id = "hostile-swap"
+    tap = _Tap(monkeypatch)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))
+    seen: dict[str, bytes] = {}
+
+    def on_forward(conn, message):
+        if message.forward.job_id != job_id:
+            return message
+        seen[conn.name] = message.forward.sealed
+        if conn.name != "west":
+            return message
+        fwd = pb.RelayToSite.FromString(message.SerializeToString())
+        fwd.forward.sealed = seen["north"]  # forwarded just before, in this Call (site order)
+        return fwd
+
+    tap.on_forward = on_forward
+    before, answers = len(_audit(fed, "west")), len(tap.answers)
+    with pytest.raises(TamperedError) as info:
+        backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    assert info.value.site == "west" and str(info.value).startswith("site 'west': tampered"), str(info.value)
+    refused = [r for r in _audit(fed, "west")[before:] if r.get("outcome") == "refused"]
+    assert [r.get("rule") for r in refused] == ["tampered"], refused
+    sealed = {site: bool(a.sealed) for site, a in tap.answers[answers:]}
+    assert sealed == {"east": True, "north": True, "west": False}, sealed  # west refused in the clear
+    assert not any(r.get("outcome") == "refused" for n in ("east", "north") for r in _audit(fed, n)[-2:])
+    relay.close()
+
+
 def test_a_restarted_site_process_refuses_a_replayed_join(fed, files, monkeypatch):
     """A site process keeps each sealed job's last join on disk: after a restart (its sequence
     numbers in memory gone) the relay cannot make it join the job again with an old frame, while
