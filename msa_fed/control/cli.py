@@ -24,7 +24,6 @@ import os
 import signal
 import stat
 import sys
-import threading
 import time
 from dataclasses import asdict
 
@@ -135,12 +134,17 @@ def _serve(args) -> int:
             max_workers=args.workers,
             audit_log=audit_log,
         )
-        stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # the handler only sets a flag: a lock taken in a signal handler (threading.Event.set)
+        # deadlocks when the signal lands while the main thread holds that lock (Event.wait)
+        stop: list[int] = []
+        previous = {
+            sig: signal.signal(sig, lambda signum, _f: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
         try:
             with server:
                 print(f"registry listening on {server.address} ({server.mode}); database {args.db}", flush=True)
-                stop.wait()
+                while not stop:
+                    time.sleep(0.2)
                 print("registry stopping", flush=True)
         finally:
             for sig, handler in previous.items():
