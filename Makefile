@@ -39,9 +39,9 @@ typecheck: setup
 	$(BIN)/mypy
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time: most
-# of its time is real processes, Ray and sockets waiting on each other, so two workers on two
-# cores take about half the wall time.  TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
+# of its time is real processes, Ray and sockets waiting on each other, so three workers on two
+# cores overlap the waits.  TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 test: setup typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
