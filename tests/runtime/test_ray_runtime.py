@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -303,6 +304,11 @@ def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
     def kill_c(it, z, gamma):
         if it == 2:
             ray.kill(warm.actors[2], no_restart=True)
+            # ray.kill only asks the GCS: on a loaded machine the actor could answer the
+            # solve's last rounds before it is gone; wait until it is (the next round meets it)
+            deadline = time.monotonic() + 60
+            while actor_status(warm.actors[2])[0] != "DEAD" and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     with pytest.raises(
         SiteError, match=r"^site 'c': the site's actor died and will not be restarted: .*ray.kill"
