@@ -78,6 +78,7 @@ NOT_QUICK = (
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
+    "federation/test_site_startup.py",  # waits out a registry that is not up yet
     "control/test_control_attacks.py",  # floods that wait for the server's idle/read timeouts
     "control/test_control_restart.py",  # SIGKILL and restart of a registry process
     "control/test_control_cli.py::test_registry_serve",  # `registry serve` processes until SIGTERM

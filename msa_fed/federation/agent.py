@@ -73,6 +73,11 @@ log = logging.getLogger(__name__)
 #: the agent gives up on a silent stream after this many heartbeat intervals
 SILENCE_INTERVALS = 4
 RECONNECT_MAX_S = 30.0
+#: gRPC codes of a registry that is not up yet or too busy to answer in time: the site's
+#: start-up check waits them out (with back-off, a line each time) instead of exiting
+STARTUP_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+#: how long the start-up check waits for a registry that does not answer
+STARTUP_WAIT_S = 300.0
 #: statuses after which reconnecting cannot help
 FATAL = {
     grpc.StatusCode.UNAUTHENTICATED,
@@ -196,12 +201,13 @@ class SiteAgent:
         self._stub: Any = None
 
     # ------------------------------------------------------------------ start-up checks
-    def check_published(self) -> None:
-        """Refuse to start unless the predictor and X_unlabeled are what the site published."""
-        from msa_fed.control.client import RegistryClient
+    def check_published(self, wait_s: float = STARTUP_WAIT_S) -> None:
+        """Refuse to start unless the predictor and X_unlabeled are what the site published.
 
-        with RegistryClient(self.config.registry, self.token, **self.config.channel_kwargs()) as client:
-            record = client.get_site("")
+        A registry that is not up yet or does not answer in time (UNAVAILABLE,
+        DEADLINE_EXCEEDED) is asked again with back-off for up to ``wait_s`` seconds, a line
+        each time; any other answer (a refused token, a wrong artifact) ends the start at once."""
+        record = self._own_record(wait_s)
         if record.name != self.name:
             raise SiteRefused(f"the token belongs to site {record.name!r}, not {self.name!r}")
         if record.predictor is None or record.sample is None:
@@ -222,6 +228,29 @@ class SiteAgent:
                 f"published ({record.sample.meta.get('rows')} x {record.sample.meta.get('cols')}, "
                 f"{record.sample.sha256[:16]}...)"
             )
+
+    def _own_record(self, wait_s: float):
+        from msa_fed.control.client import RegistryClient
+        from msa_fed.errors import RegistryError
+
+        deadline = time.monotonic() + float(wait_s)
+        pause = 0.5
+        while True:
+            try:
+                with RegistryClient(
+                    self.config.registry, self.token, retries=0, **self.config.channel_kwargs()
+                ) as client:  # retried here, with a line each time
+                    return client.get_site("")
+            except RegistryError as exc:
+                if exc.code not in STARTUP_TRANSIENT or time.monotonic() + pause > deadline or self._stop.is_set():
+                    raise
+                self.echo(
+                    f"site {self.name}: the registry {self.config.registry} did not answer ({exc.code}); "
+                    f"asking again in {pause:.1f} s"
+                )
+                if self._stop.wait(pause):
+                    raise
+                pause = min(RECONNECT_MAX_S, pause * 2)
 
     # ------------------------------------------------------------------ serving
     def stop(self):

@@ -68,6 +68,8 @@ RETRY_PAUSE_S = 0.5
 APPROVAL_POLL_S = 2.0
 #: a site that lost the job's state again right after it was replayed this often fails the run
 MAX_REJOINS = 3
+#: the least time the stand-in actors get to start (seconds), whatever the job's site_timeout_s
+STAND_IN_START_S = 120.0
 #: the one response type each relayed method may return
 ANSWER_TYPES = {
     "join_job": m.SiteInfo,
@@ -201,7 +203,9 @@ class FederatedSites:
             init_kwargs=init_kwargs,
             max_restarts=max_restarts,
             retry_timeout_s=self.site_timeout_s,
-            start_timeout_s=self.site_timeout_s,
+            # placing and starting the stand-ins is Ray's work, not a site's answer: on a loaded
+            # node a worker process alone can take longer than a short site timeout
+            start_timeout_s=max(self.site_timeout_s, STAND_IN_START_S),
         )
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()

@@ -73,6 +73,18 @@ def quiet_local_ray() -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
+def actor_pid(handle) -> int:
+    """The process id of an actor's worker from the GCS actor table; 0 while Ray has not
+    given it a worker (it waits for resources, or for its worker process to start)."""
+    try:
+        from ray._private import state as ray_state
+
+        info = ray_state.actors(actor_id=handle._actor_id.hex())
+        return int((info or {}).get("Pid") or 0)
+    except Exception:  # noqa: BLE001 - unknown
+        return 0
+
+
 def actor_status(handle) -> tuple[str | None, str]:
     """(state, death cause) of an actor from the GCS actor table; (None, "") if unknown.
 

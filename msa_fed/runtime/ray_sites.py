@@ -34,6 +34,7 @@ from msa_fed.runtime.ray_actors import (
     LARGE_ARG_BYTES,
     SITE_RESOURCE_PREFIX,  # noqa: F401 - re-exported
     SITE_RESOURCE_SHARE,  # noqa: F401 - re-exported
+    actor_pid,
     actor_status,
     ensure_ray,
     last_line,
@@ -302,6 +303,13 @@ class RaySites:
             if pending:
                 e = endpoints[refs.index(pending[0])]
                 state, _ = actor_status(e.handle)
+                pid = actor_pid(e.handle) if state == "PENDING_CREATION" else 0
+                if pid:
+                    raise SiteError(
+                        e.name,
+                        f"the site's actor (pid {pid}) had not finished starting within {timeout:g} s: "
+                        "the node is overloaded, or the site's data takes that long to load",
+                    )
                 if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY", None):
                     raise SiteError(
                         e.name,

@@ -1,0 +1,112 @@
+"""A site process started before its registry, or while the registry is too loaded to answer
+in time, waits for it (bounded, a line each time) instead of exiting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from msa_fed.federation.config import SiteConfig
+
+
+def _site_files(tmp_path):
+    (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
+    rng = np.random.default_rng(0)
+    np.savez(
+        tmp_path / "data.npz",
+        X_labeled=rng.normal(size=(30, 2)),
+        y_labeled=np.zeros(30),
+        X_unlabeled=rng.normal(size=(30, 2)),
+    )
+    (tmp_path / "predictor.onnx").write_bytes(b"x")
+
+
+def _write(tmp_path, registry: str):
+    path = tmp_path / "site.toml"
+    path.write_text(
+        f'name = "east"\nregistry = "{registry}"\ntoken_file = "token.txt"\ninsecure = true\n'
+        'data = "data.npz"\npredictor = "predictor.onnx"\naudit_log = "audit.jsonl"\nallow_unsealed = true\n'
+    )
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_waits_for_a_registry_that_is_not_up_yet(tmp_path):
+    """A site process started before its registry (or while the registry is too busy to
+    answer) asks again with back-off, a line each time, instead of exiting; the first real
+    answer ends the wait (here: the registry does not know the token, which is final)."""
+    import threading
+    import time
+
+    from msa_fed.control import Registry, RegistryServer, SqliteStore
+    from msa_fed.errors import RegistryError
+    from msa_fed.federation.agent import SiteAgent
+
+    _site_files(tmp_path)
+    port = _free_port()
+    lines: list[str] = []
+    agent = SiteAgent(
+        SiteConfig.from_toml(_write(tmp_path, f"127.0.0.1:{port}")),
+        echo=lines.append,
+    )
+    outcome: dict = {}
+
+    def check():
+        try:
+            agent.check_published(wait_s=120)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any("did not answer (UNAVAILABLE)" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert thread.is_alive() and "error" not in outcome, (lines, outcome)
+    assert "asking again in" in lines[0] and f"127.0.0.1:{port}" in lines[0], lines
+    store = SqliteStore(tmp_path / "registry.db")
+    server = RegistryServer(Registry(store), f"127.0.0.1:{port}", insecure=True, max_workers=16).start()
+    try:
+        thread.join(90)
+        assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), RegistryError) and outcome["error"].code == "UNAUTHENTICATED"
+    finally:
+        server.stop(0.5)
+        store.close()
+        agent.close()
+
+
+def test_the_start_up_wait_is_bounded_and_stops_on_request(tmp_path):
+    import threading
+    import time
+
+    from msa_fed.errors import RegistryError
+    from msa_fed.federation.agent import SiteAgent
+
+    _site_files(tmp_path)
+    config = SiteConfig.from_toml(_write(tmp_path, f"127.0.0.1:{_free_port()}"))
+    agent = SiteAgent(config, echo=lambda _: None)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RegistryError) as info:
+            agent.check_published(wait_s=1.0)
+        assert info.value.code == "UNAVAILABLE" and time.monotonic() - started < 30
+        outcome: dict = {}
+        thread = threading.Thread(
+            target=lambda: outcome.setdefault("error", pytest.raises(RegistryError, agent.check_published, wait_s=600)),
+            daemon=True,
+        )
+        thread.start()
+        time.sleep(1.0)
+        agent.stop()
+        thread.join(30)
+        assert not thread.is_alive() and outcome["error"].value.code == "UNAVAILABLE"
+    finally:
+        agent.close()
