@@ -29,13 +29,15 @@ All record the history of Gamma and stop when Gamma <= ``tol``.
     oracle call is one round trip to every site and one query charged to each site's budget,
     so the solve asks only what SLSQP needs: the values and Jacobian at its own iterates (one
     call per point, cached; the callback and the result read the cache), and it stops once
-    max_k L_k has settled.  The random starts of ``n_restarts`` run only while no start has
-    converged (measured: 9/14/18 rounds per fit at p = 4/8/16, n = 1e5, against 69/137/191
-    with every start run; max_k L_k within 1e-9 of the best start on bench_core's problems and
-    the paper's experiments, BENCHMARKS.md).  min max_k L_k is not convex in general: a start
-    can converge to a local minimum that another start would have beaten; ``all_starts=True``
-    runs every start to the end and keeps the best (the exhaustive solve, at several times the
-    rounds).
+    max_k L_k has settled or SLSQP's own QP predicts it to fall by at most tol / 10 at the next
+    point.  In the tail of a run with one domain's loss on top, Newton steps on that loss (its
+    Hessian fitted to the gradients at the nearest rounds) replace SLSQP's linear tail.  The
+    random starts of ``n_restarts`` run only while no start has converged (measured: 8/13/17
+    rounds per fit at p = 4/8/16, n = 1e5, against 69/137/191 with every start run; max_k L_k
+    within 1e-9 of the best start on bench_core's problems and the paper's experiments,
+    BENCHMARKS.md).  min max_k L_k is not convex in general: a start can converge to a local
+    minimum that another start would have beaten; ``all_starts=True`` runs every start to the
+    end and keeps the best (the exhaustive solve, at several times the rounds).
 """
 
 from __future__ import annotations
@@ -293,6 +295,12 @@ MINMAX_SETTLED = 2
 #: ... and with the epigraph variable within this many ftol below max_k L_k (seen: 2e-9 = 20
 #: ftol at such an iterate; a vertex where only the epigraph variable moves: 0.1)
 MINMAX_SETTLED_GAP = 1000.0
+#: the run also stops at an iterate where SLSQP's QP predicts max_k L_k to fall by at most this
+#: many ftol at its next point (that point is not evaluated)
+MINMAX_PREDICTED = 1.0
+#: once SLSQP's predicted decrease is at most this many ftol (the tail of the run), the
+#: single-domain finish is tried (Newton steps on the one active L_k, :func:`_single_domain_finish`)
+MINMAX_FINISH_START = 1e4
 
 
 def _minmax_run(
@@ -302,7 +310,10 @@ def _minmax_run(
 
     Returns like the other runs, but the value tracked in ``history`` is max_k L_k.  Every
     value read here is one SLSQP asked for (values and Jacobian at its own iterates, one
-    oracle call each): the callback and the result read them from the cache.
+    oracle call each) or one Newton step of the single-domain finish (:func:`_single_domain_finish`):
+    the callback and the result read them from the cache.  Besides the settled rule, the run stops
+    before SLSQP's next point when SLSQP's own model (the QP it has just solved) predicts a decrease
+    of max_k L_k by at most ftol there.
     """
     p = z0.size
     it = [0]
@@ -310,18 +321,27 @@ def _minmax_run(
 
     s0 = ev(z0, what)
     history.append(float(s0.array("L").max()))
+    visited: list[tuple[np.ndarray, DCSums]] = [(np.array(z0, dtype=np.float64), s0)]  # every point evaluated
 
     def at(z: np.ndarray) -> DCSums:
-        """The sums at an iterate SLSQP has evaluated (an oracle call only if it has not)."""
+        """The sums at a point already evaluated (an oracle call only if it has not been)."""
         s = ev.peek(z, what)
-        return ev(z, what) if s is None else s
+        if s is None:
+            s = ev(z, what)
+            visited.append((np.array(z, dtype=np.float64), s))
+        return s
 
     ftol = max(MINMAX_FTOL_FACTOR * tol, MINMAX_FTOL_FLOOR)
     settled = [0]  # iterations in a row that moved max_k L_k by <= ftol
-    stopped = [False]  # ... enough of them: converged
+    stopped = [False]  # ... enough of them, or a predicted decrease <= ftol: converged
+    x_last = [np.append(z0, 0.0)]  # SLSQP's last iterate
+    trials = [0]  # points SLSQP has asked for since its last iterate
+    finish = [True]  # the single-domain finish may still run (until it has evaluated a point)
+    finished: list[np.ndarray] = []  # its last point, where it ended the run
 
     def cb(x: np.ndarray) -> None:
         it[0] += 1
+        x_last[0], trials[0] = np.array(x), 0
         val = float(at(x[:p]).array("L").max())
         # settled: max_k L_k stopped moving and the epigraph variable caught up with it (SLSQP
         # moves only the epigraph variable for a while when z sits at a vertex)
@@ -334,23 +354,174 @@ def _minmax_run(
             stopped[0] = True
             raise StopIteration  # SLSQP halts at this iterate
 
+    def step_taken(z: np.ndarray, val: float) -> None:
+        """An iterate of the single-domain finish: counted and reported like SLSQP's."""
+        it[0] += 1
+        history.append(val)
+        if callback:
+            callback(it[0], _on_simplex(z), val)
+
+    def before_point(x: np.ndarray) -> None:
+        """SLSQP is about to evaluate x, the first point of an iteration: the step of the QP it
+        has just solved, whose epigraph variable x[p] is the max_k L_k - t0 its model predicts
+        there.  The predicted decrease counts only with the epigraph variable caught up with
+        max_k L_k at the iterate: a slack one is a bound, and the QP's step in it is held back by
+        its own curvature (measured: a stop at max_k L_k = 3.42 where the run goes on to 2.68)."""
+        if it[0] == 0 or ev.peek(x[:p], what) is not None:
+            return
+        trials[0] += 1
+        if trials[0] > 1:  # a step of the line search
+            return
+        val = float(at(x_last[0][:p]).array("L").max())
+        predicted = val - t0 - float(x[p])
+        caught_up = abs(val - t0 - float(x_last[0][p])) <= MINMAX_SETTLED_GAP * ftol
+        if caught_up and predicted <= MINMAX_PREDICTED * ftol:
+            raise _Converged
+        if finish[0] and predicted <= MINMAX_FINISH_START * ftol:
+            n_visited = len(visited)
+            z_end = _single_domain_finish(at, x_last[0][:p], val, visited, ftol, step_taken)
+            if z_end is not None:
+                finished.append(z_end)
+                raise _Converged
+            # once it has evaluated a point without ending the run, SLSQP goes on from its own iterate
+            finish[0] = len(visited) == n_visited
+
     # the epigraph variable is t - max_k L_k(z0): it starts at 0 (the start's value cancels)
     t0 = float(s0.array("L").max())
-    res = epigraph_slsqp(
-        np.append(z0, 0.0),
-        lambda z: ev(z, what).array("L") - t0,
-        lambda z: ev(z, what).array("dL"),
-        maxiter=max_iter,
-        ftol=ftol,
-        callback=cb,
-    )
-    # the values at SLSQP's last iterate; z is that iterate with its rounding off the simplex
+    try:
+        res = epigraph_slsqp(
+            np.append(z0, 0.0),
+            lambda z: at(z).array("L") - t0,
+            lambda z: at(z).array("dL"),
+            maxiter=max_iter,
+            ftol=ftol,
+            callback=cb,
+            on_point=before_point,
+        )
+        x_end, success = res.x[:p], bool(res.success)
+    except _Converged:
+        x_end, success = (finished[0] if finished else x_last[0][:p]), True
+        stopped[0] = True
+    # the values at the last iterate; z is that iterate with its rounding off the simplex
     # (entries 1e-16 below 0, a sum 1e-16 off 1) removed: the losses move by as little
-    s = at(res.x[:p])
-    z = _on_simplex(res.x[:p])
+    s = at(x_end)
+    z = _on_simplex(x_end)
     if s.array("L").max() > s0.array("L").max():  # never return worse than the start
         z, s = z0, s0
-    return z, float(s.array("L").max()), s.array("L"), bool(res.success) or stopped[0], it[0]
+    return z, float(s.array("L").max()), s.array("L"), success or stopped[0], it[0]
+
+
+class _Converged(Exception):
+    """Raised inside SLSQP's evaluation to end the run at the last iterate (SLSQP's or the finish's)."""
+
+
+#: the single-domain finish: coordinates at most this are on the simplex's face z_j = 0
+FINISH_ZERO = 1e-10
+#: ... points used for its Hessian fit: at most this far off the face
+FINISH_OFF_FACE = 1e-8
+#: ... its Hessian fit from the points nearest z on the face: this many per dimension of the face
+FINISH_PAIRS = 2
+#: ... the top loss at least this many ftol above the second (one domain active)
+FINISH_GAP = 1e6
+#: ... a step on the last positive-definite fit whose decrease over the prediction falls outside
+#: this range ends it
+FINISH_RATIO = (0.5, 2.0)
+#: ... at most this many Newton steps
+FINISH_MAX_STEPS = 20
+
+
+def _single_domain_finish(
+    at: Callable[[np.ndarray], DCSums],
+    z: np.ndarray,
+    val: float,
+    visited: list[tuple[np.ndarray, DCSums]],
+    ftol: float,
+    step_taken: Callable[[np.ndarray, float], None],
+) -> np.ndarray | None:
+    """Newton steps on the one active L_k over the face of the simplex that z lies on.
+
+    With one domain k active (its loss above all others by FINISH_GAP ftol) and the KKT signs of
+    the zero coordinates right, min max_k L_k is locally min L_k on that face.  Every evaluation
+    so far gave the gradient of L_k, so the points on the face (and z) give secant pairs
+    (z_i - z, grad L_k(z_i) - grad L_k(z)); the Hessian of L_k on the face is the symmetric
+    least-squares fit to the FINISH_PAIRS * q nearest (pair i's residual divided by |z_i - z|^2:
+    the near ones dominate).  Where that fit is not positive definite the last one that was is
+    kept, and a step on it whose decrease is off the prediction by more than FINISH_RATIO ends
+    the finish; so does a Newton step that leaves the simplex, does not lower max_k L_k or changes
+    the top domain (SLSQP goes on from its own iterate).  Returns the point where the run has
+    converged (a step lowered max_k L_k by <= ftol and the model predicts <= ftol more), or None.
+    """
+    s = at(z)
+    L, dL = s.array("L"), s.array("dL")
+    k = int(np.argmax(L))
+    top2 = np.sort(L)[-2:] if L.size > 1 else np.array([-np.inf, L[0]])
+    face = z > FINISH_ZERO
+    q = int(face.sum()) - 1
+    if q < 1 or top2[1] - top2[0] < FINISH_GAP * ftol:
+        return None
+    # a zero coordinate whose gradient is below the face's mean would enter: not a face minimum
+    if np.any(dL[k][~face] < float(dL[k][face].mean()) - 1e-12):
+        return None
+    basis, _ = np.linalg.qr(np.column_stack([np.ones(q + 1), np.eye(q + 1)]))
+    Z = np.zeros((z.size, q))
+    Z[face] = basis[:, 1 : q + 1]  # orthonormal basis of the face's directions (sum 0)
+    grad = dL[k]
+    decrease = np.inf
+    H_last: np.ndarray | None = None
+    for _ in range(FINISH_MAX_STEPS):
+        pairs = [(zi, si) for zi, si in visited if np.all(zi[~face] <= FINISH_OFF_FACE) and not np.array_equal(zi, z)]
+        if 2 * len(pairs) < q:
+            return None
+        pairs.sort(key=lambda pair: float(np.sum((pair[0] - z) ** 2)))
+        del pairs[max(FINISH_PAIRS * q, 4) :]  # the nearest: L_k's Hessian changes along the run
+        S = np.array([(zi - z) @ Z for zi, _ in pairs])
+        Y = np.array([(si.array("dL")[k] - grad) @ Z for _, si in pairs])
+        H = _symmetric_secant_fit(S, Y)
+        stale = np.linalg.eigvalsh(H)[0] <= 0
+        if stale:  # not positive definite: the last fit that was, if any
+            if H_last is None:
+                return None
+            H = H_last
+        H_last = H
+        g = Z.T @ grad
+        w = np.linalg.solve(H, g)
+        predicted = 0.5 * float(g @ w)  # the model's decrease of L_k at its minimum z - Z w
+        if decrease <= ftol and predicted <= ftol:
+            return z
+        z_new = z - Z @ w
+        if np.any(z_new < 0):
+            return None
+        s_new = at(z_new)
+        L_new = s_new.array("L")
+        val_new = float(L_new.max())
+        if not val_new < val or int(np.argmax(L_new)) != k:
+            return None
+        step_taken(z_new, val_new)
+        # with the last fit, a decrease far from the model's: that fit is off (e.g. L_k is nearly
+        # linear along the step, its minimum on a smaller face)
+        if stale and predicted > ftol and not FINISH_RATIO[0] <= (val - val_new) / predicted <= FINISH_RATIO[1]:
+            return None
+        decrease, z, val, grad = val - val_new, z_new, val_new, s_new.array("dL")[k]
+    return None
+
+
+def _symmetric_secant_fit(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """The symmetric H minimising sum_i |H s_i - y_i|^2 / |s_i|^4 (rows of S and Y), least norm."""
+    m, q = S.shape
+    rows, cols = np.triu_indices(q)
+    A = np.zeros((m, q, rows.size))  # d(H s_i)_a / d H[rows[c], cols[c]]
+    for c, (a, b) in enumerate(zip(rows, cols)):
+        A[:, a, c] += S[:, b]
+        if a != b:
+            A[:, b, c] += S[:, a]
+    scale = 1.0 / np.maximum(np.einsum("ij,ij->i", S, S), np.finfo(float).tiny)  # 1 / |s_i|^2
+    sol = np.linalg.lstsq(
+        (A * scale[:, None, None]).reshape(m * q, rows.size), (Y * scale[:, None]).reshape(m * q), rcond=None
+    )[0]
+    H = np.zeros((q, q))
+    H[rows, cols] = sol
+    H[cols, rows] = sol
+    return H
 
 
 def _on_simplex(x: np.ndarray) -> np.ndarray:
@@ -381,9 +552,15 @@ class _Shifted(_Counter):
         super().__init__(ev.oracle, ev.eta, ev.global_bound)
         self.ev, self.shift = ev, shift
 
-    def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
-        s = self.ev(z, what)
+    def _shifted(self, s: DCSums) -> DCSums:
         return DCSums(L=None if s.L is None else s.L - self.shift, dL=s.dL, u=s.u, du=s.du, v=s.v, dv=s.dv, n=s.n)
+
+    def peek(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums | None:
+        s = self.ev.peek(z, what)
+        return None if s is None else self._shifted(s)
+
+    def __call__(self, z: np.ndarray, what: tuple[str, ...]) -> DCSums:
+        return self._shifted(self.ev(z, what))
 
 
 # ---------------------------------------------------------------------------- driver

@@ -81,16 +81,20 @@ def epigraph_slsqp(
     maxiter: int,
     ftol: float,
     callback: Callable[[np.ndarray], object] | None = None,
+    on_point: Callable[[np.ndarray], object] | None = None,
 ) -> OptimizeResult:
     """min t  s.t.  f(z) <= t componentwise,  z in the simplex;  x = (z, t) of shape (p + 1,).
 
     f(z) has shape (p,) and f_jac(z) shape (p, p).  ``x0`` is the start (z0, t0); ``callback``
-    is SLSQP's, called with x after each iteration.  Returns scipy's result (``x``,
-    ``success``); z = x[:p] may leave the simplex by rounding (project it).
+    is SLSQP's, called with x after each iteration; ``on_point`` is called with every x at which
+    SLSQP evaluates the constraints, before f (an exception it raises ends the solve).  Returns
+    scipy's result (``x``, ``success``); z = x[:p] may leave the simplex by rounding (project it).
     """
     p = x0.size - 1
 
     def cons(x: np.ndarray) -> np.ndarray:
+        if on_point is not None:
+            on_point(x)
         slack: np.ndarray = x[p] - f(x[:p])
         return slack
 
