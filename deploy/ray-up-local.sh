@@ -113,6 +113,7 @@ start = (
     f"--object-manager-port={base + 8} --min-worker-port={base + 100} --max-worker-port={base + 199} "
     f"--num-cpus=2 --temp-dir={folder}/ray --disable-usage-stats --resources='{resources}'"
 )
+stop = f"python -m msa_fed.runtime.ray_own stop --temp-dir {folder}/ray"
 config = {
     "cluster_name": f"msafed-local-{secrets.token_hex(3)}",
     "provider": {"type": "local", "head_ip": "127.0.0.1", "worker_ips": []},
@@ -127,7 +128,9 @@ config = {
     "setup_commands": [],
     "head_setup_commands": [],
     "worker_setup_commands": [],
-    "head_start_ray_commands": [f"python -m msa_fed.runtime.ray_own stop --temp-dir {folder}/ray", start],
+    # `ray start` gives up when its raylet has not registered within 30 s (fixed in Ray): on a
+    # loaded node, stop what it left and start once more
+    "head_start_ray_commands": [stop, f"{start} || ({stop} && sleep 2 && {start})"],
     "worker_start_ray_commands": [],
 }
 with open(f"{folder}/cluster.yaml", "w") as f:
