@@ -51,3 +51,43 @@ def test_a_second_time_out_and_any_other_error_are_raised(fake_init):
     with pytest.raises(ValueError):
         ray_actors.ensure_ray()
     assert len(calls) == 1
+
+
+def test_a_dashboard_that_fails_to_start_is_one_info_line_not_ray_errors(fake_init, monkeypatch, caplog):
+    """Ray starts its dashboard process even with include_dashboard=False and, when that process
+    dies at start, logs ERROR lines (the failure and the dashboard log's tail) on the user's
+    terminal, then runs on without it: ensure_ray turns them into one INFO line. Any other Ray
+    error still reaches Ray's handlers, and the filter is gone after the start."""
+    import logging
+
+    calls, _ = fake_init
+    services = logging.getLogger("ray._private.services")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep(level=logging.DEBUG)
+    services.addHandler(handler)
+
+    def init(**kwargs):  # what Ray 2.60's services.start_api_server logs when the process dies
+        calls.append(kwargs)
+        services.error("Failed to start the dashboard , return code -6")
+        services.error("Error should be written to 'dashboard.log' or 'dashboard.err'. We are printing ...")
+        services.error("The last 20 lines of /tmp/ray/session_x/logs/dashboard.log (it contains the error ...")
+        services.error("GCS did something else")
+
+    monkeypatch.setattr(ray, "init", init)
+    try:
+        with caplog.at_level(logging.INFO, logger="msa_fed.runtime.ray_actors"):
+            ray_actors.ensure_ray(num_cpus=2)
+        assert calls[-1]["include_dashboard"] is False
+        assert seen == ["GCS did something else"], seen
+        assert [r.getMessage() for r in caplog.records if r.name == "msa_fed.runtime.ray_actors"] == [
+            "Ray's dashboard process did not start (not used: started with include_dashboard=False)"
+        ]
+        services.error("Failed to start the dashboard , return code -6")  # after the start: not filtered
+        assert seen[-1].startswith("Failed to start the dashboard")
+    finally:
+        services.removeHandler(handler)
