@@ -79,6 +79,8 @@ NOT_QUICK = (
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "federation/test_site_startup.py",  # waits out a registry that is not up yet
+    "artifacts/test_isolated_batching.py",  # peers' predictors in forked worker processes, slow ones timed out
+    "ops/test_ops_ray_own.py",  # Ray-like process trees started and stopped
     "control/test_control_attacks.py",  # floods that wait for the server's idle/read timeouts
     "control/test_control_restart.py",  # SIGKILL and restart of a registry process
     "control/test_control_cli.py::test_registry_serve",  # `registry serve` processes until SIGTERM
