@@ -236,13 +236,15 @@ class SiteAgent:
         deadline = time.monotonic() + float(wait_s)
         pause = 0.5
         while True:
+            # a fresh channel per attempt: a channel that failed to connect waits out gRPC's own
+            # reconnect back-off (up to 120 s), which would hide a registry that is back already
             try:
                 with RegistryClient(
                     self.config.registry, self.token, retries=0, **self.config.channel_kwargs()
                 ) as client:  # retried here, with a line each time
                     return client.get_site("")
             except RegistryError as exc:
-                if exc.code not in STARTUP_TRANSIENT or time.monotonic() + pause > deadline or self._stop.is_set():
+                if exc.code not in STARTUP_TRANSIENT or time.monotonic() + pause > deadline:
                     raise
                 self.echo(
                     f"site {self.name}: the registry {self.config.registry} did not answer ({exc.code}); "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -48,10 +49,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
         quiet_local_ray()
     for attempt in range(RAY_START_ATTEMPTS):
         try:
-            if kwargs.get("include_dashboard") is False:
-                with _DashboardFailureNoted():
-                    ray.init(address=address, **kwargs)
-            else:
+            with _DashboardFailureNoted() if kwargs.get("include_dashboard") is False else nullcontext():
                 ray.init(address=address, **kwargs)
             break
         except Exception as exc:  # Ray raises a bare Exception when its raylet starts too slowly
@@ -70,12 +68,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
 _DASHBOARD_LOGGER = "ray._private.services"
 
 
-class _DashboardFailure(logging.Filter):
-    """Drops Ray's report that its dashboard process failed to start, and counts it."""
+class _DashboardFailureNoted(logging.Filter):
+    """While a local Ray starts with ``include_dashboard=False``: Ray still starts its dashboard
+    process (the API server, in minimal mode) and, when that process dies at start (seen on a
+    loaded machine: SIGABRT), logs the failure and the tail of the dashboard's log as ERROR
+    lines, then goes on without it. Nothing here uses the dashboard: those records are dropped
+    and one INFO line says so."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.dropped = 0
+    dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR and "dashboard" in record.getMessage():
@@ -83,21 +83,13 @@ class _DashboardFailure(logging.Filter):
             return False
         return True
 
-
-class _DashboardFailureNoted:
-    """While a local Ray starts with ``include_dashboard=False``: Ray still starts its dashboard
-    process (the API server, in minimal mode) and, when that process dies at start (seen on a
-    loaded machine: SIGABRT), logs the failure and the tail of the dashboard's log as ERROR
-    lines, then goes on without it. Nothing here uses the dashboard: one INFO line instead."""
-
     def __enter__(self) -> _DashboardFailureNoted:
-        self.filter = _DashboardFailure()
-        logging.getLogger(_DASHBOARD_LOGGER).addFilter(self.filter)
+        logging.getLogger(_DASHBOARD_LOGGER).addFilter(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        logging.getLogger(_DASHBOARD_LOGGER).removeFilter(self.filter)
-        if self.filter.dropped:
+        logging.getLogger(_DASHBOARD_LOGGER).removeFilter(self)
+        if self.dropped:
             log.info("Ray's dashboard process did not start (not used: started with include_dashboard=False)")
 
 
@@ -112,30 +104,32 @@ def quiet_local_ray() -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
+def _actor_entry(handle) -> dict:
+    """The actor's row of the GCS actor table ({} if unknown).  The table is read directly
+    (``ray._private.state``), which needs no dashboard."""
+    try:
+        from ray._private import state as ray_state
+
+        return ray_state.actors(actor_id=handle._actor_id.hex()) or {}
+    except Exception:  # noqa: BLE001 - any failure here just means "unknown"
+        return {}
+
+
 def actor_pid(handle) -> int:
     """The process id of an actor's worker from the GCS actor table; 0 while Ray has not
     given it a worker (it waits for resources, or for its worker process to start)."""
     try:
-        from ray._private import state as ray_state
-
-        info = ray_state.actors(actor_id=handle._actor_id.hex())
-        return int((info or {}).get("Pid") or 0)
-    except Exception:  # noqa: BLE001 - unknown
+        return int(_actor_entry(handle).get("Pid") or 0)
+    except (TypeError, ValueError):
         return 0
 
 
 def actor_status(handle) -> tuple[str | None, str]:
     """(state, death cause) of an actor from the GCS actor table; (None, "") if unknown.
 
-    state is one of DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD.  The GCS
-    table is read directly (``ray._private.state``), which needs no dashboard.
+    state is one of DEPENDENCIES_UNREADY, PENDING_CREATION, ALIVE, RESTARTING, DEAD.
     """
-    try:
-        from ray._private import state as ray_state
-
-        info = ray_state.actors(actor_id=handle._actor_id.hex())
-    except Exception:  # noqa: BLE001 - any failure here just means "unknown"
-        return None, ""
+    info = _actor_entry(handle)
     if not info:
         return None, ""
     cause = ""

@@ -204,3 +204,39 @@ def output_dir(root) -> Path:
     import uuid
 
     return Path(root) / f"job-output-{uuid.uuid4().hex[:8]}"
+
+
+#: the keys of a minimal site.toml for site "east" (files relative to the config's folder)
+SITE_TOML = {
+    "name": "east",
+    "registry": "127.0.0.1:50051",
+    "token_file": "token.txt",
+    "insecure": True,
+    "data": "data.npz",
+    "predictor": "predictor.onnx",
+    "audit_log": "audit.jsonl",
+}
+
+
+def write_site_toml(folder, **changes) -> Path:
+    """folder/site.toml: SITE_TOML with ``changes`` (a value of None drops the key)."""
+    import json
+
+    values = {k: v for k, v in {**SITE_TOML, **changes}.items() if v is not None}
+    path = Path(folder) / "site.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+def write_site_files(folder) -> None:
+    """The files SITE_TOML names: a token, 30 labelled and 30 unlabelled points, a predictor's bytes."""
+    folder = Path(folder)
+    (folder / "token.txt").write_text("mft1.site.east.secret\n")
+    rng = np.random.default_rng(0)
+    np.savez(
+        folder / "data.npz",
+        X_labeled=rng.normal(size=(30, 2)),
+        y_labeled=np.zeros(30),
+        X_unlabeled=rng.normal(size=(30, 2)),
+    )
+    (folder / "predictor.onnx").write_bytes(b"x")

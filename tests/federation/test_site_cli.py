@@ -6,35 +6,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
+from fedhelpers import write_site_files, write_site_toml
 
 from msa_fed.cli import main
 from msa_fed.errors import ConfigError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.jobs.config import JobConfig
-
-BASE = {
-    "name": "east",
-    "registry": "127.0.0.1:50051",
-    "token_file": "token.txt",
-    "insecure": True,
-    "data": "data.npz",
-    "predictor": "predictor.onnx",
-    "audit_log": "audit.jsonl",
-}
-
-
-def _toml(values: dict) -> str:
-    return "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
-
-
-def _write(tmp_path, **changes):
-    values = {**BASE, **changes}
-    values = {k: v for k, v in values.items() if v is not None}
-    path = tmp_path / "site.toml"
-    path.write_text(_toml(values))
-    return path
 
 
 def _error(capsys, argv) -> str:
@@ -62,40 +40,28 @@ def _error(capsys, argv) -> str:
     ],
 )
 def test_bad_site_config_is_one_error_line(tmp_path, capsys, changes, match):
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, **changes))])
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path, **changes))])
     assert match in err
 
 
 def test_missing_files_are_named(tmp_path, capsys):
     err = _error(capsys, ["site", "serve", "--config", str(tmp_path / "nope.toml")])
     assert "nope.toml" in err and "not found" in err
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path))])
     assert "token_file" in err and "not found" in err
     (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path))])
     assert "data.npz" in err
-
-
-def _site_files(tmp_path):
-    (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
-    rng = np.random.default_rng(0)
-    np.savez(
-        tmp_path / "data.npz",
-        X_labeled=rng.normal(size=(30, 2)),
-        y_labeled=np.zeros(30),
-        X_unlabeled=rng.normal(size=(30, 2)),
-    )
-    (tmp_path / "predictor.onnx").write_bytes(b"x")
 
 
 def test_a_bad_policy_file_is_one_error_line(tmp_path, capsys):
     """The site's policy is read by its own process before it connects: a key the policy does
     not know, or a missing file, is one error line naming the file."""
-    _site_files(tmp_path)
+    write_site_files(tmp_path)
     (tmp_path / "policy.toml").write_text("[limits]\nmin_pointz = 50\n")
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="policy.toml"))])
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path, policy="policy.toml"))])
     assert "policy.toml" in err and "min_pointz" in err
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path, policy="absent.toml"))])
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path, policy="absent.toml"))])
     assert "absent.toml" in err and "not found" in err
 
 
@@ -105,17 +71,17 @@ def test_a_site_without_a_sealing_key_serves_only_once_it_opts_out(tmp_path, cap
     from msa_fed.crypto.sealing import JobKey, SiteKey
     from msa_fed.federation.agent import SiteAgent
 
-    _site_files(tmp_path)
-    err = _error(capsys, ["site", "serve", "--config", str(_write(tmp_path))])
+    write_site_files(tmp_path)
+    err = _error(capsys, ["site", "serve", "--config", str(write_site_toml(tmp_path))])
     assert "holds no sealing key" in err and "msa-fed site keygen" in err, err
     assert "seal_key and job_keys" in err and "allow_unsealed = true" in err, err
-    opted_out = SiteAgent(SiteConfig.from_toml(_write(tmp_path, allow_unsealed=True)), echo=lambda _: None)
+    opted_out = SiteAgent(SiteConfig.from_toml(write_site_toml(tmp_path, allow_unsealed=True)), echo=lambda _: None)
     try:
         assert opted_out.opener is None  # it takes unsealed jobs, as its operator wrote
     finally:
         opted_out.close()
     SiteKey.generate().save(tmp_path / "site.key")
-    sealed = _write(tmp_path, seal_key="site.key", job_keys=[JobKey.generate().fingerprint])
+    sealed = write_site_toml(tmp_path, seal_key="site.key", job_keys=[JobKey.generate().fingerprint])
     agent = SiteAgent(SiteConfig.from_toml(sealed), echo=lambda _: None)
     try:
         assert agent.opener is not None
@@ -154,12 +120,12 @@ def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path)
     from msa_fed.federation.agent import load_site_policy, worker_policy_kwargs
 
     (tmp_path / "policy.toml").write_text("[limits]\nmin_points = 40\n[budget]\ndc_evaluations_per_job = 7\n")
-    config = SiteConfig.from_toml(_write(tmp_path, policy="policy.toml"))
+    config = SiteConfig.from_toml(write_site_toml(tmp_path, policy="policy.toml"))
     policy = load_site_policy(config)
     assert policy.min_points == 40 and policy.dc_evaluations_per_job == 7
     assert policy.audit_log == str(tmp_path / "audit.jsonl")
     assert policy.ledger == str(tmp_path / "audit.ledger.db")
-    defaults = load_site_policy(SiteConfig.from_toml(_write(tmp_path)))
+    defaults = load_site_policy(SiteConfig.from_toml(write_site_toml(tmp_path)))
     assert defaults.min_points == 20 and defaults.ledger == str(tmp_path / "audit.ledger.db")
     job = m.JobSetup(
         job_id="j",
@@ -179,11 +145,11 @@ def test_the_site_policy_carries_one_audit_log_and_a_ledger_next_to_it(tmp_path)
     }
     (tmp_path / "other.toml").write_text(f'[budget]\naudit_log = "{tmp_path / "elsewhere.jsonl"}"\n')
     with pytest.raises(ConfigError, match="one audit log"):
-        load_site_policy(SiteConfig.from_toml(_write(tmp_path, policy="other.toml")))
+        load_site_policy(SiteConfig.from_toml(write_site_toml(tmp_path, policy="other.toml")))
 
 
 def test_jobs_and_approve_keep_the_sites_book(tmp_path, capsys):
-    config = _write(tmp_path, accept_jobs="approve")
+    config = write_site_toml(tmp_path, accept_jobs="approve")
     assert main(["site", "jobs", "--config", str(config)]) == 0
     assert "no jobs yet (accepting: approve)" in capsys.readouterr().out
     # a bare name never approves a job that has not asked yet: its content is unknown

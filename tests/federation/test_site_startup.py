@@ -3,31 +3,10 @@ in time, waits for it (bounded, a line each time) instead of exiting."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from fedhelpers import write_site_files, write_site_toml
 
 from msa_fed.federation.config import SiteConfig
-
-
-def _site_files(tmp_path):
-    (tmp_path / "token.txt").write_text("mft1.site.east.secret\n")
-    rng = np.random.default_rng(0)
-    np.savez(
-        tmp_path / "data.npz",
-        X_labeled=rng.normal(size=(30, 2)),
-        y_labeled=np.zeros(30),
-        X_unlabeled=rng.normal(size=(30, 2)),
-    )
-    (tmp_path / "predictor.onnx").write_bytes(b"x")
-
-
-def _write(tmp_path, registry: str):
-    path = tmp_path / "site.toml"
-    path.write_text(
-        f'name = "east"\nregistry = "{registry}"\ntoken_file = "token.txt"\ninsecure = true\n'
-        'data = "data.npz"\npredictor = "predictor.onnx"\naudit_log = "audit.jsonl"\nallow_unsealed = true\n'
-    )
-    return path
 
 
 def _free_port() -> int:
@@ -49,11 +28,11 @@ def test_serve_waits_for_a_registry_that_is_not_up_yet(tmp_path):
     from msa_fed.errors import RegistryError
     from msa_fed.federation.agent import SiteAgent
 
-    _site_files(tmp_path)
+    write_site_files(tmp_path)
     port = _free_port()
     lines: list[str] = []
     agent = SiteAgent(
-        SiteConfig.from_toml(_write(tmp_path, f"127.0.0.1:{port}")),
+        SiteConfig.from_toml(write_site_toml(tmp_path, registry=f"127.0.0.1:{port}", allow_unsealed=True)),
         echo=lines.append,
     )
     outcome: dict = {}
@@ -90,8 +69,8 @@ def test_the_start_up_wait_is_bounded_and_stops_on_request(tmp_path):
     from msa_fed.errors import RegistryError
     from msa_fed.federation.agent import SiteAgent
 
-    _site_files(tmp_path)
-    config = SiteConfig.from_toml(_write(tmp_path, f"127.0.0.1:{_free_port()}"))
+    write_site_files(tmp_path)
+    config = SiteConfig.from_toml(write_site_toml(tmp_path, registry=f"127.0.0.1:{_free_port()}", allow_unsealed=True))
     agent = SiteAgent(config, echo=lambda _: None)
     try:
         started = time.monotonic()
