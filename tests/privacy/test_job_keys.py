@@ -12,7 +12,7 @@ from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.federation.agent import job_key, run_key
 from msa_fed.federation.site_sealing import unsealed_content
 from msa_fed.site.job_book import JobBook
-from tests.federation.test_site_cli import _site_files, _write
+from tests.federation.fedhelpers import write_site_files, write_site_toml
 
 
 def _setup(**changes) -> m.JobSetup:
@@ -54,8 +54,8 @@ def test_the_key_is_the_name_and_the_content():
 
 
 def test_an_approved_name_does_not_approve_other_content(tmp_path, capsys):
-    _site_files(tmp_path)
-    config = _write(tmp_path, accept_jobs="approve")
+    write_site_files(tmp_path)
+    config = write_site_toml(tmp_path, accept_jobs="approve")
     book = JobBook(tmp_path / "audit.jobs.db")
     first = _digest()
     assert book.seen("monthly", "admin", ["east", "west"], digest=first) == "pending"
