@@ -95,6 +95,7 @@ class CombinedModel:
         history=(),
         info=None,
         epsilon_by_site=None,
+        target_reference=None,
     ):
         self.method = method
         self.task = task
@@ -112,6 +113,8 @@ class CombinedModel:
         self.info = dict(info or {})
         # differential privacy: the epsilon each site spent on the run (0: answered without DP)
         self.epsilon_by_site = {str(k): float(v) for k, v in (epsilon_by_site or {}).items()}
+        # what the model carries of the sites' published samples for target checks (or None)
+        self.target_reference = target_reference
 
     @property
     def n_sources(self) -> int:
@@ -240,6 +243,27 @@ class CombinedModel:
             )
         return _finite(combine_regression(a, H), "the combined prediction")
 
+    # ------------------------------------------------------------------ the target population
+    # (msa_fed.artifacts.target_check: lambda over the sites, the predicted loss, the support)
+    def estimate_mixture(self, X, **options):
+        """The target's mixture weights over the sites from unlabelled points X, with a bootstrap
+        interval (:func:`msa_fed.artifacts.target_check.estimate_mixture`)."""
+        from msa_fed.artifacts.target_check import estimate_mixture
+
+        return estimate_mixture(self, X, **options)
+
+    def support(self, X):
+        """Per-point conformal p-values (small: unlike every site's published sample)."""
+        from msa_fed.artifacts.target_check import support
+
+        return support(self, X)
+
+    def check_target(self, X, alpha: float = 0.01, **options):
+        """Mixture, predicted loss, fraction out of support at ``alpha``, most atypical points."""
+        from msa_fed.artifacts.target_check import check_target
+
+        return check_target(self, X, alpha=alpha, **options)
+
     # ------------------------------------------------------------------ save / load
     def manifest(self) -> dict:
         return {
@@ -260,6 +284,7 @@ class CombinedModel:
             "classes": None if self.classes_ is None else self.classes_.tolist(),
             "info": _jsonable(self.info),
             "epsilon_by_site": self.epsilon_by_site,
+            "target": None if self.target_reference is None else self.target_reference.manifest(self.site_names),
         }
 
     def save(self, path) -> Path:
@@ -288,6 +313,8 @@ class CombinedModel:
         kind, params, state = domain_model_state(dm)
         manifest["domain_model"] = {"kind": kind, **params}
         arrays.update(state)
+        if self.target_reference is not None:
+            arrays.update(self.target_reference.arrays())
         hashes = []
         for k, h in enumerate(self.predictors):
             data = to_onnx(h, self.n_features_in_)
@@ -416,6 +443,9 @@ def load_model(path) -> CombinedModel:
         raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError) as exc:
         raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
+    from msa_fed.artifacts.target_check import reference_from_file
+
+    target = reference_from_file(manifest.get("target"), arrays, manifest["sites"], manifest["n_features"], str(mf))
     # the predictors without a known verdict are checked in one sandboxed child (same limits and
     # verdicts as one by one)
     predictors = prepared.load()
@@ -435,6 +465,7 @@ def load_model(path) -> CombinedModel:
         history=manifest["history"],
         info=manifest["info"],
         epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf),
+        target_reference=target,
     )
 
 
