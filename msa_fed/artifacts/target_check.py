@@ -10,7 +10,7 @@ The support score and the confusion-matrix estimator need something of each site
 (``target.*``), no pickle:
 
 - per site, up to ``n_reference`` rows of its published sample (the neighbours of the score) and
-  the scores of up to ``n_calibration`` other rows of it (the conformal calibration);
+  the leave-one-out scores of those rows (the conformal calibration);
 - the confusion matrix of the domain classifier on the published samples (p x p).
 
 A site whose policy sets ``model_carries_sample = false`` has nothing of its sample in the file:
@@ -35,8 +35,8 @@ from msa_fed.core.target import (
     confusion_matrix,
     em_mixture,
     knn_distance,
+    leave_one_out_distance,
     predicted_loss,
-    split_indices,
 )
 from msa_fed.errors import ArtifactError
 
@@ -45,8 +45,7 @@ DEFAULT_METHOD = "em"
 METHODS = ("em", "bbse")
 #: the neighbour whose distance is the score (r-th nearest reference row of the site)
 NEIGHBOUR = 5
-N_REFERENCE = 500
-N_CALIBRATION = 1000
+N_REFERENCE = 1000
 
 
 @dataclass
@@ -54,7 +53,7 @@ class TargetReference:
     """What a model carries for target checks; ``available[k]`` False: nothing of site k.
 
     reference[k] : (m_k, d) rows of site k's published sample (inputs, not features);
-    calibration[k] : (c_k,) sorted scores of other rows of site k's published sample;
+    calibration[k] : (m_k,) sorted leave-one-out scores of those rows;
     confusion : (p, p) C[i, j] = P(argmax Q = i | site j) on the published samples, or None
     (a site carries nothing); scale : (d,) input scale when the domain model has no feature map;
     loss_sd : (p,) classification: the spread of the per-point log loss at site k when labels
@@ -164,13 +163,12 @@ def build_reference(
     allowed: list[bool],
     *,
     n_reference: int = N_REFERENCE,
-    n_calibration: int = N_CALIBRATION,
     neighbour: int = NEIGHBOUR,
     random_state: int = 0,
 ) -> TargetReference:
     """The target reference of ``model`` from the sites' published samples (one (m_k, d) array
     per site, in site order); ``allowed[k]`` False: site k's policy forbids carrying its sample.
-    A site whose sample is too small to split (fewer than 2 * ``neighbour`` rows) carries none."""
+    A site with fewer than 2 * ``neighbour`` published rows carries none."""
     p = len(samples)
     rng = np.random.default_rng([random_state, 32])
     pooled = np.vstack(samples)
@@ -186,11 +184,10 @@ def build_reference(
             ref.reference.append(np.zeros((0, X.shape[1])))
             ref.calibration.append(np.zeros(0))
             continue
-        r_idx, c_idx = split_indices(X.shape[0], n_reference, n_calibration, rng)
+        rows = np.sort(rng.permutation(X.shape[0])[:n_reference])
         ref.available[k] = True
-        ref.reference.append(X[r_idx])
-        scores = knn_distance(_features(model, X[c_idx], ref), _features(model, X[r_idx], ref), neighbour)
-        ref.calibration.append(np.sort(scores))
+        ref.reference.append(X[rows])
+        ref.calibration.append(np.sort(leave_one_out_distance(_features(model, X[rows], ref), neighbour)))
     if all(ref.available):
         ref.confusion = confusion_matrix([model.domain_proba(X) for X in samples])
     if model.task == "classification":
@@ -270,11 +267,20 @@ def estimate_mixture(
 @dataclass(frozen=True)
 class Support:
     """p-values of target points: ``pvalue`` (n,) = max over the available sites of
-    ``per_site`` (n, p) (a NaN column: the site carries nothing: ``unavailable``)."""
+    ``per_site`` (n, p) (a NaN column: the site carries nothing: ``unavailable``);
+    ``distance`` (n,): min over the available sites of the score over the site's largest
+    calibration score (above 1: farther out than every held-out point of every site; it orders
+    points whose p-values tie at the smallest value)."""
 
     pvalue: np.ndarray
     per_site: np.ndarray
     unavailable: list[str]
+    distance: np.ndarray
+
+    def most_atypical(self, top: int) -> list[int]:
+        """Indices of the ``top`` points with the smallest p-values (ties: the farthest first)."""
+        order = np.lexsort((-np.nan_to_num(self.distance, nan=-np.inf), np.nan_to_num(self.pvalue, nan=np.inf)))
+        return [int(i) for i in order[: max(0, int(top))]]
 
 
 def support(model, X) -> Support:
@@ -286,13 +292,16 @@ def support(model, X) -> Support:
             "this model carries no target reference (made before target checks existed): support is unavailable"
         )
     P = np.full((X.shape[0], p), np.nan)
+    D = np.full((X.shape[0], p), np.inf)
     Phi = _features(model, X, ref)
     for k in range(p):
         if ref.available[k]:
             s = knn_distance(Phi, _reference_features(model, ref, k), ref.neighbour)
             P[:, k] = conformal_pvalues(s, ref.calibration[k])
+            D[:, k] = s / max(float(ref.calibration[k][-1]), np.finfo(np.float64).tiny)
     missing = [s for s, ok in zip(model.site_names, ref.available) if not ok]
-    return Support(combine_pvalues(P), P, missing)
+    distance = np.where(np.isfinite(D).any(axis=1), D.min(axis=1), np.nan)
+    return Support(combine_pvalues(P), P, missing, distance)
 
 
 def loss_standard_errors(model) -> tuple[np.ndarray, str]:
@@ -426,8 +435,7 @@ def check_target(
         unavailable = sup.unavailable
         if not np.isnan(sup.pvalue).all():
             pvalue = sup.pvalue
-            order = np.argsort(pvalue, kind="stable")[: max(0, int(top))]
-            atypical = [int(i) for i in order if pvalue[i] <= alpha]
+            atypical = [i for i in sup.most_atypical(top) if pvalue[i] <= alpha]
         if unavailable:
             notes.append(
                 f"support unavailable for site(s) {', '.join(unavailable)} (their policy keeps their sample out of "

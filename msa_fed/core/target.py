@@ -21,8 +21,8 @@ with the domain classifier Q(k | x) alone (no query to the sites):
 - **the loss**: sum_k lambda_k L_k(z) with the per-site losses L_k of the combined model; the
   interval carries lambda's bootstrap spread and each L_k's standard error.
 - **the support**: a conformal p-value per point of the score s_k(x) = distance to the r-th
-  nearest reference point of site k (in the classifier's feature space), calibrated on held-out
-  points of the same site: p_k(x) = (1 + #{c : s_k(c) >= s_k(x)}) / (n_cal + 1).  For x drawn
+  nearest reference point of site k (in the classifier's feature space), calibrated on the
+  leave-one-out scores of the reference points: p_k(x) = (1 + #{c : s_k(c) >= s_k(x)}) / (n_cal + 1).  For x drawn
   from D_k, P(p_k(x) <= alpha) <= alpha; the point's p-value is max_k p_k(x), so a point of any
   mixture of the sites is flagged at level alpha with probability at most alpha.  A point unlike
   every site has every p_k small.
@@ -216,6 +216,19 @@ def knn_distance(Phi: NDArray[np.floating], reference: NDArray[np.floating], r: 
     return dist
 
 
+def leave_one_out_distance(reference: NDArray[np.floating], r: int) -> Array:
+    """Each reference row's distance (m,) to its ``r``-th nearest OTHER reference row: the
+    calibration scores of :func:`knn_distance` on the reference itself.
+
+    A new point's score counts all m rows, a reference row's only the m - 1 others (full
+    conformal would add the new point to them): calibration scores are never smaller than full
+    conformal's, so the p-values of :func:`conformal_pvalues` on them are conservative."""
+    R = np.asarray(reference, dtype=np.float64)
+    if not 1 <= r < R.shape[0]:
+        raise ValueError(f"r must be in [1, {R.shape[0] - 1}] (the other reference rows); got {r}")
+    return knn_distance(R, R, r + 1)  # the row itself is its own nearest (distance 0)
+
+
 def conformal_pvalues(scores: NDArray[np.floating], calibration: NDArray[np.floating]) -> Array:
     """p(x) = (1 + #{c : c >= s(x)}) / (n_cal + 1) for each score (larger: more atypical)."""
     cal: Array = np.sort(np.asarray(calibration, dtype=np.float64))
@@ -234,15 +247,3 @@ def combine_pvalues(P: NDArray[np.floating]) -> Array:
     ok = ~np.isnan(P)
     out: Array = np.where(ok.any(axis=1), np.max(np.where(ok, P, -np.inf), axis=1), np.nan)
     return out
-
-
-def split_indices(
-    m: int, n_reference: int, n_calibration: int, rng: np.random.Generator
-) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
-    """Disjoint random (reference, calibration) row indices of a sample of m rows: half each,
-    at most ``n_reference`` and ``n_calibration`` rows."""
-    perm = rng.permutation(m)
-    half = m // 2
-    ref = np.sort(perm[: min(half, n_reference)])
-    cal = np.sort(perm[half : half + min(m - half, n_calibration)])
-    return ref, cal
