@@ -54,7 +54,8 @@ def main() -> None:
         s = res["summary"]
         for m in ("em", "bbse"):
             print(
-                f"{case} {m}: mean L1 {s[m]['mean_l1']:.4f}, loss in interval {s[m]['covered']}/{args.draws}, "
+                f"{case} {m}: mean L1 {s[m]['mean_l1']:.4f}, loss in interval {s[m]['covered']}/{args.draws} "
+                f"({s[m]['covered_with_pool_error']}/{args.draws} counting the pool's error), "
                 f"{s[m]['median_seconds']:.2f} s per check",
                 flush=True,
             )

@@ -158,17 +158,19 @@ class CombinedModel:
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
         return out
 
-    def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None) -> bytes:
+    def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None, support: bool = False) -> bytes:
         """The whole model as one self-contained ONNX file (bytes): input ``X`` (n, d) of ``dtype``
         ("float64" or "float32"); outputs ``probabilities`` (n, c) and ``label`` (n,)
         (classification) or ``prediction`` (n,) (regression).  ``provenance``: extra metadata
         (``msa_fed.<key>``), e.g. the registry version.  Predictors that are not ONNX yet
         (scikit-learn or torch objects of a model fitted in this process) are exported as
         :meth:`save` exports them, so the file reproduces the saved model (float32 predictors),
-        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`."""
+        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`.
+        ``support``: a last output ``support_pvalue`` (n,), :meth:`support`'s p-values, where the
+        model carries a target reference (:mod:`msa_fed.artifacts.onnx_support`)."""
         from msa_fed.artifacts.onnx_graph import export_onnx
 
-        return export_onnx(self, dtype, provenance=provenance)
+        return export_onnx(self, dtype, provenance=provenance, support=support)
 
     def _graph_session(self):
         """The onnxruntime session of the model's own float64 graph with row checks (built on first

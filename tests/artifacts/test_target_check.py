@@ -39,6 +39,7 @@ def test_the_demo_model_estimates_its_target_and_flags_what_no_site_has(demo_mod
         assert all(d["low"][s] <= d["weights"][s] <= d["high"][s] for s in SITES)
     far = rng.normal((12.0, -12.0), 0.5, (40, 2))  # nowhere near any site
     report = demo_model.check_target(np.vstack([X, far]), alpha=0.01, n_boot=50, top=5)
+    assert report.mixture.method == "bbse"  # the default where every site carries its sample
     assert report.out_of_support is not None
     assert set(report.atypical) <= set(range(2000, 2040)) and len(report.atypical) == 5
     flagged = report.pvalue <= 0.01
@@ -88,8 +89,8 @@ def test_a_site_whose_policy_keeps_its_sample_out_has_nothing_in_the_file(demo_f
     assert not np.isnan(sup.per_site[:, 1:]).any()
     with pytest.raises(ValueError, match=r"bbse.*\['north'\]"):
         loaded.estimate_mixture(X, method="bbse")
-    report = loaded.check_target(X, n_boot=30)  # EM needs nothing of the samples
-    assert report.unavailable == ["north"]
+    report = loaded.check_target(X, n_boot=30)  # EM needs nothing of the samples: the default here
+    assert report.unavailable == ["north"] and report.mixture.method == "em"
     assert any("unavailable for site(s) north" in line for line in report.lines())
 
 
@@ -160,3 +161,48 @@ def test_bad_target_samples_get_one_clear_error(demo_model):
         demo_model.estimate_mixture(np.zeros((5, 2)), method="magic")
     with pytest.raises(ValueError, match="alpha"):
         demo_model.check_target(np.zeros((5, 2)), alpha=1.5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_exported_onnx_file_carries_the_support_pvalues(demo_model, dtype):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(4)
+    X = np.vstack([mixture_sample([0.3, 0.3, 0.4], 400, rng), rng.normal((9.0, 9.0), 1.0, (20, 2))])
+    session = ort.InferenceSession(demo_model.to_onnx(dtype, support=True), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert names == ["probabilities", "label", "support_pvalue"]
+    probs, _, pvalue = session.run(None, {"X": X.astype(dtype)})
+    ref = demo_model.support(X).pvalue
+    if dtype == "float64":
+        np.testing.assert_allclose(pvalue, ref, rtol=0, atol=1e-12)
+    else:  # float32 distances can tie differently with a calibration score: one step of 1/(m+1) at most
+        step = 1.0 / (demo_model.target_reference.calibration[0].size + 1)
+        assert np.max(np.abs(pvalue - ref)) <= step + 1e-6 and np.mean(np.abs(pvalue - ref) < 1e-6) > 0.98
+    np.testing.assert_allclose(probs, demo_model.predict_proba(X), atol=1e-6 if dtype == "float64" else 1e-3)
+    # without the flag the file is the prediction graph as before
+    plain = ort.InferenceSession(demo_model.to_onnx(dtype), providers=["CPUExecutionProvider"])
+    assert [o.name for o in plain.get_outputs()] == ["probabilities", "label"]
+
+
+def test_a_site_kept_out_is_left_out_of_the_onnx_support_too(demo_federation):
+    import onnxruntime as ort
+
+    sites, _ = demo_federation
+    closed = [replace(sites[0], policy=SitePolicy(model_carries_sample=False)), *sites[1:]]
+    model = msa_fed.fit_dmsa(closed, task="classification")
+    data = model.to_onnx("float64", support=True)
+    X = mixture_sample([0.4, 0.3, 0.3], 200, np.random.default_rng(5))
+    (pvalue,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(["support_pvalue"], {"X": X})
+    np.testing.assert_allclose(pvalue, model.support(X).pvalue, atol=1e-12)
+    # north's published rows are not in the file: none of them appears among its initializers
+    import onnx
+
+    graph = onnx.load_from_string(data).graph
+    north = np.asarray(sites[0].X_unlabeled)
+    fmap = model.domain_model.feature_map
+    north_features = fmap.transform(north)
+    for t in graph.initializer:
+        if t.name.startswith("msa/support_ref"):
+            R = onnx.numpy_helper.to_array(t).T
+            assert not np.isclose(R[:, None, :], north_features[None, :5, :]).all(axis=2).any()

@@ -31,7 +31,7 @@ def test_check_target_prints_the_report_and_writes_json(demo_model_dir, target_f
     out = d / f"{name}.json"
     rc, stdout, stderr = run_cli("model", "check-target", model_dir, "--data", d / name, "--json", out, "--top", 3)
     assert rc == 0, stderr
-    assert "target sample: 402 points" in stdout and "mixture over the sites (em" in stdout
+    assert "target sample: 402 points" in stdout and "mixture over the sites (bbse" in stdout
     assert "most atypical points (row index): 400" in stdout or "most atypical points (row index): 401" in stdout
     report = json.loads(out.read_text())
     w = report["mixture"]["weights"]
@@ -76,3 +76,18 @@ def test_the_html_report_has_a_target_section_when_given_a_sample(demo_model_dir
     assert "<h2>Target sample</h2>" in page and "402 unlabelled target points" in page
     assert "Out of support at &alpha; = 0.01" in page
     assert "<h2>Target sample</h2>" not in report_html(model)
+
+
+def test_model_export_support_writes_the_pvalue_output(demo_model_dir, target_files, tmp_path):
+    import onnxruntime as ort
+
+    model_dir, _ = demo_model_dir
+    _, X = target_files
+    out = tmp_path / "m.onnx"
+    rc, stdout, stderr = run_cli("model", "export", model_dir, "--out", out, "--support", "--json")
+    assert rc == 0, stderr
+    assert json.loads(stdout)["support_output"] is True
+    session = ort.InferenceSession(out.read_bytes(), providers=["CPUExecutionProvider"])
+    (pvalue,) = session.run(["support_pvalue"], {"X": X})
+    np.testing.assert_allclose(pvalue, load_model(model_dir).support(X).pvalue, atol=1e-12)
+    assert pvalue[400] < 0.01 and pvalue[401] < 0.01
