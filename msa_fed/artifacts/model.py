@@ -4,7 +4,9 @@ A deployed model needs the domain model Q(k | x) (Maxent classifier, or KDEs for
 Qhat(k), z, eta and the frozen predictors h_k.  ``save(path)`` writes a directory:
 
     path/manifest.json       format version, method, task, sites, z, eta, Gamma, losses, ...
-    path/arrays.npz          numeric state (loaded with allow_pickle=False)
+    path/arrays.npz          numeric state (loaded with allow_pickle=False); ``target.*``: the
+                             rows of the published samples the target checks use (manifest key
+                             "target"; msa_fed/artifacts/target_check.py)
     path/predictors/k.onnx   the frozen predictors, checked by sha256 on load
 """
 
