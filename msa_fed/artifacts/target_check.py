@@ -49,6 +49,9 @@ METHODS = ("em", "bbse")
 #: the neighbour whose distance is the score (r-th nearest reference row of the site)
 NEIGHBOUR = 5
 N_REFERENCE = 1000
+#: at most this many bytes of reference rows per site in the model file (float64): wide inputs
+#: get fewer rows (4 MiB: 1000 rows up to 524 features, 104 rows at 5000)
+REFERENCE_BYTES = 4 << 20
 
 
 @dataclass
@@ -57,10 +60,10 @@ class TargetReference:
 
     reference[k] : (m_k, d) rows of site k's published sample (inputs, not features);
     calibration[k] : (m_k,) sorted leave-one-out scores of those rows;
-    confusion : (p, p) C[i, j] = P(argmax Q = i | site j) on the published samples, or None
+    confusion : (p, p) C[i, j] = P(argmax Q = i | site j) on the reference rows, or None
     (a site carries nothing); scale : (d,) input scale when the domain model has no feature map;
     loss_sd : (p,) classification: the spread of the per-point log loss at site k when labels
-    follow the model's own probabilities, on its published sample (NaN: unknown).
+    follow the model's own probabilities, on its reference rows (NaN: unknown).
     """
 
     available: list[bool]
@@ -187,14 +190,19 @@ def build_reference(
             ref.reference.append(np.zeros((0, X.shape[1])))
             ref.calibration.append(np.zeros(0))
             continue
-        rows = np.sort(rng.permutation(X.shape[0])[:n_reference])
+        cap = max(2 * neighbour, min(n_reference, REFERENCE_BYTES // (8 * max(X.shape[1], 1))))
+        rows = np.sort(rng.permutation(X.shape[0])[:cap])
         ref.available[k] = True
         ref.reference.append(X[rows])
         ref.calibration.append(np.sort(leave_one_out_distance(_features(model, X[rows], ref), neighbour)))
+    # on the reference rows (at most n_reference per site): the cost stays bounded however large
+    # the published samples are
     if all(ref.available):
-        ref.confusion = confusion_matrix([model.domain_proba(X) for X in samples])
+        ref.confusion = confusion_matrix([model.domain_proba(R) for R in ref.reference])
     if model.task == "classification":
-        ref.loss_sd = np.array([_model_loss_sd(model, X) if ok else np.nan for X, ok in zip(samples, ref.available)])
+        ref.loss_sd = np.array(
+            [_model_loss_sd(model, R) if ok else np.nan for R, ok in zip(ref.reference, ref.available)]
+        )
     return ref
 
 
