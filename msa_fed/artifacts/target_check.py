@@ -199,20 +199,27 @@ def build_reference(
     # the published samples are
     if all(ref.available):
         ref.confusion = confusion_matrix([model.domain_proba(R) for R in ref.reference])
-    if model.task == "classification":
-        ref.loss_sd = np.array(
-            [_model_loss_sd(model, R) if ok else np.nan for R, ok in zip(ref.reference, ref.available)]
-        )
+    if model.task == "classification" and any(ref.available):
+        ref.loss_sd = _model_loss_sd(model, ref)
     return ref
 
 
-def _model_loss_sd(model, X: np.ndarray) -> float:
-    """Spread of the log loss -log g(x, y) over x in X and y drawn from g(x, .) itself."""
-    P = np.clip(model.predict_proba(X), 1e-300, 1.0)
+def _model_loss_sd(model, ref: TargetReference) -> np.ndarray:
+    """Per site (NaN where it carries nothing): the spread of the log loss -log g(x, y) over its
+    reference rows x and y drawn from g(x, .) itself (one predict_proba over all the rows)."""
+    sizes = [R.shape[0] for R in ref.reference]
+    P = np.clip(model.predict_proba(np.vstack(ref.reference)), 1e-300, 1.0)
     loss = -np.log(P)
     m1 = np.sum(P * loss, axis=1)
     m2 = np.sum(P * loss * loss, axis=1)
-    return float(np.sqrt(max(float(m2.mean() - m1.mean() ** 2), 0.0)))
+    out = np.full(len(sizes), np.nan)
+    start = 0
+    for k, size in enumerate(sizes):
+        if ref.available[k]:
+            a, b = m1[start : start + size], m2[start : start + size]
+            out[k] = float(np.sqrt(max(float(b.mean() - a.mean() ** 2), 0.0)))
+        start += size
+    return out
 
 
 # --------------------------------------------------------------------- the questions

@@ -210,8 +210,11 @@ def knn_distance(Phi: NDArray[np.floating], reference: NDArray[np.floating], r: 
     rows = max(1, (1 << 22) // max(R.shape[0], 1))
     for a in range(0, Phi.shape[0], rows):
         P = Phi[a : a + rows]
-        d2 = np.einsum("ij,ij->i", P, P)[:, None] - 2.0 * (P @ R.T) + r2[None, :]
-        out[a : a + rows] = np.partition(d2, r - 1, axis=1)[:, r - 1]
+        G = P @ R.T
+        G *= -2.0
+        G += r2[None, :]  # |p|^2 is the same along a row: added after the selection
+        G.partition(r - 1, axis=1)
+        out[a : a + rows] = G[:, r - 1] + np.einsum("ij,ij->i", P, P)
     dist: Array = np.sqrt(np.maximum(out, 0.0))
     return dist
 
