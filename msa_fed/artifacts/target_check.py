@@ -11,7 +11,8 @@ The support score and the confusion-matrix estimator need something of each site
 
 - per site, up to ``n_reference`` rows of its published sample (the neighbours of the score) and
   the leave-one-out scores of those rows (the conformal calibration);
-- the confusion matrix of the domain classifier on the published samples (p x p).
+- the confusion matrix of the domain classifier on those rows (p x p), and (classification) the
+  spread of the model's log loss on them (the predicted loss's interval).
 
 A site whose policy sets ``model_carries_sample = false`` has nothing of its sample in the file:
 its p-value column is "unavailable" (NaN, and named in every report), the confusion-matrix
@@ -263,6 +264,9 @@ def _target_X(model, X) -> np.ndarray:
 def estimate_mixture(
     model, X, *, method: str | None = None, n_boot: int = 200, level: float = 0.95, random_state: int = 0
 ) -> Mixture:
+    """lambda-hat over ``model``'s sites from the unlabelled target rows ``X`` (n, d), with a
+    ``level`` percentile interval from ``n_boot`` bootstrap resamples.  ``method``: "em" or
+    "bbse" (None: BBSE where the model carries the confusion matrix, else EM)."""
     if method is None:
         ref = getattr(model, "target_reference", None)
         method = DEFAULT_METHOD if ref is not None and ref.confusion is not None else "em"
@@ -313,6 +317,8 @@ class Support:
 
 
 def support(model, X) -> Support:
+    """Conformal p-values of the rows of ``X`` (n, d) against every site's reference; a
+    ValueError where the model carries no target reference."""
     ref = getattr(model, "target_reference", None)
     X = _target_X(model, X)
     p = model.n_sources
@@ -446,6 +452,8 @@ def check_target(
     top: int = 10,
     random_state: int = 0,
 ) -> TargetReport:
+    """The target report of ``X`` (n, d): :func:`estimate_mixture`, the predicted loss with its
+    interval, the rows whose support p-value is <= ``alpha`` and the ``top`` most atypical."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1); got {alpha!r}")
     X = _target_X(model, X)
