@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import nnls
 
 Array = NDArray[np.float64]
 #: a mixture estimator: (Q (n, p) posteriors of the target points) -> lambda (p,)
@@ -109,6 +108,8 @@ def bbse_mixture(Q: NDArray[np.floating], C: NDArray[np.floating], soft: bool = 
     p = Q.shape[1]
     if C.shape != (p, p):
         raise ValueError(f"C must have shape ({p}, {p}); got {C.shape}")
+    from scipy.optimize import nnls  # here: loading a model and predicting need no scipy
+
     mu = Q.mean(axis=0) if soft else np.bincount(Q.argmax(axis=1), minlength=p) / Q.shape[0]
     weight = 1e3
     A = np.vstack([C, weight * np.ones((1, p))])
