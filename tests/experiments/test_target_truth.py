@@ -10,8 +10,8 @@ from msa_fed.experiments import target as T
 
 
 def test_synthetic_mixtures_losses_and_support():
-    model, samplers, losses, left_out = T.synthetic_case(seed=0, n=500, n_pool=10000)
-    res = T.run_draws(model, samplers, losses, draws=10, n_target=2000, n_boot=100)
+    model, samplers, losses, left_out = T.synthetic_case(seed=0, n=500, n_pool=5000)
+    res = T.run_draws(model, samplers, losses, draws=10, n_target=2000, n_boot=60)
     s = res["summary"]
     assert s["em"]["mean_l1"] <= 0.05 and s["bbse"]["mean_l1"] <= 0.05, s
     assert s["bbse"]["covered"] >= 9 and s["em"]["covered"] >= 9, s
