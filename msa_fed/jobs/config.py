@@ -389,11 +389,6 @@ def _checked(target: str, name: str, value, label: str):
         raise ConfigError(str(exc)) from None
 
 
-def with_fit(config: JobConfig, **changes) -> JobConfig:
-    """``config`` with fields of its FitConfig replaced, validated."""
-    return replace(config, fit=replace(config.fit, **changes)).validate()
-
-
 def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
     if not path:
         raise ConfigError(f"{what} is required")

@@ -34,7 +34,7 @@ from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
-from msa_fed.control.ops_models import pack_model, unpack_model
+from msa_fed.control.ops_models import unpack_model
 from msa_fed.errors import ArtifactError, ConfigError, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
@@ -84,14 +84,9 @@ def check_influence(model: CombinedModel, margin: float | None) -> None:
         )
 
 
-def model_to_bytes(model: CombinedModel) -> bytes:
-    """The saved model directory as the registry stores it (msa_fed.control.ops_models)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return pack_model(model.save(Path(tmp) / "model"))
-
-
 def model_from_bytes(data: bytes) -> CombinedModel:
-    """Inverse of :func:`model_to_bytes`, unpacked by the checked extractor (no links, fixed names, sizes)."""
+    """A stored model (the bytes of its saved directory, as the registry keeps them), unpacked by the
+    checked extractor (no links, fixed names, sizes)."""
     with tempfile.TemporaryDirectory() as tmp:
         return load_model(unpack_model(data, Path(tmp) / "model"))
 

@@ -386,11 +386,6 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
     return out
 
 
-def policy_fingerprint(policy: SitePolicy) -> dict:
-    """The policy as a plain dict (for the audit log)."""
-    return policy.as_dict()
-
-
 __all__ = [
     "JOB_KEYS",
     "POLICY_ENV",
