@@ -19,7 +19,7 @@ import tomllib
 from msa_fed.control.transport import is_loopback, parse_address
 from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option
 from msa_fed.errors import ConfigError
-from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
+from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options
 
 _JOB, _FIT, _CLASSIFIER, _SOLVER, _RAY = "job", "fit", "classifier", "solver", "ray"
 _TARGETS = {_FIT: FitConfig, _CLASSIFIER: ClassifierConfig, _SOLVER: SolverConfig, _RAY: RayConfig}
@@ -249,8 +249,8 @@ class JobConfig:
         return out
 
 
-# table -> key -> (target config, field)
-SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
+#: the job's own keys: table -> key -> (target config, field)
+JOB_KEYS: dict[str, dict[str, tuple[str, str]]] = {
     "registry": {
         "address": (_JOB, "registry"),
         "tls_ca": (_JOB, "tls_ca"),
@@ -265,33 +265,29 @@ SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
         "queries": (_JOB, "planned_queries"),
         "allow_unsealed": (_JOB, "allow_unsealed"),
     },
-    "model": {
-        "task": (_FIT, "task"),
-        "method": (_FIT, "method"),
-        "features": (_FIT, "features"),
-        "mu": (_CLASSIFIER, "mu"),
-        "eta": (_FIT, "eta"),
-        "random_state": (_FIT, "random_state"),
-        "objective": (_SOLVER, "objective"),
-    },
-    "privacy": {"min_points": (_FIT, "min_points")},
     "run": {
         "sites": (_JOB, "sites"),
         "site_data": (_JOB, "site_data"),
-        "checkpoint_dir": (_FIT, "checkpoint_dir"),
         "output_version": (_JOB, "output_version"),
         "influence": (_JOB, "influence"),
         "influence_margin": (_JOB, "influence_margin"),
-        "topology": (_FIT, "topology"),
-        "site_timeout_s": (_FIT, "site_timeout_s"),
         "approval_wait_s": (_JOB, "approval_wait_s"),
-        "ray_address": (_RAY, "address"),
-        "data_channel": (_RAY, "data_channel"),
     },
-    # every classifier and solver option, except the two the [model] table already holds
-    "classifier": {f.name: (_CLASSIFIER, f.name) for f in fields(ClassifierConfig) if f.name != "mu"},
-    "solver": {f.name: (_SOLVER, f.name) for f in fields(SolverConfig) if f.name != "objective"},
 }
+
+
+def job_schema(root: type = FitConfig) -> dict[str, dict[str, tuple[str, str]]]:
+    """table -> key -> (target config, field): the job's own keys and every option of the fit's
+    tree that its declaration places in the job file (:func:`msa_fed.runtime.config.fit_options`)."""
+    schema = {table: dict(keys) for table, keys in JOB_KEYS.items()}
+    for opt in fit_options(root):
+        if opt.job is not None:
+            table, key = opt.job
+            schema.setdefault(table, {})[key] = (_FIT if len(opt.path) == 1 else opt.path[0], opt.path[-1])
+    return schema
+
+
+SCHEMA = job_schema()
 TOP_LEVEL = {"name": (_JOB, "name")}
 #: (target config, field) -> its name in the job file, "[table] key"
 LABELS = {(target, name): f"[{table}] {key}" for table, keys in SCHEMA.items() for key, (target, name) in keys.items()}
@@ -334,11 +330,9 @@ def from_document(doc: dict, **overrides) -> JobConfig:
             raise ConfigError(f"[{table}] must be a table; got {content!r}")
         extra = sorted(set(content) - set(keys))
         if extra:
-            hint = ""
-            if table == "classifier" and "mu" in extra:
-                hint = " (mu is set in [model])"
-            if table == "solver" and "objective" in extra:
-                hint = " (objective is set in [model])"
+            # a field of this table's configuration that its declaration puts in another table
+            moved = [f"{key} is set in {LABELS[(table, key)].split(' ')[0]}" for key in extra if (table, key) in LABELS]
+            hint = f" ({'; '.join(moved)})" if moved else ""
             raise ConfigError(f"unknown key(s) {extra} in [{table}]{hint}; expected some of {sorted(keys)}")
         for key, value in content.items():
             target, name = keys[key]

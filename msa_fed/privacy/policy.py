@@ -59,6 +59,7 @@ from typing import Any
 
 import tomllib
 
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError
 
 #: on a site's node: the path of the site's policy file (read by the site's own process)
@@ -71,7 +72,7 @@ ANY_PEER = ("any",)
 @dataclass(frozen=True)
 class SitePolicy:
     # [limits]
-    min_points: int = 20
+    min_points: int = MIN_POINTS
     min_effective_points: float = 8.0
     max_point_share: float = 0.25
     weight_floor: float = 0.05
