@@ -120,9 +120,7 @@ def run_job(
     def connect():
         return RegistryClient(config.registry, admin_token, retries=0, **config.client_tls())
 
-    flags = connection_flags(
-        config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
-    )
+    flags = connection_flags(config.registry, admin_token_file=config.admin_token_file, **config.client_tls())
     tracker = JobTracker(
         connect,
         job_id,
@@ -263,15 +261,7 @@ def store_job(config, plan: JobPlan, backend, model, tracker: JobTracker, connec
     if transcript is not None:  # the sites' signed answers (digests and signatures only)
         job["sealed_transcript"] = transcript
     output = Path(output_dir) if output_dir else output_root() / tracker.job_id / "model"
-    command = partial(
-        upload_command,
-        registry=config.registry,
-        insecure=config.insecure,
-        tls_ca=config.tls_ca,
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
-        admin_token_file=config.admin_token_file,
-    )
+    command = partial(upload_command, flags=tracker.flags)
     record = store_result(
         model,
         job,
