@@ -292,7 +292,8 @@ class FitOption:
     expects: str
 
 
-def _job_place(spec: str | None, name: str) -> tuple[str, str] | None:
+def job_place(spec: str | None, name: str) -> tuple[str, str] | None:
+    """(table, key) of a declaration's ``job="table"`` or ``job="table.key"``; None when unset."""
     if not spec:
         return None
     table, _, key = spec.partition(".")
@@ -308,7 +309,7 @@ def fit_options(root: type = FitConfig) -> list[FitOption]:
         if sub is None:
             keyword = f.name if option_meta(f, "api", True) else None
             default = f.default if f.default is not MISSING else None
-            place = _job_place(option_meta(f, "job"), f.name)
+            place = job_place(option_meta(f, "job"), f.name)
             out.append(
                 FitOption((f.name,), keyword, None, place, default, field_doc(root, f.name), expects(root, f.name))
             )
@@ -316,7 +317,7 @@ def fit_options(root: type = FitConfig) -> list[FitOption]:
         mapping, table = option_meta(f, "api"), option_meta(f, "job")
         for g in fields(sub):
             keyword = g.name if option_meta(g, "keyword") else None
-            place = _job_place(option_meta(g, "job") or table, g.name)
+            place = job_place(option_meta(g, "job") or table, g.name)
             out.append(
                 FitOption(
                     (f.name, g.name),
@@ -423,6 +424,7 @@ __all__ = [
     "api_keywords",
     "api_signature",
     "fit_options",
+    "job_place",
     "from_keywords",
     "options_markdown",
     "task_loss",
