@@ -385,9 +385,7 @@ class SiteAgent:
                 return pb.Answer(call_id=fwd.call_id, response=wire.error_proto("WireError", "unreadable request"))
             failure = wire.error_proto("WireError", "not a SiteRequest")
             return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, failure.SerializeToString()))
-        response = self.handle(fwd, request, ctx.certificate.content)
-        if request.method == "join_job" and response.WhichOneof("body") != "failure":
-            self.book.set_seal_floor(ctx.certificate.digest.hex(), ctx.seq)  # no replayed join after a restart
+        response = self.handle(fwd, request, ctx.certificate.content)  # ctx.seq is on disk (opener.remember)
         return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, response.SerializeToString()))
 
     def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):

@@ -26,14 +26,15 @@ NO_SEAL_KEY = (
 def sealing_opener(config, book=None) -> SiteOpener | None:
     """The site's :class:`SiteOpener`, or None when site.toml says ``allow_unsealed = true``
     (ConfigError when it names neither a ``seal_key`` nor that); ``book`` (the site's
-    :class:`msa_fed.site.job_book.JobBook`) keeps each sealed job's last join across restarts
-    of the site process."""
+    :class:`msa_fed.site.job_book.JobBook`) keeps the last request each sealed job sent, on disk
+    before the site answers it: a restarted site process refuses it and every earlier one."""
     if not getattr(config, "seal_key", None):
         if not getattr(config, "allow_unsealed", False):
             raise ConfigError("site config: " + NO_SEAL_KEY.format(name=config.name))
         return None
     floor = book.seal_floor if book is not None else None
-    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor)
+    remember = book.set_seal_floor if book is not None else None
+    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor, remember=remember)
 
 
 def unsealed_content(job: str, msg) -> dict:
