@@ -5,7 +5,8 @@ receives is answered, through the same steps, in this order (:data:`CHAIN`):
    this site's key pinned, authentic, not replayed; its sequence number on disk before anything
    is answered: :class:`msa_fed.crypto.sealing.SiteOpener`); an unsealed one is refused unless
    the operator opted out of sealing;
-2. ``allowlist``: the request's type must be one of :data:`SITE_METHODS`, this site's own list;
+2. ``allowlist``: the request's type must be one of
+   :data:`msa_fed.site.methods.SITE_METHODS`, this site's own list;
 3. ``admit``: a join is checked against the job's signed content and the site's approvals
    (:mod:`msa_fed.site.admission`), peers and excluded peers; any other request needs a joined
    job and stays within the queries the job's content planned;
@@ -51,6 +52,7 @@ from msa_fed.site.admission import (
     worker_policy_kwargs,
 )
 from msa_fed.site.job_book import JobBook
+from msa_fed.site.methods import SITE_METHODS, check
 from msa_fed.site.published import SiteStateLost
 from msa_fed.site.worker import SiteWorker
 
@@ -58,8 +60,6 @@ log = logging.getLogger(__name__)
 
 #: the steps of the chain, in order (see the module docstring)
 CHAIN = ("open_seal", "allowlist", "admit", "gate", "body", "audit", "seal")
-#: the requests a site process answers (aggregates over its points, counts): its allowlist
-SITE_METHODS = frozenset({"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "ping"})
 
 
 class Transport(Protocol):
@@ -150,13 +150,8 @@ class SiteApp:
             method = request.method
             try:
                 method, msg = wire.from_proto(request, wire.REQUESTS)
-                # step 2: allowlist
-                if method not in SITE_METHODS:
-                    raise PrivacyError(
-                        "relay_methods",
-                        self.name,
-                        f"{method!r}: it does not answer it from its process (it answers {sorted(SITE_METHODS)})",
-                    )
+                # step 2: allowlist (the site process's own list; the worker checks its host's too)
+                check(self.name, method, SITE_METHODS)
                 # step 3: admit
                 if method == "join_job":
                     if not isinstance(msg, m.JobSetup):
@@ -168,7 +163,7 @@ class SiteApp:
                         raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
                     self._queries[job] = check_planned(self.name, job, method, content, self._queries.get(job, 0))
                     # step 4: gate and body (the worker's method opens its row of the gate table)
-                    out = getattr(worker, method)(msg)
+                    out = worker.handle(method, msg)
                 response = wire.to_proto(method, out, wire.RESPONSES)
             except (MsaFedError, wire.WireError) as exc:
                 if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named

@@ -32,6 +32,7 @@ from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import SampleSource, pinned_samples
 from msa_fed.site.data import load_site_data
 from msa_fed.site.gate import LABELLED, Rule, build_domain_model, gate
+from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
 
@@ -79,6 +80,7 @@ class SiteWorker(PublishedHalf):
     worker's guard opens the policy's log.
     """
 
+    ANSWERS = HOST_METHODS  # what its host may ask (msa_fed/site/methods.py)
     # None until set: the private data (given, or read from data_path on first use) and the
     # state of the domain model in force
     X_labeled: Any

@@ -152,8 +152,8 @@ def test_the_chain_answers_a_sealed_join_and_refuses_what_each_step_refuses(site
     assert not sealed and (response.failure.rule, response.failure.site) == ("sealed", "north")
     # allowlist: a request of the published half, sealed and authentic, is not a site process's
     _, got, _ = _ask(site, sealer, "unlabeled_sample", None)
-    assert isinstance(got, wire.RemoteError) and got.rule == "relay_methods", got
-    assert _audit(site)[-1]["outcome"] == "refused" and _audit(site)[-1]["rule"] == "relay_methods"
+    assert isinstance(got, wire.RemoteError) and got.rule == "methods", got
+    assert _audit(site)[-1]["outcome"] == "refused" and _audit(site)[-1]["rule"] == "methods"
     assert "unlabeled_sample" not in SITE_METHODS
     # the gate and the body: an answer, audited
     _, info2, _ = _ask(site, sealer, "info", None)
