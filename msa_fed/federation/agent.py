@@ -50,7 +50,9 @@ from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime.exclusions import ExclusionBook
-from msa_fed.site.admission import job_key, run_key, sample_sha256, worker_policy_kwargs  # noqa: F401 - their home
+
+# importable from here too (their home is msa_fed.site.admission)
+from msa_fed.site.admission import job_key, run_key, sample_sha256, worker_policy_kwargs  # noqa: F401
 from msa_fed.site.chain import SiteApp
 from msa_fed.site.data import load_site_data
 from msa_fed.site.job_book import JobBook
@@ -88,8 +90,8 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
     The site keeps one audit log, ``config.audit_log``: the policy's hash-chained log
     (:class:`msa_fed.privacy.audit.AuditLog`; ``msa-fed site audit --log F --ledger L`` verifies
     it), written through one writer in the process by the policy's checks inside each job's
-    :class:`SiteWorker` and by the agent (jobs joined and ended, refusals before the policy's
-    checks), one record per request.  Its ledger (budgets, epsilon
+    :class:`msa_fed.site.worker.SiteWorker` and by the site's chain (jobs joined and ended,
+    refusals before the policy's checks), one record per request.  Its ledger (budgets, epsilon
     spent, the log's length) is a file too, ``config.ledger_path`` (next to the audit log unless
     site.toml or the policy names one), so that budgets survive a restart.  A policy file that
     names another audit log than site.toml is refused: one site, one log.
