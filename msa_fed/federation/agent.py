@@ -50,9 +50,7 @@ from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime.exclusions import ExclusionBook
-
-# importable from here too (their home is msa_fed.site.admission)
-from msa_fed.site.admission import job_key, run_key, sample_sha256, worker_policy_kwargs  # noqa: F401
+from msa_fed.site.admission import job_key, run_key, sample_sha256, worker_policy_kwargs  # noqa: F401 - also here
 from msa_fed.site.chain import SiteApp
 from msa_fed.site.data import load_site_data
 from msa_fed.site.job_book import JobBook
