@@ -449,7 +449,7 @@ class SiteAgent:
 
     def _check_planned(self, job: str, method: str, content: dict) -> None:
         """A sealed job's content names the most labelled-data queries it sends: one more is refused."""
-        if method not in ("dc_evaluate", "max_bound") or content.get("planned_queries") is None:
+        if method not in ("dc_evaluate", "max_bound", "harm") or content.get("planned_queries") is None:
             return
         done = self._queries.get(job, 0)
         if done >= int(content["planned_queries"]):

@@ -332,8 +332,10 @@ class Coordinator:
         if cfg.influence and not self.epsilon:
             influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
             progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
+        site_check = self.site_check(res.z, influence, progress)
         info = {
             "influence": influence,
+            "site_check": site_check,
             "solver": {
                 "method": res.method,
                 "n_iter": res.n_iter,
@@ -363,6 +365,36 @@ class Coordinator:
             info=info,
             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos},
         )
+
+    def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
+        """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
+        model's z and, with the influence analysis, each mixture re-solved without a site.  A
+        refusal by a site's policy (its budget spent, say) leaves the model without verdicts,
+        said in one line."""
+        from msa_fed.core.harm import harm_lines
+        from msa_fed.core.harm import site_check as check
+
+        zs = np.atleast_2d(np.asarray(z, dtype=np.float64))
+        if influence is not None:
+            zs = np.vstack([zs, np.asarray(influence["z_without"], dtype=np.float64)])
+        try:
+            parts = self.call_all("harm", m.HarmRequest(z=zs, eta=float(self.config.eta)))
+        except PrivacyError as exc:
+            progress.note(f"the sites' verdicts on the model: not measured ({exc})")
+            return None
+        self.note_epsilon(parts)
+        self.answers.harm(parts, zs.shape[0])
+        out = check(
+            [i.name for i in self.infos],
+            np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]),
+            np.array([float(r.own) for r in parts]),
+            np.array([float(r.tolerance) for r in parts]),
+            [bool(r.noisy) for r in parts],
+            [bool(r.signs_off) for r in parts],
+        )
+        for line in harm_lines(out):
+            progress.note(line)
+        return out
 
 
 class DistributedOracle:

@@ -56,7 +56,9 @@ from msa_fed.site.published import PublishedSample, SiteStateLost
 log = logging.getLogger(__name__)
 
 #: what the site process answers, through the relay (everything that touches labelled data)
-RELAY_METHODS = frozenset({"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "ping"})
+RELAY_METHODS = frozenset(
+    {"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "harm", "ping"}
+)
 #: what the stand-in actors answer (the published unlabelled sample only)
 ACTOR_METHODS = frozenset({"unlabeled_sample", "unlabeled_rows", "setup_shard", "classifier_loss_grad"})
 #: a site's setup, replayed in this order after it restarted
@@ -78,6 +80,7 @@ ANSWER_TYPES = {
     "set_qhat": m.Ack,
     "dc_evaluate": m.DCPartial,
     "max_bound": m.BoundMax,
+    "harm": m.HarmAnswer,
     "ping": m.Ack,
 }
 _REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
@@ -433,4 +436,8 @@ def _check_answer(method: str, msg, p: int) -> str:
     elif isinstance(msg, m.BoundMax):
         if not np.isfinite(msg.value):
             return "the bound must be finite"
+    elif isinstance(msg, m.HarmAnswer):
+        c = msg.combined
+        if not (isinstance(c, np.ndarray) and c.ndim == 1 and 1 <= c.size <= p + 1 and _finite(c, c.shape)):
+            return f"a verdict holds 1 to {p + 1} finite losses"
     return ""

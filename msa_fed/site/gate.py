@@ -43,6 +43,7 @@ class Rule:
     sample: Literal["", "labelled", "unlabelled"] = ""  # the points it aggregates over: >= min_points
     before: tuple[str, ...] = ()  # checks of the request refused before it is charged
     charges: str = ""  # the budget one request counts toward (answered or refused from here on)
+    cost: Callable[[Any], int] | None = None  # (request) -> how many it counts toward that budget (1)
     free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
     checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
     quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
@@ -95,6 +96,17 @@ LABELLED: dict[str, Rule] = {
         charges="dc_evaluation",
         checks=("eta", "z", "global_bound"),
         quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
+        dp="noised",
+    ),
+    # the site's verdict on the combined model: its loss at the model's z (and at the mixtures
+    # re-solved without each site), and its own predictor's loss, on its labelled points
+    "harm": Rule(
+        state="_points",
+        sizes=lambda w, r: {"n_labeled": w._points.n_points, "n_z": int(np.atleast_2d(r.z).shape[0])},
+        sample="labelled",
+        charges="dc_evaluation",
+        cost=lambda r: int(np.atleast_2d(r.z).shape[0]),
+        checks=("eta", "harm_z"),
         dp="noised",
     ),
     "max_bound": Rule(
@@ -171,6 +183,21 @@ def _z(c: Call) -> None:
     rules.check_z(r.z, float(r.eta), w._points.w.shape[1], w.policy, w.name)
 
 
+def _harm_z(c: Call) -> dict:
+    """The mixtures of a verdict: at most p + 1 of them (the model's z and one without each
+    site), each a valid z (rules.check_z)."""
+    w, r = c.worker, c.msg
+    p = w._points.w.shape[1]
+    zs = np.asarray(r.z)
+    if zs.ndim != 2 or not 1 <= zs.shape[0] <= p + 1:
+        raise PrivacyError(
+            "harm_z", w.name, f"the request: a verdict is asked at 1 to {p + 1} mixtures of {p} sites (rows of z)"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
+    return {"n_z": int(zs.shape[0])}
+
+
 def _global_bound(c: Call) -> None:
     b = c.msg.global_bound
     if b is not None and not (np.isfinite(b) and b >= 0):
@@ -189,6 +216,7 @@ CHECKS: dict[str, Callable[[Call], dict | None]] = {
     "eta": _eta,
     "qhat": _qhat,
     "z": _z,
+    "harm_z": _harm_z,
     "global_bound": _global_bound,
 }
 
@@ -267,12 +295,12 @@ class Call(Request):
                 f"{_ANSWERS.get(self.kind, self.kind)}",
             )
         if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
-            dec.update(w.guard.charge(rule.charges))
+            dec.update(w.guard.charge(rule.charges, 1 if rule.cost is None else rule.cost(self.msg)))
         for name in rule.checks:
             if (got := CHECKS[name](self)) and not quiet:
                 dec.update(got)
         if rule.dp == "noised" and (dp := w.guard.dp) is not None:
-            if tuple(self.msg.what) != ("L",):
+            if tuple(getattr(self.msg, "what", ("L",))) != ("L",):
                 raise PrivacyError(
                     "dp_what",
                     w.name,

@@ -90,6 +90,7 @@ class SiteWorker(PublishedHalf):
     _shard: Any
     _spec_key: Any
     _own_partial: Any
+    _qhat: Any
 
     def __init__(
         self,
@@ -138,6 +139,7 @@ class SiteWorker(PublishedHalf):
         self._shard = None
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
+        self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
@@ -295,6 +297,7 @@ class SiteWorker(PublishedHalf):
             self._points = None
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
             qhat = np.asarray(qhat, dtype=np.float64)
+            self._qhat = qhat
             # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped at the policy's share; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
             ratios = self._Q / qhat[None, :]
@@ -319,6 +322,44 @@ class SiteWorker(PublishedHalf):
                 L, sens = clipped_losses(pts, msg.z, float(msg.eta), self.policy)
                 sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
+
+    def harm(self, msg: m.HarmRequest) -> m.HarmAnswer:
+        """The site's verdict on the combined model (msa_fed/core/harm.py): the model's mean loss
+        on this site's labelled points at each requested z and its own predictor's, each point's
+        loss clipped to loss_clip; with DP, Gaussian noise on the m + 1 means (one DP answer)."""
+        from msa_fed.core.harm import harmed, measured_losses
+
+        with gate(self, "harm", msg) as call:
+            pol = self.policy
+            y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
+            combined, own = measured_losses(
+                self._Q,
+                self._qhat,
+                self._outputs(),
+                np.asarray(msg.z),
+                float(msg.eta),
+                self.loss,
+                self.index,
+                y=y,
+                loss_clip=pol.loss_clip,
+            )
+            dp = self.guard.dp
+            if dp is not None:  # replace-one: each mean moves by at most loss_clip / n
+                n = self._points.n_points
+                sens = pol.loss_clip * float(np.sqrt(combined.size + 1)) / n
+                noise = dp.noise((combined.size + 1,), sens)
+                combined, own = combined + noise[:-1], own + float(noise[-1])
+            signs_off = pol.accept_harm or not harmed(float(combined[0]), own, pol.harm_tolerance)
+            call.decisions["signs_off"] = signs_off
+        return m.HarmAnswer(
+            combined=np.asarray(combined, dtype=np.float64),
+            own=float(own),
+            n=int(self.X_labeled.shape[0]),
+            epsilon=self.guard.epsilon_spent(),
+            noisy=dp is not None,
+            tolerance=float(pol.harm_tolerance),
+            signs_off=bool(signs_off),
+        )
 
     def max_bound(self, _=None) -> m.BoundMax:
         with gate(self, "max_bound", _):
