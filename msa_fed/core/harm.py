@@ -7,8 +7,13 @@ are importance-weighted estimates over every site's points: a peer's predictor t
 only on k's rows, or a peer that lies about its own losses, moves them and z while every check
 passes; only k's own measurement shows what the model does to k's data.
 
-Site k is *harmed* when harm_k exceeds ``tolerance * own_k`` and :data:`MIN_HARM` (a policy value
-of the site: :func:`harmed`).  Where the influence analysis re-solved the mixture without each
+Site k is *harmed* when harm_k exceeds ``tolerance * max(own_k, SCALE_FLOOR)`` and
+:data:`MIN_HARM` (``tolerance`` is a policy value of the site: :func:`harmed`).  The min-max
+solution raises the easy domains' losses towards the hardest one's by design, so an honest
+model is often worse than a site's own predictor on its data: measured on the policy sweep's
+honest federations (p = 2 to 8, 30 to 1000 points per site, separated and overlapping domains
+with their own labelling rules), harm reached 0.74 nats and 2.98 x max(own, 0.25); the default
+tolerance, 4, lies above every one of them.  Where the influence analysis re-solved the mixture without each
 site j (z^{-j}), the sites measure the combined model's loss at every z^{-j} in the same request;
 site j is a *suspect* when a harmed site k != j is no longer harmed at z^{-j}
 (:func:`suspects`).  A site's own claims never clear it: only the other sites' measurements
@@ -26,6 +31,9 @@ from msa_fed.core.dc_terms import PROB_FLOOR
 
 #: a harm below this (in loss units) is never a harm: the noise of an honest measurement
 MIN_HARM = 0.01
+#: the tolerance is a multiple of the site's own predictor's loss, or of this when that is smaller
+#: (a near-perfect own predictor does not make every honest trade-off a harm)
+SCALE_FLOOR = 0.25
 
 
 def point_losses(g: np.ndarray, loss: str, y: np.ndarray | None) -> np.ndarray:
@@ -75,7 +83,7 @@ def measured_losses(
 def harmed(combined: float, own: float, tolerance: float) -> bool:
     """Whether a site whose own predictor's loss is ``own`` is harmed by a model of loss
     ``combined`` on its data, at the site's ``tolerance``."""
-    return bool(combined - own > max(tolerance * max(own, 0.0), MIN_HARM))
+    return bool(combined - own > max(tolerance * max(own, SCALE_FLOOR), MIN_HARM))
 
 
 def suspects(

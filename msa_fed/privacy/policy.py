@@ -44,8 +44,8 @@ File layout (every section and key optional; unknown ones are errors naming them
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
 
     [harm]
-    tolerance = 0.5                # harmed: the combined model's loss on the site's data above its
-                                   # own predictor's by more than tolerance x that loss (and 0.01)
+    tolerance = 4.0                # harmed: the combined model's loss on the site's data above its
+                                   # own predictor's by more than tolerance x max(that loss, 0.25)
     accept = true                  # false: the site does not sign off a model that harms it
 
     [verify]
@@ -111,7 +111,7 @@ class SitePolicy:
     loss_clip: float = 10.0
     ratio_clip: float = 10.0
     # [harm] the site's verdict on the combined model (msa_fed/core/harm.py)
-    harm_tolerance: float = 0.5
+    harm_tolerance: float = 4.0
     accept_harm: bool = True
     # [verify] (msa_fed/privacy/verify.py)
     verify_domain_models: bool = True
