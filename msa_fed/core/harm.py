@@ -43,7 +43,8 @@ def point_losses(g: np.ndarray, loss: str, y: np.ndarray | None) -> np.ndarray:
         out: np.ndarray = -np.log(np.maximum(g, PROB_FLOOR))
         return out
     assert y is not None  # squared loss: regression labels
-    return (g - y) ** 2
+    sq: np.ndarray = (g - y) ** 2
+    return sq
 
 
 def measured_losses(

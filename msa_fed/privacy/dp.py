@@ -15,9 +15,9 @@ Gaussian noise of standard deviation ``noise_multiplier * sensitivity``:
 
 Each answer is one ``GaussianDpEvent(noise_multiplier)``; a job's events are composed with the
 RDP accountant of ``dp_accounting`` (never by hand).  The noise multiplier is calibrated once
-per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations`` DC
-answers, and the site's one verdict on the model: :data:`VERDICT_ANSWERS`) spends exactly ``epsilon_per_job`` at ``delta``; an answer
-beyond the job's or the site's lifetime budget is refused.
+per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations``
+DC answers, and the site's one verdict on the model: :data:`VERDICT_ANSWERS`) spends exactly
+``epsilon_per_job`` at ``delta``; an answer beyond the job's or the site's lifetime budget is refused.
 """
 
 from __future__ import annotations
