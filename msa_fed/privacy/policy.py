@@ -44,7 +44,7 @@ File layout (every section and key optional; unknown ones are errors naming them
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
 
     [harm]
-    tolerance = 4.0                # harmed: model's loss on the site's data > own predictor's + tolerance x max(own, 0.25)
+    tolerance = 4.0                # harmed: model's loss on own data > own predictor's + tolerance x max(own, 0.25)
     accept = true                  # false: the site does not sign off a model that harms it (disputed)
 
     [verify]
