@@ -237,7 +237,8 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     solver = model.info.get("solver") if isinstance(model.info, dict) else None
     if isinstance(solver, dict) and "n_evaluations" in solver:
         influence = model.info.get("influence") if isinstance(model.info, dict) else None
-        extra = int(influence.get("evaluations", 0)) if isinstance(influence, dict) else 0
+        # the report's requests to each site: its lockstep rounds (older models: one per evaluation)
+        extra = int(influence.get("rounds", influence.get("evaluations", 0))) if isinstance(influence, dict) else 0
         total = int(solver["n_evaluations"]) + extra
         also = f"; the influence report {extra} more, {total} in all" if extra else ""
         lines.append(

@@ -428,9 +428,11 @@ def _check_answer(method: str, msg, p: int) -> str:
         if not _finite(msg.sums, (p,)) or msg.n < 0:
             return f"Qhat partial sums must be {p} finite numbers"
     elif isinstance(msg, m.DCPartial):
-        for name in ("L", "dL", "u", "du", "v", "dv"):
+        L = msg.sums.L
+        rows = L.shape[:1] if isinstance(L, np.ndarray) and L.ndim == 2 and 1 <= L.shape[0] <= p else ()
+        for name in ("L", "dL", "u", "du", "v", "dv"):  # one z, or a batch of at most p (rows first)
             v = getattr(msg.sums, name)
-            shape = (p,) if name in ("L", "u", "v") else (p, p)
+            shape = rows + ((p,) if name in ("L", "u", "v") else (p, p))
             if v is not None and not _finite(v, shape):
                 return f"DC sum {name} must be a finite array of shape {shape}"
     elif isinstance(msg, m.BoundMax):

@@ -94,6 +94,7 @@ LABELLED: dict[str, Rule] = {
         sizes=lambda w, r: {"n_labeled": w._points.n_points, "what": list(r.what)},
         sample="labelled",
         charges="dc_evaluation",
+        cost=lambda r: 1 if np.ndim(r.z) == 1 else int(np.shape(r.z)[0]),  # a batch: one per z
         checks=("eta", "z", "global_bound"),
         quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
         dp="noised",
@@ -179,8 +180,22 @@ def _qhat(c: Call) -> dict:
 
 
 def _z(c: Call) -> None:
+    """z, or a batch of at most p of them (the influence analysis's re-solves in lockstep; not
+    with DP, whose one answer is noised for one z)."""
     w, r = c.worker, c.msg
-    rules.check_z(r.z, float(r.eta), w._points.w.shape[1], w.policy, w.name)
+    p = w._points.w.shape[1]
+    if np.ndim(r.z) != 2:
+        rules.check_z(r.z, float(r.eta), p, w.policy, w.name)
+        return
+    zs = np.asarray(r.z)
+    if not 1 <= zs.shape[0] <= p:
+        raise PrivacyError("z", w.name, f"the request: a batch holds 1 to {p} values of z")
+    if w.guard.dp is not None:
+        raise PrivacyError(
+            "dp_what", w.name, "the request: with differential privacy on, the site answers one z at a time"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
 
 
 def _harm_z(c: Call) -> dict:

@@ -313,7 +313,14 @@ class SiteWorker(PublishedHalf):
         with gate(self, "dc_evaluate", msg):
             pts = self._points
             dp = self.guard.dp
-            if dp is None:
+            if dp is None and np.ndim(msg.z) == 2:  # a batch (the gate checked it): the sums per z, stacked
+                from msa_fed.core.dc_terms import DCSums
+
+                rows = [
+                    pts.evaluate(z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound) for z in msg.z
+                ]
+                sums = DCSums(**{k: np.stack([getattr(s, k) for s in rows]) for k in msg.what}, n=rows[0].n)
+            elif dp is None:
                 sums = pts.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
             else:  # the gate checked that only L is asked and spent one DP answer
                 from msa_fed.core.dc_terms import DCSums

@@ -54,13 +54,13 @@ class SmoothLiar(SiteWorker):
     def dc_evaluate(self, msg):
         out = SiteWorker.dc_evaluate(self, msg)
         if self.name == "evil":
-            e, z = self.index, np.asarray(msg.z)
+            e, z = self.index, np.asarray(msg.z)  # one z, or a batch (rows first)
             if out.sums.L is not None:
                 out.sums.L = out.sums.L.copy()
-                out.sums.L[e] += LIE * (1 - z[e])
+                out.sums.L[..., e] += LIE * (1 - z[..., e])
             if out.sums.dL is not None:
                 out.sums.dL = out.sums.dL.copy()
-                out.sums.dL[e, e] -= LIE
+                out.sums.dL[..., e, e] -= LIE
         return out
 
     def harm(self, msg):
@@ -244,6 +244,14 @@ def test_a_verdict_is_asked_at_no_more_than_p_plus_one_mixtures(honest):
             with pytest.raises(PrivacyError) as err:
                 worker.harm(m.HarmRequest(z=np.array([[0.5, 0.5, 0.0]]), eta=1e-9))
             assert err.value.rule == "eta_min"
+            # the influence report's batches: at most p values of z, each charged
+            used = worker.guard.ledger.used(worker.guard.job, "dc_evaluation")[0]
+            batch = worker.dc_evaluate(m.DCRequest(z=np.full((3, 3), 1 / 3), eta=0.01, what=("L", "dL")))
+            assert batch.sums.L.shape == (3, 3) and batch.sums.dL.shape == (3, 3, 3)
+            assert worker.guard.ledger.used(worker.guard.job, "dc_evaluation")[0] == used + 3
+            with pytest.raises(PrivacyError) as err:
+                worker.dc_evaluate(m.DCRequest(z=np.full((4, 3), 1 / 3), eta=0.01, what=("L",)))
+            assert err.value.rule == "z"
             records = worker.guard.audit.records()
     verdicts = [r for r in records if r["request"] == "harm"]
     assert [r["outcome"] for r in verdicts] == ["answered", "answered", "refused", "refused"]
