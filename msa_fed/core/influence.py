@@ -99,7 +99,9 @@ class Lockstep:
         self._answers: dict[int, Any] = {}
         self._memo: dict[tuple[Any, ...], DCSums] = {}
 
-    def evaluate(self, worker: int, z, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
+    def evaluate(
+        self, worker: int, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None
+    ) -> DCSums:
         z = np.asarray(z, dtype=np.float64)
         key = (z.tobytes(), float(eta), tuple(what), global_bound)
         with self._cv:
@@ -160,7 +162,7 @@ class _Worker:
         self.lockstep, self.worker = lockstep, worker
         self.n_sources = lockstep.n_sources
 
-    def evaluate(self, z, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
         return self.lockstep.evaluate(self.worker, z, eta, what, global_bound)
 
     def max_bound(self) -> float:

@@ -238,7 +238,9 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     if isinstance(solver, dict) and "n_evaluations" in solver:
         influence = model.info.get("influence") if isinstance(model.info, dict) else None
         # the report's requests to each site: its lockstep rounds (older models: one per evaluation)
-        extra = int(influence.get("rounds", influence.get("evaluations", 0))) if isinstance(influence, dict) else 0
+        extra = 0
+        if isinstance(influence, dict):
+            extra = int(influence.get("rounds") or influence.get("evaluations") or 0)
         total = int(solver["n_evaluations"]) + extra
         also = f"; the influence report {extra} more, {total} in all" if extra else ""
         lines.append(
