@@ -136,7 +136,7 @@ def test_an_honest_federation_names_nobody(honest):
     assert not any(model.info["site_check"]["harmed"])
 
 
-def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp_path):
+def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp_path, capsys):
     model, _ = honest
     loaded = load_model(model.save(tmp_path / "m"))
     assert loaded.harm == pytest.approx(model.harm) and loaded.suspects == ()
@@ -147,6 +147,11 @@ def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp
     )
     assert "suspects (sites whose exclusion removes a harm): none" in text
     assert MEASURED_NOTE in text and f"L_k(z) = north={c:.4f}" in text
+    from msa_fed.control.ops_cli import print_model_facts
+
+    print_model_facts(model.manifest())  # `msa-fed model show`: the stored manifest's facts
+    shown = capsys.readouterr().out
+    assert f"north={c:.4f}" in shown and MEASURED_NOTE in shown
     page = report_html(model)
     assert "<h2>The sites' verdicts</h2>" in page and "for north&#x27;s own predictor" in page
 
