@@ -47,6 +47,7 @@ import numpy as np
 
 from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
@@ -158,7 +159,7 @@ class FederatedSites:
         task: str = "classification",
         loss: str = "cross_entropy",
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         site_timeout_s: float = 60.0,
         workers_per_site: int = 1,
         num_cpus: float | None = None,

@@ -22,6 +22,7 @@ from msa_fed.artifacts.isolated import answered_together, prestart
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.threads import blas_threads_for
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditLog
@@ -105,7 +106,7 @@ class SiteWorker(PublishedHalf):
         task: str = "classification",
         loss: str = "cross_entropy",
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         data_path=None,
         policy: SitePolicy | None = None,
         job_id: str = "",
@@ -156,7 +157,7 @@ class SiteWorker(PublishedHalf):
         task: str,
         loss: str,
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         policy: SitePolicy | None = None,
         job_id: str = "",
     ) -> SiteWorker:
