@@ -236,23 +236,9 @@ def demo_federation():
     """The demo's three sites, small (150 labelled, 200 unlabelled points each), with their
     predictors: ``(sites, fed)`` where ``fed`` is make_federation's dict (test sets included).
     Shared by every test that needs a realistic fitted model; nothing may change them."""
-    from sklearn.linear_model import LogisticRegression
+    from demo_sites import demo_sites
 
-    import msa_fed
-    from msa_fed.experiments.demo_data import SITES, make_federation
-
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
-    return sites, fed
+    return demo_sites(1)
 
 
 @pytest.fixture(scope="session")

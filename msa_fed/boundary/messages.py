@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.dc_terms import DCSums
 
 
@@ -110,7 +111,7 @@ class JobSetup(Message):
     task: str
     loss: str
     classes: np.ndarray | None = None
-    min_points: int = 20
+    min_points: int = MIN_POINTS
 
 
 @dataclass(frozen=True)

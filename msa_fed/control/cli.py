@@ -496,7 +496,7 @@ def _principal_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
-    reg_sub = command_group(subparsers, "registry", "run the control-plane registry")
+    reg_sub = command_group(subparsers, "registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")
     serve.add_argument("--db", required=True, metavar="PATH", help="SQLite database (created if missing)")
     serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to bind (port 0: any free port)")
@@ -520,7 +520,7 @@ def register(subparsers) -> None:
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(func=_serve)
 
-    admin_sub = command_group(subparsers, "admin", "manage tokens, sites and the registry")
+    admin_sub = command_group(subparsers, "admin")
     issue = admin_sub.add_parser("issue-token", help="create a token (printed once) for a site or the admin")
     _principal_options(issue)
     issue.set_defaults(func=_issue_token)
@@ -532,7 +532,7 @@ def register(subparsers) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=_list_sites)
 
-    site_sub = command_group(subparsers, "site", "act as a site: register, publish, serve, audit")
+    site_sub = command_group(subparsers, "site")
     p = site_sub.add_parser("register", help="register this site")
     _connection_options(p)
     p.add_argument("--name", required=True, help="site name (must match the token)")

@@ -439,7 +439,7 @@ def connection_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add ``model``, ``job`` and ``admin deregister`` / ``admin site-status``."""
-    model = command_group(subparsers, "model", "combined models stored in the registry")
+    model = command_group(subparsers, "model")
     p = model.add_parser("list", help="every stored version; * marks the current one (what latest resolves to)")
     connection_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -471,7 +471,7 @@ def register(subparsers) -> None:
     connection_options(p)
     p.set_defaults(func=_model_upload)
 
-    job = command_group(subparsers, "job", "jobs recorded in the registry")
+    job = command_group(subparsers, "job")
     p = job.add_parser("list", help="recent jobs, newest first")
     p.add_argument("--limit", type=int, default=50, help="at most N jobs (default 50)")
     connection_options(p)
@@ -498,7 +498,7 @@ def register(subparsers) -> None:
     connection_options(p)
     p.set_defaults(func=_job_finish)
 
-    admin = command_group(subparsers, "admin", "manage tokens, sites and the registry")
+    admin = command_group(subparsers, "admin")
     p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")
     p.add_argument("--site", required=True, metavar="NAME")
     p.add_argument("--reason", help="why (recorded and shown in the error of any job that names the site)")

@@ -241,10 +241,6 @@ class TextFeatures(BaseEstimator, TransformerMixin):
         return out.toarray() if sp.issparse(out) else np.asarray(out)
 
 
-def text_features(kind: str, n_components: int = 50, random_state: int = 0) -> TextFeatures:
-    return TextFeatures(kind, n_components, random_state)
-
-
 #: Chosen with ``tune_options`` on seed 0's training reviews (1200 fit / 400 validation per
 #: domain; docs/RESULTS.md lists every candidate and its validation MSE).
 DMSA_OPTIONS: dict = {"features": TextFeatures("normalised"), "mu": 0.03}

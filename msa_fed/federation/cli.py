@@ -246,7 +246,7 @@ def with_site_logs(args):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    site = command_group(sub, "site", "site commands (register, publish, serve, ...)")
+    site = command_group(sub, "site")
     serve = site.add_parser(
         "serve",
         help="run the site's process: dial out to the registry and answer the "
@@ -277,7 +277,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     keygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     keygen.set_defaults(func=_site_keygen)
 
-    job = command_group(sub, "job", "jobs: their records, and the consortium's job key")
+    job = command_group(sub, "job")
     jkeygen = job.add_parser("keygen", help="create the consortium's job key (signs every sealed job)")
     jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     jkeygen.set_defaults(func=_job_keygen)

@@ -271,24 +271,8 @@ def connection_flags(
     return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
 
 
-def upload_command(
-    saved: Path,
-    registry: str,
-    *,
-    insecure: bool,
-    tls_ca: str | None,
-    admin_token_file: str | None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-) -> str:
-    flags = connection_flags(
-        registry,
-        insecure=insecure,
-        tls_ca=tls_ca,
-        admin_token_file=admin_token_file,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-    )
+def upload_command(saved: Path, flags: list[str]) -> str:
+    """The command that stores a saved model later, with the job's :func:`connection_flags`."""
     return shlex.join(["msa-fed", "model", "upload", str(saved), *flags])
 
 

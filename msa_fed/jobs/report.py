@@ -265,7 +265,7 @@ def register_cli(subparsers) -> None:
     from msa_fed.clitools import command_group
     from msa_fed.control.ops_cli import _version, connection_options
 
-    model = command_group(subparsers, "model", "combined models stored in the registry")
+    model = command_group(subparsers, "model")
     p = model.add_parser("report", help="an HTML report of a version: z, losses, convergence, sites and sha256")
     p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
     p.add_argument("--out", required=True, metavar="FILE.html", help="where to write the report")

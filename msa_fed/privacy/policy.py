@@ -59,6 +59,7 @@ from typing import Any
 
 import tomllib
 
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError
 
 #: on a site's node: the path of the site's policy file (read by the site's own process)
@@ -71,7 +72,7 @@ ANY_PEER = ("any",)
 @dataclass(frozen=True)
 class SitePolicy:
     # [limits]
-    min_points: int = 20
+    min_points: int = MIN_POINTS
     min_effective_points: float = 8.0
     max_point_share: float = 0.25
     weight_floor: float = 0.05
@@ -384,11 +385,6 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
     if out.epsilon_per_job > out.epsilon_lifetime:  # cannot happen by min(); kept as a guard
         raise ConfigError("job privacy request: epsilon_per_job above the site's lifetime budget")
     return out
-
-
-def policy_fingerprint(policy: SitePolicy) -> dict:
-    """The policy as a plain dict (for the audit log)."""
-    return policy.as_dict()
 
 
 __all__ = [
