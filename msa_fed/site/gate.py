@@ -24,7 +24,7 @@ from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
 from msa_fed.privacy.influence import bounded
-from msa_fed.privacy.verify import own_qhat, verify_domain_model
+from msa_fed.privacy.verify import capped_to_published, own_qhat, verify_domain_model
 from msa_fed.site.policy import trusts_custom_feature_maps
 from msa_fed.site.published import SiteStateLost
 
@@ -137,8 +137,9 @@ def _n_sources(c: Call) -> None:
 
 
 def _feature_map(c: Call) -> dict | None:
-    """A built-in map's parameters (rules.check_feature_map) on the request's sample; a custom
-    map only from an in-process caller (the site's own process)."""
+    """A built-in map's parameters (rules.check_feature_map) against the site's published sample
+    (public: a decision on the labelled points would tell a crafted map's sender about them); a
+    custom map only from an in-process caller (the site's own process)."""
     w, r = c.worker, c.msg
     state, custom = r.feature_map, r.custom_feature_map
     if state is None and custom is None:
@@ -151,7 +152,7 @@ def _feature_map(c: Call) -> dict | None:
                 "the request: custom feature maps are accepted only from an in-process caller (the site's own process)",
             )
         return {"feature_map": "custom (in-process)"}
-    return rules.check_feature_map(state, c.X, w.policy, w.name)
+    return rules.check_feature_map(state, w.X_unlabeled, w.policy, w.name)
 
 
 def _theta(c: Call) -> dict | None:
@@ -160,9 +161,13 @@ def _theta(c: Call) -> dict | None:
 
 
 def _verified(c: Call) -> dict:
+    """The model checked on public data alone; the labelled points then reach a Maxent model
+    through its map capped at the published points' largest norm (verify.capped_to_published)."""
     w = c.worker
     samples = None if w.published is None else w.published()
-    return verify_domain_model(c.msg, samples, c.X, w.policy, w.name)
+    got = verify_domain_model(c.msg, samples, w.policy, w.name)
+    capped_to_published(c.model(), got)
+    return got
 
 
 def _kde(c: Call) -> dict | None:
@@ -170,7 +175,8 @@ def _kde(c: Call) -> dict | None:
     if r.kind != "kde":
         return None
     model = c.model()
-    Phi = c.X if model.feature_map is None else np.asarray(model.feature_map.transform(c.X))
+    X = c.worker.X_unlabeled  # the published sample, as for the feature map (_feature_map)
+    Phi = X if model.feature_map is None else np.asarray(model.feature_map.transform(X))
     return rules.check_kde(r.bandwidths, r.samples, Phi, r.n_sources, c.worker.policy, c.worker.name)
 
 

@@ -24,7 +24,7 @@ from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.threads import blas_threads_for
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PeerFault, PrivacyError
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
@@ -40,9 +40,12 @@ from msa_fed.site.published import PublishedHalf
 __all__ = ["LABELLED", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
 
 
-def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
+def predictor_outputs(
+    predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str, where: str = "its inputs"
+) -> np.ndarray:
     """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
-    naming ``who``, never the offending rows: the message leaves the site).
+    naming ``who`` and ``where`` X comes from, never the offending rows nor how many: the message
+    leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
@@ -50,10 +53,12 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
         with blas_threads_for(X.size):
-            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
+            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False, where=where)
     own = np.asarray(predictor.classes_)
     with blas_threads_for(X.size * own.size):
-        P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
+        P = checked_proba(
+            predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False, where=where
+        )
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -233,16 +238,34 @@ class SiteWorker(PublishedHalf):
             self._H = cols
         return self._H
 
+    def _owner(self, k: int) -> str:
+        """The site whose predictor is predictor k of the job (its index where the host gave no names)."""
+        if self.sites is not None and 0 <= k < len(self.sites):
+            return self.sites[k]
+        return self.name if k == self.index else f"#{k}"
+
     def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:
-        """Predictor k's checked outputs on the first n rows of ``both``; a failing check names the
-        sample it failed on (the check is run again on each, on this error path only)."""
+        """Predictor k's checked outputs on the first n rows of ``both``.  A failing check is one
+        line naming the predictor's owner and the sample it failed on (the check is run again on
+        each, on this error path only), never which rows nor how many: a peer's predictor is a
+        :class:`PeerFault` of its owner (as a broken limit is, msa_fed.artifacts.isolated), the
+        site's own a ConfigError."""
         try:
             return predictor_outputs(h, both, self.task, self.classes, who="")[:n]
         except ConfigError:
-            for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
-                who = f"site {self.name!r}, predictor {k}, on the site's {what} points"
-                predictor_outputs(h, both[rows], self.task, self.classes, who=who)
-            raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
+            owner = self._owner(k)
+            own = k == self.index
+            who = f"site {owner!r}'s {'own ' if own else ''}predictor"
+            whose = "its" if own else f"site {self.name!r}'s"
+            try:
+                for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
+                    where = f"{whose} {what} points"
+                    predictor_outputs(h, both[rows], self.task, self.classes, who=who, where=where)
+                raise ConfigError(f"{who}: its outputs on site {self.name!r}'s points failed the check")
+            except ConfigError as exc:
+                if own:
+                    raise ConfigError(str(exc)) from None
+                raise PeerFault(owner, str(exc)) from None
 
     # ------------------------------------------------------------------ public surface
     # each request passes the one gate (msa_fed.site.gate: its row of LABELLED says what it
