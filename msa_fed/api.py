@@ -42,7 +42,8 @@ class SiteData:
 
     name : the site's name.
     X_labeled : (n_k, d) labelled inputs;  y_labeled : (n_k,) labels or targets.
-    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier).
+    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier; published): no row may
+        be a labelled input too (ValueError naming how many are).
     predictor : the site's frozen h_k: ``predict`` (regression) or ``predict_proba`` and
         ``classes_`` (classification).
     policy : the site's :class:`msa_fed.privacy.policy.SitePolicy` (None: the defaults, or the
@@ -85,6 +86,17 @@ class SiteData:
             raise ValueError(
                 f"site {self.name!r}: X_unlabeled has {self.X_unlabeled.shape[1]} features but "
                 f"X_labeled has {self.X_labeled.shape[1]}"
+            )
+        from msa_fed.privacy.consortium import shared_rows
+
+        # the unlabelled sample is published (it trains the domain classifier at the coordinator):
+        # with the labelled inputs known, a site's answers are linear in its labels
+        shared = shared_rows(self.X_labeled, self.X_unlabeled)
+        if shared:
+            raise ValueError(
+                f"site {self.name!r}: {shared} of the {self.X_unlabeled.shape[0]} rows of X_unlabeled are "
+                "labelled inputs too; a site never publishes its labelled inputs: drop them from X_unlabeled "
+                "(msa_fed.privacy.consortium.shared_mask(X_labeled, X_unlabeled) marks them)"
             )
 
 

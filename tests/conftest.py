@@ -77,6 +77,9 @@ NOT_QUICK = (
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
     "artifacts/test_onnx_export.py",  # exported graphs of every feature map and task against the model
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
+    "experiments/test_verdicts_honest.py",  # eight honest fits with the influence report
+    "runtime/test_site_verdicts.py",  # attacked and honest fits with the influence report, DP
+    "core/test_core_influence_lockstep.py",  # min-max solves and their p re-solves
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "federation/test_site_startup.py",  # waits out a registry that is not up yet

@@ -44,6 +44,10 @@ File layout (every section and key optional; unknown ones are errors naming them
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
 
+    [harm]
+    tolerance = 4.0                # harmed: model's loss on own data > own predictor's + tolerance x max(own, 0.25)
+    accept = true                  # false: the site does not sign off a model that harms it (disputed)
+
     [verify]
     domain_models = true           # recompute the domain model from the published samples
     mu_max = 10.0                  # a Maxent model's mu must lie in [mu_min, mu_max]
@@ -110,6 +114,9 @@ class SitePolicy:
     dp_dc_evaluations: int = 40
     loss_clip: float = 10.0
     ratio_clip: float = 10.0
+    # [harm] the site's verdict on the combined model (msa_fed/core/harm.py)
+    harm_tolerance: float = 4.0
+    accept_harm: bool = True
     # [verify] (msa_fed/privacy/verify.py)
     verify_domain_models: bool = True
     mu_max: float = 10.0
@@ -177,6 +184,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "loss_clip": "loss_clip",
         "ratio_clip": "ratio_clip",
     },
+    "harm": {"tolerance": "harm_tolerance", "accept": "accept_harm"},
     "verify": {"domain_models": "verify_domain_models", "mu_max": "mu_max", "tolerance": "verify_tolerance"},
 }
 
@@ -191,7 +199,7 @@ _INTS = {
     "dc_evaluations_per_day",
     "dp_dc_evaluations",
 }
-_BOOLS = {"allow_custom_feature_map", "model_carries_sample", "dp_enabled", "verify_domain_models"}
+_BOOLS = {"allow_custom_feature_map", "model_carries_sample", "dp_enabled", "verify_domain_models", "accept_harm"}
 _STRS = {"ledger", "audit_log"}
 #: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
 HIGHER_IS_STRICTER = {
@@ -303,6 +311,8 @@ def validate(policy: SitePolicy) -> SitePolicy:
             raise ConfigError(f"site policy: {name} must be >= 1; got {getattr(policy, name)!r}")
     if not 0 < policy.max_point_share <= 1:
         raise ConfigError(f"site policy: max_point_share must be in (0, 1]; got {policy.max_point_share!r}")
+    if policy.harm_tolerance < 0:
+        raise ConfigError(f"site policy: harm_tolerance must be >= 0; got {policy.harm_tolerance!r}")
     if policy.weight_floor < 0:
         raise ConfigError(f"site policy: weight_floor must be >= 0; got {policy.weight_floor!r}")
     if policy.mu_max < policy.mu_min:
