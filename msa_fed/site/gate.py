@@ -382,7 +382,7 @@ class Call(Request):
         msg, dp = self.msg, self._transform("noised")
         if dp is None and np.ndim(msg.z) == 2:  # a batch (checked: at most p rows, never with DP)
             what, bound = tuple(msg.what), msg.global_bound
-            rows = [points.evaluate(z, float(msg.eta), what=what, global_bound=bound) for z in msg.z]
+            rows = points.evaluate_batch(msg.z, float(msg.eta), what=what, global_bound=bound)
             return DCSums(**{k: np.stack([getattr(r, k) for r in rows]) for k in what}, n=rows[0].n)
         if dp is None:
             return points.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)

@@ -80,3 +80,18 @@ def test_batched_sums_split_into_one_per_z():
         np.testing.assert_array_equal(got.L, want.L)
         np.testing.assert_array_equal(got.dL, want.dL)
         assert got.n == want.n and got.u is None
+
+
+@pytest.mark.parametrize("n", [100, 3000])  # one block under one thread as it is; blocks under the pinned thread
+def test_a_batch_at_a_site_gives_each_z_its_own_sums_bit_for_bit(n):
+    sets = make_dc_problem(4, n, "cross_entropy", random_state=2)
+    ps = sets[1]
+    zs = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    for what in (("L",), ("L", "dL"), ("L", "dL", "u", "du", "v", "dv")):
+        got = ps.evaluate_batch(zs, 0.01, what=what)
+        assert len(got) == len(zs)
+        for z, g in zip(zs, got):
+            want = ps.evaluate(z, 0.01, what=what)
+            for name in what:
+                np.testing.assert_array_equal(getattr(g, name), getattr(want, name))
+            assert g.n == want.n
