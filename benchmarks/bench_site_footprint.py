@@ -158,7 +158,8 @@ def main() -> None:
             r = run_one(python, code, Path(tmp))
         results.append(r)
         size = r["venv_bytes"] / 2**20
-        print(f"site interpreter {python} (code: {r['site_code'] or 'its install'}): venv {size:.0f} MiB, job {r['job_s']} s")
+        code = r["site_code"] or "its install"
+        print(f"site interpreter {python} (code: {code}): venv {size:.0f} MiB, job {r['job_s']} s")
         for name, s in r["sites"].items():
             print(
                 f"  {name:6s} site serve peak RSS {s['peak_rss_mb']:6.1f} MiB   sandbox children peak "
