@@ -69,10 +69,10 @@ def test_msa_fed_starts_and_a_coordinator_command_names_the_extra(slim_venv, tmp
     cli = slim_venv / "bin" / "msa-fed"
     assert _run([cli, "--help"], env=env, cwd=tmp_path, timeout=120).returncode == 0
     assert _run([cli, "site", "keygen", "--out", "site.key"], env=env, cwd=tmp_path, timeout=120).returncode == 0
-    done = _run([cli, "demo"], env=env, cwd=tmp_path, timeout=120)
+    done = _run([cli, "experiment", "synthetic"], env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        f"error: msa-fed demo needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
+        f"error: msa-fed experiment needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
     ]
 
 

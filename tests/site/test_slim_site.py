@@ -205,10 +205,10 @@ def test_the_site_commands_start_and_a_coordinator_command_names_the_extra(tmp_p
     assert (tmp_path / "site.key.pub").is_file() and (tmp_path / "job.key.pub").is_file()
     assert blocked(tmp_path / "blocker") == []
     # the coordinator's side: one line naming the package and the extra, no traceback
-    done = _run(cli + ["demo"], env, tmp_path)
+    done = _run(cli + ["experiment", "synthetic"], env, tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        f"error: msa-fed demo needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
+        f"error: msa-fed experiment needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
     ]
 
 
