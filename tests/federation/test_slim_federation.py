@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 from fedhelpers import NAMES, job_config, output_dir, site_files  # noqa: E402
 from slim import blocked, slim_env  # noqa: E402
 
+from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
 from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
@@ -35,6 +36,35 @@ def _job(fed, tmp):
     return run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp))
 
 
+def _new_site_joins(fed, folder, like, env) -> None:
+    folder.mkdir()
+    token = fed.registry.issue_token("site", "south")
+    rng = np.random.default_rng(7)
+    np.save(folder / "sample.npy", rng.normal(size=(60, 2)).astype(np.float32).astype(np.float64))
+    np.savez(folder / "data.npz", X_labeled=rng.normal(size=(50, 2)), y_labeled=np.zeros(50))
+    (folder / "predictor.onnx").write_bytes(like.predictor)
+    common = ["--registry", fed.address, "--token", token, "--insecure"]
+    for args in (
+        ["site", "keygen", "--out", "site.key"],
+        ["site", "register", *common, "--name", "south", "--seal-key", "site.key.pub"],
+        ["site", "publish", *common, "--predictor", "predictor.onnx", "--unlabeled", "sample.npy"]
+        + ["--labeled", "data.npz"],
+        ["site", "heartbeat", *common],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "msa_fed.cli", *args],
+            env=env,
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    record = fed.store.get_site("south")
+    assert record is not None and record.predictor is not None and record.sample is not None
+    assert record.last_heartbeat is not None and record.predictor.sha256 == sha256_hex(like.predictor)
+
+
 def test_a_sealed_job_runs_with_every_site_serve_unable_to_import_the_coordinator(local_ray, tmp_path):
     files = site_files()
     blocker = tmp_path / "blocker"
@@ -45,6 +75,8 @@ def test_a_sealed_job_runs_with_every_site_serve_unable_to_import_the_coordinato
         for name in NAMES:
             assert "slimjob" in fed.log_text(name) and "Traceback" not in fed.log_text(name)
         workdir = fed.workdir
+        # a new site registers, publishes and heartbeats from the same blocked environment
+        _new_site_joins(fed, tmp_path / "south", files["north"], slim_env(blocker))
     assert blocked(blocker) == []
     # the same job with sites that may import anything finds the same z
     with LocalFederation(tmp_path / "full", files) as fed:
