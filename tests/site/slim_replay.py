@@ -8,7 +8,8 @@ JOB_DIR/job.json: the site (name, index, task, loss, classes), the requests (met
 ``SiteRequest`` bytes, base64) in the order the coordinator sent them; JOB_DIR/data.npz: the
 site's labelled data, its unlabelled sample and the job's published samples
 (``published_<k>``); JOB_DIR/predictor_<k>.onnx: the job's predictors.  As ``site serve`` does,
-the site loads its own predictor and runs every peer's in the sandbox (a limited worker process).
+the site loads its own predictor and runs every peer's in the sandbox (a limited worker process),
+and every request goes through the site's one entry point (``handle``).
 Writes JOB_DIR/answers.json: the ``SiteResponse`` bytes (base64) of every request, and the
 modules of the coordinator extra this process holds at the end.
 """
@@ -58,7 +59,7 @@ def main(folder: Path) -> None:
         got, msg = wire.from_proto(pb.SiteRequest.FromString(base64.b64decode(request)), wire.REQUESTS)
         assert got == method, (got, method)
         try:
-            response = wire.to_proto(method, getattr(worker, method)(msg), wire.RESPONSES)
+            response = wire.to_proto(method, worker.handle(method, msg), wire.RESPONSES)
         except MsaFedError as exc:
             response = wire.failure_proto(exc)
         answers.append(base64.b64encode(response.SerializeToString()).decode())
