@@ -80,6 +80,9 @@ NOT_QUICK = (
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
     "artifacts/test_onnx_export.py",  # exported graphs of every feature map and task against the model
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
+    "experiments/test_verdicts_honest.py",  # eight honest fits with the influence report
+    "runtime/test_site_verdicts.py",  # attacked and honest fits with the influence report, DP
+    "core/test_core_influence_lockstep.py",  # min-max solves and their p re-solves
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "federation/test_site_startup.py",  # waits out a registry that is not up yet
@@ -241,23 +244,9 @@ def demo_federation():
     """The demo's three sites, small (150 labelled, 200 unlabelled points each), with their
     predictors: ``(sites, fed)`` where ``fed`` is make_federation's dict (test sets included).
     Shared by every test that needs a realistic fitted model; nothing may change them."""
-    from sklearn.linear_model import LogisticRegression
+    from demo_sites import demo_sites
 
-    import msa_fed
-    from msa_fed.experiments.demo_data import SITES, make_federation
-
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
-    return sites, fed
+    return demo_sites(1)
 
 
 @pytest.fixture(scope="session")

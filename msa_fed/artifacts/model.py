@@ -117,6 +117,24 @@ class CombinedModel:
     def n_sources(self) -> int:
         return self.z.size
 
+    # the sites' verdicts (msa_fed/core/harm.py), kept in info["site_check"] (the manifest's info)
+    @property
+    def harm(self) -> dict[str, float]:
+        """Site name -> the combined model's loss on the site's labelled data minus its own
+        predictor's there, as the site measured it ({} when the sites were not asked)."""
+        check = self.info.get("site_check") or {}
+        return {str(n): float(h) for n, h in zip(check.get("sites", ()), check.get("harm", ()))}
+
+    @property
+    def suspects(self) -> tuple[str, ...]:
+        """The sites whose exclusion removes a harm measured at another site (empty: nobody)."""
+        return tuple(str(n) for n in (self.info.get("site_check") or {}).get("suspects", ()))
+
+    @property
+    def disputed(self) -> tuple[str, ...]:
+        """The sites that do not sign the model off (their policy's accept = false, harmed)."""
+        return tuple(str(n) for n in (self.info.get("site_check") or {}).get("disputed", ()))
+
     @property
     def z_paper(self) -> np.ndarray:
         """z' of the paper's Proposition 1 (the weight on Q(k|x) itself)."""

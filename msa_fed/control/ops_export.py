@@ -173,12 +173,11 @@ def _model_export(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``export`` to the ``msa-fed model`` command group (registered by
-    :mod:`msa_fed.control.ops_cli`, which :mod:`msa_fed.cli` loads first)."""
+    """Add ``export`` to the ``msa-fed model`` command group (declared by :mod:`msa_fed.cli`)."""
     from msa_fed.clitools import command_group
     from msa_fed.control.ops_cli import TOKEN_FILE_ENV
 
-    model_commands = command_group(subparsers, "model", "combined models stored in the registry")
+    model_commands = command_group(subparsers, "model")
 
     p = model_commands.add_parser(
         "export", help="write a stored version (or a model directory) as one self-contained ONNX file"

@@ -18,7 +18,7 @@ import numpy as np
 from msa_fed.artifacts.model import CombinedModel
 from msa_fed.core.combination import class_union
 from msa_fed.core.dc_solver import solve_dc
-from msa_fed.core.dc_terms import DCSums, sum_all
+from msa_fed.core.dc_terms import DCSums, batch_rows, sum_all
 from msa_fed.core.density import KDEDomainModel
 from msa_fed.core.domain_classifier import (
     DomainClassifier,
@@ -332,8 +332,10 @@ class Coordinator:
         if cfg.influence and not self.epsilon:
             influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
             progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
+        site_check = self.site_check(res.z, influence, progress)
         info = {
             "influence": influence,
+            "site_check": site_check,
             "solver": {
                 "method": res.method,
                 "n_iter": res.n_iter,
@@ -364,6 +366,36 @@ class Coordinator:
             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos},
         )
 
+    def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
+        """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
+        model's z and, with the influence analysis, each mixture re-solved without a site.  A
+        refusal by a site's policy (its budget spent, say) leaves the model without verdicts,
+        said in one line."""
+        from msa_fed.core.harm import harm_lines
+        from msa_fed.core.harm import site_check as check
+
+        zs = np.atleast_2d(np.asarray(z, dtype=np.float64))
+        if influence is not None:
+            zs = np.vstack([zs, np.asarray(influence["z_without"], dtype=np.float64)])
+        try:
+            parts = self.call_all("harm", m.HarmRequest(z=zs, eta=float(self.config.eta)))
+        except PrivacyError as exc:
+            progress.note(f"the sites' verdicts on the model: not measured ({exc})")
+            return None
+        self.note_epsilon(parts)
+        self.answers.harm(parts, zs.shape[0])
+        out = check(
+            [i.name for i in self.infos],
+            np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]),
+            np.array([float(r.own) for r in parts]),
+            np.array([float(r.tolerance) for r in parts]),
+            [bool(r.noisy) for r in parts],
+            [bool(r.signs_off) for r in parts],
+        )
+        for line in harm_lines(out):
+            progress.note(line)
+        return out
+
 
 class DistributedOracle:
     """The DC loss oracle whose sums are computed at the sites (through the backend) and added here."""
@@ -384,6 +416,23 @@ class DistributedOracle:
         if self.checker is not None:
             self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
         return sum_all(r.sums for r in parts)
+
+    def evaluate_batch(self, zs, eta, what, global_bound=None) -> list[DCSums]:
+        """The sums at each row of ``zs`` (m, p): one request per site for all of them (the
+        influence analysis's re-solves, in lockstep); each site's answer checked per z."""
+        zs = np.asarray(zs, dtype=np.float64)
+        msg = m.DCRequest(z=zs, eta=float(eta), what=tuple(what), global_bound=global_bound)
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
+        if self.on_parts is not None:
+            self.on_parts(parts)
+        per_site = [batch_rows(r.sums) for r in parts]
+        out = []
+        for row, z in enumerate(zs):
+            got = [m.DCPartial(sums=rows[row], epsilon=r.epsilon) for rows, r in zip(per_site, parts)]
+            if self.checker is not None:
+                self.checker.dc_partials(got, z, msg.eta, msg.what)
+            out.append(sum_all(g.sums for g in got))
+        return out
 
     def max_bound(self) -> float:
         parts = self.backend.call_all("max_bound", [None] * self.n_sources)
