@@ -5,8 +5,9 @@ Each case runs a real Python process under tests/slim.py's import blocker (the p
 as not installed there, and every attempt to import one is logged):
 
 - a site answers every request a job relays to it (info, the domain model: Maxent and KDE,
-  Qhat, DC evaluations, the squared-loss bound), with the peers' predictors in the sandbox, the
-  same answers as the in-process site of the same job, and imports none of the packages;
+  Qhat, DC evaluations, the squared-loss bound, the verdict on the combined model), with the
+  peers' predictors in the sandbox, the same answers as the in-process site of the same job,
+  and imports none of the packages;
 - the site's commands start, and a command of the coordinator's side is one line naming the
   extra; ``msa_fed.fit_dmsa`` too; a domain model whose code needs a missing package is refused
   at the site in one line.
@@ -33,9 +34,10 @@ from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import boundary_pb2 as pb
 from msa_fed.errors import COORDINATOR_INSTALL
+from msa_fed.site.methods import SITE_METHODS
 
-#: what a site process answers (runtime.federated's RELAY_METHODS, join_job aside: the agent's)
-SITE_METHODS = ("info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound")
+#: what a site process answers, the site's own list (join_job is the agent's; ping carries nothing)
+REPLAYED = SITE_METHODS - {"join_job", "ping"}
 REPLAY = Path(__file__).with_name("slim_replay.py")
 NAMES = ("east", "north", "west")
 
@@ -97,7 +99,7 @@ def _record(folder: Path, method: str, task: str, site: int = 1):
     name = NAMES[site]
     requests, answers = [], []
     for direction, who, what, msg in recorder.records:
-        if who != name or what not in SITE_METHODS:
+        if who != name or what not in REPLAYED:
             continue
         if direction == "to_site":
             request = wire.to_proto(what, msg, wire.REQUESTS).SerializeToString()
@@ -167,9 +169,8 @@ def check_replayed(folder: Path, methods, expected, got: dict) -> None:
 def test_a_site_answers_every_relayed_request_without_the_coordinator_packages(tmp_path, method, task):
     methods, expected = _record(tmp_path / "job", method, task)
     # every kind of request a site process answers for this job is in the replay
-    wanted = {"info", "set_domain_model", "set_qhat", "dc_evaluate"}
-    wanted |= {"max_bound"} if task == "regression" else set()
-    assert set(methods) == wanted and methods.count("dc_evaluate") >= 2
+    assert set(methods) == REPLAYED - ({"max_bound"} if task == "classification" else set())
+    assert methods.count("dc_evaluate") >= 2
     job = json.loads((tmp_path / "job" / "job.json").read_text())
     spec = next(
         wire.from_proto(pb.SiteRequest.FromString(base64.b64decode(b)), wire.REQUESTS)[1]
