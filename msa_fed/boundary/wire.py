@@ -264,6 +264,7 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
         body.name, body.task = msg.name, msg.task
         body.n_features, body.n_labeled = int(msg.n_features), int(msg.n_labeled)
         body.n_unlabeled = int(msg.n_unlabeled)
+        body.sample_kept_out = not msg.sample_in_model
         if msg.classes is not None:
             _put_array(body.classes, np.asarray(msg.classes))
     elif isinstance(msg, m.UnlabeledSample):
@@ -377,6 +378,7 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
             n_unlabeled=b.n_unlabeled,
             task=b.task,
             classes=_opt_array(b, "classes", what),
+            sample_in_model=not b.sample_kept_out,
         )
     if cls is m.UnlabeledSample:
         if not b.HasField("X"):

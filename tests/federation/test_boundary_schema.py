@@ -79,7 +79,7 @@ REQUESTS = [
 ]
 RESPONSES = [
     m.SiteInfo(name="a", n_features=3, n_labeled=41, n_unlabeled=60, task="classification", classes=np.array([0, 1])),
-    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression"),
+    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression", sample_in_model=False),
     m.UnlabeledSample(X=RNG.normal(size=(7, 3))),
     m.GradSum(loss=1.25, grad=RNG.normal(size=21), n=60),
     m.QhatPartial(sums=np.array([0.1, 0.2, 0.05]), n=41),
