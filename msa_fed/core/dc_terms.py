@@ -18,6 +18,7 @@ Notation (DESIGN.md section 2), for the points i of this set:
 from __future__ import annotations
 
 import contextlib
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -207,70 +208,10 @@ class PointSet:
         self, zs: np.ndarray, eta: float, *, what: tuple[str, ...] = ("L",), global_bound: float | None = None
     ) -> list[DCSums]:
         """:meth:`evaluate` at each row of ``zs`` (m, p), under one BLAS-thread setting for the
-        whole batch (entering it costs about as much as the sums of a small site at one z).  For
-        L and dL (what the min-max solver asks) the terms shared by the rows (K_z, J_z, the loss
-        and its derivative at every point) are computed for all of them in one pass per block of
-        points, one matrix product instead of m; the sums equal the per-z ones up to rounding."""
+        whole batch (entering it costs about as much as the sums of a small site at one z)."""
         zs = np.asarray(zs, dtype=np.float64)
-        what = tuple(what)
-        n, p = self.w.shape
-        if zs.ndim != 2 or zs.shape[1:] != (p,) or not zs.shape[0] or not n or not set(what) <= {"L", "dL"}:
-            with one_blas_thread():
-                return [self._evaluate(z, eta, what, global_bound, pinned=True) for z in zs]
-        outs = [{name: np.zeros((p, p)) if name == "dL" else np.zeros(p) for name in what} for _ in zs]
-        rows = max(256, BLOCK_ELEMENTS // p)
-        buf = np.empty((min(n, rows), p), order="F") if "dL" in what else None
         with one_blas_thread():
-            for a in range(0, n, rows):
-                self._losses_batch_block(slice(a, min(n, a + rows)), zs, float(eta), "dL" in what, buf, outs)
-        return [DCSums(n=n, **out) for out in outs]
-
-    def _losses_batch_block(
-        self,
-        sl: slice,
-        zs: np.ndarray,
-        eta: float,
-        grad: bool,
-        buf: np.ndarray | None,
-        outs: list[dict[str, np.ndarray]],
-    ) -> None:
-        """:meth:`_losses_block` for every row of ``zs`` at once (columns: one per z)."""
-        w, WH = self.w[sl], self._WH[sl]
-        m = w.shape[0]
-        eta_pi, eta_piH = self._eta_terms(eta)
-        K = w @ zs.T
-        K += eta_pi[sl][:, None]  # K_z(i), (m, b)
-        J = WH @ zs.T
-        J += eta_piH[sl][:, None]  # J_z(i)
-        G = J / K
-        if self.loss == "squared":
-            assert self.y is not None  # set for the squared loss in __post_init__
-            R = G - self.y[sl][:, None]
-            loss = R * R
-            A = np.divide(R, K, out=R)
-            A *= 2.0
-            sign = 1.0
-        else:
-            loss = np.log(G)
-            A = np.reciprocal(J, out=J)
-            sign = -1.0
-        if "L" in outs[0]:
-            Ls = loss.T @ w  # (b, p)
-            for out, row in zip(outs, Ls):
-                out["L"] += sign * row
-        if not grad:
-            return
-        assert buf is not None
-        T = buf[:m]
-        for b, out in enumerate(outs):
-            np.multiply(w, G[:, b, None], out=T)
-            np.subtract(WH, T, out=T)  # (H_j - g) w_j
-            T *= A[:, b, None]
-            prod = w.T @ T
-            if sign < 0:
-                out["dL"] -= prod
-            else:
-                out["dL"] += prod
+            return [self._evaluate(z, eta, tuple(what), global_bound, pinned=True) for z in zs]
 
     def _eta_terms(self, eta: float) -> tuple[np.ndarray, np.ndarray]:
         """(eta pi_i, (eta / p) pi_i sum_k H_k(i)) for the last eta asked (the solver keeps eta)."""
