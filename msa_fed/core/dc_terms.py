@@ -18,7 +18,6 @@ Notation (DESIGN.md section 2), for the points i of this set:
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from functools import partial

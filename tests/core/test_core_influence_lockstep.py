@@ -82,16 +82,23 @@ def test_batched_sums_split_into_one_per_z():
         assert got.n == want.n and got.u is None
 
 
-@pytest.mark.parametrize("n", [100, 3000])  # one block under one thread as it is; blocks under the pinned thread
-def test_a_batch_at_a_site_gives_each_z_its_own_sums_bit_for_bit(n):
-    sets = make_dc_problem(4, n, "cross_entropy", random_state=2)
+@pytest.mark.parametrize("loss", ["cross_entropy", "squared"])
+@pytest.mark.parametrize("n", [100, 6000])  # one block; blocks of 1024 points (about 1500 at the site)
+def test_a_batch_at_a_site_gives_each_z_its_own_sums_bit_for_bit(n, loss, monkeypatch):
+    from msa_fed.core import dc_terms
+
+    monkeypatch.setattr(dc_terms, "BLOCK_ELEMENTS", 4096)
+    sets = make_dc_problem(4, n, loss, random_state=2)
     ps = sets[1]
     zs = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]])
-    for what in (("L",), ("L", "dL"), ("L", "dL", "u", "du", "v", "dv")):
+    for what in (("L",), ("dL",), ("L", "dL"), ("L", "dL", "u", "du", "v", "dv")):
         got = ps.evaluate_batch(zs, 0.01, what=what)
         assert len(got) == len(zs)
         for z, g in zip(zs, got):
             want = ps.evaluate(z, 0.01, what=what)
+            assert set(g.arrays()) == set(want.arrays()) == set(what)
             for name in what:
                 np.testing.assert_array_equal(getattr(g, name), getattr(want, name))
             assert g.n == want.n
+    with pytest.raises(ValueError, match="shape"):
+        ps.evaluate_batch(zs[:, :3], 0.01, what=("L", "dL"))
