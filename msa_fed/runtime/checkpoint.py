@@ -2,16 +2,22 @@
 
 ``directory/dc_state.json`` holds a fingerprint of the problem (sites, sizes, options, a digest
 of the published samples) and the state (``theta``, ``z``, ``gamma``, ``gamma_name``: the
-objective ``gamma`` holds, ``iteration``, ``done``).  A run with the same directory resumes
-from a state of the same problem and ignores any other.  The file is replaced atomically (write, then rename).
+objective ``gamma`` holds, ``iteration``, ``done``) and ``answers``: the DC rounds the sites
+answered (:class:`KeptAnswers`), so that a resumed run asks the sites only what they have not
+answered yet.  A run with the same directory resumes from a state of the same problem and
+ignores any other.  The file is replaced atomically (write, then rename).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
+import numpy as np
+
+from msa_fed.core.dc_terms import DCSums
 from msa_fed.errors import ConfigError
 
 FILE_NAME = "dc_state.json"
@@ -66,3 +72,70 @@ class Checkpoint:
             os.replace(tmp, self.directory / FILE_NAME)
         except OSError as exc:
             raise ConfigError(f"cannot write the checkpoint in {str(self.directory)!r}: {exc}") from None
+
+
+#: the fields of a DC round's answer that the checkpoint keeps
+_SUMS = ("L", "dL", "u", "du", "v", "dv")
+
+
+class KeptAnswers:
+    """A DC loss oracle whose answers are kept in the run's checkpoint (``answers``).
+
+    The solver is deterministic given its answers (its seed is the run's): a resumed run starts
+    it afresh and each round the sites answered before is answered here from the checkpoint,
+    bit for bit (JSON keeps a float's shortest repr, which reads back as the same double), so
+    the solver retraces its path without asking the sites, and asks them only the rounds they
+    have not answered (not charged to their budgets again).  A round's key is a digest of
+    ``context`` (the Qhat the sites were given: another Qhat is another problem), ``z`` as
+    float64 bytes, ``eta``, ``what`` and the bound.
+
+    oracle : the live oracle (``evaluate``, ``max_bound``, ``n_sources``).
+    checkpoint : the run's :class:`Checkpoint` (without a directory nothing is kept).
+    asked, kept : the rounds sent to the sites and the rounds answered from the checkpoint."""
+
+    def __init__(self, oracle, checkpoint: Checkpoint, context: bytes = b""):
+        self.oracle = oracle
+        self.checkpoint = checkpoint
+        self.context = bytes(context)
+        self.n_sources = int(oracle.n_sources)
+        stored = checkpoint.state.get("answers")
+        self._answers: dict = dict(stored) if isinstance(stored, dict) else {}
+        self.asked = 0
+        self.kept = 0
+
+    def _key(self, *parts) -> str:
+        h = hashlib.sha256(self.context)
+        for part in parts:
+            h.update(b"\0")
+            h.update(part if isinstance(part, bytes) else repr(part).encode())
+        return h.hexdigest()[:32]
+
+    def _keep(self, key: str, value) -> None:
+        self._answers[key] = value
+        self.checkpoint.update(answers=self._answers)
+
+    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        bound = None if global_bound is None else float(global_bound)
+        key = self._key(b"evaluate", z.tobytes(), float(eta), tuple(what), bound)
+        got = self._answers.get(key)
+        if isinstance(got, dict):
+            self.kept += 1
+            arrays = {k: np.asarray(got[k], dtype=np.float64) for k in _SUMS if got.get(k) is not None}
+            return DCSums(**arrays, n=int(got.get("n", 0)))
+        out = self.oracle.evaluate(z, eta, what, global_bound)
+        self.asked += 1
+        kept = {k: np.asarray(getattr(out, k)).tolist() for k in _SUMS if getattr(out, k) is not None}
+        self._keep(key, {**kept, "n": int(out.n)})
+        return out
+
+    def max_bound(self) -> float:
+        key = self._key(b"max_bound")
+        got = self._answers.get(key)
+        if isinstance(got, float):
+            self.kept += 1
+            return got
+        value = float(self.oracle.max_bound())
+        self.asked += 1
+        self._keep(key, value)
+        return value
