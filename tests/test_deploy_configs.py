@@ -694,7 +694,8 @@ def test_every_recipe_runs_ray_with_its_token_check_and_never_a_bare_ray_stop(pa
         assert "RAY_AUTH_MODE=token" in before, f"{path.name}: a ray start without the token check: {lines[i]}"
     # its token: generated under umask 077 and chmod 600, or copied and chmod 600 on the node
     if path.suffix == ".sh":
-        assert re.search(r"\(umask 077 && .*token_hex\(32\).*> \"[^\"]*(auth_token|RAY_AUTH_TOKEN_PATH)\"\)", text), path.name
+        made = r"\(umask 077 && .*token_hex\(32\).*> \"[^\"]*(auth_token|RAY_AUTH_TOKEN_PATH)\"\)"
+        assert re.search(made, text), path.name
     assert re.search(r"chmod 600 [^\n]*(auth_token|RAY_AUTH_TOKEN_PATH)", text), path.name
     for line in lines:
         if re.search(r"(^|[;&|(]\s*|\s)ray stop\b", line) and "ray() {" not in line:

@@ -279,11 +279,12 @@ class Coordinator:
         progress = Progress(cfg.verbose)
         self.setup_log.clear()
         dm = self.train_domain_model(progress)
-        qhat, oracle = self.prepare_dc(dm)
+        qhat, live = self.prepare_dc(dm)
         ckpt = self.checkpoint.state
+        oracle: DistributedOracle | KeptAnswers = live
         kept = None
         if self.checkpoint.enabled:  # the rounds answered are kept: a resumed run asks only the others
-            oracle = kept = KeptAnswers(oracle, self.checkpoint, np.asarray(qhat, dtype=np.float64).tobytes())
+            oracle = kept = KeptAnswers(live, self.checkpoint, np.asarray(qhat, dtype=np.float64).tobytes())
         solver = cfg.solver
         solver_opts: dict[str, Any] = dict(
             objective=solver.objective,

@@ -48,7 +48,8 @@ def own_ray_processes(temp_dir: str) -> list[int]:
     root = os.path.abspath(temp_dir).rstrip("/")
     marks = (root + "/", "=" + root)
     procs = _own_command_lines()
-    out, gcs_ports = [], set()
+    out: list[int] = []
+    gcs_ports: set[str] = set()
     for pid, words in procs.items():
         is_ray = any("/ray/" in w for w in words[:3])  # Ray's binaries and scripts, not an editor on a log
         if is_ray and any(w == root or w.endswith(marks[1]) or marks[0] in w for w in words):
