@@ -369,7 +369,7 @@ def test_a_resumed_run_asks_the_sites_only_the_rounds_they_have_not_answered(sit
     an uninterrupted run ends, and a third run asks them nothing."""
     from msa_fed.errors import SiteError
 
-    whole, asked_whole = _counted_fit(sites, None)
+    whole, asked_whole = _counted_fit(sites, tmp_path / "whole")  # each distinct round asked once
     per_site = {n for n, _ in asked_whole}
     rounds = sum(v for (n, meth), v in asked_whole.items() if n == sites[0].name)
     assert len(per_site) == len(sites) and rounds >= 6, asked_whole
@@ -391,3 +391,5 @@ def test_a_resumed_run_asks_the_sites_only_the_rounds_they_have_not_answered(sit
     assert asked_again == sum(asked_whole.values()) - (cut - 1), (asked_whole, before, after)
     again, third = _counted_fit(sites, tmp_path)
     assert third == {} and np.array_equal(again.z, whole.z)
+    plain, _ = _counted_fit(sites, None)  # without a checkpoint_dir: the same solve
+    np.testing.assert_array_equal(plain.z, whole.z)
