@@ -17,6 +17,7 @@ import numpy as np
 
 from msa_fed.artifacts.model import CombinedModel
 from msa_fed.core.combination import class_union
+from msa_fed.errors import require_coordinator
 from msa_fed.runtime import topology
 from msa_fed.runtime.config import FitConfig, api_signature, from_keywords
 from msa_fed.runtime.coordinator import Coordinator
@@ -42,7 +43,8 @@ class SiteData:
 
     name : the site's name.
     X_labeled : (n_k, d) labelled inputs;  y_labeled : (n_k,) labels or targets.
-    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier).
+    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier; published): no row may
+        be a labelled input too (ValueError naming how many are).
     predictor : the site's frozen h_k: ``predict`` (regression) or ``predict_proba`` and
         ``classes_`` (classification).
     policy : the site's :class:`msa_fed.privacy.policy.SitePolicy` (None: the defaults, or the
@@ -85,6 +87,17 @@ class SiteData:
             raise ValueError(
                 f"site {self.name!r}: X_unlabeled has {self.X_unlabeled.shape[1]} features but "
                 f"X_labeled has {self.X_labeled.shape[1]}"
+            )
+        from msa_fed.privacy.consortium import shared_rows
+
+        # the unlabelled sample is published (it trains the domain classifier at the coordinator):
+        # with the labelled inputs known, a site's answers are linear in its labels
+        shared = shared_rows(self.X_labeled, self.X_unlabeled)
+        if shared:
+            raise ValueError(
+                f"site {self.name!r}: {shared} of the {self.X_unlabeled.shape[0]} rows of X_unlabeled are "
+                "labelled inputs too; a site never publishes its labelled inputs: drop them from X_unlabeled "
+                "(msa_fed.privacy.consortium.shared_mask(X_labeled, X_unlabeled) marks them)"
             )
 
 
@@ -148,7 +161,10 @@ def make_backend(sites: list[SiteData], config: FitConfig):
 
 
 def _fit(sites, task, method, *, recorder=None, solver_callback=None, **options) -> CombinedModel:
+    require_coordinator(f"fit_{method}")  # one line naming the extra, not an import error deep inside
     config = build_config(method, task, **options)
+    if config.runtime == "ray":
+        require_coordinator(f"fit_{method}(runtime='ray')", ("ray",))
     sites = _check_sites(sites, config.task)
     backend = make_backend(sites, config)
     with Coordinator(

@@ -33,6 +33,7 @@ def _config(args):
 
 def _serve(args) -> int:
     from msa_fed.federation.agent import SiteAgent, load_site_policy
+    from msa_fed.privacy.policy import ANY_PEER
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -40,12 +41,19 @@ def _serve(args) -> int:
     from msa_fed.federation.serve_ops import SiteLock, state_files
 
     config = _config(args)
-    lock = SiteLock(config.name, state_files(config, load_site_policy(config))).acquire()  # one process per site
+    policy = load_site_policy(config)
+    lock = SiteLock(config.name, state_files(config, policy)).acquire()  # one process per site
     try:
         agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
     except BaseException:
         lock.release()
         raise
+    if policy.peers == ANY_PEER:  # the default: the operator is told, once, at start
+        print(
+            f'site {config.name}: peers = "any": it joins jobs with whatever sites the registry lists; '
+            "name its peers in its policy ([limits] peers = [...])",
+            flush=True,
+        )
     agent.lines.config_path = os.path.abspath(args.config)
     previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
