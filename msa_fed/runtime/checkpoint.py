@@ -114,19 +114,55 @@ class KeptAnswers:
         self._answers[key] = value
         self.checkpoint.update(answers=self._answers)
 
+    def _evaluate_key(self, z: np.ndarray, eta, what, global_bound) -> str:
+        bound = None if global_bound is None else float(global_bound)
+        return self._key(
+            b"evaluate", np.ascontiguousarray(z, dtype=np.float64).tobytes(), float(eta), tuple(what), bound
+        )
+
+    def _kept_sums(self, key: str) -> DCSums | None:
+        got = self._answers.get(key)
+        if not isinstance(got, dict):
+            return None
+        self.kept += 1
+        arrays = {k: np.asarray(got[k], dtype=np.float64) for k in _SUMS if got.get(k) is not None}
+        return DCSums(**arrays, n=int(got.get("n", 0)))
+
+    @staticmethod
+    def _stored(out: DCSums) -> dict:
+        kept = {k: np.asarray(getattr(out, k)).tolist() for k in _SUMS if getattr(out, k) is not None}
+        return {**kept, "n": int(out.n)}
+
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
         z = np.ascontiguousarray(z, dtype=np.float64)
-        bound = None if global_bound is None else float(global_bound)
-        key = self._key(b"evaluate", z.tobytes(), float(eta), tuple(what), bound)
-        got = self._answers.get(key)
-        if isinstance(got, dict):
-            self.kept += 1
-            arrays = {k: np.asarray(got[k], dtype=np.float64) for k in _SUMS if got.get(k) is not None}
-            return DCSums(**arrays, n=int(got.get("n", 0)))
+        key = self._evaluate_key(z, eta, what, global_bound)
+        got = self._kept_sums(key)
+        if got is not None:
+            return got
         out = self.oracle.evaluate(z, eta, what, global_bound)
         self.asked += 1
-        kept = {k: np.asarray(getattr(out, k)).tolist() for k in _SUMS if getattr(out, k) is not None}
-        self._keep(key, {**kept, "n": int(out.n)})
+        self._keep(key, self._stored(out))
+        return out
+
+    def evaluate_batch(self, zs, eta, what, global_bound=None) -> list[DCSums]:
+        """The sums at each row of ``zs``: the rows answered before from the checkpoint, the
+        others in one batched request (the live oracle's ``evaluate_batch``, else one each)."""
+        zs = np.asarray(zs, dtype=np.float64)
+        keys = [self._evaluate_key(z, eta, what, global_bound) for z in zs]
+        out: list = [self._kept_sums(k) for k in keys]
+        todo = [i for i, got in enumerate(out) if got is None]
+        if todo:
+            batch = getattr(self.oracle, "evaluate_batch", None)
+            if batch is not None:
+                fresh = batch(zs[todo], eta, what, global_bound)
+                self.asked += 1
+            else:
+                fresh = [self.oracle.evaluate(zs[i], eta, what, global_bound) for i in todo]
+                self.asked += len(todo)
+            for i, sums in zip(todo, fresh):
+                out[i] = sums
+                self._answers[keys[i]] = self._stored(sums)
+            self.checkpoint.update(answers=self._answers)
         return out
 
     def max_bound(self) -> float:

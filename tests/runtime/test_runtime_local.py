@@ -395,3 +395,47 @@ def test_a_resumed_run_asks_the_sites_only_the_rounds_they_have_not_answered(sit
     assert third == {} and np.array_equal(again.z, whole.z)
     plain, _ = _counted_fit(sites, None)  # without a checkpoint_dir: the same solve
     np.testing.assert_array_equal(plain.z, whole.z)
+
+
+def test_kept_answers_answer_a_batch_from_the_checkpoint_and_ask_only_the_rest(tmp_path):
+    """The influence analysis asks rows in batches: rows answered before come from the
+    checkpoint (bit for bit, after a restart of the process: a new Checkpoint on the same
+    folder), the others go in one batched request."""
+    from msa_fed.core.dc_terms import DCSums
+    from msa_fed.runtime.checkpoint import Checkpoint, KeptAnswers
+
+    class Oracle:
+        n_sources = 3
+
+        def __init__(self):
+            self.batches: list[int] = []
+
+        def evaluate(self, z, eta, what, global_bound=None):
+            z = np.asarray(z, dtype=np.float64)
+            return DCSums(L=np.sin(z * 7.1) / 3.0, dL=np.outer(z, z) * np.pi, n=5)
+
+        def evaluate_batch(self, zs, eta, what, global_bound=None):
+            self.batches.append(len(zs))
+            return [self.evaluate(z, eta, what, global_bound) for z in zs]
+
+        def max_bound(self):
+            return 2.0 / 3.0
+
+    zs = np.random.default_rng(1).dirichlet(np.ones(3), size=4)
+    ck = Checkpoint(tmp_path)
+    ck.bind("problem")
+    first = KeptAnswers(Oracle(), ck, b"qhat")
+    a = first.evaluate_batch(zs[:2], 0.1, ("L", "dL"))
+    assert first.oracle.batches == [2] and first.max_bound() == 2.0 / 3.0
+    again = Checkpoint(tmp_path)
+    again.bind("problem")
+    second = KeptAnswers(Oracle(), again, b"qhat")
+    b = second.evaluate_batch(zs, 0.1, ("L", "dL"))
+    assert second.oracle.batches == [2] and second.kept == 2  # only the two rows not answered before
+    for x, y in zip(a, b[:2]):
+        assert np.array_equal(x.L, y.L) and np.array_equal(x.dL, y.dL) and x.n == y.n == 5
+    assert second.max_bound() == 2.0 / 3.0 and second.asked == 1
+    other = Checkpoint(tmp_path)
+    other.bind("problem")
+    assert KeptAnswers(Oracle(), other, b"another qhat").evaluate(zs[0], 0.1, ("L", "dL")) is not None
+    assert len(other.state["answers"]) == 6  # another Qhat: another problem, asked again
