@@ -47,7 +47,7 @@ def answer(site, method: str, msg, allowed: frozenset):
 
 #: the requests of a job's work that a site counts as answered, one per audit record: not the
 #: join (a job may join again after a restart), liveness (``ping``) or the job's end
-COUNTED = frozenset({"info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound"})
+COUNTED = SITE_METHODS - {"join_job", "ping"}
 
 
 class JobCounts:
