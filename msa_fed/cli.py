@@ -37,6 +37,7 @@ _SUBSYSTEMS = (
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
     "msa_fed.control.ops_export",  # msa-fed model export
+    "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
 )
 
 

@@ -54,6 +54,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_sealed_relay.py": ("ray", "slow"),
     "federation/test_hostile_sites.py": ("ray", "slow"),
     "experiments/test_influence_paper.py": ("data", "slow"),
+    "experiments/test_target_adult.py": ("data",),
     "federation/test_site_serve_ops.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
@@ -101,6 +102,9 @@ NOT_QUICK = (
     "artifacts/test_hostile_models.py::test_a_parser_amplification_bomb_is_parsed_only_in_the_sandbox",
     "artifacts/test_hostile_models.py::test_a_huge_declared_width_costs_this_process_nothing",
     "control/test_control_fuzz.py::test_corrupted_predictors_are_refused_or_still_valid",  # a sandbox per example
+    "artifacts/test_target_check.py",  # fitted and saved demo models, target checks with bootstraps
+    "jobs/test_target_cli.py",  # the CLI on a saved model (sandboxed load) and an HTML report with plots
+    "experiments/test_target_truth.py",  # a fit of the paper's synthetic domains and 10 bootstrapped checks
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its

@@ -261,6 +261,7 @@ class SiteInfo(Message):
     n_unlabeled: int
     task: str
     classes: np.ndarray | None = None  # class labels of the site's predictor (public)
+    sample_in_model: bool = True  # the site's policy lets the model carry rows of its published sample
 
 
 @dataclass(frozen=True)

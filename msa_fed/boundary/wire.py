@@ -223,23 +223,26 @@ def _dc_sums(parent, name: str) -> DCSums:
 
 
 # ------------------------------------------------------------------ the schema: one table
-# A message crosses field by field: each dataclass field is the proto field of the same name in
-# its body message, and how it crosses (its kind) follows from the proto field's type and the
-# dataclass field's default.  Adding a field is the dataclass field plus the .proto field;
-# adding a message is its row in _REQUEST_FIELDS / _RESPONSE_FIELDS as well.
+# A message crosses field by field.  A dataclass field is the proto field of the same name in its
+# body message, and how it crosses (its kind) follows from the proto field's type and the
+# dataclass field's default, but for the few fields named in _EXCEPTIONS.  Adding a field is the
+# dataclass field plus the .proto field; adding a message, its row in _REQUEST_FIELDS /
+# _RESPONSE_FIELDS as well.  SCHEMA is the table that results; it refuses to build (TypeError, at
+# import) where a dataclass and its proto message disagree.
 
 
 class Kind(NamedTuple):
-    """How a value crosses: ``put(body, name, value)`` and ``get(body, name, what) -> value``."""
+    """How a value crosses: ``put(body, proto_name, value)``, ``get(body, proto_name, what)``."""
 
     name: str
-    put: Callable[[Any, str, Any], None]
-    get: Callable[[Any, str, str], Any]
+    put: Callable[[Any, Any, Any], None]
+    get: Callable[[Any, Any, str], Any]
 
 
 class Field(NamedTuple):
-    name: str
+    name: str  # of the dataclass field
     kind: Kind
+    proto: str | None  # the proto field's name; None: the field does not cross
 
 
 def _scalar_kind(name: str, cast) -> Kind:
@@ -291,13 +294,13 @@ STRS = Kind(
 ARRAY = Kind("array", lambda b, k, v: _put_array(getattr(b, k), v), _required_array)
 OPT_ARRAY = Kind("array | None", _put_opt_array, lambda b, k, what: _opt_array(b, k, what))
 ARRAYS = Kind("tuple[array]", _put_arrays, lambda b, k, what: tuple(_array(a, f"{what}.{k}") for a in getattr(b, k)))
-FEATURE_MAP = Kind(
-    "feature map | None", lambda b, k, v: _put_feature_map(b, k, v), lambda b, k, what: _feature_map(b, k, what)
-)
+FEATURE_MAP = Kind("feature map | None", _put_feature_map, _feature_map)
 DC_SUMS = Kind("DCSums", lambda b, k, v: _put_dc_sums(getattr(b, k), v), lambda b, k, what: _dc_sums(b, k))
-#: a site's epsilon spent, wherever it is reported: a finite number >= 0
+#: a site's epsilon spent: a finite number >= 0
 EPSILON = Kind("epsilon", FLOAT.put, lambda b, k, what: _epsilon(getattr(b, k), what))
-#: a dataclass field without a proto field: an in-process object, None to cross, None when read
+#: a flag that crosses as its negation (so that its default crosses as an absent field)
+NEGATED = Kind("not bool", lambda b, k, v: setattr(b, k, not v), lambda b, k, what: not getattr(b, k))
+#: an in-process object without a proto field: None to cross, None when read
 IN_PROCESS = Kind("in-process only", _put_in_process, lambda b, k, what: None)
 
 _F = FieldDescriptor
@@ -305,6 +308,7 @@ _KINDS = {
     (_F.TYPE_STRING, False): STR,
     (_F.TYPE_INT32, False): INT,
     (_F.TYPE_INT64, False): INT,
+    (_F.TYPE_INT32, True): OPT_INT,
     (_F.TYPE_INT64, True): OPT_INT,
     (_F.TYPE_DOUBLE, False): FLOAT,
     (_F.TYPE_DOUBLE, True): OPT_FLOAT,
@@ -316,28 +320,31 @@ _KINDS = {
     ("FeatureMap", True): FEATURE_MAP,
     ("DCSums", True): DC_SUMS,
 }
-_IN_PROCESS_FIELDS = frozenset({"custom_feature_map"})
+#: the fields, in any message, that do not follow from their proto field: (proto field, kind)
+_EXCEPTIONS = {
+    "custom_feature_map": (None, IN_PROCESS),
+    "epsilon": ("epsilon", EPSILON),
+    "sample_in_model": ("sample_kept_out", NEGATED),
+}
 
 
 def fields_of(cls: type, body: Descriptor) -> tuple[Field, ...]:
-    """The row of ``cls``: each dataclass field with its kind; TypeError where the dataclass and
-    the proto message ``body`` disagree (a field missing from either, a type with no kind)."""
+    """The row of ``cls`` in :data:`SCHEMA`: each dataclass field with its kind and proto field;
+    TypeError where the dataclass and the proto message ``body`` disagree (a field missing from
+    either, a proto type with no kind)."""
     proto = body.fields_by_name
     out = []
     for f in fields(cls):
-        d = proto.get(f.name)
-        if d is None:
-            if f.name not in _IN_PROCESS_FIELDS:
-                raise TypeError(f"{cls.__name__}.{f.name} has no field in the proto message {body.name}")
-            out.append(Field(f.name, IN_PROCESS))
-            continue
-        t = d.message_type.name if d.message_type is not None else d.type
-        key = ("repeated", t) if d.is_repeated else (t, f.default is None if t == "NdArray" else d.has_presence)
-        kind = EPSILON if f.name == "epsilon" else _KINDS.get(key)
-        if kind is None:
-            raise TypeError(f"{cls.__name__}.{f.name}: no codec for proto field {body.name}.{f.name}")
-        out.append(Field(f.name, kind))
-    extra = set(proto) - {f.name for f in out}
+        name, kind = _EXCEPTIONS.get(f.name, (f.name, None))
+        d = proto.get(name) if name is not None else None
+        if kind is None and d is not None:
+            t = d.message_type.name if d.message_type is not None else d.type
+            key = ("repeated", t) if d.is_repeated else (t, f.default is None if t == "NdArray" else d.has_presence)
+            kind = _KINDS.get(key)
+        if (d is None) != (name is None) or kind is None:
+            raise TypeError(f"{cls.__name__}.{f.name} has no field in the proto message {body.name} it can cross as")
+        out.append(Field(f.name, kind, name))
+    extra = set(proto) - {f.proto for f in out}
     if extra:
         raise TypeError(f"{body.name} has fields that {cls.__name__} lacks: {sorted(extra)}")
     return tuple(out)
@@ -354,11 +361,11 @@ SCHEMA = {**_schema(pb.SiteRequest, _REQUEST_FIELDS), **_schema(pb.SiteResponse,
 
 def _fill(body, msg) -> None:
     for f in SCHEMA[type(msg)][1]:
-        f.kind.put(body, f.name, getattr(msg, f.name))
+        f.kind.put(body, f.proto, getattr(msg, f.name))
 
 
 def _read(cls, b, what: str):
-    return cls(**{f.name: f.kind.get(b, f.name, what) for f in SCHEMA[cls][1]})
+    return cls(**{f.name: f.kind.get(b, f.proto, what) for f in SCHEMA[cls][1]})
 
 
 # ------------------------------------------------------------------ public API

@@ -91,9 +91,10 @@ def _row(*cells, head=False) -> str:
     return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
 
 
-def report_html(model, record=None, manifest: dict | None = None) -> str:
+def report_html(model, record=None, manifest: dict | None = None, target=None) -> str:
     """The report page of ``model`` (a :class:`~msa_fed.CombinedModel`); ``record`` is its registry
-    record (a ``CombinedModelRecord``) when it came from the registry, ``manifest`` the stored manifest."""
+    record (a ``CombinedModelRecord``) when it came from the registry, ``manifest`` the stored manifest;
+    ``target``: a target sample (n, d): the page gets its section (mixture, predicted loss, support)."""
     manifest = manifest if manifest is not None else model.manifest()
     names = list(model.site_names)
     info = model.info if isinstance(model.info, dict) else {}
@@ -194,6 +195,11 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
             ),
         ] + facts
     influence_html = _influence_html(info.get("influence")) + _verdicts_html(site_check_of(info))
+    target_html = ""
+    if target is not None:
+        from msa_fed.jobs.target import target_html as section
+
+        target_html = section(model.check_target(target))
     title = f"msa_fed combined model {record.version}" if record is not None else "msa_fed combined model"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -213,6 +219,7 @@ code {{ font-size: 13px; }}
 <h2>Sites</h2>
 <table>{"".join(site_rows)}</table>
 {influence_html}
+{target_html}
 <h2>Plots</h2>
 <div class="plots">{"".join(plots)}</div>
 </body></html>
@@ -253,9 +260,9 @@ def _verdicts_html(check) -> str:
     return f"<h2>The sites' verdicts</h2><p>{html.escape(lines[0])}</p><ul>{items}</ul>"
 
 
-def write_report(model, path, record=None, manifest: dict | None = None) -> Path:
+def write_report(model, path, record=None, manifest: dict | None = None, target=None) -> Path:
     path = Path(path)
-    path.write_text(report_html(model, record, manifest), encoding="utf-8")
+    path.write_text(report_html(model, record, manifest, target), encoding="utf-8")
     return path
 
 
@@ -271,11 +278,18 @@ def _report_command(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    target = None
+    if args.target:
+        from msa_fed.jobs.target import read_target_data
+
+        target = read_target_data(args.target, "--target")
     with connect_factory(args)() as client:
         data, record = client.download_combined_model(args.version or None)
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(unpack_model(data, Path(tmp) / "model"))
-    write_report(model, out, record, manifest_of(record) or None)
+    if target is not None and target.shape[1] != model.n_features_in_:
+        raise ConfigError(f"--target has {target.shape[1]} columns; the model expects {model.n_features_in_}")
+    write_report(model, out, record, manifest_of(record) or None, target)
     print(f"report of combined model version {record.version} written to {out}")
     return 0
 
@@ -289,5 +303,6 @@ def register_cli(subparsers) -> None:
     p = model.add_parser("report", help="an HTML report of a version: z, losses, convergence, sites and sha256")
     p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
     p.add_argument("--out", required=True, metavar="FILE.html", help="where to write the report")
+    p.add_argument("--target", metavar="X.npy|X.csv", help="a target sample: adds its mixture, loss and support")
     connection_options(p)
     p.set_defaults(func=_report_command)

@@ -25,6 +25,7 @@ File layout (every section and key optional; unknown ones are errors naming them
     kde_bandwidth_floor = 0.001    # KDE bandwidths >= floor * the site's feature std
     feature_maps = ["standard", "onehot", "threshold", "rff"]  # feature maps a domain model may use
     allow_custom_feature_map = true  # in-process callers only (same party); never under Ray
+    model_carries_sample = true    # the combined model may carry rows of the published sample (target checks)
 
     [budget]
     domain_models_per_job = 3      # distinct domain models a job may set
@@ -90,6 +91,9 @@ class SitePolicy:
     kde_bandwidth_floor: float = 1e-3
     feature_maps: tuple = FEATURE_MAPS
     allow_custom_feature_map: bool = True
+    # the combined model may carry rows and summaries of this site's published sample (the
+    # support score and the confusion matrix of its target checks); false: nothing of it
+    model_carries_sample: bool = True
     # the consortium: a job naming a site outside ``peers`` (unless "any") or more than
     # ``max_sites`` sites is refused.  Default "any" and 16: every honest example and experiment
     # runs (p <= 10); a deployed site names its peers (fake sites are then strangers).
@@ -155,6 +159,7 @@ SECTIONS: dict[str, dict[str, str]] = {
             "kde_bandwidth_floor",
             "feature_maps",
             "allow_custom_feature_map",
+            "model_carries_sample",
             "peers",
             "max_sites",
         )
@@ -194,7 +199,7 @@ _INTS = {
     "dc_evaluations_per_day",
     "dp_dc_evaluations",
 }
-_BOOLS = {"allow_custom_feature_map", "dp_enabled", "verify_domain_models", "accept_harm"}
+_BOOLS = {"allow_custom_feature_map", "model_carries_sample", "dp_enabled", "verify_domain_models", "accept_harm"}
 _STRS = {"ledger", "audit_log"}
 #: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
 HIGHER_IS_STRICTER = {
@@ -227,9 +232,11 @@ LOWER_IS_STRICTER = {
     "verify_tolerance",
 }
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
-JOB_KEYS = (HIGHER_IS_STRICTER | LOWER_IS_STRICTER | {"feature_maps", "allow_custom_feature_map", "dp_enabled"}) - {
-    "epsilon_lifetime"
-}
+JOB_KEYS = (
+    HIGHER_IS_STRICTER
+    | LOWER_IS_STRICTER
+    | {"feature_maps", "allow_custom_feature_map", "model_carries_sample", "dp_enabled"}
+) - {"epsilon_lifetime"}
 
 
 #: a job may turn verification on (never off)
@@ -385,7 +392,7 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
             changes[key] = type(current)(min(current, value))
         elif key == "feature_maps":
             changes[key] = tuple(v for v in current if v in set(value))
-        elif key == "allow_custom_feature_map":
+        elif key in ("allow_custom_feature_map", "model_carries_sample"):
             changes[key] = current and value
         elif key in ("dp_enabled", "verify_domain_models"):
             changes[key] = current or value

@@ -69,6 +69,7 @@ class Coordinator:
         self.checkpoint = Checkpoint(config.checkpoint_dir)
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
         self.dp_sites: list[str] = []  # sites that answer with DP (their Qhat partial says so)
+        self.samples: list[np.ndarray] = []  # the published samples (set by train_domain_model)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -154,6 +155,7 @@ class Coordinator:
     def train_domain_model(self, progress: Progress):
         cfg = self.config
         samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        self.samples = samples  # the model's target reference is built from them (published data)
         share = getattr(self.backend, "share_samples", None)
         if share is not None:  # in-process and cluster sites get the job's samples from their host (to verify models)
             share(samples)
@@ -348,7 +350,7 @@ class Coordinator:
             "n_labeled": [i.n_labeled for i in self.infos],
             "n_unlabeled": [i.n_unlabeled for i in self.infos],
         }
-        return CombinedModel(
+        model = CombinedModel(
             method=cfg.method,
             task=cfg.task,
             site_names=[i.name for i in self.infos],
@@ -365,6 +367,12 @@ class Coordinator:
             info=info,
             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos},
         )
+        # target checks (mixture, support): rows of the published samples whose sites allow it
+        from msa_fed.artifacts.target_check import build_reference
+
+        allowed = [bool(getattr(i, "sample_in_model", True)) for i in self.infos]
+        model.target_reference = build_reference(model, self.samples, allowed, random_state=cfg.random_state)
+        return model
 
     def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
         """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the

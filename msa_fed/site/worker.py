@@ -281,6 +281,7 @@ class SiteWorker(PublishedHalf):
                 n_unlabeled=int(self.X_unlabeled.shape[0]),
                 task=self.task,
                 classes=classes,
+                sample_in_model=self.policy.model_carries_sample,
             )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:

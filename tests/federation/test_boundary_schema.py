@@ -87,7 +87,7 @@ REQUESTS = [
 ]
 RESPONSES = [
     m.SiteInfo(name="a", n_features=3, n_labeled=41, n_unlabeled=60, task="classification", classes=np.array([0, 1])),
-    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression"),
+    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression", sample_in_model=False),
     m.UnlabeledSample(X=RNG.normal(size=(7, 3))),
     m.GradSum(loss=1.25, grad=RNG.normal(size=21), n=60),
     m.QhatPartial(sums=np.array([0.1, 0.2, 0.05]), n=41),
@@ -136,7 +136,7 @@ PINNED = [
     "b487d4d7f75acc9af4b7688915b616be2def6ffa3fbff1d6c01bd9f346c44b51",  # ChannelOffer
     "b0211f382397b13c1ffdbfeef48d921e29ed87560976e9ce7fccb276cca85e85",  # HarmRequest
     "b4e246926145fdd880832de7ea6279af05f7c29ced52a75da6323f1e1c7b0d3b",  # SiteInfo
-    "e854aadb42e8bae8a38cbab119a6c97eff3e1132081af0d3a0006264a494c06d",  # SiteInfo
+    "d2b54c6cad671e8781979b6f37a3a2c32552b8077a907f45c63644627d80554e",  # SiteInfo
     "28050b750c97f9dde298bf9233b3a27d7d797b6702c9a8624a38ec88f0323235",  # UnlabeledSample
     "5bce3ddb05a88ca83537ac38241a740f12066c4fa1cdc343c2b1409103ed24ff",  # GradSum
     "02c0a9c062fbb95a4e54a1a8d1c0370b9bf3232bd8875ffba310170fdf12c419",  # QhatPartial
@@ -185,6 +185,7 @@ KIND_VALUES = {
     wire.STR: TEXT,
     wire.FLOAT: st.floats(),
     wire.BOOL: st.booleans(),
+    wire.NEGATED: st.booleans(),
     wire.OPT_FLOAT: st.none() | st.floats(),
     wire.STRS: st.lists(TEXT, max_size=4).map(tuple),
     wire.ARRAY: ARRAYS,
@@ -233,7 +234,7 @@ def test_the_table_holds_every_field_of_every_message_and_of_its_proto():
     for cls, (_, row) in wire.SCHEMA.items():
         assert [f.name for f in row] == [f.name for f in fields(cls)], cls
         proto = set(_body(cls)[1].fields_by_name)
-        assert proto == {f.name for f in row if f.kind is not wire.IN_PROCESS}, cls
+        assert proto == {f.proto for f in row if f.kind is not wire.IN_PROCESS}, cls
     assert set(KIND_VALUES) | {wire.INT, wire.OPT_INT} >= {f.kind for _, row in wire.SCHEMA.values() for f in row}
 
 
@@ -260,7 +261,7 @@ def test_a_field_missing_from_the_proto_or_the_dataclass_is_refused():
             wire.fields_of(cls, body)
     with pytest.raises(TypeError, match="RowRange has fields that WithoutStop lacks: \\['stop'\\]"):
         wire.fields_of(WithoutStop, body)
-    assert [(f.name, f.kind) for f in wire.fields_of(m.RowRange, body)] == [("start", wire.INT), ("stop", wire.INT)]
+    assert wire.fields_of(m.RowRange, body) == (("start", wire.INT, "start"), ("stop", wire.INT, "stop"))
 
 
 # every field of every message that holds a peer's array (cls, name, kind)

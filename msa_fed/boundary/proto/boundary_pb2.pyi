@@ -193,20 +193,22 @@ class SiteRequest(_message.Message):
     def __init__(self, method: _Optional[str] = ..., empty: _Optional[_Union[Empty, _Mapping]] = ..., job_setup: _Optional[_Union[JobSetup, _Mapping]] = ..., domain_model: _Optional[_Union[DomainModelSpec, _Mapping]] = ..., shard_setup: _Optional[_Union[ShardSetup, _Mapping]] = ..., theta: _Optional[_Union[ThetaRequest, _Mapping]] = ..., row_range: _Optional[_Union[RowRange, _Mapping]] = ..., qhat: _Optional[_Union[QhatBroadcast, _Mapping]] = ..., dc: _Optional[_Union[DCRequest, _Mapping]] = ..., channel_offer: _Optional[_Union[ChannelOffer, _Mapping]] = ..., harm: _Optional[_Union[HarmRequest, _Mapping]] = ...) -> None: ...
 
 class SiteSummary(_message.Message):
-    __slots__ = ("name", "n_features", "n_labeled", "n_unlabeled", "task", "classes")
+    __slots__ = ("name", "n_features", "n_labeled", "n_unlabeled", "task", "classes", "sample_kept_out")
     NAME_FIELD_NUMBER: _ClassVar[int]
     N_FEATURES_FIELD_NUMBER: _ClassVar[int]
     N_LABELED_FIELD_NUMBER: _ClassVar[int]
     N_UNLABELED_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_KEPT_OUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     n_features: int
     n_labeled: int
     n_unlabeled: int
     task: str
     classes: NdArray
-    def __init__(self, name: _Optional[str] = ..., n_features: _Optional[int] = ..., n_labeled: _Optional[int] = ..., n_unlabeled: _Optional[int] = ..., task: _Optional[str] = ..., classes: _Optional[_Union[NdArray, _Mapping]] = ...) -> None: ...
+    sample_kept_out: bool
+    def __init__(self, name: _Optional[str] = ..., n_features: _Optional[int] = ..., n_labeled: _Optional[int] = ..., n_unlabeled: _Optional[int] = ..., task: _Optional[str] = ..., classes: _Optional[_Union[NdArray, _Mapping]] = ..., sample_kept_out: _Optional[bool] = ...) -> None: ...
 
 class UnlabeledSample(_message.Message):
     __slots__ = ("X",)
