@@ -4,6 +4,7 @@
   schema bit for bit (arrays with their dtype and shape), including the federated JobSetup and
   the domain model with its feature map, for samples written here and for messages of every type
   generated from the codec's table (wire.SCHEMA);
+- every generated message also pickles back equal (how it travels inside one party, on Ray);
 - the table covers every dataclass field and every proto field, and refuses to build where they
   disagree; the encoding of each sample is pinned byte for byte;
 - the schema refuses what may not cross: in-process objects, strings or objects in arrays,
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -227,6 +229,15 @@ def test_every_message_generated_from_the_table_round_trips(cls, data):
     allowed = wire.REQUESTS if cls in m.REQUEST_TYPES else wire.RESPONSES
     method, got = wire.decode(wire.encode("some_method", msg, allowed), allowed)
     assert method == "some_method" and _equal(msg, got), (msg, got)
+
+
+@pytest.mark.parametrize("cls", list(wire.SCHEMA), ids=lambda c: c.__name__)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_message_generated_from_the_table_pickles_back_as_ray_ships_it(cls, data):
+    """Inside one party (Ray's object store) a message travels pickled, its small arrays packed."""
+    msg = data.draw(messages(cls))
+    assert _equal(msg, pickle.loads(pickle.dumps(msg)))
 
 
 def test_the_table_holds_every_field_of_every_message_and_of_its_proto():
