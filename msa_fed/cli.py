@@ -17,7 +17,7 @@ import sys
 
 from msa_fed import __version__
 from msa_fed.clitools import command_group
-from msa_fed.errors import MsaFedError
+from msa_fed.errors import MsaFedError, missing_extra
 
 #: the command groups, in the order ``msa-fed --help`` lists them: name -> what it is for
 GROUPS = {
@@ -37,6 +37,7 @@ _SUBSYSTEMS = (
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
     "msa_fed.control.ops_export",  # msa-fed model export
+    "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
 )
 
 
@@ -92,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # a command of the coordinator's side, run from a site install
+        needs = missing_extra(exc, f"msa-fed {args.command}")
+        if needs is None:
+            raise
+        print(f"error: {needs}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

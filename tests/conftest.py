@@ -54,7 +54,12 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_sealed_relay.py": ("ray", "slow"),
     "federation/test_hostile_sites.py": ("ray", "slow"),
     "experiments/test_influence_paper.py": ("data", "slow"),
+    "experiments/test_target_adult.py": ("data",),
     "federation/test_site_serve_ops.py": ("ray", "slow"),
+    # every `site serve` of a sealed job under the import blocker (tests/slim.py), twice
+    "federation/test_slim_federation.py": ("ray", "slow"),
+    # builds a venv with `pip install .` alone (PyPI), minutes
+    "site/test_slim_install.py": ("slow",),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
@@ -76,6 +81,9 @@ NOT_QUICK = (
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
     "artifacts/test_onnx_export.py",  # exported graphs of every feature map and task against the model
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
+    "experiments/test_verdicts_honest.py",  # eight honest fits with the influence report
+    "runtime/test_site_verdicts.py",  # attacked and honest fits with the influence report, DP
+    "core/test_core_influence_lockstep.py",  # min-max solves and their p re-solves
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "federation/test_site_startup.py",  # waits out a registry that is not up yet
@@ -90,6 +98,7 @@ NOT_QUICK = (
     "ops/test_ops_report.py",  # a fitted model's report, rendered by a headless browser
     "federation/test_relay_limits.py::test_stream_heartbeats",  # waits out heartbeat intervals
     "jobs/test_errors_before_imports.py",  # a fresh interpreter per case (what it imports is the point)
+    "site/test_slim_site.py",  # a site process per case under the import blocker, a job fitted for each replay
     "test_artifacts.py::test_a_graph_that_never_ends_is_stopped",  # runs into the sandbox's CPU and clock limits
     "privacy/test_attacks.py::test_point_isolation_1d_policy_aware",  # 30 jobs against one site's ledger
     "privacy/test_attacks.py::test_differencing_2d_policy_aware",  # the same
@@ -98,6 +107,9 @@ NOT_QUICK = (
     "artifacts/test_hostile_models.py::test_a_parser_amplification_bomb_is_parsed_only_in_the_sandbox",
     "artifacts/test_hostile_models.py::test_a_huge_declared_width_costs_this_process_nothing",
     "control/test_control_fuzz.py::test_corrupted_predictors_are_refused_or_still_valid",  # a sandbox per example
+    "artifacts/test_target_check.py",  # fitted and saved demo models, target checks with bootstraps
+    "jobs/test_target_cli.py",  # the CLI on a saved model (sandboxed load) and an HTML report with plots
+    "experiments/test_target_truth.py",  # a fit of the paper's synthetic domains and 10 bootstrapped checks
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its

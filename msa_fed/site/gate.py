@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from msa_fed.boundary import messages as m
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PrivacyError, missing_extra
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
 from msa_fed.privacy.influence import bounded
@@ -44,6 +44,7 @@ class Rule:
     sample: Literal["", "labelled", "unlabelled"] = ""  # the points it aggregates over: >= min_points
     before: tuple[str, ...] = ()  # checks of the request refused before it is charged
     charges: str = ""  # the budget one request counts toward (answered or refused from here on)
+    cost: Callable[[Any], int] | None = None  # (request) -> how many it counts toward that budget (1)
     free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
     checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
     quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
@@ -99,8 +100,20 @@ LABELLED: dict[str, Rule] = {
         sizes=lambda w, r: {"n_labeled": w._points.n_points, "what": list(r.what)},
         sample="labelled",
         charges="dc_evaluation",
+        cost=lambda r: 1 if np.ndim(r.z) == 1 else int(np.shape(r.z)[0]),  # a batch: one per z
         checks=("eta", "z", "global_bound"),
         quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
+        dp="noised",
+    ),
+    # the site's verdict on the combined model: its loss at the model's z (and at the mixtures
+    # re-solved without each site), and its own predictor's loss, on its labelled points
+    "harm": Rule(
+        state="_points",
+        sizes=lambda w, r: {"n_labeled": w._points.n_points, "n_z": int(np.atleast_2d(r.z).shape[0])},
+        sample="labelled",
+        charges="dc_evaluation",
+        cost=lambda r: int(np.atleast_2d(r.z).shape[0]),
+        checks=("eta", "harm_z"),
         dp="noised",
     ),
     "max_bound": Rule(
@@ -179,8 +192,37 @@ def _qhat(c: Call) -> dict:
 
 
 def _z(c: Call) -> None:
+    """z, or a batch of at most p of them (the influence analysis's re-solves in lockstep; not
+    with DP, whose one answer is noised for one z)."""
     w, r = c.worker, c.msg
-    rules.check_z(r.z, float(r.eta), w._points.w.shape[1], w.policy, w.name)
+    p = w._points.w.shape[1]
+    if np.ndim(r.z) != 2:
+        rules.check_z(r.z, float(r.eta), p, w.policy, w.name)
+        return
+    zs = np.asarray(r.z)
+    if not 1 <= zs.shape[0] <= p:
+        raise PrivacyError("z", w.name, f"the request: a batch holds 1 to {p} values of z")
+    if w.guard.dp is not None:
+        raise PrivacyError(
+            "dp_what", w.name, "the request: with differential privacy on, the site answers one z at a time"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
+
+
+def _harm_z(c: Call) -> dict:
+    """The mixtures of a verdict: at most p + 1 of them (the model's z and one without each
+    site), each a valid z (rules.check_z)."""
+    w, r = c.worker, c.msg
+    p = w._points.w.shape[1]
+    zs = np.asarray(r.z)
+    if zs.ndim != 2 or not 1 <= zs.shape[0] <= p + 1:
+        raise PrivacyError(
+            "harm_z", w.name, f"the request: a verdict is asked at 1 to {p + 1} mixtures of {p} sites (rows of z)"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
+    return {"n_z": int(zs.shape[0])}
 
 
 def _global_bound(c: Call) -> None:
@@ -201,6 +243,7 @@ CHECKS: dict[str, Callable[[Call], dict | None]] = {
     "eta": _eta,
     "qhat": _qhat,
     "z": _z,
+    "harm_z": _harm_z,
     "global_bound": _global_bound,
 }
 
@@ -279,12 +322,12 @@ class Call(Request):
                 f"{_ANSWERS.get(self.kind, self.kind)}",
             )
         if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
-            dec.update(w.guard.charge(rule.charges))
+            dec.update(w.guard.charge(rule.charges, 1 if rule.cost is None else rule.cost(self.msg)))
         for name in rule.checks:
             if (got := CHECKS[name](self)) and not quiet:
                 dec.update(got)
         if rule.dp == "noised" and (dp := w.guard.dp) is not None:
-            if tuple(self.msg.what) != ("L",):
+            if tuple(getattr(self.msg, "what", ("L",))) != ("L",):
                 raise PrivacyError(
                     "dp_what",
                     w.name,
@@ -334,14 +377,29 @@ class Call(Request):
         """``dp="noised"``: the DC sums the request asks for over ``points``, or with DP on the
         losses L only (the gate checked that only L is asked and spent one DP answer), each
         point's loss clipped, with Gaussian noise of that sensitivity."""
+        from msa_fed.core.dc_terms import DCSums
+
         msg, dp = self.msg, self._transform("noised")
+        if dp is None and np.ndim(msg.z) == 2:  # a batch (checked: at most p rows, never with DP)
+            what, bound = tuple(msg.what), msg.global_bound
+            rows = [points.evaluate(z, float(msg.eta), what=what, global_bound=bound) for z in msg.z]
+            return DCSums(**{k: np.stack([getattr(r, k) for r in rows]) for k in what}, n=rows[0].n)
         if dp is None:
             return points.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
-        from msa_fed.core.dc_terms import DCSums
         from msa_fed.privacy.dp import clipped_losses
 
         L, sens = clipped_losses(points, msg.z, float(msg.eta), self.worker.policy)
         return DCSums(L=L + dp.noise(L.shape, sens), n=points.n_points)
+
+    def noised_means(self, means: np.ndarray, clip: float, n: int) -> tuple[np.ndarray, bool]:
+        """``dp="noised"``: means over the site's n labelled points of per-point values clipped to
+        [0, clip], as they are, or with DP on with Gaussian noise (replace one point: each mean
+        moves by at most clip / n, L2 sensitivity clip sqrt(m) / n); (means, noised)."""
+        dp = self._transform("noised")
+        if dp is None:
+            return means, False
+        sens = clip * float(np.sqrt(means.size)) / n
+        return means + dp.noise(means.shape, sens), True
 
 
 # ---------------------------------------------------------------------- domain models
@@ -350,6 +408,11 @@ def build_domain_model(spec: m.DomainModelSpec):
         return m.domain_model_from_spec(spec)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"malformed domain model: {exc}") from None
+    except ModuleNotFoundError as exc:  # a site installed without the coordinator extra
+        needs = missing_extra(exc, f"a {spec.kind!r} domain model at this site")
+        if needs is None:
+            raise
+        raise needs from None
 
 
 def spec_digest(msg: m.DomainModelSpec) -> str:

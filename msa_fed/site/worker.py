@@ -98,6 +98,7 @@ class SiteWorker(PublishedHalf):
     _shard: Any
     _spec_key: Any
     _own_partial: Any
+    _qhat: Any
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class SiteWorker(PublishedHalf):
         self._shard = None
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
+        self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
@@ -279,6 +281,7 @@ class SiteWorker(PublishedHalf):
                 n_unlabeled=int(self.X_unlabeled.shape[0]),
                 task=self.task,
                 classes=classes,
+                sample_in_model=self.policy.model_carries_sample,
             )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
@@ -316,6 +319,7 @@ class SiteWorker(PublishedHalf):
             self._points = None
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
             qhat = np.asarray(qhat, dtype=np.float64)
+            self._qhat = qhat
             # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped by the row's transform; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
             ratios = call.clip_weights(self._Q / qhat[None, :])
@@ -326,6 +330,41 @@ class SiteWorker(PublishedHalf):
         with gate(self, "dc_evaluate", msg) as call:
             sums = call.dc_sums(self._points)  # the row's transform (gate.py, dp="noised")
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
+
+    def harm(self, msg: m.HarmRequest) -> m.HarmAnswer:
+        """The site's verdict on the combined model (msa_fed/core/harm.py): the model's mean loss
+        on this site's labelled points at each requested z and its own predictor's, each point's
+        loss clipped to loss_clip; with DP, Gaussian noise on the m + 1 means (one DP answer)."""
+        from msa_fed.core.harm import harmed, measured_losses
+
+        with gate(self, "harm", msg) as call:
+            pol = self.policy
+            y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
+            combined, own = measured_losses(
+                self._Q,
+                self._qhat,
+                self._outputs(),
+                np.asarray(msg.z),
+                float(msg.eta),
+                self.loss,
+                self.index,
+                y=y,
+                loss_clip=pol.loss_clip,
+            )
+            # the row's transform: with DP on, Gaussian noise on the m + 1 means (one DP answer)
+            means, noisy = call.noised_means(np.append(combined, own), pol.loss_clip, self._points.n_points)
+            combined, own = means[:-1], float(means[-1])
+            signs_off = pol.accept_harm or not harmed(float(combined[0]), own, pol.harm_tolerance)
+            call.decisions["signs_off"] = signs_off
+        return m.HarmAnswer(
+            combined=np.asarray(combined, dtype=np.float64),
+            own=float(own),
+            n=int(self.X_labeled.shape[0]),
+            epsilon=self.guard.epsilon_spent(),
+            noisy=noisy,
+            tolerance=float(pol.harm_tolerance),
+            signs_off=bool(signs_off),
+        )
 
     def max_bound(self, _=None) -> m.BoundMax:
         with gate(self, "max_bound", _):
