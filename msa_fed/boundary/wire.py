@@ -8,6 +8,8 @@ federated relay (``relay.proto`` embeds the same two messages).
 
 - :func:`to_proto` / :func:`from_proto`: a message object <-> a ``SiteRequest`` /
   ``SiteResponse``; :func:`encode` / :func:`decode`: the same as bytes.
+- :data:`SCHEMA`: the one description of how each message crosses, field by field, derived from
+  the message dataclasses and the proto messages (see "the schema" below).
 - ``allowed`` is :data:`REQUESTS` or :data:`RESPONSES`: a message of the other direction, or any
   type not in the schema, is refused.
 - Decoding checks every part and raises :class:`WireError` on anything else: unparsable bytes,
@@ -65,7 +67,7 @@ class RemoteError(Exception):
         return self
 
 
-# the body field of SiteRequest / SiteResponse for each message type (None: no payload)
+# the body field of SiteRequest / SiteResponse for each message type: the first column of SCHEMA
 _REQUEST_FIELDS = {
     m.JobSetup: "job_setup",
     m.DomainModelSpec: "domain_model",
