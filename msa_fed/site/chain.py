@@ -169,7 +169,7 @@ class SiteApp:
                     out = worker.handle(method, msg)
                 response = wire.to_proto(method, out, wire.RESPONSES)
             except (MsaFedError, wire.WireError) as exc:
-                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
+                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit or its output check: named
                     self.excluded.add(exc.site, str(exc))
                 rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
                 # the gate's checks record their own refusals; a job waiting for approval asks
