@@ -29,6 +29,14 @@ class LocalSites:
         self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
         self.recorder = NullRecorder()
 
+    @property
+    def trains_in_process(self) -> bool:
+        """True: the coordinator trains the classifier itself on the stacked published samples
+        (:func:`msa_fed.core.domain_classifier.stacked_shard`): the sites' shards would run in
+        this process one after another.  False with ``workers_per_site > 1``, which asks for the
+        data-parallel path (it mirrors the Ray runtime's)."""
+        return self.workers_per_site == 1
+
     def start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.workers = [self.worker_cls(**kw) for kw in self.site_kwargs]
