@@ -535,8 +535,9 @@ def train_domain_classifier(
         Phis = [np.asarray(feature_map.transform(X), dtype=np.float64) for X in X_unlabeled]
         D = Phis[0].shape[1]
         if config.optimizer == "lbfgs":
-            oracle = sum_oracle([stacked_shard(Phis, config.device, "float64")])
-            theta, info = fit_maxent(oracle, D, p, config, progress=progress, exact=exact)
+            shard = stacked_shard(Phis, config.device, "float64")
+            Phis.clear()  # the stacked copy replaces the per-site ones (memory)
+            theta, info = fit_maxent(sum_oracle([shard]), D, p, config, progress=progress, exact=exact)
             return DomainClassifier(feature_map, theta, p, config.mu, info)
         shards = balanced_shards(Phis, config, seed=seed)
         oracle, minibatch = sum_oracle(shards), sum_minibatch_oracle(shards, config.batch_size)

@@ -1,9 +1,12 @@
 """The local runtime: the sites are :class:`SiteWorker` objects in this process.
 
-Same code path as the Ray runtime (the coordinator cannot tell the difference); used by
-tests, small data and ``fit_dmsa(runtime="local")``.  ``workers_per_site`` splits each site's
-classifier shard over in-process :class:`ShardWorker` helpers exactly as the Ray runtime does
-over actors (see :mod:`msa_fed.site.shards`).
+Same code path as the Ray runtime, with one exception: with one worker per site the
+coordinator trains the L-BFGS domain classifier itself on the stacked published samples
+(:attr:`LocalSites.trains_in_process`), since the sites' shards would run one after another in
+this process anyway.  Used by tests, small data and ``fit_dmsa(runtime="local")``.
+``workers_per_site > 1`` splits each site's classifier shard over in-process
+:class:`ShardWorker` helpers exactly as the Ray runtime does over actors (see
+:mod:`msa_fed.site.shards`).
 """
 
 from __future__ import annotations
