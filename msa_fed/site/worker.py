@@ -22,25 +22,30 @@ from msa_fed.artifacts.isolated import answered_together, prestart
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.threads import blas_threads_for
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PeerFault, PrivacyError
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
-from msa_fed.privacy.influence import bounded, shares
+from msa_fed.privacy.influence import shares
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples
+from msa_fed.privacy.verify import SampleSource, pinned_samples
 from msa_fed.site.data import load_site_data
 from msa_fed.site.gate import LABELLED, Rule, build_domain_model, gate
+from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
 
 __all__ = ["LABELLED", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
 
 
-def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
+def predictor_outputs(
+    predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str, where: str = "its inputs"
+) -> np.ndarray:
     """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
-    naming ``who``, never the offending rows: the message leaves the site).
+    naming ``who`` and ``where`` X comes from, never the offending rows nor how many: the message
+    leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
@@ -48,10 +53,12 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
         with blas_threads_for(X.size):
-            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
+            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False, where=where)
     own = np.asarray(predictor.classes_)
     with blas_threads_for(X.size * own.size):
-        P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
+        P = checked_proba(
+            predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False, where=where
+        )
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -79,6 +86,7 @@ class SiteWorker(PublishedHalf):
     worker's guard opens the policy's log.
     """
 
+    ANSWERS = HOST_METHODS  # what its host may ask (msa_fed/site/methods.py)
     # None until set: the private data (given, or read from data_path on first use) and the
     # state of the domain model in force
     X_labeled: Any
@@ -90,6 +98,7 @@ class SiteWorker(PublishedHalf):
     _shard: Any
     _spec_key: Any
     _own_partial: Any
+    _qhat: Any
 
     def __init__(
         self,
@@ -102,7 +111,7 @@ class SiteWorker(PublishedHalf):
         task: str = "classification",
         loss: str = "cross_entropy",
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         data_path=None,
         policy: SitePolicy | None = None,
         job_id: str = "",
@@ -138,6 +147,7 @@ class SiteWorker(PublishedHalf):
         self._shard = None
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
+        self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
@@ -152,7 +162,7 @@ class SiteWorker(PublishedHalf):
         task: str,
         loss: str,
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         policy: SitePolicy | None = None,
         job_id: str = "",
     ) -> SiteWorker:
@@ -228,16 +238,34 @@ class SiteWorker(PublishedHalf):
             self._H = cols
         return self._H
 
+    def _owner(self, k: int) -> str:
+        """The site whose predictor is predictor k of the job (its index where the host gave no names)."""
+        if self.sites is not None and 0 <= k < len(self.sites):
+            return self.sites[k]
+        return self.name if k == self.index else f"#{k}"
+
     def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:
-        """Predictor k's checked outputs on the first n rows of ``both``; a failing check names the
-        sample it failed on (the check is run again on each, on this error path only)."""
+        """Predictor k's checked outputs on the first n rows of ``both``.  A failing check is one
+        line naming the predictor's owner and the sample it failed on (the check is run again on
+        each, on this error path only), never which rows nor how many: a peer's predictor is a
+        :class:`PeerFault` of its owner (as a broken limit is, msa_fed.artifacts.isolated), the
+        site's own a ConfigError."""
         try:
             return predictor_outputs(h, both, self.task, self.classes, who="")[:n]
         except ConfigError:
-            for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
-                who = f"site {self.name!r}, predictor {k}, on the site's {what} points"
-                predictor_outputs(h, both[rows], self.task, self.classes, who=who)
-            raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
+            owner = self._owner(k)
+            own = k == self.index
+            who = f"site {owner!r}'s {'own ' if own else ''}predictor"
+            whose = "its" if own else f"site {self.name!r}'s"
+            try:
+                for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
+                    where = f"{whose} {what} points"
+                    predictor_outputs(h, both[rows], self.task, self.classes, who=who, where=where)
+                raise ConfigError(f"{who}: its outputs on site {self.name!r}'s points failed the check")
+            except ConfigError as exc:
+                if own:
+                    raise ConfigError(str(exc)) from None
+                raise PeerFault(owner, str(exc)) from None
 
     # ------------------------------------------------------------------ public surface
     # each request passes the one gate (msa_fed.site.gate: its row of LABELLED says what it
@@ -253,6 +281,7 @@ class SiteWorker(PublishedHalf):
                 n_unlabeled=int(self.X_unlabeled.shape[0]),
                 task=self.task,
                 classes=classes,
+                sample_in_model=self.policy.model_carries_sample,
             )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
@@ -271,11 +300,10 @@ class SiteWorker(PublishedHalf):
             call.decisions["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, call.key()
-            dp = self.guard.dp
-            if dp is not None:  # the same estimate over the published sample: public, no epsilon spent
-                sums = qhat_partial(model.predict_proba(self.X_unlabeled), msg.n_sources)
+            # the row's transform: with DP on, the same estimate over the published sample
+            sums = call.public(lambda X: qhat_partial(model.predict_proba(X), msg.n_sources), sums)
         n = int(self.X_labeled.shape[0])
-        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=dp is not None)
+        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=self.guard.dp is not None)
 
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster
@@ -287,38 +315,56 @@ class SiteWorker(PublishedHalf):
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
         with gate(self, "set_qhat", msg) as call:
-            dec = call.decisions
-            qhat = msg.qhat
-            if self.guard.dp is None:  # floored at this site's own share (verify.own_qhat)
-                qhat, floored = own_qhat(msg.qhat, self._own_partial)
-                dec.update(floored)
+            qhat = call.floor_qhat(msg.qhat)  # the row's transform (gate.py, dp="clipped")
             self._points = None
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
             qhat = np.asarray(qhat, dtype=np.float64)
-            # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped at the policy's share; the
+            self._qhat = qhat
+            # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped by the row's transform; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
-            ratios = self._Q / qhat[None, :]
-            if self.guard.dp is None:
-                ratios, clip = bounded(ratios, self.policy, "w")
-                dec.update(clip)
-            # with DP the cap is the data-independent ratio_clip (dp.py): a cap that depends on the
-            # other points would let one point move the others' weights, beyond the sensitivity
+            ratios = call.clip_weights(self._Q / qhat[None, :])
             self._points = site_point_set(ratios * qhat[None, :], qhat, self._outputs(), self.loss, y=y)
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
-        with gate(self, "dc_evaluate", msg):
-            pts = self._points
-            dp = self.guard.dp
-            if dp is None:
-                sums = pts.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
-            else:  # the gate checked that only L is asked and spent one DP answer
-                from msa_fed.core.dc_terms import DCSums
-                from msa_fed.privacy.dp import clipped_losses
-
-                L, sens = clipped_losses(pts, msg.z, float(msg.eta), self.policy)
-                sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
+        with gate(self, "dc_evaluate", msg) as call:
+            sums = call.dc_sums(self._points)  # the row's transform (gate.py, dp="noised")
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
+
+    def harm(self, msg: m.HarmRequest) -> m.HarmAnswer:
+        """The site's verdict on the combined model (msa_fed/core/harm.py): the model's mean loss
+        on this site's labelled points at each requested z and its own predictor's, each point's
+        loss clipped to loss_clip; with DP, Gaussian noise on the m + 1 means (one DP answer)."""
+        from msa_fed.core.harm import harmed, measured_losses
+
+        with gate(self, "harm", msg) as call:
+            pol = self.policy
+            y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
+            combined, own = measured_losses(
+                self._Q,
+                self._qhat,
+                self._outputs(),
+                np.asarray(msg.z),
+                float(msg.eta),
+                self.loss,
+                self.index,
+                y=y,
+                loss_clip=pol.loss_clip,
+            )
+            # the row's transform: with DP on, Gaussian noise on the m + 1 means (one DP answer)
+            means, noisy = call.noised_means(np.append(combined, own), pol.loss_clip, self._points.n_points)
+            combined, own = means[:-1], float(means[-1])
+            signs_off = pol.accept_harm or not harmed(float(combined[0]), own, pol.harm_tolerance)
+            call.decisions["signs_off"] = signs_off
+        return m.HarmAnswer(
+            combined=np.asarray(combined, dtype=np.float64),
+            own=float(own),
+            n=int(self.X_labeled.shape[0]),
+            epsilon=self.guard.epsilon_spent(),
+            noisy=noisy,
+            tolerance=float(pol.harm_tolerance),
+            signs_off=bool(signs_off),
+        )
 
     def max_bound(self, _=None) -> m.BoundMax:
         with gate(self, "max_bound", _):
