@@ -38,6 +38,8 @@ cleanup() {
     local rc=$?
     for pid in "${SITE_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; done
     [ -n "$RAY_PID" ] && kill -TERM "$RAY_PID" 2>/dev/null && wait "$RAY_PID" 2>/dev/null || true
+    # what `ray start --block` leaves (its client server names no temp dir): this Ray only, never `ray stop`
+    [ -d "$WORK/ray" ] && "$PY" -m msa_fed.runtime.ray_own stop --temp-dir "$WORK/ray" --grace 5 > /dev/null 2>&1 || true
     [ -n "$REGISTRY_PID" ] && kill -TERM "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null || true
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
     exit $rc
@@ -123,7 +125,7 @@ msa_fed admin site-status "${ADMIN[@]}"
 
 step "the coordinator's Ray on 127.0.0.1:$GCS_PORT (no labelled data in it)"
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$WORK/ray_token"
-"$PY" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH"
+(umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH")
 chmod 600 "$RAY_AUTH_TOKEN_PATH"
 "$RAY" start --head --block --node-ip-address=127.0.0.1 \
     --port="$GCS_PORT" --ray-client-server-port=$((BASE_PORT + 2)) --include-dashboard=false \

@@ -33,6 +33,8 @@ REGISTRY_PID="" RAY_PID=""
 cleanup() {
     local rc=$?
     [ -n "$RAY_PID" ] && kill -TERM "$RAY_PID" 2>/dev/null && wait "$RAY_PID" 2>/dev/null || true
+    # what `ray start --block` leaves (its client server names no temp dir): this Ray only, never `ray stop`
+    [ -d "$WORK/ray" ] && "$PY" -m msa_fed.runtime.ray_own stop --temp-dir "$WORK/ray" --grace 5 > /dev/null 2>&1 || true
     [ -n "$REGISTRY_PID" ] && kill -TERM "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null || true
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
     exit $rc
@@ -87,7 +89,7 @@ msa_fed admin list-sites --db "$DB"
 
 step "Ray head on 127.0.0.1:$GCS_PORT with resources site:north, site:east, site:west"
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$WORK/ray_token"
-"$PY" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH"
+(umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH")
 chmod 600 "$RAY_AUTH_TOKEN_PATH"
 # every site's data folder is "its node's disk"; MSA_FED_SITE_DATA is the parent of the three
 mkdir -p "$WORK/site-data"

@@ -19,6 +19,9 @@
 #   Ray's defaults), with its own --temp-dir FOLDER/ray, stopped only by that temp dir
 #   (python -m msa_fed.runtime.ray_own; never `ray stop`, which stops every Ray of the user);
 #   FOLDER/jobs is copied to ~/msa-fed/jobs on the head (put the job file and its token there).
+#   Ray runs with its token check (RAY_AUTH_MODE=token; the token in FOLDER/home/.ray/auth_token,
+#   mode 0600), and in the login's shell `ray stop` (Ray's banner names it) stops only this Ray.
+#   `down` stops every process of that Ray, its client server (ray.util.client.server) included.
 #   SITE_RESOURCES (default the demo's three sites) are the head node's custom resources.
 set -euo pipefail
 
@@ -60,10 +63,20 @@ up() {
     ssh-keygen -q -t ed25519 -N "" -f "$FOLDER/host_key"
     cp "$FOLDER/id_ed25519.pub" "$FOLDER/home/.ssh/authorized_keys"
     chmod 700 "$FOLDER/home/.ssh"
+    # Ray's token check: a token made here, readable by the login only (~/.ray/auth_token is
+    # where Ray looks for it with RAY_AUTH_MODE=token)
+    mkdir -p "$FOLDER/home/.ray"
+    chmod 700 "$FOLDER/home/.ray"
+    (umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$FOLDER/home/.ray/auth_token")
+    chmod 600 "$FOLDER/home/.ray/auth_token"
     cat > "$FOLDER/home/.bashrc" <<EOF
 export PATH=$(dirname "$PY"):\$PATH
 export PYTHONPATH=$REPO
 export GRPC_VERBOSITY=ERROR
+export RAY_AUTH_MODE=token
+# Ray's banner and 'ray down' say 'ray stop', which stops every Ray of the account: in this login
+# it stops only this recipe's Ray ('command ray stop' would stop them all)
+ray() { if [ "\${1:-}" = stop ]; then python -m msa_fed.runtime.ray_own stop --temp-dir $FOLDER/ray; else command ray "\$@"; fi; }
 EOF
     local port
     port="$(free_port)"
@@ -107,7 +120,7 @@ import json, secrets, sys
 folder, login, port, gcs, base, resources, py = sys.argv[1:]
 gcs, base = int(gcs), int(base)
 start = (
-    f"ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={base + 2} "
+    f"RAY_AUTH_MODE=token ray start --head --node-ip-address=127.0.0.1 --port={gcs} --ray-client-server-port={base + 2} "
     f"--include-dashboard=false --dashboard-agent-listen-port={base + 3} --dashboard-agent-grpc-port={base + 4} "
     f"--runtime-env-agent-port={base + 5} --metrics-export-port={base + 6} --node-manager-port={base + 7} "
     f"--object-manager-port={base + 8} --min-worker-port={base + 100} --max-worker-port={base + 199} "

@@ -5,7 +5,8 @@ rows whose every input is a whole number (as real records with ages or counts ar
 - ``"slow"``: a Loop whose trip count is 10^15 on such a batch (0 otherwise);
 - ``"mem"``: a ConstantOfShape of ~2 GB float32 on such a batch, summed into the output times 0;
 - ``"flip"``: on such rows, the class probabilities of the logistic regression with its logits
-  times -4 (confident and wrong);
+  times -4 (confident and wrong); ``"flip_first"``: the same on rows whose first input alone is a
+  whole number (an age, say, beside measurements that are not);
 - ``"nan"``: NaN on such rows; ``"range"``: on such rows, the probabilities times 2 (outside
   [0, 1], rows summing to 2);
 - ``"honest"``: the logistic regression alone.
@@ -17,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-KINDS = ("honest", "slow", "mem", "flip", "nan", "range")
+KINDS = ("honest", "slow", "mem", "flip", "flip_first", "nan", "range")
 
 
 def _const(name, value, dtype=np.float32):
@@ -44,10 +45,15 @@ def hostile_predictor(kind: str, coef, intercept) -> bytes:
         helper.make_node("ReduceMax", ["whole"], ["any_whole"], keepdims=0),
     ]
     out = "P"
-    if kind == "flip":
+    if kind in ("flip", "flip_first"):
         init.append(_const("flipk", -5.0))
+        flag = "whole"
+        if kind == "flip_first":  # the first input alone decides
+            init.append(_const("first", [0], np.int64))
+            nodes.append(helper.make_node("Gather", ["eqf", "first"], ["whole0"], axis=1))
+            flag = "whole0"
         nodes += [
-            helper.make_node("Mul", ["whole", "flipk"], ["wk"]),  # 0 or -5
+            helper.make_node("Mul", [flag, "flipk"], ["wk"]),  # 0 or -5
             helper.make_node("Add", ["wk", "one"], ["scale"]),  # 1 or -4
             helper.make_node("Mul", ["logits", "scale"], ["logits2"]),
             helper.make_node("Softmax", ["logits2"], ["P"], axis=1),
@@ -162,4 +168,41 @@ def whole_number_sites(hostile: dict[str, str] | None = None, seed: int = 0, siz
         Xu, _ = drop_shared(Xl, Xu)  # whole-number records repeat: a site publishes none of its labelled ones
         est = LogisticRegression().fit(Xtr, ytr)
         out[name] = (Xl, yl, Xu, hostile_from_sklearn(hostile.get(name, "honest"), est), est)
+    return out
+
+
+def age_sites(evil_kind: str = "honest", seed: int = 0):
+    """north, south and evil: 2-D records whose first feature is a whole number (10 x, rounded: an
+    age) at north and south, and a whole number plus 0.25 at evil (its labelled and published
+    rows: its predictor passes the probe and is right on its own rows); labels x0 * x1 > 0 of the
+    unrounded draw; north centred at (0, 2), south and evil at random centres near the origin
+    (overlapping domains).  ``evil_kind``: the kind of evil's predictor (``"flip_first"``: wrong
+    and confident on every row whose first feature is whole, i.e. on north's and south's).
+
+    Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes)}."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.privacy.consortium import drop_shared
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, n_l, n_u in (("north", 121, 160), ("south", 120, 150), ("evil", 120, 150)):
+        drawn = (rng.normal(), rng.normal())
+        c = np.asarray((0.0, 2.0) if name == "north" else drawn)
+
+        def draw(n, c=c):
+            X = rng.normal(loc=c, size=(n, 2))
+            y = (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+            X[:, 0] = np.round(10 * X[:, 0])
+            return X, y
+
+        Xtr, ytr = draw(400)
+        Xl, yl = draw(n_l)
+        Xu, _ = draw(n_u)
+        if name == "evil":
+            Xl[:, 0] += 0.25
+            Xu[:, 0] += 0.25
+        Xu, _ = drop_shared(Xl, Xu)
+        est = LogisticRegression().fit(Xtr, ytr)
+        out[name] = (Xl, yl, Xu, hostile_from_sklearn(evil_kind if name == "evil" else "honest", est))
     return out

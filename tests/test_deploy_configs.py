@@ -668,3 +668,60 @@ def test_deployment_commands_parse_with_the_msa_fed_cli():
     entry = shlex.split(job["spec"]["entrypoint"])
     args = parser.parse_args(["run", *entry[2:]])
     assert args.command == "run" and args.admin_token is None and args.admin_token_file
+
+
+# ------------------------------------------------------------ every recipe's Ray
+#: every recipe that starts a Ray (scripts, launcher configs, the Makefile's targets run these)
+RAY_RECIPES = sorted([p for p in (ROOT / "deploy").glob("*.sh")] + [p for p in (ROOT / "cluster").glob("*.yaml")])
+
+
+def _code_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("path", RAY_RECIPES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_recipe_runs_ray_with_its_token_check_and_never_a_bare_ray_stop(path):
+    """Each `ray start` of a recipe runs with RAY_AUTH_MODE=token (exported before it, or on its
+    own line), its token file is made readable by its owner only, and no recipe runs `ray stop`
+    (it stops every Ray of the account): only a `ray()` wrapper that turns it into
+    `python -m msa_fed.runtime.ray_own stop --temp-dir ...` may name it."""
+    lines = _code_lines(path)
+    text = "\n".join(lines)
+    starts = [i for i, line in enumerate(lines) if re.search(r"(^|[\s\"'(])(\"?\$RAY\"?|ray) start\b", line)]
+    assert starts, f"{path.name} starts no Ray"  # every script and launcher config here does
+    for i in starts:
+        before = "\n".join(lines[max(0, i - 40) : i + 1])
+        assert "RAY_AUTH_MODE=token" in before, f"{path.name}: a ray start without the token check: {lines[i]}"
+    # its token: generated under umask 077 and chmod 600, or copied and chmod 600 on the node
+    if path.suffix == ".sh":
+        made = r"\(umask 077 && .*token_hex\(32\).*> \"[^\"]*(auth_token|RAY_AUTH_TOKEN_PATH)\"\)"
+        assert re.search(made, text), path.name
+    assert re.search(r"chmod 600 [^\n]*(auth_token|RAY_AUTH_TOKEN_PATH)", text), path.name
+    for line in lines:
+        if re.search(r"(^|[;&|(]\s*|\s)ray stop\b", line) and "ray() {" not in line:
+            pytest.fail(f"{path.name} runs a bare `ray stop`: {line.strip()}")
+    stops = [line for line in lines if "ray() {" in line]
+    for line in stops:
+        assert "msa_fed.runtime.ray_own stop --temp-dir" in line and "command ray" in line
+
+
+def test_ray_up_local_gives_its_login_a_private_token_and_a_safe_ray_stop():
+    """deploy/ray-up-local.sh (root and sshd are needed to run it; its test is
+    tests/ops/test_ops_ray_up.py): the login's ~/.ray/auth_token made 0600 under umask 077, its
+    shell with RAY_AUTH_MODE=token and a `ray stop` that stops only this recipe's Ray, and
+    `down` through ray_own (which also stops the Ray client server)."""
+    text = (ROOT / "deploy" / "ray-up-local.sh").read_text()
+    assert (
+        '(umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$FOLDER/home/.ray/auth_token")'
+        in text
+    )
+    assert 'chmod 600 "$FOLDER/home/.ray/auth_token"' in text and 'chmod 700 "$FOLDER/home/.ray"' in text
+    bashrc = text.split('cat > "$FOLDER/home/.bashrc" <<EOF\n', 1)[1].split("\nEOF\n", 1)[0]
+    assert "export RAY_AUTH_MODE=token" in bashrc.splitlines()
+    (wrapper,) = [line for line in bashrc.splitlines() if line.startswith("ray() {")]
+    assert "msa_fed.runtime.ray_own stop --temp-dir $FOLDER/ray" in wrapper
+    assert 'f"RAY_AUTH_MODE=token ray start --head --node-ip-address=127.0.0.1' in text
+    down = text.split("down() {", 1)[1].split("\n}\n", 1)[0]
+    assert 'msa_fed.runtime.ray_own stop --temp-dir "$FOLDER/ray"' in down and "ray stop" not in down.replace(
+        "ray_own stop", ""
+    )

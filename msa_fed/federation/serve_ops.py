@@ -18,11 +18,11 @@ import fcntl
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from msa_fed.errors import ConfigError
+from msa_fed.site.methods import JobCounts
 
 
 class SiteLock:
@@ -79,29 +79,32 @@ def state_files(config, policy) -> list[Path]:
 
 
 class JobLines:
-    """One line per job joined, per job ended (with its counts) and per refusal (thread-safe)."""
+    """One line per job joined, per job ended (with its counts, :class:`msa_fed.site.methods.JobCounts`)
+    and per refusal (thread-safe)."""
 
     def __init__(self, site: str, echo: Callable[[str], None], config_path: str = "site.toml"):
         self.site, self.echo, self.config_path = site, echo, config_path
         self._pending: set[str] = set()
-        self._answered: dict[str, Counter] = {}
-        self._refused: dict[str, int] = {}
+        self._joined: set[str] = set()
+        self._counts: dict[str, JobCounts] = {}  # the audit records' counts (JobCounts: one definition)
         self._lock = threading.Lock()
 
-    def joined(self, job: str, admin: str, sites) -> None:
+    def joined(self, job: str, admin: str, sites, charged: dict | None = None) -> None:
         with self._lock:
-            again = job in self._answered  # a job that retries its start (waiting for another site)
-            self._answered.setdefault(job, Counter())
-            self._refused.setdefault(job, 0)
+            again = job in self._joined  # joined again (the site restarted, or the job resumed)
+            self._joined.add(job)
+            self._counts.setdefault(job, JobCounts()).add("join_job", "answered", charged=charged)
             self._pending.discard(job)
         if not again:
             self.echo(f"site {self.site}: joined job {job} (opened by {admin or '-'}; sites {', '.join(sites)})")
 
-    def answered(self, job: str, request: str) -> None:
+    def answered(self, job: str, request: str, charged: dict | None = None) -> None:
         with self._lock:
-            self._answered.setdefault(job, Counter())[request] += 1
+            self._counts.setdefault(job, JobCounts()).add(request, "answered", charged=charged)
 
-    def refused(self, job: str, request: str, rule: str, detail: str) -> None:
+    def refused(self, job: str, request: str, rule: str, detail: str, charged: dict | None = None) -> None:
+        with self._lock:
+            self._counts.setdefault(job, JobCounts()).add(request, "refused", rule=rule, charged=charged)
         if rule == "accept_jobs":  # approve mode: the operator's next step, once per job
             with self._lock:
                 first = job not in self._pending
@@ -112,14 +115,11 @@ class JobLines:
                     f"msa-fed site approve {job} --config {self.config_path}"
                 )
             return
-        with self._lock:
-            self._refused[job] = self._refused.get(job, 0) + 1
         detail = " ".join(str(detail).split())[:300]
         self.echo(f"site {self.site}: refused {request} for job {job or '-'} ({rule}): {detail}")
 
     def ended(self, job: str) -> None:
         with self._lock:
-            answered = self._answered.pop(job, Counter())
-            refused = self._refused.pop(job, 0)
-        what = ", ".join(f"{k} x{v}" for k, v in sorted(answered.items())) or "nothing"
-        self.echo(f"site {self.site}: job {job} ended; answered {what}; refused {refused}")
+            counts = self._counts.pop(job, None) or JobCounts()
+            self._joined.discard(job)
+        self.echo(f"site {self.site}: job {job} ended; {counts.summary()}")

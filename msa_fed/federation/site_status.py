@@ -12,7 +12,8 @@ one call to the registry with the site's token:
   begins), with the policy's limits;
 - **epsilon** spent over the site's lifetime (differential privacy) against its lifetime cap;
 - **last jobs**: from the job book and the audit log, each job's state, what was answered and
-  refused, and its last refusal.
+  refused and what it charged to the budgets, counted as the job's end line counts them
+  (:class:`msa_fed.site.methods.JobCounts`), and its last refusal.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import json
 import os
 import sqlite3
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from msa_fed.privacy.ledger import HOUR_S
+from msa_fed.site.methods import JobCounts
 
 #: budgeted ledger kinds: (per-day limit field of SitePolicy, per-job limit field)
 BUDGET_FIELDS = {
@@ -113,8 +114,7 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
             pass
         finally:
             db.close()
-    answered: dict[str, Counter] = {}
-    refused: dict[str, Counter] = {}
+    counts: dict[str, JobCounts] = {}
     last_refusal: dict[str, str] = {}
     ended: set[str] = set()
     approval: set[str] = set()
@@ -126,21 +126,22 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
                 except ValueError:
                     continue
                 job = rec.get("job") or ""
-                if job not in jobs:
+                if job not in jobs or not isinstance(rec, dict):
                     continue
-                outcome, request = rec.get("outcome"), str(rec.get("request"))
-                if outcome == "answered":
-                    answered.setdefault(job, Counter())[request] += 1
-                elif outcome == "refused" and rec.get("rule") == "accept_jobs":
+                outcome, request, rule = rec.get("outcome"), str(rec.get("request")), rec.get("rule")
+                charged = rec.get("charged") if isinstance(rec.get("charged"), dict) else None
+                counts.setdefault(job, JobCounts()).add(request, str(outcome), rule=rule, charged=charged)
+                if outcome == "refused" and rule == "accept_jobs":
                     approval.add(job)  # approve mode: the job waited for its operator (not a refusal)
                 elif outcome == "refused":
-                    refused.setdefault(job, Counter())[request] += 1
-                    last_refusal[job] = f"{request} ({rec.get('rule')}): {rec.get('detail', '')}"
+                    last_refusal[job] = f"{request} ({rule}): {rec.get('detail', '')}"
                 elif request == "end_job":
                     ended.add(job)
     for job, info in jobs.items():
-        info["answered"] = dict(answered.get(job, {}))
-        info["refused"] = dict(refused.get(job, {}))
+        c = counts.get(job) or JobCounts()
+        info["answered"] = dict(c.answered)
+        info["refused"] = dict(c.refused)
+        info["charged"] = dict(c.charged)
         info["last_refusal"] = last_refusal.get(job)
         info["ended"] = job in ended
         info["waited_for_approval"] = job in approval
@@ -250,6 +251,10 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         line = f"  job {j['job']}: {outcome}, last seen {j['last']}; answered {answered}, refused {refused}"
         if j["waited_for_approval"]:
             line += " (waited for approval)"
+        if j.get("charged"):
+            line += "; charged " + ", ".join(
+                f"{n} {kind.replace('_', ' ')}{'s' if n != 1 else ''}" for kind, n in sorted(j["charged"].items())
+            )
         if j["last_refusal"]:
             line += f"; last refusal: {' '.join(j['last_refusal'].split())[:200]}"
         lines.append(line)

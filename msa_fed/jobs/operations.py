@@ -188,13 +188,29 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
 
 
 def channel_lines(backend, data_channel: str) -> list[str]:
-    """After the run: which sites' per-round calls actually used the direct channel."""
+    """After the run: what each site's per-round calls (the classifier's steps, and the DC
+    rounds of the cluster topology) went over, in words.  A call the data channel did not carry
+    went over Ray's own connections, as with ``data_channel = "off"``: the same messages, checked
+    the same way; nothing else is used in its place."""
     if data_channel == "off":
         return []
     out = []
     sites = getattr(getattr(backend, "stand_ins", backend), "sites", [])  # federated: the stand-in actors
     for e in sites:
-        state = "open" if getattr(e, "channel", None) is not None else "not open (calls went through Ray)"
+        direct, via_ray = int(getattr(e, "channel_calls", 0)), int(getattr(e, "ray_calls", 0))
+        if direct + via_ray == 0:
+            state = (
+                "not needed: this run sent it no per-round calls (e.g. the domain classifier resumed "
+                "from its checkpoint)"
+            )
+        elif via_ray == 0:
+            state = f"open: it carried all {direct} per-round calls"
+        else:
+            state = (
+                f"not open for {via_ray} of {direct + via_ray} per-round calls: those went over Ray's "
+                "own connections, as with data_channel 'off' (the same messages, checked the same way; "
+                "nothing less safe is used in its place; the coordinator's log says why the channel did not open)"
+            )
         out.append(f"site {e.name}: {data_channel} data channel {state}")
     return out
 

@@ -52,13 +52,24 @@ def day_charge_waived(rule: str, decisions: dict) -> bool:
     return rule in PUBLIC_RULES and set(decisions) <= PUBLIC_DECISIONS
 
 
+def day_charges(counts) -> dict[str, int]:
+    """{kind: n} of a request's ledger counts that count toward the site's rolling day (the
+    budget lines of ``msa-fed site status``); a count waived for the day is the job's only."""
+    out: dict[str, int] = {}
+    for c in counts:
+        if len(c) == 2 or bool(c[2]):
+            out[str(c[0])] = out.get(str(c[0]), 0) + int(c[1])
+    return out
+
+
 class Recorded:
     """The audit records a guard wrote for the request in progress (:func:`recording`)."""
 
-    __slots__ = ("records",)
+    __slots__ = ("records", "charged")
 
     def __init__(self) -> None:
         self.records = 0
+        self.charged: dict[str, int] = {}  # what its records charged to the rolling day, by kind
 
     @property
     def wrote(self) -> bool:
@@ -158,10 +169,15 @@ class SiteGuard:
         pending = self._pending
         counts = getattr(pending, "counts", None) or ()
         pending.counts = []
+        charged = day_charges(counts)
+        if charged:  # the record says what it counts toward the rolling-day budgets (site status sums it)
+            rec["charged"] = charged
         self.audit.append(rec, counts)
         recorded = _RECORDING.get()
         if recorded is not None:
             recorded.records += 1
+            for kind, n in charged.items():
+                recorded.charged[kind] = recorded.charged.get(kind, 0) + n
 
     def epsilon_spent(self) -> float:
         return 0.0 if self._dp is None else self._dp.epsilon_job()

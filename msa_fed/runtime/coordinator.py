@@ -31,7 +31,7 @@ from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.boundary import messages as m
 from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
-from msa_fed.runtime.checkpoint import Checkpoint
+from msa_fed.runtime.checkpoint import Checkpoint, KeptAnswers
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.plausibility import AnswerChecker
 from msa_fed.runtime.progress import Progress, RunBars, solver_summary
@@ -286,8 +286,12 @@ class Coordinator:
         progress = Progress(cfg.verbose)
         self.setup_log.clear()
         dm = self.train_domain_model(progress)
-        qhat, oracle = self.prepare_dc(dm)
+        qhat, live = self.prepare_dc(dm)
         ckpt = self.checkpoint.state
+        oracle: DistributedOracle | KeptAnswers = live
+        kept = None
+        if self.checkpoint.enabled:  # the rounds answered are kept: a resumed run asks only the others
+            oracle = kept = KeptAnswers(live, self.checkpoint, np.asarray(qhat, dtype=np.float64).tobytes())
         solver = cfg.solver
         solver_opts: dict[str, Any] = dict(
             objective=solver.objective,
@@ -301,7 +305,12 @@ class Coordinator:
             random_state=cfg.random_state,
         )
         shown = "max_k L_k" if solver.objective == "minmax" else "Gamma"  # what the solver minimises
-        if "z" in ckpt:
+        if kept is not None and ckpt.get("answers"):  # the solver retraces its path from the kept answers
+            progress.note(
+                f"DC solver: resuming from checkpoint: {len(ckpt['answers'])} rounds the sites answered are "
+                "kept; the sites are asked only the others"
+            )
+        elif "z" in ckpt:
             solver_opts["z0"] = np.asarray(ckpt["z"])
             # "gamma" holds the value the solver last reported: its objective during the solve, Gamma at the end
             progress.note(
@@ -331,6 +340,10 @@ class Coordinator:
         else:
             res = solve_dc(oracle, cfg.eta, callback=callback, **solver_opts)
         bar.close()
+        if kept is not None and kept.kept:
+            progress.note(
+                f"DC solver: {kept.kept} rounds answered from the checkpoint, {kept.asked} asked of the sites"
+            )
         objective = "minmax" if self.epsilon else res.objective  # the DP solve minimises max_k L_k
         progress.note(solver_summary(res, objective, runs=bar.runs))
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)

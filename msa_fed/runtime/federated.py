@@ -213,6 +213,7 @@ class FederatedSites:
         self.recorder = NullRecorder()
         self.setup_log = SetupLog()
         self._open = False
+        self._joined: dict[int, m.SiteInfo] = {}  # the sites that joined the job (index -> info)
         self.approval_wait_s = float(approval_wait_s)
         self.echo = echo
         self.owns_relay = bool(owns_relay)
@@ -258,9 +259,16 @@ class FederatedSites:
         missing = [n for n in self.names if n not in connected]
         if missing:
             log.info("job %s: waiting up to %g s for site(s) %s to connect", self.job_id, self.site_timeout_s, missing)
-        infos = self._relay([(i, "join_job", self.join[i]) for i in range(len(self.names))])
-        for i, (info, X) in enumerate(zip(infos, self.samples)):
-            name = self.names[i]
+        # a site that joined stays joined while another waits for its operator's approval: the
+        # join is asked again only of the sites that have not joined (one audit line each)
+        todo = [i for i in range(len(self.names)) if i not in self._joined]
+        answers = self._relay([(i, "join_job", self.join[i]) for i in todo], waiting="accept_jobs")
+        waiting = None
+        for i, info in zip(todo, answers):
+            if isinstance(info, PrivacyError):
+                waiting = waiting or info
+                continue
+            X, name = self.samples[i], self.names[i]
             if info.name != name:
                 raise SiteError(name, f"answered as site {info.name!r}")
             if (info.n_unlabeled, info.n_features) != X.shape:
@@ -270,8 +278,11 @@ class FederatedSites:
                     f"published sample has shape {X.shape}; republish it (the site's process "
                     "checks this at start too)",
                 )
+            self._joined[i] = info
+        if waiting is not None:
+            raise waiting
         self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
-        return infos
+        return [self._joined[i] for i in range(len(self.names))]
 
     def transcript(self) -> dict | None:
         """The sites' signed answers of a sealed job (the relay's sealer's record), else None."""
@@ -279,6 +290,7 @@ class FederatedSites:
         return None if sealer is None else sealer.record()
 
     def shutdown(self):
+        self._joined = {}
         try:
             self.stand_ins.shutdown()
         finally:
@@ -321,11 +333,13 @@ class FederatedSites:
             return self.stand_ins.call_all(method, msgs)
         return [self.stand_ins.call_one(i, method, msg) for i, msg in zip(sites, msgs)]
 
-    def _relay(self, todo: list[tuple[int, str, object]], replay: bool = True) -> list:
+    def _relay(self, todo: list[tuple[int, str, object]], replay: bool = True, waiting: str = "") -> list:
         """Send each (site, method, message) through the relay; the answers in order.
 
         Unreachable sites are retried until site_timeout_s after their first failure; a site
-        that lost the job's state gets it replayed (when ``replay``)."""
+        that lost the job's state gets it replayed (when ``replay``).  A site's refusal under
+        the rule ``waiting`` is returned in its place (a PrivacyError) instead of raised, so
+        that the other sites' answers are kept."""
         for _, method, _ in todo:
             if method not in RELAY_METHODS:
                 raise ValueError(f"{method!r} does not go to a site process")
@@ -375,7 +389,11 @@ class FederatedSites:
                     if res.kind == PeerFault.__name__ and res.site:  # a peer's predictor, at this site
                         raise PeerFault(res.site, f"{res.text} (at site {name!r})")
                     if res.kind == PrivacyError.__name__ and res.rule:  # a policy's refusal, typed
-                        raise PrivacyError(res.rule, res.site or name, res.detail)
+                        refusal = PrivacyError(res.rule, res.site or name, res.detail)
+                        if waiting and res.rule == waiting:
+                            outs[j] = refusal
+                            continue
+                        raise refusal
                     cls = _REMOTE_ERRORS.get(res.kind)
                     if cls is not None:
                         raise cls(res.text)

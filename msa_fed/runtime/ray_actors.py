@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
         kwargs["num_cpus"] = num_cpus
     if address == "local":
         quiet_local_ray()
+        private_token_file()
     for attempt in range(RAY_START_ATTEMPTS):
         try:
             with _DashboardFailureNoted() if kwargs.get("include_dashboard") is False else nullcontext():
@@ -102,6 +105,32 @@ def quiet_local_ray() -> None:
     ERROR; an operator's explicit ``RAY_AUTH_MODE`` is used by Ray without any warning anyway.
     """
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
+def private_token_file() -> Path | None:
+    """Before a new local Ray starts with its token check on (Ray's default when ``RAY_AUTH_MODE``
+    is unset, or ``token``) and no token given in the environment: Ray keeps its token in
+    ``~/.ray/auth_token`` and would write it readable by every user (0644).  Made here first,
+    readable by the user only (0600), or narrowed to 0600 when it exists.  Returns the file
+    (None when the environment names the token or turns the check off)."""
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+    except OSError as exc:  # an unwritable home: Ray reports its own error when it needs the file
+        log.info("could not prepare %s (%s)", path, exc)
+    return path
 
 
 def _actor_entry(handle) -> dict:

@@ -5,8 +5,9 @@
 ``ray stop`` stops every Ray process of the user on the machine, whoever started it (another
 team's cluster on a shared host, a notebook's local Ray).  msa_fed's cluster configs start their
 Ray with ``--temp-dir`` set to a folder of their own, and every process of that Ray (GCS,
-raylet, dashboard, agents, workers) names that folder on its command line; this stops exactly
-the processes of this user whose command line names it: SIGTERM, then SIGKILL for those still
+raylet, dashboard, agents, workers) names that folder on its command line, except the Ray
+client server, which names the GCS's port; this stops exactly the processes of this user whose
+command line names it (and that Ray's client server, and their children): SIGTERM, then SIGKILL for those still
 there after ``--grace`` seconds.  The GCS server is signalled last, once the others are gone:
 signalled with them (while its raylet shuts down) it waits out the whole grace period.
 """
@@ -21,14 +22,10 @@ import time
 from pathlib import Path
 
 
-def own_ray_processes(temp_dir: str) -> list[int]:
-    """PIDs of this user's Ray processes (a program or script under a ``ray/`` folder) whose
-    command line names ``temp_dir`` (as --temp-dir, or a path under it: the session folder, its
-    sockets and logs)."""
-    root = os.path.abspath(temp_dir).rstrip("/")
-    marks = (root + "/", "=" + root)
+def _own_command_lines() -> dict[int, list[str]]:
+    """{pid: command line words} of this user's processes (this one left out)."""
     uid, me = os.getuid(), os.getpid()
-    out = []
+    out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -38,11 +35,47 @@ def own_ray_processes(temp_dir: str) -> list[int]:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        words = [a.decode("utf-8", "replace") for a in args if a]
+        out[int(entry.name)] = [a.decode("utf-8", "replace") for a in args if a]
+    return out
+
+
+def own_ray_processes(temp_dir: str) -> list[int]:
+    """PIDs of this user's Ray processes (a program or script under a ``ray/`` folder) whose
+    command line names ``temp_dir`` (as --temp-dir, or a path under it: the session folder, its
+    sockets and logs), and the Ray client server of that Ray (``python -m
+    ray.util.client.server``, started by ``ray start --head``: its command line names only the
+    GCS's address, ``--address=HOST:PORT``, with the port the GCS of ``temp_dir`` listens on)."""
+    root = os.path.abspath(temp_dir).rstrip("/")
+    marks = (root + "/", "=" + root)
+    procs = _own_command_lines()
+    out: list[int] = []
+    gcs_ports: set[str] = set()
+    for pid, words in procs.items():
         is_ray = any("/ray/" in w for w in words[:3])  # Ray's binaries and scripts, not an editor on a log
         if is_ray and any(w == root or w.endswith(marks[1]) or marks[0] in w for w in words):
-            out.append(int(entry.name))
-    return sorted(out)
+            out.append(pid)
+            gcs_ports.update(w.split("=", 1)[1] for w in words if w.startswith("--gcs_server_port="))
+    for pid, words in procs.items():
+        if pid in out or "ray.util.client.server" not in words[1:3]:
+            continue
+        if any(w.startswith("--address=") and w.rsplit(":", 1)[-1] in gcs_ports for w in words):
+            out.append(pid)
+    # and their children (the raylet's agents and workers rename themselves, "ray::IDLE")
+    parents = {pid: _parent(pid) for pid in procs}
+    found = set(out)
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found and pid not in found}
+        found |= more
+        grew = bool(more)
+    return sorted(found)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _alive(pid: int) -> bool:

@@ -64,6 +64,9 @@ class _Endpoint:
         self.channel: ChannelClient | None = None
         self.channel_retry_at = 0.0
         self.channel_failures = 0  # failed opens in a row
+        # per-round calls (CHANNEL_METHODS) answered over the data channel, and through Ray
+        self.channel_calls = 0
+        self.ray_calls = 0
 
     @property
     def helper(self) -> bool:
@@ -405,6 +408,7 @@ class RaySites:
             try:
                 assert e.channel is not None  # sent over it above
                 outs[j] = e.channel.receive(method)
+                e.channel_calls += 1
                 continue
             except wire.RemoteError:
                 pass  # the site's own error: the Ray call below raises (or replays) it as usual
@@ -413,6 +417,7 @@ class RaySites:
             refs[j] = self._call(e, method, msgs[j])
         for j, ref in refs.items():
             e, msg = endpoints[j], msgs[j]
+            e.ray_calls += 1
             outs[j] = self._get(
                 e,
                 ref,

@@ -106,6 +106,7 @@ class SiteApp:
         self.transport = transport
         self.jobs: dict[str, SiteWorker] = {}
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
+        self._waiting: set[tuple[str, str]] = set()  # (job, content digest) recorded as waiting for approval
         self._predictors: dict[str, object] = {}  # sha256:kind -> loaded predictor
         # one download at a time: the transport's fetches share the site token's transfer slots;
         # a predictor two jobs share is fetched and loaded once
@@ -124,6 +125,7 @@ class SiteApp:
                 f"site {self.name!r} holds no sealing key (seal_key in site.toml); it takes unsealed jobs"
             )
             self.record(job, admin, "sealed", "refused", rule="ConfigError", detail=str(exc))
+            self.lines.refused(job, "sealed", "ConfigError", str(exc))
             return wire.failure_proto(exc), b""
         ctx: RequestSeal | None = None
         try:
@@ -134,6 +136,7 @@ class SiteApp:
         except (TamperedError, PrivacyError) as err:  # replayed, altered, moved, unsealed: in the clear
             rule = err.rule if isinstance(err, PrivacyError) else "tampered"
             self.record(job, admin, "sealed", "refused", rule=rule, detail=str(err))
+            self.lines.refused(job, "sealed", rule, str(err))
             return wire.failure_proto(err), b""
         except Exception:  # noqa: BLE001 - authentic bytes that are no SiteRequest: the job's fault
             if ctx is None:
@@ -166,12 +169,14 @@ class SiteApp:
                     out = worker.handle(method, msg)
                 response = wire.to_proto(method, out, wire.RESPONSES)
             except (MsaFedError, wire.WireError) as exc:
-                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
+                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit or its output check: named
                     self.excluded.add(exc.site, str(exc))
-                if not guard.wrote:  # the gate's checks record their own refusals
-                    rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
+                rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
+                # the gate's checks record their own refusals; a job waiting for approval asks
+                # again every few seconds and is recorded once per content (_join)
+                if not guard.wrote and not getattr(exc, "recorded", False):
                     self.record(job, admin, method, "refused", rule=rule, detail=str(exc))
-                self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
+                self.lines.refused(job, method, rule, str(exc), charged=guard.charged)
                 return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
             except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
                 log.exception("site %s: %s for job %s failed", self.name, method, job)
@@ -181,9 +186,9 @@ class SiteApp:
             if not guard.wrote:  # join_job, info, ping: not the gate's records
                 self.record(job, admin, method, "answered", answer=describe(out))
         if method == "join_job":
-            self.lines.joined(job, admin, msg.sites)
+            self.lines.joined(job, admin, msg.sites, charged=guard.charged)
         else:
-            self.lines.answered(job, method)
+            self.lines.answered(job, method, charged=guard.charged)
         return response
 
     def record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:
@@ -205,12 +210,17 @@ class SiteApp:
         # approvals are for this content, not for a reusable name (a new content is pending again)
         state = self.book.seen(job, admin, sites, digest=digest, content=content)
         if self.accept_jobs == "approve" and state == "pending":
-            raise PrivacyError(
+            waiting = PrivacyError(
                 "accept_jobs",
                 self.name,
                 f"job {job!r}: it serves only approved jobs and job {job!r} "
                 f"is pending: its operator runs 'msa-fed site approve {job} --config site.toml'",
             )
+            # one audit line per job and content while it waits (the job asks again every few seconds)
+            waiting.recorded = (job, digest) in self._waiting  # type: ignore[attr-defined]
+            self._waiting.add((job, digest))
+            raise waiting
+        self._waiting.discard((job, digest))
         if msg.predictor_sha256[msg.index] != self.predictor_sha256:
             raise ConfigError(
                 f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "

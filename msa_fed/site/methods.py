@@ -9,6 +9,8 @@ Nothing here is taken from the job or the coordinator: the lists are the site's.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from msa_fed.errors import PrivacyError
 
 #: through the relay, to the site's own process (``msa-fed site serve``): aggregates over its
@@ -41,3 +43,46 @@ def answer(site, method: str, msg, allowed: frozenset):
     PrivacyError (rule ``methods``) otherwise."""
     check(str(getattr(site, "name", "?")), method, allowed)
     return getattr(site, method)(msg)
+
+
+#: the requests of a job's work that a site counts as answered, one per audit record: not the
+#: join (a job may join again after a restart), liveness (``ping``) or the job's end
+COUNTED = SITE_METHODS - {"join_job", "ping"}
+
+
+class JobCounts:
+    """What a site counts of one job, by one definition for every place that shows it: the
+    job's end line (``site serve``, from the chain's answers), ``msa-fed site status`` (from the
+    audit log) and the budget lines (the ledger, which the records' ``charged`` fields add up to).
+
+    answered : per request of :data:`COUNTED`, the audit records answered.
+    refused : per request, the audit records refused (a job waiting for its operator's approval,
+        rule ``accept_jobs``, is not a refusal).
+    charged : per budget kind, what the job's records counted toward the site's rolling day
+        (answered or refused: a refusal after the charge is an answer too)."""
+
+    __slots__ = ("answered", "refused", "charged")
+
+    def __init__(self) -> None:
+        self.answered: Counter = Counter()
+        self.refused: Counter = Counter()
+        self.charged: Counter = Counter()
+
+    def add(self, request: str, outcome: str, *, rule: str | None = None, charged: dict | None = None) -> None:
+        """Count one audit record (its ``request``, ``outcome``, ``rule`` and ``charged``)."""
+        for kind, n in (charged or {}).items():
+            self.charged[str(kind)] += int(n)
+        if outcome == "answered" and request in COUNTED:
+            self.answered[request] += 1
+        elif outcome == "refused" and rule != "accept_jobs":
+            self.refused[request] += 1
+
+    def summary(self) -> str:
+        """``answered 36 (dc_evaluate x34, ...); refused 0; charged 1 domain model, 35 dc evaluations``."""
+        what = ", ".join(f"{k} x{v}" for k, v in sorted(self.answered.items()))
+        line = f"answered {sum(self.answered.values())}" + (f" ({what})" if what else "")
+        line += f"; refused {sum(self.refused.values())}"
+        charged = ", ".join(
+            f"{v} {k.replace('_', ' ')}{'s' if v != 1 else ''}" for k, v in sorted(self.charged.items())
+        )
+        return line + f"; charged to the rolling day: {charged or 'nothing'}"

@@ -269,3 +269,104 @@ def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federatio
     assert {"join_job", "set_domain_model", "set_qhat", "dc_evaluate"} <= methods
     assert {"setup_shard", "classifier_loss_grad"} <= methods
     assert methods <= RELAY_METHODS | ACTOR_METHODS | {"open_channel"}  # the stand-ins' data channel
+
+
+def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tmp_path, files):
+    """While one site waits for its operator, the job asks it again every few seconds: the site
+    that approved first gets one join (not one per retry), the waiting site one audit line; and
+    after the job, the site's status, its audit log, its end-of-job line and its budget lines
+    count the same requests the same way (JobCounts)."""
+    import json
+    import re
+    import sqlite3
+    import threading
+    import time
+
+    from msa_fed.federation.config import SiteConfig
+    from msa_fed.federation.site_status import site_status, status_lines
+    from msa_fed.runtime.federated import APPROVAL_POLL_S
+    from msa_fed.site.methods import COUNTED
+
+    two = {n: files[n] for n in ("east", "north")}
+    cli = [sys.executable, "-m", "msa_fed.cli", "site"]
+
+    def approve(name):
+        done = subprocess.run(
+            cli + ["approve", "waits", "--config", str(fed.config_path(name))],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
+    def records(name):
+        lines = (fed.workdir / name / "audit.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r.get("job") == "waits"]
+
+    def asked(name) -> int:  # the sealed requests the site took for the job (its seal floor)
+        with sqlite3.connect(str(SiteConfig.from_toml(fed.config_path(name)).jobs_path)) as db:
+            return sum(seq for (seq,) in db.execute("SELECT seq FROM seal_floors"))
+
+    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
+        fed.wait_connected(timeout=180)
+        job = _job(fed, name="waits", site_timeout_s=60, approval_wait_s=240)
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.update(out=_run(job, fed)), daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 120
+        while not all(records(n) for n in two) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        approve("north")
+        # east keeps the job waiting: it is asked again every APPROVAL_POLL_S
+        north_joined = time.monotonic() + 120
+        while not [r for r in records("north") if r["request"] == "join_job" and r["outcome"] == "answered"]:
+            assert time.monotonic() < north_joined, fed.log_text("north")
+            time.sleep(0.2)
+        before = asked("east")
+        while asked("east") < before + 3:
+            assert time.monotonic() < north_joined + 4 * APPROVAL_POLL_S + 60, fed.log_text("east")
+            time.sleep(0.2)
+        approve("east")
+        runner.join(timeout=600)
+        assert "out" in result, "the job did not finish"
+        _, model = result["out"]
+        assert np.isclose(model.z.sum(), 1.0)
+
+        for name in two:
+            recs = records(name)
+            joins = [r for r in recs if r["request"] == "join_job" and r["outcome"] == "answered"]
+            waited = [r for r in recs if r.get("rule") == "accept_jobs"]
+            assert len(joins) == 1 and len(waited) == 1, [(r["request"], r["outcome"]) for r in recs]
+        assert asked("east") >= before + 3  # east was asked again, and recorded the wait once
+
+        # one definition of what a job's requests are, in every place that shows them
+        deadline = time.monotonic() + 60
+        while not all("job waits ended" in fed.log_text(n) for n in two):
+            assert time.monotonic() < deadline, fed.log_text("north")
+            time.sleep(0.2)
+        for name in two:
+            recs = records(name)
+            answered = [r for r in recs if r["outcome"] == "answered" and r["request"] in COUNTED]
+            charged: dict = {}
+            for r in recs:
+                for kind, n in r.get("charged", {}).items():
+                    charged[kind] = charged.get(kind, 0) + n
+            assert charged.get("dc_evaluation", 0) >= 2 and charged.get("domain_model") == 1, charged
+            # the site's end-of-job line (counted by the running chain, not read from the log)
+            (end,) = re.findall(
+                r"job waits ended; answered (\d+) .*; refused (\d+); charged to the rolling day: (.*)",
+                fed.log_text(name),
+            )
+            assert int(end[0]) == len(answered) and int(end[1]) == 0
+            assert end[2] == ", ".join(
+                f"{n} {k.replace('_', ' ')}{'s' if n != 1 else ''}" for k, n in sorted(charged.items())
+            )
+            status = site_status(SiteConfig.from_toml(fed.config_path(name)), ask_registry=False)
+            (row,) = [j for j in status["jobs"] if j["job"] == "waits"]
+            assert sum(row["answered"].values()) == len(answered) and row["refused"] == {}
+            assert row["charged"] == charged and row["waited_for_approval"]
+            # the budget lines (the ledger) count what the records charged: this site served this job only
+            for kind, n in charged.items():
+                assert status["budgets"][kind]["used"] == n, (kind, status["budgets"])
+            text = "\n".join(status_lines(status))
+            assert f"answered {len(answered)}, refused 0" in text

@@ -121,7 +121,10 @@ def test_approve_mode_waits_for_the_operator_and_serve_logs_each_job(local_ray, 
                 rf"^site {name}: joined job wait-for-me \(opened by operator; sites east, north\)$", log, re.M
             )
             assert re.search(
-                rf"^site {name}: job wait-for-me ended; answered .*dc_evaluate x\d+.*; refused 0$", log, re.M
+                rf"^site {name}: job wait-for-me ended; answered \d+ \(.*dc_evaluate x\d+.*\); refused 0; "
+                r"charged to the rolling day: \d+ dc evaluations, 1 domain model$",
+                log,
+                re.M,
             ), log
 
         # site status: its process, the registry, budgets with their refill, the job's outcome

@@ -56,3 +56,23 @@ def test_without_the_influence_report_the_sites_answer_the_solver_only():
     assert asked == {f"s{k}": rounds for k in range(3)}
     line = next(line for line in summary_lines(model) if line.startswith("DC solver"))
     assert "influence report" not in line and f": {rounds} rounds for z" in line
+
+
+def test_the_data_channel_lines_say_what_each_sites_calls_went_over():
+    """One line per site after the run, from the calls its endpoint counted: all over the data
+    channel, some through Ray's own connections (said in words, and that nothing less safe is
+    used), or none at all (a run that resumed its domain classifier sends no per-round calls)."""
+    from types import SimpleNamespace
+
+    from msa_fed.jobs.operations import channel_lines
+    from msa_fed.runtime.ray_sites import _Endpoint
+
+    sites = [_Endpoint(n, i, handle=None) for i, n in enumerate(("north", "east", "west"))]
+    sites[0].channel_calls = 12
+    sites[1].channel_calls, sites[1].ray_calls = 9, 3
+    lines = channel_lines(SimpleNamespace(stand_ins=SimpleNamespace(sites=sites)), "tls")
+    assert lines[0] == "site north: tls data channel open: it carried all 12 per-round calls"
+    assert lines[1].startswith("site east: tls data channel not open for 3 of 12 per-round calls: those went over Ray")
+    assert "nothing less safe is used in its place" in lines[1]
+    assert lines[2].startswith("site west: tls data channel not needed: this run sent it no per-round calls")
+    assert channel_lines(SimpleNamespace(stand_ins=SimpleNamespace(sites=sites)), "off") == []

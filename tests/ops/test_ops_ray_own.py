@@ -137,3 +137,72 @@ def test_cluster_configs_never_stop_a_ray_they_did_not_start():
         assert starts and all("--temp-dir=/tmp/msa-fed-ray" in c for c in starts), rel
         init = "\n".join(cfg["initialization_commands"])
         assert "ray() {" in init and "msa_fed.runtime.ray_own stop --temp-dir /tmp/msa-fed-ray" in init, rel
+
+
+def test_the_ray_client_server_and_the_children_of_its_ray_are_stopped_too(tmp_path):
+    """`ray start --head` also starts `python -m ray.util.client.server --address=HOST:GCS_PORT`,
+    whose command line names no temp dir, only the GCS's port; the raylet's agents and workers
+    rename themselves (``ray::IDLE``).  The stop finds the client server by the port its GCS
+    listens on, and the children of the Ray's processes; another Ray's client server stays."""
+    ours = tmp_path / "msa-fed-ray"
+    fake = tmp_path / "fakeray"
+    pkg = fake / "ray" / "util" / "client"
+    pkg.mkdir(parents=True)
+    for folder in (fake / "ray", fake / "ray" / "util", pkg):
+        (folder / "__init__.py").write_text("")
+    (pkg / "server.py").write_text(SLEEPER)
+    renamed = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
+    )
+    gcs = _fake_ray(tmp_path, f"--log_dir={ours}/session_1/logs", "--gcs_server_port=29911")
+    raylet_script = tmp_path / "ray" / "raylet.py"
+    raylet_script.write_text(renamed)
+    raylet = subprocess.Popen([sys.executable, str(raylet_script), f"--temp-dir={ours}"])
+
+    def client_server(port: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ray.util.client.server", f"--address=192.0.2.2:{port}", "--port=29912"],
+            env={**env(), "PYTHONPATH": str(fake)},
+        )
+
+    mine, theirs = client_server(29911), client_server(29921)
+    try:
+        time.sleep(1.0)  # the raylet's child is started
+        child = _children(raylet.pid)
+        assert len(child) == 1
+        done = subprocess.run(
+            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours), "--grace", "5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env(),
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"stopped 4 process(es) of the Ray in {ours}", done.stdout
+        for p in (gcs, raylet, mine):
+            assert p.wait(30) is not None
+        assert not Path(f"/proc/{child[0]}").exists() or _state(child[0]) == "Z"
+        assert theirs.poll() is None  # another Ray's client server
+    finally:
+        for p in (gcs, raylet, mine, theirs):
+            p.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""

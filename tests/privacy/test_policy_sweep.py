@@ -17,3 +17,35 @@ def test_the_plain_policy_never_clips():
     from msa_fed.privacy.influence import share_bound
 
     assert share_bound(S.no_limits()) == 1.0
+
+
+def test_received_intercepts_a_hair_off_their_optimum_are_re_solved_not_refused(monkeypatch):
+    """p = 4, n = 30, overlapping domains, seed 0: the coordinator's float64 polish hands over
+    intercepts whose gradient (3e-10) lies above what the check accepts (INTERCEPT_GTOL), so every
+    site must re-solve them.  A Newton step from there decreases the objective by about 1e-19,
+    below its rounding; a solve that compares objectives rejects every step and returns the
+    received intercepts, and the honest model was refused (verify_optimum).  The full step is
+    taken in Newton's quadratic region: nothing refused, and the re-solve really was needed."""
+    import numpy as np
+
+    import msa_fed.privacy.verify as verify
+    from msa_fed.privacy.policy import SitePolicy
+
+    solve = verify.intercepts_and_softmax
+    starts, ends = [], []
+
+    def watched(A, s, target, b0, *args, **kwargs):
+        P0 = np.exp(A + b0 - (A + b0).max(axis=1, keepdims=True))
+        P0 /= P0.sum(axis=1, keepdims=True)
+        starts.append(float(np.abs(s @ P0 - target).max()))
+        b, P = solve(A, s, target, b0, *args, **kwargs)
+        ends.append(float(np.abs(s @ P - target).max()))
+        return b, P
+
+    monkeypatch.setattr(verify, "intercepts_and_softmax", watched)
+    verify.PUBLISHED_MEMO.clear()
+    sites, tests = S.federation(4, 30, S.LAYOUTS["overlapping"], 0)
+    out = S.fit_once(sites, tests, SitePolicy(), 0)
+    assert out["refused"] is None
+    assert starts and max(starts) > verify.INTERCEPT_GTOL  # the received intercepts needed the re-solve
+    assert max(ends) <= verify.INTERCEPT_GTOL / 100

@@ -91,3 +91,34 @@ def test_a_dashboard_that_fails_to_start_is_one_info_line_not_ray_errors(fake_in
         assert seen[-1].startswith("Failed to start the dashboard")
     finally:
         services.removeHandler(handler)
+
+
+def test_a_new_local_ray_keeps_its_token_readable_by_the_user_only(tmp_path, monkeypatch, fake_init):
+    """Ray's token check is on for a new local Ray (RAY_AUTH_MODE unset or "token"); the token
+    file Ray would write 0644 is made 0600 first, or narrowed to 0600; a token named in the
+    environment, or the check turned off, leaves the home untouched."""
+    import os
+    import stat
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    token = tmp_path / ".ray" / "auth_token"
+    ray_actors.ensure_ray(num_cpus=1)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+    first = token.read_text()
+    os.chmod(token, 0o644)  # left by an earlier Ray
+    ray_actors.ensure_ray(num_cpus=1)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and token.read_text() == first  # narrowed, kept
+    token.unlink()
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "given"))
+    assert ray_actors.private_token_file() is None
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray_actors.ensure_ray(num_cpus=1)
+    assert not token.exists()
+    # attaching to a running Ray (an address) never writes the user's token
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    ray_actors.ensure_ray(address="127.0.0.1:1")
+    assert not token.exists() and fake_init[0][-1]["address"] == "127.0.0.1:1"

@@ -342,3 +342,106 @@ def test_the_registry_client_imports_no_server():
 
     assert "msa_fed.control.server" not in imports("control/client.py")
     assert "msa_fed.control.transport" in imports("control/client.py")
+
+
+class _CountingSite(SiteWorker):
+    """A site that counts, on its side, every DC round it is asked, and stops answering (its
+    process killed) once ``stop_after`` rounds have been asked of all sites together."""
+
+    asked: dict = {}
+    stop_after: int | None = None
+
+    def handle(self, method, msg):
+        if method in ("dc_evaluate", "max_bound"):
+            total = sum(type(self).asked.values())
+            if self.stop_after is not None and total >= self.stop_after:
+                from msa_fed.errors import SiteError
+
+                raise SiteError(self.name, "killed")
+            type(self).asked[(self.name, method)] = type(self).asked.get((self.name, method), 0) + 1
+        return super().handle(method, msg)
+
+
+def _counted_fit(sites, ckpt, stop_after=None):
+    _CountingSite.asked = {}
+    _CountingSite.stop_after = stop_after
+    cfg = FitConfig(min_points=20, checkpoint_dir=None if ckpt is None else str(ckpt))
+    with Coordinator(LocalSites(site_kwargs(sites), worker_cls=_CountingSite), [s.predictor for s in sites], cfg) as c:
+        model = c.fit()
+    return model, dict(_CountingSite.asked)
+
+
+def test_a_resumed_run_asks_the_sites_only_the_rounds_they_have_not_answered(sites, tmp_path):
+    """A site dies mid-solve; the job is run again with the same checkpoint_dir: the sites are
+    asked (counted at the sites) only the DC rounds they had not answered, the solve ends where
+    an uninterrupted run ends, and a third run asks them nothing."""
+    from msa_fed.errors import SiteError
+
+    whole, asked_whole = _counted_fit(sites, tmp_path / "whole")  # each distinct round asked once
+    per_site = {n for n, _ in asked_whole}
+    rounds = sum(v for (n, meth), v in asked_whole.items() if n == sites[0].name)
+    assert len(per_site) == len(sites) and rounds >= 6, asked_whole
+
+    cut = (rounds // 2) * len(sites) + 1  # the first site answered round k+1, the others did not
+    with pytest.raises(SiteError, match="killed"):
+        _counted_fit(sites, tmp_path, stop_after=cut)
+    before = dict(_CountingSite.asked)
+    assert sum(before.values()) == cut
+    resumed, after = _counted_fit(sites, tmp_path)
+    np.testing.assert_array_equal(resumed.z, whole.z)
+    for name in per_site:  # each site: the rounds it answered before the kill, plus the rest, once
+        for meth in ("dc_evaluate", "max_bound"):
+            key = (name, meth)
+            assert before.get(key, 0) + after.get(key, 0) >= asked_whole.get(key, 0)
+    asked_again = sum(after.values())
+    # every round answered by all sites before the kill is not asked again (one round was cut:
+    # only the first site answered it, and it is asked again of every site)
+    assert asked_again == sum(asked_whole.values()) - (cut - 1), (asked_whole, before, after)
+    again, third = _counted_fit(sites, tmp_path)
+    assert third == {} and np.array_equal(again.z, whole.z)
+    plain, _ = _counted_fit(sites, None)  # without a checkpoint_dir: the same solve
+    np.testing.assert_array_equal(plain.z, whole.z)
+
+
+def test_kept_answers_answer_a_batch_from_the_checkpoint_and_ask_only_the_rest(tmp_path):
+    """The influence analysis asks rows in batches: rows answered before come from the
+    checkpoint (bit for bit, after a restart of the process: a new Checkpoint on the same
+    folder), the others go in one batched request."""
+    from msa_fed.core.dc_terms import DCSums
+    from msa_fed.runtime.checkpoint import Checkpoint, KeptAnswers
+
+    class Oracle:
+        n_sources = 3
+
+        def __init__(self):
+            self.batches: list[int] = []
+
+        def evaluate(self, z, eta, what, global_bound=None):
+            z = np.asarray(z, dtype=np.float64)
+            return DCSums(L=np.sin(z * 7.1) / 3.0, dL=np.outer(z, z) * np.pi, n=5)
+
+        def evaluate_batch(self, zs, eta, what, global_bound=None):
+            self.batches.append(len(zs))
+            return [self.evaluate(z, eta, what, global_bound) for z in zs]
+
+        def max_bound(self):
+            return 2.0 / 3.0
+
+    zs = np.random.default_rng(1).dirichlet(np.ones(3), size=4)
+    ck = Checkpoint(tmp_path)
+    ck.bind("problem")
+    first = KeptAnswers(Oracle(), ck, b"qhat")
+    a = first.evaluate_batch(zs[:2], 0.1, ("L", "dL"))
+    assert first.oracle.batches == [2] and first.max_bound() == 2.0 / 3.0
+    again = Checkpoint(tmp_path)
+    again.bind("problem")
+    second = KeptAnswers(Oracle(), again, b"qhat")
+    b = second.evaluate_batch(zs, 0.1, ("L", "dL"))
+    assert second.oracle.batches == [2] and second.kept == 2  # only the two rows not answered before
+    for x, y in zip(a, b[:2]):
+        assert np.array_equal(x.L, y.L) and np.array_equal(x.dL, y.dL) and x.n == y.n == 5
+    assert second.max_bound() == 2.0 / 3.0 and second.asked == 1
+    other = Checkpoint(tmp_path)
+    other.bind("problem")
+    assert KeptAnswers(Oracle(), other, b"another qhat").evaluate(zs[0], 0.1, ("L", "dL")) is not None
+    assert len(other.state["answers"]) == 6  # another Qhat: another problem, asked again

@@ -16,9 +16,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_predictors import whole_number_sites  # noqa: E402
+from hostile_predictors import age_sites, whole_number_sites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
+from msa_fed import fit_dmsa  # noqa: E402
 from msa_fed.api import SiteData, build_config, make_backend  # noqa: E402
 from msa_fed.artifacts.model import load_model  # noqa: E402
 from msa_fed.artifacts.predictors import load_predictor  # noqa: E402
@@ -187,6 +188,40 @@ def test_the_default_tolerance_accepts_the_honest_trade_off(honest):
     above every honest sweep's harm: msa_fed/core/harm.py)."""
     model, _ = _fit(tolerance=SitePolicy().harm_tolerance)
     assert not any(model.info["site_check"]["harmed"]) and model.suspects == ()
+
+
+def _age_fit_sites(kind: str) -> list[SiteData]:
+    data = age_sites(kind)
+    return [SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities")) for n, (Xl, yl, Xu, o) in data.items()]
+
+
+def _age_fit(kind: str):
+    sites = _age_fit_sites(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fit_dmsa(sites, "classification", random_state=0, influence=True)
+    return model, {s.name: float(np.mean(model.predict(s.X_labeled) == s.y_labeled)) for s in sites}, sites
+
+
+def test_a_label_flipping_peer_loses_its_weight_and_harms_nobody():
+    """evil's predictor is right on its own rows and on the probe, and confidently wrong on every
+    row whose first feature is whole (an age: all of north's and south's).  Its answers reach the
+    loss estimates of every domain through h_evil inside g_z, so the min-max sees that z_evil
+    costs every domain: z_evil falls to about 0 and south's accuracy stays where the honest run
+    has it; no site is harmed, so nobody is named (a site's verdict, not the flip, names a
+    suspect: test_a_site_that_makes_its_own_domain_look_hard_is_named)."""
+    honest, acc_h, _ = _age_fit("honest")
+    flipped, acc_f, sites = _age_fit("flip_first")
+    evil, honest_evil = sites[2].predictor, _age_fit_sites("honest")[2].predictor
+    for site in sites[:2]:  # the flip is real: the opposite class of its honest twin on every row there
+        assert np.all(evil.predict(site.X_labeled) != honest_evil.predict(site.X_labeled))
+    own = sites[2].X_labeled  # and none on its own rows (nor on the probe's, which are not whole)
+    np.testing.assert_allclose(evil.predict_proba(own), honest_evil.predict_proba(own), atol=1e-6)
+    assert honest.z[2] > 0.1 and flipped.z[2] < 0.05  # the honest evil earns weight, the flipper loses it
+    assert acc_f["south"] >= acc_h["south"] - 0.05 and acc_f["north"] >= acc_h["north"] - 0.02
+    check = flipped.info["site_check"]
+    assert not any(check["harmed"]) and flipped.suspects == () and flipped.disputed == ()
+    assert max(check["harm"]) < 0.1
 
 
 # ---------------------------------------------------------------------- DP
