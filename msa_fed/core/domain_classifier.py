@@ -120,6 +120,8 @@ class MaxentShard:
 
     def _subset_labels(self, idx: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """:func:`label_terms` of the rows ``idx`` (a mini-batch), accumulated in float64."""
+        import torch
+
         P = self.Phi[idx].to(torch.float64)
         s = self.s[idx].to(torch.float64)
         k = self.k[idx]
