@@ -10,6 +10,8 @@ the same model.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -160,6 +162,20 @@ def make_backend(sites: list[SiteData], config: FitConfig):
     return topology.make_backend(config.runtime, config, kwargs)
 
 
+log = logging.getLogger(__name__)
+
+#: whether this process has said that Ray's start-up dominated a fit (it says so once)
+_RAY_HINT = {"given": False}
+
+
+def ray_startup_hint(startup_s: float, fit_s: float) -> str | None:
+    """The line for a ``runtime="ray"`` fit whose start-up (Ray, the site actors) took longer
+    than the fit itself, or None."""
+    if startup_s <= fit_s:
+        return None
+    return f"Ray start-up {startup_s:.1f} s, fit {fit_s:.2f} s: runtime='local' is faster for a problem this size"
+
+
 def _fit(sites, task, method, *, recorder=None, solver_callback=None, **options) -> CombinedModel:
     require_coordinator(f"fit_{method}")  # one line naming the extra, not an import error deep inside
     config = build_config(method, task, **options)
@@ -167,10 +183,20 @@ def _fit(sites, task, method, *, recorder=None, solver_callback=None, **options)
         require_coordinator(f"fit_{method}(runtime='ray')", ("ray",))
     sites = _check_sites(sites, config.task)
     backend = make_backend(sites, config)
+    t0 = time.perf_counter()
     with Coordinator(
         backend, [s.predictor for s in sites], config, recorder=recorder, solver_callback=solver_callback
     ) as coordinator:
-        return coordinator.fit()
+        t1 = time.perf_counter()
+        model = coordinator.fit()
+        t2 = time.perf_counter()
+    if config.runtime == "ray":
+        model.info["ray_startup_s"], model.info["ray_fit_s"] = t1 - t0, t2 - t1
+        hint = ray_startup_hint(t1 - t0, t2 - t1)
+        if hint is not None and not _RAY_HINT["given"]:
+            _RAY_HINT["given"] = True
+            log.warning("%s", hint)
+    return model
 
 
 #: the signatures of fit_dmsa and fit_gmsa, made from the configuration tree (its options, each

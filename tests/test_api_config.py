@@ -239,3 +239,12 @@ def test_the_light_config_module_knows_the_feature_maps():
     from msa_fed.core.features import FEATURE_MAPS
 
     assert FEATURE_NAMES == tuple(FEATURE_MAPS)
+
+
+def test_ray_startup_hint_names_both_times_and_the_local_runtime():
+    from msa_fed.api import ray_startup_hint
+
+    assert ray_startup_hint(2.14, 0.031) == (
+        "Ray start-up 2.1 s, fit 0.03 s: runtime='local' is faster for a problem this size"
+    )
+    assert ray_startup_hint(0.5, 0.5) is None and ray_startup_hint(1.0, 30.0) is None

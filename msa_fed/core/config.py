@@ -60,7 +60,12 @@ class ClassifierConfig:
     device: str = option("cpu", "torch device for the shard computations", Text(nonempty=True))
     #: products in float32, sums across row blocks in float64: final objective within ~2e-9
     #: relative of float64's, 1.6-2.1x faster per evaluation, half the memory (benchmarks/bench_core.py)
-    dtype: str = option("float32", "precision of the shard products", Choice("float64", "float32"))
+    dtype: str = option(
+        "float32",
+        "precision of the products of the sites' shards (data-parallel training and SGD; L-BFGS in "
+        "one process runs in float64)",
+        Choice("float64", "float32"),
+    )
 
     def validate(self) -> ClassifierConfig:
         """Every field checked (TypeError / ValueError naming it); returns self."""

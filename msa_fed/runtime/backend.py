@@ -70,3 +70,6 @@ class Backend(Protocol):
 
     def shutdown(self) -> None:
         """Stop the sites (idempotent)."""
+
+    # Optional: ``trains_in_process`` (a bool property), True where the classifier's shards would
+    # all run in the coordinator's process: it then trains on the stacked samples itself.

@@ -220,19 +220,24 @@ class Coordinator:
                 curve.append(shown)
             losses.clear()
 
+        # in-process sites: one stacked L-BFGS here, on the published samples the coordinator
+        # holds (the shards would run one after another in this process anyway, each call with
+        # its own overhead), to the public optimum; else data-parallel among the shard holders
+        stacked = ccfg.optimizer == "lbfgs" and bool(getattr(self.backend, "trains_in_process", False))
         model = train_domain_classifier(
             samples,
             make_feature_map(cfg.features, cfg.random_state),
             ccfg,
             random_state=cfg.random_state,
             progress=advance,
-            oracles=oracles,
+            oracles=None if stacked else oracles,
+            exact=stacked,
         )
         model.info_ = {**model.info_, "history": curve}
         bar.close()
         # the sites accept only the public optimum (msa_fed/privacy/verify.py): polish in float64
         # (a custom map is an in-process caller's own and is not verified: no polish)
-        if m.feature_map_fields(model.feature_map)[0] is not None:
+        if not stacked and m.feature_map_fields(model.feature_map)[0] is not None:
             if ccfg.dtype != "float64":
                 oracle64, _ = oracles(model.feature_map, "float64")
             else:

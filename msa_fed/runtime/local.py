@@ -1,9 +1,12 @@
 """The local runtime: the sites are :class:`SiteWorker` objects in this process.
 
-Same code path as the Ray runtime (the coordinator cannot tell the difference); used by
-tests, small data and ``fit_dmsa(runtime="local")``.  ``workers_per_site`` splits each site's
-classifier shard over in-process :class:`ShardWorker` helpers exactly as the Ray runtime does
-over actors (see :mod:`msa_fed.site.shards`).
+Same code path as the Ray runtime, with one exception: with one worker per site the
+coordinator trains the L-BFGS domain classifier itself on the stacked published samples
+(:attr:`LocalSites.trains_in_process`), since the sites' shards would run one after another in
+this process anyway.  Used by tests, small data and ``fit_dmsa(runtime="local")``.
+``workers_per_site > 1`` splits each site's classifier shard over in-process
+:class:`ShardWorker` helpers exactly as the Ray runtime does over actors (see
+:mod:`msa_fed.site.shards`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ class LocalSites:
         self.workers: list = []
         self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
         self.recorder = NullRecorder()
+
+    @property
+    def trains_in_process(self) -> bool:
+        """True: the coordinator trains the classifier itself on the stacked published samples
+        (:func:`msa_fed.core.domain_classifier.stacked_shard`): the sites' shards would run in
+        this process one after another.  False with ``workers_per_site > 1``, which asks for the
+        data-parallel path (it mirrors the Ray runtime's)."""
+        return self.workers_per_site == 1
 
     def start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()

@@ -95,4 +95,4 @@ class RowShard:
             return 0.0, np.zeros_like(theta, dtype=np.float64)
         sh = self.shard
         # MaxentShard has no public "rows" entry point; its private one is the shared kernel.
-        return sh._loss_grad(theta, sh.Phi[local], sh._Y[local], sh.s[local], scale=self.n_total / b)
+        return sh._loss_grad(theta, sh.Phi[local], sh.s[local], sh._subset_labels(local), scale=self.n_total / b)

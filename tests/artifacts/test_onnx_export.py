@@ -148,6 +148,27 @@ def test_exported_graph_reproduces_the_model_float64(models, fmap, task, tmp_pat
 
 
 @pytest.mark.parametrize("task", TASKS)
+def test_standard_map_folded_into_the_classifier_weights(models, task, tmp_path, monkeypatch):
+    """The standard map's (x - mean) / scale is folded into W and b: the graph's first use of X
+    is the product (and the predictors' float32 cast), and every answer is the former graph's
+    (the map as its own two passes) within 1e-9, adversarial rows included, saved or not."""
+    from msa_fed.artifacts import onnx_graph
+
+    model, pooled = models["standard", task]
+    rng = np.random.default_rng(2)
+    X = np.vstack([pooled + rng.normal(size=pooled.shape), adversarial("standard", model, pooled, rng)])
+    loaded = load_model(model.save(tmp_path / "m"))
+    folded = [run_graph(m.to_onnx("float64"), X)[0] for m in (model, loaded)]
+    graph = onnx.load_model_from_string(model.to_onnx("float64")).graph
+    assert {n.op_type for n in graph.node if "X" in n.input} == {"MatMul", "Cast"}
+    monkeypatch.setattr(onnx_graph, "_standard_arrays", lambda fmap: None)  # the former graph
+    for m, out in zip((model, loaded), folded):
+        former = run_graph(m.to_onnx("float64"), X)[0]
+        np.testing.assert_allclose(out, former, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(out, reference(m, X), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("fmap", FEATURE_MAPS)
 def test_exported_graph_float32_is_close(models, fmap, task):
     model, pooled = models[fmap, task]

@@ -156,14 +156,29 @@ def test_too_few_labelled_points_fails_the_run(warm, sites):
     assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
 
 
-def test_fit_dmsa_ray_with_more_workers_per_site(local_ray):
+def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, monkeypatch, caplog):
     """fit_dmsa(runtime="ray") with 2 workers per site (helper actors hold half of each site's
-    rows): data-parallel SGD equals single-process SGD, and z equals runtime="local"."""
+    rows): data-parallel SGD equals single-process SGD, and z equals runtime="local".  On this
+    small problem the start-up of the actors is measured against the fit, and the user is told
+    (once per process) when it took longer."""
+    import msa_fed.api
+
+    monkeypatch.setitem(msa_fed.api._RAY_HINT, "given", False)
+    caplog.set_level("WARNING", logger="msa_fed.api")
     sites = make_sites(n_labeled=(41, 53), n_unlabeled=(60, 72))
     rec = m.Recorder()
     model = msa_fed.fit_dmsa(
         sites, runtime="ray", classifier_options=SGD, recorder=rec, ray_options={"workers_per_site": 2}
     )
+    startup, fit = model.info["ray_startup_s"], model.info["ray_fit_s"]
+    assert startup > 0 and fit > 0
+    said = [r.getMessage() for r in caplog.records if r.name == "msa_fed.api"]
+    if startup > fit:
+        assert said == [msa_fed.api.ray_startup_hint(startup, fit)]
+        assert said[0].startswith(f"Ray start-up {startup:.1f} s, fit {fit:.2f} s: runtime='local' is faster")
+    else:
+        assert said == []
+    assert msa_fed.api._RAY_HINT["given"] == (startup > fit)
     local = msa_fed.fit_dmsa(sites, runtime="local", classifier_options=SGD)
     np.testing.assert_allclose(model.z, local.z, atol=1e-6)
     np.testing.assert_allclose(
