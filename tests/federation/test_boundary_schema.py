@@ -285,7 +285,14 @@ def _empty(cls):
     return out, (wire.REQUESTS if cls in m.REQUEST_TYPES else wire.RESPONSES)
 
 
-@pytest.mark.parametrize("cls,name,kind", ARRAY_FIELDS, ids=lambda x: getattr(x, "__name__", str(x)))
+def _param_id(x: object) -> str:
+    """A stable test id (the same in every pytest-xdist worker: no object addresses)."""
+    if isinstance(x, str):
+        return x
+    return getattr(x, "__name__", None) or str(getattr(x, "name", x))
+
+
+@pytest.mark.parametrize("cls,name,kind", ARRAY_FIELDS, ids=_param_id)
 @pytest.mark.parametrize(
     "array,match",
     [
