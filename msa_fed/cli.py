@@ -24,6 +24,7 @@ _SUBSYSTEMS = (
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
     "msa_fed.control.ops_export",  # msa-fed model export (after ops_cli, which makes `model`)
+    "msa_fed.jobs.consortium",  # msa-fed consortium init / add-site: a start-up kit per party
 )
 
 
