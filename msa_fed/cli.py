@@ -48,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # gRPC logs an INFO line each time Ray forks a worker while gRPC threads run (the demo, the
-    # job): harmless, and noise in a terminal. Errors are still shown. Must precede `import grpc`.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # job), and its TLS library's text on every failed handshake: noise in a terminal, where every
+    # failure is one line of ours (a TLS mistake in words: msa_fed.control.connection.diagnose_tls).
+    # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

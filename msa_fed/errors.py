@@ -14,6 +14,12 @@ class ConfigError(MsaFedError, ValueError):
     """A configuration value or input is invalid; the message names it."""
 
 
+class TlsError(ConfigError):
+    """A TLS mistake between a client and the registry (a wrong CA, a missing or foreign client
+    certificate, a name mismatch, plaintext against TLS or the reverse), in words naming the option
+    and the file to fix.  A configuration mistake, not an outage: never retried."""
+
+
 class ArtifactError(MsaFedError, ValueError):
     """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares.
 

@@ -111,8 +111,9 @@ _SERVE_DEFAULTS = {"workers": 32, "log_level": "INFO", "insecure": False}
 def with_registry_config(args):
     """``registry serve --config registry.toml``: the file's keys fill every option not given on the
     command line (a flag wins); then the defaults.  Returns ``args``."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     if args.config:
         path = Path(args.config).expanduser()
@@ -123,7 +124,9 @@ def with_registry_config(args):
             raise ConfigError(f"--config {str(path)!r} is not valid TOML: {exc}") from None
         unknown = sorted(set(doc) - set(REGISTRY_KEYS))
         if unknown:
-            raise ConfigError(f"--config {str(path)!r}: unknown key(s) {unknown}; expected some of {sorted(REGISTRY_KEYS)}")
+            raise ConfigError(
+                f"--config {str(path)!r}: unknown key(s) {unknown}; expected some of {sorted(REGISTRY_KEYS)}"
+            )
         base = path.resolve().parent
         for key, value in doc.items():
             want = REGISTRY_KEYS[key]

@@ -237,9 +237,7 @@ class Authority:
             )
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(x509.SubjectAlternativeName(san), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
             .sign(self.key, hashes.SHA256())
         )
         return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
@@ -290,7 +288,8 @@ def check_site_name(name: str) -> None:
 
     if not NAME_PATTERN.fullmatch(name) or name == COORDINATOR_CN:
         raise ConfigError(
-            f"site name {name!r} is not valid: 1-64 letters, digits, '_' or '-', starting with a letter or digit (and not {COORDINATOR_CN!r})"
+            f"site name {name!r} is not valid: 1-64 letters, digits, '_' or '-', starting with a letter "
+            f"or digit (and not {COORDINATOR_CN!r})"
         )
 
 
@@ -357,7 +356,7 @@ def _site_toml(kit: Kit, name: str) -> str:
 def _policy_toml(kit: Kit, name: str) -> str:
     peers = [s for s in kit.sites if s != name]
     return (
-        f"# site {name}'s privacy policy (docs/OPERATIONS.md, \"Site policy keys\"); the site owns it.\n"
+        f'# site {name}\'s privacy policy (docs/OPERATIONS.md, "Site policy keys"); the site owns it.\n'
         "# peers: the sites this site federates with; a job naming any other site is refused.\n"
         "[limits]\n"
         f"peers = {_toml_list(peers)}\n"
@@ -500,9 +499,7 @@ def _init(args) -> int:
             "msa-fed site register|publish|serve --config site.toml"
         )
     print(f"  {root / 'coordinator'}: msa-fed run --job {root / 'coordinator' / 'job.toml'}")
-    print(
-        f"  {root / 'consortium'}: the CA's key, for 'msa-fed consortium add-site'; give it to no party"
-    )
+    print(f"  {root / 'consortium'}: the CA's key, for 'msa-fed consortium add-site'; give it to no party")
     print("give each party its own folder only, over a channel you trust")
     return 0
 
