@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into one (msa-fed run)
+        print(f"error: {exc}" if str(exc) else "error: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
 

@@ -20,6 +20,14 @@ class TlsError(ConfigError):
     and the file to fix.  A configuration mistake, not an outage: never retried."""
 
 
+class JobCancelled(MsaFedError):
+    """An admin cancelled the job (``msa-fed job cancel``): the message says who and when."""
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """The job's driver was stopped by a signal (SIGTERM) or Ctrl-C; the message says which."""
+
+
 class ArtifactError(MsaFedError, ValueError):
     """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares.
 

@@ -143,6 +143,12 @@ def _label(labels: dict[str, str], key: str, value: Any = None) -> str:
     return f"{name} {str(value)!r}" if isinstance(value, (str, Path)) else name
 
 
+def _insecure(labels: dict[str, str]) -> str:
+    """``--insecure`` (a flag) or ``insecure = true`` (a file's key)."""
+    name = labels["insecure"]
+    return name if name.startswith("-") else f"{name} = true"
+
+
 def _server_names(der: bytes | None) -> str:
     if not der:
         return "no name"
@@ -208,7 +214,7 @@ def diagnose_tls(conn: Connection, labels: dict[str, str] = FLAG_LABELS) -> str 
     if conn.insecure:
         if _speaks_tls(host, port):
             return (
-                f"{where} speaks TLS, and {labels['insecure']} = true is plaintext: drop it and give "
+                f"{where} speaks TLS, and {_insecure(labels)} is plaintext: drop it and give "
                 f"{labels['tls_ca']} (the CA of the registry's certificate; a consortium kit's ca.pem)"
             )
         return None
@@ -254,8 +260,8 @@ def diagnose_tls(conn: Connection, labels: dict[str, str] = FLAG_LABELS) -> str 
         except ssl.SSLError as exc:
             if _speaks_plaintext_h2(host, port):
                 return (
-                    f"{where} speaks plaintext (it runs with --insecure), not TLS: set {labels['insecure']} = "
-                    "true towards a loopback registry, or have its operator serve TLS"
+                    f"{where} speaks plaintext (it runs with --insecure), not TLS: give {_insecure(labels)} "
+                    "towards a loopback registry, or have its operator serve TLS"
                 )
             return _alert_words(getattr(exc, "reason", None) or str(exc), where, conn, labels)
         except OSError:

@@ -349,6 +349,14 @@ def _job_finish(args) -> int:
     return 0
 
 
+def _job_cancel(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        j = ops.finish_job(args.job_id, "cancelled", 0, args.reason or "")
+    print(f"job {j.job_id} ({j.name}) {j.error}; its sites were told to stop, its driver ends at its next call")
+    return 0
+
+
 # --------------------------------------------------------------------------- admin
 
 
@@ -497,6 +505,12 @@ def register(subparsers) -> None:
     p.add_argument("--error", metavar="TEXT", help="its error line (failed)")
     connection_options(p)
     p.set_defaults(func=_job_finish)
+
+    p = job.add_parser("cancel", help="stop a running job: its sites stop answering it, its driver ends")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--reason", metavar="TEXT", help="why (recorded, and shown by the driver and 'job show')")
+    connection_options(p)
+    p.set_defaults(func=_job_cancel)
 
     admin = command_group(subparsers, "admin", "manage tokens, sites and the registry")
     p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")

@@ -33,7 +33,7 @@ from msa_fed.control.ops_models import (
     registry_manifest,
     upload_with_retry,
 )
-from msa_fed.control.ops_records import JOB_FAILED, JOB_SUCCEEDED
+from msa_fed.control.ops_records import JOB_FAILED, JOB_INTERRUPTED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
 DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"  # relative to the driver's working directory
@@ -60,6 +60,31 @@ class ResultNotStoredError(MsaFedError):
     def __init__(self, message: str, saved_dir: Path):
         super().__init__(message)
         self.saved_dir = saved_dir
+
+
+def interrupt_cause(error: KeyboardInterrupt) -> str:
+    """What stopped the driver: the signal a JobInterrupted names, else Ctrl-C."""
+    from msa_fed.errors import JobInterrupted
+
+    return str(error.args[0]) if isinstance(error, JobInterrupted) and error.args else "Ctrl-C"
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises :class:`msa_fed.errors.JobInterrupted` in the main thread, so that the job
+    ends as Ctrl-C does: recorded as interrupted, one line.  Called again after Ray started (its
+    driver handler exits with status 15 and no record; its native one prints stack frames)."""
+    import signal
+    import threading
+
+    from msa_fed.errors import JobInterrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, _frame):
+        raise JobInterrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def new_job_id() -> str:
@@ -127,6 +152,9 @@ class JobTracker:
         self.finish(JOB_SUCCEEDED, model_version)
 
     def failed(self, error: BaseException) -> None:
+        if isinstance(error, KeyboardInterrupt):  # SIGTERM (JobInterrupted) or Ctrl-C
+            self.finish(JOB_INTERRUPTED, error=f"interrupted ({interrupt_cause(error)})")
+            return
         self.finish(
             JOB_FAILED, error=f"{type(error).__name__}: {error}" if not isinstance(error, MsaFedError) else str(error)
         )

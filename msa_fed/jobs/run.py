@@ -35,7 +35,7 @@ from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
 from msa_fed.control.ops_models import pack_model, unpack_model
-from msa_fed.errors import ArtifactError, ConfigError, PeerFault
+from msa_fed.errors import ArtifactError, ConfigError, JobInterrupted, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
     output_root,
@@ -45,6 +45,8 @@ from msa_fed.jobs.operations import (
     channel_lines,
     check_output_dir,
     connection_flags,
+    interrupt_cause,
+    interrupt_on_sigterm,
     select_sites,
     site_lines,
     store_result,
@@ -121,6 +123,7 @@ def run_job(
     if config.fit.topology == "federated":
         config.check_sealed()
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
+    interrupt_on_sigterm()
 
     def connect():
         return RegistryClient(config.registry, admin_token, retries=0, **config.client_tls())
@@ -144,6 +147,10 @@ def run_job(
             backend = job_backend(config, plan, client, admin_token, ray_init_kwargs, log)
             model = fit_job(config, plan, backend, verbose, log)
             record = store_job(config, plan, backend, model, tracker, connect, output_dir, upload_retry_for, log)
+    except KeyboardInterrupt as exc:  # SIGTERM or Ctrl-C: recorded as interrupted, one line
+        tracker.failed(exc)
+        recorded = "; recorded in the registry as interrupted" if tracker.started else ""
+        raise JobInterrupted(f"job {tracker.job_id} interrupted ({interrupt_cause(exc)}){recorded}") from None
     except BaseException as exc:
         tracker.failed(exc)
         raise
@@ -210,6 +217,7 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
 
     fit = config.fit
     ensure_ray(fit.ray.address, **{**fit.ray.init_kwargs, **(ray_init_kwargs or {})})
+    interrupt_on_sigterm()  # Ray's driver handler replaced ours
     sites: Any
     if fit.topology == "federated":
         from msa_fed.federation.job import relayed_sites
