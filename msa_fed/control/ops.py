@@ -42,6 +42,11 @@ from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)
 
+#: a job's log at the registry (msa-fed job log): lines per job, per call, characters per line
+MAX_LOG_LINES = 20_000
+MAX_LOG_LINES_PER_CALL = 1000
+MAX_LOG_LINE_CHARS = 1000
+
 MAX_NAME_CHARS = 200
 TOPOLOGIES_PATTERN_CHARS = 32
 
@@ -229,6 +234,31 @@ class Operations:
             if record.name == name:
                 return record if record.status == JOB_CANCELLED else None
         return None
+
+    def append_job_log(self, principal: Principal, job_id: str, lines) -> tuple[int, int]:
+        """Store the driver's progress ``lines`` (each cut to one line of MAX_LOG_LINE_CHARS) for a
+        recorded job; at most MAX_LOG_LINES per job, the rest counted as dropped."""
+        self._admin(principal, "write a job's log")
+        check_job_id(job_id)
+        lines = list(lines)
+        if len(lines) > MAX_LOG_LINES_PER_CALL:
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"at most {MAX_LOG_LINES_PER_CALL} lines per call; got {len(lines)}"
+            )
+        if self.store.get_job(job_id) is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        texts = [one_line(str(text), MAX_LOG_LINE_CHARS) for text in lines]
+        return self.store.append_job_log(job_id, texts, self.registry.clock(), MAX_LOG_LINES)
+
+    def job_log(self, principal: Principal, job_id: str, after: int = 0, limit: int = 0):
+        """(lines (seq, time, text) after ``after``, lines stored, lines dropped) of a recorded job."""
+        self._admin(principal, "read a job's log")
+        check_job_id(job_id)
+        if self.store.get_job(job_id) is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        if after < 0 or not 0 <= limit <= MAX_LOG_LINES_PER_CALL:
+            raise RegistryError("INVALID_ARGUMENT", f"after >= 0 and limit in 0..{MAX_LOG_LINES_PER_CALL}")
+        return self.store.job_log(job_id, after, limit or MAX_LOG_LINES_PER_CALL)
 
     def list_jobs(self, principal: Principal | None, limit: int = 100) -> list[JobRecord]:
         if principal is not None:

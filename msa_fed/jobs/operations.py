@@ -16,6 +16,8 @@ Used by :func:`msa_fed.jobs.run.run_job`:
 from __future__ import annotations
 
 import shlex
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -366,3 +368,85 @@ def store_result(
             f"store it later with: {command(saved.resolve())}",
             saved.resolve(),
         ) from None
+
+
+class _Tee:
+    """A text stream that writes to ``stream`` and hands every complete line to ``line``."""
+
+    def __init__(self, stream, line: Callable[[str], None]):
+        self._stream, self._line, self._part = stream, line, ""
+
+    def write(self, text: str) -> int:
+        n = self._stream.write(text)
+        self._part += text
+        *lines, self._part = self._part.split("\n")
+        for item in lines:
+            item = item.rsplit("\r", 1)[-1].strip()  # a progress bar's last state
+            if item:
+                self._line(item)
+        if len(self._part) > 4000:  # no newline for long: a bar redrawn in place
+            self._part = self._part.rsplit("\r", 1)[-1][-4000:]
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class JobLogSender:
+    """The driver's output as the job's log in the registry (``msa-fed job log JOB_ID``): every
+    line printed on stdout or stderr while the job runs is sent, in batches every ``interval``
+    seconds once the job is recorded, best effort (a registry away keeps them for the next try,
+    up to ``MAX_PENDING``; the job never waits for its log)."""
+
+    MAX_PENDING = 5000
+    BATCH = 500
+
+    def __init__(self, connect, tracker: JobTracker, interval: float = 2.0):
+        self.connect, self.tracker, self.interval = connect, tracker, float(interval)
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved: tuple = ()
+
+    def _add(self, line: str) -> None:
+        with self._lock:
+            if len(self._pending) < self.MAX_PENDING:
+                self._pending.append(line)
+
+    def flush(self) -> None:
+        if not self.tracker.started:
+            return
+        with self._lock:
+            batch = self._pending[: self.BATCH]
+        if not batch:
+            return
+        try:
+            with self.connect() as client:
+                OpsClient(client).append_job_log(self.tracker.job_id, batch)
+        except (MsaFedError, OSError):
+            return  # kept for the next try
+        with self._lock:
+            del self._pending[: len(batch)]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def __enter__(self) -> JobLogSender:
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._add), _Tee(sys.stderr, self._add)
+        self._thread = threading.Thread(target=self._run, name="job-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout, sys.stderr = self._saved
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for _ in range(self.MAX_PENDING // self.BATCH):  # what is left, while the registry takes it
+            before = len(self._pending)
+            self.flush()
+            if not self._pending or len(self._pending) == before:
+                break

@@ -41,6 +41,7 @@ from msa_fed.jobs.operations import (
     output_root,
     DEFAULT_UPLOAD_RETRY_S,
     FINISH_RETRY_S,
+    JobLogSender,
     JobTracker,
     channel_lines,
     check_output_dir,
@@ -142,7 +143,10 @@ def run_job(
         finish_retry_s=min(FINISH_RETRY_S, upload_retry_for),  # a registry down that long is down for now
     )
     try:
-        with RegistryClient(config.registry, admin_token, **config.client_tls()) as client:
+        with (
+            JobLogSender(connect, tracker),  # the driver's lines: msa-fed job log JOB_ID
+            RegistryClient(config.registry, admin_token, **config.client_tls()) as client,
+        ):
             plan = plan_job(config, client, tracker, log)
             backend = job_backend(config, plan, client, admin_token, ray_init_kwargs, log)
             model = fit_job(config, plan, backend, verbose, log)

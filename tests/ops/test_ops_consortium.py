@@ -5,10 +5,13 @@ every command a real process, no hand-made certificate."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +185,13 @@ def start(args, cwd, extra_env=None) -> tuple[subprocess.Popen, Lines]:
     return proc, Lines(proc.stdout)
 
 
+def _wait_count(lines: Lines, text: str, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(text in line for line in list(lines.lines)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} lines with {text!r}:\n" + lines.text()
+        time.sleep(0.5)
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -239,9 +249,43 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         assert rc == 0 and "consortium-job" in out, (out, err)
         for name in SITES:
             assert "joined job consortium-job" in outs[name].text(), outs[name].text()
-        # the sites' answers were sealed: the registry's audit log saw the relay, never a plain request
-        assert (root / "registry" / "audit.jsonl").stat().st_size > 0
         assert os.stat(root / "registry" / "audit.jsonl").st_mode & 0o077 == 0
+
+        # a second job, longer (every start of the solve run to the end), cancelled by the admin
+        long_job = tmp_path / "long.toml"
+        long_job.write_text(
+            (root / "coordinator" / "job.toml").read_text() + "\n[solver]\nall_starts = true\nn_restarts = 40\n"
+        )
+        job, job_out = start(["run", "--job", long_job], tmp_path, {"MSA_FED_PROGRESS": "lines"})
+        procs.append(job)
+        job_id = job_out.wait_for("recorded in the registry", timeout=300).split()[1]
+        job_out.wait_for("DC solver: iteration 1,", timeout=600)
+        rc, out, err = cli_process("job", "cancel", job_id, "--reason", "wrong cohort", *admin, timeout=120)
+        assert rc == 0 and f"job {job_id} (consortium-job) cancelled by admin at " in out, (out, err)
+        assert job.wait(300) == 1, job_out.text()
+        last = job_out.lines[-1]
+        assert last.startswith(f"error: job consortium-job ({job_id}) was cancelled by admin at "), job_out.text()
+        assert last.endswith(": wrong cohort") and "Traceback" not in job_out.text(), job_out.text()
+        for name in SITES:  # the relay told each site the job ended (the first job's end was one line)
+            _wait_count(outs[name], "job consortium-job ended", 2)
+        rc, out, err = cli_process("job", "list", *admin, timeout=120)
+        assert rc == 0 and re.search(rf"{job_id}\s+consortium-job\s+cancelled", out), (out, err)
+
+        # a third, stopped with SIGTERM: one line, recorded as interrupted, no stack frames
+        job, job_out = start(["run", "--job", long_job], tmp_path, {"MSA_FED_PROGRESS": "lines"})
+        procs.append(job)
+        job_id = job_out.wait_for("recorded in the registry", timeout=300).split()[1]
+        job_out.wait_for("DC solver: iteration 1,", timeout=600)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(300) == 130, job_out.text()
+        text = job_out.text()
+        assert job_out.lines[-1] == (
+            f"error: job {job_id} interrupted (SIGTERM); recorded in the registry as interrupted"
+        ), text
+        for foreign in ("SIGTERM received", "Traceback", "SystemExit", "clock_nanosleep", "*** "):
+            assert foreign not in text, (foreign, text)
+        rc, out, err = cli_process("job", "show", job_id, *admin, timeout=120)
+        assert rc == 0 and "status          interrupted" in out and "interrupted (SIGTERM)" in out, (out, err)
     finally:
         for proc in reversed(procs):
             stop(proc)
