@@ -247,6 +247,11 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         admin += ["--tls-key", root / "coordinator" / "client.key"]
         rc, out, err = cli_process("model", "show", "latest", *admin, timeout=120)
         assert rc == 0 and "consortium-job" in out, (out, err)
+        # the job's progress, from the registry (any machine with the admin token and the kit's certificate)
+        first_id = job_out.wait_for("recorded in the registry", timeout=5).split()[1]
+        rc, out, err = cli_process("job", "log", first_id, *admin, timeout=120)
+        assert rc == 0 and "DC solver: iteration 1," in out and "stored combined model version 1" in out, (out, err)
+        assert out.splitlines()[0].startswith(f"job {first_id} recorded in the registry"), out
         for name in SITES:
             assert "joined job consortium-job" in outs[name].text(), outs[name].text()
         assert os.stat(root / "registry" / "audit.jsonl").st_mode & 0o077 == 0
