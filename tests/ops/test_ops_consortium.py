@@ -16,11 +16,39 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ops_helpers import Lines, cli, cli_process, env
+from ops_helpers import REPO, Lines, cli, cli_process, env
 
 from msa_fed.jobs.consortium import Kit
 
 SITES = ("north", "east", "west")
+#: the commands of the kit's walkthrough in docs/OPERATIONS.md, in order (the slow test runs them)
+KIT_COMMANDS = [
+    "consortium init",
+    "registry serve",
+    "site register",
+    "site publish",
+    "site serve",
+    "run",
+    "model show",
+    "job log",
+    "job cancel",
+    "job list",
+]
+
+
+def _doc_commands() -> list[str]:
+    doc = (REPO / "docs" / "OPERATIONS.md").read_text()
+    block = doc.split("<!-- kit-walkthrough -->", 1)[1].split("<!-- /kit-walkthrough -->", 1)[0]
+    out = []
+    for line in block.splitlines():
+        words = line.strip().split()
+        if words[:1] == ["msa-fed"]:
+            out.append("run" if words[1] == "run" else " ".join(words[1:3]))
+    return out
+
+
+def test_the_kit_walkthrough_in_the_doc_is_what_the_flow_test_runs():
+    assert _doc_commands() == KIT_COMMANDS
 
 
 def _init(root: Path, *extra, registry: str = "127.0.0.1:38811", sites: str = "north,east,west"):
