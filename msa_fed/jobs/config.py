@@ -10,6 +10,7 @@ cluster/README.md ("Job file"); their checks are the fields' own
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,11 @@ def from_document(doc: dict, **overrides) -> JobConfig:
         if value is not None:
             values[_JOB][name] = value
             origin[name] = flags[name]
+    for name in PATH_FIELDS:  # "~/..." is the home folder of the user who runs the job
+        if isinstance(values[_JOB].get(name), str):
+            values[_JOB][name] = os.path.expanduser(values[_JOB][name])
+    if isinstance(values[_FIT].get("checkpoint_dir"), str):
+        values[_FIT]["checkpoint_dir"] = os.path.expanduser(values[_FIT]["checkpoint_dir"])
     fit = FitConfig(
         runtime="ray",
         classifier=ClassifierConfig(**values[_CLASSIFIER]),
@@ -369,6 +375,9 @@ def from_document(doc: dict, **overrides) -> JobConfig:
     )
     return JobConfig(fit=fit, origin=origin, **values[_JOB]).validate()
 
+
+#: the job's fields that name files on the driver's machine ("~" expanded)
+PATH_FIELDS = ("tls_ca", "tls_cert", "tls_key", "admin_token_file", "job_key")
 
 #: [run] keys that only one topology uses: giving one under the other is an error, not ignored
 #: (ray_address and data_channel apply to both: the federated topology's stand-in actors run on Ray too)
@@ -397,7 +406,7 @@ def with_fit(config: JobConfig, **changes) -> JobConfig:
 def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
     if not path:
         raise ConfigError(f"{what} is required")
-    p = Path(path)
+    p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"{what}: {path!r} not found" if not p.exists() else f"{what}: {path!r} is not a file")
     try:
