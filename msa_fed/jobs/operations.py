@@ -238,7 +238,11 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     """The final summary: z, per-site L_k(z), the objective, the DC rounds each site answered,
     and epsilon spent when DP is on."""
     names = model.site_names
-    lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
+    lines = [
+        "z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z)),
+        "         (z: each site's weight in the combined model, which predicts a point by mixing the sites' "
+        "predictors in proportion to z_k times how likely the point comes from site k)",
+    ]
     eps = getattr(model, "epsilon_by_site", None) or {}
     if model.domain_losses is not None:
         texts = loss_texts(model.domain_losses, eps)
