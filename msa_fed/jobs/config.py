@@ -129,6 +129,17 @@ class JobConfig:
         certificate when the job file or the command line gives one (mutual TLS)."""
         return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
 
+    def connection_labels(self) -> dict[str, str]:
+        """How messages about the registry connection name each option: the job file's key, or
+        the flag that set it (``msa_fed.control.connection.diagnose_tls``)."""
+        return {
+            "address": self._label("registry", "[registry] address"),
+            "insecure": self._label("insecure", "[registry] insecure"),
+            "tls_ca": self._label("tls_ca", "[registry] tls_ca"),
+            "tls_cert": self._label("tls_cert", "[registry] tls_cert"),
+            "tls_key": self._label("tls_key", "[registry] tls_key"),
+        }
+
     def validate(self) -> JobConfig:
         """A checked copy of this config, every field checked (ConfigError naming the table and
         key; values normalised); no network.  This config is left as it is; a validated one is

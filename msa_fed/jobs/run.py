@@ -126,8 +126,10 @@ def run_job(
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
     interrupt_on_sigterm()
 
+    labels = config.connection_labels()  # a TLS mistake names the job file's key or the flag
+
     def connect():
-        return RegistryClient(config.registry, admin_token, retries=0, **config.client_tls())
+        return RegistryClient(config.registry, admin_token, retries=0, labels=labels, **config.client_tls())
 
     flags = connection_flags(
         config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
@@ -145,7 +147,7 @@ def run_job(
     try:
         with (
             JobLogSender(connect, tracker),  # the driver's lines: msa-fed job log JOB_ID
-            RegistryClient(config.registry, admin_token, **config.client_tls()) as client,
+            RegistryClient(config.registry, admin_token, labels=labels, **config.client_tls()) as client,
         ):
             plan = plan_job(config, client, tracker, log)
             backend = job_backend(config, plan, client, admin_token, ray_init_kwargs, log)
