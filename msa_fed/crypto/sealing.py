@@ -17,11 +17,15 @@ Keys (standard constructions of ``cryptography``; nothing here is a new scheme):
 Frames.  For each (job, site) both sides derive two keys with HKDF-SHA256 from the X25519 secret
 of the job's ephemeral key and the site's agreement key (salt: the certificate's sha256; info:
 the site's name and key and the direction).  Each request and answer is sealed with
-ChaCha20-Poly1305; the nonce is the frame's sequence number, the associated data the direction,
-sequence number, job id, site name and certificate digest.  So a frame cannot be read without a
-party's private key, changed, moved to another job or site, or turned around; the site accepts
-each sequence number once and in increasing order (no replay, no reordering), and the job
-accepts only the answer to the sequence number it sent.  Every answer is also signed with the
+ChaCha20-Poly1305 under a fresh random 96-bit nonce that the frame carries (``os.urandom``; never
+derived from a counter or any state a restart, a crash or an upgrade could lose, so no (key,
+nonce) pair is used twice: the chance that two of 2^32 frames under one key draw the same nonce
+is below 2^-32); the associated data are the direction, sequence number, job id, site name and
+certificate digest.  So a frame cannot be read without a party's private key, changed, moved to
+another job or site, or turned around; the site accepts each sequence number once and in
+increasing order (no replay, no reordering) and, through ``remember``, keeps the last one it took
+on disk before it answers, so a restarted site refuses what an earlier process took ("replayed");
+the job accepts only the answer to the sequence number it sent.  Every answer is also signed with the
 site's Ed25519 key over (certificate digest, site, sequence number, request digest, answer
 digest): the job keeps these signatures (:class:`JobSealer.transcript`) with the combined
 model, so a site that lied is attributable (:func:`verify_transcript`).
@@ -39,7 +43,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -55,9 +59,10 @@ SITE_KEY_PREFIX = "msa-fed-site-key-v1:"
 JOB_KEY_PREFIX = "msa-fed-job-key-v1:"
 #: the site label under which the registry stores a site's public sealing key
 SEAL_KEY_LABEL = "seal_key"
-MAGIC = b"MSAS\x01"
+MAGIC = b"MSAS\x02"  # v2: the frame carries its random nonce
 TO_SITE, TO_JOB = 1, 2
-_HEADER = len(MAGIC) + 1 + 8 + 4
+NONCE_BYTES = 12
+_HEADER = len(MAGIC) + 1 + 8 + NONCE_BYTES + 4
 MAX_CERT_BYTES = 1 << 16
 
 
@@ -347,25 +352,41 @@ def _aad(direction: int, seq: int, job_id: str, site: str, cert_digest: bytes) -
     return b"|".join([VERSION, bytes([direction]), seq.to_bytes(8, "big"), job_id.encode(), site.encode(), cert_digest])
 
 
-def _nonce(direction: int, seq: int) -> bytes:
-    return bytes([direction, 0, 0, 0]) + seq.to_bytes(8, "big")
+def _nonce() -> bytes:
+    """A fresh random 96-bit nonce (carried in the frame): no counter a restart could reset."""
+    return os.urandom(NONCE_BYTES)
 
 
-def _frame(direction: int, seq: int, cert: bytes, ciphertext: bytes) -> bytes:
-    return MAGIC + bytes([direction]) + seq.to_bytes(8, "big") + len(cert).to_bytes(4, "big") + cert + ciphertext
+def _frame(direction: int, seq: int, nonce: bytes, cert: bytes, ciphertext: bytes) -> bytes:
+    return (
+        MAGIC + bytes([direction]) + seq.to_bytes(8, "big") + nonce + len(cert).to_bytes(4, "big") + cert + ciphertext
+    )
 
 
-def parse_frame(frame: bytes) -> tuple[int, int, bytes, bytes]:
-    """(direction, sequence number, certificate bytes, ciphertext) of a frame; ValueError if malformed."""
+class Frame(NamedTuple):
+    """A parsed frame: direction, sequence number, nonce, certificate bytes (requests) and ciphertext."""
+
+    direction: int
+    seq: int
+    nonce: bytes
+    cert: bytes
+    ciphertext: bytes
+
+
+def parse_frame(frame: bytes) -> Frame:
+    """The parts of a frame (:class:`Frame`); ValueError if malformed."""
     if len(frame) < _HEADER + 16 or frame[: len(MAGIC)] != MAGIC:
+        if frame[: len(MAGIC) - 1] == MAGIC[:-1]:
+            raise ValueError(f"a frame of sealing version {frame[len(MAGIC) - 1]}, not {MAGIC[-1]} (upgrade both ends)")
         raise ValueError("not a sealed frame")
     at = len(MAGIC)
     direction = frame[at]
     seq = int.from_bytes(frame[at + 1 : at + 9], "big")
-    n = int.from_bytes(frame[at + 9 : at + 13], "big")
+    nonce = frame[at + 9 : at + 9 + NONCE_BYTES]
+    n = int.from_bytes(frame[_HEADER - 4 : _HEADER], "big")
     if n > MAX_CERT_BYTES or _HEADER + n + 16 > len(frame):
         raise ValueError("malformed sealed frame")
-    return direction, seq, frame[_HEADER : _HEADER + n], frame[_HEADER + n :]
+    return Frame(direction, seq, nonce, frame[_HEADER : _HEADER + n], frame[_HEADER + n :])
 
 
 def _answer_message(cert_digest: bytes, site: str, seq: int, request_sha: bytes, answer_sha: bytes) -> bytes:
@@ -424,8 +445,9 @@ class JobSealer:
         with self._lock:
             seq = self._seq[site] = self._seq.get(site, 0) + 1
         to_site, _ = self._aead(site)
-        sealed = to_site.encrypt(_nonce(TO_SITE, seq), plaintext, _aad(TO_SITE, seq, self.job_id, site, self._digest))
-        return _frame(TO_SITE, seq, self._cert, sealed), seq
+        nonce = _nonce()
+        sealed = to_site.encrypt(nonce, plaintext, _aad(TO_SITE, seq, self.job_id, site, self._digest))
+        return _frame(TO_SITE, seq, nonce, self._cert, sealed), seq
 
     def open(self, site: str, seq: int, frame: bytes, request: bytes, method: str = "") -> bytes:
         """The plaintext answer of ``site`` to request ``seq`` (whose plaintext was ``request``);
@@ -437,7 +459,7 @@ class JobSealer:
         for all answers at once by :meth:`verify_signatures` (``record`` calls it): an Ed25519
         verification costs more than the rest of a frame's checks together."""
         try:
-            direction, got, cert, ciphertext = parse_frame(frame)
+            direction, got, nonce, cert, ciphertext = parse_frame(frame)
         except ValueError as exc:
             raise TamperedError(site, f"tampered: its answer to {method or 'a request'} is {exc}") from None
         if direction != TO_JOB or cert:
@@ -450,9 +472,7 @@ class JobSealer:
             )
         _, from_site = self._aead(site)
         try:
-            inner = from_site.decrypt(
-                _nonce(TO_JOB, seq), ciphertext, _aad(TO_JOB, seq, self.job_id, site, self._digest)
-            )
+            inner = from_site.decrypt(nonce, ciphertext, _aad(TO_JOB, seq, self.job_id, site, self._digest))
         except InvalidTag:
             raise TamperedError(
                 site, f"tampered: its answer to {method or 'a request'} failed authentication"
@@ -597,14 +617,16 @@ class SiteOpener:
 
     name : the site's name.  key : its :class:`SiteKey`.  trusted_job_keys : the job-key
     fingerprints the site pins (whoever holds one of those keys may run jobs here).  floor :
-    ``floor(certificate digest hex) -> int``, the sequence number below which a job's requests are
-    refused although this process has not seen them (what an earlier process of the site recorded:
-    a restarted site process refuses a replayed join; see ``RequestSeal.digest``)."""
+    ``floor(certificate digest hex) -> int``, the last sequence number of a job that an earlier
+    process of the site took (it and every earlier one are refused as "replayed").  remember :
+    ``remember(certificate digest hex, seq)``, called with every request :meth:`open` accepts,
+    before it returns (so before any answer leaves): it must keep ``seq`` where ``floor`` finds it
+    after a restart or a crash (:meth:`msa_fed.site.job_book.JobBook.set_seal_floor`)."""
 
     MAX_JOBS = 4096
 
-    def __init__(self, name: str, key: SiteKey, trusted_job_keys, floor=None):
-        self.name, self.key, self.floor = name, key, floor
+    def __init__(self, name: str, key: SiteKey, trusted_job_keys, floor=None, remember=None):
+        self.name, self.key, self.floor, self.remember = name, key, floor, remember
         self.trusted = frozenset(trusted_job_keys)
         if not self.trusted:
             raise ConfigError("a sealed site pins at least one job key (job_keys in site.toml)")
@@ -641,7 +663,7 @@ class SiteOpener:
     def open(self, job_id: str, frame: bytes) -> tuple[RequestSeal, bytes]:
         """(what seals the answer, the request's plaintext); :class:`TamperedError` otherwise."""
         try:
-            direction, seq, cert_bytes, ciphertext = parse_frame(frame)
+            direction, seq, nonce, cert_bytes, ciphertext = parse_frame(frame)
         except ValueError as exc:
             raise TamperedError(self.name, f"tampered: a request of job {job_id[:64]!r} is {exc}") from None
         if direction != TO_SITE or not cert_bytes:
@@ -652,7 +674,7 @@ class SiteOpener:
                 self.name, f"tampered: a frame of job {cert.job_id[:64]!r} was relayed as job {job_id[:64]!r}"
             )
         try:
-            plaintext = to_site.decrypt(_nonce(TO_SITE, seq), ciphertext, _aad(TO_SITE, seq, job_id, self.name, digest))
+            plaintext = to_site.decrypt(nonce, ciphertext, _aad(TO_SITE, seq, job_id, self.name, digest))
         except InvalidTag:
             raise TamperedError(self.name, f"tampered: a request of job {job_id!r} failed authentication") from None
         with self._lock:
@@ -662,8 +684,11 @@ class SiteOpener:
             if seq <= last:
                 raise TamperedError(
                     self.name,
-                    f"tampered: request {seq} of job {job_id!r} came after request {last} (replayed or reordered)",
+                    f"tampered: request {seq} of job {job_id!r} is replayed or reordered: this site "
+                    f"took request {last} of the job already, and takes each request once, in order",
                 )
+            if self.remember is not None:  # on disk before the answer is made, let alone sent
+                self.remember(digest.hex(), seq)
             self._last[digest] = seq
         return RequestSeal(job_id, seq, cert, plaintext, from_site), plaintext
 
@@ -675,10 +700,9 @@ class SiteOpener:
                 digest, self.name, ctx.seq, hashlib.sha256(ctx.request).digest(), hashlib.sha256(answer).digest()
             )
         )
-        sealed = ctx.aead.encrypt(
-            _nonce(TO_JOB, ctx.seq), signature + answer, _aad(TO_JOB, ctx.seq, ctx.job_id, self.name, digest)
-        )
-        return _frame(TO_JOB, ctx.seq, b"", sealed)
+        nonce = _nonce()
+        sealed = ctx.aead.encrypt(nonce, signature + answer, _aad(TO_JOB, ctx.seq, ctx.job_id, self.name, digest))
+        return _frame(TO_JOB, ctx.seq, nonce, b"", sealed)
 
     def forget(self, job_id: str) -> None:
         """Drop the keys of a finished job (its sequence numbers stay: an old frame stays refused)."""

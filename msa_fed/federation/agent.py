@@ -12,23 +12,19 @@ its request log; it opens **no listening socket**.  It
    ``Connect`` stream open, with heartbeats; it reconnects after a network failure and stops for
    good when the registry refuses the site (revoked token, deregistered, another process
    connected as the site);
-3. answers the requests relayed on that stream by calling a
-   :class:`msa_fed.site.worker.SiteWorker` per job, only for the methods of
-   :data:`msa_fed.runtime.federated.RELAY_METHODS` (aggregates over its points, counts), with
-   requests and answers decoded and encoded by :mod:`msa_fed.boundary.wire` (the boundary schema);
-4. applies its own privacy policy (``policy`` in site.toml, :mod:`msa_fed.privacy`) inside each
-   job's worker, decides which jobs it serves (``accept_jobs``: every job the registry's admin
-   opens, or only those approved with ``msa-fed site approve``), and writes every answer and
-   refusal to its one hash-chained audit log, through one writer and one ledger shared by all
-   its jobs (:func:`load_site_policy`).
+3. hands every request relayed on that stream to the site's one request chain,
+   :meth:`msa_fed.site.chain.SiteApp.handle` (open the seal, the site's allowlist, admission,
+   the gate table's row, the body, the audit record, the sealed answer), each job's requests in
+   order (:class:`msa_fed.federation.dispatch.JobDispatcher`), and sends its answer back; it
+   fetches, for the chain, the published predictors and samples of a job's peers.
 
-Errors sent back carry the library's own message for the library's own errors (a refusal, a
-configuration mismatch) and only the error's type name for anything else.
+Every rule the site applies lives in :mod:`msa_fed.site` and :mod:`msa_fed.privacy`; this module
+is the transport only.  The site keeps one audit log and one ledger, shared by all its jobs
+(:func:`load_site_policy`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -40,33 +36,24 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 
 from msa_fed import __version__
-from msa_fed.artifacts.isolated import isolate
-from msa_fed.artifacts.predictors import load_predictor, sha256_hex
-from msa_fed.boundary import messages as m
-from msa_fed.boundary import wire
-from msa_fed.boundary.proto import boundary_pb2 as bpb
 from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
-from msa_fed.crypto.sealing import job_content_digest
-from msa_fed.errors import ConfigError, MsaFedError, PeerFault, PrivacyError
+from msa_fed.errors import ConfigError, MsaFedError
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.dispatch import JobDispatcher
 from msa_fed.federation.relay_client import open_channel
 from msa_fed.federation.serve_ops import JobLines
-from msa_fed.federation.site_sealing import check_join_content, sealing_opener, unsealed_content
+from msa_fed.federation.site_sealing import sealing_opener
 from msa_fed.privacy.audit import AuditLog
-from msa_fed.privacy.guard import recording
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy, load_policy
 from msa_fed.runtime.exclusions import ExclusionBook
-from msa_fed.runtime.federated import RELAY_METHODS
+from msa_fed.site.admission import job_key, run_key, sample_sha256, worker_policy_kwargs  # noqa: F401 - also here
+from msa_fed.site.chain import SiteApp
 from msa_fed.site.data import load_site_data
 from msa_fed.site.job_book import JobBook
-from msa_fed.site.published import SiteStateLost
-from msa_fed.site.worker import SiteWorker
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +80,6 @@ class SiteRefused(MsaFedError):
     """The registry refused this site (or the site refused to start); reconnecting cannot help."""
 
 
-def sample_sha256(X: np.ndarray) -> str:
-    """The sha256 of an unlabelled sample as the registry stores it (little-endian float32, C order)."""
-    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").tobytes()).hexdigest()
-
-
 # ---------------------------------------------------------------------- the site's policy
 def load_site_policy(config: SiteConfig) -> SitePolicy:
     """The site's privacy policy, read by the site's own process: ``config.policy``
@@ -106,8 +88,8 @@ def load_site_policy(config: SiteConfig) -> SitePolicy:
     The site keeps one audit log, ``config.audit_log``: the policy's hash-chained log
     (:class:`msa_fed.privacy.audit.AuditLog`; ``msa-fed site audit --log F --ledger L`` verifies
     it), written through one writer in the process by the policy's checks inside each job's
-    :class:`SiteWorker` and by the agent (jobs joined and ended, refusals before the policy's
-    checks), one record per request.  Its ledger (budgets, epsilon
+    :class:`msa_fed.site.worker.SiteWorker` and by the site's chain (jobs joined and ended,
+    refusals before the policy's checks), one record per request.  Its ledger (budgets, epsilon
     spent, the log's length) is a file too, ``config.ledger_path`` (next to the audit log unless
     site.toml or the policy names one), so that budgets survive a restart.  A policy file that
     names another audit log than site.toml is refused: one site, one log.
@@ -138,26 +120,6 @@ def excluded_peers_path(config: SiteConfig) -> Path:
     return jobs.with_name(jobs.name.split(".")[0] + ".excluded.json")
 
 
-def job_key(job: str, digest: str) -> str:
-    """``job@digest``: the job's id and (the start of) the digest of its content
-    (:func:`msa_fed.crypto.sealing.job_content_digest`), the name the audit log and the ledger
-    give one content of a job."""
-    return f"{job}@{digest[:16]}"
-
-
-def run_key(key: str) -> str:
-    """The ledger's name for one run of a job (one join): per-job budgets count per run, so a
-    monthly job starts each month with its per-job budgets, and the rolling-day budgets and the
-    lifetime epsilon, counted over all runs, bound what repeated runs take."""
-    return f"{key}#{os.urandom(4).hex()}"
-
-
-def worker_policy_kwargs(policy: SitePolicy, job: m.JobSetup, job_id: str) -> dict:
-    """Keyword arguments of :class:`SiteWorker` that carry the site's policy for one job: the
-    job's min_points can only tighten the policy's (the worker applies the stricter)."""
-    return {"min_points": int(job.min_points), "policy": policy, "job_id": job_id, "sites": list(job.sites)}
-
-
 # ---------------------------------------------------------------------- the agent
 class SiteAgent:
     """One site's process (see the module docstring).  ``serve()`` blocks until ``stop()``."""
@@ -173,8 +135,6 @@ class SiteAgent:
         if not p.is_file():
             raise ConfigError(f"site config: predictor {config.predictor!r} not found")
         self.predictor_bytes = p.read_bytes()
-        self.predictor_sha256 = sha256_hex(self.predictor_bytes)
-        self.sample_sha256 = sample_sha256(self.data["X_unlabeled"])
         self.policy = load_site_policy(config)
         # load the domain models' libraries (torch, scikit-learn) now, not in the first request:
         # a request's time counts against the job's site_timeout_s
@@ -182,19 +142,25 @@ class SiteAgent:
         import msa_fed.core.domain_classifier  # noqa: F401
 
         self.book = JobBook(config.jobs_path)
-        # the process's one audit writer and ledger, shared by the agent and every job's guard
+        # the process's one audit writer and ledger, shared by the chain and every job's guard
         self.ledger = Ledger(self.policy.ledger)
         self.audit = AuditLog(self.policy.audit_log, ledger=self.ledger)
-        self.jobs: dict[str, SiteWorker] = {}
-        self.opener = sealing_opener(config, self.book)  # None: this site takes unsealed jobs (no seal_key)
-        self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
-        self._predictors: dict[str, object] = {}  # sha256 -> loaded predictor
-        # one download from the registry at a time: the Connect stream holds one of the site
-        # token's transfer slots (two by default), so two jobs joining at once would be refused
-        # the second fetch; a predictor two jobs share is fetched and loaded once
-        self._downloads = threading.RLock()
-        # peers whose predictor broke a limit here, refused until the operator clears them
-        self.excluded = ExclusionBook(excluded_peers_path(config), f"site {self.name!r}")
+        self.app = SiteApp(
+            self.name,
+            self.data,
+            self.predictor_bytes,
+            policy=self.policy,
+            audit=self.audit,
+            book=self.book,
+            opener=sealing_opener(config, self.book),  # None: this site takes unsealed jobs (no seal_key)
+            accept_jobs=config.accept_jobs,
+            # peers whose predictor broke a limit here, refused until the operator clears them
+            excluded=ExclusionBook(excluded_peers_path(config), f"site {self.name!r}"),
+            lines=self.lines,
+            transport=self,
+        )
+        self.predictor_sha256, self.sample_sha256 = self.app.predictor_sha256, self.app.sample_sha256
+        self.opener = self.app.opener
         self.dispatch = JobDispatcher()  # jobs answered concurrently, each job's requests in order
         self._stop = threading.Event()
         self._call: Any = None
@@ -348,193 +314,20 @@ class SiteAgent:
         out.put(pb.SiteToRelay(answer=self.answer(fwd)))
 
     def _end_job(self, job_id: str) -> None:
-        if self.opener is not None:
-            self.opener.forget(job_id)
-        worker = self.jobs.pop(job_id, None)
-        if worker is not None:
-            self._record(job_id, "", "end_job", "noted")
-            worker.guard.close()  # the shared writer stays open
-            self.lines.ended(job_id)
+        self.app.end_job(job_id)
 
     def answer(self, fwd: pb.Forward) -> pb.Answer:
-        """The Answer to one relayed request: sealed and signed when the request was sealed for
-        this site (never raises).  A request that fails its seal's checks, or an unsealed request
-        at a site that holds a sealing key, is refused in the clear (nothing to seal it to)."""
-        if not fwd.sealed and self.opener is None:
-            return pb.Answer(call_id=fwd.call_id, response=self.handle(fwd))
-        from msa_fed.crypto.sealing import TamperedError
-
-        opener = self.opener
-        if opener is None:
-            exc: MsaFedError = ConfigError(
-                f"site {self.name!r} holds no sealing key (seal_key in site.toml); it takes unsealed jobs"
-            )
-            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule="ConfigError", detail=str(exc))
-            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(exc))
-        ctx = None
-        try:
-            if not fwd.sealed:
-                raise PrivacyError("sealed", self.name, f"job {fwd.job_id!r}: it serves only sealed jobs")
-            ctx, plain = opener.open(fwd.job_id, fwd.sealed)
-            request = bpb.SiteRequest.FromString(plain)
-        except (TamperedError, PrivacyError) as err:
-            rule = err.rule if isinstance(err, PrivacyError) else "tampered"
-            self._record(fwd.job_id, fwd.admin, "sealed", "refused", rule=rule, detail=str(err))
-            return pb.Answer(call_id=fwd.call_id, response=wire.failure_proto(err))
-        except Exception:  # noqa: BLE001 - authentic bytes that are no SiteRequest: the job's fault
-            if ctx is None:
-                return pb.Answer(call_id=fwd.call_id, response=wire.error_proto("WireError", "unreadable request"))
-            failure = wire.error_proto("WireError", "not a SiteRequest")
-            return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, failure.SerializeToString()))
-        response = self.handle(fwd, request, ctx.certificate.content)
-        if request.method == "join_job" and response.WhichOneof("body") != "failure":
-            self.book.set_seal_floor(ctx.certificate.digest.hex(), ctx.seq)  # no replayed join after a restart
-        return pb.Answer(call_id=fwd.call_id, sealed=opener.seal(ctx, response.SerializeToString()))
-
-    def handle(self, fwd: pb.Forward, request=None, content: dict | None = None):
-        """The SiteResponse to one relayed request (never raises); ``request``: the opened
-        SiteRequest of a sealed frame, ``content``: the signed content of its job.  One audit
-        record per request: the policy guard's where it wrote one, else the agent's."""
-        with recording() as guard:
-            return self._handle(fwd, request, content, guard)
-
-    def _handle(self, fwd: pb.Forward, request, content: dict | None, guard):
-        request = fwd.request if request is None else request
-        job, admin, method = fwd.job_id, fwd.admin, request.method
-        try:
-            method, msg = wire.from_proto(request, wire.REQUESTS)
-            if method not in RELAY_METHODS:
-                raise PrivacyError(
-                    "relay_methods",
-                    self.name,
-                    f"{method!r}: it does not answer it from its process (it answers {sorted(RELAY_METHODS)})",
-                )
-            if method == "join_job":
-                if not isinstance(msg, m.JobSetup):
-                    raise wire.WireError("join_job takes a JobSetup")
-                out = self._join(job, admin, msg, content)
-            else:
-                worker = self.jobs.get(job)
-                if worker is None:
-                    raise SiteStateLost(f"site {self.name!r} has no state for job {job!r} (restarted?)")
-                if content is not None:
-                    self._check_planned(job, method, content)
-                out = getattr(worker, method)(msg)
-            response = wire.to_proto(method, out, wire.RESPONSES)
-        except (MsaFedError, wire.WireError) as exc:
-            if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
-                self.excluded.add(exc.site, str(exc))
-            if not guard.wrote:  # the policy's checks record their own refusals
-                rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__
-                self._record(job, admin, method, "refused", rule=rule, detail=str(exc))
-            self.lines.refused(job, method, getattr(exc, "rule", None) or type(exc).__name__, str(exc))
-            return wire.failure_proto(exc)  # a PrivacyError keeps its rule and site
-        except Exception as exc:  # noqa: BLE001 - library text stays here; the job sees the type only
-            log.exception("site %s: %s for job %s failed", self.name, method, job)
-            if not guard.wrote:
-                self._record(job, admin, method, "error", detail=type(exc).__name__)
-            return wire.error_proto(type(exc).__name__, "internal error at the site (see the site's log)")
-        if not guard.wrote:  # join_job, info, ping: not the policy's requests
-            self._record(job, admin, method, "answered", answer=_describe(out))
-        if method == "join_job":
-            self.lines.joined(job, admin, msg.sites)
-        else:
-            self.lines.answered(job, method)
-        return response
+        """The Answer to one relayed request, from the site's chain (never raises)."""
+        response, sealed = self.app.handle(fwd.job_id, fwd.admin, sealed=fwd.sealed, request=fwd.request)
+        if sealed:
+            return pb.Answer(call_id=fwd.call_id, sealed=sealed)
+        return pb.Answer(call_id=fwd.call_id, response=response)
 
     def _record(self, job: str, admin: str, request: str, outcome: str, **extra) -> None:
-        """One record of the site's audit log, in the policy's format (``msa-fed site audit`` reads it)."""
-        self.audit.append(
-            {"site": self.name, "job": job, "admin": admin, "request": request, "outcome": outcome, **extra}
-        )
+        self.app.record(job, admin, request, outcome, **extra)
 
-    def _check_planned(self, job: str, method: str, content: dict) -> None:
-        """A sealed job's content names the most labelled-data queries it sends: one more is refused."""
-        if method not in ("dc_evaluate", "max_bound") or content.get("planned_queries") is None:
-            return
-        done = self._queries.get(job, 0)
-        if done >= int(content["planned_queries"]):
-            raise PrivacyError(
-                "planned_queries",
-                self.name,
-                f"job {job!r} planned {content['planned_queries']} labelled-data queries and sent one more",
-            )
-        self._queries[job] = done + 1
-
-    def _join(self, job: str, admin: str, msg: m.JobSetup, content: dict | None = None) -> m.SiteInfo:
-        sites = list(msg.sites)
-        if not (0 <= msg.index < len(sites)) or sites[msg.index] != self.name:
-            raise ConfigError(f"job {job!r} does not name site {self.name!r} at index {msg.index}")
-        if len(msg.predictor_sha256) != len(sites) or len(set(sites)) != len(sites):
-            raise ConfigError(f"job {job!r}: one predictor sha256 per site, each site once")
-        if msg.task not in ("classification", "regression"):
-            raise ConfigError(f"job {job!r}: unknown task {msg.task!r}")
-        want_loss = "cross_entropy" if msg.task == "classification" else "squared"
-        if msg.loss != want_loss:
-            raise ConfigError(f"job {job!r}: loss {msg.loss!r} does not go with task {msg.task!r}")
-        if content is not None:
-            check_join_content(self, job, msg, content)
-        else:  # an unsealed job: what the join says of it
-            content = unsealed_content(job, msg)
-        digest = job_content_digest(content)
-        key = job_key(job, digest)
-        # approvals are for this content, not for a reusable name (a new content is pending again)
-        state = self.book.seen(job, admin, sites, digest=digest, content=content)
-        if self.config.accept_jobs == "approve" and state == "pending":
-            raise PrivacyError(
-                "accept_jobs",
-                self.name,
-                f"job {job!r}: it serves only approved jobs and job {job!r} "
-                f"is pending: its operator runs 'msa-fed site approve {job} --config site.toml'",
-            )
-        if msg.predictor_sha256[msg.index] != self.predictor_sha256:
-            raise ConfigError(
-                f"job {job!r} uses predictor {msg.predictor_sha256[msg.index][:16]}... for site "
-                f"{self.name!r}, which holds {self.predictor_sha256[:16]}..."
-            )
-        self.excluded.check([s for s in sites if s != self.name], "msa-fed site clear-peer --config site.toml")
-        kind = "regression" if msg.task == "regression" else "probabilities"
-        predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
-        d = self.data
-        worker = SiteWorker(
-            self.name,
-            msg.index,
-            d["X_labeled"],
-            d["y_labeled"],
-            d["X_unlabeled"],
-            predictors=predictors,
-            task=msg.task,
-            loss=msg.loss,
-            classes=msg.classes,
-            audit=self.audit,
-            **worker_policy_kwargs(self.policy, msg, run_key(key)),
-        )
-        worker.published = self._published_samples(job, sites)  # to verify domain models
-        info = worker.info()
-        old = self.jobs.pop(job, None)
-        if old is not None:  # joined again (the job restarted): the new worker replaces it
-            old.guard.close()
-        self.jobs[job] = worker
-        self._queries[job] = 0
-        self.book.set_state(job, "served")
-        return info
-
-    def _predictor(self, job: str, site: str, sha: str, kind: str):
-        key = f"{sha}:{kind}"
-        with self._downloads:
-            if key in self._predictors:
-                return self._predictors[key]
-            if sha == self.predictor_sha256:
-                data = self.predictor_bytes
-            else:
-                data = self._fetch(job, site)
-            loaded = load_predictor(data, expected_sha256=sha, kind=kind)
-            if sha != self.predictor_sha256:  # a peer's: every call in a limited worker process
-                loaded = isolate(loaded, site)
-            self._predictors[key] = loaded
-            return loaded
-
-    def _fetch(self, job: str, site: str) -> bytes:
+    # ------------------------------------------------------------------ the chain's fetches
+    def fetch_predictor(self, job: str, site: str) -> bytes:
         parts, header = [], None
         try:
             for chunk in self._stub.FetchPredictor(
@@ -557,21 +350,9 @@ class SiteAgent:
             ) from None
         return b"".join(parts)
 
-    def _published_samples(self, job: str, sites: list[str]):
-        """A source of the job's published samples (fetched from the registry on first use, each
-        checked against the sha256 the registry recorded; this site's own against its own)."""
-        got: list = []
-
-        def samples():
-            if not got:
-                with self._downloads:
-                    got.append(tuple(self._fetch_sample(job, name) for name in sites))
-            return got[0]
-
-        return samples
-
-    def _fetch_sample(self, job: str, site: str) -> np.ndarray:
+    def fetch_sample(self, job: str, site: str) -> tuple[bytes, str, int, int]:
         from msa_fed.control.convert import artifact_from_pb
+        from msa_fed.site.admission import MAX_SAMPLE_BYTES
 
         parts, header = [], None
         try:
@@ -585,40 +366,23 @@ class SiteAgent:
                     header = artifact_from_pb(chunk.artifact)
                 elif which == "chunk" and header is not None:
                     parts.append(chunk.chunk)
-                    if sum(len(p) for p in parts) > 256 * 2**20:
+                    if sum(len(p) for p in parts) > MAX_SAMPLE_BYTES:
                         raise ConfigError(f"the sample of site {site!r} is larger than 256 MiB")
                 else:
                     raise ConfigError(f"fetching the sample of site {site!r}: unexpected message")
         except grpc.RpcError as exc:
             raise ConfigError(f"cannot fetch the sample of site {site!r}: {exc.code().name}: {exc.details()}") from None
-        data = b"".join(parts)
-        if header is None or hashlib.sha256(data).hexdigest() != header.sha256:
-            raise ConfigError(f"the sample of site {site!r} does not match its published sha256")
-        if site == self.name and header.sha256 != self.sample_sha256:
-            raise ConfigError(f"the registry's sample of site {site!r} is not the one this site published")
-        rows, cols = int(header.meta["rows"]), int(header.meta["cols"])
-        if rows * cols * 4 != len(data):
-            raise ConfigError(f"the sample of site {site!r}: {len(data)} bytes do not make ({rows}, {cols})")
-        return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float64)
+        if header is None:
+            raise ConfigError(f"fetching the sample of site {site!r}: no header")
+        try:
+            rows, cols = int(header.meta["rows"]), int(header.meta["cols"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"the sample of site {site!r} has no readable shape") from None
+        return b"".join(parts), header.sha256, rows, cols
 
     def close(self):
         self.dispatch.close()
-        for worker in self.jobs.values():
-            worker.guard.close()
-        self.jobs.clear()
+        self.app.close()
         self.book.close()
         self.audit.close()
         self.ledger.close()
-
-
-def _describe(msg) -> str:
-    """A short description of an answer for the request log (sizes, never values)."""
-    if msg is None:
-        return ""
-    parts = []
-    for name, value in vars(msg).items():
-        if isinstance(value, np.ndarray):
-            parts.append(f"{name}{list(value.shape)}")
-        elif hasattr(value, "arrays"):
-            parts.append(f"{name}(" + ",".join(f"{k}{list(v.shape)}" for k, v in value.arrays().items()) + ")")
-    return f"{type(msg).__name__} " + " ".join(parts)

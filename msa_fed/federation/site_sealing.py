@@ -11,7 +11,7 @@ site approves (``msa-fed site approve``) is that content's digest.
 
 from __future__ import annotations
 
-from msa_fed.crypto.sealing import SiteKey, SiteOpener, job_content
+from msa_fed.crypto.sealing import SiteKey, SiteOpener
 from msa_fed.errors import ConfigError
 
 #: what a site without a sealing key is told to do (one line, with the keys to set)
@@ -26,45 +26,12 @@ NO_SEAL_KEY = (
 def sealing_opener(config, book=None) -> SiteOpener | None:
     """The site's :class:`SiteOpener`, or None when site.toml says ``allow_unsealed = true``
     (ConfigError when it names neither a ``seal_key`` nor that); ``book`` (the site's
-    :class:`msa_fed.site.job_book.JobBook`) keeps each sealed job's last join across restarts
-    of the site process."""
+    :class:`msa_fed.site.job_book.JobBook`) keeps the last request each sealed job sent, on disk
+    before the site answers it: a restarted site process refuses it and every earlier one."""
     if not getattr(config, "seal_key", None):
         if not getattr(config, "allow_unsealed", False):
             raise ConfigError("site config: " + NO_SEAL_KEY.format(name=config.name))
         return None
     floor = book.seal_floor if book is not None else None
-    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor)
-
-
-def unsealed_content(job: str, msg) -> dict:
-    """The content of an unsealed job, as far as its join says it (what an approval binds to)."""
-    return job_content(
-        job,
-        [dict(name=n, predictor_sha256=sha) for n, sha in zip(msg.sites, msg.predictor_sha256)],
-        task=msg.task,
-        loss=msg.loss,
-        min_points=msg.min_points,
-    )
-
-
-def check_join_content(agent, job: str, msg, content: dict) -> None:
-    """ConfigError unless the join ``msg`` of a sealed job is the job its signed ``content`` says,
-    and the content names this site with its own key, published sample and predictor."""
-    sites = content.get("sites") or []
-    names = [s.get("name") for s in sites]
-    if names != list(msg.sites):
-        raise ConfigError(f"job {job!r}: the join names sites {list(msg.sites)}, its signed content {names}")
-    if [s.get("predictor_sha256") for s in sites] != list(msg.predictor_sha256):
-        raise ConfigError(f"job {job!r}: the join's predictors are not those of its signed content")
-    for key in ("task", "loss"):
-        if content.get(key) != getattr(msg, key):
-            raise ConfigError(f"job {job!r}: the join's {key} is not its signed content's")
-    if content.get("min_points") is not None and int(content["min_points"]) != int(msg.min_points):
-        raise ConfigError(f"job {job!r}: the join's min_points is not its signed content's")
-    mine = sites[msg.index]
-    if mine.get("sample_sha256") != agent.sample_sha256:
-        want = str(mine.get("sample_sha256"))[:16]
-        raise ConfigError(
-            f"job {job!r} expects site {agent.name!r} to hold published sample {want}..., "
-            f"not {agent.sample_sha256[:16]}..."
-        )
+    remember = book.set_seal_floor if book is not None else None
+    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor, remember=remember)

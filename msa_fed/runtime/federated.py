@@ -51,12 +51,13 @@ from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
 from msa_fed.runtime.ray_sites import RaySites
+from msa_fed.site.methods import SITE_METHODS
 from msa_fed.site.published import PublishedSample, SiteStateLost
 
 log = logging.getLogger(__name__)
 
 #: what the site process answers, through the relay (everything that touches labelled data)
-RELAY_METHODS = frozenset({"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "ping"})
+RELAY_METHODS = SITE_METHODS  # the site's own allowlist (msa_fed/site/methods.py)
 #: what the stand-in actors answer (the published unlabelled sample only)
 ACTOR_METHODS = frozenset({"unlabeled_sample", "unlabeled_rows", "setup_shard", "classifier_loss_grad"})
 #: a site's setup, replayed in this order after it restarted

@@ -11,7 +11,12 @@
 - :mod:`msa_fed.site.data`: the site's private data on its own node;
   :mod:`msa_fed.site.deployed`: a cluster site (data and predictors from its node and the
   registry's ONNX artifacts);
-- :mod:`msa_fed.site.job_book`: the jobs a site process was asked to serve.
+- :mod:`msa_fed.site.job_book`: the jobs a site process was asked to serve;
+- :mod:`msa_fed.site.chain`: the site process's one request chain (open the seal, the
+  allowlist, admission, the gate, the body, the audit record, the sealed answer), with
+  :mod:`msa_fed.site.admission` (the rules of joining a job) and :mod:`msa_fed.site.methods`
+  (what a site answers to each host, through its one entry point ``handle``).
 
-The site process's transport loop (the relay's stream) is :mod:`msa_fed.federation.agent`.
+The site process's transport loop (the relay's stream) is :mod:`msa_fed.federation.agent`;
+docs/SITE_REVIEW.md is the reviewer's guide to all of it.
 """

@@ -23,7 +23,8 @@ from msa_fed.boundary import messages as m
 from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
-from msa_fed.privacy.verify import verify_domain_model
+from msa_fed.privacy.influence import bounded
+from msa_fed.privacy.verify import own_qhat, verify_domain_model
 from msa_fed.site.policy import trusts_custom_feature_maps
 from msa_fed.site.published import SiteStateLost
 
@@ -46,11 +47,16 @@ class Rule:
     free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
     checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
     quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
-    # what differential privacy changes (policy [dp] on):
+    # the row's transform of the answer, applied by the gate (:class:`Call`: refused, noised,
+    # public, clipped); what it does with differential privacy (policy [dp]) on:
     #   "refused": not answered (rule dp_what), before the charge
-    #   "noised": only the losses L, with Gaussian noise: one DP answer spent (dp_what, dp_budget)
-    #   "public": answered from the published sample (no epsilon spent)
-    #   "clipped": weights clipped at the data-independent ratio_clip, not at the site's own shares
+    #   "noised": only the losses L, clipped, with Gaussian noise: one DP answer spent
+    #     (dp_what, dp_budget); without DP the exact sums asked for (:meth:`Call.dc_sums`)
+    #   "public": answered from the published sample (no epsilon spent); without DP from the
+    #     labelled points (:meth:`Call.public`)
+    #   "clipped": weights clipped at the data-independent ratio_clip (in the DP losses), not at
+    #     the site's own shares; without DP qhat floored at the site's own share and each point's
+    #     weight capped at the policy's share (:meth:`Call.floor_qhat`, :meth:`Call.clip_weights`)
     dp: Literal["", "refused", "noised", "public", "clipped"] = ""
 
 
@@ -285,6 +291,51 @@ class Call(Request):
         if self.rule.sizes is None:
             return False
         return Request.__exit__(self, etype, exc, tb)
+
+    # ------------------------------------------------------------------ the row's transform
+    def _transform(self, want: str):
+        if self.rule.dp != want:
+            raise RuntimeError(f"request {self.kind!r}: its row's transform is {self.rule.dp!r}, not {want!r}")
+        return self.worker.guard.dp
+
+    def public(self, over: Callable[[np.ndarray], Any], labelled: Any) -> Any:
+        """``dp="public"``: the answer ``labelled`` (over the labelled points), or with DP on
+        ``over(the published sample)``: public data, no epsilon spent."""
+        if self._transform("public") is None:
+            return labelled
+        return over(self.worker.X_unlabeled)
+
+    def floor_qhat(self, qhat: np.ndarray) -> np.ndarray:
+        """``dp="clipped"``: qhat floored at this site's own share (recorded); with DP on, qhat as
+        sent (the DP losses clip the weights at ratio_clip, whatever qhat is)."""
+        if self._transform("clipped") is not None:
+            return qhat
+        out, floored = own_qhat(qhat, self.worker._own_partial)
+        self.decisions.update(floored)
+        return out
+
+    def clip_weights(self, ratios: np.ndarray) -> np.ndarray:
+        """``dp="clipped"``: the density ratios capped at the policy's share of a point (recorded);
+        with DP on, as they are (a cap that depends on the other points would let one point move
+        the others' weights, beyond the sensitivity: the DP losses clip at ratio_clip)."""
+        if self._transform("clipped") is not None:
+            return ratios
+        out, clip = bounded(ratios, self.worker.policy, "w")
+        self.decisions.update(clip)
+        return out
+
+    def dc_sums(self, points):
+        """``dp="noised"``: the DC sums the request asks for over ``points``, or with DP on the
+        losses L only (the gate checked that only L is asked and spent one DP answer), each
+        point's loss clipped, with Gaussian noise of that sensitivity."""
+        msg, dp = self.msg, self._transform("noised")
+        if dp is None:
+            return points.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
+        from msa_fed.core.dc_terms import DCSums
+        from msa_fed.privacy.dp import clipped_losses
+
+        L, sens = clipped_losses(points, msg.z, float(msg.eta), self.worker.policy)
+        return DCSums(L=L + dp.noise(L.shape, sens), n=points.n_points)
 
 
 # ---------------------------------------------------------------------- domain models

@@ -24,6 +24,7 @@ import numpy as np
 from msa_fed.boundary import messages as m
 from msa_fed.boundary.node import current_node_id
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
+from msa_fed.site.methods import HELPER_METHODS, PUBLISHED_METHODS, SHARD_METHODS, answer
 from msa_fed.site.shards import split_rows
 
 
@@ -70,6 +71,13 @@ class ShardHost:
     index: int
     incarnation: str
     _shard: Any
+    #: the requests this kind of holder answers (:mod:`msa_fed.site.methods`)
+    ANSWERS: frozenset = SHARD_METHODS
+
+    def handle(self, method: str, msg):
+        """The one entry point of every host: the answer to ``method`` if this holder's list
+        (``ANSWERS``) has it, else a refusal naming the rule ``methods``."""
+        return answer(self, method, msg, self.ANSWERS)
 
     def _set_shard(self, msg: m.ShardSetup, X: np.ndarray, start: int, n_total: int) -> m.Ack:
         self._shard = make_shard(msg, X, self.index, start, n_total)
@@ -91,6 +99,8 @@ class ShardHost:
 class PublishedHalf(ShardHost):
     """A whole published sample: its rows on request, and block 0 of it as the classifier shard
     (the other blocks go to :class:`ShardWorker` helpers)."""
+
+    ANSWERS = PUBLISHED_METHODS
 
     def _published(self) -> np.ndarray:
         raise NotImplementedError
@@ -160,6 +170,7 @@ class ShardWorker(ShardHost):
     and answers only gradient sums."""
 
     X_rows: Any  # None until load_rows
+    ANSWERS = HELPER_METHODS
 
     def __init__(self, name: str, index: int, start: int, stop: int, n_total: int):
         self.name = name

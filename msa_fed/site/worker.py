@@ -27,11 +27,12 @@ from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
-from msa_fed.privacy.influence import bounded, shares
+from msa_fed.privacy.influence import shares
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.privacy.verify import SampleSource, own_qhat, pinned_samples
+from msa_fed.privacy.verify import SampleSource, pinned_samples
 from msa_fed.site.data import load_site_data
 from msa_fed.site.gate import LABELLED, Rule, build_domain_model, gate
+from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
 
@@ -79,6 +80,7 @@ class SiteWorker(PublishedHalf):
     worker's guard opens the policy's log.
     """
 
+    ANSWERS = HOST_METHODS  # what its host may ask (msa_fed/site/methods.py)
     # None until set: the private data (given, or read from data_path on first use) and the
     # state of the domain model in force
     X_labeled: Any
@@ -271,11 +273,10 @@ class SiteWorker(PublishedHalf):
             call.decisions["qhat_share"] = float(shares(Q, self.policy.weight_floor).max(initial=0.0))
             sums = qhat_partial(Q, msg.n_sources)
             self._Q, self._own_partial, self._spec_key = Q, sums, call.key()
-            dp = self.guard.dp
-            if dp is not None:  # the same estimate over the published sample: public, no epsilon spent
-                sums = qhat_partial(model.predict_proba(self.X_unlabeled), msg.n_sources)
+            # the row's transform: with DP on, the same estimate over the published sample
+            sums = call.public(lambda X: qhat_partial(model.predict_proba(X), msg.n_sources), sums)
         n = int(self.X_labeled.shape[0])
-        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=dp is not None)
+        return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=self.guard.dp is not None)
 
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
         """The job's published samples, from this worker's host (in-process and cluster
@@ -287,37 +288,19 @@ class SiteWorker(PublishedHalf):
 
     def set_qhat(self, msg: m.QhatBroadcast) -> m.Ack:
         with gate(self, "set_qhat", msg) as call:
-            dec = call.decisions
-            qhat = msg.qhat
-            if self.guard.dp is None:  # floored at this site's own share (verify.own_qhat)
-                qhat, floored = own_qhat(msg.qhat, self._own_partial)
-                dec.update(floored)
+            qhat = call.floor_qhat(msg.qhat)  # the row's transform (gate.py, dp="clipped")
             self._points = None
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
             qhat = np.asarray(qhat, dtype=np.float64)
-            # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped at the policy's share; the
+            # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped by the row's transform; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
-            ratios = self._Q / qhat[None, :]
-            if self.guard.dp is None:
-                ratios, clip = bounded(ratios, self.policy, "w")
-                dec.update(clip)
-            # with DP the cap is the data-independent ratio_clip (dp.py): a cap that depends on the
-            # other points would let one point move the others' weights, beyond the sensitivity
+            ratios = call.clip_weights(self._Q / qhat[None, :])
             self._points = site_point_set(ratios * qhat[None, :], qhat, self._outputs(), self.loss, y=y)
         return m.Ack(self.incarnation)
 
     def dc_evaluate(self, msg: m.DCRequest) -> m.DCPartial:
-        with gate(self, "dc_evaluate", msg):
-            pts = self._points
-            dp = self.guard.dp
-            if dp is None:
-                sums = pts.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
-            else:  # the gate checked that only L is asked and spent one DP answer
-                from msa_fed.core.dc_terms import DCSums
-                from msa_fed.privacy.dp import clipped_losses
-
-                L, sens = clipped_losses(pts, msg.z, float(msg.eta), self.policy)
-                sums = DCSums(L=L + dp.noise(L.shape, sens), n=pts.n_points)
+        with gate(self, "dc_evaluate", msg) as call:
+            sums = call.dc_sums(self._points)  # the row's transform (gate.py, dp="noised")
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
 
     def max_bound(self, _=None) -> m.BoundMax:

@@ -270,6 +270,86 @@ def test_a_restarted_site_process_refuses_a_replayed_join(fed, files, monkeypatc
     relay.close()
 
 
+def test_a_relay_that_replays_every_frame_after_a_site_restart_learns_nothing(fed, files, monkeypatch):
+    """The attack on sealing across a restart: the relay keeps every frame of a job; site north's
+    process is killed (a crash) and started again; the relay delivers north's old request frames
+    again, one by one, in order.  North answers none of them (each is refused in the clear, its
+    audit log saying "replayed"), no answer of north's is ever sealed under a nonce used before,
+    and the XOR of an old and a new sealed answer with the new plaintext (what a relay does when a
+    nonce repeats) gives nothing of the old answer; the job's own resume still works."""
+    import time
+
+    from msa_fed.crypto import sealing
+
+    job_id = "restart-xor"
+    victim = "north"
+    at = ORDER.index(victim)
+    tap = _Tap(monkeypatch)
+    plain: dict[bytes, bytes] = {}  # north's sealed answer frame -> its plaintext (the job opened it)
+    open_ = JobSealer.open
+
+    def open_and_keep(self, site, seq, frame, request, method=""):
+        answer = open_(self, site, seq, frame, request, method)
+        if site == victim:
+            plain[frame] = answer
+        return answer
+
+    monkeypatch.setattr(JobSealer, "open", open_and_keep)
+    backend, relay = _join(fed, files, job_id, _sealer(fed, files, job_id))
+    for method in ("info", "ping", "info", "ping", "info"):
+        backend._relay([(i, method, None) for i in range(len(ORDER))])
+    old_requests = [f.forward.sealed for site, f in tap.forwards if site == victim and f.forward.job_id == job_id]
+    old_answers = [a.sealed for site, a in tap.answers if site == victim and a.sealed]
+    assert len(old_requests) == len(old_answers) == 6 and all(a in plain for a in old_answers)
+
+    fed.kill(victim)  # SIGKILL: nothing in north's memory survives
+    deadline = time.monotonic() + 60
+    while victim in fed.connected() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fed.spawn(victim)
+    fed.wait_connected([victim], timeout=180)
+    before, answers_before = len(_audit(fed, victim)), len(tap.answers)
+
+    for old in old_requests:  # the relay delivers each stored frame in place of a fresh request
+
+        def replay(conn, message, old=old):
+            if conn.name != victim:
+                return message
+            fwd = pb.RelayToSite.FromString(message.SerializeToString())
+            fwd.forward.sealed = old
+            return fwd
+
+        tap.on_forward = replay
+        with pytest.raises(TamperedError, match=f"site '{victim}': tampered.*replayed"):
+            backend._relay([(at, "info", None)], replay=False)
+    replies = [a for site, a in tap.answers[answers_before:] if site == victim]
+    assert len(replies) == len(old_requests) and not any(a.sealed for a in replies), replies
+    assert all("replayed" in a.response.failure.text for a in replies)
+    records = _audit(fed, victim)[before:]
+    refused = [r for r in records if r.get("outcome") == "refused" and "replayed" in r.get("detail", "")]
+    assert len(refused) == len(old_requests) and len(records) == len(old_requests), records
+
+    # the job's own requests resume it as before: north lost the job, the backend rejoins it
+    tap.on_forward = lambda conn, message: message
+    infos = backend._relay([(i, "info", None) for i in range(len(ORDER))])
+    assert [i.name for i in infos] == ORDER
+    new_answers = [a.sealed for site, a in tap.answers[answers_before:] if site == victim and a.sealed]
+    assert len(new_answers) >= 3 and all(a in plain for a in new_answers)  # SiteStateLost, join, info
+
+    frames = [sealing.parse_frame(a) for a in old_answers + new_answers]
+    assert len({f.nonce for f in frames}) == len(frames)  # no nonce twice under the job's answer key
+    requests = [sealing.parse_frame(f.forward.sealed) for site, f in tap.forwards if site == victim]
+    assert len({f.nonce for f in requests if f.cert}) == len(requests)
+    for old in old_answers:  # the relay's XOR: old ^ new ^ known new plaintext (past the signature)
+        c_old = sealing.parse_frame(old).ciphertext[64:-16]
+        for new in new_answers:
+            c_new, p_new = sealing.parse_frame(new).ciphertext[64:-16], plain[new]
+            guess = bytes(x ^ y ^ z for x, y, z in zip(c_old, c_new, p_new))
+            secret = plain[old][: len(guess)]
+            assert sum(g == s for g, s in zip(guess, secret)) <= len(secret) // 8 + 4, (guess, secret)
+    relay.close()
+
+
 def test_an_unsealed_job_is_refused_by_a_sealed_site(fed, files):
     relay = RelayClient(fed.address, fed.admin_token, insecure=True)
     backend = _backend(fed, files, "unsealed", relay)
@@ -444,13 +524,13 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     registry_key = SiteKey.generate()
     job_key = JobKey.load(fed.job_key_path)
     for site, f in mine:
-        _, seq, cert_bytes, ciphertext = parse_frame(f.forward.sealed)
+        _, seq, nonce, cert_bytes, ciphertext = parse_frame(f.forward.sealed)
         cert = sealing.JobCertificate.decode(cert_bytes, {job_key.fingerprint})  # public: the relay reads it
         secret = registry_key.agreement.exchange(sealing.X25519PublicKey.from_public_bytes(cert.agreement))
         for key in sealing._keys(secret, cert.digest, site, registry_key.public):
             with pytest.raises(sealing.InvalidTag):
                 sealing.ChaCha20Poly1305(key).decrypt(
-                    sealing._nonce(sealing.TO_SITE, seq),
+                    nonce,
                     ciphertext,
                     sealing._aad(sealing.TO_SITE, seq, "sealedjob", site, cert.digest),
                 )

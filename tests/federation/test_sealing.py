@@ -65,10 +65,46 @@ def test_round_trip_and_nothing_in_the_clear(keys):
     answer, frame, back, _ = _round_trip(sealer, openers["north"], "north", request=secret, answer=secret[::-1])
     assert answer == secret[::-1]
     assert secret not in frame and secret[::-1] not in back and secret[:16] not in frame + back
-    # the same plaintext sealed twice gives two different frames (sequence numbers)
+    # the same plaintext sealed twice gives two different frames (sequence numbers and nonces)
     f1, _ = sealer.seal("east", b"same")
     f2, _ = sealer.seal("east", b"same")
-    assert f1 != f2
+    assert f1 != f2 and parse_frame(f1).nonce != parse_frame(f2).nonce
+
+
+def test_no_nonce_is_used_twice_under_a_key_even_for_the_same_request_answered_again(keys):
+    """The nonce is drawn at random for every frame and carried in it: the same request opened by
+    two site processes with no memory of each other (a restart that lost everything) and answered
+    twice gives two answers under one key with different nonces, and XOR of the two ciphertexts
+    with the known second answer does not give the first."""
+    sealer, _ = _ends(keys)
+    frame, seq = sealer.seal("north", b"the request")
+    first = SiteOpener("north", keys[0]["north"], {keys[1].fingerprint})
+    again = SiteOpener("north", keys[0]["north"], {keys[1].fingerprint})  # no floor: a lost disk
+    secret = b"Qhat partial 0.123456789 0.987654321 exact L values"
+    known = b"SiteStateLost: no state for the job (restarted?) ..."[: len(secret)]
+    ctx1, _ = first.open(sealer.job_id, frame)
+    ctx2, _ = again.open(sealer.job_id, frame)
+    a1, a2 = parse_frame(first.seal(ctx1, secret)), parse_frame(again.seal(ctx2, known))
+    assert a1.nonce != a2.nonce and len(a1.nonce) == 12
+    recovered = bytes(x ^ y ^ z for x, y, z in zip(a1.ciphertext[64:], a2.ciphertext[64:], known))
+    assert recovered != secret and secret[:8] not in recovered
+    # positive control: the same XOR under one nonce (the old sealing) recovers every byte
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    aead, nonce = ChaCha20Poly1305(os.urandom(32)), os.urandom(12)
+    c1, c2 = aead.encrypt(nonce, secret, b""), aead.encrypt(nonce, known, b"")
+    assert bytes(x ^ y ^ z for x, y, z in zip(c1, c2, known)) == secret
+    # many frames, many nonces, none twice
+    nonces = {parse_frame(sealer.seal("east", b"x")[0]).nonce for _ in range(2000)}
+    assert len(nonces) == 2000
+    # an altered nonce fails authentication; a frame of the old format is named as such
+    bad = bytearray(frame)
+    bad[15] ^= 0x01
+    with pytest.raises(TamperedError, match="failed authentication"):
+        SiteOpener("north", keys[0]["north"], {keys[1].fingerprint}).open(sealer.job_id, bytes(bad))
+    old = b"MSAS\x01" + frame[5:]
+    with pytest.raises(TamperedError, match="sealing version 1"):
+        SiteOpener("north", keys[0]["north"], {keys[1].fingerprint}).open(sealer.job_id, old)
 
 
 def test_keys_on_disk_are_private_and_pinned_by_fingerprint(tmp_path, keys):
@@ -175,7 +211,7 @@ def test_a_relay_cannot_make_a_job_of_its_own(keys):
         opener.open("job-1", frame)
     sealer, _ = _ends(keys)
     real, _ = sealer.seal("north", b"real")
-    _, _, cert, ciphertext = parse_frame(real)
+    _, _, _, cert, ciphertext = parse_frame(real)
     forged = real[: len(real) - len(ciphertext)] + os.urandom(len(ciphertext))
     with pytest.raises(TamperedError, match="failed authentication"):
         opener.open("job-1", forged)
@@ -235,3 +271,34 @@ def test_a_floor_from_disk_refuses_what_an_earlier_process_saw(keys):
             restarted.open(sealer.job_id, frame)
     ctx, plain = restarted.open(sealer.job_id, frames[2][0])
     assert plain == b"r2" and ctx.seq == 3
+
+
+def test_every_request_taken_is_on_disk_before_open_returns_and_a_restart_refuses_it(tmp_path, keys):
+    """The site keeps each job's last request in its job book (SQLite) as it opens it, before any
+    answer is made: a new process on the same book (a restart, or a crash right after the
+    request was opened) refuses every frame the earlier one took, saying "replayed"."""
+    from msa_fed.site.job_book import JobBook
+
+    sealer, _ = _ends(keys)
+    frames = [sealer.seal("north", f"r{k}".encode())[0] for k in range(5)]
+    book = JobBook(tmp_path / "jobs.sqlite")
+    seen = []
+
+    def remember(digest, seq):
+        book.set_seal_floor(digest, seq)
+        seen.append(JobBook(tmp_path / "jobs.sqlite").seal_floor(digest))  # another reader sees it now
+
+    site = SiteOpener("north", keys[0]["north"], {keys[1].fingerprint}, floor=book.seal_floor, remember=remember)
+    for frame in frames[:4]:
+        site.open(sealer.job_id, frame)
+    assert seen == [1, 2, 3, 4]
+    book.close()  # the process dies
+    book = JobBook(tmp_path / "jobs.sqlite")
+    restarted = SiteOpener(
+        "north", keys[0]["north"], {keys[1].fingerprint}, floor=book.seal_floor, remember=book.set_seal_floor
+    )
+    for frame in frames[:4]:
+        with pytest.raises(TamperedError, match="replayed"):
+            restarted.open(sealer.job_id, frame)
+    ctx, plain = restarted.open(sealer.job_id, frames[4])
+    assert plain == b"r4" and book.seal_floor(sealer.certificate.digest.hex()) == 5

@@ -10,7 +10,7 @@ from msa_fed.boundary import messages as m
 from msa_fed.cli import main
 from msa_fed.crypto.sealing import job_content_digest
 from msa_fed.federation.agent import job_key, run_key
-from msa_fed.federation.site_sealing import unsealed_content
+from msa_fed.site.admission import unsealed_content
 from msa_fed.site.job_book import JobBook
 from tests.federation.fedhelpers import write_site_files, write_site_toml
 

@@ -19,7 +19,12 @@ from problems import make_sites, site_kwargs  # noqa: E402
 
 
 def public(cls) -> set[str]:
-    return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n)) and n != "from_path"}
+    """The requests of a site class: its public methods but the entry point (handle) itself."""
+    return {
+        n
+        for n in dir(cls)
+        if not n.startswith("_") and n.isidentifier() and callable(getattr(cls, n)) and n not in ("from_path", "handle")
+    } - {"ANSWERS"}
 
 
 def test_every_request_of_a_site_is_published_or_gated():
@@ -27,6 +32,31 @@ def test_every_request_of_a_site_is_published_or_gated():
     assert published == {"classifier_loss_grad", "ping", "open_channel", "unlabeled_sample", "unlabeled_rows"}
     assert public(SiteWorker) == published | set(LABELLED)
     assert not published & set(LABELLED)
+
+
+def test_each_host_asks_through_one_entry_point_that_answers_only_the_sites_list():
+    """Every host (in-process, Ray, the data channel, the site process's chain) calls
+    ``site.handle(method, msg)``: it answers exactly the methods of the class's own list and
+    refuses anything else (a private method, the class's constructor, another holder's request)
+    in one line under the rule ``methods``, before any data is read."""
+    from msa_fed.errors import PrivacyError
+    from msa_fed.site.methods import HELPER_METHODS, HOST_METHODS, PUBLISHED_METHODS
+
+    for cls, allowed in (
+        (SiteWorker, HOST_METHODS),
+        (PublishedSample, PUBLISHED_METHODS),
+        (ShardWorker, HELPER_METHODS),
+    ):
+        assert cls.ANSWERS == allowed and public(cls) == set(allowed), cls
+    sites = make_sites()
+    worker = SiteWorker(**site_kwargs(sites)[0])
+    before = worker.guard.audit.count
+    for method in ("load_rows", "from_path", "_outputs", "__init__", "join_job", "guard"):
+        with pytest.raises(PrivacyError) as info:
+            worker.handle(method, None)
+        assert info.value.rule == "methods" and "\n" not in str(info.value), str(info.value)
+    assert worker.guard.audit.count == before
+    assert worker.handle("ping", None).incarnation == worker.incarnation
 
 
 def test_the_stand_in_and_the_helpers_answer_no_labelled_request():

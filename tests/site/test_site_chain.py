@@ -1,0 +1,174 @@
+"""The site's one request chain (msa_fed/site/chain.py), driven as the site process drives it:
+sealed frames made by a real JobSealer go into SiteApp.handle, sealed answers come out and are
+opened by the job; the site's job book, audit log and ledger are real files.  The transport
+(the registry's FetchSample) is this test's: it hands in what a hostile registry would."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from msa_fed.artifacts.predictors import export_sklearn, sha256_hex
+from msa_fed.boundary import messages as m
+from msa_fed.boundary import wire
+from msa_fed.boundary.proto import boundary_pb2 as bpb
+from msa_fed.crypto.sealing import JobKey, JobSealer, SiteKey, SiteOpener, job_content
+from msa_fed.errors import ConfigError
+from msa_fed.federation.serve_ops import JobLines
+from msa_fed.privacy.audit import AuditLog
+from msa_fed.privacy.ledger import Ledger
+from msa_fed.privacy.policy import SitePolicy
+from msa_fed.runtime.exclusions import ExclusionBook
+from msa_fed.site.admission import sample_sha256
+from msa_fed.site.chain import CHAIN, SITE_METHODS, SiteApp
+from msa_fed.site.job_book import JobBook
+
+SITES = ("north", "east")
+
+
+class _Registry:
+    """The chain's transport: the published samples as a registry would hand them out."""
+
+    def __init__(self, samples: dict[str, np.ndarray]):
+        self.samples = samples
+        self.fetched: list[str] = []
+
+    def fetch_predictor(self, job, site):
+        raise AssertionError("both sites publish the same predictor: nothing to fetch")
+
+    def fetch_sample(self, job, site):
+        self.fetched.append(site)
+        data = np.ascontiguousarray(self.samples[site], dtype="<f4").tobytes()
+        import hashlib
+
+        rows, cols = self.samples[site].shape
+        return data, hashlib.sha256(data).hexdigest(), rows, cols  # consistent with itself
+
+
+@pytest.fixture
+def site(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 2))
+    y = (X[:, 0] > 0).astype(np.int64)
+    predictor = export_sklearn(LogisticRegression().fit(X, y), n_features=2)
+    published = {n: rng.normal(size=(60, 2)).astype(np.float32).astype(np.float64) for n in SITES}
+    data = {"X_labeled": X[:80], "y_labeled": y[:80], "X_unlabeled": published["north"]}
+    key, job_key = SiteKey.generate(), JobKey.generate()
+    book = JobBook(tmp_path / "jobs.sqlite")
+    ledger = Ledger(str(tmp_path / "ledger.db"))
+    audit = AuditLog(str(tmp_path / "audit.jsonl"), ledger=ledger)
+    registry = _Registry(dict(published))
+    lines: list[str] = []
+    app = SiteApp(
+        "north",
+        data,
+        predictor,
+        policy=SitePolicy(audit_log=str(tmp_path / "audit.jsonl"), ledger=str(tmp_path / "ledger.db")),
+        audit=audit,
+        book=book,
+        opener=SiteOpener("north", key, {job_key.fingerprint}, floor=book.seal_floor, remember=book.set_seal_floor),
+        accept_jobs="all",
+        excluded=ExclusionBook(tmp_path / "excluded.json", "site 'north'"),
+        lines=JobLines("north", lines.append),
+        transport=registry,
+    )
+    content = job_content(
+        "job-1",
+        [
+            dict(
+                name=n,
+                key_fingerprint=key.public.fingerprint if n == "north" else SiteKey.generate().public.fingerprint,
+                sample_sha256=sample_sha256(published[n]),
+                predictor_sha256=sha256_hex(predictor),
+            )
+            for n in SITES
+        ],
+        task="classification",
+        loss="cross_entropy",
+        planned_queries=3,
+        min_points=20,
+    )
+    yield dict(app=app, key=key, job_key=job_key, content=content, registry=registry, tmp=tmp_path, pred=predictor)
+    app.close()
+    book.close()
+    audit.close()
+    ledger.close()
+
+
+def _sealer(site):
+    keys = {"north": site["key"].public}
+    content = site["content"]
+    # the job seals for north only; east's pin is a key the job never uses here
+    east = SiteKey.generate().public
+    content["sites"][1]["key_fingerprint"] = east.fingerprint
+    return JobSealer(site["job_key"], content, {**keys, "east": east})
+
+
+def _join_msg(site):
+    return m.JobSetup(
+        job_id="job-1",
+        sites=SITES,
+        index=0,
+        predictor_sha256=(sha256_hex(site["pred"]),) * 2,
+        task="classification",
+        loss="cross_entropy",
+        classes=np.array([0, 1]),
+        min_points=20,
+    )
+
+
+def _ask(site, sealer, method, msg):
+    plain = wire.to_proto(method, msg, wire.REQUESTS).SerializeToString()
+    frame, seq = sealer.seal("north", plain)
+    response, sealed = site["app"].handle("job-1", "admin", sealed=frame)
+    if not sealed:
+        return frame, None, response
+    answer = bpb.SiteResponse.FromString(sealer.open("north", seq, sealed, plain, method))
+    return frame, wire.from_proto(answer, wire.RESPONSES)[1], None
+
+
+def _audit(site) -> list[dict]:
+    return [json.loads(x) for x in (site["tmp"] / "audit.jsonl").read_text().splitlines()]
+
+
+def test_the_chain_answers_a_sealed_join_and_refuses_what_each_step_refuses(site):
+    assert CHAIN == ("open_seal", "allowlist", "admit", "gate", "body", "audit", "seal")
+    sealer = _sealer(site)
+    app = site["app"]
+    # a request before the job joined: admit refuses (the job lost, or never had, the site's state)
+    _, got, _ = _ask(site, sealer, "info", None)
+    assert isinstance(got, wire.RemoteError) and got.kind == "SiteStateLost"
+    frame, info, _ = _ask(site, sealer, "join_job", _join_msg(site))
+    assert isinstance(info, m.SiteInfo) and info.n_labeled == 80 and "job-1" in app.jobs
+    # open_seal: the same frame again is refused in the clear, "replayed" in the audit log
+    response, sealed = app.handle("job-1", "admin", sealed=frame)
+    assert not sealed and response.WhichOneof("body") == "failure" and "replayed" in response.failure.text
+    assert _audit(site)[-1]["rule"] == "tampered" and "replayed" in _audit(site)[-1]["detail"]
+    # open_seal: an unsealed request at a sealed site
+    response, sealed = app.handle("job-1", "admin", request=bpb.SiteRequest(method="ping", empty=bpb.Empty()))
+    assert not sealed and (response.failure.rule, response.failure.site) == ("sealed", "north")
+    # allowlist: a request of the published half, sealed and authentic, is not a site process's
+    _, got, _ = _ask(site, sealer, "unlabeled_sample", None)
+    assert isinstance(got, wire.RemoteError) and got.rule == "methods", got
+    assert _audit(site)[-1]["outcome"] == "refused" and _audit(site)[-1]["rule"] == "methods"
+    assert "unlabeled_sample" not in SITE_METHODS
+    # the gate and the body: an answer, audited
+    _, info2, _ = _ask(site, sealer, "info", None)
+    assert isinstance(info2, m.SiteInfo) and _audit(site)[-1]["outcome"] == "answered"
+
+
+def test_peer_samples_are_checked_against_the_signed_content_not_only_the_registry(site):
+    """The registry hands out another sample for east, consistent with its own record (its sha256
+    matches the bytes): the site refuses it because the job's signed content pins east's real one."""
+    sealer = _sealer(site)
+    _ask(site, sealer, "join_job", _join_msg(site))
+    worker = site["app"].jobs["job-1"]
+    honest = worker.published()
+    assert [s.shape for s in honest] == [(60, 2), (60, 2)] and site["registry"].fetched == list(SITES)
+    site["registry"].samples["east"] = np.zeros((60, 2))  # the registry swaps east's sample
+    _ask(site, sealer, "join_job", _join_msg(site))  # a new join fetches again
+    with pytest.raises(ConfigError, match="the sample of site 'east' .* not the one the job's signed content pins"):
+        site["app"].jobs["job-1"].published()
