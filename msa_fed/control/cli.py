@@ -1,10 +1,12 @@
 """``msa-fed registry | admin | site`` commands (see docs/CONTROL_PLANE.md).
 
     msa-fed registry serve --db PATH --listen HOST:PORT [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]
+    msa-fed registry serve --config registry.toml        # the same keys in a file (msa-fed consortium init)
     msa-fed admin issue-token --db PATH (--site NAME | --admin)
     msa-fed admin revoke-token --db PATH (--site NAME | --admin)
     msa-fed admin list-sites --db PATH [--json]
     msa-fed site register --registry HOST:PORT --token T --name NAME [--insecure | --tls-ca F]
+    msa-fed site register --config site.toml             # name, connection and sealing key from site.toml
     msa-fed site publish  (--config site.toml | --registry HOST:PORT --token T) [--predictor MODEL.onnx]
                           [--unlabeled SAMPLE.npy (--config | --labeled DATA.npz | --no-labeled-check)]
     msa-fed site status   --registry HOST:PORT --token T [--json]
