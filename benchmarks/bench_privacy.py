@@ -216,7 +216,7 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
         for _ in range(repeats):
             PUBLISHED_MEMO.clear()  # the whole check, as a site process runs it once per model
             t = time.perf_counter()
-            res = check_maxent(model.theta_, cfg.mu, state, U, Xl, pol, "s0")
+            res = check_maxent(model.theta_, cfg.mu, state, U, pol, "s0")
             ts_check.append(time.perf_counter() - t)
             t = time.perf_counter()
             worker._spec_key = None

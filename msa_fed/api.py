@@ -11,16 +11,14 @@ the same model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from msa_fed.artifacts.model import CombinedModel
-from msa_fed.boundary.messages import Recorder
 from msa_fed.core.combination import class_union
-from msa_fed.core.options import check_value, from_mapping
 from msa_fed.runtime import topology
-from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
+from msa_fed.runtime.config import FitConfig, api_signature, from_keywords
 from msa_fed.runtime.coordinator import Coordinator
 
 
@@ -44,7 +42,8 @@ class SiteData:
 
     name : the site's name.
     X_labeled : (n_k, d) labelled inputs;  y_labeled : (n_k,) labels or targets.
-    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier).
+    X_unlabeled : (m_k, d) unlabelled inputs (train the domain classifier; published): no row may
+        be a labelled input too (ValueError naming how many are).
     predictor : the site's frozen h_k: ``predict`` (regression) or ``predict_proba`` and
         ``classes_`` (classification).
     policy : the site's :class:`msa_fed.privacy.policy.SitePolicy` (None: the defaults, or the
@@ -88,6 +87,17 @@ class SiteData:
                 f"site {self.name!r}: X_unlabeled has {self.X_unlabeled.shape[1]} features but "
                 f"X_labeled has {self.X_labeled.shape[1]}"
             )
+        from msa_fed.privacy.consortium import shared_rows
+
+        # the unlabelled sample is published (it trains the domain classifier at the coordinator):
+        # with the labelled inputs known, a site's answers are linear in its labels
+        shared = shared_rows(self.X_labeled, self.X_unlabeled)
+        if shared:
+            raise ValueError(
+                f"site {self.name!r}: {shared} of the {self.X_unlabeled.shape[0]} rows of X_unlabeled are "
+                "labelled inputs too; a site never publishes its labelled inputs: drop them from X_unlabeled "
+                "(msa_fed.privacy.consortium.shared_mask(X_labeled, X_unlabeled) marks them)"
+            )
 
 
 def _check_sites(sites: Sequence[SiteData], task: str) -> list[SiteData]:
@@ -114,48 +124,14 @@ def _check_sites(sites: Sequence[SiteData], task: str) -> list[SiteData]:
     return sites
 
 
-def build_config(
-    method: str,
-    task: str = "classification",
-    *,
-    features="standard",
-    mu: float = 1e-3,
-    eta: float = 1e-2,
-    random_state: int = 0,
-    runtime: str = "local",
-    min_points: int = 20,
-    verbose: bool = False,
-    classifier_options: dict | None = None,
-    solver_options: dict | None = None,
-    bandwidth=None,
-    checkpoint_dir=None,
-    ray_options: dict | None = None,
-    influence: bool = False,
-) -> FitConfig:
+def build_config(method: str, task: str = "classification", **options: Any) -> FitConfig:
     """The :class:`msa_fed.runtime.config.FitConfig` of :func:`fit_dmsa` / :func:`fit_gmsa`'s
     keyword arguments: every value checked (TypeError / ValueError naming the argument)."""
-    if ray_options and runtime != "ray":
-        raise ValueError(f"ray_options apply only to runtime='ray'; got runtime={runtime!r}")
-    mu = check_value(ClassifierConfig, "mu", mu)
-    classifier = from_mapping(ClassifierConfig, classifier_options, "classifier_options: ", exclude=("mu",), mu=mu)
-    solver = from_mapping(SolverConfig, solver_options, "solver_options: ")
-    ray = from_mapping(RayConfig, ray_options, "ray_options: ")
-    return FitConfig(
-        task=task,
-        method=method,
-        features=features,
-        eta=eta,
-        random_state=random_state,
-        min_points=min_points,
-        runtime=runtime,
-        verbose=verbose,
-        classifier=classifier,
-        solver=solver,
-        ray=ray,
-        bandwidth=bandwidth,
-        checkpoint_dir=checkpoint_dir,
-        influence=influence,
-    ).validate()
+    try:
+        _SIGNATURES[method].bind(None, task, **options)
+    except TypeError as exc:  # an unknown keyword, in Python's words
+        raise TypeError(f"fit_{method}() {exc}") from None
+    return from_keywords(method, {"task": task, **options})
 
 
 def make_backend(sites: list[SiteData], config: FitConfig):
@@ -183,7 +159,7 @@ def make_backend(sites: list[SiteData], config: FitConfig):
     return topology.make_backend(config.runtime, config, kwargs)
 
 
-def _fit(sites, task, method, *, recorder, solver_callback, **options) -> CombinedModel:
+def _fit(sites, task, method, *, recorder=None, solver_callback=None, **options) -> CombinedModel:
     config = build_config(method, task, **options)
     sites = _check_sites(sites, config.task)
     backend = make_backend(sites, config)
@@ -193,37 +169,24 @@ def _fit(sites, task, method, *, recorder, solver_callback, **options) -> Combin
         return coordinator.fit()
 
 
-def fit_dmsa(
-    sites: Sequence[SiteData],
-    task: str = "classification",
-    *,
-    features="standard",
-    mu: float = 1e-3,
-    eta: float = 1e-2,
-    random_state: int = 0,
-    runtime: str = "local",
-    min_points: int = 20,
-    verbose: bool = False,
-    classifier_options: dict | None = None,
-    solver_options: dict | None = None,
-    bandwidth=None,
-    checkpoint_dir=None,
-    recorder: Recorder | None = None,
-    ray_options: dict | None = None,
-    solver_callback: Callable | None = None,
-    influence: bool = False,
-) -> CombinedModel:
+#: the signatures of fit_dmsa and fit_gmsa, made from the configuration tree (its options, each
+#: declared once in msa_fed.runtime.config), with the two observers of a run
+_SIGNATURES = {
+    method: api_signature(method, ("sites",), ("recorder", "solver_callback")) for method in ("dmsa", "gmsa")
+}
+
+
+def fit_dmsa(sites: Sequence[SiteData], task: str = "classification", **options: Any) -> CombinedModel:
     """Discriminative MSA: conditional-Maxent domain classifier + DC solve for z.
 
-    The keyword arguments are the fields of :class:`msa_fed.runtime.config.FitConfig`, each
-    documented there once (``features``, ``eta``, ``random_state``, ``runtime``, ``min_points``,
-    ``verbose``, ``bandwidth``, ``checkpoint_dir``, ``influence``); besides them:
+    The keyword arguments are the options of the configuration tree
+    (:class:`msa_fed.runtime.config.FitConfig`; every one with its default, check and meaning
+    in docs/OPTIONS.md): ``features``, ``mu``, ``eta``, ``random_state``, ``runtime``,
+    ``min_points``, ``verbose``, ``bandwidth``, ``checkpoint_dir``, ``influence``, and the
+    mappings ``classifier_options`` (fields of :class:`msa_fed.core.config.ClassifierConfig`),
+    ``solver_options`` (:class:`msa_fed.core.config.SolverConfig`) and ``ray_options``
+    (runtime="ray" only: :class:`msa_fed.runtime.config.RayConfig`).  Besides them:
 
-    mu : L2 weight of the classifier (> 0), :attr:`ClassifierConfig.mu`.
-    classifier_options : the other fields of :class:`msa_fed.core.config.ClassifierConfig`.
-    solver_options : fields of :class:`msa_fed.core.config.SolverConfig` (objective, method,
-        tol, max_iter, n_restarts, all_starts, bound, z0).
-    ray_options : runtime="ray" only: fields of :class:`msa_fed.runtime.config.RayConfig`.
     recorder : a :class:`msa_fed.boundary.messages.Recorder` capturing every boundary message.
     solver_callback : called as callback(iteration, z, value) after each solver iteration.
 
@@ -231,70 +194,17 @@ def fit_dmsa(
     that does not apply (``ray_options`` with runtime="local", ``solver_options={"method":
     "dca"}`` under the default objective "minmax") a ValueError, each naming the argument.
     """
-    return _fit(
-        sites,
-        task,
-        "dmsa",
-        features=features,
-        mu=mu,
-        eta=eta,
-        random_state=random_state,
-        runtime=runtime,
-        min_points=min_points,
-        verbose=verbose,
-        classifier_options=classifier_options,
-        solver_options=solver_options,
-        bandwidth=bandwidth,
-        checkpoint_dir=checkpoint_dir,
-        recorder=recorder,
-        ray_options=ray_options,
-        solver_callback=solver_callback,
-        influence=influence,
-    )
+    return _fit(sites, task, "dmsa", **options)
 
 
-def fit_gmsa(
-    sites: Sequence[SiteData],
-    task: str = "classification",
-    *,
-    features=None,
-    mu: float = 1e-3,
-    eta: float = 1e-2,
-    random_state: int = 0,
-    runtime: str = "local",
-    min_points: int = 20,
-    verbose: bool = False,
-    classifier_options: dict | None = None,
-    solver_options: dict | None = None,
-    bandwidth=None,
-    checkpoint_dir=None,
-    recorder: Recorder | None = None,
-    ray_options: dict | None = None,
-    solver_callback: Callable | None = None,
-    influence: bool = False,
-) -> CombinedModel:
+def fit_gmsa(sites: Sequence[SiteData], task: str = "classification", **options: Any) -> CombinedModel:
     """Generative MSA (the baseline): per-domain Gaussian KDEs in place of the classifier.
 
     Same signature as :func:`fit_dmsa`; ``bandwidth`` (None: 5-fold CV per domain) and
     ``features`` (None: raw inputs) apply to the KDEs, ``mu`` is unused.
     """
-    return _fit(
-        sites,
-        task,
-        "gmsa",
-        features=features,
-        mu=mu,
-        eta=eta,
-        random_state=random_state,
-        runtime=runtime,
-        min_points=min_points,
-        verbose=verbose,
-        classifier_options=classifier_options,
-        solver_options=solver_options,
-        bandwidth=bandwidth,
-        checkpoint_dir=checkpoint_dir,
-        recorder=recorder,
-        ray_options=ray_options,
-        solver_callback=solver_callback,
-        influence=influence,
-    )
+    return _fit(sites, task, "gmsa", **options)
+
+
+fit_dmsa.__signature__ = _SIGNATURES["dmsa"]  # type: ignore[attr-defined]
+fit_gmsa.__signature__ = _SIGNATURES["gmsa"]  # type: ignore[attr-defined]

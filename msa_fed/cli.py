@@ -1,8 +1,11 @@
-"""``msa-fed`` command line.
+"""``msa-fed`` command line: the command tree, declared here.
 
-Each subsystem contributes its sub-commands through a ``register(subparsers)``
-function; this module only assembles them and turns library errors into one
-clear line on stderr and a non-zero exit status.
+:data:`GROUPS` names every command group (``msa-fed GROUP COMMAND``) with what it is for, and
+:data:`_SUBSYSTEMS` every module that adds commands, each through its ``register(subparsers)``
+(a group's commands with :func:`msa_fed.clitools.command_group`, a top-level command such as
+``run`` with ``subparsers.add_parser``).  Every module is imported here, in this order: one that
+fails to import is an error naming it, never a group silently missing.  This module also turns
+library errors into one clear line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -13,9 +16,20 @@ import os
 import sys
 
 from msa_fed import __version__
+from msa_fed.clitools import command_group
 from msa_fed.errors import MsaFedError
 
-# (module, attribute) pairs; each module exposes register(subparsers).
+#: the command groups, in the order ``msa-fed --help`` lists them: name -> what it is for
+GROUPS = {
+    "registry": "run the control-plane registry",
+    "admin": "manage tokens, sites and the registry",
+    "site": "a site's own commands: register, publish, serve, approve jobs, audit",
+    "job": "jobs: their records, and the consortium's job key",
+    "model": "combined models stored in the registry",
+    "consortium": "start-up kits for a consortium's parties (registry, sites, coordinator)",
+}
+
+#: the modules that add commands; each exposes register(subparsers)
 _SUBSYSTEMS = (
     "msa_fed.experiments.cli",
     "msa_fed.control.cli",
@@ -23,9 +37,14 @@ _SUBSYSTEMS = (
     "msa_fed.privacy.cli",  # site audit (the site's privacy policy and audit log)
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
-    "msa_fed.control.ops_export",  # msa-fed model export (after ops_cli, which makes `model`)
+    "msa_fed.control.ops_export",  # msa-fed model export
+    "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
     "msa_fed.jobs.consortium",  # msa-fed consortium init / add-site: a start-up kit per party
 )
+
+
+class BrokenCommands(MsaFedError):
+    """A module of the command tree failed to import: the installation is incomplete or broken."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,15 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"msa-fed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help in GROUPS.items():
+        command_group(sub, name, help)
     for name in _SUBSYSTEMS:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # subsystem not built in this checkout
-            if not (exc.name and (name == exc.name or name.startswith(exc.name + "."))):
-                raise
-            continue
+        except ImportError as exc:
+            raise BrokenCommands(
+                f"the commands of {name} cannot be loaded ({type(exc).__name__}: {exc}); reinstall msa-fed"
+            ) from exc
         module.register(sub)
     return parser
+
+
+def groups_of(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """{group: its commands} of a built parser: the groups made by ``command_group``."""
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: list(p._msa_fed_commands.choices) for name, p in sub.choices.items() if hasattr(p, "_msa_fed_commands")
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     # failure is one line of ours (a TLS mistake in words: msa_fed.control.connection.diagnose_tls).
     # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except BrokenCommands as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 
 
-def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
-    """The sub-command table of group ``name`` (``msa-fed NAME COMMAND``), created on first use."""
+def command_group(
+    subparsers: argparse._SubParsersAction, name: str, help: str | None = None
+) -> argparse._SubParsersAction:
+    """The sub-command table of group ``name`` (``msa-fed NAME COMMAND``).  :mod:`msa_fed.cli`
+    declares every group (``GROUPS``, with its help) and creates it before any module adds
+    commands; a group it does not declare is created here, and ``tests/test_cli_tree.py`` fails
+    until it is declared."""
     existing = subparsers.choices.get(name)
     if existing is not None:
         return existing._msa_fed_commands

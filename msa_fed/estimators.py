@@ -6,7 +6,8 @@
 The parameters are the keyword arguments of the functions, that is the fields of the
 configuration tree (:class:`msa_fed.runtime.config.FitConfig`, with ``mu`` and the
 ``classifier_options`` / ``solver_options`` / ``ray_options`` of its sub-configurations), each
-documented there once.  ``__init__`` only stores them; ``fit`` checks them (TypeError /
+documented there once; ``__init__``'s signature is made from that tree
+(:func:`msa_fed.runtime.config.api_signature`).  ``__init__`` only stores them; ``fit`` checks them (TypeError /
 ValueError naming the parameter) and the sites, runs the fit and returns ``self`` with:
 
 z_ : ndarray of shape (n_sources,)
@@ -35,29 +36,34 @@ from sklearn.utils.validation import check_is_fitted
 from msa_fed.api import SiteData, _fit
 from msa_fed.artifacts.model import CombinedModel
 from msa_fed.boundary.messages import Recorder
+from msa_fed.runtime.config import FitConfig, api_signature
 
 __all__ = ["DMSA", "GMSA"]
+
+
+def _init(method: str, root: type = FitConfig) -> Callable[..., None]:
+    """The estimator's ``__init__``: its signature made from the configuration tree (the same
+    keywords and defaults as ``fit_dmsa`` / ``fit_gmsa``; scikit-learn reads the parameters from
+    it), and it only stores them."""
+    signature = api_signature(method, ("self",), root=root)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as exc:  # an unknown parameter, in Python's words
+            raise TypeError(f"{type(self).__name__}() {exc}") from None
+        bound.apply_defaults()
+        for name, value in list(bound.arguments.items())[1:]:
+            setattr(self, name, value)
+
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    return __init__
 
 
 class _MSA(BaseEstimator):
     """What DMSA and GMSA share: ``fit`` and the delegating predictions."""
 
     _method = ""
-
-    task: str
-    features: Any
-    mu: float
-    eta: float
-    random_state: int
-    runtime: str
-    min_points: int
-    verbose: bool
-    classifier_options: dict | None
-    solver_options: dict | None
-    bandwidth: Any
-    checkpoint_dir: Any
-    ray_options: dict | None
-    influence: bool
 
     def fit(
         self,
@@ -74,13 +80,14 @@ class _MSA(BaseEstimator):
         for :func:`msa_fed.fit_dmsa`; they are not parameters of the estimator."""
         if y is not None:
             raise ValueError(f"{type(self).__name__}.fit takes the sites only (each carries its labels); got y={y!r}")
+        params = self.get_params()
         model = _fit(
             sites,
-            self.task,
+            params.pop("task"),
             self._method,
             recorder=recorder,
             solver_callback=solver_callback,
-            **{k: v for k, v in self.get_params().items() if k != "task"},
+            **params,
         )
         self.model_: CombinedModel = model
         self.z_ = np.array(model.z, copy=True)
@@ -100,7 +107,9 @@ class _MSA(BaseEstimator):
         """Class probabilities of the combined model, shape (n_samples, n_classes); classification only."""
         check_is_fitted(self, "model_")
         if self.model_.task != "classification":
-            raise AttributeError(f"predict_proba is for task='classification'; this model's task is {self.task!r}")
+            raise AttributeError(
+                f"predict_proba is for task='classification'; this model's task is {self.model_.task!r}"
+            )
         return self.model_.predict_proba(X)
 
 
@@ -109,39 +118,7 @@ class DMSA(_MSA):
     (:func:`msa_fed.fit_dmsa` as an estimator; see the module docstring)."""
 
     _method = "dmsa"
-
-    def __init__(
-        self,
-        task: str = "classification",
-        *,
-        features: Any = "standard",
-        mu: float = 1e-3,
-        eta: float = 1e-2,
-        random_state: int = 0,
-        runtime: str = "local",
-        min_points: int = 20,
-        verbose: bool = False,
-        classifier_options: dict | None = None,
-        solver_options: dict | None = None,
-        bandwidth: Any = None,
-        checkpoint_dir: Any = None,
-        ray_options: dict | None = None,
-        influence: bool = False,
-    ) -> None:
-        self.task = task
-        self.features = features
-        self.mu = mu
-        self.eta = eta
-        self.random_state = random_state
-        self.runtime = runtime
-        self.min_points = min_points
-        self.verbose = verbose
-        self.classifier_options = classifier_options
-        self.solver_options = solver_options
-        self.bandwidth = bandwidth
-        self.checkpoint_dir = checkpoint_dir
-        self.ray_options = ray_options
-        self.influence = influence
+    __init__ = _init("dmsa")
 
 
 class GMSA(_MSA):
@@ -150,36 +127,4 @@ class GMSA(_MSA):
     means the raw inputs)."""
 
     _method = "gmsa"
-
-    def __init__(
-        self,
-        task: str = "classification",
-        *,
-        features: Any = None,
-        mu: float = 1e-3,
-        eta: float = 1e-2,
-        random_state: int = 0,
-        runtime: str = "local",
-        min_points: int = 20,
-        verbose: bool = False,
-        classifier_options: dict | None = None,
-        solver_options: dict | None = None,
-        bandwidth: Any = None,
-        checkpoint_dir: Any = None,
-        ray_options: dict | None = None,
-        influence: bool = False,
-    ) -> None:
-        self.task = task
-        self.features = features
-        self.mu = mu
-        self.eta = eta
-        self.random_state = random_state
-        self.runtime = runtime
-        self.min_points = min_points
-        self.verbose = verbose
-        self.classifier_options = classifier_options
-        self.solver_options = solver_options
-        self.bandwidth = bandwidth
-        self.checkpoint_dir = checkpoint_dir
-        self.ray_options = ray_options
-        self.influence = influence
+    __init__ = _init("gmsa")

@@ -54,6 +54,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_sealed_relay.py": ("ray", "slow"),
     "federation/test_hostile_sites.py": ("ray", "slow"),
     "experiments/test_influence_paper.py": ("data", "slow"),
+    "experiments/test_target_adult.py": ("data",),
     "federation/test_site_serve_ops.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
@@ -76,6 +77,9 @@ NOT_QUICK = (
     "ops/test_ops_export.py",  # a registry process and models of every experiment's configuration
     "artifacts/test_onnx_export.py",  # exported graphs of every feature map and task against the model
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
+    "experiments/test_verdicts_honest.py",  # eight honest fits with the influence report
+    "runtime/test_site_verdicts.py",  # attacked and honest fits with the influence report, DP
+    "core/test_core_influence_lockstep.py",  # min-max solves and their p re-solves
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job
     "federation/test_site_startup.py",  # waits out a registry that is not up yet
@@ -99,6 +103,9 @@ NOT_QUICK = (
     "artifacts/test_hostile_models.py::test_a_parser_amplification_bomb_is_parsed_only_in_the_sandbox",
     "artifacts/test_hostile_models.py::test_a_huge_declared_width_costs_this_process_nothing",
     "control/test_control_fuzz.py::test_corrupted_predictors_are_refused_or_still_valid",  # a sandbox per example
+    "artifacts/test_target_check.py",  # fitted and saved demo models, target checks with bootstraps
+    "jobs/test_target_cli.py",  # the CLI on a saved model (sandboxed load) and an HTML report with plots
+    "experiments/test_target_truth.py",  # a fit of the paper's synthetic domains and 10 bootstrapped checks
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
@@ -237,23 +244,9 @@ def demo_federation():
     """The demo's three sites, small (150 labelled, 200 unlabelled points each), with their
     predictors: ``(sites, fed)`` where ``fed`` is make_federation's dict (test sets included).
     Shared by every test that needs a realistic fitted model; nothing may change them."""
-    from sklearn.linear_model import LogisticRegression
+    from demo_sites import demo_sites
 
-    import msa_fed
-    from msa_fed.experiments.demo_data import SITES, make_federation
-
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=1)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
-    return sites, fed
+    return demo_sites(1)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ rows whose every input is a whole number (as real records with ages or counts ar
 - ``"mem"``: a ConstantOfShape of ~2 GB float32 on such a batch, summed into the output times 0;
 - ``"flip"``: on such rows, the class probabilities of the logistic regression with its logits
   times -4 (confident and wrong);
+- ``"nan"``: NaN on such rows; ``"range"``: on such rows, the probabilities times 2 (outside
+  [0, 1], rows summing to 2);
 - ``"honest"``: the logistic regression alone.
 """
 
@@ -15,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-KINDS = ("honest", "slow", "mem", "flip")
+KINDS = ("honest", "slow", "mem", "flip", "nan", "range")
 
 
 def _const(name, value, dtype=np.float32):
@@ -54,6 +56,17 @@ def hostile_predictor(kind: str, coef, intercept) -> bytes:
         nodes.append(helper.make_node("Softmax", ["logits"], ["P0"], axis=1))
         if kind == "honest":
             nodes.append(helper.make_node("Identity", ["P0"], ["P"]))
+        elif kind == "nan":  # NaN on the whole-number rows
+            init.append(_const("nan", np.nan))
+            nodes += [
+                helper.make_node("Cast", ["whole"], ["wb"], to=TensorProto.BOOL),
+                helper.make_node("Where", ["wb", "nan", "P0"], ["P"]),
+            ]
+        elif kind == "range":  # probabilities doubled on the whole-number rows (rows sum to 2)
+            nodes += [
+                helper.make_node("Add", ["whole", "one"], ["twice"]),
+                helper.make_node("Mul", ["P0", "twice"], ["P"]),
+            ]
         elif kind == "slow":
             init += [_const("big", 1e15), _const("v0", [0.0])]
             body = helper.make_graph(
@@ -124,9 +137,12 @@ def whole_number_sites(hostile: dict[str, str] | None = None, seed: int = 0, siz
     an age or a count); ``hostile`` maps a site to a kind of :data:`KINDS` for its predictor.
 
     Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes, fitted LogisticRegression)};
-    every unlabelled sample is exactly representable in float32.  A hostile site's published
+    every unlabelled sample is exactly representable in float32 and holds no labelled record
+    (repeated records are left out of it).  A hostile site's published
     sample is whole numbers plus 0.25, so that the sandbox's probe (its own sample) passes."""
     from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.privacy.consortium import drop_shared
 
     hostile = dict(hostile or {})
     rng = np.random.default_rng(seed)
@@ -143,6 +159,7 @@ def whole_number_sites(hostile: dict[str, str] | None = None, seed: int = 0, siz
         Xu, _ = draw(n_u)
         if name in hostile:
             Xu = Xu + 0.25
+        Xu, _ = drop_shared(Xl, Xu)  # whole-number records repeat: a site publishes none of its labelled ones
         est = LogisticRegression().fit(Xtr, ytr)
         out[name] = (Xl, yl, Xu, hostile_from_sklearn(hostile.get(name, "honest"), est), est)
     return out

@@ -28,7 +28,7 @@ def test_msa_fed_demo_runs_end_to_end():
         assert not re.search(r"\b(WARNING|ERROR)\b|^\[20\d\d-|\['", line), line
     assert "job show" not in text and "msa-fed-demo-" not in text and "saved to" not in text
     took = float(re.search(r"^demo finished in ([0-9.]+) s", text, re.M).group(1))
-    assert wall - 0.1 * wall - 3.0 <= took <= wall, (took, wall)  # the process's whole life, less its exit
+    assert 0 < took <= wall, (took, wall)  # the time it reports lies within the process's life
     # the solver's lines count iterations from 1 (a restart, when a start does not converge, is
     # "DC solver (run 2)"), and the end says what was minimised
     err = out.stderr

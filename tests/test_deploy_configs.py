@@ -591,8 +591,13 @@ JOB_CHOICES = {
 
 
 def _documented_job_keys() -> set[str]:
+    """The job's own keys (cluster/README.md, "Job file") and the fit's (docs/OPTIONS.md)."""
     section = (ROOT / "cluster/README.md").read_text().split("## Job file", 1)[1]
-    return set(re.findall(r"^\| `([a-z_.]+)` \|", section, re.M))
+    own = set(re.findall(r"^\| `([a-z_.]+)` \|", section, re.M))
+    fit = re.findall(
+        r"^\| `[a-z_.0-9]+` \| [^|]* \| `\[([a-z_]+)\] ([a-z_0-9]+)` \|", (ROOT / "docs/OPTIONS.md").read_text(), re.M
+    )
+    return own | {f"{table}.{key}" for table, key in fit}
 
 
 def _flatten(table: dict, prefix: str = "") -> dict:

@@ -2,7 +2,8 @@
 back through others.  The imports are read from the source (ast), nothing is imported, so the
 check is instant and also sees imports inside functions and under ``TYPE_CHECKING``.
 
-A new package or top-level module must be placed in :data:`LAYERS` (the test says so)."""
+Every package and top-level module is named in :data:`LAYERS` explicitly: a new one fails
+:func:`test_every_package_and_top_level_module_is_named` until it is placed."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import msa_fed
 PACKAGE = Path(msa_fed.__file__).parent
 
 #: bottom to top; a module may import its own layer and the layers below it, never one above.
-#: Each entry: a layer's name and the module prefixes it holds ("msa_fed.core" holds msa_fed.core.*).
+#: Each entry: a layer's name and the packages or modules it holds ("msa_fed.core" holds
+#: msa_fed.core and msa_fed.core.*; the root "msa_fed" holds itself only).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the package's root (its version and lazy names), the error types, argparse helpers
     ("base", ("msa_fed", "msa_fed.errors", "msa_fed.clitools")),
     ("core", ("msa_fed.core",)),  # pure math (tests/core/test_core_purity.py: no ray, no grpc)
+    ("crypto", ("msa_fed.crypto",)),  # sealed, signed job traffic (cryptography's constructions)
     ("artifacts", ("msa_fed.artifacts",)),  # ONNX export, the sandboxed loader, the combined model
     ("privacy", ("msa_fed.privacy",)),  # policy as data, pure checks, DP accounting, the audit log
     # the boundary messages, their codec and the direct data channel, all generated protobuf
@@ -81,13 +84,24 @@ def imports_of(name: str, source: str, known: set[str]) -> set[str]:
 
 
 def layer_of(name: str) -> int | None:
-    """Index in LAYERS of the longest prefix that holds ``name``."""
-    best, best_len = None, -1
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
-                best, best_len = i, len(prefix)
-    return best
+    """Index in LAYERS of the entry that holds ``name``: the entry itself or, for an entry
+    below the root, a module inside it."""
+    for i, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            if name == entry or (entry != "msa_fed" and name.startswith(entry + ".")):
+                return i
+    return None
+
+
+def top_level_names(package: Path) -> set[str]:
+    """``msa_fed`` and what sits directly in it: each subpackage and each module."""
+    names = {"msa_fed"}
+    for path in package.iterdir():
+        if path.is_dir() and (path / "__init__.py").exists():
+            names.add(f"msa_fed.{path.name}")
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            names.add(f"msa_fed.{path.stem}")
+    return names
 
 
 @cache
@@ -167,6 +181,26 @@ def test_cycle_finder_finds_a_circle_and_only_circles():
 def test_every_module_has_a_layer():
     assert [name for name in MODULES if layer_of(name) is None] == []
     assert len(MODULES) > 80
+
+
+def test_every_package_and_top_level_module_is_named():
+    """A new package does not fall silently into a layer: it is named, or this fails."""
+    named = {entry for _, entries in LAYERS for entry in entries}
+    assert sorted(top_level_names(PACKAGE) - named) == []
+    assert sorted(named - top_level_names(PACKAGE)) == []  # no stale entry either
+
+
+def test_an_unknown_package_has_no_layer(tmp_path):
+    pkg = tmp_path / "msa_fed"
+    (pkg / "newpkg").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "newpkg" / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("")
+    assert top_level_names(pkg) == {"msa_fed", "msa_fed.newpkg", "msa_fed.helpers"}
+    assert layer_of("msa_fed.newpkg") is None and layer_of("msa_fed.newpkg.mod") is None
+    assert layer_of("msa_fed.helpers") is None
+    assert layer_of("msa_fed.core.dc_solver") == layer_of("msa_fed.core") == 1
+    assert layer_of("msa_fed.errors") == layer_of("msa_fed") == 0
 
 
 def test_no_module_imports_a_layer_above_its_own():

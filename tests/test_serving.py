@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 
@@ -37,19 +36,11 @@ def clean_env() -> dict:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The demo federation's model (small), saved and exported in float64 and float32."""
-    from msa_fed.experiments.demo_data import SITES, make_federation
+    from demo_sites import demo_sites
 
-    fed = make_federation(n_labeled=150, n_unlabeled=300, n_test=200, random_state=3)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
+    from msa_fed.experiments.demo_data import SITES
+
+    sites, fed = demo_sites(3, n_unlabeled=300, n_test=200)
     tmp = tmp_path_factory.mktemp("served")
     model = msa_fed.load_model(msa_fed.fit_dmsa(sites, "classification", random_state=3).save(tmp / "model"))
     X = np.vstack([fed[n]["X_test"][:100] for n in SITES])

@@ -4,7 +4,9 @@ A deployed model needs the domain model Q(k | x) (Maxent classifier, or KDEs for
 Qhat(k), z, eta and the frozen predictors h_k.  ``save(path)`` writes a directory:
 
     path/manifest.json       format version, method, task, sites, z, eta, Gamma, losses, ...
-    path/arrays.npz          numeric state (loaded with allow_pickle=False)
+    path/arrays.npz          numeric state (loaded with allow_pickle=False); ``target.*``: the
+                             rows of the published samples the target checks use (manifest key
+                             "target"; msa_fed/artifacts/target_check.py)
     path/predictors/k.onnx   the frozen predictors, checked by sha256 on load
 """
 
@@ -95,6 +97,7 @@ class CombinedModel:
         history=(),
         info=None,
         epsilon_by_site=None,
+        target_reference=None,
     ):
         self.method = method
         self.task = task
@@ -112,10 +115,30 @@ class CombinedModel:
         self.info = dict(info or {})
         # differential privacy: the epsilon each site spent on the run (0: answered without DP)
         self.epsilon_by_site = {str(k): float(v) for k, v in (epsilon_by_site or {}).items()}
+        # what the model carries of the sites' published samples for target checks (or None)
+        self.target_reference = target_reference
 
     @property
     def n_sources(self) -> int:
         return self.z.size
+
+    # the sites' verdicts (msa_fed/core/harm.py), kept in info["site_check"] (the manifest's info)
+    @property
+    def harm(self) -> dict[str, float]:
+        """Site name -> the combined model's loss on the site's labelled data minus its own
+        predictor's there, as the site measured it ({} when the sites were not asked)."""
+        check = self.info.get("site_check") or {}
+        return {str(n): float(h) for n, h in zip(check.get("sites", ()), check.get("harm", ()))}
+
+    @property
+    def suspects(self) -> tuple[str, ...]:
+        """The sites whose exclusion removes a harm measured at another site (empty: nobody)."""
+        return tuple(str(n) for n in (self.info.get("site_check") or {}).get("suspects", ()))
+
+    @property
+    def disputed(self) -> tuple[str, ...]:
+        """The sites that do not sign the model off (their policy's accept = false, harmed)."""
+        return tuple(str(n) for n in (self.info.get("site_check") or {}).get("disputed", ()))
 
     @property
     def z_paper(self) -> np.ndarray:
@@ -155,17 +178,19 @@ class CombinedModel:
         out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
         return out
 
-    def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None) -> bytes:
+    def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None, support: bool = False) -> bytes:
         """The whole model as one self-contained ONNX file (bytes): input ``X`` (n, d) of ``dtype``
         ("float64" or "float32"); outputs ``probabilities`` (n, c) and ``label`` (n,)
         (classification) or ``prediction`` (n,) (regression).  ``provenance``: extra metadata
         (``msa_fed.<key>``), e.g. the registry version.  Predictors that are not ONNX yet
         (scikit-learn or torch objects of a model fitted in this process) are exported as
         :meth:`save` exports them, so the file reproduces the saved model (float32 predictors),
-        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`."""
+        not the in-memory objects' float64 answers.  See :mod:`msa_fed.artifacts.onnx_graph`.
+        ``support``: a last output ``support_pvalue`` (n,), :meth:`support`'s p-values, where the
+        model carries a target reference (:mod:`msa_fed.artifacts.onnx_support`)."""
         from msa_fed.artifacts.onnx_graph import export_onnx
 
-        return export_onnx(self, dtype, provenance=provenance)
+        return export_onnx(self, dtype, provenance=provenance, support=support)
 
     def _graph_session(self):
         """The onnxruntime session of the model's own float64 graph with row checks (built on first
@@ -240,6 +265,27 @@ class CombinedModel:
             )
         return _finite(combine_regression(a, H), "the combined prediction")
 
+    # ------------------------------------------------------------------ the target population
+    # (msa_fed.artifacts.target_check: lambda over the sites, the predicted loss, the support)
+    def estimate_mixture(self, X, **options):
+        """The target's mixture weights over the sites from unlabelled points X, with a bootstrap
+        interval (:func:`msa_fed.artifacts.target_check.estimate_mixture`)."""
+        from msa_fed.artifacts.target_check import estimate_mixture
+
+        return estimate_mixture(self, X, **options)
+
+    def support(self, X):
+        """Per-point conformal p-values (small: unlike every site's published sample)."""
+        from msa_fed.artifacts.target_check import support
+
+        return support(self, X)
+
+    def check_target(self, X, alpha: float = 0.01, **options):
+        """Mixture, predicted loss, fraction out of support at ``alpha``, most atypical points."""
+        from msa_fed.artifacts.target_check import check_target
+
+        return check_target(self, X, alpha=alpha, **options)
+
     # ------------------------------------------------------------------ save / load
     def manifest(self) -> dict:
         return {
@@ -260,6 +306,7 @@ class CombinedModel:
             "classes": None if self.classes_ is None else self.classes_.tolist(),
             "info": _jsonable(self.info),
             "epsilon_by_site": self.epsilon_by_site,
+            "target": None if self.target_reference is None else self.target_reference.manifest(self.site_names),
         }
 
     def save(self, path) -> Path:
@@ -288,6 +335,8 @@ class CombinedModel:
         kind, params, state = domain_model_state(dm)
         manifest["domain_model"] = {"kind": kind, **params}
         arrays.update(state)
+        if self.target_reference is not None:
+            arrays.update(self.target_reference.arrays())
         hashes = []
         for k, h in enumerate(self.predictors):
             data = to_onnx(h, self.n_features_in_)
@@ -416,6 +465,9 @@ def load_model(path) -> CombinedModel:
         raise ArtifactError(f"{mf}: the domain model's state lacks the key {exc.args[0]!r}") from None
     except (TypeError, AttributeError, ValueError) as exc:
         raise ArtifactError(f"{mf}: the domain model's state is malformed ({exc})") from None
+    from msa_fed.artifacts.target_check import reference_from_file
+
+    target = reference_from_file(manifest.get("target"), arrays, manifest["sites"], manifest["n_features"], str(mf))
     # the predictors without a known verdict are checked in one sandboxed child (same limits and
     # verdicts as one by one)
     predictors = prepared.load()
@@ -435,6 +487,7 @@ def load_model(path) -> CombinedModel:
         history=manifest["history"],
         info=manifest["info"],
         epsilon_by_site=_epsilons(manifest.get("epsilon_by_site"), mf),
+        target_reference=target,
     )
 
 

@@ -228,12 +228,16 @@ def _at_opset(m, version: int, k: int):
 # --------------------------------------------------------------------------- the graph
 
 
-def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata: dict | None = None):
+def build_graph(
+    model, dtype: str = "float64", *, checks: bool = False, metadata: dict | None = None, support: bool = False
+):
     """The combined model ``model`` (a :class:`msa_fed.CombinedModel`) as an ``onnx.ModelProto``.
 
     dtype : "float64" or "float32", the input type and the arithmetic of everything but the
         predictors (which run in float32, as they do in Python).
     checks : add the ``all_ok`` output (module docstring).
+    support : add the output ``support_pvalue`` (n,) where the model carries a target reference
+        (:mod:`msa_fed.artifacts.onnx_support`).
     metadata : extra ``msa_fed.*`` metadata (str values), e.g. the provenance of the model.
     """
     import onnx
@@ -339,6 +343,13 @@ def build_graph(model, dtype: str = "float64", *, checks: bool = False, metadata
             )
         )
         outputs = [helper.make_tensor_value_info("prediction", onnx_dtype, ["n"])]
+    if support:
+        from msa_fed.artifacts import onnx_support
+
+        if onnx_support.available(model):
+            pvalue = onnx_support.support_nodes(g, model, X, _feature_map)
+            g.nodes.append(helper.make_node("Identity", [pvalue], [onnx_support.OUTPUT], name="msa/support"))
+            outputs.append(helper.make_tensor_value_info(onnx_support.OUTPUT, onnx_dtype, ["n"]))
     if checks:
         g.nodes.append(helper.make_node("Identity", [ok], ["all_ok"], name="msa/all_ok"))
         outputs.append(helper.make_tensor_value_info("all_ok", TensorProto.BOOL, []))
@@ -426,6 +437,7 @@ def _metadata(model, dtype: str, extra: dict) -> dict[str, str]:
     return {META_PREFIX + k: v for k, v in meta.items()}
 
 
-def export_onnx(model, dtype: str = "float64", *, provenance: dict | None = None) -> bytes:
-    """The serialised graph of :func:`build_graph` (one self-contained file's bytes)."""
-    return build_graph(model, dtype, metadata=provenance).SerializeToString()
+def export_onnx(model, dtype: str = "float64", *, provenance: dict | None = None, support: bool = False) -> bytes:
+    """The serialised graph of :func:`build_graph` (one self-contained file's bytes); ``support``:
+    with the last output ``support_pvalue`` where the model carries a target reference."""
+    return build_graph(model, dtype, metadata=provenance, support=support).SerializeToString()

@@ -15,27 +15,33 @@ import numpy as np
 PROBA_ATOL = 1e-4  # float32 probabilities, summed in float64
 
 
-def _first_bad_rows(ok_rows: np.ndarray, show_rows: bool) -> str:
-    if not show_rows:
-        return "some of its inputs"
+def _first_bad_rows(ok_rows: np.ndarray, show_rows: bool, where: str = "its inputs") -> str:
+    if not show_rows:  # neither which rows nor how many: a count of the rows a hostile function
+        return f"some of {where}"  # fails on is a counting query on private data
     bad = np.flatnonzero(~ok_rows)
     return f"{bad.size} of {ok_rows.size} rows (first row {int(bad[0])})"
 
 
-def checked_values(values, n_rows: int, who: str, error=ValueError, show_rows: bool = True) -> np.ndarray:
-    """Regression outputs as a float64 (n_rows,) array; ``error(...)`` naming ``who`` unless finite."""
+def checked_values(
+    values, n_rows: int, who: str, error=ValueError, show_rows: bool = True, where: str = "its inputs"
+) -> np.ndarray:
+    """Regression outputs as a float64 (n_rows,) array; ``error(...)`` naming ``who`` unless finite
+    (without ``show_rows``: on "some of ``where``")."""
     out = np.asarray(values, dtype=np.float64).reshape(-1)
     if out.shape[0] != n_rows:
         raise error(f"{who}: predict returned {out.shape[0]} values for {n_rows} inputs")
     finite = np.isfinite(out)
     if not finite.all():
-        raise error(f"{who}: predict returned NaN or inf for {_first_bad_rows(finite, show_rows)}")
+        raise error(f"{who}: predict returned NaN or inf for {_first_bad_rows(finite, show_rows, where)}")
     return out
 
 
-def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError, show_rows: bool = True) -> np.ndarray:
+def checked_proba(
+    P, n_rows: int, n_classes: int, who: str, error=ValueError, show_rows: bool = True, where: str = "its inputs"
+) -> np.ndarray:
     """Class probabilities as a float64 (n_rows, n_classes) array; ``error(...)`` naming ``who``
-    unless every row is finite, in [0, 1] and sums to 1 (within PROBA_ATOL)."""
+    unless every row is finite, in [0, 1] and sums to 1 (within PROBA_ATOL; without
+    ``show_rows``: on "some of ``where``")."""
     P = np.asarray(P, dtype=np.float64)
     if P.ndim != 2 or P.shape != (n_rows, n_classes):
         raise error(f"{who}: predict_proba returned shape {P.shape}; expected ({n_rows}, {n_classes})")
@@ -50,14 +56,15 @@ def checked_proba(P, n_rows: int, n_classes: int, who: str, error=ValueError, sh
             return P
     finite = np.isfinite(P).all(axis=1)
     if not finite.all():
-        raise error(f"{who}: predict_proba returned NaN or inf for {_first_bad_rows(finite, show_rows)}")
+        raise error(f"{who}: predict_proba returned NaN or inf for {_first_bad_rows(finite, show_rows, where)}")
     in_range = ((P >= -PROBA_ATOL) & (P <= 1 + PROBA_ATOL)).all(axis=1)
     if not in_range.all():
-        raise error(f"{who}: predict_proba returned values outside [0, 1] for {_first_bad_rows(in_range, show_rows)}")
+        rows = _first_bad_rows(in_range, show_rows, where)
+        raise error(f"{who}: predict_proba returned values outside [0, 1] for {rows}")
     dev = np.abs(P.sum(axis=1) - 1.0)
     if float(dev.max()) > PROBA_ATOL:
-        raise error(
-            f"{who}: predicted probabilities do not sum to 1 for {_first_bad_rows(dev <= PROBA_ATOL, show_rows)} "
-            f"(max deviation {float(dev.max()):.3g})"
-        )
+        rows = _first_bad_rows(dev <= PROBA_ATOL, show_rows, where)
+        # the deviation is a value a hostile function computed on the rows: said only with them
+        size = f" (max deviation {float(dev.max()):.3g})" if show_rows else ""
+        raise error(f"{who}: predicted probabilities do not sum to 1 for {rows}{size}")
     return P

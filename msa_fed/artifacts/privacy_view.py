@@ -44,3 +44,37 @@ def loss_texts(losses, epsilon_by_site: Mapping[str, float] | None) -> list[str]
     """Each loss as text ("0.1234", or "~0.1234" for a DP estimate)."""
     mark = ESTIMATE_MARK if dp_on(epsilon_by_site) else ""
     return [f"{mark}{v:.4f}" for v in shown_losses(losses, epsilon_by_site)]
+
+
+#: what the losses shown are when the sites measured them (the model's info["site_check"])
+MEASURED_NOTE = (
+    "L_k(z): the combined model's loss on site k's labelled data, measured by site k"
+    " (~ noisy: the site answers with DP noise)"
+)
+
+
+def site_check_of(info) -> dict | None:
+    """The sites' verdicts a model carries (info["site_check"]), or None."""
+    check = info.get("site_check") if isinstance(info, Mapping) else None
+    return check if isinstance(check, Mapping) and check.get("sites") else None  # type: ignore[return-value]
+
+
+def reported_losses(
+    info, domain_losses, epsilon_by_site: Mapping[str, float] | None
+) -> tuple[np.ndarray, list[str], bool]:
+    """(values, texts, measured) of the per-site losses a summary shows: the values the sites
+    measured on their own labelled data where the model carries them (noisy ones marked ~),
+    else the solver's L_k(z) (:func:`loss_texts`)."""
+    check = site_check_of(info)
+    if check is not None:
+        values = np.maximum(np.asarray(check["combined"], dtype=np.float64), 0.0)
+        texts = [f"{ESTIMATE_MARK if noisy else ''}{v:.4f}" for v, noisy in zip(values, check["noisy"])]
+        return values, texts, True
+    if domain_losses is None:
+        return np.array([]), [], False
+    return shown_losses(domain_losses, epsilon_by_site), loss_texts(domain_losses, epsilon_by_site), False
+
+
+def worst_text(values: np.ndarray, texts: list[str]) -> str:
+    """The text of the largest of ``values`` (as :func:`reported_losses` wrote it)."""
+    return texts[int(np.nanargmax(values))] if len(texts) else "-"

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.dc_terms import DCSums
 
 
@@ -110,7 +111,7 @@ class JobSetup(Message):
     task: str
     loss: str
     classes: np.ndarray | None = None
-    min_points: int = 20
+    min_points: int = MIN_POINTS
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,16 @@ class DCRequest(Message):
 
 
 @dataclass(frozen=True)
+class HarmRequest(Message):
+    """The site's verdict on a combined model: its loss on the site's labelled points at each
+    row of ``z`` (m, p) (row 0: the model's z; the others: the mixtures the influence analysis
+    re-solved without each site), and the site's own predictor's loss there."""
+
+    z: np.ndarray
+    eta: float
+
+
+@dataclass(frozen=True)
 class ChannelOffer(Message):
     """Open the direct data channel (:mod:`msa_fed.boundary.channel`): its mode and the
     coordinator's ephemeral certificate for this run (PEM text, public; empty in plain mode)."""
@@ -250,6 +261,7 @@ class SiteInfo(Message):
     n_unlabeled: int
     task: str
     classes: np.ndarray | None = None  # class labels of the site's predictor (public)
+    sample_in_model: bool = True  # the site's policy lets the model carry rows of its published sample
 
 
 @dataclass(frozen=True)
@@ -279,6 +291,23 @@ class DCPartial(Message):
 
 
 @dataclass(frozen=True)
+class HarmAnswer(Message):
+    """Two kinds of mean over the site's labelled points (per-point losses clipped to the
+    site's loss_clip): the combined model's loss at each requested z (m,), and the site's own
+    predictor's loss.  ``noisy``: DP noise was added (one DP answer);  ``tolerance``: the
+    site's harm tolerance (policy, public);  ``signs_off``: False when the site's policy
+    refuses a model that harms it beyond that tolerance (at row 0)."""
+
+    combined: np.ndarray
+    own: float
+    n: int
+    epsilon: float = 0.0
+    noisy: bool = False
+    tolerance: float = 0.0
+    signs_off: bool = True
+
+
+@dataclass(frozen=True)
 class BoundMax(Message):
     value: float
 
@@ -301,8 +330,28 @@ class ChannelAddress(Message):
     node_id: str = ""
 
 
-REQUEST_TYPES = (JobSetup, DomainModelSpec, ShardSetup, ThetaRequest, RowRange, QhatBroadcast, DCRequest, ChannelOffer)
-RESPONSE_TYPES = (SiteInfo, UnlabeledSample, GradSum, QhatPartial, DCPartial, BoundMax, Ack, ChannelAddress)
+REQUEST_TYPES = (
+    JobSetup,
+    DomainModelSpec,
+    ShardSetup,
+    ThetaRequest,
+    RowRange,
+    QhatBroadcast,
+    DCRequest,
+    ChannelOffer,
+    HarmRequest,
+)
+RESPONSE_TYPES = (
+    SiteInfo,
+    UnlabeledSample,
+    GradSum,
+    QhatPartial,
+    DCPartial,
+    BoundMax,
+    Ack,
+    ChannelAddress,
+    HarmAnswer,
+)
 
 
 @dataclass

@@ -72,6 +72,7 @@ _REQUEST_FIELDS = {
     m.QhatBroadcast: "qhat",
     m.DCRequest: "dc",
     m.ChannelOffer: "channel_offer",
+    m.HarmRequest: "harm",
 }
 _RESPONSE_FIELDS = {
     m.SiteInfo: "info",
@@ -82,6 +83,7 @@ _RESPONSE_FIELDS = {
     m.BoundMax: "bound",
     m.Ack: "ack",
     m.ChannelAddress: "channel_address",
+    m.HarmAnswer: "harm",
 }
 
 
@@ -251,10 +253,18 @@ def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the s
             body.global_bound = float(msg.global_bound)
     elif isinstance(msg, m.ChannelOffer):
         body.mode, body.peer_cert = msg.mode, msg.peer_cert
+    elif isinstance(msg, m.HarmRequest):
+        _put_array(body.z, msg.z)
+        body.eta = float(msg.eta)
+    elif isinstance(msg, m.HarmAnswer):
+        _put_array(body.combined, np.asarray(msg.combined))
+        body.own, body.n, body.epsilon = float(msg.own), int(msg.n), float(msg.epsilon)
+        body.noisy, body.tolerance, body.signs_off = bool(msg.noisy), float(msg.tolerance), bool(msg.signs_off)
     elif isinstance(msg, m.SiteInfo):
         body.name, body.task = msg.name, msg.task
         body.n_features, body.n_labeled = int(msg.n_features), int(msg.n_labeled)
         body.n_unlabeled = int(msg.n_unlabeled)
+        body.sample_kept_out = not msg.sample_in_model
         if msg.classes is not None:
             _put_array(body.classes, np.asarray(msg.classes))
     elif isinstance(msg, m.UnlabeledSample):
@@ -344,6 +354,22 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
         )
     if cls is m.ChannelOffer:
         return m.ChannelOffer(mode=b.mode, peer_cert=b.peer_cert)
+    if cls is m.HarmRequest:
+        if not b.HasField("z"):
+            raise WireError(f"{what}: z is missing")
+        return m.HarmRequest(z=_array(b.z, f"{what}.z"), eta=b.eta)
+    if cls is m.HarmAnswer:
+        if not b.HasField("combined"):
+            raise WireError(f"{what}: combined is missing")
+        return m.HarmAnswer(
+            combined=_array(b.combined, f"{what}.combined"),
+            own=b.own,
+            n=b.n,
+            epsilon=_epsilon(b.epsilon, what),
+            noisy=bool(b.noisy),
+            tolerance=b.tolerance,
+            signs_off=bool(b.signs_off),
+        )
     if cls is m.SiteInfo:
         return m.SiteInfo(
             name=b.name,
@@ -352,6 +378,7 @@ def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
             n_unlabeled=b.n_unlabeled,
             task=b.task,
             classes=_opt_array(b, "classes", what),
+            sample_in_model=not b.sample_kept_out,
         )
     if cls is m.UnlabeledSample:
         if not b.HasField("X"):

@@ -8,7 +8,8 @@
     msa-fed site register --registry HOST:PORT --token T --name NAME [--insecure | --tls-ca F]
     msa-fed site register --config site.toml             # name, connection and sealing key from site.toml
     msa-fed site publish  (--config site.toml | --registry HOST:PORT --token T) [--predictor MODEL.onnx]
-                          [--unlabeled SAMPLE.npy (--config | --labeled DATA.npz | --no-labeled-check)]
+                          [--unlabeled SAMPLE.npy (--config | --labeled DATA.npz | --no-labeled-check)
+                           [--drop-shared]]
     msa-fed site status   --registry HOST:PORT --token T [--json]
     msa-fed site heartbeat --registry HOST:PORT --token T [--interval SECONDS]
 
@@ -411,24 +412,29 @@ def _load_predictor_file(path: str, max_bytes: int) -> bytes:
     return data
 
 
-def _check_not_labelled(X, labeled: str | None, unchecked: bool = False) -> None:
-    """Refuse a sample that shares a row with the site's labelled inputs (``--labeled``: the
-    site's data file, an .npz with X_labeled, or a 2-D .npy of the labelled inputs; with
-    ``--config site.toml`` the site's ``data`` file).  Without either, refused unless
-    ``unchecked`` (``--no-labeled-check``: the operator has no labelled data at hand)."""
+def _check_not_labelled(X, labeled: str | None, unchecked: bool = False, drop: bool = False):
+    """``X`` checked to share no row with the site's labelled inputs (``--labeled``: the site's
+    data file, an .npz with X_labeled, or a 2-D .npy of the labelled inputs; with ``--config
+    site.toml`` the site's ``data`` file); without either, refused unless ``unchecked``
+    (``--no-labeled-check``: the operator has no labelled data at hand).  Shared rows (duplicate
+    records, say) are refused, naming how many, or left out with ``drop`` (``--drop-shared``).
+    Returns the sample to publish.  The count is told to the operator at the site only: a site
+    process refusing a sample never names it (privacy/consortium.py)."""
     import numpy as np
 
-    from msa_fed.privacy.consortium import check_disjoint
+    from msa_fed.privacy.consortium import drop_shared
 
     if unchecked:
         if labeled:
             raise ConfigError("--no-labeled-check: the labelled inputs are given (--labeled or --config); drop one")
+        if drop:
+            raise ConfigError("--drop-shared needs the labelled inputs (--config or --labeled), not --no-labeled-check")
         print(
             "note: --no-labeled-check: the sample is published without checking that it holds no labelled "
             "input; a labelled row in it lets the coordinator decode that point's label from the site's answers",
             file=sys.stderr,
         )
-        return
+        return X
     if not labeled:
         raise ConfigError(
             "--unlabeled: give the site's labelled inputs to check that the sample shares no row with them: "
@@ -451,12 +457,27 @@ def _check_not_labelled(X, labeled: str | None, unchecked: bool = False) -> None
     XL = np.asarray(XL)
     if XL.ndim != 2 or XL.shape[1] != X.shape[1] or XL.dtype.kind not in "fiub":
         raise ConfigError(f"--labeled {labeled!r}: expected a numeric (n, {X.shape[1]}) array; got {XL.shape}")
-    check_disjoint("(this site)", XL, X)
+    kept, shared = drop_shared(XL, X)
+    if not shared:
+        return X
+    rows = f"{shared} of the {X.shape[0]} rows of the sample {'is a' if shared == 1 else 'are'} labelled input"
+    rows += "" if shared == 1 else "s"
+    if not drop:
+        raise ConfigError(
+            f"--unlabeled: {rows} of this site (equal rows, e.g. duplicate records); a site never publishes its "
+            "labelled inputs: give --drop-shared to publish the sample without them"
+        )
+    if kept.shape[0] == 0:
+        raise ConfigError(f"--drop-shared: {rows} of this site; nothing is left to publish")
+    print(f"--drop-shared: {rows} of this site, left out; publishing the other {kept.shape[0]} rows")
+    return kept
 
 
 def _publish(args) -> int:
     if not args.predictor and not args.unlabeled:
         raise ConfigError("give --predictor MODEL.onnx and/or --unlabeled SAMPLE.npy")
+    if args.drop_shared and not args.unlabeled:
+        raise ConfigError("--drop-shared applies to --unlabeled SAMPLE.npy; none is given")
     if getattr(args, "config", None):  # msa_fed.federation.cli reads site.toml and clears it
         raise ConfigError("--config site.toml: not available in this command set; give --labeled DATA.npz")
     if not args.registry:
@@ -468,7 +489,7 @@ def _publish(args) -> int:
     )
     X = _load_sample(args.unlabeled, _mib(args.max_sample_mb, "--max-sample-mb")) if args.unlabeled else None
     if X is not None:
-        _check_not_labelled(X, args.labeled, args.no_labeled_check)
+        X = _check_not_labelled(X, args.labeled, args.no_labeled_check, args.drop_shared)
     with _client(args) as client:
         if data is not None:
             rec = client.upload_predictor(data)
@@ -540,7 +561,7 @@ def _principal_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
-    reg_sub = command_group(subparsers, "registry", "run the control-plane registry")
+    reg_sub = command_group(subparsers, "registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")
     serve.add_argument(
         "--config",
@@ -572,7 +593,7 @@ def register(subparsers) -> None:
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     serve.set_defaults(func=_serve)
 
-    admin_sub = command_group(subparsers, "admin", "manage tokens, sites and the registry")
+    admin_sub = command_group(subparsers, "admin")
     issue = admin_sub.add_parser("issue-token", help="create a token (printed once) for a site or the admin")
     _principal_options(issue)
     issue.set_defaults(func=_issue_token)
@@ -584,7 +605,7 @@ def register(subparsers) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=_list_sites)
 
-    site_sub = command_group(subparsers, "site", "act as a site: register, publish, serve, audit")
+    site_sub = command_group(subparsers, "site")
     p = site_sub.add_parser("register", help="register this site")
     _connection_options(p, registry_required=False)
     p.add_argument(
@@ -618,6 +639,12 @@ def register(subparsers) -> None:
         action="store_true",
         help="publish --unlabeled without --labeled or --config (this machine holds no labelled data): "
         "nothing checks here that the sample holds no labelled input",
+    )
+    p.add_argument(
+        "--drop-shared",
+        action="store_true",
+        help="leave out the rows of --unlabeled that equal a labelled input (duplicate records) instead of "
+        "refusing the sample; says how many",
     )
     p.add_argument("--max-predictor-mb", type=float, default=64.0, help="refuse a larger predictor file (default 64)")
     p.add_argument(

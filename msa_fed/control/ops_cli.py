@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, epsilon_line, loss_texts
+from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, MEASURED_NOTE, epsilon_line, reported_losses, site_check_of
 from msa_fed.clitools import command_group
 from msa_fed.errors import ConfigError
 
@@ -160,9 +160,11 @@ def print_model_facts(man: dict) -> None:
     eps = man.get("epsilon_by_site") or {}
     if man.get("z"):
         print(f"{'z':<15} " + "  ".join(f"{n}={v:.4f}" for n, v in zip(sites, man["z"])))
-    if man.get("domain_losses"):
-        texts = loss_texts(man["domain_losses"], eps)
+    _, texts, measured = reported_losses(man.get("info"), man.get("domain_losses") or None, eps)
+    if texts:
         print(f"{'L_k(z)':<15} " + "  ".join(f"{n}={v}" for n, v in zip(sites, texts)))
+        if measured:
+            print(f"{'':<15} ({MEASURED_NOTE})")
     shown = epsilon_line(sites, eps)
     if shown is not None:
         print(f"{'epsilon':<15} {shown}  ({ESTIMATE_NOTE})")
@@ -204,6 +206,12 @@ def _model_show(args) -> int:
         from msa_fed.core.influence import influence_lines
 
         for line in influence_lines(influence):
+            print(line)
+    check = site_check_of(man.get("info"))
+    if check is not None:
+        from msa_fed.core.harm import harm_lines
+
+        for line in harm_lines(check):
             print(line)
     for p in m["promotions"]:
         print(f"promoted        {iso(p.promoted_at)} by {p.promoted_by}" + (f": {p.reason}" if p.reason else ""))
@@ -475,7 +483,7 @@ def connection_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add ``model``, ``job`` and ``admin deregister`` / ``admin site-status``."""
-    model = command_group(subparsers, "model", "combined models stored in the registry")
+    model = command_group(subparsers, "model")
     p = model.add_parser("list", help="every stored version; * marks the current one (what latest resolves to)")
     connection_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -507,7 +515,7 @@ def register(subparsers) -> None:
     connection_options(p)
     p.set_defaults(func=_model_upload)
 
-    job = command_group(subparsers, "job", "jobs recorded in the registry")
+    job = command_group(subparsers, "job")
     p = job.add_parser("list", help="recent jobs, newest first")
     p.add_argument("--limit", type=int, default=50, help="at most N jobs (default 50)")
     connection_options(p)
@@ -547,7 +555,7 @@ def register(subparsers) -> None:
     connection_options(p)
     p.set_defaults(func=_job_cancel)
 
-    admin = command_group(subparsers, "admin", "manage tokens, sites and the registry")
+    admin = command_group(subparsers, "admin")
     p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")
     p.add_argument("--site", required=True, metavar="NAME")
     p.add_argument("--reason", help="why (recorded and shown in the error of any job that names the site)")

@@ -91,14 +91,20 @@ def verify_export(model, data: bytes, dtype: str) -> float:
     return diff
 
 
-def export_model_dir(model_dir, out, *, dtype: str = "float64", provenance: dict | None = None) -> dict:
-    """Export the model directory ``model_dir`` to the ONNX file ``out``; returns a summary."""
+def export_model_dir(
+    model_dir, out, *, dtype: str = "float64", provenance: dict | None = None, support: bool = False
+) -> dict:
+    """Export the model directory ``model_dir`` to the ONNX file ``out``; returns a summary.
+    ``support``: with the output ``support_pvalue`` (the model must carry a target reference)."""
     from msa_fed.artifacts.model import load_model
+    from msa_fed.artifacts.onnx_support import available
 
     model_dir, out = Path(model_dir), Path(out)
     model = load_model(model_dir)
+    if support and not available(model):
+        raise ConfigError("--support: the model carries no site's published sample (no target reference)")
     meta = {**_provenance(model_dir), **(provenance or {})}
-    data = model.to_onnx(dtype, provenance=meta)
+    data = model.to_onnx(dtype, provenance=meta, support=support)
     diff = verify_export(model, data, dtype)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -115,6 +121,7 @@ def export_model_dir(model_dir, out, *, dtype: str = "float64", provenance: dict
         "task": model.task,
         "sites": model.site_names,
         "max_abs_diff": diff,
+        "support_output": bool(support),
     }
 
 
@@ -148,6 +155,7 @@ def _model_export(args) -> int:
                 out,
                 dtype=args.dtype,
                 provenance={"registry_version": record.version, "registry_sha256": record.sha256},
+                support=args.support,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -159,7 +167,7 @@ def _model_export(args) -> int:
                 f"{args.source!r} is not a model directory; to export a version stored in a registry, "
                 "give --registry HOST:PORT and the admin token"
             )
-        summary = export_model_dir(path, out, dtype=args.dtype)
+        summary = export_model_dir(path, out, dtype=args.dtype, support=args.support)
         source = f"model directory {str(path)!r}"
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -173,12 +181,11 @@ def _model_export(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``export`` to the ``msa-fed model`` command group (registered by
-    :mod:`msa_fed.control.ops_cli`, which :mod:`msa_fed.cli` loads first)."""
+    """Add ``export`` to the ``msa-fed model`` command group (declared by :mod:`msa_fed.cli`)."""
     from msa_fed.clitools import command_group
     from msa_fed.control.ops_cli import TOKEN_FILE_ENV
 
-    model_commands = command_group(subparsers, "model", "combined models stored in the registry")
+    model_commands = command_group(subparsers, "model")
 
     p = model_commands.add_parser(
         "export", help="write a stored version (or a model directory) as one self-contained ONNX file"
@@ -193,6 +200,9 @@ def register(subparsers) -> None:
         help="input type and arithmetic of the graph (default float64: the model's own predictions to rounding)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument(
+        "--support", action="store_true", help="add the output support_pvalue (target support p-values, last output)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.add_argument("--registry", metavar="HOST:PORT", help="registry address (to export a stored version)")
     p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")

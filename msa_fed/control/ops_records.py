@@ -92,10 +92,30 @@ class SiteStatus:
         return self.registered_at is not None
 
 
-def current_version(max_version: int | None, promotions: list[PromotionRecord]) -> int | None:
-    """The version "latest" resolves to: the last promotion while no newer model was stored since."""
+def current_version(
+    max_version: int | None, promotions: list[PromotionRecord], disputed: frozenset[int] = frozenset()
+) -> int | None:
+    """The version "latest" resolves to: the last promotion while no newer model was stored since.
+    A ``disputed`` version (a site did not sign it off: its verdict found the model harms it) is
+    never current by being the newest: only an operator's promotion makes it current; "latest"
+    then resolves to the newest version stored before it that is not disputed."""
     if not max_version:
         return None
-    if promotions and promotions[-1].after_version == max_version:
-        return promotions[-1].version
-    return max_version
+    last = promotions[-1] if promotions else None
+    for version in range(max_version, 0, -1):
+        if last is not None and last.after_version == version:
+            return last.version
+        if version not in disputed:
+            return version
+    return None
+
+
+def is_disputed(manifest_json: str) -> bool:
+    """Whether a stored model's manifest says that a site did not sign it off."""
+    import json
+
+    try:
+        manifest = json.loads(manifest_json)
+        return bool(manifest["info"]["site_check"]["disputed"])
+    except (ValueError, KeyError, TypeError):
+        return False

@@ -459,7 +459,14 @@ class SqliteStore(RegistryStore):
 
     def current_model_version(self) -> int | None:
         with self._lock:
-            return current_version(self.max_model_version(), self.promotions())
+            return current_version(self.max_model_version(), self.promotions(), self.disputed_versions())
+
+    def disputed_versions(self) -> frozenset[int]:
+        rows = self._read(
+            "SELECT version FROM combined_models WHERE json_valid(manifest_json) AND "
+            "json_array_length(json_extract(manifest_json, '$.info.site_check.disputed')) > 0"
+        )
+        return frozenset(int(r[0]) for r in rows)
 
     def token_revoked_at(self, role: str, principal: str) -> float | None:
         rows = self._read(

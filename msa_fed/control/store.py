@@ -21,6 +21,7 @@ from msa_fed.control.ops_records import (
     JobRecord,
     PromotionRecord,
     current_version,
+    is_disputed,
 )
 from msa_fed.control.records import (
     ROLE_SITE,
@@ -143,7 +144,11 @@ class RegistryStore(abc.ABC):
     def current_model_version(self) -> int | None:
         """The version "latest" resolves to: the newest stored unless an older one was promoted since."""
         newest = self.max_model_version()
-        return current_version(newest, self.promotions())
+        return current_version(newest, self.promotions(), self.disputed_versions())
+
+    def disputed_versions(self) -> frozenset[int]:
+        """The stored versions that a site did not sign off (:func:`is_disputed`)."""
+        return frozenset(r.version for r in self.list_combined_models() if is_disputed(r.manifest_json))
 
     @abc.abstractmethod
     def max_model_version(self) -> int | None:
@@ -354,7 +359,8 @@ class MemoryStore(RegistryStore):
             if not self._combined:
                 return None
             if version is None:
-                version = current_version(self._combined[-1].version, self._promotions)
+                disputed = frozenset(c.version for c in self._combined if is_disputed(c.manifest_json))
+                version = current_version(self._combined[-1].version, self._promotions, disputed)
             return next((c for c in self._combined if c.version == version), None)
 
     def list_combined_models(self) -> list[CombinedModelRecord]:

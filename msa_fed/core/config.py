@@ -29,6 +29,10 @@ def task_loss(task: str) -> str:
     return "cross_entropy" if task == "classification" else "squared"
 
 
+#: the privacy contract's smallest aggregate: no site sums over fewer points (the default of the
+#: fit's ``min_points`` and of a site's policy; each may only raise it)
+MIN_POINTS = 20
+
 #: the built-in feature maps of the domain model (msa_fed.core.features.FEATURE_MAPS)
 FEATURE_NAMES = ("standard", "onehot", "threshold", "rff")
 
@@ -41,6 +45,8 @@ class ClassifierConfig:
         1e-3,
         "L2 weight of the classifier (> 0); small: the domains are usually well separated",
         Number(0.0, open_low=True),
+        keyword=True,  # a keyword of the API of its own (fit_dmsa(mu=...)), in the job's [model] table
+        job="model",
     )
     optimizer: str = option(
         "lbfgs", '"lbfgs": full-batch, exact optimum; "sgd": mini-batch Adam for huge samples', Choice("lbfgs", "sgd")
@@ -110,6 +116,7 @@ class SolverConfig:
         "max_k L_k(z) - b_k, b_k the best loss of domain k at a vertex or the uniform point (a "
         "domain no mixture serves, or a site overstating its losses, cannot drag the others)",
         Choice(*OBJECTIVES),
+        job="model",  # in the job's [model] table, not [solver]
     )
     method: str | None = option(
         None, 'objective "gamma" only: "auto" (default), "homotopy", "newton" or "dca"', Optional(Choice(*METHODS))

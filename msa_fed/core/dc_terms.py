@@ -79,6 +79,14 @@ class DCSums:
         }
 
 
+def batch_rows(s: DCSums) -> list[DCSums]:
+    """The per-z sums of a batched :class:`DCSums` (every array with a leading axis of one row
+    per z: L (m, p), dL (m, p, p), ...)."""
+    arrays = {f.name: getattr(s, f.name) for f in fields(s) if f.name != "n" and getattr(s, f.name) is not None}
+    m = next(iter(arrays.values())).shape[0] if arrays else 0
+    return [DCSums(**{k: v[r] for k, v in arrays.items()}, n=s.n) for r in range(m)]
+
+
 def sum_all(parts: Iterable[DCSums]) -> DCSums:
     """Add a non-empty iterable of :class:`DCSums`."""
     parts = list(parts)

@@ -10,9 +10,11 @@ domain much and costs the others little (the min-max trade-off at the domains' b
 predictor that is confidently wrong on real rows, or a site that overstates its own losses to pull
 z towards itself, raises the others' losses for a small gain of its own.
 
-The re-solves use the same loss oracle: answers at a z already evaluated come from a cache
-(:class:`CachedOracle`), the others are new evaluations (9 to 29 per site measured at p = 8 to
-32, each an O(p^2) sum at every site, within the sites' policies and budgets like any other).  Measured: a
+The re-solves use the same loss oracle and advance in lockstep (:class:`Lockstep`): each round,
+every re-solve still running asks for its next z and the round's z's go to every site as one
+batched request (a DCRequest whose z has one row per re-solve, each z charged to the site's budget
+like any other evaluation); a z already answered comes from a cache.  The relay rounds of the
+report are then those of its longest re-solve, not the sum over the p of them.  Measured: a
 surrogate built only from the solver's own path (first-order expansions around the evaluated z)
 put honest sites' losses at 0 on faces the path never came near and flagged them; exact
 evaluations do not.
@@ -20,6 +22,7 @@ evaluations do not.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -78,6 +81,121 @@ class _Face:
         return self.oracle.max_bound()
 
 
+class Lockstep:
+    """The p re-solves advancing together: each runs in its own thread against :meth:`evaluate`,
+    which waits until every re-solve still running has asked for its next z (or ended); then the
+    round's z's go to the sites as one batched request (the oracle's ``evaluate_batch``, else one
+    evaluation each) and every re-solve gets its answer.  A z already answered comes from the
+    cache without waiting.  ``rounds``: the batched requests sent; ``calls``: the z's evaluated."""
+
+    def __init__(self, oracle: Any, workers: int):
+        self.oracle = oracle
+        self.n_sources = int(oracle.n_sources)
+        self.live = int(workers)
+        self.rounds = 0
+        self.calls = 0
+        self._cv = threading.Condition()
+        self._pending: dict[int, tuple[np.ndarray, float, tuple[str, ...], float | None]] = {}
+        self._answers: dict[int, Any] = {}
+        self._memo: dict[tuple[Any, ...], DCSums] = {}
+
+    def evaluate(
+        self, worker: int, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None
+    ) -> DCSums:
+        z = np.asarray(z, dtype=np.float64)
+        key = (z.tobytes(), float(eta), tuple(what), global_bound)
+        with self._cv:
+            if key in self._memo:
+                return self._memo[key]
+            self._pending[worker] = (z, float(eta), tuple(what), global_bound)
+            self._fire_if_complete()
+            while worker not in self._answers:
+                self._cv.wait()
+            out = self._answers.pop(worker)
+        if isinstance(out, BaseException):
+            raise out
+        result: DCSums = out
+        return result
+
+    def done(self) -> None:
+        """One re-solve has ended (or failed): the others no longer wait for it."""
+        with self._cv:
+            self.live -= 1
+            self._fire_if_complete()
+
+    def _fire_if_complete(self) -> None:
+        if not self._pending or len(self._pending) < self.live:
+            return
+        pending, self._pending = self._pending, {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for worker, (_, eta, what, bound) in pending.items():
+            groups.setdefault((eta, what, bound), []).append(worker)
+        for (eta, what, bound), workers in groups.items():
+            zs = np.stack([pending[w][0] for w in workers])
+            unique, index = np.unique(zs, axis=0, return_inverse=True)
+            try:
+                batch = getattr(self.oracle, "evaluate_batch", None)
+                if batch is not None:
+                    sums = list(batch(unique, eta, what, bound))
+                else:
+                    sums = [self.oracle.evaluate(u, eta, what, bound) for u in unique]
+            except BaseException as exc:  # noqa: BLE001 - handed to every re-solve of the round
+                for w in workers:
+                    self._answers[w] = exc
+                continue
+            self.rounds += 1
+            self.calls += len(unique)
+            for u, s in zip(unique, sums):
+                self._memo[(u.tobytes(), eta, what, bound)] = s
+            for w, i in zip(workers, np.ravel(index)):
+                self._answers[w] = sums[int(i)]
+        self._cv.notify_all()
+
+    def max_bound(self) -> float:
+        return float(self.oracle.max_bound())
+
+
+class _Worker:
+    """One re-solve's view of the :class:`Lockstep` oracle (the ``n_sources``/``evaluate`` interface)."""
+
+    def __init__(self, lockstep: Lockstep, worker: int):
+        self.lockstep, self.worker = lockstep, worker
+        self.n_sources = lockstep.n_sources
+
+    def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
+        return self.lockstep.evaluate(self.worker, z, eta, what, global_bound)
+
+    def max_bound(self) -> float:
+        return self.lockstep.max_bound()
+
+
+def all_without(oracle: LossOracle, eta: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(z^{-j} (p x p), L(z^{-j}) (p x p), z's evaluated, rounds): :func:`losses_without` for every
+    j, the p re-solves in lockstep (:class:`Lockstep`: one batched request per site per round)."""
+    p = int(np.asarray(z).size)
+    lock = Lockstep(oracle, p)
+    z_without = np.zeros((p, p))
+    without = np.zeros((p, p))
+    errors: list[BaseException] = []
+
+    def run(j: int) -> None:
+        try:
+            z_without[j], without[j] = losses_without(_Worker(lock, j), eta, z, j)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            lock.done()
+
+    threads = [threading.Thread(target=run, args=(j,), name=f"influence-{j}", daemon=True) for j in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return z_without, without, lock.calls, lock.rounds
+
+
 def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
     """(z^{-j}, L(z^{-j})): the min-max solution without site j in the mixture or the objective,
     and every domain's loss there (p,)."""
@@ -89,7 +207,13 @@ def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> t
     if keep.sum() > 1:
         face = _Face(oracle, keep)
         res = solve_dc(
-            face, eta, objective="minmax", n_restarts=0, z0=start[keep], max_iter=RESOLVE_MAX_ITER, warn=False
+            face,
+            eta,
+            objective="minmax",
+            n_restarts=0,
+            z0=start[keep],
+            max_iter=RESOLVE_MAX_ITER,
+            warn=False,
         )
         zj = face.full(res.z)
     else:
@@ -116,15 +240,10 @@ def influence_table(
     "evaluations" (new oracle calls), "method"}``.
     """
     names = [str(n) for n in names]
-    cached = oracle if isinstance(oracle, CachedOracle) else CachedOracle(oracle)
-    before = cached.calls
     z = np.asarray(z, dtype=np.float64)
     losses = np.asarray(losses, dtype=np.float64)
     p = z.size
-    without = np.zeros((p, p))
-    z_without = np.zeros((p, p))
-    for j in range(p):
-        z_without[j], without[j] = losses_without(cached, eta, z, j)
+    z_without, without, calls, rounds = all_without(oracle, eta, z)
     rise = losses[None, :] - without
     rel = rise / np.maximum(without, 1e-12)
     np.fill_diagonal(rel, np.nan)
@@ -151,8 +270,9 @@ def influence_table(
         "flagged": flagged,
         "worst": worst,
         "margin": float(margin),
-        "evaluations": int(cached.calls - before),
-        "method": "min-max re-solved without each site (the fit's oracle; repeated z answered from a cache)",
+        "evaluations": int(calls),
+        "rounds": int(rounds),
+        "method": "min-max re-solved without each site, the p re-solves in lockstep (one batched request per round)",
     }
 
 
@@ -203,5 +323,8 @@ def influence_lines(table: dict[str, Any]) -> list[str]:
         other, rel = table["worst"][n]
         mark = "  <-- FLAGGED" if n in table["flagged"] else ""
         out.append(f"  including {n} changes {other}'s loss by {100 * rel:+.1f}%{mark}")
-    out.append(f"  (flagged above +{100 * table['margin']:.0f}%; {table['evaluations']} evaluations for the re-solves)")
+    rounds = f" in {table['rounds']} rounds" if table.get("rounds") is not None else ""
+    out.append(
+        f"  (flagged above +{100 * table['margin']:.0f}%; {table['evaluations']} evaluations for the re-solves{rounds})"
+    )
     return out

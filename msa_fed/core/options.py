@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, Field, field, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -162,9 +162,12 @@ def option(
     check: Check | None = None,
     *,
     default_factory: Callable[[], Any] | None = None,
+    **where: Any,
 ) -> Any:
-    """A dataclass field with its documentation and check (see the module docstring)."""
-    meta: dict[str, Any] = {_DOC: doc, _CHECK: check or Any_()}
+    """A dataclass field with its documentation and check (see the module docstring); ``where``
+    says where else the field appears (read with :func:`option_meta`; e.g. the fit's tree says
+    which job-file table holds it and whether the API takes it, :mod:`msa_fed.runtime.config`)."""
+    meta: dict[str, Any] = {**where, _DOC: doc, _CHECK: check or Any_()}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -173,6 +176,11 @@ def option(
 def field_doc(cls: type, name: str) -> str:
     """The one-line documentation of field ``name`` of config class ``cls``."""
     return str(next(f.metadata.get(_DOC, "") for f in fields(cls) if f.name == name))
+
+
+def option_meta(f: Field[Any], key: str, default: Any = None) -> Any:
+    """What the declaration of field ``f`` says under ``key`` (an :func:`option` keyword)."""
+    return f.metadata.get(key, default)
 
 
 def expects(cls: type, name: str) -> str:

@@ -51,9 +51,10 @@ def train_predictors(data, seed: int = 0):
 def adaptation_sites(data, predictors, seed: int) -> list:
     """Each domain's site: N_ADAPT labelled training rows (for z) and, as its published unlabelled
     sample, N_ADAPT other training rows of the domain (a site never publishes its labelled
-    inputs).  A domain with fewer than 2 N_ADAPT training rows (Doc: 413) splits them in two
-    halves instead."""
+    inputs: other rows that duplicate a labelled one are left out of it).  A domain with fewer
+    than 2 N_ADAPT training rows (Doc: 413) splits them in two halves instead."""
     from msa_fed import SiteData
+    from msa_fed.privacy.consortium import drop_shared
 
     pools = {"Doc": np.flatnonzero(data.doc_train), "NDoc": np.flatnonzero(~data.doc_train)}
     rng = np.random.default_rng([seed, 3])
@@ -63,7 +64,8 @@ def adaptation_sites(data, predictors, seed: int) -> list:
         idx = rng.choice(pools[dom], size=min(N_ADAPT, pools[dom].size // 2), replace=False)
         rest = np.setdiff1d(pools[dom], idx)
         uidx = urng.choice(rest, size=min(N_ADAPT, rest.size), replace=False)
-        sites.append(SiteData(dom, data.X_train[idx], data.y_train[idx], data.X_train[uidx], h))
+        Xu, _ = drop_shared(data.X_train[idx], data.X_train[uidx])  # duplicate records of labelled rows
+        sites.append(SiteData(dom, data.X_train[idx], data.y_train[idx], Xu, h))
     return sites
 
 

@@ -30,6 +30,7 @@ from msa_fed.experiments.baselines import UniformCombination
 from msa_fed.experiments import cnn
 from msa_fed.experiments.data import load_digits_domains
 from msa_fed.experiments.report import summarise, uniform_mixtures
+from msa_fed.privacy.consortium import drop_shared
 
 DOMAINS = ("optdigits", "mnist", "usps")  # in the paper's column order (svhn first)
 LETTER = {"optdigits": "o", "mnist": "m", "usps": "u"}
@@ -194,7 +195,7 @@ def run(
             for n in DOMAINS:
                 idx = adapt[n][:m]
                 X = domains[n].X[idx].reshape(-1, 256)
-                Xu = domains[n].X[unlabeled[n][:m]].reshape(-1, 256)
+                Xu, _ = drop_shared(X, domains[n].X[unlabeled[n][:m]].reshape(-1, 256))  # duplicate images
                 sites.append(SiteData(n, X, domains[n].y[idx], Xu, preds[n]))
             fitted = {
                 "GMSA": fit_gmsa(
@@ -223,7 +224,8 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
     """Validation accuracy of DMSA (or, with ``method="gmsa"``, GMSA) option sets.
 
     Uses seed ``seed``'s CNNs and adaptation sets: the model is fitted on the first ``n_fit``
-    adaptation points per domain (at most half of them) and scored on the remaining ones,
+    adaptation points per domain (at most half of them; its published unlabelled sample is as
+    many of the CNN's training inputs, as in :func:`run`) and scored on the remaining ones,
     which neither the CNNs nor the fit have seen; the test sets are never touched.  For GMSA
     the options are those of :func:`gmsa_features` (``{"pca": k}``).  Returns
     ``{name: mean validation accuracy over the seven mixtures}``.
@@ -231,14 +233,17 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
     from msa_fed import SiteData, fit_dmsa, fit_gmsa
 
     domains = load_digits_domains()
-    adapt, models = train_domain_models(domains, make_splits(domains), seed)
+    splits = make_splits(domains)
+    adapt, models = train_domain_models(domains, splits, seed)
+    _, unlabeled = adaptation_split(splits, seed)  # as run publishes: never the labelled inputs
     preds = {n: cnn.CNNPredictor(models[n]) for n in DOMAINS}
     feats = cnn.HiddenFeatures([models[n] for n in DOMAINS])
     sites, val = [], {}
     for n in DOMAINS:
         X, y = domains[n].X[adapt[n]].reshape(-1, 256), domains[n].y[adapt[n]]
         k = min(n_fit, len(y) // 2)
-        sites.append(SiteData(n, X[:k], y[:k], X[:k], preds[n]))
+        Xu, _ = drop_shared(X[:k], domains[n].X[unlabeled[n][:k]].reshape(-1, 256))
+        sites.append(SiteData(n, X[:k], y[:k], Xu, preds[n]))
         val[n] = (X[k:], y[k:])
     out = {}
     for name, opts in candidates.items():

@@ -163,13 +163,16 @@ def prepare_split(corpus, seed: int, n_train: int = N_TRAIN, n_test: int = N_TES
 
 def adaptation_sites(split, predictors) -> list:
     """Each domain's site: the first half of its training reviews labelled (for z), the second
-    half as its published unlabelled sample (a site never publishes its labelled inputs)."""
+    half as its published unlabelled sample (a site never publishes its labelled inputs: a review
+    of the second half whose word counts equal a labelled one's is left out)."""
     from msa_fed import SiteData
+    from msa_fed.privacy.consortium import drop_shared
 
     sites = []
     for letter, (Xtr, ytr, _, _) in split.items():
         half = Xtr.shape[0] // 2
-        sites.append(SiteData(letter, Xtr[:half], ytr[:half], Xtr[half:], predictors[letter]))
+        Xu, _ = drop_shared(Xtr[:half], Xtr[half:])
+        sites.append(SiteData(letter, Xtr[:half], ytr[:half], Xu, predictors[letter]))
     return sites
 
 
@@ -238,10 +241,6 @@ class TextFeatures(BaseEstimator, TransformerMixin):
         return out.toarray() if sp.issparse(out) else np.asarray(out)
 
 
-def text_features(kind: str, n_components: int = 50, random_state: int = 0) -> TextFeatures:
-    return TextFeatures(kind, n_components, random_state)
-
-
 #: Chosen with ``tune_options`` on seed 0's training reviews (1200 fit / 400 validation per
 #: domain; docs/RESULTS.md lists every candidate and its validation MSE).
 DMSA_OPTIONS: dict = {"features": TextFeatures("normalised"), "mu": 0.03}
@@ -285,12 +284,12 @@ def tune_options(
     each candidate ``{name: options}`` is scored on the held-out rest: the mean validation
     MSE over the eleven mixtures and on KDBE.  The test reviews are never touched.
     """
-    from msa_fed import SiteData, fit_dmsa, fit_gmsa
+    from msa_fed import fit_dmsa, fit_gmsa
 
     _, split = prepare_split(load_sentiment(), seed)
     fit = {l: (X[:n_fit], y[:n_fit], X[n_fit:], y[n_fit:]) for l, (X, y, _, _) in split.items()}
     predictors = {l: make_svr().fit(X, y) for l, (X, y, _, _) in fit.items()}
-    sites = [SiteData(l, X, y, X, predictors[l]) for l, (X, y, _, _) in fit.items()]
+    sites = adaptation_sites(fit, predictors)  # as run: half labelled, half the published sample
     fitter = fit_dmsa if method == "dmsa" else fit_gmsa
     unif = UniformCombination(list(predictors.values()), "regression")
     mse = {l: float(np.mean((unif.predict(Xv) - yv) ** 2)) for l, (_, _, Xv, yv) in fit.items()}

@@ -33,6 +33,7 @@ def _config(args):
 
 def _serve(args) -> int:
     from msa_fed.federation.agent import SiteAgent, load_site_policy
+    from msa_fed.privacy.policy import ANY_PEER
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -40,12 +41,19 @@ def _serve(args) -> int:
     from msa_fed.federation.serve_ops import SiteLock, state_files
 
     config = _config(args)
-    lock = SiteLock(config.name, state_files(config, load_site_policy(config))).acquire()  # one process per site
+    policy = load_site_policy(config)
+    lock = SiteLock(config.name, state_files(config, policy)).acquire()  # one process per site
     try:
         agent = SiteAgent(config, echo=lambda text: print(text, flush=True))
     except BaseException:
         lock.release()
         raise
+    if policy.peers == ANY_PEER:  # the default: the operator is told, once, at start
+        print(
+            f'site {config.name}: peers = "any": it joins jobs with whatever sites the registry lists; '
+            "name its peers in its policy ([limits] peers = [...])",
+            flush=True,
+        )
     agent.lines.config_path = os.path.abspath(args.config)
     previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -268,7 +276,7 @@ def with_site_logs(args):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    site = command_group(sub, "site", "site commands (register, publish, serve, ...)")
+    site = command_group(sub, "site")
     serve = site.add_parser(
         "serve",
         help="run the site's process: dial out to the registry and answer the "
@@ -299,7 +307,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     keygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     keygen.set_defaults(func=_site_keygen)
 
-    job = command_group(sub, "job", "jobs: their records, and the consortium's job key")
+    job = command_group(sub, "job")
     jkeygen = job.add_parser("keygen", help="create the consortium's job key (signs every sealed job)")
     jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     jkeygen.set_defaults(func=_job_keygen)

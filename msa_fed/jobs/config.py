@@ -18,9 +18,9 @@ from typing import Any
 import tomllib
 
 from msa_fed.control.transport import is_loopback, parse_address
-from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option
+from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option, option_meta
 from msa_fed.errors import ConfigError
-from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig
+from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options, job_place
 
 _JOB, _FIT, _CLASSIFIER, _SOLVER, _RAY = "job", "fit", "classifier", "solver", "ray"
 _TARGETS = {_FIT: FitConfig, _CLASSIFIER: ClassifierConfig, _SOLVER: SolverConfig, _RAY: RayConfig}
@@ -31,53 +31,73 @@ class JobConfig:
     """A job file, validated (see the module docstring and cluster/README.md)."""
 
     name: str = option("msa", "name of the job, recorded in the stored model's manifest", Text(nonempty=True))
-    registry: str = option("", "HOST:PORT of the registry", Text())
-    tls_ca: str | None = option(None, "CA certificate of the registry (PEM file)", Optional(Text(nonempty=True)))
-    insecure: bool = option(False, "plaintext gRPC to a loopback registry", Flag())
+    registry: str = option("", "HOST:PORT of the registry", Text(), job="registry.address")
+    tls_ca: str | None = option(
+        None, "CA certificate of the registry (PEM file)", Optional(Text(nonempty=True)), job="registry"
+    )
+    insecure: bool = option(False, "plaintext gRPC to a loopback registry", Flag(), job="registry")
     tls_cert: str | None = option(
         None,
         "client certificate for a registry that requires one (mutual TLS; PEM file)",
         Optional(Text(nonempty=True)),
+        job="registry",
     )
-    tls_key: str | None = option(None, "private key of tls_cert (PEM file)", Optional(Text(nonempty=True)))
+    tls_key: str | None = option(
+        None, "private key of tls_cert (PEM file)", Optional(Text(nonempty=True)), job="registry"
+    )
     job_key: str | None = option(
         None,
         "the consortium's job key (msa-fed job keygen): seal the job's traffic end to end",
         Optional(Text(nonempty=True)),
+        job="sealing",
     )
-    seal_sites: tuple = option((), "each site's pinned sealing-key fingerprint, as NAME=SHA256", TextList())
+    seal_sites: tuple = option(
+        (), "each site's pinned sealing-key fingerprint, as NAME=SHA256", TextList(), job="sealing.sites"
+    )
     allow_unsealed: bool = option(
         False,
         "federated topology: send the job's requests unsealed, for sites that opted out of sealing "
         "(allow_unsealed = true in their site.toml); the registry reads and could forge them",
         Flag(),
+        job="sealing",
     )
     planned_queries: int = option(
-        10000, "the most labelled-data queries the job sends each site (part of what sites approve)", Integer(1)
+        10000,
+        "the most labelled-data queries the job sends each site (part of what sites approve)",
+        Integer(1),
+        job="sealing.queries",
     )
-    admin_token_file: str | None = option(None, "file holding the admin token", Optional(Text(nonempty=True)))
-    sites: tuple = option((), "registered sites to combine (empty: all)", TextList())
+    admin_token_file: str | None = option(
+        None, "file holding the admin token", Optional(Text(nonempty=True)), job="registry"
+    )
+    sites: tuple = option((), "registered sites to combine (empty: all)", TextList(), job="run")
     site_data: str = option(
-        "{site}.npz", "path template of each site's data on the site's node", Text(contains="{site}")
+        "{site}.npz",
+        "path template of each site's data on the site's node",
+        Text(contains="{site}"),
+        job="run",
     )
-    output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text())
+    output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text(), job="run")
     influence: bool = option(
         True,
         "the influence report with the model (each site's loss with and without each other site; about "
         "10 to 30 more evaluations per site); on whenever influence_margin is set",
         Flag(),
+        job="run",
     )
     influence_margin: float | None = option(
         None,
         "refuse to store a model in which including a site raises another site's loss by more than "
         "this fraction (influence report; none: store and report only)",
         Optional(Number(0.0, open_low=True)),
+        job="run",
     )
     approval_wait_s: float = option(
         600.0,
         "federated topology: how long the job waits for the operator of a site in approve mode to "
         "approve it (seconds; 0: not at all)",
         Number(0.0),
+        job="run",
     )
     fit: FitConfig = option(None, "the fit (model, privacy, run, classifier and solver tables)")
     #: where each value came from, for messages: {field: "[table] key" or "--flag"}
@@ -146,24 +166,7 @@ class JobConfig:
         returned unchanged."""
         if self.validated:
             return self
-        labels = {
-            "registry": "[registry] address",
-            "tls_ca": "[registry] tls_ca",
-            "insecure": "[registry] insecure",
-            "admin_token_file": "[registry] admin_token_file",
-            "tls_cert": "[registry] tls_cert",
-            "tls_key": "[registry] tls_key",
-            "job_key": "[sealing] job_key",
-            "seal_sites": "[sealing] sites",
-            "allow_unsealed": "[sealing] allow_unsealed",
-            "planned_queries": "[sealing] queries",
-            "sites": "[run] sites",
-            "site_data": "[run] site_data",
-            "output_version": "[run] output_version",
-            "influence": "[run] influence",
-            "influence_margin": "[run] influence_margin",
-            "name": "name",
-        }
+        labels = {name: label for (target, name), label in LABELS.items() if target == _JOB}
         values = {}
         for f in fields(self):
             if f.name in labels:
@@ -261,52 +264,26 @@ class JobConfig:
         return out
 
 
-# table -> key -> (target config, field)
-SCHEMA: dict[str, dict[str, tuple[str, str]]] = {
-    "registry": {
-        "address": (_JOB, "registry"),
-        "tls_ca": (_JOB, "tls_ca"),
-        "insecure": (_JOB, "insecure"),
-        "admin_token_file": (_JOB, "admin_token_file"),
-        "tls_cert": (_JOB, "tls_cert"),
-        "tls_key": (_JOB, "tls_key"),
-    },
-    "sealing": {
-        "job_key": (_JOB, "job_key"),
-        "sites": (_JOB, "seal_sites"),
-        "queries": (_JOB, "planned_queries"),
-        "allow_unsealed": (_JOB, "allow_unsealed"),
-    },
-    "model": {
-        "task": (_FIT, "task"),
-        "method": (_FIT, "method"),
-        "features": (_FIT, "features"),
-        "mu": (_CLASSIFIER, "mu"),
-        "eta": (_FIT, "eta"),
-        "random_state": (_FIT, "random_state"),
-        "objective": (_SOLVER, "objective"),
-    },
-    "privacy": {"min_points": (_FIT, "min_points")},
-    "run": {
-        "sites": (_JOB, "sites"),
-        "site_data": (_JOB, "site_data"),
-        "checkpoint_dir": (_FIT, "checkpoint_dir"),
-        "output_version": (_JOB, "output_version"),
-        "influence": (_JOB, "influence"),
-        "influence_margin": (_JOB, "influence_margin"),
-        "topology": (_FIT, "topology"),
-        "site_timeout_s": (_FIT, "site_timeout_s"),
-        "approval_wait_s": (_JOB, "approval_wait_s"),
-        "ray_address": (_RAY, "address"),
-        "data_channel": (_RAY, "data_channel"),
-    },
-    # every classifier and solver option, except the two the [model] table already holds
-    "classifier": {f.name: (_CLASSIFIER, f.name) for f in fields(ClassifierConfig) if f.name != "mu"},
-    "solver": {f.name: (_SOLVER, f.name) for f in fields(SolverConfig) if f.name != "objective"},
-}
+def job_schema(root: type = FitConfig) -> dict[str, dict[str, tuple[str, str]]]:
+    """table -> key -> (target config, field): the job's own keys and every option of the fit's
+    tree that its declaration places in the job file (:func:`msa_fed.runtime.config.fit_options`)."""
+    schema: dict[str, dict[str, tuple[str, str]]] = {}
+    for f in fields(JobConfig):  # the job's own keys
+        place = job_place(option_meta(f, "job"), f.name)
+        if place is not None:
+            schema.setdefault(place[0], {})[place[1]] = (_JOB, f.name)
+    for opt in fit_options(root):
+        if opt.job is not None:
+            table, key = opt.job
+            schema.setdefault(table, {})[key] = (_FIT if len(opt.path) == 1 else opt.path[0], opt.path[-1])
+    return schema
+
+
+SCHEMA = job_schema()
 TOP_LEVEL = {"name": (_JOB, "name")}
-#: (target config, field) -> its name in the job file, "[table] key"
+#: (target config, field) -> its name in the job file, "[table] key" (a top-level key: its name)
 LABELS = {(target, name): f"[{table}] {key}" for table, keys in SCHEMA.items() for key, (target, name) in keys.items()}
+LABELS.update({target: key for key, target in TOP_LEVEL.items()})
 
 
 def _validate_fit(fit: FitConfig) -> None:
@@ -346,11 +323,9 @@ def from_document(doc: dict, **overrides) -> JobConfig:
             raise ConfigError(f"[{table}] must be a table; got {content!r}")
         extra = sorted(set(content) - set(keys))
         if extra:
-            hint = ""
-            if table == "classifier" and "mu" in extra:
-                hint = " (mu is set in [model])"
-            if table == "solver" and "objective" in extra:
-                hint = " (objective is set in [model])"
+            # a field of this table's configuration that its declaration puts in another table
+            moved = [f"{key} is set in {LABELS[(table, key)].split(' ')[0]}" for key in extra if (table, key) in LABELS]
+            hint = f" ({'; '.join(moved)})" if moved else ""
             raise ConfigError(f"unknown key(s) {extra} in [{table}]{hint}; expected some of {sorted(keys)}")
         for key, value in content.items():
             target, name = keys[key]
@@ -407,11 +382,6 @@ def _checked(target: str, name: str, value, label: str):
         return check_value(cls, name, value, label=label)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-
-
-def with_fit(config: JobConfig, **changes) -> JobConfig:
-    """``config`` with fields of its FitConfig replaced, validated."""
-    return replace(config, fit=replace(config.fit, **changes)).validate()
 
 
 def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:

@@ -525,7 +525,7 @@ def _add_site(args) -> int:
 def register(sub) -> None:
     from msa_fed.clitools import command_group
 
-    group = command_group(sub, "consortium", "start-up kits for a consortium's parties (registry, sites, coordinator)")
+    group = command_group(sub, "consortium")
     init = group.add_parser(
         "init",
         help="write a start-up kit per party: CA and certificates (mutual TLS), tokens, sealing keys, "

@@ -222,6 +222,17 @@ def run_demo(random_state: int = 0, log=_print, keep=None) -> dict:
     log("")
     log("accuracy on the target domains (4000 test points each) and their uniform mixture:")
     rows = accuracy_table(fed, SITES, columns, log)
+    # a deployment's questions, answered by the stored model alone: a target of 60% north, 30%
+    # east, 10% west test points and 20 points far from every site (docs/DESIGN.md section 11)
+    rng = np.random.default_rng([random_state, 11])
+    parts = [
+        fed[n]["X_test"][rng.choice(len(fed[n]["X_test"]), k, replace=False)] for n, k in zip(SITES, (600, 300, 100))
+    ]
+    target = np.vstack([*parts, rng.normal((9.0, -9.0), 0.5, (20, 2))])
+    log("")
+    log("the stored model on an unlabelled target (600 north, 300 east, 100 west, 20 far away; rows 1000-1019):")
+    for line in stored.check_target(target, top=5).lines():
+        log(f"  {line}")
     import ray
 
     ray.shutdown()  # the local Ray the demo started: its stop is part of the demo's time

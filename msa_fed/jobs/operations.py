@@ -23,9 +23,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
-from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts
+from msa_fed.artifacts.privacy_view import (
+    ESTIMATE_NOTE,
+    MEASURED_NOTE,
+    dp_on,
+    epsilon_line,
+    reported_losses,
+    site_check_of,
+    worst_text,
+)
 from msa_fed.control.client import REGISTRY_AWAY
 from msa_fed.control.ops import exclusion_reason
 from msa_fed.control.ops_client import OpsClient
@@ -244,26 +250,31 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
         "predictors in proportion to z_k times how likely the point comes from site k)",
     ]
     eps = getattr(model, "epsilon_by_site", None) or {}
-    if model.domain_losses is not None:
-        texts = loss_texts(model.domain_losses, eps)
-        worst = loss_texts([np.max(model.domain_losses)], eps)[0]
+    values, texts, measured = reported_losses(model.info, model.domain_losses, eps)
+    if texts:
         lines.append("L_k(z) = " + "  ".join(f"{n}={v}" for n, v in zip(names, texts)))
         lines.append(f"eta    = {model.eta:g}")
         objective = solver_objective(model.info)
         mark = {o: " (what the solver minimised)" if o == objective else "" for o in ("minmax", "gamma")}
-        lines.append(f"max_k L_k(z) = {worst}: the worst site's loss{mark['minmax']}")
-        lines.append(
-            f"Gamma(z)     = {model.gamma:.3g}: how far the worst site's loss lies above the z-weighted average "
-            f"of the sites' losses, 0 when no site is worse off{mark['gamma']}"
-        )
+        lines.append(f"max_k L_k(z) = {worst_text(values, texts)}: the worst site's loss{mark['minmax']}")
+        if not dp_on(eps):  # with DP noise at a site, Gamma is the solver's estimate: not shown as a fact
+            lines.append(
+                f"Gamma(z)     = {model.gamma:.3g}: how far the worst site's loss lies above the z-weighted "
+                f"average of the sites' losses, 0 when no site is worse off{mark['gamma']}"
+            )
         if objective == "regret":
             lines.append("z minimised the worst site's loss above that site's best achievable loss (objective regret)")
-        if dp_on(eps):
+        if measured:
+            lines.append(MEASURED_NOTE)
+        elif dp_on(eps):
             lines.append(ESTIMATE_NOTE)
     solver = model.info.get("solver") if isinstance(model.info, dict) else None
     if isinstance(solver, dict) and "n_evaluations" in solver:
         influence = model.info.get("influence") if isinstance(model.info, dict) else None
-        extra = int(influence.get("evaluations", 0)) if isinstance(influence, dict) else 0
+        # the report's requests to each site: its lockstep rounds (older models: one per evaluation)
+        extra = 0
+        if isinstance(influence, dict):
+            extra = int(influence.get("rounds") or influence.get("evaluations") or 0)
         total = int(solver["n_evaluations"]) + extra
         also = f"; the influence report {extra} more, {total} in all" if extra else ""
         lines.append(
@@ -282,6 +293,11 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
         from msa_fed.core.influence import influence_lines
 
         lines += influence_lines(influence)
+    check = site_check_of(model.info)
+    if check is not None:
+        from msa_fed.core.harm import harm_lines
+
+        lines += harm_lines(check)
     return lines
 
 
@@ -305,24 +321,8 @@ def connection_flags(
     return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
 
 
-def upload_command(
-    saved: Path,
-    registry: str,
-    *,
-    insecure: bool,
-    tls_ca: str | None,
-    admin_token_file: str | None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-) -> str:
-    flags = connection_flags(
-        registry,
-        insecure=insecure,
-        tls_ca=tls_ca,
-        admin_token_file=admin_token_file,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-    )
+def upload_command(saved: Path, flags: list[str]) -> str:
+    """The command that stores a saved model later, with the job's :func:`connection_flags`."""
     return shlex.join(["msa-fed", "model", "upload", str(saved), *flags])
 
 

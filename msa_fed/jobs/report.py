@@ -19,7 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, dp_on, epsilon_line, loss_texts, shown_losses
+from msa_fed.artifacts.privacy_view import (
+    ESTIMATE_NOTE,
+    MEASURED_NOTE,
+    dp_on,
+    epsilon_line,
+    reported_losses,
+    site_check_of,
+    worst_text,
+)
 from msa_fed.jobs.operations import solver_objective
 
 SOLVED_FOR = {
@@ -83,9 +91,10 @@ def _row(*cells, head=False) -> str:
     return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
 
 
-def report_html(model, record=None, manifest: dict | None = None) -> str:
+def report_html(model, record=None, manifest: dict | None = None, target=None) -> str:
     """The report page of ``model`` (a :class:`~msa_fed.CombinedModel`); ``record`` is its registry
-    record (a ``CombinedModelRecord``) when it came from the registry, ``manifest`` the stored manifest."""
+    record (a ``CombinedModelRecord``) when it came from the registry, ``manifest`` the stored manifest;
+    ``target``: a target sample (n, d): the page gets its section (mixture, predicted loss, support)."""
     manifest = manifest if manifest is not None else model.manifest()
     names = list(model.site_names)
     info = model.info if isinstance(model.info, dict) else {}
@@ -93,9 +102,9 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     classifier = info.get("classifier") or {}
     eps = getattr(model, "epsilon_by_site", None) or {}
     raw = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
-    losses = shown_losses(raw, eps)  # DP: estimates, clamped at 0
-    loss_cells = loss_texts(raw, eps)
-    estimates = " (DP estimates)" if dp_on(eps) else ""
+    # the losses the sites measured on their own data (DP: noisy ones marked ~), else the solver's
+    losses, loss_cells, measured = reported_losses(info, raw, eps)
+    estimates = " (measured at each site)" if measured else " (DP estimates)" if dp_on(eps) else ""
     plots = [
         _img(_figure_png(_bars(names, model.z, "z_k", "mixture weights z")), "mixture weights z"),
         _img(
@@ -147,7 +156,7 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
-        ("max_k L_k(z): the worst site's loss", loss_texts([np.nanmax(raw)], eps)[0]),
+        ("max_k L_k(z): the worst site's loss", worst_text(losses, loss_cells)),
         ("Gamma(z): worst site's loss minus the z-weighted average (0: no site worse off)", f"{model.gamma:.4g}"),
         ("z solved for", SOLVED_FOR.get(solver_objective(model.info) or "", "?")),
         (
@@ -174,7 +183,8 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
     ]
     shown = epsilon_line(names, eps)
     if shown is not None:
-        facts.append(("differential privacy", f"epsilon spent by site: {shown}; {ESTIMATE_NOTE}"))
+        note = MEASURED_NOTE if measured else ESTIMATE_NOTE
+        facts.append(("differential privacy", f"epsilon spent by site: {shown}; {note}"))
     if record is not None:
         facts = [
             ("registry version", str(record.version)),
@@ -184,7 +194,12 @@ def report_html(model, record=None, manifest: dict | None = None) -> str:
                 time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at)) + f" by {record.created_by}",
             ),
         ] + facts
-    influence_html = _influence_html(info.get("influence"))
+    influence_html = _influence_html(info.get("influence")) + _verdicts_html(site_check_of(info))
+    target_html = ""
+    if target is not None:
+        from msa_fed.jobs.target import target_html as section
+
+        target_html = section(model.check_target(target))
     title = f"msa_fed combined model {record.version}" if record is not None else "msa_fed combined model"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -204,6 +219,7 @@ code {{ font-size: 13px; }}
 <h2>Sites</h2>
 <table>{"".join(site_rows)}</table>
 {influence_html}
+{target_html}
 <h2>Plots</h2>
 <div class="plots">{"".join(plots)}</div>
 </body></html>
@@ -233,9 +249,20 @@ def _influence_html(table) -> str:
     )
 
 
-def write_report(model, path, record=None, manifest: dict | None = None) -> Path:
+def _verdicts_html(check) -> str:
+    """Each site's verdict on the model, in words (msa_fed/core/harm.py)."""
+    if check is None:
+        return "<h2>The sites' verdicts</h2><p>not measured (an older model, or a site's policy refused)</p>"
+    from msa_fed.core.harm import harm_lines
+
+    lines = harm_lines(check)
+    items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
+    return f"<h2>The sites' verdicts</h2><p>{html.escape(lines[0])}</p><ul>{items}</ul>"
+
+
+def write_report(model, path, record=None, manifest: dict | None = None, target=None) -> Path:
     path = Path(path)
-    path.write_text(report_html(model, record, manifest), encoding="utf-8")
+    path.write_text(report_html(model, record, manifest, target), encoding="utf-8")
     return path
 
 
@@ -251,11 +278,18 @@ def _report_command(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    target = None
+    if args.target:
+        from msa_fed.jobs.target import read_target_data
+
+        target = read_target_data(args.target, "--target")
     with connect_factory(args)() as client:
         data, record = client.download_combined_model(args.version or None)
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(unpack_model(data, Path(tmp) / "model"))
-    write_report(model, out, record, manifest_of(record) or None)
+    if target is not None and target.shape[1] != model.n_features_in_:
+        raise ConfigError(f"--target has {target.shape[1]} columns; the model expects {model.n_features_in_}")
+    write_report(model, out, record, manifest_of(record) or None, target)
     print(f"report of combined model version {record.version} written to {out}")
     return 0
 
@@ -265,9 +299,10 @@ def register_cli(subparsers) -> None:
     from msa_fed.clitools import command_group
     from msa_fed.control.ops_cli import _version, connection_options
 
-    model = command_group(subparsers, "model", "combined models stored in the registry")
+    model = command_group(subparsers, "model")
     p = model.add_parser("report", help="an HTML report of a version: z, losses, convergence, sites and sha256")
     p.add_argument("version", type=_version, metavar="VERSION", help="version number or 'latest'")
     p.add_argument("--out", required=True, metavar="FILE.html", help="where to write the report")
+    p.add_argument("--target", metavar="X.npy|X.csv", help="a target sample: adds its mixture, loss and support")
     connection_options(p)
     p.set_defaults(func=_report_command)

@@ -34,7 +34,7 @@ from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
-from msa_fed.control.ops_models import pack_model, unpack_model
+from msa_fed.control.ops_models import unpack_model
 from msa_fed.errors import ArtifactError, ConfigError, JobInterrupted, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
@@ -87,14 +87,9 @@ def check_influence(model: CombinedModel, margin: float | None) -> None:
         )
 
 
-def model_to_bytes(model: CombinedModel) -> bytes:
-    """The saved model directory as the registry stores it (msa_fed.control.ops_models)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return pack_model(model.save(Path(tmp) / "model"))
-
-
 def model_from_bytes(data: bytes) -> CombinedModel:
-    """Inverse of :func:`model_to_bytes`, unpacked by the checked extractor (no links, fixed names, sizes)."""
+    """A stored model (the bytes of its saved directory, as the registry keeps them), unpacked by the
+    checked extractor (no links, fixed names, sizes)."""
     with tempfile.TemporaryDirectory() as tmp:
         return load_model(unpack_model(data, Path(tmp) / "model"))
 
@@ -131,9 +126,7 @@ def run_job(
     def connect():
         return RegistryClient(config.registry, admin_token, retries=0, labels=labels, **config.client_tls())
 
-    flags = connection_flags(
-        config.registry, insecure=config.insecure, tls_ca=config.tls_ca, admin_token_file=config.admin_token_file
-    )
+    flags = connection_flags(config.registry, admin_token_file=config.admin_token_file, **config.client_tls())
     tracker = JobTracker(
         connect,
         job_id,
@@ -282,15 +275,7 @@ def store_job(config, plan: JobPlan, backend, model, tracker: JobTracker, connec
     if transcript is not None:  # the sites' signed answers (digests and signatures only)
         job["sealed_transcript"] = transcript
     output = Path(output_dir) if output_dir else output_root() / tracker.job_id / "model"
-    command = partial(
-        upload_command,
-        registry=config.registry,
-        insecure=config.insecure,
-        tls_ca=config.tls_ca,
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
-        admin_token_file=config.admin_token_file,
-    )
+    command = partial(upload_command, flags=tracker.flags)
     record = store_result(
         model,
         job,

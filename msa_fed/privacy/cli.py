@@ -16,7 +16,7 @@ from msa_fed.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    site = command_group(sub, "site", "a site's own commands (privacy audit, serving)")
+    site = command_group(sub, "site")
     audit = site.add_parser("audit", help="verify the site's hash-chained audit log and print a summary")
     audit.add_argument("--log", help="the audit log (JSON lines)")
     audit.add_argument("--ledger", help="the site's ledger (SQLite): also detects lines cut off the end")

@@ -15,9 +15,9 @@ Gaussian noise of standard deviation ``noise_multiplier * sensitivity``:
 
 Each answer is one ``GaussianDpEvent(noise_multiplier)``; a job's events are composed with the
 RDP accountant of ``dp_accounting`` (never by hand).  The noise multiplier is calibrated once
-per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations`` DC
-answers) spends exactly ``epsilon_per_job`` at ``delta``; an answer
-beyond the job's or the site's lifetime budget is refused.
+per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations``
+DC answers, and the site's one verdict on the model: :data:`VERDICT_ANSWERS`) spends exactly
+``epsilon_per_job`` at ``delta``; an answer beyond the job's or the site's lifetime budget is refused.
 """
 
 from __future__ import annotations
@@ -63,12 +63,16 @@ def calibrate(epsilon: float, delta: float, n_answers: int) -> float:
     )
 
 
+#: DP answers a job plans besides its DC answers: the site's verdict on the model (harm)
+VERDICT_ANSWERS = 1
+
+
 class DPAccountant:
     """DP state of one job at one site (events are stored in the site's ledger)."""
 
     def __init__(self, policy: SitePolicy, ledger, job: str, site: str):
         self.policy, self.ledger, self.job, self.site = policy, ledger, job, site
-        self.planned = policy.dp_dc_evaluations
+        self.planned = policy.dp_dc_evaluations + VERDICT_ANSWERS
         self.noise_multiplier = calibrate(policy.epsilon_per_job, policy.delta, self.planned)
         self.rng = np.random.default_rng()  # seeded from the OS
 

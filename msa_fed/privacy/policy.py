@@ -25,6 +25,7 @@ File layout (every section and key optional; unknown ones are errors naming them
     kde_bandwidth_floor = 0.001    # KDE bandwidths >= floor * the site's feature std
     feature_maps = ["standard", "onehot", "threshold", "rff"]  # feature maps a domain model may use
     allow_custom_feature_map = true  # in-process callers only (same party); never under Ray
+    model_carries_sample = true    # the combined model may carry rows of the published sample (target checks)
 
     [budget]
     domain_models_per_job = 3      # distinct domain models a job may set
@@ -43,6 +44,10 @@ File layout (every section and key optional; unknown ones are errors naming them
     loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
     ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
 
+    [harm]
+    tolerance = 4.0                # harmed: model's loss on own data > own predictor's + tolerance x max(own, 0.25)
+    accept = true                  # false: the site does not sign off a model that harms it (disputed)
+
     [verify]
     domain_models = true           # recompute the domain model from the published samples
     mu_max = 10.0                  # a Maxent model's mu must lie in [mu_min, mu_max]
@@ -59,6 +64,7 @@ from typing import Any
 
 import tomllib
 
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError
 
 #: on a site's node: the path of the site's policy file (read by the site's own process)
@@ -71,7 +77,7 @@ ANY_PEER = ("any",)
 @dataclass(frozen=True)
 class SitePolicy:
     # [limits]
-    min_points: int = 20
+    min_points: int = MIN_POINTS
     min_effective_points: float = 8.0
     max_point_share: float = 0.25
     weight_floor: float = 0.05
@@ -85,6 +91,9 @@ class SitePolicy:
     kde_bandwidth_floor: float = 1e-3
     feature_maps: tuple = FEATURE_MAPS
     allow_custom_feature_map: bool = True
+    # the combined model may carry rows and summaries of this site's published sample (the
+    # support score and the confusion matrix of its target checks); false: nothing of it
+    model_carries_sample: bool = True
     # the consortium: a job naming a site outside ``peers`` (unless "any") or more than
     # ``max_sites`` sites is refused.  Default "any" and 16: every honest example and experiment
     # runs (p <= 10); a deployed site names its peers (fake sites are then strangers).
@@ -105,6 +114,9 @@ class SitePolicy:
     dp_dc_evaluations: int = 40
     loss_clip: float = 10.0
     ratio_clip: float = 10.0
+    # [harm] the site's verdict on the combined model (msa_fed/core/harm.py)
+    harm_tolerance: float = 4.0
+    accept_harm: bool = True
     # [verify] (msa_fed/privacy/verify.py)
     verify_domain_models: bool = True
     mu_max: float = 10.0
@@ -147,6 +159,7 @@ SECTIONS: dict[str, dict[str, str]] = {
             "kde_bandwidth_floor",
             "feature_maps",
             "allow_custom_feature_map",
+            "model_carries_sample",
             "peers",
             "max_sites",
         )
@@ -171,6 +184,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "loss_clip": "loss_clip",
         "ratio_clip": "ratio_clip",
     },
+    "harm": {"tolerance": "harm_tolerance", "accept": "accept_harm"},
     "verify": {"domain_models": "verify_domain_models", "mu_max": "mu_max", "tolerance": "verify_tolerance"},
 }
 
@@ -185,7 +199,7 @@ _INTS = {
     "dc_evaluations_per_day",
     "dp_dc_evaluations",
 }
-_BOOLS = {"allow_custom_feature_map", "dp_enabled", "verify_domain_models"}
+_BOOLS = {"allow_custom_feature_map", "model_carries_sample", "dp_enabled", "verify_domain_models", "accept_harm"}
 _STRS = {"ledger", "audit_log"}
 #: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
 HIGHER_IS_STRICTER = {
@@ -218,9 +232,11 @@ LOWER_IS_STRICTER = {
     "verify_tolerance",
 }
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
-JOB_KEYS = (HIGHER_IS_STRICTER | LOWER_IS_STRICTER | {"feature_maps", "allow_custom_feature_map", "dp_enabled"}) - {
-    "epsilon_lifetime"
-}
+JOB_KEYS = (
+    HIGHER_IS_STRICTER
+    | LOWER_IS_STRICTER
+    | {"feature_maps", "allow_custom_feature_map", "model_carries_sample", "dp_enabled"}
+) - {"epsilon_lifetime"}
 
 
 #: a job may turn verification on (never off)
@@ -295,6 +311,8 @@ def validate(policy: SitePolicy) -> SitePolicy:
             raise ConfigError(f"site policy: {name} must be >= 1; got {getattr(policy, name)!r}")
     if not 0 < policy.max_point_share <= 1:
         raise ConfigError(f"site policy: max_point_share must be in (0, 1]; got {policy.max_point_share!r}")
+    if policy.harm_tolerance < 0:
+        raise ConfigError(f"site policy: harm_tolerance must be >= 0; got {policy.harm_tolerance!r}")
     if policy.weight_floor < 0:
         raise ConfigError(f"site policy: weight_floor must be >= 0; got {policy.weight_floor!r}")
     if policy.mu_max < policy.mu_min:
@@ -374,7 +392,7 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
             changes[key] = type(current)(min(current, value))
         elif key == "feature_maps":
             changes[key] = tuple(v for v in current if v in set(value))
-        elif key == "allow_custom_feature_map":
+        elif key in ("allow_custom_feature_map", "model_carries_sample"):
             changes[key] = current and value
         elif key in ("dp_enabled", "verify_domain_models"):
             changes[key] = current or value
@@ -384,11 +402,6 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
     if out.epsilon_per_job > out.epsilon_lifetime:  # cannot happen by min(); kept as a guard
         raise ConfigError("job privacy request: epsilon_per_job above the site's lifetime budget")
     return out
-
-
-def policy_fingerprint(policy: SitePolicy) -> dict:
-    """The policy as a plain dict (for the audit log)."""
-    return policy.as_dict()
 
 
 __all__ = [

@@ -51,7 +51,12 @@ def _default(value) -> str:
 
 
 def _job(field: str) -> str:
-    special = {"feature_maps": "may narrow", "allow_custom_feature_map": "may turn off", "dp_enabled": "may turn on"}
+    special = {
+        "feature_maps": "may narrow",
+        "allow_custom_feature_map": "may turn off",
+        "model_carries_sample": "may turn off",
+        "dp_enabled": "may turn on",
+    }
     if field in special and field in P.JOB_KEYS:
         return special[field]
     if field in P.HIGHER_IS_STRICTER:

@@ -134,7 +134,8 @@ def _arrays_finite(arrays: dict, site: str, name: str):
 
 
 def check_feature_map(state, X: np.ndarray, policy: SitePolicy, site: str) -> dict:
-    """A built-in feature map's (name, params, arrays), checked against the site's own X."""
+    """A built-in feature map's (name, params, arrays), checked against the site's own X (its
+    published sample: the decision must not depend on its labelled points)."""
     if not (
         isinstance(state, tuple)
         and len(state) == 3

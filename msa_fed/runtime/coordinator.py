@@ -18,7 +18,7 @@ import numpy as np
 from msa_fed.artifacts.model import CombinedModel
 from msa_fed.core.combination import class_union
 from msa_fed.core.dc_solver import solve_dc
-from msa_fed.core.dc_terms import DCSums, sum_all
+from msa_fed.core.dc_terms import DCSums, batch_rows, sum_all
 from msa_fed.core.density import KDEDomainModel
 from msa_fed.core.domain_classifier import (
     DomainClassifier,
@@ -69,6 +69,7 @@ class Coordinator:
         self.checkpoint = Checkpoint(config.checkpoint_dir)
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
         self.dp_sites: list[str] = []  # sites that answer with DP (their Qhat partial says so)
+        self.samples: list[np.ndarray] = []  # the published samples (set by train_domain_model)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -154,6 +155,7 @@ class Coordinator:
     def train_domain_model(self, progress: Progress):
         cfg = self.config
         samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        self.samples = samples  # the model's target reference is built from them (published data)
         share = getattr(self.backend, "share_samples", None)
         if share is not None:  # in-process and cluster sites get the job's samples from their host (to verify models)
             share(samples)
@@ -332,8 +334,10 @@ class Coordinator:
         if cfg.influence and not self.epsilon:
             influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
             progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
+        site_check = self.site_check(res.z, influence, progress)
         info = {
             "influence": influence,
+            "site_check": site_check,
             "solver": {
                 "method": res.method,
                 "n_iter": res.n_iter,
@@ -346,7 +350,7 @@ class Coordinator:
             "n_labeled": [i.n_labeled for i in self.infos],
             "n_unlabeled": [i.n_unlabeled for i in self.infos],
         }
-        return CombinedModel(
+        model = CombinedModel(
             method=cfg.method,
             task=cfg.task,
             site_names=[i.name for i in self.infos],
@@ -363,6 +367,42 @@ class Coordinator:
             info=info,
             epsilon_by_site={i.name: self.epsilon.get(i.name, 0.0) for i in self.infos},
         )
+        # target checks (mixture, support): rows of the published samples whose sites allow it
+        from msa_fed.artifacts.target_check import build_reference
+
+        allowed = [bool(getattr(i, "sample_in_model", True)) for i in self.infos]
+        model.target_reference = build_reference(model, self.samples, allowed, random_state=cfg.random_state)
+        return model
+
+    def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
+        """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
+        model's z and, with the influence analysis, each mixture re-solved without a site.  A
+        refusal by a site's policy (its budget spent, say) leaves the model without verdicts,
+        said in one line."""
+        from msa_fed.core.harm import harm_lines
+        from msa_fed.core.harm import site_check as check
+
+        zs = np.atleast_2d(np.asarray(z, dtype=np.float64))
+        if influence is not None:
+            zs = np.vstack([zs, np.asarray(influence["z_without"], dtype=np.float64)])
+        try:
+            parts = self.call_all("harm", m.HarmRequest(z=zs, eta=float(self.config.eta)))
+        except PrivacyError as exc:
+            progress.note(f"the sites' verdicts on the model: not measured ({exc})")
+            return None
+        self.note_epsilon(parts)
+        self.answers.harm(parts, zs.shape[0])
+        out = check(
+            [i.name for i in self.infos],
+            np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]),
+            np.array([float(r.own) for r in parts]),
+            np.array([float(r.tolerance) for r in parts]),
+            [bool(r.noisy) for r in parts],
+            [bool(r.signs_off) for r in parts],
+        )
+        for line in harm_lines(out):
+            progress.note(line)
+        return out
 
 
 class DistributedOracle:
@@ -384,6 +424,23 @@ class DistributedOracle:
         if self.checker is not None:
             self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
         return sum_all(r.sums for r in parts)
+
+    def evaluate_batch(self, zs, eta, what, global_bound=None) -> list[DCSums]:
+        """The sums at each row of ``zs`` (m, p): one request per site for all of them (the
+        influence analysis's re-solves, in lockstep); each site's answer checked per z."""
+        zs = np.asarray(zs, dtype=np.float64)
+        msg = m.DCRequest(z=zs, eta=float(eta), what=tuple(what), global_bound=global_bound)
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
+        if self.on_parts is not None:
+            self.on_parts(parts)
+        per_site = [batch_rows(r.sums) for r in parts]
+        out = []
+        for row, z in enumerate(zs):
+            got = [m.DCPartial(sums=rows[row], epsilon=r.epsilon) for rows, r in zip(per_site, parts)]
+            if self.checker is not None:
+                self.checker.dc_partials(got, z, msg.eta, msg.what)
+            out.append(sum_all(g.sums for g in got))
+        return out
 
     def max_bound(self) -> float:
         parts = self.backend.call_all("max_bound", [None] * self.n_sources)

@@ -47,6 +47,7 @@ import numpy as np
 
 from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError, PeerFault, PrivacyError, SiteError
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.runtime.ray_actors import _cpu_share
@@ -79,6 +80,7 @@ ANSWER_TYPES = {
     "set_qhat": m.Ack,
     "dc_evaluate": m.DCPartial,
     "max_bound": m.BoundMax,
+    "harm": m.HarmAnswer,
     "ping": m.Ack,
 }
 _REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
@@ -157,7 +159,7 @@ class FederatedSites:
         task: str = "classification",
         loss: str = "cross_entropy",
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         site_timeout_s: float = 60.0,
         workers_per_site: int = 1,
         num_cpus: float | None = None,
@@ -426,12 +428,18 @@ def _check_answer(method: str, msg, p: int) -> str:
         if not _finite(msg.sums, (p,)) or msg.n < 0:
             return f"Qhat partial sums must be {p} finite numbers"
     elif isinstance(msg, m.DCPartial):
-        for name in ("L", "dL", "u", "du", "v", "dv"):
+        L = msg.sums.L
+        rows = L.shape[:1] if isinstance(L, np.ndarray) and L.ndim == 2 and 1 <= L.shape[0] <= p else ()
+        for name in ("L", "dL", "u", "du", "v", "dv"):  # one z, or a batch of at most p (rows first)
             v = getattr(msg.sums, name)
-            shape = (p,) if name in ("L", "u", "v") else (p, p)
+            shape = rows + ((p,) if name in ("L", "u", "v") else (p, p))
             if v is not None and not _finite(v, shape):
                 return f"DC sum {name} must be a finite array of shape {shape}"
     elif isinstance(msg, m.BoundMax):
         if not np.isfinite(msg.value):
             return "the bound must be finite"
+    elif isinstance(msg, m.HarmAnswer):
+        c = msg.combined
+        if not (isinstance(c, np.ndarray) and c.ndim == 1 and 1 <= c.size <= p + 1 and _finite(c, c.shape)):
+            return f"a verdict holds 1 to {p + 1} finite losses"
     return ""

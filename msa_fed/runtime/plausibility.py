@@ -160,6 +160,20 @@ class AnswerChecker:
             if not float(r.value) >= 0:
                 raise self._fault(s, "max_bound", "a negative bound")
 
+    def harm(self, parts, rows: int) -> None:
+        """Each site's verdict (a HarmAnswer per site): ``rows`` finite losses and a finite own
+        loss, non-negative without DP noise, its count as announced, a tolerance >= 0."""
+        for s, r in enumerate(parts):
+            c = np.asarray(r.combined)
+            if c.shape != (rows,) or c.dtype.kind != "f" or not np.all(np.isfinite(c)):
+                raise self._fault(s, "harm", f"{rows} finite losses were asked for")
+            if not (np.isfinite(r.own) and np.isfinite(r.tolerance) and r.tolerance >= 0):
+                raise self._fault(s, "harm", "a loss or a tolerance that is not a finite number")
+            if not r.noisy and (float(r.own) < 0 or float(c.min()) < 0):
+                raise self._fault(s, "harm", "a negative loss")
+            if int(r.n) != self.n_labeled[s]:
+                raise self._fault(s, "harm", f"{int(r.n)} labelled points where it announced {self.n_labeled[s]}")
+
 
 class _PathRing:
     """A site's last :data:`PATH_MEMORY` evaluations (z, eta, L, dL) in preallocated arrays, so

@@ -20,7 +20,7 @@ from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.policy import SitePolicy
 
 #: the requests that spend the site's labelled-data queries a sealed job's content plans
-PLANNED = ("dc_evaluate", "max_bound")
+PLANNED = ("dc_evaluate", "max_bound", "harm")
 #: the largest published sample a site fetches to verify a domain model
 MAX_SAMPLE_BYTES = 256 * 2**20
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.site.worker import SiteWorker
 
 
@@ -23,7 +24,7 @@ class DeployedSite(SiteWorker):
         task: str,
         loss: str,
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         predictor_owners=None,
         sites=None,
         host: str = "ray",

@@ -24,7 +24,7 @@ from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
 from msa_fed.privacy.influence import bounded
-from msa_fed.privacy.verify import own_qhat, verify_domain_model
+from msa_fed.privacy.verify import capped_to_published, own_qhat, verify_domain_model
 from msa_fed.site.policy import trusts_custom_feature_maps
 from msa_fed.site.published import SiteStateLost
 
@@ -44,6 +44,7 @@ class Rule:
     sample: Literal["", "labelled", "unlabelled"] = ""  # the points it aggregates over: >= min_points
     before: tuple[str, ...] = ()  # checks of the request refused before it is charged
     charges: str = ""  # the budget one request counts toward (answered or refused from here on)
+    cost: Callable[[Any], int] | None = None  # (request) -> how many it counts toward that budget (1)
     free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
     checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
     quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
@@ -99,8 +100,20 @@ LABELLED: dict[str, Rule] = {
         sizes=lambda w, r: {"n_labeled": w._points.n_points, "what": list(r.what)},
         sample="labelled",
         charges="dc_evaluation",
+        cost=lambda r: 1 if np.ndim(r.z) == 1 else int(np.shape(r.z)[0]),  # a batch: one per z
         checks=("eta", "z", "global_bound"),
         quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
+        dp="noised",
+    ),
+    # the site's verdict on the combined model: its loss at the model's z (and at the mixtures
+    # re-solved without each site), and its own predictor's loss, on its labelled points
+    "harm": Rule(
+        state="_points",
+        sizes=lambda w, r: {"n_labeled": w._points.n_points, "n_z": int(np.atleast_2d(r.z).shape[0])},
+        sample="labelled",
+        charges="dc_evaluation",
+        cost=lambda r: int(np.atleast_2d(r.z).shape[0]),
+        checks=("eta", "harm_z"),
         dp="noised",
     ),
     "max_bound": Rule(
@@ -124,8 +137,9 @@ def _n_sources(c: Call) -> None:
 
 
 def _feature_map(c: Call) -> dict | None:
-    """A built-in map's parameters (rules.check_feature_map) on the request's sample; a custom
-    map only from an in-process caller (the site's own process)."""
+    """A built-in map's parameters (rules.check_feature_map) against the site's published sample
+    (public: a decision on the labelled points would tell a crafted map's sender about them); a
+    custom map only from an in-process caller (the site's own process)."""
     w, r = c.worker, c.msg
     state, custom = r.feature_map, r.custom_feature_map
     if state is None and custom is None:
@@ -138,7 +152,7 @@ def _feature_map(c: Call) -> dict | None:
                 "the request: custom feature maps are accepted only from an in-process caller (the site's own process)",
             )
         return {"feature_map": "custom (in-process)"}
-    return rules.check_feature_map(state, c.X, w.policy, w.name)
+    return rules.check_feature_map(state, w.X_unlabeled, w.policy, w.name)
 
 
 def _theta(c: Call) -> dict | None:
@@ -147,9 +161,13 @@ def _theta(c: Call) -> dict | None:
 
 
 def _verified(c: Call) -> dict:
+    """The model checked on public data alone; the labelled points then reach a Maxent model
+    through its map capped at the published points' largest norm (verify.capped_to_published)."""
     w = c.worker
     samples = None if w.published is None else w.published()
-    return verify_domain_model(c.msg, samples, c.X, w.policy, w.name)
+    got = verify_domain_model(c.msg, samples, w.policy, w.name)
+    capped_to_published(c.model(), got)
+    return got
 
 
 def _kde(c: Call) -> dict | None:
@@ -157,7 +175,8 @@ def _kde(c: Call) -> dict | None:
     if r.kind != "kde":
         return None
     model = c.model()
-    Phi = c.X if model.feature_map is None else np.asarray(model.feature_map.transform(c.X))
+    X = c.worker.X_unlabeled  # the published sample, as for the feature map (_feature_map)
+    Phi = X if model.feature_map is None else np.asarray(model.feature_map.transform(X))
     return rules.check_kde(r.bandwidths, r.samples, Phi, r.n_sources, c.worker.policy, c.worker.name)
 
 
@@ -173,8 +192,37 @@ def _qhat(c: Call) -> dict:
 
 
 def _z(c: Call) -> None:
+    """z, or a batch of at most p of them (the influence analysis's re-solves in lockstep; not
+    with DP, whose one answer is noised for one z)."""
     w, r = c.worker, c.msg
-    rules.check_z(r.z, float(r.eta), w._points.w.shape[1], w.policy, w.name)
+    p = w._points.w.shape[1]
+    if np.ndim(r.z) != 2:
+        rules.check_z(r.z, float(r.eta), p, w.policy, w.name)
+        return
+    zs = np.asarray(r.z)
+    if not 1 <= zs.shape[0] <= p:
+        raise PrivacyError("z", w.name, f"the request: a batch holds 1 to {p} values of z")
+    if w.guard.dp is not None:
+        raise PrivacyError(
+            "dp_what", w.name, "the request: with differential privacy on, the site answers one z at a time"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
+
+
+def _harm_z(c: Call) -> dict:
+    """The mixtures of a verdict: at most p + 1 of them (the model's z and one without each
+    site), each a valid z (rules.check_z)."""
+    w, r = c.worker, c.msg
+    p = w._points.w.shape[1]
+    zs = np.asarray(r.z)
+    if zs.ndim != 2 or not 1 <= zs.shape[0] <= p + 1:
+        raise PrivacyError(
+            "harm_z", w.name, f"the request: a verdict is asked at 1 to {p + 1} mixtures of {p} sites (rows of z)"
+        )
+    for z in zs:
+        rules.check_z(z, float(r.eta), p, w.policy, w.name)
+    return {"n_z": int(zs.shape[0])}
 
 
 def _global_bound(c: Call) -> None:
@@ -195,6 +243,7 @@ CHECKS: dict[str, Callable[[Call], dict | None]] = {
     "eta": _eta,
     "qhat": _qhat,
     "z": _z,
+    "harm_z": _harm_z,
     "global_bound": _global_bound,
 }
 
@@ -273,12 +322,12 @@ class Call(Request):
                 f"{_ANSWERS.get(self.kind, self.kind)}",
             )
         if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
-            dec.update(w.guard.charge(rule.charges))
+            dec.update(w.guard.charge(rule.charges, 1 if rule.cost is None else rule.cost(self.msg)))
         for name in rule.checks:
             if (got := CHECKS[name](self)) and not quiet:
                 dec.update(got)
         if rule.dp == "noised" and (dp := w.guard.dp) is not None:
-            if tuple(self.msg.what) != ("L",):
+            if tuple(getattr(self.msg, "what", ("L",))) != ("L",):
                 raise PrivacyError(
                     "dp_what",
                     w.name,
@@ -328,14 +377,29 @@ class Call(Request):
         """``dp="noised"``: the DC sums the request asks for over ``points``, or with DP on the
         losses L only (the gate checked that only L is asked and spent one DP answer), each
         point's loss clipped, with Gaussian noise of that sensitivity."""
+        from msa_fed.core.dc_terms import DCSums
+
         msg, dp = self.msg, self._transform("noised")
+        if dp is None and np.ndim(msg.z) == 2:  # a batch (checked: at most p rows, never with DP)
+            what, bound = tuple(msg.what), msg.global_bound
+            rows = [points.evaluate(z, float(msg.eta), what=what, global_bound=bound) for z in msg.z]
+            return DCSums(**{k: np.stack([getattr(r, k) for r in rows]) for k in what}, n=rows[0].n)
         if dp is None:
             return points.evaluate(msg.z, float(msg.eta), what=tuple(msg.what), global_bound=msg.global_bound)
-        from msa_fed.core.dc_terms import DCSums
         from msa_fed.privacy.dp import clipped_losses
 
         L, sens = clipped_losses(points, msg.z, float(msg.eta), self.worker.policy)
         return DCSums(L=L + dp.noise(L.shape, sens), n=points.n_points)
+
+    def noised_means(self, means: np.ndarray, clip: float, n: int) -> tuple[np.ndarray, bool]:
+        """``dp="noised"``: means over the site's n labelled points of per-point values clipped to
+        [0, clip], as they are, or with DP on with Gaussian noise (replace one point: each mean
+        moves by at most clip / n, L2 sensitivity clip sqrt(m) / n); (means, noised)."""
+        dp = self._transform("noised")
+        if dp is None:
+            return means, False
+        sens = clip * float(np.sqrt(means.size)) / n
+        return means + dp.noise(means.shape, sens), True
 
 
 # ---------------------------------------------------------------------- domain models

@@ -13,7 +13,9 @@ from msa_fed.errors import PrivacyError
 
 #: through the relay, to the site's own process (``msa-fed site serve``): aggregates over its
 #: points and counts (:data:`msa_fed.site.chain.CHAIN`)
-SITE_METHODS = frozenset({"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "ping"})
+SITE_METHODS = frozenset(
+    {"join_job", "info", "set_domain_model", "set_qhat", "dc_evaluate", "max_bound", "harm", "ping"}
+)
 #: what every holder of published rows answers (gradient sums over them, liveness, the data channel)
 SHARD_METHODS = frozenset({"setup_shard", "classifier_loss_grad", "ping", "open_channel"})
 #: the published half of a site: its unlabelled sample, whole or by rows, and the shard on it

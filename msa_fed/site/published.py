@@ -23,6 +23,7 @@ import numpy as np
 
 from msa_fed.boundary import messages as m
 from msa_fed.boundary.node import current_node_id
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.errors import ConfigError, MsaFedError, PrivacyError
 from msa_fed.site.methods import HELPER_METHODS, PUBLISHED_METHODS, SHARD_METHODS, answer
 from msa_fed.site.shards import split_rows
@@ -127,7 +128,7 @@ class PublishedSample(PublishedHalf):
     has no labelled data and cannot answer anything that needs some.
     """
 
-    def __init__(self, name: str, index: int, X_unlabeled, min_points: int = 20):
+    def __init__(self, name: str, index: int, X_unlabeled, min_points: int = MIN_POINTS):
         self.name, self.index = name, int(index)
         self.X_unlabeled = np.asarray(X_unlabeled, dtype=np.float64)
         if self.X_unlabeled.ndim != 2:

@@ -22,8 +22,9 @@ from msa_fed.artifacts.isolated import answered_together, prestart
 from msa_fed.artifacts.outputs import checked_proba, checked_values
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
+from msa_fed.core.config import MIN_POINTS
 from msa_fed.core.threads import blas_threads_for
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PeerFault, PrivacyError
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
@@ -39,9 +40,12 @@ from msa_fed.site.published import PublishedHalf
 __all__ = ["LABELLED", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
 
 
-def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str) -> np.ndarray:
+def predictor_outputs(
+    predictor, X: np.ndarray, task: str, classes: np.ndarray | None, who: str, where: str = "its inputs"
+) -> np.ndarray:
     """Validated outputs of a frozen predictor on X (NaN, inf or non-probabilities: ConfigError
-    naming ``who``, never the offending rows: the message leaves the site).
+    naming ``who`` and ``where`` X comes from, never the offending rows nor how many: the message
+    leaves the site).
 
     regression: (n,) values.  classification: (n, c) probabilities over ``classes`` (the union
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
@@ -49,10 +53,12 @@ def predictor_outputs(predictor, X: np.ndarray, task: str, classes: np.ndarray |
     X = np.asarray(X, dtype=np.float64)
     if task == "regression":
         with blas_threads_for(X.size):
-            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False)
+            return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False, where=where)
     own = np.asarray(predictor.classes_)
     with blas_threads_for(X.size * own.size):
-        P = checked_proba(predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False)
+        P = checked_proba(
+            predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False, where=where
+        )
     if classes is None:
         return P
     out = np.zeros((X.shape[0], classes.size))
@@ -92,6 +98,7 @@ class SiteWorker(PublishedHalf):
     _shard: Any
     _spec_key: Any
     _own_partial: Any
+    _qhat: Any
 
     def __init__(
         self,
@@ -104,7 +111,7 @@ class SiteWorker(PublishedHalf):
         task: str = "classification",
         loss: str = "cross_entropy",
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         data_path=None,
         policy: SitePolicy | None = None,
         job_id: str = "",
@@ -140,6 +147,7 @@ class SiteWorker(PublishedHalf):
         self._shard = None
         self._spec_key = None  # digest of the domain model in force (replays are not new models)
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
+        self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
@@ -154,7 +162,7 @@ class SiteWorker(PublishedHalf):
         task: str,
         loss: str,
         classes=None,
-        min_points: int = 20,
+        min_points: int = MIN_POINTS,
         policy: SitePolicy | None = None,
         job_id: str = "",
     ) -> SiteWorker:
@@ -230,16 +238,34 @@ class SiteWorker(PublishedHalf):
             self._H = cols
         return self._H
 
+    def _owner(self, k: int) -> str:
+        """The site whose predictor is predictor k of the job (its index where the host gave no names)."""
+        if self.sites is not None and 0 <= k < len(self.sites):
+            return self.sites[k]
+        return self.name if k == self.index else f"#{k}"
+
     def _checked_outputs(self, k: int, h, both: np.ndarray, n: int) -> np.ndarray:
-        """Predictor k's checked outputs on the first n rows of ``both``; a failing check names the
-        sample it failed on (the check is run again on each, on this error path only)."""
+        """Predictor k's checked outputs on the first n rows of ``both``.  A failing check is one
+        line naming the predictor's owner and the sample it failed on (the check is run again on
+        each, on this error path only), never which rows nor how many: a peer's predictor is a
+        :class:`PeerFault` of its owner (as a broken limit is, msa_fed.artifacts.isolated), the
+        site's own a ConfigError."""
         try:
             return predictor_outputs(h, both, self.task, self.classes, who="")[:n]
         except ConfigError:
-            for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
-                who = f"site {self.name!r}, predictor {k}, on the site's {what} points"
-                predictor_outputs(h, both[rows], self.task, self.classes, who=who)
-            raise ConfigError(f"site {self.name!r}, predictor {k}: its outputs failed the check") from None
+            owner = self._owner(k)
+            own = k == self.index
+            who = f"site {owner!r}'s {'own ' if own else ''}predictor"
+            whose = "its" if own else f"site {self.name!r}'s"
+            try:
+                for rows, what in ((slice(0, n), "labelled"), (slice(n, None), "unlabelled")):
+                    where = f"{whose} {what} points"
+                    predictor_outputs(h, both[rows], self.task, self.classes, who=who, where=where)
+                raise ConfigError(f"{who}: its outputs on site {self.name!r}'s points failed the check")
+            except ConfigError as exc:
+                if own:
+                    raise ConfigError(str(exc)) from None
+                raise PeerFault(owner, str(exc)) from None
 
     # ------------------------------------------------------------------ public surface
     # each request passes the one gate (msa_fed.site.gate: its row of LABELLED says what it
@@ -255,6 +281,7 @@ class SiteWorker(PublishedHalf):
                 n_unlabeled=int(self.X_unlabeled.shape[0]),
                 task=self.task,
                 classes=classes,
+                sample_in_model=self.policy.model_carries_sample,
             )
 
     def setup_shard(self, msg: m.ShardSetup) -> m.Ack:
@@ -292,6 +319,7 @@ class SiteWorker(PublishedHalf):
             self._points = None
             y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
             qhat = np.asarray(qhat, dtype=np.float64)
+            self._qhat = qhat
             # w_k(i) = pi_i q_k(x_i) with the density ratios q_k capped by the row's transform; the
             # u_k / v_k weights and K_z mix these columns with eta pi_i (influence.py)
             ratios = call.clip_weights(self._Q / qhat[None, :])
@@ -302,6 +330,41 @@ class SiteWorker(PublishedHalf):
         with gate(self, "dc_evaluate", msg) as call:
             sums = call.dc_sums(self._points)  # the row's transform (gate.py, dp="noised")
         return m.DCPartial(sums=sums, epsilon=self.guard.epsilon_spent())
+
+    def harm(self, msg: m.HarmRequest) -> m.HarmAnswer:
+        """The site's verdict on the combined model (msa_fed/core/harm.py): the model's mean loss
+        on this site's labelled points at each requested z and its own predictor's, each point's
+        loss clipped to loss_clip; with DP, Gaussian noise on the m + 1 means (one DP answer)."""
+        from msa_fed.core.harm import harmed, measured_losses
+
+        with gate(self, "harm", msg) as call:
+            pol = self.policy
+            y = self.y_labeled.astype(np.float64) if self.task == "regression" else None
+            combined, own = measured_losses(
+                self._Q,
+                self._qhat,
+                self._outputs(),
+                np.asarray(msg.z),
+                float(msg.eta),
+                self.loss,
+                self.index,
+                y=y,
+                loss_clip=pol.loss_clip,
+            )
+            # the row's transform: with DP on, Gaussian noise on the m + 1 means (one DP answer)
+            means, noisy = call.noised_means(np.append(combined, own), pol.loss_clip, self._points.n_points)
+            combined, own = means[:-1], float(means[-1])
+            signs_off = pol.accept_harm or not harmed(float(combined[0]), own, pol.harm_tolerance)
+            call.decisions["signs_off"] = signs_off
+        return m.HarmAnswer(
+            combined=np.asarray(combined, dtype=np.float64),
+            own=float(own),
+            n=int(self.X_labeled.shape[0]),
+            epsilon=self.guard.epsilon_spent(),
+            noisy=noisy,
+            tolerance=float(pol.harm_tolerance),
+            signs_off=bool(signs_off),
+        )
 
     def max_bound(self, _=None) -> m.BoundMax:
         with gate(self, "max_bound", _):

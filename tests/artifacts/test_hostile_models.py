@@ -432,7 +432,8 @@ def test_fit_refuses_a_predictor_that_outputs_nan_on_a_sites_points(where):
     with pytest.raises(ConfigError) as info:
         fit_dmsa(sites, mu=0.1)
     msg = str(info.value)
-    assert "site 'a'" in msg and "predictor 0" in msg and f"{where} points" in msg and "NaN" in msg
+    # site a's own predictor, on a's own points: a ConfigError naming a (no PeerFault: no peer)
+    assert msg == f"site 'a''s own predictor: predict_proba returned NaN or inf for some of its {where} points"
     assert "row" not in msg  # which private rows fail is not said to the coordinator
 
 

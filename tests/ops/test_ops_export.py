@@ -31,22 +31,14 @@ def _sites(Xs, ys, make_h):
 def model_dirs(tmp_path_factory):
     """One small model per configuration: the demo's (standard features), adult's (onehot,
     one-hot pipelines as predictors), synthetic's (rff; threshold) and a regression."""
-    from msa_fed.experiments.demo_data import SITES, make_federation
+    from demo_sites import demo_sites
+
+    from msa_fed.experiments.demo_data import SITES
 
     rng = np.random.default_rng(0)
     root = tmp_path_factory.mktemp("models")
     out = {}
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=50, random_state=0)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
+    sites, fed = demo_sites(0, n_test=50)
     out["demo-model"] = (msa_fed.fit_dmsa(sites, "classification"), np.vstack([fed[n]["X_test"] for n in SITES]))
     Xs = [rng.integers(0, 4, size=(300, 4)).astype(float) + (k == 1) for k in range(3)]
     ys = [(X[:, 0] + X[:, 1] > 3 + k).astype(int) for k, X in enumerate(Xs)]

@@ -62,24 +62,13 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
     """An interrupted solve resumes printing the solver's objective (max_k L_k by default) under that
     name; a finished one prints Gamma under the name Gamma."""
     import pytest
-    from sklearn.linear_model import LogisticRegression
+    from demo_sites import demo_sites
 
     import msa_fed
-    from msa_fed.experiments.demo_data import SITES, make_federation
     from msa_fed.runtime import coordinator
 
     monkeypatch.setenv("MSA_FED_PROGRESS", "lines")
-    fed = make_federation(n_labeled=100, n_unlabeled=150, n_test=10, random_state=4)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
+    sites, _ = demo_sites(4, n_labeled=100, n_unlabeled=150, n_test=10)
     real_solve, seen = coordinator.solve_dc, []
 
     def interrupted_solve(oracle, eta, callback=None, **kw):

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from ops_helpers import RegistryProcess, cli, issue_tokens
 from PIL import Image
-from sklearn.linear_model import LogisticRegression
 
 import msa_fed
 
@@ -22,20 +21,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from msa_fed.experiments.demo_data import SITES, make_federation
+    from demo_sites import demo_sites
 
     tmp = tmp_path_factory.mktemp("report")
-    fed = make_federation(n_labeled=150, n_unlabeled=200, n_test=100, random_state=3)
-    sites = [
-        msa_fed.SiteData(
-            n,
-            fed[n]["X_labeled"],
-            fed[n]["y_labeled"],
-            fed[n]["X_unlabeled"],
-            LogisticRegression().fit(fed[n]["X_train"], fed[n]["y_train"]),
-        )
-        for n in SITES
-    ]
+    sites, _ = demo_sites(3)
     model = msa_fed.fit_dmsa(sites, task="classification")
     model_dir = model.save(tmp / "model")
     db = tmp / "registry.db"

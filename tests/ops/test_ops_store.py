@@ -13,10 +13,29 @@ from msa_fed.control.records import TokenRecord
 from msa_fed.errors import RegistryError
 
 
-def commit_model(store, n: int):
+def commit_model(store, n: int, manifest: str = "{}"):
     data = f"model {n}".encode()
-    rec, _ = store.commit_combined_model(f"u{n}", hashlib.sha256(data).hexdigest(), data, "{}", "admin", float(n))
+    rec, _ = store.commit_combined_model(f"u{n}", hashlib.sha256(data).hexdigest(), data, manifest, "admin", float(n))
     return rec
+
+
+def test_a_disputed_model_is_latest_only_by_an_operators_promotion(store):
+    """A model a site did not sign off (its verdict: the model harms it) is stored, and "latest"
+    stays on the newest model every site signed off until an operator promotes it."""
+    disputed = '{"info": {"site_check": {"disputed": ["north"]}}}'
+    signed = '{"info": {"site_check": {"disputed": []}}}'
+    commit_model(store, 1, signed)
+    commit_model(store, 2, disputed)
+    assert store.current_model_version() == 1 and store.get_combined_model().version == 1
+    assert store.get_combined_model(2).version == 2  # stored all the same
+    commit_model(store, 3, disputed)
+    assert store.current_model_version() == 1
+    store.promote_model(3, 5.0, "admin", "north's dispute reviewed")
+    assert store.current_model_version() == 3
+    commit_model(store, 4, disputed)  # newer and disputed: the promotion still holds
+    assert store.current_model_version() == 3
+    commit_model(store, 5, signed)
+    assert store.current_model_version() == 5
 
 
 def test_latest_is_newest_until_an_older_version_is_promoted(store):

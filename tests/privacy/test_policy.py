@@ -184,7 +184,7 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     from dp_accounting import rdp
 
     pol = SitePolicy(
-        dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=5, ledger=str(tmp_path / "l.sqlite")
+        dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=4, ledger=str(tmp_path / "l.sqlite")
     )
     w, X, _y = A.victim(1, policy=pol, job_id="dp-job")
     _r, outs = _honest_round(w, X, n_eval=3)
@@ -193,7 +193,8 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 3))
     assert outs[-1].epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
     assert 0 < outs[0].epsilon < outs[1].epsilon < outs[2].epsilon < 1.0
-    # the planned 5 DC answers spend exactly the job's epsilon (the Qhat partial is public)
+    # the planned 5 answers (4 DC answers and the verdict) spend exactly the job's epsilon (the Qhat
+    # partial is public)
     full = rdp.RdpAccountant()
     full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 5))
     assert full.get_epsilon(1e-6) == pytest.approx(1.0, abs=1e-3)
@@ -213,7 +214,7 @@ def test_dp_lifetime_budget_spans_jobs(tmp_path):
         dp_enabled=True,
         epsilon_per_job=1.0,
         epsilon_lifetime=1.5,
-        dp_dc_evaluations=2,
+        dp_dc_evaluations=1,  # 2 DP answers planned: 1 DC answer and the verdict
         ledger=str(tmp_path / "l.sqlite"),
     )
     w, X, _y = A.victim(1, policy=pol, job_id="j1")
@@ -378,10 +379,10 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
         dp_enabled=True,
         epsilon_per_job=1.0,
         epsilon_lifetime=2.0,
-        dp_dc_evaluations=3,
+        dp_dc_evaluations=2,
         ledger=str(tmp_path / "l.sqlite"),
     )
-    nm = calibrate(1.0, pol.delta, 3)  # a job's planned DP answers: its 3 DC evaluations
+    nm = calibrate(1.0, pol.delta, 3)  # a job's planned DP answers: its 2 DC evaluations and the verdict
 
     # predicted: answers of jobs of 3 whose composition stays within 2.0
     def eps(k):

@@ -10,7 +10,7 @@ from msa_fed.experiments import privacy
 def test_synthetic_seed_dp_off_equals_the_plain_fit_and_dp_on_stays_sane():
     from sklearn.linear_model import LogisticRegression
 
-    from msa_fed import SiteData, fit_dmsa
+    from msa_fed import fit_dmsa
     from msa_fed.experiments import synthetic as S
 
     res = privacy.synthetic_seed(0, 200, 1000, epsilons=(1.0, float("inf")))
@@ -19,11 +19,7 @@ def test_synthetic_seed_dp_off_equals_the_plain_fit_and_dp_on_stays_sane():
     rng = np.random.default_rng([0, 0])
     predictors = [LogisticRegression().fit(*S.sample(dom, S.N_TRAIN, rng)) for dom in S.DOMAINS]
     test = {dom: S.sample(dom, 1000, rng) for dom in S.DOMAINS}
-    arng = np.random.default_rng([0, 1, 200])
-    sites = []
-    for dom, h in zip(S.DOMAINS, predictors):
-        X, y = S.sample(dom, 200, arng)
-        sites.append(SiteData(dom, X, y, X, h))
+    sites = S.adaptation_sites(0, 200, predictors)
     model = fit_dmsa(sites, "classification", random_state=0, **S.DMSA_OPTIONS)
     plain = float(np.mean([np.mean(model.predict(X) == y) for X, y in test.values()]))
     assert res["eps=inf"] == pytest.approx(plain, abs=1e-12)

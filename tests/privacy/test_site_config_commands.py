@@ -1,7 +1,8 @@
 """``msa-fed site publish`` and ``msa-fed site audit`` with ``--config site.toml``, through the
 real CLI (in this process) against a real registry on a loopback port and the site's own files.
 
-publish: a sample sharing a row with the site's data file is refused, a sample published
+publish: a sample sharing a row with the site's data file is refused (naming how many rows) or
+published without them (``--drop-shared``), a sample published
 without any labelled inputs to check against is refused unless the operator says so
 (``--no-labeled-check``), a disjoint sample is published.  audit: the audit log and ledger the
 site process writes are verified from site.toml alone."""
@@ -60,14 +61,28 @@ def test_publish_checks_the_sample_against_the_site_data_file(site, tmp_path):
     np.save(tmp_path / "clean.npy", clean)
     conn = ("--registry", site["address"], "--token", site["token"], "--insecure")
 
-    # a shared row is refused, with --config (site.toml's data file) and with --labeled
+    # a shared row is refused, with --config (site.toml's data file) and with --labeled, naming how
+    # many rows (to the operator at the site: never which) and the way out
     rc, _, err = run_cli("site", "publish", "--config", toml, "--unlabeled", tmp_path / "leaky.npy")
-    one_error(rc, err, "shares rows with the labelled inputs")
-    assert "1 row" not in err and "11" not in err  # no count nor index of the shared rows
+    one_error(rc, err, "1 of the 20 rows of the sample is a labelled input", "--drop-shared")
+    assert "11" not in err and " 7" not in err  # no index of the shared row
     rc, _, err = run_cli(
         "site", "publish", *conn, "--unlabeled", tmp_path / "leaky.npy", "--labeled", folder / "data.npz"
     )
-    one_error(rc, err, "shares rows with the labelled inputs")
+    one_error(rc, err, "1 of the 20 rows of the sample is a labelled input", "--drop-shared")
+    # --drop-shared without labelled inputs to compare with, or without a sample
+    rc, _, err = run_cli(
+        "site", "publish", *conn, "--no-labeled-check", "--drop-shared", "--unlabeled", tmp_path / "leaky.npy"
+    )
+    one_error(rc, err, "--drop-shared", "--no-labeled-check")
+    rc, _, err = run_cli("site", "publish", "--config", toml, "--drop-shared", "--predictor", tmp_path / "h.onnx")
+    one_error(rc, err, "--drop-shared", "--unlabeled")
+    # every row shared: nothing is left to publish
+    np.save(tmp_path / "all_shared.npy", X[:5])
+    rc, _, err = run_cli(
+        "site", "publish", "--config", toml, "--drop-shared", "--unlabeled", tmp_path / "all_shared.npy"
+    )
+    one_error(rc, err, "5 of the 5 rows of the sample are labelled inputs", "nothing is left")
     # no labelled inputs to check against: refused, naming the ways out
     rc, _, err = run_cli("site", "publish", *conn, "--unlabeled", tmp_path / "clean.npy")
     one_error(rc, err, "--config site.toml", "--labeled DATA.npz", "--no-labeled-check")
@@ -90,6 +105,16 @@ def test_publish_checks_the_sample_against_the_site_data_file(site, tmp_path):
     rc, out, err = run_cli("site", "publish", *conn, "--no-labeled-check", "--unlabeled", tmp_path / "clean.npy")
     assert rc == 0 and "published unlabelled sample" in out, err
     assert err.count("\n") == 1 and "--no-labeled-check" in err and "decode" in err
+
+    # the duplicate records left out: the sample published without them, saying how many
+    leaky[3] = X[30]
+    np.save(tmp_path / "leaky2.npy", leaky)
+    rc, out, err = run_cli("site", "publish", "--config", toml, "--drop-shared", "--unlabeled", tmp_path / "leaky2.npy")
+    assert rc == 0 and "2 of the 20 rows of the sample are labelled inputs" in out and "other 18 rows" in out, err
+    assert "shape=(18, 3)" in out
+    rec = store.get_site("a").sample
+    got = np.frombuffer(store.get_blob(rec.sha256), dtype="<f4").reshape(18, 3)
+    np.testing.assert_array_equal(got, np.delete(leaky, [3, 7], axis=0).astype("<f4"))
 
 
 def test_audit_reads_the_site_files_from_site_toml(site):

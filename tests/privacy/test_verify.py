@@ -150,7 +150,7 @@ def test_the_bound_holds_for_points_off_the_optimum(sites):
     loose = replace(ROOMY, verify_tolerance=1e9)
     for scale in (1e-4, 1e-2, 0.3):
         theta = opt.theta_ + scale * rng.normal(size=opt.theta_.size)
-        out = check_maxent(theta, opt.mu, state, U, sites[0].X_labeled, loose, "a")
+        out = check_maxent(theta, opt.mu, state, U, loose, "a")
         W = theta.reshape(p, D + 1)[:, :D]
         assert np.linalg.norm(W - W_star) <= out["verify_w_radius"] * (1 + 1e-6) + 1e-9
         # and the bound is not vacuous: within two orders of magnitude of the truth

@@ -27,6 +27,7 @@ from msa_fed.api import SiteData
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import class_union
 from msa_fed.core.dc_terms import PROB_FLOOR
+from msa_fed.privacy.verify import capped_to_published
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
@@ -136,6 +137,16 @@ def _flat(sums, what) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(getattr(sums, name), dtype=np.float64)) for name in what])
 
 
+def public_view(model, worker: SiteWorker):
+    """The domain model as the site computes with it, from public data alone: a verified Maxent
+    model reaches the labelled points through its map capped at the published points' largest
+    norm (msa_fed/privacy/verify.py), which the attacker computes from the published samples."""
+    if getattr(model, "kind", None) != "maxent" or worker.published is None:
+        return model
+    Phi = np.vstack([np.asarray(model.feature_map.transform(X)) for X in worker.published()])
+    return capped_to_published(model, {"verify_phi_max": float(np.linalg.norm(Phi, axis=1).max())})
+
+
 def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
     """Least-squares label bits (0/1) of the candidate inputs X_guess from the worker's
     transcript (the public domain model, qhat, z, eta and the public predictors; n = the
@@ -149,7 +160,7 @@ def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
     w = None
     for method, msg, out in worker.transcript:
         if method == "set_domain_model":
-            model = build_domain_model(msg)
+            model = public_view(build_domain_model(msg), worker)
         elif method == "set_qhat":
             qhat = np.asarray(msg.qhat, dtype=np.float64)
             w = pi[:, None] * model.predict_proba(X_guess) / qhat[None, :]

@@ -43,7 +43,7 @@ def dc_evaluate(self, msg):
     lie = _lying(self)
     if lie in ("inflate", "noise") and out.sums.L is not None:
         out.sums.L = out.sums.L.copy()
-        out.sums.L[self.index] += 3.0 if lie == "inflate" else float(_rng.random())
+        out.sums.L[..., self.index] += 3.0 if lie == "inflate" else float(_rng.random())  # one z or a batch
     return out
 
 

@@ -4,6 +4,7 @@ the liar and no honest site, and the "regret" objective protects the honest site
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -149,3 +150,48 @@ def test_the_report_and_the_summary_print_the_influence_table(flip):
     lines = summary_lines(flip)
     assert any(line.startswith("influence:") for line in lines)
     assert any("including west" in line and "FLAGGED" in line for line in lines)
+
+
+@pytest.mark.parametrize("kind,what", [("nan", "NaN or inf"), ("range", "values outside \\[0, 1\\]")])
+def test_a_predictor_whose_outputs_fail_the_check_is_named_by_its_owner(kind, what):
+    """A peer's predictor that answers NaN (or probabilities outside [0, 1]) on an honest site's
+    rows (whole numbers) stops the fit with one line naming the predictor's OWNER and the site
+    where it failed, never an index nor which rows or how many (a count of the rows a hostile
+    function fails on is a counting query on the site's data)."""
+    data = whole_number_sites({"west": kind})
+    Xl, yl, Xu, onnx, est = data["west"]
+    data["west"] = (Xl + 0.5, yl, Xu, onnx, est)  # its own rows pass: only the peers' fail
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
+    ]
+    config = build_config("dmsa", random_state=0)
+    with pytest.raises(PeerFault) as err:
+        with Coordinator(make_backend(sites, config), [s.predictor for s in sites], config) as coordinator:
+            coordinator.fit()
+    assert err.value.site == "west"
+    msg = str(err.value)
+    assert re.fullmatch(
+        rf"site 'west''s predictor: predict_proba returned {what} for some of site '(north|east)''s labelled points",
+        msg,
+    ), msg
+    assert not re.search(r"\d", msg.replace("[0, 1]", ""))  # no index, no count, no measured value
+
+
+def test_a_sites_own_predictor_failing_on_its_points_is_a_config_error_naming_it():
+    from msa_fed.errors import ConfigError
+
+    data = whole_number_sites({"west": "nan"})
+    for name in ("north", "east"):  # the peers' rows pass: only west's own fail
+        Xl, yl, Xu, onnx, est = data[name]
+        data[name] = (Xl + 0.25, yl, Xu + 0.25, onnx, est)
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
+    ]
+    config = build_config("dmsa", random_state=0)
+    with pytest.raises(ConfigError) as err:
+        with Coordinator(make_backend(sites, config), [s.predictor for s in sites], config) as coordinator:
+            coordinator.fit()
+    assert not isinstance(err.value, PeerFault)
+    assert str(err.value) == (
+        "site 'west''s own predictor: predict_proba returned NaN or inf for some of its labelled points"
+    )

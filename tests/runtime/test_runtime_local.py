@@ -187,6 +187,7 @@ def test_every_site_method_answers_a_boundary_message(sites):
     answers.append(w.set_qhat(m.QhatBroadcast(qhat=np.full(3, 1 / 3), eta=0.01)))
     answers.append(w.dc_evaluate(m.DCRequest(z=np.full(3, 1 / 3), eta=0.01, what=("L", "dL"))))
     answers.append(w.max_bound())
+    answers.append(w.harm(m.HarmRequest(z=np.full((1, 3), 1 / 3), eta=0.01)))
     answers.append(w.open_channel(m.ChannelOffer(mode="plain")))
     w._channel_server.close()
     assert all(isinstance(a, m.RESPONSE_TYPES) for a in answers)
@@ -203,6 +204,7 @@ def test_every_site_method_answers_a_boundary_message(sites):
         "set_qhat",
         "dc_evaluate",
         "max_bound",
+        "harm",
         "from_path",
         "open_channel",
         "handle",  # the one entry point of every host, answering the methods above only

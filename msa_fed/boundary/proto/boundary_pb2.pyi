@@ -154,12 +154,20 @@ class ChannelOffer(_message.Message):
     peer_cert: str
     def __init__(self, mode: _Optional[str] = ..., peer_cert: _Optional[str] = ...) -> None: ...
 
+class HarmRequest(_message.Message):
+    __slots__ = ("z", "eta")
+    Z_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    z: NdArray
+    eta: float
+    def __init__(self, z: _Optional[_Union[NdArray, _Mapping]] = ..., eta: _Optional[float] = ...) -> None: ...
+
 class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class SiteRequest(_message.Message):
-    __slots__ = ("method", "empty", "job_setup", "domain_model", "shard_setup", "theta", "row_range", "qhat", "dc", "channel_offer")
+    __slots__ = ("method", "empty", "job_setup", "domain_model", "shard_setup", "theta", "row_range", "qhat", "dc", "channel_offer", "harm")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
     JOB_SETUP_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +178,7 @@ class SiteRequest(_message.Message):
     QHAT_FIELD_NUMBER: _ClassVar[int]
     DC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_OFFER_FIELD_NUMBER: _ClassVar[int]
+    HARM_FIELD_NUMBER: _ClassVar[int]
     method: str
     empty: Empty
     job_setup: JobSetup
@@ -180,23 +189,26 @@ class SiteRequest(_message.Message):
     qhat: QhatBroadcast
     dc: DCRequest
     channel_offer: ChannelOffer
-    def __init__(self, method: _Optional[str] = ..., empty: _Optional[_Union[Empty, _Mapping]] = ..., job_setup: _Optional[_Union[JobSetup, _Mapping]] = ..., domain_model: _Optional[_Union[DomainModelSpec, _Mapping]] = ..., shard_setup: _Optional[_Union[ShardSetup, _Mapping]] = ..., theta: _Optional[_Union[ThetaRequest, _Mapping]] = ..., row_range: _Optional[_Union[RowRange, _Mapping]] = ..., qhat: _Optional[_Union[QhatBroadcast, _Mapping]] = ..., dc: _Optional[_Union[DCRequest, _Mapping]] = ..., channel_offer: _Optional[_Union[ChannelOffer, _Mapping]] = ...) -> None: ...
+    harm: HarmRequest
+    def __init__(self, method: _Optional[str] = ..., empty: _Optional[_Union[Empty, _Mapping]] = ..., job_setup: _Optional[_Union[JobSetup, _Mapping]] = ..., domain_model: _Optional[_Union[DomainModelSpec, _Mapping]] = ..., shard_setup: _Optional[_Union[ShardSetup, _Mapping]] = ..., theta: _Optional[_Union[ThetaRequest, _Mapping]] = ..., row_range: _Optional[_Union[RowRange, _Mapping]] = ..., qhat: _Optional[_Union[QhatBroadcast, _Mapping]] = ..., dc: _Optional[_Union[DCRequest, _Mapping]] = ..., channel_offer: _Optional[_Union[ChannelOffer, _Mapping]] = ..., harm: _Optional[_Union[HarmRequest, _Mapping]] = ...) -> None: ...
 
 class SiteSummary(_message.Message):
-    __slots__ = ("name", "n_features", "n_labeled", "n_unlabeled", "task", "classes")
+    __slots__ = ("name", "n_features", "n_labeled", "n_unlabeled", "task", "classes", "sample_kept_out")
     NAME_FIELD_NUMBER: _ClassVar[int]
     N_FEATURES_FIELD_NUMBER: _ClassVar[int]
     N_LABELED_FIELD_NUMBER: _ClassVar[int]
     N_UNLABELED_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_KEPT_OUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     n_features: int
     n_labeled: int
     n_unlabeled: int
     task: str
     classes: NdArray
-    def __init__(self, name: _Optional[str] = ..., n_features: _Optional[int] = ..., n_labeled: _Optional[int] = ..., n_unlabeled: _Optional[int] = ..., task: _Optional[str] = ..., classes: _Optional[_Union[NdArray, _Mapping]] = ...) -> None: ...
+    sample_kept_out: bool
+    def __init__(self, name: _Optional[str] = ..., n_features: _Optional[int] = ..., n_labeled: _Optional[int] = ..., n_unlabeled: _Optional[int] = ..., task: _Optional[str] = ..., classes: _Optional[_Union[NdArray, _Mapping]] = ..., sample_kept_out: _Optional[bool] = ...) -> None: ...
 
 class UnlabeledSample(_message.Message):
     __slots__ = ("X",)
@@ -266,6 +278,24 @@ class BoundMax(_message.Message):
     value: float
     def __init__(self, value: _Optional[float] = ...) -> None: ...
 
+class HarmAnswer(_message.Message):
+    __slots__ = ("combined", "own", "n", "epsilon", "noisy", "tolerance", "signs_off")
+    COMBINED_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    NOISY_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNS_OFF_FIELD_NUMBER: _ClassVar[int]
+    combined: NdArray
+    own: float
+    n: int
+    epsilon: float
+    noisy: bool
+    tolerance: float
+    signs_off: bool
+    def __init__(self, combined: _Optional[_Union[NdArray, _Mapping]] = ..., own: _Optional[float] = ..., n: _Optional[int] = ..., epsilon: _Optional[float] = ..., noisy: _Optional[bool] = ..., tolerance: _Optional[float] = ..., signs_off: _Optional[bool] = ...) -> None: ...
+
 class Ack(_message.Message):
     __slots__ = ("incarnation", "node_id")
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -301,7 +331,7 @@ class SiteFailure(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., text: _Optional[str] = ..., rule: _Optional[str] = ..., site: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SiteResponse(_message.Message):
-    __slots__ = ("method", "empty", "info", "sample", "grad", "qhat", "dc", "bound", "ack", "channel_address", "failure")
+    __slots__ = ("method", "empty", "info", "sample", "grad", "qhat", "dc", "bound", "ack", "channel_address", "failure", "harm")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +343,7 @@ class SiteResponse(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    HARM_FIELD_NUMBER: _ClassVar[int]
     method: str
     empty: Empty
     info: SiteSummary
@@ -324,4 +355,5 @@ class SiteResponse(_message.Message):
     ack: Ack
     channel_address: ChannelAddress
     failure: SiteFailure
-    def __init__(self, method: _Optional[str] = ..., empty: _Optional[_Union[Empty, _Mapping]] = ..., info: _Optional[_Union[SiteSummary, _Mapping]] = ..., sample: _Optional[_Union[UnlabeledSample, _Mapping]] = ..., grad: _Optional[_Union[GradSum, _Mapping]] = ..., qhat: _Optional[_Union[QhatPartial, _Mapping]] = ..., dc: _Optional[_Union[DCPartial, _Mapping]] = ..., bound: _Optional[_Union[BoundMax, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., channel_address: _Optional[_Union[ChannelAddress, _Mapping]] = ..., failure: _Optional[_Union[SiteFailure, _Mapping]] = ...) -> None: ...
+    harm: HarmAnswer
+    def __init__(self, method: _Optional[str] = ..., empty: _Optional[_Union[Empty, _Mapping]] = ..., info: _Optional[_Union[SiteSummary, _Mapping]] = ..., sample: _Optional[_Union[UnlabeledSample, _Mapping]] = ..., grad: _Optional[_Union[GradSum, _Mapping]] = ..., qhat: _Optional[_Union[QhatPartial, _Mapping]] = ..., dc: _Optional[_Union[DCPartial, _Mapping]] = ..., bound: _Optional[_Union[BoundMax, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., channel_address: _Optional[_Union[ChannelAddress, _Mapping]] = ..., failure: _Optional[_Union[SiteFailure, _Mapping]] = ..., harm: _Optional[_Union[HarmAnswer, _Mapping]] = ...) -> None: ...

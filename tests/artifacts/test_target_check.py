@@ -1,0 +1,208 @@
+"""A combined model's target checks: what the file carries, the policy that keeps a site's sample
+out of it, hostile files, and the answers on the demo federation (three 2-D Gaussian sites)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import msa_fed
+from msa_fed.artifacts.model import load_model
+from msa_fed.errors import ArtifactError
+from msa_fed.experiments.demo_data import CENTERS, SITES
+from msa_fed.privacy.policy import SitePolicy, policy_from_mapping, tighten
+
+
+@pytest.fixture(scope="module")
+def demo_model(demo_model_dir):
+    return load_model(demo_model_dir[0])
+
+
+def mixture_sample(lam, n, rng):
+    counts = rng.multinomial(n, lam)
+    return np.vstack([rng.normal(CENTERS[s], 1.0, (c, 2)) for s, c in zip(SITES, counts)])
+
+
+def test_the_demo_model_estimates_its_target_and_flags_what_no_site_has(demo_model):
+    rng = np.random.default_rng(0)
+    lam = np.array([0.6, 0.3, 0.1])
+    X = mixture_sample(lam, 2000, rng)
+    # overlapping sites (unit Gaussians 2 to 2.8 apart): argmax counts (BBSE) lose more than EM
+    for method, tolerance in (("em", 0.08), ("bbse", 0.15)):
+        mix = demo_model.estimate_mixture(X, method=method, n_boot=50)
+        assert np.abs(mix.estimate.lam - lam).sum() < tolerance, (method, mix.estimate.lam)
+        d = mix.as_dict()
+        assert list(d["weights"]) == list(SITES) and d["method"] == method
+        assert all(d["low"][s] <= d["weights"][s] <= d["high"][s] for s in SITES)
+    far = rng.normal((12.0, -12.0), 0.5, (40, 2))  # nowhere near any site
+    report = demo_model.check_target(np.vstack([X, far]), alpha=0.01, n_boot=50, top=5)
+    assert report.mixture.method == "bbse"  # the default where every site carries its sample
+    assert report.out_of_support is not None
+    assert set(report.atypical) <= set(range(2000, 2040)) and len(report.atypical) == 5
+    flagged = report.pvalue <= 0.01
+    assert flagged[2000:].all()
+    assert flagged[:2000].mean() <= 0.02
+    # the predicted loss is the mixture of the site losses at lambda-hat
+    assert report.loss.loss == pytest.approx(float(report.mixture.estimate.lam @ demo_model.domain_losses))
+    assert report.loss.low <= report.loss.loss <= report.loss.high
+    words = "\n".join(report.lines())
+    assert "out of support at alpha=0.01" in words and "north" in words
+    json.dumps(report.as_dict())  # plain JSON
+
+
+def test_target_checks_survive_save_and_load(demo_model, tmp_path):
+    path = demo_model.save(tmp_path / "m")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["target"]["score"] == "knn_distance"
+    assert all(manifest["target"]["sites"][s]["available"] for s in SITES)
+    loaded = load_model(path)
+    X = mixture_sample([0.2, 0.5, 0.3], 500, np.random.default_rng(1))
+    np.testing.assert_array_equal(loaded.support(X).pvalue, demo_model.support(X).pvalue)
+    a = loaded.check_target(X, n_boot=30).as_dict()
+    b = demo_model.check_target(X, n_boot=30).as_dict()
+    assert a == b
+
+
+def test_a_site_whose_policy_keeps_its_sample_out_has_nothing_in_the_file(demo_federation, tmp_path):
+    sites, _ = demo_federation
+    closed = [replace(sites[0], policy=SitePolicy(model_carries_sample=False)), *sites[1:]]
+    model = msa_fed.fit_dmsa(closed, task="classification")
+    ref = model.target_reference
+    assert ref.available == [False, True, True] and ref.reference[0].shape[0] == 0 and ref.confusion is None
+    path = model.save(tmp_path / "m")
+    with np.load(path / "arrays.npz") as npz:
+        keys = set(npz.files)
+    assert "target.reference.0" not in keys and "target.calibration.0" not in keys and "target.confusion" not in keys
+    assert {"target.reference.1", "target.reference.2"} <= keys
+    assert json.loads((path / "manifest.json").read_text())["target"]["sites"]["north"] == {
+        "available": False,
+        "n_reference": 0,
+        "n_calibration": 0,
+    }
+    loaded = load_model(path)
+    X = mixture_sample([0.4, 0.3, 0.3], 600, np.random.default_rng(2))
+    sup = loaded.support(X)
+    assert sup.unavailable == ["north"] and np.isnan(sup.per_site[:, 0]).all()
+    assert not np.isnan(sup.per_site[:, 1:]).any()
+    with pytest.raises(ValueError, match=r"bbse.*\['north'\]"):
+        loaded.estimate_mixture(X, method="bbse")
+    report = loaded.check_target(X, n_boot=30)  # EM needs nothing of the samples: the default here
+    assert report.unavailable == ["north"] and report.mixture.method == "em"
+    assert any("unavailable for site(s) north" in line for line in report.lines())
+
+
+def test_the_policy_key_reads_from_the_file_and_a_job_may_only_turn_it_off():
+    policy = policy_from_mapping({"limits": {"model_carries_sample": False}})
+    assert policy.model_carries_sample is False
+    assert tighten(policy, {"model_carries_sample": True}).model_carries_sample is False
+    assert tighten(SitePolicy(), {"model_carries_sample": False}).model_carries_sample is False
+    with pytest.raises(msa_fed.errors.ConfigError, match="model_carries_sample"):
+        policy_from_mapping({"limits": {"model_carries_sample": "no"}})
+
+
+def _tamper(path, **arrays):
+    with np.load(path / "arrays.npz") as npz:
+        data = {k: npz[k] for k in npz.files}
+    data.update(arrays)
+    np.savez(path / "arrays.npz", **data)
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        {"target.calibration.1": np.array([0.1, np.nan])},
+        {"target.reference.2": np.zeros((50, 3))},
+        {"target.reference.0": np.zeros((2, 2))},  # fewer rows than the neighbour rank
+        {"target.confusion": np.eye(2)},
+        {"target.loss_sd": np.array([-1.0, 0.0, 0.0])},
+    ],
+)
+def test_a_malformed_target_reference_is_refused_at_load(demo_model, tmp_path, arrays):
+    path = demo_model.save(tmp_path / "m")
+    _tamper(path, **arrays)
+    with pytest.raises(ArtifactError, match="target"):
+        load_model(path)
+
+
+def test_a_manifest_without_its_target_arrays_is_refused(demo_model, tmp_path):
+    path = demo_model.save(tmp_path / "m")
+    with np.load(path / "arrays.npz") as npz:
+        data = {k: npz[k] for k in npz.files if k != "target.calibration.1"}
+    np.savez(path / "arrays.npz", **data)
+    with pytest.raises(ArtifactError, match="target reference is malformed"):
+        load_model(path)
+
+
+def test_a_model_without_a_target_reference_still_loads_and_says_so(demo_model, tmp_path):
+    path = demo_model.save(tmp_path / "m")
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["target"]  # a model saved before target checks existed
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    loaded = load_model(path)
+    assert loaded.target_reference is None
+    X = mixture_sample([0.3, 0.3, 0.4], 300, np.random.default_rng(3))
+    report = loaded.check_target(X, n_boot=20)
+    assert report.pvalue is None and any("support: unavailable" in line for line in report.lines())
+    with pytest.raises(ValueError, match="no target reference"):
+        loaded.support(X)
+
+
+def test_bad_target_samples_get_one_clear_error(demo_model):
+    with pytest.raises(ValueError, match="the model expects 2"):
+        demo_model.check_target(np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="NaN"):
+        demo_model.support(np.full((5, 2), np.nan))
+    with pytest.raises(ValueError, match="no rows"):
+        demo_model.estimate_mixture(np.zeros((0, 2)))
+    with pytest.raises(ValueError, match="method must be one of"):
+        demo_model.estimate_mixture(np.zeros((5, 2)), method="magic")
+    with pytest.raises(ValueError, match="alpha"):
+        demo_model.check_target(np.zeros((5, 2)), alpha=1.5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_exported_onnx_file_carries_the_support_pvalues(demo_model, dtype):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(4)
+    X = np.vstack([mixture_sample([0.3, 0.3, 0.4], 400, rng), rng.normal((9.0, 9.0), 1.0, (20, 2))])
+    session = ort.InferenceSession(demo_model.to_onnx(dtype, support=True), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert names == ["probabilities", "label", "support_pvalue"]
+    probs, _, pvalue = session.run(None, {"X": X.astype(dtype)})
+    ref = demo_model.support(X).pvalue
+    if dtype == "float64":
+        np.testing.assert_allclose(pvalue, ref, rtol=0, atol=1e-12)
+    else:  # float32 distances can tie differently with a calibration score: one step of 1/(m+1) at most
+        step = 1.0 / (demo_model.target_reference.calibration[0].size + 1)
+        assert np.max(np.abs(pvalue - ref)) <= step + 1e-6 and np.mean(np.abs(pvalue - ref) < 1e-6) > 0.98
+    np.testing.assert_allclose(probs, demo_model.predict_proba(X), atol=1e-6 if dtype == "float64" else 1e-3)
+    # without the flag the file is the prediction graph as before
+    plain = ort.InferenceSession(demo_model.to_onnx(dtype), providers=["CPUExecutionProvider"])
+    assert [o.name for o in plain.get_outputs()] == ["probabilities", "label"]
+
+
+def test_a_site_kept_out_is_left_out_of_the_onnx_support_too(demo_federation):
+    import onnxruntime as ort
+
+    sites, _ = demo_federation
+    closed = [replace(sites[0], policy=SitePolicy(model_carries_sample=False)), *sites[1:]]
+    model = msa_fed.fit_dmsa(closed, task="classification")
+    data = model.to_onnx("float64", support=True)
+    X = mixture_sample([0.4, 0.3, 0.3], 200, np.random.default_rng(5))
+    (pvalue,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(["support_pvalue"], {"X": X})
+    np.testing.assert_allclose(pvalue, model.support(X).pvalue, atol=1e-12)
+    # north's published rows are not in the file: none of them appears among its initializers
+    import onnx
+
+    graph = onnx.load_from_string(data).graph
+    north = np.asarray(sites[0].X_unlabeled)
+    fmap = model.domain_model.feature_map
+    north_features = fmap.transform(north)
+    for t in graph.initializer:
+        if t.name.startswith("msa/support_ref"):
+            R = onnx.numpy_helper.to_array(t).T
+            assert not np.isclose(R[:, None, :], north_features[None, :5, :]).all(axis=2).any()

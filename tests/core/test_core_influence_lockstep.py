@@ -1,0 +1,82 @@
+"""The influence report's p re-solves in lockstep: the same table as one re-solve after another,
+in as many rounds as its longest re-solve (one batched request per site per round)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dc_problems import make_dc_problem  # noqa: E402
+
+from msa_fed.core.dc_solver import LocalOracle, solve_dc  # noqa: E402
+from msa_fed.core.dc_terms import batch_rows  # noqa: E402
+from msa_fed.core.influence import CachedOracle, influence_table, losses_without  # noqa: E402
+
+
+class BatchingOracle(LocalOracle):
+    """The in-process oracle with a batched call, counting calls and batches."""
+
+    def __init__(self, point_sets):
+        super().__init__(point_sets)
+        self.batches: list[int] = []
+        self.singles = 0
+
+    def evaluate(self, z, eta, what, global_bound=None):
+        self.singles += 1
+        return super().evaluate(z, eta, what, global_bound)
+
+    def evaluate_batch(self, zs, eta, what, global_bound=None):
+        self.batches.append(len(zs))
+        return [LocalOracle.evaluate(self, z, eta, what, global_bound) for z in zs]
+
+
+@pytest.mark.parametrize("p", [3, 5])
+def test_lockstep_gives_the_sequential_table_in_fewer_rounds(p):
+    sets = make_dc_problem(p, 300, "cross_entropy", random_state=p)
+    oracle = BatchingOracle(sets)
+    res = solve_dc(oracle, 0.01, n_restarts=0)
+    oracle.singles = 0
+    table = influence_table(oracle, 0.01, res.z, res.losses, [f"s{k}" for k in range(p)])
+    assert oracle.singles == 0  # every evaluation of the report went in a batch
+    # one after another, through a plain cache (the report as it was computed before)
+    cached = CachedOracle(LocalOracle(sets))
+    for j in range(p):
+        zj, Lj = losses_without(cached, 0.01, res.z, j)
+        np.testing.assert_allclose(table["z_without"][j], zj, atol=1e-9)
+        np.testing.assert_allclose(table["loss_without"][j], Lj, atol=1e-9)
+    assert table["rounds"] == len(oracle.batches) and max(oracle.batches) <= p
+    assert table["evaluations"] == sum(oracle.batches) == cached.calls
+    # the rounds are those of the longest re-solve, fewer than the evaluations of all of them
+    assert table["rounds"] < table["evaluations"]
+
+
+def test_a_failing_round_fails_the_report_and_ends_every_re_solve():
+    sets = make_dc_problem(3, 200, "cross_entropy", random_state=0)
+    oracle = BatchingOracle(sets)
+    res = solve_dc(oracle, 0.01, n_restarts=0)
+
+    def broken(zs, eta, what, global_bound=None):
+        raise RuntimeError("a site went away")
+
+    oracle.evaluate_batch = broken
+    with pytest.raises(RuntimeError, match="went away"):
+        influence_table(oracle, 0.01, res.z, res.losses, ["a", "b", "c"])
+
+
+def test_batched_sums_split_into_one_per_z():
+    sets = make_dc_problem(3, 100, "cross_entropy", random_state=1)
+    ps = sets[0]
+    zs = np.array([[0.2, 0.3, 0.5], [0.6, 0.2, 0.2]])
+    rows = [ps.evaluate(z, 0.01, what=("L", "dL")) for z in zs]
+    from msa_fed.core.dc_terms import DCSums
+
+    stacked = DCSums(L=np.stack([r.L for r in rows]), dL=np.stack([r.dL for r in rows]), n=rows[0].n)
+    for got, want in zip(batch_rows(stacked), rows):
+        np.testing.assert_array_equal(got.L, want.L)
+        np.testing.assert_array_equal(got.dL, want.dL)
+        assert got.n == want.n and got.u is None
