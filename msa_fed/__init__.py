@@ -24,7 +24,16 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        from msa_fed.errors import missing_extra
+
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:  # a site install (no coordinator extra)
+            needs = missing_extra(exc, f"msa_fed.{name}")
+            if needs is None:
+                raise
+            raise needs from None
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'msa_fed' has no attribute {name!r}")

@@ -17,6 +17,7 @@ import numpy as np
 
 from msa_fed.artifacts.model import CombinedModel
 from msa_fed.core.combination import class_union
+from msa_fed.errors import require_coordinator
 from msa_fed.runtime import topology
 from msa_fed.runtime.config import FitConfig, api_signature, from_keywords
 from msa_fed.runtime.coordinator import Coordinator
@@ -160,7 +161,10 @@ def make_backend(sites: list[SiteData], config: FitConfig):
 
 
 def _fit(sites, task, method, *, recorder=None, solver_callback=None, **options) -> CombinedModel:
+    require_coordinator(f"fit_{method}")  # one line naming the extra, not an import error deep inside
     config = build_config(method, task, **options)
+    if config.runtime == "ray":
+        require_coordinator(f"fit_{method}(runtime='ray')", ("ray",))
     sites = _check_sites(sites, config.task)
     backend = make_backend(sites, config)
     with Coordinator(

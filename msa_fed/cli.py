@@ -17,7 +17,7 @@ import sys
 
 from msa_fed import __version__
 from msa_fed.clitools import command_group
-from msa_fed.errors import MsaFedError
+from msa_fed.errors import MsaFedError, missing_extra
 
 #: the command groups, in the order ``msa-fed --help`` lists them: name -> what it is for
 GROUPS = {
@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # a command of the coordinator's side, run from a site install
+        needs = missing_extra(exc, f"msa-fed {args.command}")
+        if needs is None:
+            raise
+        print(f"error: {needs}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into one (msa-fed run)
         print(f"error: {exc}" if str(exc) else "error: interrupted", file=sys.stderr)

@@ -109,3 +109,44 @@ class PeerFault(MsaFedError):
 
     def __reduce__(self):
         return (type(self), (self.site, self.message))
+
+
+#: the packages that only the coordinator's side needs (``pip install "msa_fed[coordinator]"``); a
+#: site installed with ``pip install msa_fed`` alone has none of them (scipy comes with the DP
+#: accountant, and only its DP accounting imports it)
+COORDINATOR_PACKAGES = frozenset({"torch", "ray", "sklearn", "scipy", "skl2onnx", "tqdm"})
+COORDINATOR_INSTALL = "pip install 'msa_fed[coordinator]'"
+
+
+class MissingExtra(MsaFedError, ImportError):
+    """``what`` needs a package of the coordinator extra that is not installed here: one line that
+    names the package and the install command."""
+
+    def __init__(self, what: str, package: str):
+        super().__init__(f"{what} needs the coordinator extra ({package} is not installed): {COORDINATOR_INSTALL}")
+        self.what, self.package = what, package
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.package))
+
+
+def missing_extra(exc: BaseException, what: str) -> MissingExtra | None:
+    """The :class:`MissingExtra` that ``exc`` (a failed import) stands for, or None when it is not
+    a missing package of the coordinator extra."""
+    name = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    top = (name or "").split(".")[0]
+    return MissingExtra(what, top) if top in COORDINATOR_PACKAGES else None
+
+
+def require_coordinator(what: str, packages: tuple[str, ...] = ("torch", "sklearn", "scipy")) -> None:
+    """Raise :class:`MissingExtra` unless ``packages`` of the coordinator extra are installed
+    (found, not imported: the check costs no import)."""
+    import importlib.util
+
+    for package in packages:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):  # an import hook that refuses it, a broken install
+            found = False
+        if not found:
+            raise MissingExtra(what, package)

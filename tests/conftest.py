@@ -56,6 +56,10 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "experiments/test_influence_paper.py": ("data", "slow"),
     "experiments/test_target_adult.py": ("data",),
     "federation/test_site_serve_ops.py": ("ray", "slow"),
+    # every `site serve` of a sealed job under the import blocker (tests/slim.py), twice
+    "federation/test_slim_federation.py": ("ray", "slow"),
+    # builds a venv with `pip install .` alone (PyPI), minutes
+    "site/test_slim_install.py": ("slow",),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
@@ -95,6 +99,7 @@ NOT_QUICK = (
     "ops/test_ops_report.py",  # a fitted model's report, rendered by a headless browser
     "federation/test_relay_limits.py::test_stream_heartbeats",  # waits out heartbeat intervals
     "jobs/test_errors_before_imports.py",  # a fresh interpreter per case (what it imports is the point)
+    "site/test_slim_site.py",  # a site process per case under the import blocker, a job fitted for each replay
     "test_artifacts.py::test_a_graph_that_never_ends_is_stopped",  # runs into the sandbox's CPU and clock limits
     "privacy/test_attacks.py::test_point_isolation_1d_policy_aware",  # 30 jobs against one site's ledger
     "privacy/test_attacks.py::test_differencing_2d_policy_aware",  # the same

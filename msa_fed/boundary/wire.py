@@ -8,6 +8,8 @@ federated relay (``relay.proto`` embeds the same two messages).
 
 - :func:`to_proto` / :func:`from_proto`: a message object <-> a ``SiteRequest`` /
   ``SiteResponse``; :func:`encode` / :func:`decode`: the same as bytes.
+- :data:`SCHEMA`: the one description of how each message crosses, field by field, derived from
+  the message dataclasses and the proto messages (see "the schema" below).
 - ``allowed`` is :data:`REQUESTS` or :data:`RESPONSES`: a message of the other direction, or any
   type not in the schema, is refused.
 - Decoding checks every part and raises :class:`WireError` on anything else: unparsable bytes,
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import fields
+from typing import Any, NamedTuple
 
 import numpy as np
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from msa_fed.boundary import messages as m
@@ -62,7 +67,7 @@ class RemoteError(Exception):
         return self
 
 
-# the body field of SiteRequest / SiteResponse for each message type (None: no payload)
+# the body field of SiteRequest / SiteResponse for each message type: the first column of SCHEMA
 _REQUEST_FIELDS = {
     m.JobSetup: "job_setup",
     m.DomainModelSpec: "domain_model",
@@ -105,8 +110,7 @@ def _direction(allowed: dict[str, type]):
 
 # ------------------------------------------------------------------ arrays and scalars
 def _put_array(out: pb.NdArray, v) -> None:
-    if not isinstance(v, np.ndarray):
-        raise WireError(f"expected an array, got {type(v).__name__}")
+    v = np.asarray(v)
     if v.dtype.str not in DTYPES:
         raise WireError(f"cannot send an array of dtype {v.dtype}")
     if v.ndim > MAX_NDIM:
@@ -161,41 +165,46 @@ def _scalar(s: pb.Scalar):
     return None if kind == "none" else getattr(s, kind)
 
 
-def _put_feature_map(out: pb.FeatureMap, state) -> None:
+def _put_feature_map(parent, name: str, state) -> None:
+    if state is None:
+        return
     try:
-        name, params, arrays = state
+        fname, params, arrays = state
     except (TypeError, ValueError):
         raise WireError("a feature map is sent as (name, params, arrays)") from None
-    out.name = str(name)
+    out = getattr(parent, name)
+    out.name = str(fname)
     for k, v in dict(params).items():
         _put_scalar(out.params[str(k)], v)
     for k, v in dict(arrays).items():
         _put_array(out.arrays[str(k)], v)
 
 
-def _feature_map(parent, what: str):
-    if not parent.HasField("feature_map"):
+def _feature_map(parent, name: str, what: str):
+    if not parent.HasField(name):
         return None
-    f = parent.feature_map
+    f = getattr(parent, name)
     return (
         f.name,
         {k: _scalar(v) for k, v in f.params.items()},
-        {k: _array(v, f"{what}.feature_map.{k}") for k, v in f.arrays.items()},
+        {k: _array(v, f"{what}.{name}.{k}") for k, v in f.arrays.items()},
     )
 
 
-def _no_custom(msg):
-    if getattr(msg, "custom_feature_map", None) is not None:
-        raise WireError("a custom feature map object exists only in-process; it cannot cross a boundary")
-
-
-def _put_numeric(out: pb.Numeric, v) -> None:
-    if isinstance(v, np.ndarray):
-        _put_array(out.array, v)
-    elif isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
-        out.scalar = float(v)
-    else:
-        raise WireError(f"cannot send a DC sum of type {type(v).__name__}")
+def _put_dc_sums(out: pb.DCSums, s) -> None:
+    if not isinstance(s, DCSums):
+        raise WireError("DCPartial.sums must be DCSums")
+    for f in fields(DCSums):
+        v = getattr(s, f.name)
+        if f.name == "n":
+            out.n = int(v)
+        elif isinstance(v, np.ndarray):
+            _put_array(getattr(out, f.name).array, v)
+        elif isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+            getattr(out, f.name).scalar = float(v)
+        elif v is not None:
+            raise WireError(f"cannot send a DC sum of type {type(v).__name__}")
+    out.SetInParent()
 
 
 def _numeric(parent, name: str):
@@ -208,207 +217,157 @@ def _numeric(parent, name: str):
     return _array(n.array, f"DC sum {name}") if kind == "array" else n.scalar
 
 
-# ------------------------------------------------------------------ message bodies
-def _fill(body, msg) -> None:  # noqa: C901 - one branch per message type, the schema in code
-    if isinstance(msg, m.JobSetup):
-        body.job_id, body.index, body.task, body.loss = msg.job_id, int(msg.index), msg.task, msg.loss
-        body.sites.extend(msg.sites)
-        body.predictor_sha256.extend(msg.predictor_sha256)
-        body.min_points = int(msg.min_points)
-        if msg.classes is not None:
-            _put_array(body.classes, np.asarray(msg.classes))
-    elif isinstance(msg, m.DomainModelSpec):
-        _no_custom(msg)
-        body.kind, body.n_sources = msg.kind, int(msg.n_sources)
-        if msg.feature_map is not None:
-            _put_feature_map(body.feature_map, msg.feature_map)
-        if msg.theta is not None:
-            _put_array(body.theta, msg.theta)
-        if msg.bandwidths is not None:
-            _put_array(body.bandwidths, np.asarray(msg.bandwidths))
-        for X in msg.samples:
-            _put_array(body.samples.add(), np.asarray(X))
-        body.mu = float(msg.mu)
-    elif isinstance(msg, m.ShardSetup):
-        _no_custom(msg)
-        if msg.feature_map is not None:
-            _put_feature_map(body.feature_map, msg.feature_map)
-        body.n_sources, body.dtype, body.device = int(msg.n_sources), str(msg.dtype), str(msg.device)
-        body.seed, body.workers_per_site = int(msg.seed), int(msg.workers_per_site)
-    elif isinstance(msg, m.ThetaRequest):
-        _put_array(body.theta, msg.theta)
-        if msg.step is not None:
-            body.step = int(msg.step)
-        body.batch_size = int(msg.batch_size)
-    elif isinstance(msg, m.RowRange):
-        body.start, body.stop = int(msg.start), int(msg.stop)
-    elif isinstance(msg, m.QhatBroadcast):
-        _put_array(body.qhat, msg.qhat)
-        body.eta = float(msg.eta)
-    elif isinstance(msg, m.DCRequest):
-        _put_array(body.z, msg.z)
-        body.eta = float(msg.eta)
-        body.what.extend(str(w) for w in msg.what)
-        if msg.global_bound is not None:
-            body.global_bound = float(msg.global_bound)
-    elif isinstance(msg, m.ChannelOffer):
-        body.mode, body.peer_cert = msg.mode, msg.peer_cert
-    elif isinstance(msg, m.HarmRequest):
-        _put_array(body.z, msg.z)
-        body.eta = float(msg.eta)
-    elif isinstance(msg, m.HarmAnswer):
-        _put_array(body.combined, np.asarray(msg.combined))
-        body.own, body.n, body.epsilon = float(msg.own), int(msg.n), float(msg.epsilon)
-        body.noisy, body.tolerance, body.signs_off = bool(msg.noisy), float(msg.tolerance), bool(msg.signs_off)
-    elif isinstance(msg, m.SiteInfo):
-        body.name, body.task = msg.name, msg.task
-        body.n_features, body.n_labeled = int(msg.n_features), int(msg.n_labeled)
-        body.n_unlabeled = int(msg.n_unlabeled)
-        body.sample_kept_out = not msg.sample_in_model
-        if msg.classes is not None:
-            _put_array(body.classes, np.asarray(msg.classes))
-    elif isinstance(msg, m.UnlabeledSample):
-        _put_array(body.X, msg.X)
-    elif isinstance(msg, m.GradSum):
-        body.loss, body.n = float(msg.loss), int(msg.n)
-        _put_array(body.grad, msg.grad)
-    elif isinstance(msg, m.QhatPartial):
-        _put_array(body.sums, msg.sums)
-        body.n = int(msg.n)
-        body.epsilon = float(msg.epsilon)
-        body.dp = bool(msg.dp)
-    elif isinstance(msg, m.DCPartial):
-        s = msg.sums
-        if not isinstance(s, DCSums):
-            raise WireError("DCPartial.sums must be DCSums")
-        for f in fields(DCSums):
-            v = getattr(s, f.name)
-            if f.name == "n":
-                body.sums.n = int(v)
-            elif v is not None:
-                _put_numeric(getattr(body.sums, f.name), v)
-        body.sums.SetInParent()
-        body.epsilon = float(msg.epsilon)
-    elif isinstance(msg, m.BoundMax):
-        body.value = float(msg.value)
-    elif isinstance(msg, m.Ack):
-        body.incarnation, body.node_id = msg.incarnation, msg.node_id
-    elif isinstance(msg, m.ChannelAddress):
-        body.host, body.port, body.cert, body.node_id = msg.host, int(msg.port), msg.cert, msg.node_id
-    else:  # pragma: no cover - guarded by the type tables
-        raise WireError(f"{type(msg).__name__} is not a message that may cross here")
+def _dc_sums(parent, name: str) -> DCSums:
+    if not parent.HasField(name):
+        raise WireError("malformed DC sums: missing")
+    s = getattr(parent, name)
+    return DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"}, n=s.n)
 
 
-def _read(cls, b, what: str):  # noqa: C901 - the inverse of _fill
-    if cls is m.JobSetup:
-        return m.JobSetup(
-            job_id=b.job_id,
-            sites=tuple(b.sites),
-            index=b.index,
-            predictor_sha256=tuple(b.predictor_sha256),
-            task=b.task,
-            loss=b.loss,
-            classes=_opt_array(b, "classes", what),
-            min_points=b.min_points,
-        )
-    if cls is m.DomainModelSpec:
-        return m.DomainModelSpec(
-            kind=b.kind,
-            n_sources=b.n_sources,
-            feature_map=_feature_map(b, what),
-            theta=_opt_array(b, "theta", what),
-            bandwidths=_opt_array(b, "bandwidths", what),
-            samples=tuple(_array(a, f"{what}.samples") for a in b.samples),
-            mu=b.mu,
-        )
-    if cls is m.ShardSetup:
-        return m.ShardSetup(
-            feature_map=_feature_map(b, what),
-            custom_feature_map=None,
-            n_sources=b.n_sources,
-            dtype=b.dtype,
-            device=b.device,
-            seed=b.seed,
-            workers_per_site=b.workers_per_site,
-        )
-    if cls is m.ThetaRequest:
-        if not b.HasField("theta"):
-            raise WireError(f"{what}: theta is missing")
-        return m.ThetaRequest(
-            theta=_array(b.theta, f"{what}.theta"), step=b.step if b.HasField("step") else None, batch_size=b.batch_size
-        )
-    if cls is m.RowRange:
-        return m.RowRange(start=b.start, stop=b.stop)
-    if cls is m.QhatBroadcast:
-        if not b.HasField("qhat"):
-            raise WireError(f"{what}: qhat is missing")
-        return m.QhatBroadcast(qhat=_array(b.qhat, f"{what}.qhat"), eta=b.eta)
-    if cls is m.DCRequest:
-        if not b.HasField("z"):
-            raise WireError(f"{what}: z is missing")
-        return m.DCRequest(
-            z=_array(b.z, f"{what}.z"),
-            eta=b.eta,
-            what=tuple(b.what),
-            global_bound=b.global_bound if b.HasField("global_bound") else None,
-        )
-    if cls is m.ChannelOffer:
-        return m.ChannelOffer(mode=b.mode, peer_cert=b.peer_cert)
-    if cls is m.HarmRequest:
-        if not b.HasField("z"):
-            raise WireError(f"{what}: z is missing")
-        return m.HarmRequest(z=_array(b.z, f"{what}.z"), eta=b.eta)
-    if cls is m.HarmAnswer:
-        if not b.HasField("combined"):
-            raise WireError(f"{what}: combined is missing")
-        return m.HarmAnswer(
-            combined=_array(b.combined, f"{what}.combined"),
-            own=b.own,
-            n=b.n,
-            epsilon=_epsilon(b.epsilon, what),
-            noisy=bool(b.noisy),
-            tolerance=b.tolerance,
-            signs_off=bool(b.signs_off),
-        )
-    if cls is m.SiteInfo:
-        return m.SiteInfo(
-            name=b.name,
-            n_features=b.n_features,
-            n_labeled=b.n_labeled,
-            n_unlabeled=b.n_unlabeled,
-            task=b.task,
-            classes=_opt_array(b, "classes", what),
-            sample_in_model=not b.sample_kept_out,
-        )
-    if cls is m.UnlabeledSample:
-        if not b.HasField("X"):
-            raise WireError(f"{what}: X is missing")
-        return m.UnlabeledSample(X=_array(b.X, f"{what}.X"))
-    if cls is m.GradSum:
-        if not b.HasField("grad"):
-            raise WireError(f"{what}: grad is missing")
-        return m.GradSum(loss=b.loss, grad=_array(b.grad, f"{what}.grad"), n=b.n)
-    if cls is m.QhatPartial:
-        if not b.HasField("sums"):
-            raise WireError(f"{what}: sums is missing")
-        return m.QhatPartial(
-            sums=_array(b.sums, f"{what}.sums"), n=b.n, epsilon=_epsilon(b.epsilon, what), dp=bool(b.dp)
-        )
-    if cls is m.DCPartial:
-        if not b.HasField("sums"):
-            raise WireError("malformed DC sums: missing")
-        s = b.sums
-        return m.DCPartial(
-            sums=DCSums(**{f.name: _numeric(s, f.name) for f in fields(DCSums) if f.name != "n"}, n=s.n),
-            epsilon=_epsilon(b.epsilon, what),
-        )
-    if cls is m.BoundMax:
-        return m.BoundMax(value=b.value)
-    if cls is m.Ack:
-        return m.Ack(incarnation=b.incarnation, node_id=b.node_id)
-    if cls is m.ChannelAddress:
-        return m.ChannelAddress(host=b.host, port=b.port, cert=b.cert, node_id=b.node_id)
-    raise WireError(f"{cls.__name__} is not a message that may cross here")  # pragma: no cover
+# ------------------------------------------------------------------ the schema: one table
+# A message crosses field by field.  A dataclass field is the proto field of the same name in its
+# body message, and how it crosses (its kind) follows from the proto field's type and the
+# dataclass field's default, but for the few fields named in _EXCEPTIONS.  Adding a field is the
+# dataclass field plus the .proto field; adding a message, its row in _REQUEST_FIELDS /
+# _RESPONSE_FIELDS as well.  SCHEMA is the table that results; it refuses to build (TypeError, at
+# import) where a dataclass and its proto message disagree.
+
+
+class Kind(NamedTuple):
+    """How a value crosses: ``put(body, proto_name, value)``, ``get(body, proto_name, what)``."""
+
+    name: str
+    put: Callable[[Any, Any, Any], None]
+    get: Callable[[Any, Any, str], Any]
+
+
+class Field(NamedTuple):
+    name: str  # of the dataclass field
+    kind: Kind
+    proto: str | None  # the proto field's name; None: the field does not cross
+
+
+def _scalar_kind(name: str, cast) -> Kind:
+    def put(b, k, v):
+        setattr(b, k, cast(v))
+
+    return Kind(name, put, lambda b, k, what: getattr(b, k))
+
+
+def _optional_kind(name: str, cast) -> Kind:  # proto3 ``optional``: None <-> unset
+    def put(b, k, v):
+        if v is not None:
+            setattr(b, k, cast(v))
+
+    return Kind(name, put, lambda b, k, what: getattr(b, k) if b.HasField(k) else None)
+
+
+def _put_opt_array(b, k, v):
+    if v is not None:
+        _put_array(getattr(b, k), v)
+
+
+def _required_array(b, k, what):
+    if not b.HasField(k):
+        raise WireError(f"{what}: {k} is missing")
+    return _array(getattr(b, k), f"{what}.{k}")
+
+
+def _put_arrays(b, k, v):
+    for x in v:
+        _put_array(getattr(b, k).add(), x)
+
+
+def _put_in_process(b, k, v):
+    if v is not None:
+        raise WireError("a custom feature map object exists only in-process; it cannot cross a boundary")
+
+
+STR, INT, FLOAT, BOOL = (
+    _scalar_kind("str", str),
+    _scalar_kind("int", int),
+    _scalar_kind("float", float),
+    _scalar_kind("bool", bool),
+)
+OPT_INT, OPT_FLOAT = _optional_kind("int | None", int), _optional_kind("float | None", float)
+STRS = Kind(
+    "tuple[str]", lambda b, k, v: getattr(b, k).extend(str(x) for x in v), lambda b, k, what: tuple(getattr(b, k))
+)
+ARRAY = Kind("array", lambda b, k, v: _put_array(getattr(b, k), v), _required_array)
+OPT_ARRAY = Kind("array | None", _put_opt_array, lambda b, k, what: _opt_array(b, k, what))
+ARRAYS = Kind("tuple[array]", _put_arrays, lambda b, k, what: tuple(_array(a, f"{what}.{k}") for a in getattr(b, k)))
+FEATURE_MAP = Kind("feature map | None", _put_feature_map, _feature_map)
+DC_SUMS = Kind("DCSums", lambda b, k, v: _put_dc_sums(getattr(b, k), v), lambda b, k, what: _dc_sums(b, k))
+#: a site's epsilon spent: a finite number >= 0
+EPSILON = Kind("epsilon", FLOAT.put, lambda b, k, what: _epsilon(getattr(b, k), what))
+#: a flag that crosses as its negation (so that its default crosses as an absent field)
+NEGATED = Kind("not bool", lambda b, k, v: setattr(b, k, not v), lambda b, k, what: not getattr(b, k))
+#: an in-process object without a proto field: None to cross, None when read
+IN_PROCESS = Kind("in-process only", _put_in_process, lambda b, k, what: None)
+
+_F = FieldDescriptor
+_KINDS = {
+    (_F.TYPE_STRING, False): STR,
+    (_F.TYPE_INT32, False): INT,
+    (_F.TYPE_INT64, False): INT,
+    (_F.TYPE_INT32, True): OPT_INT,
+    (_F.TYPE_INT64, True): OPT_INT,
+    (_F.TYPE_DOUBLE, False): FLOAT,
+    (_F.TYPE_DOUBLE, True): OPT_FLOAT,
+    (_F.TYPE_BOOL, False): BOOL,
+    ("repeated", _F.TYPE_STRING): STRS,
+    ("repeated", "NdArray"): ARRAYS,
+    ("NdArray", False): ARRAY,  # a dataclass field without default None: required
+    ("NdArray", True): OPT_ARRAY,
+    ("FeatureMap", True): FEATURE_MAP,
+    ("DCSums", True): DC_SUMS,
+}
+#: the fields, in any message, that do not follow from their proto field: (proto field, kind)
+_EXCEPTIONS = {
+    "custom_feature_map": (None, IN_PROCESS),
+    "epsilon": ("epsilon", EPSILON),
+    "sample_in_model": ("sample_kept_out", NEGATED),
+}
+
+
+def fields_of(cls: type, body: Descriptor) -> tuple[Field, ...]:
+    """The row of ``cls`` in :data:`SCHEMA`: each dataclass field with its kind and proto field;
+    TypeError where the dataclass and the proto message ``body`` disagree (a field missing from
+    either, a proto type with no kind)."""
+    proto = body.fields_by_name
+    out = []
+    for f in fields(cls):
+        name, kind = _EXCEPTIONS.get(f.name, (f.name, None))
+        d = proto.get(name) if name is not None else None
+        if kind is None and d is not None:
+            t = d.message_type.name if d.message_type is not None else d.type
+            key = ("repeated", t) if d.is_repeated else (t, f.default is None if t == "NdArray" else d.has_presence)
+            kind = _KINDS.get(key)
+        if (d is None) != (name is None) or kind is None:
+            raise TypeError(f"{cls.__name__}.{f.name} has no field in the proto message {body.name} it can cross as")
+        out.append(Field(f.name, kind, name))
+    extra = set(proto) - {f.proto for f in out}
+    if extra:
+        raise TypeError(f"{body.name} has fields that {cls.__name__} lacks: {sorted(extra)}")
+    return tuple(out)
+
+
+def _schema(envelope, table: dict[type, str]) -> dict[type, tuple[str, tuple[Field, ...]]]:
+    by_name = envelope.DESCRIPTOR.fields_by_name
+    return {cls: (name, fields_of(cls, by_name[name].message_type)) for cls, name in table.items()}
+
+
+#: message type -> (its body field in the envelope, its fields with their kinds)
+SCHEMA = {**_schema(pb.SiteRequest, _REQUEST_FIELDS), **_schema(pb.SiteResponse, _RESPONSE_FIELDS)}
+
+
+def _fill(body, msg) -> None:
+    for f in SCHEMA[type(msg)][1]:
+        f.kind.put(body, f.proto, getattr(msg, f.name))
+
+
+def _read(cls, b, what: str):
+    return cls(**{f.name: f.kind.get(b, f.proto, what) for f in SCHEMA[cls][1]})
 
 
 # ------------------------------------------------------------------ public API

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import logsumexp
 
 from msa_fed.core.dc_terms import PROB_FLOOR, PointSet
+from msa_fed.core.numeric import logsumexp
 
 
 def class_union(class_lists: Iterable[ArrayLike]) -> np.ndarray:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import logsumexp
-from sklearn.model_selection import KFold
+
+from msa_fed.core.numeric import logsumexp
 
 #: query rows per distance block (a block is rows x sample size doubles)
 _BLOCK_BYTES = 32 * 1024 * 1024
@@ -74,6 +74,8 @@ def select_bandwidth(X: ArrayLike, n_grid: int = 20, cv: int = 5, random_state: 
     the held-out total log-likelihood, and the first best grid point wins (as scikit-learn's
     ``GridSearchCV`` over ``KernelDensity`` would choose).
     """
+    from sklearn.model_selection import KFold  # fitting a KDE only (the coordinator's side)
+
     X = np.asarray(X, dtype=np.float64)
     scale = float(np.mean(np.std(X, axis=0)))
     if not scale > 0:

@@ -20,16 +20,19 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike
-from scipy.optimize import minimize
-from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.config import ClassifierConfig, parse_device
 from msa_fed.core.threads import blas_threads_for, one_blas_thread
+
+# torch, scipy and scikit-learn are imported where training needs them: a fitted classifier
+# (:class:`DomainClassifier`) and the feature-map helpers are numpy only, and a site that
+# verifies and applies a domain model has none of the three (installed without the coordinator)
+if TYPE_CHECKING:
+    import torch
 
 
 def n_params(n_features: int, n_sources: int) -> int:
@@ -53,6 +56,8 @@ GPU_BLOCK_ELEMENTS = 1 << 27
 
 def _torch_device(device: str) -> torch.device:
     """``device`` as a torch device that this process can use; ValueError otherwise."""
+    import torch
+
     dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
@@ -76,6 +81,8 @@ class MaxentShard:
         dtype: str = "float64",
         seed: int = 0,
     ) -> None:
+        import torch
+
         tdtype = getattr(torch, dtype)
         self.device = _torch_device(device)
         self.Phi = torch.as_tensor(np.ascontiguousarray(Phi), dtype=tdtype, device=self.device)
@@ -95,6 +102,8 @@ class MaxentShard:
     ) -> tuple[float, np.ndarray]:
         # Small shards run faster on one thread: intra-op threading costs more than it saves
         # below a few million entries (measured: 15x slower with 2 threads on a loaded 2-core box).
+        import torch
+
         if Phi.numel() < SMALL_SHARD and Phi.device.type == "cpu":
             saved = torch.get_num_threads()
             torch.set_num_threads(1)
@@ -113,6 +122,8 @@ class MaxentShard:
         gradient) is accumulated in float64, so float32 storage costs float32 rounding within a
         block only (blocks of about BLOCK_ELEMENTS entries of Phi).
         """
+        import torch
+
         m, D = Phi.shape
         p = self.n_sources
         acc = torch.float64
@@ -152,11 +163,15 @@ class MaxentShard:
         if m == 0:
             return 0.0, np.zeros_like(theta)
         b = min(batch_size, m)
+        import torch
+
         gen = torch.Generator().manual_seed(hash((self.seed, step)) & 0x7FFFFFFF)
         idx = torch.randperm(m, generator=gen)[:b].to(self.device)
         return self._loss_grad(theta, self.Phi[idx], self._Y[idx], self.s[idx], scale=m / b)
 
     def log_proba(self, theta: np.ndarray) -> np.ndarray:
+        import torch
+
         D = self.Phi.shape[1]
         Wb = torch.as_tensor(np.asarray(theta).reshape(self.n_sources, D + 1), dtype=self.dtype, device=self.device)
         logits = torch.addmm(Wb[:, D], self.Phi, Wb[:, :D].T)
@@ -197,6 +212,9 @@ def fit_maxent(
     minibatch_oracle(theta, step) -> the same, estimated on one mini-batch per shard (SGD only).
     progress(epoch_or_iter, objective) is called as training advances (for progress bars).
     """
+    from scipy.optimize import minimize
+    from sklearn.exceptions import ConvergenceWarning
+
     config.validate()
     size = n_params(n_features, n_sources)
     theta = np.zeros(size) if theta0 is None else np.asarray(theta0, dtype=np.float64).copy()
@@ -278,6 +296,7 @@ def polish_maxent(
     norms 5e-6 after float32 L-BFGS, 4e-2 after SGD on a 900-point problem).  The oracle must
     compute its sums in float64.  Returns (theta, {"polish_iter", "grad_norm"}).
     """
+    from scipy.optimize import minimize
 
     def objective(th: np.ndarray) -> tuple[float, np.ndarray]:
         loss, grad = gradient_oracle(th)

@@ -1,8 +1,10 @@
-"""Feature maps Phi for the domain classifier, as scikit-learn transformers.
+"""Feature maps Phi for the domain classifier, as scikit-learn-style transformers.
 
-Each map is a small scikit-learn estimator (``fit`` / ``transform``; learned state ends in
+Each map is a small estimator in scikit-learn's conventions (``fit`` / ``transform``;
+``get_params`` / ``set_params``, so ``sklearn.base.clone`` copies it; learned state ends in
 ``_``) that can also be written as plain arrays and JSON (``get_state`` / ``from_state``) so
-that a saved model never needs pickle.
+that a saved model never needs pickle.  The module is numpy only: a site re-derives and applies
+these maps without scikit-learn installed.
 
 - ``standard``  : standardised identity, (x - mean) / std
 - ``onehot``    : one-hot encoding of categorical columns (unknown categories map to zeros)
@@ -13,19 +15,58 @@ that a saved model never needs pickle.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.utils.validation import check_is_fitted
 
 #: (params, arrays) of a fitted map: JSON-able parameters and named arrays
 State = tuple[dict[str, Any], dict[str, np.ndarray]]
 
 
-class FeatureMap(TransformerMixin, BaseEstimator):
-    """A feature map that is written as plain parameters and arrays, never pickled."""
+class NotFittedError(ValueError, AttributeError):
+    """A map's ``transform`` was called before ``fit`` (both a ValueError and an AttributeError, as
+    scikit-learn's exception of that name)."""
+
+
+def check_is_fitted(fmap: object, attribute: str) -> None:
+    if not hasattr(fmap, attribute):
+        raise NotFittedError(f"this {type(fmap).__name__} is not fitted yet; call 'fit' first")
+
+
+class FeatureMap:
+    """A feature map that is written as plain parameters and arrays, never pickled.
+
+    scikit-learn's estimator protocol without scikit-learn: the parameters are the keyword
+    arguments of ``__init__``, stored as attributes of the same names."""
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        signature = inspect.signature(cls.__init__)
+        return sorted(
+            name
+            for name, p in signature.parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params: Any) -> FeatureMap:
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid: {valid}")
+            setattr(self, name, value)
+        return self
+
+    def fit_transform(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> np.ndarray:
+        return self.fit(X, y, sample_weight=sample_weight).transform(X)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
 
     def fit(self, X: ArrayLike, y: object = None, sample_weight: ArrayLike | None = None) -> FeatureMap:
         raise NotImplementedError

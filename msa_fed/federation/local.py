@@ -97,6 +97,7 @@ class LocalFederation:
         launcher: dict | None = None,
         policies: dict[str, str] | None = None,
         sealed: bool = True,
+        python: str | None = None,
     ):
         """tls : a :class:`msa_fed.control.server.TlsConfig` (None: plaintext on loopback); tls_ca :
         the CA file the sites and this process trust; site_host(name) : the registry host a site
@@ -106,7 +107,9 @@ class LocalFederation:
         policy's defaults); sealed : every site gets a sealing key (``<site>/site.key``, registered
         with the registry) and pins the consortium's job key ``workdir/job.key``: the sites serve
         sealed jobs only (:meth:`sealing` gives a job's [sealing] fields); False: every site opts
-        out (``allow_unsealed = true``), for the tests of the unsealed path."""
+        out (``allow_unsealed = true``), for the tests of the unsealed path; python : the interpreter
+        of the ``site serve`` processes (default: this one; e.g. a site-only venv's)."""
+        self.python = python or sys.executable
         self.sealed = sealed
         self.seal_keys: dict[str, Any] = {}
         self.tls, self.tls_ca, self.listen = tls, tls_ca, listen
@@ -229,7 +232,7 @@ class LocalFederation:
         out = open(self.workdir / name / "serve.log", "ab")
         env = dict(os.environ if self.env is None else self.env)
         cmd = list(self.launcher.get(name, ())) + [
-            sys.executable,
+            self.python,
             "-m",
             "msa_fed.cli",
             "site",

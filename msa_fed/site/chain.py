@@ -166,7 +166,7 @@ class SiteApp:
                     out = worker.handle(method, msg)
                 response = wire.to_proto(method, out, wire.RESPONSES)
             except (MsaFedError, wire.WireError) as exc:
-                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit here: it is named
+                if isinstance(exc, PeerFault):  # a peer's predictor broke a limit or its output check: named
                     self.excluded.add(exc.site, str(exc))
                 if not guard.wrote:  # the gate's checks record their own refusals
                     rule = exc.rule if isinstance(exc, PrivacyError) and exc.rule else type(exc).__name__

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from msa_fed.boundary import messages as m
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PrivacyError, missing_extra
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
 from msa_fed.privacy.influence import bounded
@@ -408,6 +408,11 @@ def build_domain_model(spec: m.DomainModelSpec):
         return m.domain_model_from_spec(spec)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"malformed domain model: {exc}") from None
+    except ModuleNotFoundError as exc:  # a site installed without the coordinator extra
+        needs = missing_extra(exc, f"a {spec.kind!r} domain model at this site")
+        if needs is None:
+            raise
+        raise needs from None
 
 
 def spec_digest(msg: m.DomainModelSpec) -> str:

@@ -11,6 +11,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 import msa_fed
 from msa_fed import SiteData, fit_dmsa, fit_gmsa, load_model
 from msa_fed.core.simplex import check_simplex
+from msa_fed.errors import PeerFault
 
 
 def make_sites(task="classification", sizes=(50, 70), d=2, seed=0):
@@ -113,8 +114,12 @@ def test_nan_or_inf_features_are_refused(sites, bad, field):
 def test_probabilities_that_do_not_sum_to_one_are_refused(sites):
     s = sites[1]
     bad = SiteData(s.name, s.X_labeled, s.y_labeled, s.X_unlabeled, BadProba())
-    with pytest.raises(ValueError, match="predicted probabilities do not sum to 1"):
+    # the first site to use it is a peer: the fault is the predictor's owner's, named
+    with pytest.raises(
+        PeerFault, match=rf"^site {s.name!r}'s predictor: predicted probabilities do not sum to 1"
+    ) as err:
         fit_dmsa([sites[0], bad])
+    assert err.value.site == s.name
 
 
 def test_site_without_unlabelled_data_is_refused(sites):

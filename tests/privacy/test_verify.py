@@ -24,6 +24,7 @@ from msa_fed.core.domain_classifier import (
 )
 from msa_fed.core.features import feature_map_state, make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.privacy.consortium import drop_shared
 from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import check_maxent
 from msa_fed.runtime.config import FitConfig
@@ -119,6 +120,7 @@ def _categorical_sites(seed=0):
         Xt, yt = draw(200)
         Xl, yl = draw(60 + 7 * k)
         Xu, _ = draw(100 + 11 * k)
+        Xu, _ = drop_shared(Xl, Xu)  # categorical records repeat: none of the labelled ones is published
         out.append(SiteData(f"c{k}", Xl, yl, Xu, LogisticRegression().fit(Xt, yt)))
     return out
 

@@ -1,0 +1,107 @@
+"""A sealed federated job with every `msa-fed site serve` unable to import the coordinator's
+packages (tests/slim.py's import blocker, inherited by the sandboxed predictor workers they
+start): the job runs to its end, finds the z of the same job with unrestricted sites, and no site
+process (nor its children) tried to import torch, Ray, scikit-learn, scipy, skl2onnx or tqdm.
+The site's other commands (audit, status, jobs) run under the same blocker on what the job left.
+A site from a venv made by ``pip install .`` alone: tests/site/test_slim_install.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fedhelpers import NAMES, job_config, output_dir, site_files  # noqa: E402
+from slim import blocked, slim_env  # noqa: E402
+
+from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
+from msa_fed.federation.local import LocalFederation  # noqa: E402
+from msa_fed.jobs.run import run_job  # noqa: E402
+from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in NAMES})
+    yield ray
+    ray.shutdown()
+
+
+def _job(fed, tmp):
+    job = job_config("slimjob", fed.address, insecure=True, **fed.sealing())
+    return run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(tmp))
+
+
+def _new_site_joins(fed, folder, like, env) -> None:
+    folder.mkdir()
+    token = fed.registry.issue_token("site", "south")
+    rng = np.random.default_rng(7)
+    np.save(folder / "sample.npy", rng.normal(size=(60, 2)).astype(np.float32).astype(np.float64))
+    np.savez(folder / "data.npz", X_labeled=rng.normal(size=(50, 2)), y_labeled=np.zeros(50))
+    (folder / "predictor.onnx").write_bytes(like.predictor)
+    common = ["--registry", fed.address, "--token", token, "--insecure"]
+    for args in (
+        ["site", "keygen", "--out", "site.key"],
+        ["site", "register", *common, "--name", "south", "--seal-key", "site.key.pub"],
+        ["site", "publish", *common, "--predictor", "predictor.onnx", "--unlabeled", "sample.npy"]
+        + ["--labeled", "data.npz"],
+        ["site", "heartbeat", *common],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "msa_fed.cli", *args],
+            env=env,
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    record = fed.store.get_site("south")
+    assert record is not None and record.predictor is not None and record.sample is not None
+    assert record.last_heartbeat is not None and record.predictor.sha256 == sha256_hex(like.predictor)
+
+
+def test_a_sealed_job_runs_with_every_site_serve_unable_to_import_the_coordinator(local_ray, tmp_path):
+    files = site_files()
+    blocker = tmp_path / "blocker"
+    with LocalFederation(tmp_path / "slim", files, env=slim_env(blocker)) as fed:
+        fed.wait_connected(timeout=180)
+        _, model = _job(fed, tmp_path)
+        assert model.site_names == sorted(NAMES)
+        for name in NAMES:
+            assert "slimjob" in fed.log_text(name) and "Traceback" not in fed.log_text(name)
+        workdir = fed.workdir
+        # a new site registers, publishes and heartbeats from the same blocked environment
+        _new_site_joins(fed, tmp_path / "south", files["north"], slim_env(blocker))
+    assert blocked(blocker) == []
+    # the same job with sites that may import anything finds the same z
+    with LocalFederation(tmp_path / "full", files) as fed:
+        fed.wait_connected(timeout=180)
+        _, reference = _job(fed, tmp_path)
+    np.testing.assert_allclose(model.z, reference.z, rtol=0, atol=1e-9)
+    # the site's commands, on what the job left, under the same blocker
+    env = slim_env(blocker)
+    config = str(workdir / "north" / "site.toml")
+    outputs = {}
+    for args in (
+        ["site", "audit", "--config", config],
+        ["site", "status", "--config", config, "--offline"],
+        ["site", "jobs", "--config", config],
+        ["site", "peers", "--config", config],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "msa_fed.cli", *args],
+            env=env,
+            cwd=workdir / "north",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+        outputs[args[1]] = done.stdout
+    assert "chain intact" in outputs["audit"] and "slimjob" in outputs["jobs"]
+    assert blocked(blocker) == []
