@@ -26,6 +26,7 @@ GROUPS = {
     "site": "a site's own commands: register, publish, serve, approve jobs, audit",
     "job": "jobs: their records, and the consortium's job key",
     "model": "combined models stored in the registry",
+    "consortium": "start-up kits for a consortium's parties (registry, sites, coordinator)",
 }
 
 #: the modules that add commands; each exposes register(subparsers)
@@ -38,6 +39,7 @@ _SUBSYSTEMS = (
     "msa_fed.control.ops_cli",  # model, job and site administration against a registry
     "msa_fed.control.ops_export",  # msa-fed model export
     "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
+    "msa_fed.jobs.consortium",  # msa-fed consortium init / add-site: a start-up kit per party
 )
 
 
@@ -75,8 +77,10 @@ def groups_of(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     # gRPC logs an INFO line each time Ray forks a worker while gRPC threads run (the demo, the
-    # job): harmless, and noise in a terminal. Errors are still shown. Must precede `import grpc`.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # job), and its TLS library's text on every failed handshake: noise in a terminal, where every
+    # failure is one line of ours (a TLS mistake in words: msa_fed.control.connection.diagnose_tls).
+    # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:
         parser = build_parser()
     except BrokenCommands as exc:
@@ -100,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {needs}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into one (msa-fed run)
+        print(f"error: {exc}" if str(exc) else "error: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
 

@@ -14,6 +14,20 @@ class ConfigError(MsaFedError, ValueError):
     """A configuration value or input is invalid; the message names it."""
 
 
+class TlsError(ConfigError):
+    """A TLS mistake between a client and the registry (a wrong CA, a missing or foreign client
+    certificate, a name mismatch, plaintext against TLS or the reverse), in words naming the option
+    and the file to fix.  A configuration mistake, not an outage: never retried."""
+
+
+class JobCancelled(MsaFedError):
+    """An admin cancelled the job (``msa-fed job cancel``): the message says who and when."""
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """The job's driver was stopped by a signal (SIGTERM) or Ctrl-C; the message says which."""
+
+
 class ArtifactError(MsaFedError, ValueError):
     """A frozen-predictor artifact or saved model is malformed, too large, or not what it declares.
 

@@ -94,6 +94,7 @@ NOT_QUICK = (
     "control/test_control_cli.py::test_registry_serve",  # `registry serve` processes until SIGTERM
     "ops/test_ops_cli.py",  # a registry process and a module of fitted models
     "ops/test_ops_job.py",  # a registry process, three sites, the job driver
+    "ops/test_ops_tls_errors.py",  # a `site serve` and a CLI process per TLS mistake
     "federation/test_site_audit_writer.py",  # a registry process and `site serve` processes
     "ops/test_ops_report.py",  # a fitted model's report, rendered by a headless browser
     "federation/test_relay_limits.py::test_stream_heartbeats",  # waits out heartbeat intervals

@@ -70,3 +70,25 @@ def test_msa_fed_demo_runs_end_to_end():
     assert min(dmsa[:3]) > 0.9  # every target domain
     z = dict(re.findall(r"(\w+)=([0-9.]+)", re.search(r"^z\s+=(.*)$", text, re.M).group(1)))
     assert abs(sum(float(v) for v in z.values()) - 1.0) < 2e-4 and set(z) == {"north", "east", "west"}
+
+
+def test_demo_keep_leaves_the_model_and_says_where(tmp_path):
+    exe = Path(sys.executable).parent / "msa-fed"
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")
+    out = subprocess.run([str(exe), "demo", "--keep", tmp_path / "used"], capture_output=True, text=True, env=env)
+    assert (
+        out.returncode == 1 and out.stderr.strip().startswith("error: --keep ") and "not an empty folder" in out.stderr
+    )
+    keep = tmp_path / "kept"
+    out = subprocess.run([str(exe), "demo", "--keep", keep], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"kept in {keep}: the combined model (msa_fed.load_model('{keep / 'job-output'}'))" in out.stdout
+    assert "(z: each site's weight in the combined model" in out.stdout
+    import msa_fed
+
+    model = msa_fed.load_model(keep / "job-output")
+    assert set(model.site_names) == {"north", "east", "west"}
+    assert (keep / "registry.db").is_file() and (keep / "north" / "site.toml").is_file()

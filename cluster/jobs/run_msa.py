@@ -123,7 +123,7 @@ def preload_msa_fed():
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     argv = list(sys.argv[1:] if argv is None else argv)
     folder = tempfile.mkdtemp(prefix="msa-fed-job-inputs-")  # mode 0700
     atexit.register(shutil.rmtree, folder, True)

@@ -143,6 +143,8 @@ METHOD_RULES: dict[str, MethodRule] = {
                 "FinishJob",
                 "ListJobs",
                 "GetJob",
+                "AppendJobLog",
+                "GetJobLog",
             )
         },
     ),

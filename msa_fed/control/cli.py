@@ -1,10 +1,12 @@
 """``msa-fed registry | admin | site`` commands (see docs/CONTROL_PLANE.md).
 
     msa-fed registry serve --db PATH --listen HOST:PORT [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]
+    msa-fed registry serve --config registry.toml        # the same keys in a file (msa-fed consortium init)
     msa-fed admin issue-token --db PATH (--site NAME | --admin)
     msa-fed admin revoke-token --db PATH (--site NAME | --admin)
     msa-fed admin list-sites --db PATH [--json]
     msa-fed site register --registry HOST:PORT --token T --name NAME [--insecure | --tls-ca F]
+    msa-fed site register --config site.toml             # name, connection and sealing key from site.toml
     msa-fed site publish  (--config site.toml | --registry HOST:PORT --token T) [--predictor MODEL.onnx]
                           [--unlabeled SAMPLE.npy (--config | --labeled DATA.npz | --no-labeled-check)
                            [--drop-shared]]
@@ -92,12 +94,70 @@ def _iso(t: float | None) -> str:
 # --------------------------------------------------------------------------- registry
 
 
+#: registry.toml keys (``registry serve --config``), each the flag of the same name; relative
+#: paths are relative to the file
+REGISTRY_KEYS = {
+    "listen": str,
+    "db": str,
+    "tls_cert": str,
+    "tls_key": str,
+    "tls_ca": str,
+    "insecure": bool,
+    "audit_log": str,
+    "workers": int,
+    "log_level": str,
+}
+_REGISTRY_PATHS = ("db", "tls_cert", "tls_key", "tls_ca", "audit_log")
+_SERVE_DEFAULTS = {"workers": 32, "log_level": "INFO", "insecure": False}
+
+
+def with_registry_config(args):
+    """``registry serve --config registry.toml``: the file's keys fill every option not given on the
+    command line (a flag wins); then the defaults.  Returns ``args``."""
+    from pathlib import Path
+
+    import tomllib
+
+    if args.config:
+        path = Path(args.config).expanduser()
+        text = _read_file(path, "--config", 1 << 20)
+        try:
+            doc = tomllib.loads(text.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {str(path)!r} is not valid TOML: {exc}") from None
+        unknown = sorted(set(doc) - set(REGISTRY_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"--config {str(path)!r}: unknown key(s) {unknown}; expected some of {sorted(REGISTRY_KEYS)}"
+            )
+        base = path.resolve().parent
+        for key, value in doc.items():
+            want = REGISTRY_KEYS[key]
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ConfigError(f"--config {str(path)!r}: {key} must be a {want.__name__}; got {value!r}")
+            if key in _REGISTRY_PATHS:
+                value = str(base / Path(value).expanduser())
+            current = getattr(args, key)
+            if current is None or (key == "insecure" and not current):
+                setattr(args, key, value)
+    for key, value in _SERVE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR; got {args.log_level!r}")
+    missing = [f"--{k}" for k in ("db", "listen") if not getattr(args, k)]
+    if missing:
+        raise ConfigError(f"give {' and '.join(missing)} (or --config registry.toml naming them)")
+    return args
+
+
 def _serve(args) -> int:
     from msa_fed.control.ops_audit import AuditLog
     from msa_fed.control.registry import Limits, Registry
     from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
     from msa_fed.control.sqlite_store import SqliteStore
 
+    args = with_registry_config(args)
     if args.tls_ca and not args.tls_cert:
         raise ConfigError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key too")
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -253,6 +313,11 @@ def _client(args):
 
 def _register(args) -> int:
     from msa_fed.control.records import check_name
+
+    if getattr(args, "config", None):  # msa_fed.federation.cli reads site.toml and clears it
+        raise ConfigError("--config site.toml: not available in this command set; give --registry and --name")
+    if not args.registry or not args.name:
+        raise ConfigError("give --registry HOST:PORT, --name NAME and a token, or --config site.toml")
 
     try:
         check_name(args.name, "--name")
@@ -498,13 +563,21 @@ def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
     reg_sub = command_group(subparsers, "registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")
-    serve.add_argument("--db", required=True, metavar="PATH", help="SQLite database (created if missing)")
-    serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to bind (port 0: any free port)")
+    serve.add_argument(
+        "--config",
+        metavar="registry.toml",
+        help="the registry's settings (msa-fed consortium init writes one): listen, db, tls_cert, tls_key, "
+        "tls_ca, insecure, audit_log, workers, log_level; a flag given here wins",
+    )
+    serve.add_argument("--db", metavar="PATH", help="SQLite database (created if missing)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="address to bind (port 0: any free port)")
     serve.add_argument("--tls-cert", metavar="F", help="server certificate chain (PEM)")
     serve.add_argument("--tls-key", metavar="F", help="server private key (PEM)")
     serve.add_argument("--tls-ca", metavar="F", help="CA (PEM) for client certificates: enables mutual TLS")
-    serve.add_argument("--insecure", action="store_true", help="plaintext; refused unless HOST is loopback")
-    serve.add_argument("--workers", type=int, default=32, help="RPC worker threads (default 32)")
+    serve.add_argument(
+        "--insecure", action="store_true", default=None, help="plaintext; refused unless HOST is loopback"
+    )
+    serve.add_argument("--workers", type=int, help="RPC worker threads (default 32)")
     serve.add_argument("--max-predictor-mb", type=float, default=64.0, help="predictor size limit (default 64 MiB)")
     serve.add_argument("--max-sample-mb", type=float, default=256.0, help="sample size limit (default 256 MiB)")
     serve.add_argument(
@@ -517,7 +590,7 @@ def register(subparsers) -> None:
         "--transfer-idle-s", type=float, default=30.0, help="cut off an upload/download idle this long (default 30 s)"
     )
     serve.add_argument("--audit-log", metavar="FILE", help="append one JSON line per RPC to FILE (docs/OPERATIONS.md)")
-    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     serve.set_defaults(func=_serve)
 
     admin_sub = command_group(subparsers, "admin")
@@ -534,8 +607,14 @@ def register(subparsers) -> None:
 
     site_sub = command_group(subparsers, "site")
     p = site_sub.add_parser("register", help="register this site")
-    _connection_options(p)
-    p.add_argument("--name", required=True, help="site name (must match the token)")
+    _connection_options(p, registry_required=False)
+    p.add_argument(
+        "--config",
+        metavar="site.toml",
+        help="the site's configuration: its name, registry, token, TLS files and sealing key (seal_key's "
+        ".pub) are used unless given here",
+    )
+    p.add_argument("--name", help="site name (must match the token)")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="descriptive label (repeatable)")
     p.add_argument("--seal-key", metavar="FILE.pub", help="the site's public sealing key (msa-fed site keygen)")
     p.set_defaults(func=_register)

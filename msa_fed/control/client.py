@@ -35,13 +35,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_hex
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control.connection import FLAG_LABELS, Connection
+from msa_fed.control.connection import FLAG_LABELS, Connection, diagnose_tls
 from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
 from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
 from msa_fed.control.tokens import parse_token
 from msa_fed.control.transport import parse_address
-from msa_fed.errors import ConfigError, RegistryError
+from msa_fed.errors import ConfigError, RegistryError, TlsError
 
 UPLOAD_CHUNK_BYTES = 1 << 20
 
@@ -102,6 +102,7 @@ class RegistryClient:
     timeout : seconds per unary call; ``transfer_timeout`` per upload/download.
     retries : extra attempts after UNAVAILABLE.
     busy_wait : seconds to keep retrying a transfer the registry refused as busy (0: never).
+    labels : how messages name the options (command-line flags, or a configuration file's keys).
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class RegistryClient:
         transfer_timeout: float = 600.0,
         retries: int = 2,
         busy_wait: float = 120.0,
+        labels: dict[str, str] = FLAG_LABELS,
     ):
         host, _ = parse_address(address, "--registry")
         if token is not None and (not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token)):
@@ -140,7 +142,8 @@ class RegistryClient:
             server_name=server_name,
             timeout=timeout,
         )
-        self._channel = self.connection.open_channel(FLAG_LABELS)
+        self.labels = labels
+        self._channel = self.connection.open_channel(labels)
         self._hint = MTLS_HINT if not insecure and tls_cert is None else ""
         self._stub = pb_grpc.RegistryStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -171,8 +174,22 @@ class RegistryClient:
                     continue
                 attempt += 1
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= attempts:
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        self._raise_tls_mistake()
                     raise _error(exc, self._hint) from None
                 time.sleep(0.2 * 2 ** (attempt - 1))
+
+    def _raise_tls_mistake(self) -> None:
+        """A TlsError in words when the registry is unavailable because of a TLS mistake (a wrong
+        CA, a missing or foreign client certificate, a name mismatch, plaintext against TLS or the
+        reverse): it ends the caller at once, where a registry that is away would be asked again.
+        The same verdict twice, 0.5 s apart: a registry that is restarting is not a mistake."""
+        words = diagnose_tls(self.connection, self.labels)
+        if words is None:
+            return
+        time.sleep(0.5)
+        if diagnose_tls(self.connection, self.labels) == words:
+            raise TlsError(words)
 
     def _unary(self, method, request, retry: bool = True):
         return self._call(lambda: method(request, metadata=self._metadata, timeout=self.timeout), retry=retry)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from msa_fed.control.ops_records import (
+    JOB_CANCELLED,
     JOB_END_STATES,
     JOB_RUNNING,
     MAX_ERROR_CHARS,
@@ -40,6 +41,11 @@ from msa_fed.control.registry import Registry
 from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)
+
+#: a job's log at the registry (msa-fed job log): lines per job, per call, characters per line
+MAX_LOG_LINES = 20_000
+MAX_LOG_LINES_PER_CALL = 1000
+MAX_LOG_LINE_CHARS = 1000
 
 MAX_NAME_CHARS = 200
 TOPOLOGIES_PATTERN_CHARS = 32
@@ -192,12 +198,67 @@ class Operations:
             raise RegistryError("INVALID_ARGUMENT", f"job status must be one of {list(JOB_END_STATES)}; got {status!r}")
         if model_version and self.store.get_combined_model(model_version) is None:
             raise RegistryError("NOT_FOUND", f"no combined model version {model_version} is stored")
+        current = self.store.get_job(job_id)
+        if current is not None and current.status == JOB_CANCELLED:
+            return current  # a cancelled job stays cancelled, whatever its driver records after
+        if status == JOB_CANCELLED:
+            return self._cancel(principal, job_id, current, error)
         record = self.store.finish_job(
             job_id, status, self.registry.clock(), model_version or None, one_line(error, MAX_ERROR_CHARS)
         )
         if record is None:
             raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
         return record
+
+    def _cancel(self, principal: Principal, job_id: str, current: JobRecord | None, reason: str) -> JobRecord:
+        """Record ``job_id`` as cancelled by ``principal`` and stop its traffic at the relay (the
+        registry's ``job_cancelled`` hook): its sites get the job's end, its calls are refused."""
+        if current is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        if current.status != JOB_RUNNING:
+            raise RegistryError("FAILED_PRECONDITION", f"job {job_id} is not running (it is {current.status})")
+        now = self.registry.clock()
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        why = f"cancelled by {principal.name} at {when}" + (f": {reason}" if reason else "")
+        record = self.store.finish_job(job_id, JOB_CANCELLED, now, None, one_line(why, MAX_ERROR_CHARS))
+        if record is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        hook = getattr(self.registry, "job_cancelled", None)
+        if callable(hook):
+            hook(record.name)
+        return record
+
+    def cancelled(self, name: str) -> JobRecord | None:
+        """The newest recorded job named ``name`` when it was cancelled (the relay refuses its calls)."""
+        for record in self.store.list_jobs(100):
+            if record.name == name:
+                return record if record.status == JOB_CANCELLED else None
+        return None
+
+    def append_job_log(self, principal: Principal, job_id: str, lines) -> tuple[int, int]:
+        """Store the driver's progress ``lines`` (each cut to one line of MAX_LOG_LINE_CHARS) for a
+        recorded job; at most MAX_LOG_LINES per job, the rest counted as dropped."""
+        self._admin(principal, "write a job's log")
+        check_job_id(job_id)
+        lines = list(lines)
+        if len(lines) > MAX_LOG_LINES_PER_CALL:
+            raise RegistryError(
+                "INVALID_ARGUMENT", f"at most {MAX_LOG_LINES_PER_CALL} lines per call; got {len(lines)}"
+            )
+        if self.store.get_job(job_id) is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        texts = [one_line(str(text), MAX_LOG_LINE_CHARS) for text in lines]
+        return self.store.append_job_log(job_id, texts, self.registry.clock(), MAX_LOG_LINES)
+
+    def job_log(self, principal: Principal, job_id: str, after: int = 0, limit: int = 0):
+        """(lines (seq, time, text) after ``after``, lines stored, lines dropped) of a recorded job."""
+        self._admin(principal, "read a job's log")
+        check_job_id(job_id)
+        if self.store.get_job(job_id) is None:
+            raise RegistryError("NOT_FOUND", f"no job {job_id!r} was recorded")
+        if after < 0 or not 0 <= limit <= MAX_LOG_LINES_PER_CALL:
+            raise RegistryError("INVALID_ARGUMENT", f"after >= 0 and limit in 0..{MAX_LOG_LINES_PER_CALL}")
+        return self.store.job_log(job_id, after, limit or MAX_LOG_LINES_PER_CALL)
 
     def list_jobs(self, principal: Principal | None, limit: int = 100) -> list[JobRecord]:
         if principal is not None:

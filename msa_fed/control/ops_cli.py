@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -357,6 +358,41 @@ def _job_finish(args) -> int:
     return 0
 
 
+def _job_log(args) -> int:
+    _positive_interval = args.interval if args.interval > 0 else 2.0
+    client, ops = _ops(args)
+    after = 0
+    with client:
+        while True:
+            lines, total, dropped = ops.job_log(args.job_id, after)
+            for seq, when, text in lines:
+                print(f"{iso(when)} {text}" if args.timestamps else text, flush=True)
+                after = seq
+            if len(lines) == 1000:  # more to read at once
+                continue
+            if not args.follow:
+                break
+            job = ops.get_job(args.job_id)
+            if job.status != "running":
+                more, _, dropped = ops.job_log(args.job_id, after)
+                for _, when, text in more:
+                    print(f"{iso(when)} {text}" if args.timestamps else text, flush=True)
+                print(f"job {job.job_id} {job.status}" + (f": {job.error}" if job.error else ""), flush=True)
+                break
+            time.sleep(_positive_interval)
+    if dropped:
+        print(f"({dropped} later line(s) of this job were over the registry's limit and not kept)")
+    return 0
+
+
+def _job_cancel(args) -> int:
+    client, ops = _ops(args)
+    with client:
+        j = ops.finish_job(args.job_id, "cancelled", 0, args.reason or "")
+    print(f"job {j.job_id} ({j.name}) {j.error}; its sites were told to stop, its driver ends at its next call")
+    return 0
+
+
 # --------------------------------------------------------------------------- admin
 
 
@@ -505,6 +541,19 @@ def register(subparsers) -> None:
     p.add_argument("--error", metavar="TEXT", help="its error line (failed)")
     connection_options(p)
     p.set_defaults(func=_job_finish)
+
+    p = job.add_parser("log", help="a job's progress lines, as its driver printed them (kept by the registry)")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--timestamps", action="store_true", help="prefix each line with when the registry got it")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--follow: ask every S seconds")
+    connection_options(p)
+    p.set_defaults(func=_job_log)
+    p = job.add_parser("cancel", help="stop a running job: its sites stop answering it, its driver ends")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--reason", metavar="TEXT", help="why (recorded, and shown by the driver and 'job show')")
+    connection_options(p)
+    p.set_defaults(func=_job_cancel)
 
     admin = command_group(subparsers, "admin")
     p = admin.add_parser("deregister", help="revoke a site's token and remove it; later jobs refuse it")

@@ -70,3 +70,13 @@ class OpsClient:
 
     def get_job(self, job_id: str) -> JobRecord:
         return job_from_pb(self._unary("GetJob", ops_pb.GetJobRequest(job_id=job_id)))
+
+    def append_job_log(self, job_id: str, lines: list[str]) -> tuple[int, int]:
+        """Store progress lines of a recorded job; (lines stored, lines dropped past the limit)."""
+        got = self._unary("AppendJobLog", ops_pb.AppendJobLogRequest(job_id=job_id, lines=lines), retry=False)
+        return int(got.total), int(got.dropped)
+
+    def job_log(self, job_id: str, after: int = 0, limit: int = 0) -> tuple[list[tuple[int, float, str]], int, int]:
+        """(lines (seq, time, text) with seq > ``after``, lines stored, lines dropped)."""
+        got = self._unary("GetJobLog", ops_pb.GetJobLogRequest(job_id=job_id, after=after, limit=limit))
+        return [(int(x.seq), float(x.time), x.text) for x in got.lines], int(got.total), int(got.dropped)

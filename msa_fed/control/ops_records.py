@@ -13,7 +13,9 @@ from msa_fed.errors import RegistryError
 JOB_RUNNING = "running"
 JOB_SUCCEEDED = "succeeded"
 JOB_FAILED = "failed"
-JOB_END_STATES = (JOB_SUCCEEDED, JOB_FAILED)
+JOB_CANCELLED = "cancelled"  # by an admin (msa-fed job cancel); the relay stops the job's traffic
+JOB_INTERRUPTED = "interrupted"  # the driver was stopped (SIGTERM, Ctrl-C)
+JOB_END_STATES = (JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED, JOB_INTERRUPTED)
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 MAX_ERROR_CHARS = 4000

@@ -66,3 +66,15 @@ class OperationsServicer(ops_grpc.OperationsServicer):
     @_unary
     def GetJob(self, request, context):
         return job_to_pb(self.ops.get_job(context.principal, request.job_id))
+
+    @_unary
+    def AppendJobLog(self, request, context):
+        total, dropped = self.ops.append_job_log(context.principal, request.job_id, request.lines)
+        return ops_pb.JobLog(total=total, dropped=dropped)
+
+    @_unary
+    def GetJobLog(self, request, context):
+        lines, total, dropped = self.ops.job_log(context.principal, request.job_id, request.after, request.limit)
+        return ops_pb.JobLog(
+            lines=[ops_pb.JobLogLine(seq=s, time=t, text=x) for s, t, x in lines], total=total, dropped=dropped
+        )

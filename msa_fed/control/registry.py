@@ -149,6 +149,8 @@ class Registry:
 
     #: whether a site's stream is connected to the relay (set by the server that runs the relay)
     site_connected: Callable[[str], bool] | None = None
+    #: set by the server to its relay's ``cancel_job`` (msa-fed job cancel stops the job's traffic)
+    job_cancelled: Callable[[str], None] | None = None
 
     def __init__(self, store: RegistryStore, limits: Limits = Limits(), clock: Callable[[], float] = time.time):
         self.store = store

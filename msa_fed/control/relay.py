@@ -365,12 +365,33 @@ class RelayServicer(pb_grpc.RelayServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only an admin may {action}; the caller is {principal}")
         return principal
 
+    def cancel_job(self, job_id: str) -> None:
+        """An admin cancelled the job (``msa-fed job cancel``): close it here and tell its sites;
+        its calls, and opening it again, are refused from now on (:meth:`_refuse_cancelled`)."""
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            conns = [self._sites[n] for n in (job.sites if job else ()) if n in self._sites]
+        for conn in conns:
+            conn.out.put(pb.RelayToSite(end_job=pb.EndJob(job_id=job_id)))
+        if job is not None:
+            log.info("relay: job %r cancelled; its sites were told", job_id)
+
+    def _refuse_cancelled(self, job_id: str, context) -> None:
+        """FAILED_PRECONDITION naming who cancelled the job, when its newest record is cancelled
+        (read from the store: a registry restarted since still refuses it)."""
+        from msa_fed.control.ops import Operations
+
+        record = Operations(self.registry).cancelled(job_id)
+        if record is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} ({record.job_id}) was {record.error}")
+
     def OpenJob(self, request, context):
         principal = self._admin(context, "open a job")
         if not JOB_ID_PATTERN.match(request.job_id):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "job_id must be 1-128 letters, digits, '_', '.', ':' or '-'"
             )
+        self._refuse_cancelled(request.job_id, context)
         sites = tuple(request.sites)
         if not sites or len(set(sites)) != len(sites):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job names its sites, each once")
@@ -400,6 +421,8 @@ class RelayServicer(pb_grpc.RelayServicer):
         with self._lock:
             job = self._jobs.get(request.job_id)
         if job is None:
+            if JOB_ID_PATTERN.match(request.job_id):
+                self._refuse_cancelled(request.job_id, context)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"no open job {request.job_id[:128]!r}")
         if len(request.calls) > MAX_CALLS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_CALLS} site calls per Call")

@@ -154,6 +154,7 @@ class RegistryServer:
         # the relay (relay.py): each site stream holds a worker thread and a stream slot
         self.relay = add_relay(server, self.registry, max_streams=max(1, min(self.max_streams, self.max_workers - 8)))
         self.registry.site_connected = self.relay.is_connected  # the CONNECTED column of admin list-sites
+        self.registry.job_cancelled = self.relay.cancel_job  # msa-fed job cancel: the relay stops the job
         ops_grpc.add_OperationsServicer_to_server(OperationsServicer(Operations(self.registry)), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -88,6 +88,17 @@ CREATE TABLE IF NOT EXISTS deregistrations (
     deregistered_by  TEXT NOT NULL,
     reason           TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS job_logs (
+    job_id  TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    time    REAL NOT NULL,
+    text    TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS job_log_drops (
+    job_id   TEXT PRIMARY KEY,
+    dropped  INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS jobs (
     seq            INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id         TEXT NOT NULL UNIQUE,
@@ -534,6 +545,35 @@ class SqliteStore(RegistryStore):
     def get_job(self, job_id: str) -> JobRecord | None:
         rows = self._read(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
         return self._job(rows[0]) if rows else None
+
+    def append_job_log(self, job_id: str, lines: list[str], now: float, max_lines: int) -> tuple[int, int]:
+        def fn(c):
+            count = c.execute("SELECT COUNT(*) FROM job_logs WHERE job_id = ?", (job_id,)).fetchone()[0]
+            room = max(0, max_lines - count)
+            c.executemany(
+                "INSERT INTO job_logs (job_id, seq, time, text) VALUES (?, ?, ?, ?)",
+                [(job_id, count + k + 1, now, text) for k, text in enumerate(lines[:room])],
+            )
+            extra = len(lines) - min(room, len(lines))
+            if extra:
+                c.execute(
+                    "INSERT INTO job_log_drops (job_id, dropped) VALUES (?, ?) "
+                    "ON CONFLICT(job_id) DO UPDATE SET dropped = dropped + excluded.dropped",
+                    (job_id, extra),
+                )
+            row = c.execute("SELECT dropped FROM job_log_drops WHERE job_id = ?", (job_id,)).fetchone()
+            return count + min(room, len(lines)), row[0] if row else 0
+
+        return self._write(fn)
+
+    def job_log(self, job_id: str, after: int, limit: int) -> tuple[list[tuple[int, float, str]], int, int]:
+        rows = self._read(
+            "SELECT seq, time, text FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (job_id, int(after), int(limit)),
+        )
+        total = self._read("SELECT COUNT(*) FROM job_logs WHERE job_id = ?", (job_id,))[0][0]
+        drops = self._read("SELECT dropped FROM job_log_drops WHERE job_id = ?", (job_id,))
+        return [(int(s), float(t), str(x)) for s, t, x in rows], int(total), int(drops[0][0]) if drops else 0
 
     def list_jobs(self, limit: int = 100) -> list[JobRecord]:
         rows = self._read(

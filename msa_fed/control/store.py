@@ -184,6 +184,14 @@ class RegistryStore(abc.ABC):
     def list_jobs(self, limit: int = 100) -> list[JobRecord]:
         """The ``limit`` most recently started jobs, newest first."""
 
+    @abc.abstractmethod
+    def append_job_log(self, job_id: str, lines: list[str], now: float, max_lines: int) -> tuple[int, int]:
+        """Append ``lines`` to the job's log, up to ``max_lines`` in all; (lines stored, lines dropped)."""
+
+    @abc.abstractmethod
+    def job_log(self, job_id: str, after: int, limit: int) -> tuple[list[tuple[int, float, str]], int, int]:
+        """((seq, time, text) with seq > ``after``, at most ``limit``), lines stored, lines dropped."""
+
     def close(self) -> None:
         """Release resources; the default does nothing."""
 
@@ -209,6 +217,7 @@ class MemoryStore(RegistryStore):
         self._promotions: list[PromotionRecord] = []
         self._deregistrations: dict[str, DeregistrationRecord] = {}
         self._jobs: dict[str, JobRecord] = {}
+        self._job_logs: dict[str, tuple[list[tuple[int, float, str]], list[int]]] = {}  # (lines, [dropped])
 
     def put_token(self, record: TokenRecord) -> None:
         with self._lock:
@@ -414,3 +423,17 @@ class MemoryStore(RegistryStore):
             jobs = sorted(self._jobs.values(), key=lambda j: j.started_at)  # stable: ties in start order
             jobs.reverse()
             return jobs[:limit]
+
+    def append_job_log(self, job_id: str, lines: list[str], now: float, max_lines: int) -> tuple[int, int]:
+        with self._lock:
+            stored, dropped = self._job_logs.setdefault(job_id, ([], [0]))
+            room = max(0, max_lines - len(stored))
+            start = len(stored)
+            stored.extend((start + k + 1, now, text) for k, text in enumerate(lines[:room]))
+            dropped[0] += len(lines) - min(room, len(lines))
+            return len(stored), dropped[0]
+
+    def job_log(self, job_id: str, after: int, limit: int) -> tuple[list[tuple[int, float, str]], int, int]:
+        with self._lock:
+            stored, dropped = self._job_logs.get(job_id, ([], [0]))
+            return [line for line in stored if line[0] > after][:limit], len(stored), dropped[0]

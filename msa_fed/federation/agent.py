@@ -197,6 +197,7 @@ class SiteAgent:
 
     def _own_record(self, wait_s: float):
         from msa_fed.control.client import RegistryClient
+        from msa_fed.control.connection import KEY_LABELS
         from msa_fed.errors import RegistryError
 
         deadline = time.monotonic() + float(wait_s)
@@ -206,8 +207,8 @@ class SiteAgent:
             # reconnect back-off (up to 120 s), which would hide a registry that is back already
             try:
                 with RegistryClient(
-                    self.config.registry, self.token, retries=0, **self.config.channel_kwargs()
-                ) as client:  # retried here, with a line each time
+                    self.config.registry, self.token, retries=0, labels=KEY_LABELS, **self.config.channel_kwargs()
+                ) as client:  # retried here, with a line each time; a TLS mistake ends the start at once
                     return client.get_site("")
             except RegistryError as exc:
                 if exc.code not in STARTUP_TRANSIENT or time.monotonic() + pause > deadline:

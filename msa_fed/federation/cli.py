@@ -219,6 +219,20 @@ def with_site_config(args):
         raise ConfigError("give --config site.toml or --labeled DATA.npz, not both (site.toml names the data file)")
     config = _config(args)
     args.labeled, args.config = config.data, None
+    if not args.predictor and not args.unlabeled:  # what site.toml names
+        args.predictor = config.predictor
+        if config.unlabeled is None:
+            raise ConfigError(
+                "site publish --config: give --unlabeled SAMPLE.npy, or name the sample in site.toml "
+                '(unlabeled = "unlabeled.npy")'
+            )
+        args.unlabeled = config.unlabeled
+    _connection_from(config, args)
+    return args
+
+
+def _connection_from(config, args) -> None:
+    """Without --registry, the registry, token and TLS files of site.toml."""
     if not args.registry:
         args.registry = config.registry
         if not (args.token or args.token_file):
@@ -227,6 +241,22 @@ def with_site_config(args):
         for key in ("tls_ca", "tls_cert", "tls_key", "server_name"):
             if getattr(args, key) is None:
                 setattr(args, key, getattr(config, key))
+
+
+def with_site_register(args):
+    """``site register --config site.toml``: the site's name, its connection (as for publish) and
+    the public half of its sealing key (``seal_key`` + ``.pub``).  Returns ``args`` for the
+    control CLI's handler (``config`` cleared)."""
+    if not getattr(args, "config", None):
+        return args
+    config = _config(args)
+    args.config = None
+    if args.name and args.name != config.name:
+        raise ConfigError(f"--name {args.name!r} differs from site.toml's name {config.name!r}; drop one")
+    args.name = config.name
+    if args.seal_key is None and config.seal_key:
+        args.seal_key = config.seal_key + ".pub"
+    _connection_from(config, args)
     return args
 
 
@@ -292,6 +322,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     if audit is not None:
         verify = audit.get_default("func")
         audit.set_defaults(func=lambda args: verify(with_site_logs(args)))
+    register_cmd = site.choices.get("register")  # `site register --config site.toml`, the same way
+    if register_cmd is not None:
+        register_site = register_cmd.get_default("func")
+        register_cmd.set_defaults(func=lambda args: register_site(with_site_register(args)))
     publish = site.choices.get("publish")  # `site publish --config site.toml`, the same way
     if publish is not None:
         upload = publish.get_default("func")

@@ -9,6 +9,7 @@
     # insecure = true                      # plaintext, only towards a loopback registry
     data = "data.npz"                      # X_labeled, y_labeled, X_unlabeled
     predictor = "predictor.onnx"           # the ONNX file the site published
+    # unlabeled = "unlabeled.npy"          # the unlabelled sample `site publish --config` publishes
     policy = "policy.toml"                 # the site's privacy policy (defaults when absent)
     audit_log = "audit.jsonl"              # every request answered or refused
     accept_jobs = "admin"                  # "admin": every job the registry's admin issues;
@@ -45,6 +46,7 @@ _PATHS = (
     "tls_key",
     "data",
     "predictor",
+    "unlabeled",
     "policy",
     "audit_log",
     "jobs_db",
@@ -58,6 +60,7 @@ _OPTIONAL = (
     "server_name",
     "insecure",
     "policy",
+    "unlabeled",
     "accept_jobs",
     "jobs_db",
     "ledger",
@@ -80,6 +83,7 @@ class SiteConfig:
     tls_key: str | None = None
     server_name: str | None = None
     insecure: bool = False
+    unlabeled: str | None = None
     policy: str | None = None
     accept_jobs: str = "admin"
     jobs_db: str | None = None

@@ -36,6 +36,15 @@ def open_channel(address: str, *, flag: str = "registry", **tls: Any) -> grpc.Ch
     return Connection(address, **tls).open_channel({**KEY_LABELS, "address": flag})
 
 
+def cancelled(exc: RegistryError) -> Exception:
+    """``exc``, or a JobCancelled when the relay refused the job because an admin cancelled it."""
+    from msa_fed.errors import JobCancelled
+
+    if exc.code == "FAILED_PRECONDITION" and " was cancelled by " in exc.message:
+        return JobCancelled(exc.message)
+    return exc
+
+
 class RelayClient:
     """The job's connection to the relay (admin token); see the module docstring."""
 
@@ -72,7 +81,12 @@ class RelayClient:
                 time.sleep(0.2 * 2**attempt)
 
     def open_job(self, job_id: str, sites) -> list[str]:
-        response = self._unary(self._stub.OpenJob, pb.OpenJobRequest(job_id=job_id, sites=list(sites)), self.timeout)
+        try:
+            response = self._unary(
+                self._stub.OpenJob, pb.OpenJobRequest(job_id=job_id, sites=list(sites)), self.timeout
+            )
+        except RegistryError as exc:
+            raise cancelled(exc) from None
         self._opened[job_id] = list(sites)
         return list(response.connected)
 
@@ -117,7 +131,7 @@ class RelayClient:
                 return [SiteUnreachable(exc.code, f"the registry: {exc.message}") for _ in calls]
             if exc.code == "FAILED_PRECONDITION" and job_id in self._opened and "no open job" in exc.message:
                 return self._reopen(job_id, len(calls))
-            raise
+            raise cancelled(exc) from None
         if len(response.results) != len(request.calls):
             raise RegistryError(
                 "DATA_LOSS", f"the relay answered {len(response.results)} of {len(request.calls)} calls"

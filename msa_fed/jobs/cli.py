@@ -99,6 +99,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo", help="the federated flow end to end on built-in data (local Ray, loopback gRPC)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="a new (or empty) folder that keeps the combined model, the registry's database and the sites' "
+        "folders after the demo (default: everything is removed)",
+    )
     demo.set_defaults(func=_demo)
 
     from msa_fed.jobs.report import register_cli as register_report

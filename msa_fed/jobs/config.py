@@ -10,6 +10,7 @@ cluster/README.md ("Job file"); their checks are the fields' own
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,17 @@ class JobConfig:
         """The channel options of the job's registry connections: plaintext or TLS, with the client
         certificate when the job file or the command line gives one (mutual TLS)."""
         return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
+
+    def connection_labels(self) -> dict[str, str]:
+        """How messages about the registry connection name each option: the job file's key, or
+        the flag that set it (``msa_fed.control.connection.diagnose_tls``)."""
+        return {
+            "address": self._label("registry", "[registry] address"),
+            "insecure": self._label("insecure", "[registry] insecure"),
+            "tls_ca": self._label("tls_ca", "[registry] tls_ca"),
+            "tls_cert": self._label("tls_cert", "[registry] tls_cert"),
+            "tls_key": self._label("tls_key", "[registry] tls_key"),
+        }
 
     def validate(self) -> JobConfig:
         """A checked copy of this config, every field checked (ConfigError naming the table and
@@ -335,6 +347,11 @@ def from_document(doc: dict, **overrides) -> JobConfig:
         if value is not None:
             values[_JOB][name] = value
             origin[name] = flags[name]
+    for name in PATH_FIELDS:  # "~/..." is the home folder of the user who runs the job
+        if isinstance(values[_JOB].get(name), str):
+            values[_JOB][name] = os.path.expanduser(values[_JOB][name])
+    if isinstance(values[_FIT].get("checkpoint_dir"), str):
+        values[_FIT]["checkpoint_dir"] = os.path.expanduser(values[_FIT]["checkpoint_dir"])
     fit = FitConfig(
         runtime="ray",
         classifier=ClassifierConfig(**values[_CLASSIFIER]),
@@ -344,6 +361,9 @@ def from_document(doc: dict, **overrides) -> JobConfig:
     )
     return JobConfig(fit=fit, origin=origin, **values[_JOB]).validate()
 
+
+#: the job's fields that name files on the driver's machine ("~" expanded)
+PATH_FIELDS = ("tls_ca", "tls_cert", "tls_key", "admin_token_file", "job_key")
 
 #: [run] keys that only one topology uses: giving one under the other is an error, not ignored
 #: (ray_address and data_channel apply to both: the federated topology's stand-in actors run on Ray too)
@@ -367,7 +387,7 @@ def _checked(target: str, name: str, value, label: str):
 def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
     if not path:
         raise ConfigError(f"{what} is required")
-    p = Path(path)
+    p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"{what}: {path!r} not found" if not p.exists() else f"{what}: {path!r} is not a file")
     try:

@@ -123,7 +123,30 @@ def site_summary(folder) -> list[str]:
     return lines
 
 
-def run_demo(random_state: int = 0, log=_print) -> dict:
+def _workdir(keep):
+    """The demo's folder: a temporary one, or ``keep`` (new or empty), which is left in place."""
+    from contextlib import nullcontext
+
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="msa-fed-demo-")
+    path = check_keep(keep)
+    path.mkdir(parents=True, exist_ok=True)
+    return nullcontext(str(path))
+
+
+def check_keep(keep) -> Path:
+    """``--keep DIR`` as an absolute path, refused when it holds anything (ConfigError)."""
+    from msa_fed.errors import ConfigError
+
+    path = Path(keep).expanduser().resolve()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"--keep {str(keep)!r} exists and is not an empty folder; give a new one")
+    return path
+
+
+def run_demo(random_state: int = 0, log=_print, keep=None) -> dict:
+    """The demo (see the module docstring); ``keep``: a folder that keeps the registry's database,
+    each site's folder and the combined model after the demo, else everything is removed."""
     from msa_fed import SiteData, fit_gmsa
     from msa_fed.control.client import RegistryClient
     from msa_fed.experiments.demo_data import SITES, make_federation
@@ -141,7 +164,7 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
         h = LogisticRegression().fit(d["X_train"], d["y_train"])
         predictors[name] = h
         files[name] = SiteFiles(d["X_labeled"], d["y_labeled"], d["X_unlabeled"], export_sklearn(h, n_features=2))
-    with tempfile.TemporaryDirectory(prefix="msa-fed-demo-") as tmp:
+    with _workdir(keep) as tmp:
         with LocalFederation(Path(tmp), files, policies={n: DEMO_POLICY for n in SITES}) as lf:
             log(
                 f"registry: listening on {lf.address} (loopback, plaintext by --insecure), relay on, "
@@ -213,12 +236,22 @@ def run_demo(random_state: int = 0, log=_print) -> dict:
     import ray
 
     ray.shutdown()  # the local Ray the demo started: its stop is part of the demo's time
-    log(f"\ndemo finished in {time.time() - t0:.1f} s (its registry, sites and folders are removed)")
+    if keep is None:
+        log(f"\ndemo finished in {time.time() - t0:.1f} s (its registry, sites and folders are removed)")
+    else:
+        log(
+            f"\ndemo finished in {time.time() - t0:.1f} s; kept in {tmp}: the combined model "
+            f"(msa_fed.load_model('{Path(tmp) / 'job-output'}')), the registry's database and each site's "
+            "folder with its audit log"
+        )
     return rows
 
 
 def main_demo(args) -> int:
-    rows = run_demo(random_state=args.seed)
+    keep = getattr(args, "keep", None)
+    if keep is not None:
+        check_keep(keep)  # before any work
+    rows = run_demo(random_state=args.seed, keep=keep)
     if rows["DMSA"]["uniform"] < rows["unif"]["uniform"]:
         print("error: DMSA was less accurate than the uniform combination on the uniform mixture", file=sys.stderr)
         return 1

@@ -16,6 +16,8 @@ Used by :func:`msa_fed.jobs.run.run_job`:
 from __future__ import annotations
 
 import shlex
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -39,7 +41,7 @@ from msa_fed.control.ops_models import (
     registry_manifest,
     upload_with_retry,
 )
-from msa_fed.control.ops_records import JOB_FAILED, JOB_SUCCEEDED
+from msa_fed.control.ops_records import JOB_FAILED, JOB_INTERRUPTED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
 DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"  # relative to the driver's working directory
@@ -66,6 +68,31 @@ class ResultNotStoredError(MsaFedError):
     def __init__(self, message: str, saved_dir: Path):
         super().__init__(message)
         self.saved_dir = saved_dir
+
+
+def interrupt_cause(error: KeyboardInterrupt) -> str:
+    """What stopped the driver: the signal a JobInterrupted names, else Ctrl-C."""
+    from msa_fed.errors import JobInterrupted
+
+    return str(error.args[0]) if isinstance(error, JobInterrupted) and error.args else "Ctrl-C"
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises :class:`msa_fed.errors.JobInterrupted` in the main thread, so that the job
+    ends as Ctrl-C does: recorded as interrupted, one line.  Called again after Ray started (its
+    driver handler exits with status 15 and no record; its native one prints stack frames)."""
+    import signal
+    import threading
+
+    from msa_fed.errors import JobInterrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, _frame):
+        raise JobInterrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def new_job_id() -> str:
@@ -133,6 +160,9 @@ class JobTracker:
         self.finish(JOB_SUCCEEDED, model_version)
 
     def failed(self, error: BaseException) -> None:
+        if isinstance(error, KeyboardInterrupt):  # SIGTERM (JobInterrupted) or Ctrl-C
+            self.finish(JOB_INTERRUPTED, error=f"interrupted ({interrupt_cause(error)})")
+            return
         self.finish(
             JOB_FAILED, error=f"{type(error).__name__}: {error}" if not isinstance(error, MsaFedError) else str(error)
         )
@@ -230,7 +260,11 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
     """The final summary: z, per-site L_k(z), the objective, the DC rounds each site answered,
     and epsilon spent when DP is on."""
     names = model.site_names
-    lines = ["z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z))]
+    lines = [
+        "z      = " + "  ".join(f"{n}={v:.4f}" for n, v in zip(names, model.z)),
+        "         (z: each site's weight in the combined model, which predicts a point by mixing the sites' "
+        "predictors in proportion to z_k times how likely the point comes from site k)",
+    ]
     eps = getattr(model, "epsilon_by_site", None) or {}
     values, texts, measured = reported_losses(model.info, model.domain_losses, eps)
     if texts:
@@ -354,3 +388,85 @@ def store_result(
             f"store it later with: {command(saved.resolve())}",
             saved.resolve(),
         ) from None
+
+
+class _Tee:
+    """A text stream that writes to ``stream`` and hands every complete line to ``line``."""
+
+    def __init__(self, stream, line: Callable[[str], None]):
+        self._stream, self._line, self._part = stream, line, ""
+
+    def write(self, text: str) -> int:
+        n = self._stream.write(text)
+        self._part += text
+        *lines, self._part = self._part.split("\n")
+        for item in lines:
+            item = item.rsplit("\r", 1)[-1].strip()  # a progress bar's last state
+            if item:
+                self._line(item)
+        if len(self._part) > 4000:  # no newline for long: a bar redrawn in place
+            self._part = self._part.rsplit("\r", 1)[-1][-4000:]
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class JobLogSender:
+    """The driver's output as the job's log in the registry (``msa-fed job log JOB_ID``): every
+    line printed on stdout or stderr while the job runs is sent, in batches every ``interval``
+    seconds once the job is recorded, best effort (a registry away keeps them for the next try,
+    up to ``MAX_PENDING``; the job never waits for its log)."""
+
+    MAX_PENDING = 5000
+    BATCH = 500
+
+    def __init__(self, connect, tracker: JobTracker, interval: float = 2.0):
+        self.connect, self.tracker, self.interval = connect, tracker, float(interval)
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved: tuple = ()
+
+    def _add(self, line: str) -> None:
+        with self._lock:
+            if len(self._pending) < self.MAX_PENDING:
+                self._pending.append(line)
+
+    def flush(self) -> None:
+        if not self.tracker.started:
+            return
+        with self._lock:
+            batch = self._pending[: self.BATCH]
+        if not batch:
+            return
+        try:
+            with self.connect() as client:
+                OpsClient(client).append_job_log(self.tracker.job_id, batch)
+        except (MsaFedError, OSError):
+            return  # kept for the next try
+        with self._lock:
+            del self._pending[: len(batch)]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def __enter__(self) -> JobLogSender:
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._add), _Tee(sys.stderr, self._add)
+        self._thread = threading.Thread(target=self._run, name="job-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout, sys.stderr = self._saved
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for _ in range(self.MAX_PENDING // self.BATCH):  # what is left, while the registry takes it
+            before = len(self._pending)
+            self.flush()
+            if not self._pending or len(self._pending) == before:
+                break

@@ -35,16 +35,19 @@ from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
 from msa_fed.control.ops_models import unpack_model
-from msa_fed.errors import ArtifactError, ConfigError, PeerFault
+from msa_fed.errors import ArtifactError, ConfigError, JobInterrupted, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
     output_root,
     DEFAULT_UPLOAD_RETRY_S,
     FINISH_RETRY_S,
+    JobLogSender,
     JobTracker,
     channel_lines,
     check_output_dir,
     connection_flags,
+    interrupt_cause,
+    interrupt_on_sigterm,
     select_sites,
     site_lines,
     store_result,
@@ -116,9 +119,12 @@ def run_job(
     if config.fit.topology == "federated":
         config.check_sealed()
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
+    interrupt_on_sigterm()
+
+    labels = config.connection_labels()  # a TLS mistake names the job file's key or the flag
 
     def connect():
-        return RegistryClient(config.registry, admin_token, retries=0, **config.client_tls())
+        return RegistryClient(config.registry, admin_token, retries=0, labels=labels, **config.client_tls())
 
     flags = connection_flags(config.registry, admin_token_file=config.admin_token_file, **config.client_tls())
     tracker = JobTracker(
@@ -132,11 +138,18 @@ def run_job(
         finish_retry_s=min(FINISH_RETRY_S, upload_retry_for),  # a registry down that long is down for now
     )
     try:
-        with RegistryClient(config.registry, admin_token, **config.client_tls()) as client:
+        with (
+            JobLogSender(connect, tracker),  # the driver's lines: msa-fed job log JOB_ID
+            RegistryClient(config.registry, admin_token, labels=labels, **config.client_tls()) as client,
+        ):
             plan = plan_job(config, client, tracker, log)
             backend = job_backend(config, plan, client, admin_token, ray_init_kwargs, log)
             model = fit_job(config, plan, backend, verbose, log)
             record = store_job(config, plan, backend, model, tracker, connect, output_dir, upload_retry_for, log)
+    except KeyboardInterrupt as exc:  # SIGTERM or Ctrl-C: recorded as interrupted, one line
+        tracker.failed(exc)
+        recorded = "; recorded in the registry as interrupted" if tracker.started else ""
+        raise JobInterrupted(f"job {tracker.job_id} interrupted ({interrupt_cause(exc)}){recorded}") from None
     except BaseException as exc:
         tracker.failed(exc)
         raise
@@ -203,6 +216,7 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
 
     fit = config.fit
     ensure_ray(fit.ray.address, **{**fit.ray.init_kwargs, **(ray_init_kwargs or {})})
+    interrupt_on_sigterm()  # Ray's driver handler replaced ours
     sites: Any
     if fit.topology == "federated":
         from msa_fed.federation.job import relayed_sites

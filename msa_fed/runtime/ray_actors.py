@@ -64,7 +64,26 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
                 raise
             log.warning("Ray did not start in time (machine loaded?); trying again")
             ray.shutdown()
+    if address == "local":
+        private_ray_token()
     return ray
+
+
+def private_ray_token(path: str | os.PathLike | None = None) -> bool:
+    """Make the token Ray keeps for a local cluster (``~/.ray/auth_token``) readable by its owner
+    only: Ray 2.60 writes it 0644, and it admits whoever holds it to the cluster.  True when a
+    file was tightened; a file of another user is left alone."""
+    import stat
+
+    token = Path(path) if path is not None else Path.home() / ".ray" / "auth_token"
+    try:
+        info = token.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or not info.st_mode & 0o077:
+        return False
+    os.chmod(token, stat.S_IMODE(info.st_mode) & 0o700)
+    return True
 
 
 #: the Ray module that reports its dashboard process's failure to start (with its log's tail)

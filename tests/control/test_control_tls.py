@@ -6,7 +6,7 @@ import pytest
 from control_helpers import make_pki
 
 from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, TlsConfig
-from msa_fed.errors import ConfigError, RegistryError
+from msa_fed.errors import ConfigError, RegistryError, TlsError
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +22,17 @@ def other_pki():
 @pytest.fixture
 def registry():
     return Registry(MemoryStore())
+
+
+def expect_tls_mistake(fn, *words):
+    """A TLS mistake is a TlsError in words (never retried, never the TLS library's text)."""
+    with pytest.raises(TlsError) as err:
+        fn()
+    text = str(err.value)
+    assert "\n" not in text and "SSL" not in text and "UNAVAILABLE" not in text, text
+    for word in words:
+        assert word in text, (word, text)
+    return err.value
 
 
 def expect_code(fn, code):
@@ -42,10 +53,10 @@ def test_tls_end_to_end(registry, pki, other_pki):
                 assert client.health() == "SERVING"
         # a client that trusts another CA refuses the server
         with RegistryClient(server.address, token, tls_ca=other_pki.ca, retries=0, timeout=5) as client:
-            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+            expect_tls_mistake(lambda: client.heartbeat(), "is not signed by the CA in --tls-ca", "(unknown CA)")
         # a plaintext client against the TLS server fails cleanly, and the server survives
         with RegistryClient(server.address, token, insecure=True, retries=0, timeout=5) as client:
-            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+            expect_tls_mistake(lambda: client.heartbeat(), "speaks TLS, and --insecure is plaintext")
         with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0) as client:
             assert client.heartbeat().server_time > 0
 
@@ -67,7 +78,7 @@ def test_mutual_tls(registry, pki, other_pki, tmp_path):
             assert client.register("site-a").name == "site-a"
         # no client certificate
         with RegistryClient(server.address, token, tls_ca=pki.ca, retries=0, timeout=5) as client:
-            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+            expect_tls_mistake(lambda: client.heartbeat(), "requires a client certificate (mutual TLS)")
         # a client certificate from a CA the server does not trust
         with RegistryClient(
             server.address,
@@ -78,7 +89,7 @@ def test_mutual_tls(registry, pki, other_pki, tmp_path):
             retries=0,
             timeout=5,
         ) as client:
-            expect_code(lambda: client.heartbeat(), "UNAVAILABLE")
+            expect_tls_mistake(lambda: client.heartbeat(), "refused the client certificate --tls-cert", "not signed")
         # a good certificate does not replace the token
         with RegistryClient(
             server.address, None, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key, retries=0

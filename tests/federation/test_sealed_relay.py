@@ -613,7 +613,8 @@ def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray,
         )
         errors = [line for line in refused.stderr.splitlines() if line.startswith("error")]
         assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-2000:]
-        assert "UNAVAILABLE" in errors[0] and "--tls-cert and --tls-key" in errors[0], errors
+        assert "requires a client certificate (mutual TLS)" in errors[0], errors  # in words, at once
+        assert "[registry] tls_cert and [registry] tls_key" in errors[0], errors
 
         cert_flags = ["--tls-cert", pki["operator_cert"], "--tls-key", pki["operator_key"]]
         done = subprocess.run(

@@ -58,9 +58,12 @@ def test_progress_writes_lines_when_stderr_is_a_file(monkeypatch, capsys):
     assert not hasattr(Progress(verbose=False).bar("x"), "n")
 
 
-def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch):
-    """An interrupted solve resumes printing the solver's objective (max_k L_k by default) under that
-    name; a finished one prints Gamma under the name Gamma."""
+def test_resume_message_says_how_many_answered_rounds_it_keeps(tmp_path, capsys, monkeypatch):
+    """An interrupted solve resumes from the rounds the sites already answered and says how many it
+    keeps; the resumed fit is the uninterrupted one, and a rerun of a finished solve keeps them all."""
+    import re
+
+    import numpy as np
     import pytest
     from demo_sites import demo_sites
 
@@ -86,11 +89,19 @@ def test_resume_message_names_the_value_it_prints(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(coordinator, "solve_dc", real_solve)
     capsys.readouterr()
     model = msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
+    pattern = (
+        r"DC solver: resuming from checkpoint: (\d+) rounds the sites answered are kept; "
+        r"the sites are asked only the others"
+    )
     resumed = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
-    assert resumed == [f"DC solver: resuming from checkpoint at iteration 2, max_k L_k={seen[1]:.3g}"]
+    assert len(resumed) == 1 and (first := re.fullmatch(pattern, resumed[0]))
+    assert int(first.group(1)) >= 2  # the two iterations answered before the interrupt
+    uninterrupted = msa_fed.fit_dmsa(sites)
+    np.testing.assert_allclose(model.z, uninterrupted.z, atol=1e-9)
     msa_fed.fit_dmsa(sites, checkpoint_dir=str(tmp_path), verbose=True)
     resumed = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
-    assert len(resumed) == 1 and resumed[0].endswith(f"Gamma={model.gamma:.3g}")
+    assert len(resumed) == 1 and (again := re.fullmatch(pattern, resumed[0]))
+    assert int(again.group(1)) > int(first.group(1))  # the finished solve's rounds are all kept
 
 
 def test_a_restarting_solver_numbers_each_runs_iterations_from_one(monkeypatch, capsys):

@@ -48,7 +48,10 @@ def test_report_holds_z_losses_sites_sha256_and_four_plots(report):
     path, model, model_dir = report
     text = path.read_text()
     assert "msa_fed combined model 1" in text
-    for name, z, loss in zip(model.site_names, model.z, model.domain_losses):
+    # each site's loss is the one the site measured on its own labelled data (its verdict)
+    measured = model.info["site_check"]["combined"]
+    assert len(measured) == len(model.site_names)
+    for name, z, loss in zip(model.site_names, model.z, measured):
         assert f"<td>{name}</td><td>{z:.4f}</td><td>{loss:.4f}</td>" in text
     import json
 

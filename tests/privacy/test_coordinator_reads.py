@@ -42,6 +42,21 @@ def test_passive_decoding_of_one_honest_transcript(honest):
     assert T.recovered(victim, site, site.X_unlabeled) <= CHANCE
 
 
+def test_the_decoder_reads_every_answer_exactly(honest):
+    """The decoder's model of the site is exact: at the true labelled inputs and labels every
+    row of the transcript's system holds to rounding, the lockstep rounds' batched requests and
+    the harm verdict included (a misread answer leaves a residual; an unread one fails)."""
+    sites, _model, live = honest
+    victim, site = live["s0"], sites[0]
+    assert any(x[0] == "dc_evaluate" and np.ndim(x[1].z) == 2 for x in victim.transcript)
+    A, b, source = T.system(victim, site.X_labeled, site.X_labeled.shape[0])
+    assert {"dc_evaluate", "harm"} <= set(source)
+    residual = A @ site.y_labeled - b
+    for kind in ("dc_evaluate", "harm"):
+        rows = np.asarray(source) == kind
+        assert np.abs(residual[rows]).max() <= 1e-9 * max(1.0, np.abs(b[rows]).max()), kind
+
+
 def test_z_eta_sweep_with_the_honest_classifier(honest):
     sites, _model, live = honest
     victim, site = live["s0"], sites[0]

@@ -52,8 +52,9 @@ def test_site_publish_refuses_a_sample_holding_labelled_inputs(tmp_path, capsys)
     argv = ["site", "publish", "--registry", "127.0.0.1:9", "--token", "t", "--insecure"]
     assert main(argv + ["--unlabeled", str(tmp_path / "sample.npy"), "--labeled", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "shares rows with the labelled inputs" in err and len(err.strip().splitlines()) == 1
+    assert "2 of the 50 rows of the sample are labelled inputs" in err and "--drop-shared" in err
+    assert len(err.strip().splitlines()) == 1
     # a .npy of the labelled inputs works too
     np.save(tmp_path / "labelled.npy", np.load(path)["X_labeled"])
     assert main(argv + ["--unlabeled", str(tmp_path / "sample.npy"), "--labeled", str(tmp_path / "labelled.npy")]) == 1
-    assert "shares rows" in capsys.readouterr().err
+    assert "are labelled inputs of this site" in capsys.readouterr().err

@@ -111,15 +111,17 @@ def test_request_writes_answered_refused_and_error_records_with_the_same_fields(
             raise KeyboardInterrupt
     recs = _record_lines(guard)
     assert [list(r) for r in recs] == [
-        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "run", "prev"],
-        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "rule", "detail", "run", "prev"],
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "run", "charged", "prev"],
+        ["time", "site", "job", "request", "sizes", "decisions", "outcome", "rule", "detail", "run", "charged", "prev"],
         ["time", "site", "job", "request", "sizes", "decisions", "outcome", "rule", "detail", "run", "prev"],
         ["time", "site", "job", "request", "sizes", "decisions", "outcome", "detail", "run", "prev"],
     ]
     assert recs[0]["decisions"] == {"dc_evaluations_job": 1, "eta": 0.01} and recs[0]["outcome"] == "answered"
     assert recs[0]["job"] == "name" and recs[0]["run"] == "name@digest#run"
+    assert recs[0]["charged"] == {"dc_evaluation": 1}  # what the answer counts toward the rolling day
     assert recs[1]["outcome"] == "refused" and recs[1]["rule"] == "budget"
     assert recs[1]["decisions"] == {}  # refused before the counts were returned
+    assert recs[1]["charged"] == {"dc_evaluation": 1}  # a refused query is counted too (no free probing)
     assert recs[2]["decisions"] == {"own_share": 0.25} and recs[2]["rule"] == "qhat"
     assert "0.25" not in str(err.value)
     assert recs[3]["outcome"] == "error" and recs[3]["detail"] == "ZeroDivisionError"

@@ -31,6 +31,7 @@ from msa_fed.privacy.verify import capped_to_published
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
+from msa_fed.site.methods import COUNTED
 from msa_fed.site.worker import SiteWorker, build_domain_model
 
 N = 300
@@ -62,7 +63,10 @@ def federation(p: int = 3, n: int = N, seed: int = 0, centers=None) -> list[Site
 
 
 class RecordingSite(SiteWorker):
-    """A site worker that keeps every request and answer (what the coordinator holds)."""
+    """A site worker that keeps every request and answer (what the coordinator holds) of every
+    request a site counts (msa_fed/site/methods.py COUNTED) but ``info`` (its counts and public
+    classes): whatever the coordinator asks next is in the transcript, and :func:`system` reads
+    it or fails."""
 
     live: dict = {}
 
@@ -71,20 +75,13 @@ class RecordingSite(SiteWorker):
         self.transcript: list = []
         RecordingSite.live[self.name] = self
 
-    def _rec(self, method, msg, call):
+    def handle(self, method, msg):
+        if method not in COUNTED or method == "info":
+            return super().handle(method, msg)
         sent = copy.deepcopy(msg)  # in-process the solver reuses its arrays after the call
-        out = call(msg)
+        out = super().handle(method, msg)
         self.transcript.append((method, sent, copy.deepcopy(out)))
         return out
-
-    def set_domain_model(self, msg):
-        return self._rec("set_domain_model", msg, super().set_domain_model)
-
-    def set_qhat(self, msg):
-        return self._rec("set_qhat", msg, super().set_qhat)
-
-    def dc_evaluate(self, msg):
-        return self._rec("dc_evaluate", msg, super().dc_evaluate)
 
 
 def honest_fit(sites: list[SiteData], policies=None, **config):
@@ -133,8 +130,26 @@ def _per_point(w, pi, H, z, eta, what) -> np.ndarray:
     return np.hstack(parts)
 
 
-def _flat(sums, what) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(getattr(sums, name), dtype=np.float64)) for name in what])
+def _flat(sums, what, row: int | None = None) -> np.ndarray:
+    """The answer's numbers for ``what``, in :func:`_per_point`'s column order; ``row``: the
+    row of a batched answer (sums of shape (m, p) and (m, p, p), one row per z of the batch)."""
+    parts = []
+    for name in what:
+        value = np.asarray(getattr(sums, name), dtype=np.float64)
+        parts.append(np.ravel(value if row is None else value[row]))
+    return np.concatenate(parts)
+
+
+def _per_point_harm(w, pi, H, z, eta, own, clip, n) -> np.ndarray:
+    """(m, r + 1): each point's share of a harm answer's means (msa_fed/core/harm.py): the
+    combined model's loss at each row of z (r, p), then the site's own predictor's (column
+    ``own``), each per-point loss clipped to [0, clip]; a mean over the site's n points."""
+    H = np.maximum(H, PROB_FLOOR)
+    p = w.shape[1]
+    ratios = w / pi[:, None]  # q_k(x_i): the weights without the point's share pi_i
+    g = ((ratios * H) @ z.T + (eta / p) * H.sum(axis=1)[:, None]) / (ratios @ z.T + eta)
+    losses = np.column_stack([-np.log(np.maximum(g, PROB_FLOOR)), -np.log(H[:, own])])
+    return np.clip(losses, 0.0, clip) / n
 
 
 def public_view(model, worker: SiteWorker):
@@ -147,15 +162,16 @@ def public_view(model, worker: SiteWorker):
     return capped_to_published(model, {"verify_phi_max": float(np.linalg.norm(Phi, axis=1).max())})
 
 
-def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
-    """Least-squares label bits (0/1) of the candidate inputs X_guess from the worker's
-    transcript (the public domain model, qhat, z, eta and the public predictors; n = the
-    site's number of labelled points, which it reports)."""
+def system(worker: SiteWorker, X_guess: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(A, b, source): the worker's transcript as a linear system A bits = b in the label bits
+    (0/1) of the candidate inputs X_guess (from the public domain model, qhat, z, eta, the
+    public predictors and policy; n = the site's number of labelled points, which it reports);
+    ``source``: the request each row comes from.  A request it cannot read is an error."""
     P = worker.predictors
     p = len(P)
     Hs = [np.column_stack([h.predict_proba(X_guess)[:, lab] for h in P]) for lab in (0, 1)]
     pi = np.full(X_guess.shape[0], 1.0 / (p * n))
-    rows, rhs = [], []
+    rows, rhs, source = [], [], []
     model = None
     w = None
     for method, msg, out in worker.transcript:
@@ -164,14 +180,32 @@ def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
         elif method == "set_qhat":
             qhat = np.asarray(msg.qhat, dtype=np.float64)
             w = pi[:, None] * model.predict_proba(X_guess) / qhat[None, :]
-        elif method == "dc_evaluate" and w is not None:
+        elif method == "dc_evaluate":
             what = tuple(x for x in ("L", "dL") if x in msg.what)
             z, eta = np.asarray(msg.z, dtype=np.float64), float(msg.eta)
-            c0, c1 = (_per_point(w, pi, Hs[lab], z, eta, what) for lab in (0, 1))
+            # a lockstep round asks several z in one request (one row of z and of the sums each)
+            for j, zj in enumerate(np.atleast_2d(z)):
+                c0, c1 = (_per_point(w, pi, Hs[lab], zj, eta, what) for lab in (0, 1))
+                rows.append((c1 - c0).T)
+                rhs.append(_flat(out.sums, what, None if z.ndim == 1 else j) - c0.sum(axis=0))
+                source += [method] * c0.shape[1]
+        elif method == "harm":
+            # the site's verdict: mean losses over its labelled points at each z, and its own
+            # predictor's; each point's clipped loss takes one of two values, so these are rows too
+            z, eta = np.atleast_2d(np.asarray(msg.z, dtype=np.float64)), float(msg.eta)
+            clip = float(worker.policy.loss_clip)
+            c0, c1 = (_per_point_harm(w, pi, Hs[lab], z, eta, worker.index, clip, n) for lab in (0, 1))
             rows.append((c1 - c0).T)
-            rhs.append(_flat(out.sums, what) - c0.sum(axis=0))
-    A = np.vstack(rows)
-    b = np.concatenate(rhs)
+            rhs.append(np.append(out.combined, out.own) - c0.sum(axis=0))
+            source += [method] * c0.shape[1]
+        else:
+            raise ValueError(f"the decoder does not read {method!r} answers")
+    return np.vstack(rows), np.concatenate(rhs), source
+
+
+def decode(worker: SiteWorker, X_guess: np.ndarray, n: int) -> np.ndarray:
+    """Least-squares label bits (0/1) of the candidate inputs X_guess (:func:`system`)."""
+    A, b, _source = system(worker, X_guess, n)
     sol, *_ = np.linalg.lstsq(A, b, rcond=None)
     return (np.clip(sol, 0, 1) > 0.5).astype(int)
 
@@ -194,6 +228,6 @@ def sweep(worker: SiteWorker, n_queries: int, seed: int = 0) -> int:
     for _ in range(n_queries):
         z = rng.dirichlet(np.full(p, 0.3))
         eta = worker.policy.eta_min * 10 ** rng.uniform(0, 3)
-        worker.dc_evaluate(m.DCRequest(z=z, eta=eta, what=("L", "dL")))
+        worker.handle("dc_evaluate", m.DCRequest(z=z, eta=eta, what=("L", "dL")))
         got += 1
     return got

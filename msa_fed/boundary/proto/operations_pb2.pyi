@@ -166,3 +166,41 @@ class GetJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobLogLine(_message.Message):
+    __slots__ = ("seq", "time", "text")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time: float
+    text: str
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
+
+class AppendJobLogRequest(_message.Message):
+    __slots__ = ("job_id", "lines")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetJobLogRequest(_message.Message):
+    __slots__ = ("job_id", "after", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    after: int
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class JobLog(_message.Message):
+    __slots__ = ("lines", "total", "dropped")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedCompositeFieldContainer[JobLogLine]
+    total: int
+    dropped: int
+    def __init__(self, lines: _Optional[_Iterable[_Union[JobLogLine, _Mapping]]] = ..., total: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...

@@ -79,6 +79,16 @@ class OperationsStub:
                 request_serializer=msa__fed_dot_v1_dot_operations__pb2.GetJobRequest.SerializeToString,
                 response_deserializer=msa__fed_dot_v1_dot_operations__pb2.JobInfo.FromString,
                 _registered_method=True)
+        self.AppendJobLog = channel.unary_unary(
+                '/msa_fed.v1.Operations/AppendJobLog',
+                request_serializer=msa__fed_dot_v1_dot_operations__pb2.AppendJobLogRequest.SerializeToString,
+                response_deserializer=msa__fed_dot_v1_dot_operations__pb2.JobLog.FromString,
+                _registered_method=True)
+        self.GetJobLog = channel.unary_unary(
+                '/msa_fed.v1.Operations/GetJobLog',
+                request_serializer=msa__fed_dot_v1_dot_operations__pb2.GetJobLogRequest.SerializeToString,
+                response_deserializer=msa__fed_dot_v1_dot_operations__pb2.JobLog.FromString,
+                _registered_method=True)
 
 
 class OperationsServicer:
@@ -142,6 +152,19 @@ class OperationsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendJobLog(self, request, context):
+        """The job's progress lines, sent by its driver; read from any machine with the admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperationsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +212,16 @@ def add_OperationsServicer_to_server(servicer, server):
                     servicer.GetJob,
                     request_deserializer=msa__fed_dot_v1_dot_operations__pb2.GetJobRequest.FromString,
                     response_serializer=msa__fed_dot_v1_dot_operations__pb2.JobInfo.SerializeToString,
+            ),
+            'AppendJobLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendJobLog,
+                    request_deserializer=msa__fed_dot_v1_dot_operations__pb2.AppendJobLogRequest.FromString,
+                    response_serializer=msa__fed_dot_v1_dot_operations__pb2.JobLog.SerializeToString,
+            ),
+            'GetJobLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobLog,
+                    request_deserializer=msa__fed_dot_v1_dot_operations__pb2.GetJobLogRequest.FromString,
+                    response_serializer=msa__fed_dot_v1_dot_operations__pb2.JobLog.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -434,6 +467,60 @@ class Operations:
             '/msa_fed.v1.Operations/GetJob',
             msa__fed_dot_v1_dot_operations__pb2.GetJobRequest.SerializeToString,
             msa__fed_dot_v1_dot_operations__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendJobLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/msa_fed.v1.Operations/AppendJobLog',
+            msa__fed_dot_v1_dot_operations__pb2.AppendJobLogRequest.SerializeToString,
+            msa__fed_dot_v1_dot_operations__pb2.JobLog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/msa_fed.v1.Operations/GetJobLog',
+            msa__fed_dot_v1_dot_operations__pb2.GetJobLogRequest.SerializeToString,
+            msa__fed_dot_v1_dot_operations__pb2.JobLog.FromString,
             options,
             channel_credentials,
             insecure,
