@@ -88,19 +88,25 @@ def harmed(combined: float, own: float, tolerance: float) -> bool:
 
 
 def suspects(
-    names: Sequence[str], combined: np.ndarray, own: np.ndarray, tolerance: np.ndarray
+    names: Sequence[str],
+    combined: np.ndarray,
+    own: np.ndarray,
+    tolerance: np.ndarray,
+    noisy: Sequence[bool] | None = None,
 ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """(suspects, {harmed site: the sites whose exclusion removes its harm}).
 
     combined (p, 1 + p): row k, site k's measured loss at the model's z (column 0) and at each
     z^{-j} (column 1 + j);  own (p,), tolerance (p,).  Site j is a suspect when some harmed
-    site k != j is not harmed at z^{-j}."""
+    site k != j is not harmed at z^{-j}.  A site whose verdict carries DP noise (``noisy``) is
+    not judged: its noise, not the model, can put it past its tolerance."""
     combined = np.asarray(combined, dtype=np.float64)
     p = len(names)
+    noisy = [False] * p if noisy is None else [bool(x) for x in noisy]
     removed: dict[str, list[str]] = {}
     named: set[int] = set()
     for k in range(p):
-        if not harmed(combined[k, 0], own[k], tolerance[k]):
+        if noisy[k] or not harmed(combined[k, 0], own[k], tolerance[k]):
             continue
         by = []
         if combined.shape[1] == 1 + p:
@@ -129,7 +135,7 @@ def site_check(
     combined = np.asarray(combined, dtype=np.float64)
     own = np.asarray(own, dtype=np.float64)
     tolerance = np.asarray(tolerance, dtype=np.float64)
-    named, removed = suspects(names, combined, own, tolerance)
+    named, removed = suspects(names, combined, own, tolerance, noisy)
     out: dict[str, Any] = {
         "sites": names,
         "combined": [float(x) for x in combined[:, 0]],
@@ -137,7 +143,7 @@ def site_check(
         "harm": [float(x) for x in combined[:, 0] - own],
         "tolerance": [float(x) for x in tolerance],
         "noisy": [bool(x) for x in noisy],
-        "harmed": [harmed(combined[k, 0], own[k], tolerance[k]) for k in range(len(names))],
+        "harmed": [not noisy[k] and harmed(combined[k, 0], own[k], tolerance[k]) for k in range(len(names))],
         "signs_off": [bool(x) for x in signs_off],
         "disputed": [n for n, ok in zip(names, signs_off) if not ok],
         "suspects": list(named),
@@ -158,7 +164,9 @@ def harm_lines(check: dict[str, Any]) -> list[str]:
             f"  {n}: the combined model's loss on {n}'s data is {mark}{max(c, 0.0):.4f} against "
             f"{mark}{max(o, 0.0):.4f} for {n}'s own predictor"
         )
-        if check["harmed"][k]:
+        if check["noisy"][k]:
+            line += "  (DP noise: not judged)"
+        elif check["harmed"][k]:
             line += f"  <-- HARMED (beyond its tolerance {check['tolerance'][k]:g})"
         if not check["signs_off"][k]:
             line += "; it does not sign the model off"
