@@ -54,7 +54,7 @@ def test_msa_fed_demo_runs_end_to_end():
             re.M,
         ), text[-3000:]
         assert re.search(
-            rf"^  {site}: answered dc_evaluate x\d+, join_job x1, set_domain_model x1, set_qhat x1; "
+            rf"^  {site}: answered dc_evaluate x\d+, harm x1, join_job x1, set_domain_model x1, set_qhat x1; "
             r"refused nothing; \d+ audit records, hash chain intact, length matches the ledger$",
             text,
             re.M,

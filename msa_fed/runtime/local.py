@@ -23,10 +23,13 @@ from msa_fed.site.worker import SiteWorker
 class LocalSites:
     """A :class:`msa_fed.runtime.backend.Backend` with in-process sites."""
 
-    def __init__(self, site_kwargs: list[dict], *, workers_per_site: int = 1, worker_cls=SiteWorker):
+    def __init__(
+        self, site_kwargs: list[dict], *, workers_per_site: int = 1, worker_cls=SiteWorker, sharded: bool = False
+    ):
         split_rows(0, workers_per_site)  # validates
         self.site_kwargs = site_kwargs
         self.workers_per_site = int(workers_per_site)
+        self.sharded = bool(sharded)  # train over the sites' shards as distributed sites do
         self.worker_cls = worker_cls
         self.workers: list = []
         self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
@@ -36,9 +39,10 @@ class LocalSites:
     def trains_in_process(self) -> bool:
         """True: the coordinator trains the classifier itself on the stacked published samples
         (:func:`msa_fed.core.domain_classifier.stacked_shard`): the sites' shards would run in
-        this process one after another.  False with ``workers_per_site > 1``, which asks for the
-        data-parallel path (it mirrors the Ray runtime's)."""
-        return self.workers_per_site == 1
+        this process one after another.  False with ``workers_per_site > 1`` or ``sharded``, which
+        ask for the data-parallel path (it mirrors the Ray and federated runtimes': a reference for
+        them to 1e-9)."""
+        return self.workers_per_site == 1 and not self.sharded
 
     def start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()
