@@ -74,6 +74,19 @@ RAY_FIXTURES = {"local_ray"}
 #: above except these, which take seconds each (a watchdog's timeout, a registry or job process,
 #: a browser): they run in `make test-fast` and `make test`
 NOT_QUICK = (
+    # the heaviest CPU of the inner loop, measured per file (in make test-fast and make test):
+    "privacy/test_verify_intercepts.py",
+    "core/test_core_dc_solver.py",
+    "test_deploy_configs.py",
+    "privacy/test_verify.py",
+    "artifacts/test_hostile_models.py",
+    "federation/test_boundary_schema.py",
+    "core/test_core_density.py",
+    "control/test_control_uploads.py",
+    "runtime/test_hostile_peers.py",
+    "privacy/test_dp_honest.py",
+    "ops/test_ops_messages.py",
+    "control/test_control_tls.py",
     "artifacts/test_batch_probe.py",  # sandboxed children run into their CPU and memory limits
     "artifacts/test_verified_cache.py",  # a sandboxed load_model in every test, one in a fresh interpreter
     "artifacts/test_isolated_predictors.py",  # predictor workers forked and killed at their limits

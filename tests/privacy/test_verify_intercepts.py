@@ -209,11 +209,11 @@ def test_the_received_intercepts_cost_a_pass_or_two_not_hundreds():
     assert gradient_at(A, s, target, b_recv) > INTERCEPT_GTOL  # the premise: a re-solve is needed
     counts = {}
     b, P = intercepts_and_softmax(A, s, target, b_recv, counts=counts)
-    former = damped_reference(A, s, target, b_recv)[2]
     assert counts["passes"] <= 3, counts
     assert np.abs(s @ P - target).max() <= INTERCEPT_GTOL / 100
     assert np.abs(b - b_star).max() <= 1e-9
-    assert former > 3 * counts["passes"], (former, counts)  # the former blow-up, reproduced here
+    # (the former solve's passes here depend on the rounding of the BLAS in use, 2 to 983
+    # measured: benchmarks/bench_verify_newton.py reports them, not this test)
 
 
 @pytest.mark.parametrize("p", [4, 32])
