@@ -470,8 +470,13 @@ def _site_status(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def connection_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--registry", required=True, metavar="HOST:PORT", help="registry address")
+def connection_options(p: argparse.ArgumentParser, registry_help: str | None = None) -> None:
+    """The registry connection flags; ``registry_help`` makes ``--registry`` optional (a command
+    that also reads a local model directory) with that help text."""
+    if registry_help is None:
+        p.add_argument("--registry", required=True, metavar="HOST:PORT", help="registry address")
+    else:
+        p.add_argument("--registry", metavar="HOST:PORT", help=registry_help)
     p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")
     p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
     p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")

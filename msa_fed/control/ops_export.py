@@ -183,7 +183,7 @@ def _model_export(args) -> int:
 def register(subparsers) -> None:
     """Add ``export`` to the ``msa-fed model`` command group (declared by :mod:`msa_fed.cli`)."""
     from msa_fed.clitools import command_group
-    from msa_fed.control.ops_cli import TOKEN_FILE_ENV
+    from msa_fed.control.ops_cli import connection_options
 
     model_commands = command_group(subparsers, "model")
 
@@ -204,12 +204,5 @@ def register(subparsers) -> None:
         "--support", action="store_true", help="add the output support_pvalue (target support p-values, last output)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable summary")
-    p.add_argument("--registry", metavar="HOST:PORT", help="registry address (to export a stored version)")
-    p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")
-    p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
-    p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")
-    p.add_argument("--tls-cert", metavar="F", help="client certificate (PEM) for mutual TLS")
-    p.add_argument("--tls-key", metavar="F", help="client key (PEM) for mutual TLS")
-    p.add_argument("--server-name", metavar="NAME", help="expected name in the registry's certificate")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds per call (default 30)")
+    connection_options(p, registry_help="registry address (to export a stored version)")
     p.set_defaults(func=_model_export)

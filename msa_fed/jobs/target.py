@@ -154,7 +154,7 @@ def register(subparsers) -> None:
     """Add ``check-target`` to the ``msa-fed model`` command group."""
     from msa_fed.artifacts.target_check import METHODS
     from msa_fed.clitools import command_group
-    from msa_fed.control.ops_cli import TOKEN_FILE_ENV
+    from msa_fed.control.ops_cli import connection_options
 
     model_commands = command_group(subparsers, "model", "combined models stored in the registry")
     p = model_commands.add_parser(
@@ -167,12 +167,5 @@ def register(subparsers) -> None:
     p.add_argument("--method", choices=METHODS, default=None, help="mixture estimator (default: the model's best)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="most atypical rows to list (default 10)")
     p.add_argument("--json", metavar="F", help="also write the report as JSON to F")
-    p.add_argument("--registry", metavar="HOST:PORT", help="registry address (to check a stored version)")
-    p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")
-    p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
-    p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")
-    p.add_argument("--tls-cert", metavar="F", help="client certificate (PEM) for mutual TLS")
-    p.add_argument("--tls-key", metavar="F", help="client key (PEM) for mutual TLS")
-    p.add_argument("--server-name", metavar="NAME", help="expected name in the registry's certificate")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds per call (default 30)")
+    connection_options(p, registry_help="registry address (to check a stored version)")
     p.set_defaults(func=_check_target)
