@@ -14,7 +14,7 @@ may print goes to /dev/null).  Nothing crosses the boundary as pickle.
 Several models can share one child (:func:`probe_batch_in_sandbox`, used by ``load_model``
 for its p predictors): one verdict line per model, the same verdicts as one child each.
 
-Verdict: ``{"ok": true, "kind", "n_features", "classes", "rows", "maxrss_kb"}`` or
+Verdict: ``{"ok": true, "kind", "n_features", "classes", "rows", "maxrss_kb", "cpu_s"}`` or
 ``{"ok": false, "code", "args", "detail"}`` (``code`` is a key of structure.REASONS).
 
 Measured (benchmarks/bench_artifacts.py, 2-core machine shared by other jobs, load average
@@ -158,7 +158,7 @@ def probe_batch_in_sandbox(items: list[ProbeItem], limits: SandboxLimits | None 
       model it was checking and those after it are checked one by one, side by side.
 
     The batch's wall clock is one load's (``timeout_s``); models it leaves unchecked are checked
-    alone.  ``maxrss_kb`` of a batch verdict is the child's peak so far.
+    alone.  ``maxrss_kb`` and ``cpu_s`` of a batch verdict are the child's peak and CPU seconds so far.
     """
     limits = limits or SandboxLimits()
     if not items:

@@ -117,12 +117,20 @@ def child(req: dict) -> int:
         verdict = _self_check()
     else:
         verdict = _run_request(req)
-    import resource
 
-    verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _usage(verdict)
     os.write(result_fd, json.dumps(verdict).encode() + b"\n")
     os.close(result_fd)
     return 0
+
+
+def _usage(verdict: dict) -> None:
+    """The child's peak memory and CPU seconds so far (what its limits count) on ``verdict``."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    verdict["maxrss_kb"] = usage.ru_maxrss
+    verdict["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
 
 
 def _self_check() -> dict:
@@ -159,7 +167,7 @@ def _run_batch(req: dict, result_fd: int) -> int:
         soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu)
         resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
         verdict = _run_request({**common, **item})
-        verdict["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        _usage(verdict)
         os.write(result_fd, json.dumps(verdict).encode() + b"\n")
         if verdict.get("code") == "input":
             break  # the byte stream is out of step: the parent checks the rest one by one
