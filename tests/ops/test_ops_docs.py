@@ -23,11 +23,47 @@ def test_the_policy_keys_table_is_the_generated_one():
             assert f"| `[{section}] {key}` |" in table
 
 
+def _with_new_key(monkeypatch, doc):
+    """SitePolicy with one more key declared (a floor in [limits] that a job may raise)."""
+    from dataclasses import dataclass
+
+    from msa_fed.core.options import Number, option
+
+    @dataclass(frozen=True)
+    class Wider(P.SitePolicy):
+        new_floor: float = option(0.5, doc, Number(0), section="limits", job="raise")
+
+    sections, rules = P.declared(Wider)
+    for name, value in (("SitePolicy", Wider), ("SECTIONS", sections), ("JOB_RULES", rules)):
+        monkeypatch.setattr(P, name, value)
+    return Wider
+
+
+def test_a_new_policy_key_is_one_declaration(monkeypatch):
+    import pytest
+
+    from msa_fed.errors import ConfigError
+
+    wider = _with_new_key(monkeypatch, "a new floor")
+    # the file's parsing and its checks
+    assert P.policy_from_mapping({"limits": {"new_floor": 2}, "dp": {"enabled": True}}).new_floor == 2.0
+    assert wider().new_floor == 0.5
+    with pytest.raises(ConfigError, match=r"site policy: new_floor must be a number >= 0; got -1"):
+        P.policy_from_mapping({"limits": {"new_floor": -1}})
+    with pytest.raises(ConfigError, match=r"unknown key 'new_floor' in \[budget\]"):
+        P.policy_from_mapping({"budget": {"new_floor": 1.0}})
+    # what a job may do with it: raise it, never lower it
+    assert P.tighten(wider(), {"new_floor": 0.9}).new_floor == 0.9
+    assert P.tighten(wider(), {"new_floor": 0.1}).new_floor == 0.5
+    # the docs' table
+    assert "| `[limits] new_floor` | `0.5` | may raise | a new floor |" in reference_table()
+
+
 def test_a_policy_key_without_a_description_cannot_be_generated(monkeypatch):
     import pytest
 
-    monkeypatch.setitem(P.SECTIONS, "budget", {**P.SECTIONS["budget"], "new_budget": "ledger"})
-    with pytest.raises(ValueError, match=r"\[budget\] new_budget"):
+    _with_new_key(monkeypatch, "")
+    with pytest.raises(ValueError, match=r"\[limits\] new_floor"):
         reference_table()
 
 
