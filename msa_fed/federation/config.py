@@ -1,96 +1,101 @@
 """``site.toml``: the configuration of a site's process (``msa-fed site serve --config site.toml``).
 
-    name = "hospital-a"                    # the site's name at the registry (its token's site)
-    registry = "registry.example:7443"     # HOST:PORT the site dials out to
-    token_file = "site-token.txt"          # the site's token (kept readable by the site only)
-    tls_ca = "ca.pem"                      # CA of the registry's certificate
-    # tls_cert = "site.pem"                # client certificate naming the site (mutual TLS)
-    # tls_key = "site-key.pem"
-    # insecure = true                      # plaintext, only towards a loopback registry
-    data = "data.npz"                      # X_labeled, y_labeled, X_unlabeled
-    predictor = "predictor.onnx"           # the ONNX file the site published
-    # unlabeled = "unlabeled.npy"          # the unlabelled sample `site publish --config` publishes
-    policy = "policy.toml"                 # the site's privacy policy (defaults when absent)
-    audit_log = "audit.jsonl"              # every request answered or refused
-    accept_jobs = "admin"                  # "admin": every job the registry's admin issues;
-                                           # "approve": only jobs approved with `msa-fed site approve`
-    # jobs_db = "jobs.db"                  # pending/approved jobs (default: next to audit_log)
-    # ledger = "ledger.db"                 # the policy's query/epsilon ledger (default: next to audit_log)
-    seal_key = "site.key"                  # the site's sealing key (msa-fed site keygen): serve sealed jobs only
-    job_keys = ["<sha256>"]                # fingerprints of the job keys allowed to run jobs here
-    # allow_unsealed = true                # instead of seal_key: serve unsealed jobs (the registry reads them)
+Each key is one field of :class:`SiteConfig`, declared once with :func:`msa_fed.core.options.option`:
+its default (none: the key is required), its check, its description and whether it names a file
+(``path``: relative to the folder of ``site.toml``).  The file's parsing, its error lines and the
+table of docs/OPERATIONS.md ("Site config keys", :mod:`msa_fed.federation.config_doc`) read that
+declaration.  For example::
+
+    name = "hospital-a"
+    registry = "registry.example:7443"
+    token_file = "site-token.txt"
+    tls_ca = "ca.pem"
+    data = "data.npz"
+    predictor = "predictor.onnx"
+    policy = "policy.toml"
+    audit_log = "audit.jsonl"
+    seal_key = "site.key"
+    job_keys = ["<sha256>"]
 
 A site serves sealed jobs only: ``site serve`` refuses to start without ``seal_key`` and
 ``job_keys`` unless ``allow_unsealed = true`` says, in so many words, that the registry may read
 (and could forge) the job's requests and the site's answers.
-
-Relative paths are relative to the folder of ``site.toml``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
+from msa_fed.core.options import (
+    Check,
+    Choice,
+    Flag,
+    Optional,
+    Text,
+    check_value,
+    normalise,
+    option,
+    option_meta,
+    unknown_keys,
+)
 from msa_fed.errors import ConfigError
 
 ACCEPT_JOBS = ("admin", "approve")
-_REQUIRED = ("name", "registry", "token_file", "data", "predictor", "audit_log")
-_PATHS = (
-    "token_file",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "data",
-    "predictor",
-    "unlabeled",
-    "policy",
-    "audit_log",
-    "jobs_db",
-    "ledger",
-    "seal_key",
-)
-_OPTIONAL = (
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "server_name",
-    "insecure",
-    "policy",
-    "unlabeled",
-    "accept_jobs",
-    "jobs_db",
-    "ledger",
-    "seal_key",
-    "job_keys",
-    "allow_unsealed",
-)
+
+
+class _Fingerprints(Check):
+    """A list of sha256 fingerprints (64 hex digits), as a lower-case tuple."""
+
+    expects = "a list of fingerprints (sha256: 64 hex digits)"
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise TypeError(self.expects)
+        value = tuple(v.strip().lower() for v in value)
+        bad = [fp[:80] for fp in value if len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp)]
+        if bad:
+            raise ValueError(f"{self.expects}, not {bad[0]!r}")
+        return value
+
+
+def _file(doc: str, default: Any = None) -> Any:
+    """A key naming a file (relative to site.toml's folder); required without a default."""
+    return option(default, doc, Text(nonempty=True) if default is MISSING else Optional(Text(nonempty=True)), path=True)
+
+
+def _text(doc: str, default: Any = None) -> Any:
+    return option(default, doc, Text(nonempty=True) if default is MISSING else Optional(Text(nonempty=True)))
 
 
 @dataclass(frozen=True)
 class SiteConfig:
-    name: str
-    registry: str
-    token_file: str
-    data: str
-    predictor: str
-    audit_log: str
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    server_name: str | None = None
-    insecure: bool = False
-    unlabeled: str | None = None
-    policy: str | None = None
-    accept_jobs: str = "admin"
-    jobs_db: str | None = None
-    ledger: str | None = None
-    seal_key: str | None = None
-    job_keys: tuple = ()
-    allow_unsealed: bool = False
+    name: str = _text("the site's name at the registry (its token's site)", MISSING)
+    registry: str = _text("HOST:PORT of the registry the site dials out to", MISSING)
+    token_file: str = _file("the site's token (kept readable by the site only)", MISSING)
+    data: str = _file("the site's labelled data: X_labeled, y_labeled, X_unlabeled (.npz)", MISSING)
+    predictor: str = _file("the ONNX file the site published", MISSING)
+    audit_log: str = _file("every request answered or refused (JSON lines)", MISSING)
+    tls_ca: str | None = _file("CA of the registry's certificate")
+    tls_cert: str | None = _file("client certificate naming the site (mutual TLS; with tls_key)")
+    tls_key: str | None = _file("the client certificate's key")
+    server_name: str | None = _text("the name the registry's certificate must carry (default: the host)")
+    insecure: bool = option(False, "plaintext, only towards a loopback registry", Flag())
+    unlabeled: str | None = _file("the unlabelled sample `site publish --config` publishes")
+    policy: str | None = _file("the site's privacy policy (defaults when absent)")
+    accept_jobs: str = option(
+        "admin",
+        '"admin": every job the registry\'s admin issues; "approve": only jobs approved with `msa-fed site approve`',
+        Choice(*ACCEPT_JOBS),
+    )
+    jobs_db: str | None = _file("pending/approved jobs (default: next to audit_log)")
+    ledger: str | None = _file("the policy's query/epsilon ledger (default: next to audit_log)")
+    seal_key: str | None = _file("the site's sealing key (msa-fed site keygen): serve sealed jobs only")
+    job_keys: tuple = option((), "fingerprints of the job keys allowed to run jobs here", _Fingerprints())
+    allow_unsealed: bool = option(False, "instead of seal_key: serve unsealed jobs (the registry reads them)", Flag())
 
     @classmethod
     def from_toml(cls, path) -> SiteConfig:
@@ -101,38 +106,32 @@ class SiteConfig:
             doc = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"site config {str(path)!r} is not valid TOML: {exc}") from None
-        unknown = sorted(set(doc) - set(_REQUIRED) - set(_OPTIONAL))
-        if unknown:
-            raise ConfigError(
-                f"site config {str(path)!r}: unknown key(s) {unknown}; expected some of {sorted(_REQUIRED + _OPTIONAL)}"
-            )
-        missing = [k for k in _REQUIRED if k not in doc]
-        if missing:
-            raise ConfigError(f"site config {str(path)!r}: missing key(s) {missing}")
-        for key, value in doc.items():
-            if key == "job_keys":
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ConfigError(
-                        f"site config {str(path)!r}: job_keys must be a list of fingerprints; got {value!r}"
-                    )
-                doc[key] = tuple(v.strip().lower() for v in value)
-                continue
-            want = bool if key in ("insecure", "allow_unsealed") else str
-            if not isinstance(value, want):
-                raise ConfigError(f"site config {str(path)!r}: {key} must be a {want.__name__}; got {value!r}")
+        where = f"site config {str(path)!r}: "
+        try:
+            unknown_keys(cls, doc, where)
+            missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in doc]
+            if missing:
+                raise ValueError(f"{where}missing key(s) {missing}")
+            values = {k: check_value(cls, k, v, where) for k, v in doc.items()}
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
         base = path.resolve().parent
-        values: dict[str, Any] = {k: (str(base / Path(v).expanduser()) if k in _PATHS else v) for k, v in doc.items()}
+        for f in fields(cls):
+            if option_meta(f, "path") and values.get(f.name) is not None:
+                values[f.name] = str(base / Path(values[f.name]).expanduser())
         return cls(**values).validate()
 
     def validate(self) -> SiteConfig:
         from msa_fed.control.records import NAME_PATTERN
         from msa_fed.control.server import is_loopback, parse_address
 
+        try:
+            normalise(self, "site config: ")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
         if not NAME_PATTERN.match(self.name):
             raise ConfigError(f"site config: name {self.name!r} is not a valid site name")
         host, _ = parse_address(self.registry, "site config: registry")
-        if self.accept_jobs not in ACCEPT_JOBS:
-            raise ConfigError(f"site config: accept_jobs must be one of {list(ACCEPT_JOBS)}; got {self.accept_jobs!r}")
         if self.insecure and (self.tls_ca or self.tls_cert):
             raise ConfigError("site config: insecure = true and tls_ca/tls_cert are mutually exclusive")
         if self.insecure and not is_loopback(host):
@@ -149,9 +148,6 @@ class SiteConfig:
                 "site config: seal_key and allow_unsealed = true are mutually exclusive (a site with a "
                 "sealing key serves sealed jobs only)"
             )
-        for fp in self.job_keys:
-            if len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):
-                raise ConfigError(f"site config: job_keys holds {fp[:80]!r}, not a sha256 fingerprint (64 hex digits)")
         return self
 
     @property

@@ -11,14 +11,14 @@ its default, its check, its one-line description, the file table (``section``) a
 default the field's name) it is read from, and what a job may do with it (``job``: "raise",
 "lower", "narrow", "turn off", "turn on"; absent: the site's alone).  The file's parsing, the
 error messages, :func:`tighten` and the reference table of docs/OPERATIONS.md
-(:mod:`msa_fed.privacy.policy_doc`) all read that declaration.  Every table and key of the file
+(:mod:`msa_fed.federation.config_doc`) all read that declaration.  Every table and key of the file
 is optional; an unknown one is an error naming it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -193,7 +193,7 @@ def declared(cls: type) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
 
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
 SECTIONS, JOB_RULES = declared(SitePolicy)
-_TIGHTEN = {
+_TIGHTEN: dict[str, Callable[[Any, Any], Any]] = {
     "raise": max,
     "lower": min,
     "narrow": lambda current, asked: tuple(v for v in current if v in set(asked)),

@@ -1,5 +1,6 @@
-"""docs/OPERATIONS.md is in step with the code: the policy keys' table is the one generated from
-where they are declared, and every operator command is documented."""
+"""docs/OPERATIONS.md is in step with the code: the tables of the site's policy keys and site.toml's
+keys are the ones generated from where the keys are declared (a new key is one declaration), and
+every operator command is documented."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import argparse
 from ops_helpers import REPO
 
 from msa_fed.cli import build_parser
+from msa_fed.federation import config_doc
+from msa_fed.federation.config_doc import policy_table, replace_in, site_table
 from msa_fed.privacy import policy as P
-from msa_fed.privacy.policy_doc import reference_table, replace_in
 
 DOC = REPO / "docs" / "OPERATIONS.md"
 
 
 def test_the_policy_keys_table_is_the_generated_one():
     text = DOC.read_text()
-    assert replace_in(text) == text, "run: python -m msa_fed.privacy.policy_doc --write docs/OPERATIONS.md"
-    table = reference_table()
+    assert replace_in(text) == text, "run: python -m msa_fed.federation.config_doc --write docs/OPERATIONS.md"
     for section, keys in P.SECTIONS.items():
         for key in keys:
-            assert f"| `[{section}] {key}` |" in table
+            assert f"| `[{section}] {key}` |" in text
+    assert "| `job_keys` | `[]` | fingerprints of the job keys allowed to run jobs here |" in text
 
 
 def _with_new_key(monkeypatch, doc):
@@ -56,15 +58,47 @@ def test_a_new_policy_key_is_one_declaration(monkeypatch):
     assert P.tighten(wider(), {"new_floor": 0.9}).new_floor == 0.9
     assert P.tighten(wider(), {"new_floor": 0.1}).new_floor == 0.5
     # the docs' table
-    assert "| `[limits] new_floor` | `0.5` | may raise | a new floor |" in reference_table()
+    assert "| `[limits] new_floor` | `0.5` | may raise | a new floor |" in policy_table()
 
 
 def test_a_policy_key_without_a_description_cannot_be_generated(monkeypatch):
     import pytest
 
     _with_new_key(monkeypatch, "")
-    with pytest.raises(ValueError, match=r"\[limits\] new_floor"):
-        reference_table()
+    with pytest.raises(ValueError, match=r"key\(s\) declared without a description: new_floor"):
+        policy_table()
+
+
+def test_a_new_site_toml_key_is_one_declaration(tmp_path, monkeypatch):
+    """A key added to SiteConfig reaches site.toml's parsing, its error lines and the docs' table."""
+    from dataclasses import dataclass
+
+    import pytest
+
+    from msa_fed.core.options import Integer, option
+    from msa_fed.errors import ConfigError
+    from msa_fed.federation.config import SiteConfig
+
+    @dataclass(frozen=True)
+    class Wider(SiteConfig):
+        new_limit: int = option(3, "a new limit", Integer(1))
+        new_file: str | None = option(None, "a new file", path=True)
+
+    toml = tmp_path / "site.toml"
+    base = 'name = "east"\nregistry = "127.0.0.1:1"\ninsecure = true\ntoken_file = "t"\ndata = "d"\npredictor = "p"\n'
+    toml.write_text(base + 'audit_log = "a"\nnew_limit = 7\nnew_file = "x/y.txt"\n')
+    config = Wider.from_toml(toml)
+    assert (config.new_limit, config.new_file) == (7, str(tmp_path.resolve() / "x" / "y.txt"))
+    toml.write_text(base + 'audit_log = "a"\n')
+    assert Wider.from_toml(toml).new_limit == 3
+    toml.write_text(base + 'audit_log = "a"\nnew_limit = 0\n')
+    with pytest.raises(ConfigError, match=r"site config '.*site.toml': new_limit must be an integer >= 1; got 0"):
+        Wider.from_toml(toml)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['new_limit'\]"):
+        SiteConfig.from_toml(toml)
+    monkeypatch.setattr(config_doc, "SiteConfig", Wider)
+    table = site_table()
+    assert "| `new_limit` | `3` | a new limit |" in table and "| `new_file` | `unset` | file: a new file |" in table
 
 
 def _leaf_commands(parser, prefix=()):
