@@ -3,7 +3,7 @@
 Each key is one field of :class:`SiteConfig`, declared once with :func:`msa_fed.core.options.option`:
 its default (none: the key is required), its check, its description and whether it names a file
 (``path``: relative to the folder of ``site.toml``).  The file's parsing, its error lines and the
-table of docs/OPERATIONS.md ("Site config keys", :mod:`msa_fed.federation.config_doc`) read that
+table of cluster/README.md ("Site configuration", :mod:`msa_fed.federation.config_doc`) read that
 declaration.  For example::
 
     name = "hospital-a"
@@ -73,29 +73,65 @@ def _text(doc: str, default: Any = None) -> Any:
 
 @dataclass(frozen=True)
 class SiteConfig:
-    name: str = _text("the site's name at the registry (its token's site)", MISSING)
-    registry: str = _text("HOST:PORT of the registry the site dials out to", MISSING)
-    token_file: str = _file("the site's token (kept readable by the site only)", MISSING)
-    data: str = _file("the site's labelled data: X_labeled, y_labeled, X_unlabeled (.npz)", MISSING)
-    predictor: str = _file("the ONNX file the site published", MISSING)
-    audit_log: str = _file("every request answered or refused (JSON lines)", MISSING)
-    tls_ca: str | None = _file("CA of the registry's certificate")
-    tls_cert: str | None = _file("client certificate naming the site (mutual TLS; with tls_key)")
-    tls_key: str | None = _file("the client certificate's key")
-    server_name: str | None = _text("the name the registry's certificate must carry (default: the host)")
-    insecure: bool = option(False, "plaintext, only towards a loopback registry", Flag())
-    unlabeled: str | None = _file("the unlabelled sample `site publish --config` publishes")
-    policy: str | None = _file("the site's privacy policy (defaults when absent)")
+    name: str = _text("The site's name at the registry; must be the site named by its token.", MISSING)
+    registry: str = _text("`HOST:PORT` of the registry the site dials out to.", MISSING)
+    token_file: str = _file(
+        "File holding the site's token (keep it readable by the site's service user only).", MISSING
+    )
+    data: str = _file(
+        "`.npz` with `X_labeled` (n, d), `y_labeled` (n,), `X_unlabeled` (m, d); never leaves the machine.", MISSING
+    )
+    predictor: str = _file("The ONNX file the site published (checked against the registry at start).", MISSING)
+    audit_log: str = _file(
+        "The site's one audit log: the policy's hash-chained JSON lines, one per request answered or refused "
+        "(with the policy's measured decisions) and per job joined or ended. `msa-fed site audit --config "
+        "site.toml` verifies it.",
+        MISSING,
+    )
+    tls_ca: str | None = _file("CA that signed the registry's certificate (unset: the system roots).")
+    tls_cert: str | None = _file(
+        "Client certificate for mutual TLS, with `tls_key`; the registry then requires the certificate to name "
+        "the site (common name or subject alternative name)."
+    )
+    tls_key: str | None = _file("The key of `tls_cert`.")
+    server_name: str | None = _text("Name to check the registry's certificate against (unset: the host of `registry`).")
+    insecure: bool = option(False, "Plaintext; only towards a loopback registry.", Flag())
+    unlabeled: str | None = _file(
+        "The unlabelled sample (`.npy`) that `msa-fed site publish --config site.toml` publishes, with "
+        "`predictor`, when neither `--predictor` nor `--unlabeled` is given."
+    )
+    policy: str | None = _file(
+        'The site\'s privacy policy file (docs/OPERATIONS.md, "Site policy keys"; unset: the defaults), read by '
+        "the site's process and enforced on every relayed request; a bad file stops the process with one error "
+        "line. Its `[budget] audit_log`, if set, must be this file's `audit_log`."
+    )
     accept_jobs: str = option(
         "admin",
-        '"admin": every job the registry\'s admin issues; "approve": only jobs approved with `msa-fed site approve`',
+        "Serve every job the registry's admin opens, or only jobs admitted with `msa-fed site approve` (which "
+        "approves the job id and the digest of its content; `msa-fed site jobs` shows both, the content in words).",
         Choice(*ACCEPT_JOBS),
     )
-    jobs_db: str | None = _file("pending/approved jobs (default: next to audit_log)")
-    ledger: str | None = _file("the policy's query/epsilon ledger (default: next to audit_log)")
-    seal_key: str | None = _file("the site's sealing key (msa-fed site keygen): serve sealed jobs only")
-    job_keys: tuple = option((), "fingerprints of the job keys allowed to run jobs here", _Fingerprints())
-    allow_unsealed: bool = option(False, "instead of seal_key: serve unsealed jobs (the registry reads them)", Flag())
+    jobs_db: str | None = _file(
+        "SQLite file of the jobs that asked to be served and their state (unset: next to `audit_log`)."
+    )
+    ledger: str | None = _file(
+        "SQLite ledger of the queries and epsilon each job spent and of the audit log's length: budgets survive "
+        "a restart of the process, and a truncated log is detected (unset: next to `audit_log`, "
+        "`<stem>.ledger.db`, or the policy's `[budget] ledger`)."
+    )
+    seal_key: str | None = _file(
+        "The site's sealing key (`msa-fed site keygen`, mode 0600), required unless `allow_unsealed`: the site "
+        'serves sealed jobs only (docs/CONTROL_PLANE.md, "Sealed job traffic").'
+    )
+    job_keys: tuple = option(
+        (), "The consortium job keys whose jobs this site serves; required with `seal_key`.", _Fingerprints()
+    )
+    allow_unsealed: bool = option(
+        False,
+        "Serve unsealed jobs instead (no `seal_key`): the registry then reads the job's requests and the site's "
+        "answers and could forge them. Without `seal_key` and without this, `site serve` does not start.",
+        Flag(),
+    )
 
     @classmethod
     def from_toml(cls, path) -> SiteConfig:

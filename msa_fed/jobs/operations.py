@@ -325,6 +325,8 @@ def connection_flags(
     admin_token_file: str | None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    server_name: str | None = None,
+    timeout: float | None = None,
 ) -> list[str]:
     """The admin command-line options that reach ``registry`` (for the commands a job prints)."""
     parts = ["--registry", registry]
@@ -334,6 +336,10 @@ def connection_flags(
         parts += ["--tls-ca", str(tls_ca)]
     if tls_cert and tls_key:
         parts += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
+    if server_name:
+        parts += ["--server-name", server_name]
+    if timeout is not None and timeout != 30.0:
+        parts += ["--timeout", f"{timeout:g}"]
     return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
 
 

@@ -16,13 +16,17 @@ from msa_fed.privacy import policy as P
 DOC = REPO / "docs" / "OPERATIONS.md"
 
 
-def test_the_policy_keys_table_is_the_generated_one():
+def test_the_key_tables_are_the_generated_ones():
+    for doc in ("docs/OPERATIONS.md", "cluster/README.md"):
+        text = (REPO / doc).read_text()
+        assert replace_in(text, doc) == text, f"run: python -m msa_fed.federation.config_doc --write {doc}"
     text = DOC.read_text()
-    assert replace_in(text) == text, "run: python -m msa_fed.federation.config_doc --write docs/OPERATIONS.md"
     for section, keys in P.SECTIONS.items():
         for key in keys:
             assert f"| `[{section}] {key}` |" in text
-    assert "| `job_keys` | `[]` | fingerprints of the job keys allowed to run jobs here |" in text
+    assert (
+        "| `allow_unsealed` | true or false | `false` | Serve unsealed jobs" in (REPO / "cluster/README.md").read_text()
+    )
 
 
 def _with_new_key(monkeypatch, doc):
@@ -98,7 +102,8 @@ def test_a_new_site_toml_key_is_one_declaration(tmp_path, monkeypatch):
         SiteConfig.from_toml(toml)
     monkeypatch.setattr(config_doc, "SiteConfig", Wider)
     table = site_table()
-    assert "| `new_limit` | `3` | a new limit |" in table and "| `new_file` | `unset` | file: a new file |" in table
+    assert "| `new_limit` | an integer >= 1 | `3` | a new limit |" in table
+    assert "| `new_file` | path to a file | `unset` | a new file |" in table
 
 
 def _leaf_commands(parser, prefix=()):
