@@ -76,6 +76,18 @@ def connect_factory(args, token: str | None = None):
     return connect
 
 
+def download_version(args, text: str):
+    """(archive, record) of the stored model version ``text`` ("latest" or a number), with the
+    command's connection flags (a command that reads either a local model or, with --registry, a
+    stored one)."""
+    try:
+        version = _version(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"with --registry, {exc}") from None
+    with connect_factory(args)() as client:
+        return client.download_combined_model(version or None)
+
+
 def _ops(args):
     from msa_fed.control.ops_client import OpsClient
 

@@ -186,29 +186,23 @@ class SiteConfig:
             )
         return self
 
+    def _beside_audit_log(self, given: str | None, suffix: str) -> Path:
+        audit = Path(self.audit_log)
+        return Path(given) if given else audit.with_name(audit.stem + suffix)
+
     @property
     def jobs_path(self) -> Path:
-        if self.jobs_db:
-            return Path(self.jobs_db)
-        audit = Path(self.audit_log)
-        return audit.with_name(audit.stem + ".jobs.db")
+        return self._beside_audit_log(self.jobs_db, ".jobs.db")
 
     @property
     def ledger_path(self) -> Path:
         """The site's ledger (budgets and epsilon spent, anchor of the audit log): it survives restarts."""
-        if self.ledger:
-            return Path(self.ledger)
-        audit = Path(self.audit_log)
-        return audit.with_name(audit.stem + ".ledger.db")
+        return self._beside_audit_log(self.ledger, ".ledger.db")
 
     def channel_kwargs(self) -> dict:
-        return dict(
-            insecure=self.insecure,
-            tls_ca=self.tls_ca,
-            tls_cert=self.tls_cert,
-            tls_key=self.tls_key,
-            server_name=self.server_name,
-        )
+        from msa_fed.control.transport import transport_of
+
+        return transport_of(self)
 
     def read_token(self) -> str:
         p = Path(self.token_file)

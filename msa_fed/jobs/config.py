@@ -17,7 +17,7 @@ from typing import Any
 
 import tomllib
 
-from msa_fed.control.transport import is_loopback, parse_address
+from msa_fed.control.transport import is_loopback, parse_address, transport_of
 from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option, option_meta
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options, job_place
@@ -155,14 +155,7 @@ class JobConfig:
         """The options of the job's registry connections: plaintext or TLS, with the client
         certificate when the job file or the command line gives one (mutual TLS), the server name
         and the timeout per call."""
-        return dict(
-            insecure=self.insecure,
-            tls_ca=self.tls_ca,
-            tls_cert=self.tls_cert,
-            tls_key=self.tls_key,
-            server_name=self.server_name,
-            timeout=self.timeout,
-        )
+        return {**transport_of(self), "timeout": self.timeout}
 
     def connection_labels(self) -> dict[str, str]:
         """How messages about the registry connection name each option: the job file's key, or
