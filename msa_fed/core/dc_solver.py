@@ -157,7 +157,9 @@ DCA_SLSQP_MAXITER = 100
 DCA_SLSQP_FTOL = 1e-14
 
 
-def _start_result(z, gamma, losses, history, converged, n_iter, method) -> DCResult:
+def _start_result(
+    z: np.ndarray, gamma: float, losses: Any, history: list[float], converged: bool, n_iter: int, method: str
+) -> DCResult:
     """The result of one start of a multi-start solve (its evaluations are counted by the caller)."""
     return DCResult(
         z=z,
