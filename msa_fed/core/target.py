@@ -348,7 +348,7 @@ def leave_one_out_category_score(reference: NDArray[np.floating], a: float = CAT
     s = np.full(m, -np.inf)
     for j in range(R.shape[1]):
         _, inverse, counts = np.unique(R[:, j], return_inverse=True, return_counts=True)
-        own = counts[inverse.reshape(-1)]
+        own = counts[inverse.reshape(-1)].astype(np.float64)
         # without the row: its value's count drops by one, so a pair becomes a single (+1) and a
         # single disappears (-1) from the column's once-seen count
         once = int(np.sum(counts == 1)) + (own == 2).astype(np.int64) - (own == 1).astype(np.int64)
