@@ -230,8 +230,8 @@ def test_a_peer_that_poisons_a_sites_loss_estimate_is_named():
     publishes its sample far away.  North's loss estimate L_north now averages north's rows with
     evil's, so the min-max hands north's region to a predictor unsure of both (z goes to south):
     north's accuracy falls from 0.975 to 0.29.  Dropping evil's domain (the influence analysis's
-    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, and
-    south, whose predictor took north's region, was the only one named); re-solving without evil
+    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, no
+    suspect, and the influence report flagged south); re-solving without evil
     and its rows removes the harm, so evil is named.  South is named too: without it (its
     predictor) the harm also goes away, which is what a suspect means."""
     data = poisoning_sites()
