@@ -433,9 +433,10 @@ class Coordinator:
 
     def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
         """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
-        model's z and, with the influence analysis, each mixture re-solved without a site.  A
-        refusal by a site's policy (its budget spent, say) leaves the model without verdicts,
-        said in one line."""
+        model's z and, with the influence analysis, each mixture re-solved without a site; once a
+        site is harmed, its suspects come from re-solves without each site and its labelled points
+        (:meth:`without_each_site`).  A refusal by a site's policy (its budget spent, say) leaves
+        the model without verdicts, said in one line."""
         from msa_fed.core.harm import harm_lines
         from msa_fed.core.harm import site_check as check
 
@@ -459,15 +460,16 @@ class Coordinator:
         )
         out = check(*verdicts)
         if any(out["harmed"]) and not self.epsilon:  # a harm: whose exclusion, data and all, removes it
-            table = self.without_each_site(progress)
+            table, rounds = self.without_each_site(progress)
             if table is not None:
                 out = check(*verdicts, without_sites=table)
+                out["rounds_without_site"] = rounds  # each one a query every site answered
         for line in harm_lines(out):
             progress.note(line)
         return out
 
-    def without_each_site(self, progress: Progress) -> np.ndarray | None:
-        """(p, p): site k's measured loss (row k) at the min-max mixture re-solved without site j,
+    def without_each_site(self, progress: Progress) -> tuple[np.ndarray | None, int]:
+        """((p, p), rounds): site k's measured loss (row k) at the min-max mixture re-solved without site j,
         its domain and its labelled points (column j, :class:`WithoutSite`).  Asked only once a
         site is harmed: p solves of about the fit's rounds, and one more verdict request per
         site (a refusal by a site's policy leaves the naming to the influence analysis, said in
@@ -479,6 +481,9 @@ class Coordinator:
         rounds = 0
         try:
             for j in range(p):
+                if p == 2:  # one site left: its vertex
+                    zs[j, 1 - j] = 1.0
+                    continue
                 oracle = WithoutSite(self.backend, p, j, self.qhat_parts, self.answers)
                 res = solve_dc(oracle, eta, n_restarts=0, random_state=self.config.random_state, warn=False)
                 zs[j] = np.insert(res.z, j, 0.0)
@@ -486,11 +491,11 @@ class Coordinator:
             parts = self.call_all("harm", m.HarmRequest(z=zs, eta=eta))
         except PrivacyError as exc:
             progress.note(f"the sites' verdicts without each site and its data: not measured ({exc})")
-            return None
+            return None, rounds
         self.note_epsilon(parts)
         self.answers.harm(parts, p)
         progress.note(f"the sites' verdicts without each site and its data: {rounds} rounds and one verdict request")
-        return np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts])
+        return np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]), rounds
 
 
 class WithoutSite:
