@@ -122,7 +122,7 @@ class SitePolicy:
     )
     dp_dc_evaluations: int = option(
         40,
-        "DP answers planned per job (noise calibrated for them)",
+        "DC answers planned per job; with the verdict's one answer, reserved for it, the noise is calibrated for them",
         Integer(1),
         section="dp",
         key="dc_evaluations",
