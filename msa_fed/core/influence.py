@@ -88,7 +88,7 @@ class _Face:
         when no such point was evaluated."""
         for zz, L in reversed(self.seen):
             if zz.shape == z.shape and float(np.max(np.abs(zz - z))) <= SAME_Z:
-                return L
+                return np.asarray(L, dtype=np.float64)
         return None
 
     def max_bound(self) -> float:

@@ -138,11 +138,11 @@ class AnswerChecker:
             if self.loss == "cross_entropy" and self.mass is not None:
                 top = self.mass[s] * -np.log(PROB_FLOOR)
                 ks = np.argmax(L - top[None, :], axis=1)
-                for i in np.flatnonzero(L[np.arange(m), ks] > top[ks] * (1 + 1e-9) + ATOL):
-                    k = int(ks[i])
-                    why[int(i)] = f"loss {L[i, k]:.6g} for domain {k}, above its bound {top[k]:.6g} on the site's mass"
-            for i in np.flatnonzero(np.any(L < -ATOL, axis=1)):
-                why[int(i)] = "a negative loss"  # checked first, row by row
+                for r in np.flatnonzero(L[np.arange(m), ks] > top[ks] * (1 + 1e-9) + ATOL).tolist():
+                    k = int(ks[r])
+                    why[r] = f"loss {L[r, k]:.6g} for domain {k}, above its bound {top[k]:.6g} on the site's mass"
+            for r in np.flatnonzero(np.any(L < -ATOL, axis=1)).tolist():
+                why[r] = "a negative loss"  # checked first, row by row
         seen = self._seen[s]
         keys = [(zs[i].tobytes(), eta, what) for i in range(m)]
         batch: dict[tuple, int] = {}  # a z asked twice in the batch: its earlier row
