@@ -17,7 +17,9 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
    The federated job runs sealed end to end (the default: a job key signs its content, each
    request sealed for its site, each answer sealed and signed) and unsealed, ``--job-repeats``
-   times each, in turns with the local fit (medians).
+   times each, in turns with the local fit (medians).  ``--influence`` (default ``both``): the
+   local and the sealed fit also with the influence report, as a real job runs, in the same
+   turns (``on``: only those; ``off``: only the fits without it).
 3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
    to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
    signed by its site) next to the unsealed round, on two federations of p sites running side by
