@@ -145,35 +145,34 @@ def test_a_batched_answer_is_checked_as_its_rows_one_by_one(p, seed):
     exactly what the row-by-row check refuses, naming the same site with the same message, and
     keeps what it keeps (the next batch is judged alike)."""
     rng = np.random.default_rng(seed)
-    sets = [point_set(p, 400, seed), point_set(p, 300, seed + 100)]
+    sets = [point_set(p, 200, seed), point_set(p, 150, seed + 100)]
+    eta = 0.01
+
+    def answer(z, lie=None, site=0):
+        Ls, dLs = [], []
+        for s, pts in enumerate(sets):
+            out = pts.evaluate(z, eta, what=("L", "dL"))
+            L, dL = np.array(out.L), np.array(out.dL)
+            if lie is not None and s == site:
+                L = lie(L)
+            Ls.append(L)
+            dLs.append(dL)
+        return (z, eta, Ls, dLs)
+
+    walk, z = [], rng.dirichlet(np.ones(p))  # one honest path; each trial starts with a prefix of it
+    for _ in range(pl.PATH_MEMORY + 12):  # the ring wraps around for the longer prefixes
+        z = np.abs(z + rng.normal(scale=0.005, size=p))
+        z /= z.sum()
+        walk.append(answer(z.copy()))
     kinds = {"honest": 0, "refused": 0}
-    for trial in range(40):
+    for trial in range(16):
         row_ch = AnswerChecker(["a", "b"], [10, 10], "cross_entropy")
         batch_ch = AnswerChecker(["a", "b"], [10, 10], "cross_entropy")
-        for ch in (row_ch, batch_ch):  # the bound on each site's mass is on
+        for ch in (row_ch, batch_ch):  # the bound on each site's mass is on in most trials
             ch.mass = np.full((2, p), 0.5) if trial % 4 else None
-        z = rng.dirichlet(np.ones(p))
-        eta = 0.01
-        history = []
-
-        def answer(z, lie=None, site=0):
-            Ls, dLs = [], []
-            for s, pts in enumerate(sets):
-                out = pts.evaluate(z, eta, what=("L", "dL"))
-                L, dL = np.array(out.L), np.array(out.dL)
-                if lie is not None and s == site:
-                    L = lie(L)
-                Ls.append(L)
-                dLs.append(dL)
-            return (z, eta, Ls, dLs)
-
-        for _ in range(int(rng.integers(0, 80))):  # the ring wraps around for the longer ones
-            z = np.abs(z + rng.normal(scale=0.005, size=p))
-            z /= z.sum()
-            history.append(answer(z.copy()))
-        assert outcome(row_ch, history) is None and batch_outcome(batch_ch, history or [answer(z)]) is None
-        if not history:  # the batch checker saw one more honest row: the row checker sees it too
-            assert outcome(row_ch, [answer(z)]) is None
+        history = walk[: int(rng.integers(1, len(walk) + 1))]
+        z = history[-1][0]
+        assert outcome(row_ch, history) is None and batch_outcome(batch_ch, history) is None
         batch = []
         for _ in range(int(rng.integers(1, p + 1))):
             zi = np.abs(z + rng.normal(scale=0.01, size=p))
@@ -186,7 +185,7 @@ def test_a_batched_answer_is_checked_as_its_rows_one_by_one(p, seed):
                 lie = lambda L: np.where(np.arange(p) == 0, -1.0, L)  # noqa: E731
             elif roll < 0.16:
                 lie = lambda L: L + 30.0  # noqa: E731  (above the mass bound where it is on)
-            elif roll < 0.2 and history:
+            elif roll < 0.2:
                 old = history[int(rng.integers(0, len(history)))]
                 batch.append((old[0], eta, [x * 1.01 for x in old[2]], old[3]))
                 continue
@@ -198,4 +197,4 @@ def test_a_batched_answer_is_checked_as_its_rows_one_by_one(p, seed):
         if want is None:  # both kept the batch: a following lie near it is judged alike
             follow = [answer(batch[-1][0] + 0.0, lambda L: L * 1.3)]
             assert batch_outcome(batch_ch, follow) == outcome(row_ch, follow)
-    assert kinds["honest"] >= 5 and kinds["refused"] >= 5
+    assert kinds["honest"] >= 3 and kinds["refused"] >= 3
