@@ -284,11 +284,11 @@ class CombinedModel:
 
         return estimate_mixture(self, X, **options)
 
-    def support(self, X):
+    def support(self, X, **options):
         """Per-point conformal p-values (small: unlike every site's published sample)."""
         from msa_fed.artifacts.target_check import support
 
-        return support(self, X)
+        return support(self, X, **options)
 
     def check_target(self, X, alpha: float = 0.01, **options):
         """Mixture, predicted loss, fraction out of support at ``alpha``, most atypical points."""
