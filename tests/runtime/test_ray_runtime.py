@@ -335,3 +335,17 @@ def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
         _coordinator(warm, sites, callback=kill_c).fit()
     assert err.value.site == "c"
     assert actor_status(warm.actors[2])[0] == "DEAD"
+
+
+def test_the_own_loss_guarantee_reaches_the_site_actors(warm, sites):
+    """solver guarantee through Ray: each site actor answers the own-loss request before the solve
+    (one harm request more per site), and the outcome is the local run's."""
+    rec = m.Recorder()
+    model = _fit(warm, sites, recorder=rec, solver=SolverConfig(guarantee=0.0))
+    asked = [r for r in rec.records if r[0] == "to_site" and r[2] == "harm"]
+    assert len(asked) == 2 * len(sites) and {r[1] for r in asked} == {"a", "b", "c"}
+    assert np.asarray(asked[0][3].z).shape == (1, len(sites))
+    local = msa_fed.fit_dmsa(sites, runtime="local", solver_options={"guarantee": 0.0})
+    assert model.guarantee["status"] == local.guarantee["status"] == "infeasible"
+    np.testing.assert_allclose(model.guarantee["own"], local.guarantee["own"], rtol=1e-9)
+    np.testing.assert_allclose(model.z, local.z, atol=1e-6)

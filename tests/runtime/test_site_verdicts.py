@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_predictors import age_sites, whole_number_sites  # noqa: E402
+from hostile_predictors import age_sites, poisoning_sites, whole_number_sites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
 from msa_fed import fit_dmsa  # noqa: E402
@@ -222,6 +222,36 @@ def test_a_label_flipping_peer_loses_its_weight_and_harms_nobody():
     check = flipped.info["site_check"]
     assert not any(check["harmed"]) and flipped.suspects == () and flipped.disputed == ()
     assert max(check["harm"]) < 0.1
+
+
+def test_a_peer_that_poisons_a_sites_loss_estimate_is_named():
+    """The strongest peer attack found (docs/DESIGN.md, "Each site's verdict"): evil puts labelled
+    rows where the domain classifier gives them to north, labelled against north's rule, and
+    publishes its sample far away.  North's loss estimate L_north now averages north's rows with
+    evil's, so the min-max hands north's region to a predictor unsure of both (z goes to south):
+    north's accuracy falls from 0.975 to 0.29.  Dropping evil's domain (the influence analysis's
+    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, no
+    suspect, and the influence report flagged south); re-solving without evil
+    and its rows removes the harm, so evil is named.  South is named too: without it (its
+    predictor) the harm also goes away, which is what a suspect means."""
+    data = poisoning_sites()
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
+        for n, (Xl, yl, Xu, o) in data.items()
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fit_dmsa(sites, "classification", random_state=0)
+    north = sites[0]
+    assert np.mean(model.predict(north.X_labeled) == north.y_labeled) < 0.5  # honest: 0.975
+    check = model.info["site_check"]
+    assert check["harmed"][0] and model.harm["north"] > 0.5
+    assert "evil" in model.suspects and "north" not in model.suspects
+    assert "evil" in check["removed_by"]["north"]
+    # the table the naming used: north's loss without evil and its rows is within its tolerance
+    table = np.asarray(check["loss_without_site"])
+    assert table[0, 2] - check["own"][0] <= TOLERANCE * max(check["own"][0], 0.25)
+    assert any(line.strip() == "north's harm goes away without south, evil" for line in summary_lines(model))
 
 
 # ---------------------------------------------------------------------- DP
