@@ -20,7 +20,7 @@ import msa_fed  # noqa: E402
 from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
-from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
+from msa_fed.errors import ConfigError, PrivacyError, SiteError  # noqa: E402
 from msa_fed.privacy.policy import POLICY_ENV  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.runtime.config import FitConfig, SolverConfig
@@ -154,6 +154,23 @@ def test_too_few_labelled_points_fails_the_run(warm, sites):
     with pytest.raises(PrivacyError, match=r"^site 'a' has 41 labelled points: fewer than min_points=45"):
         _fit(warm, sites, min_points=45)
     assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
+
+
+def test_a_swapped_peer_sample_is_refused_by_the_site_actor(warm, sites):
+    """The Ray host hands its site actors another sample for site c: each actor checks the
+    samples against the job content's pins (site/admission.py) and refuses, naming the peer."""
+    c = _coordinator(warm, sites)
+    c.start()
+    samples = [r.X for r in c.call_all("unlabeled_sample", None)]
+    bad = [np.array(X, dtype=np.float64) for X in samples]
+    bad[2] = bad[2] + 0.5
+    try:
+        with pytest.raises(ConfigError) as err:
+            warm.share_samples(bad)
+        assert str(err.value).startswith("site 'a' refuses the published sample of site 'c'")
+    finally:
+        warm.share_samples(samples)  # the pinned samples are taken: the warm backend stays usable
+    assert len(warm.actors) == 3
 
 
 def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, monkeypatch, caplog):
