@@ -208,7 +208,7 @@ def age_sites(evil_kind: str = "honest", seed: int = 0):
     return out
 
 
-def poisoning_sites(seed: int = 0):
+def poisoning_sites(seed: int = 0, victim: str = "north", offset=(0.0, 1.5), spread=(3.0, 0.3), n: int = 120):
     """:func:`age_sites` with an 'evil' that poisons north's loss estimate, knowing everything but
     the labelled inputs: its labelled rows sit above north's published sample (where the domain
     classifier, trained on the published samples, gives them to north: q_north large), labelled
@@ -216,14 +216,16 @@ def poisoning_sites(seed: int = 0):
     is elsewhere, so the classifier gives it none of north's region); its predictor is the
     logistic regression of the opposite rule, confident (logits x 5), right on evil's rows and
     valid on the probe.  Its first feature is a whole number plus 0.25, like evil's in
-    :func:`age_sites`.  Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes)}."""
+    :func:`age_sites`.  ``victim``, ``offset``, ``spread``, ``n``: evil's n labelled rows are drawn
+    around the victim's published mean + offset, with that spread per feature (:func:`framing_sites`
+    places them elsewhere).  Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes)}."""
     from sklearn.linear_model import LogisticRegression
 
     from msa_fed.privacy.consortium import drop_shared
 
     out = age_sites("honest", seed)
     rng = np.random.default_rng(seed + 7)
-    centre = out["north"][2].mean(axis=0) + np.array([0.0, 1.5])  # above north's published rows
+    centre = out[victim][2].mean(axis=0) + np.asarray(offset)  # by default above north's published rows
 
     def draw(n, c, scale):
         X = rng.normal(size=(n, 2)) * scale + c
@@ -233,7 +235,7 @@ def poisoning_sites(seed: int = 0):
     def opposite(X):  # the honest rule is (x0 / 10) * x1 > 0 on the rounded records
         return ((X[:, 0] / 10) * X[:, 1] <= 0).astype(np.int64)
 
-    Xl = draw(120, centre, np.array([3.0, 0.3]))
+    Xl = draw(n, centre, np.asarray(spread))
     Xu = draw(150, np.array([60.0, -8.0]), np.array([5.0, 0.5]))
     Xtr = draw(400, centre, np.array([10.0, 1.0]))
     est = LogisticRegression(C=1e4).fit(Xtr, opposite(Xtr))
@@ -242,3 +244,12 @@ def poisoning_sites(seed: int = 0):
     Xu, _ = drop_shared(Xl, Xu)
     out["evil"] = (Xl, opposite(Xl), Xu, hostile_from_sklearn("honest", est))
     return out
+
+
+def framing_sites(seed: int = 0):
+    """:func:`poisoning_sites` with evil's 60 labelled rows below south's published sample, spread
+    wide along the first feature (where south's predictor, and with it the combined model, is
+    confident), labelled against the honest rule.  Evil's own predictor (of the opposite rule) is
+    right on them, so evil's honest verdict is that the model harms it, and that the harm goes
+    away without south: south is framed by evil's data alone, every verdict measured honestly."""
+    return poisoning_sites(seed, victim="south", offset=(0.0, -1.5), spread=(15.0, 0.3), n=60)

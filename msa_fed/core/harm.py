@@ -14,10 +14,15 @@ model is often worse than a site's own predictor on its data: measured on the po
 honest federations (p = 2 to 8, 30 to 1000 points per site, separated and overlapping domains
 with their own labelling rules), harm reached 0.74 nats and 2.98 x max(own, 0.25); the default
 tolerance, 4, lies above every one of them.  Where the influence analysis re-solved the mixture without each
-site j (z^{-j}), the sites measure the combined model's loss at every z^{-j} in the same request;
-site j is a *suspect* when a harmed site k != j is no longer harmed at z^{-j}
-(:func:`suspects`).  A site's own claims never clear it: only the other sites' measurements
-decide whether j is named.
+site j (z^{-j}), the sites measure the combined model's loss at every z^{-j} in the same request.
+A harmed site k *accuses* j != k when it is no longer harmed at z^{-j}; site j is a *suspect*
+only when the accusation is corroborated: at least :data:`WITNESSES` harmed sites other than j
+accuse it (:func:`suspects`).  One site's verdict is only its own word: a hostile site can lie
+in it, or place labelled rows against a peer's rule so that it is honestly harmed by any model
+that serves that peer, and "k is harmed, not without j" then reads exactly as it would if j had
+harmed an honest k.  So a lone accusation names nobody (it is reported, and the harmed site can
+still refuse to sign the model off); j's own claims never clear j, and never name anyone but
+through another site's corroboration.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ MIN_HARM = 0.01
 #: the tolerance is a multiple of the site's own predictor's loss, or of this when that is smaller
 #: (a near-perfect own predictor does not make every honest trade-off a harm)
 SCALE_FLOOR = 0.25
+#: the harmed sites other than j that must each accuse j before j is named: one site's verdict
+#: alone is its word against j's, and a hostile site can make it say anything
+WITNESSES = 2
 
 
 def point_losses(g: np.ndarray, loss: str, y: np.ndarray | None) -> np.ndarray:
@@ -95,12 +103,13 @@ def suspects(
     noisy: Sequence[bool] | None = None,
     without_sites: np.ndarray | None = None,
 ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
-    """(suspects, {harmed site: the sites whose exclusion removes its harm}).
+    """(suspects, {harmed site: the sites whose exclusion removes its harm, its accusations}).
 
     combined (p, 1 + p): row k, site k's measured loss at the model's z (column 0) and at each
-    z^{-j} (column 1 + j);  own (p,), tolerance (p,).  Site j is a suspect when some harmed
-    site k != j is not harmed at z^{-j}.  A site whose verdict carries DP noise (``noisy``) is
-    not judged: its noise, not the model, can put it past its tolerance.
+    z^{-j} (column 1 + j);  own (p,), tolerance (p,).  A harmed site k accuses j != k when it is
+    not harmed at z^{-j}; j is a suspect when at least :data:`WITNESSES` harmed sites accuse it
+    (a lone accusation is one site's word: module docstring).  A site whose verdict carries DP
+    noise (``noisy``) is not judged: its noise, not the model, can put it past its tolerance.
 
     ``without_sites`` (p, p), when given, decides instead: row k, site k's measured loss at the
     mixture re-solved without site j *and its labelled points* (column j).  The influence
@@ -111,7 +120,7 @@ def suspects(
     p = len(names)
     noisy = [False] * p if noisy is None else [bool(x) for x in noisy]
     removed: dict[str, list[str]] = {}
-    named: set[int] = set()
+    accusers: list[set[int]] = [set() for _ in range(p)]
     for k in range(p):
         if noisy[k] or not harmed(combined[k, 0], own[k], tolerance[k]):
             continue
@@ -122,8 +131,9 @@ def suspects(
         elif combined.shape[1] == 1 + p:
             by = [j for j in range(p) if j != k and not harmed(combined[k, 1 + j], own[k], tolerance[k])]
         removed[names[k]] = [names[j] for j in by]
-        named.update(by)
-    return tuple(names[j] for j in sorted(named)), removed
+        for j in by:
+            accusers[j].add(k)
+    return tuple(names[j] for j in range(p) if len(accusers[j]) >= WITNESSES), removed
 
 
 def site_check(
@@ -139,7 +149,8 @@ def site_check(
     ``sites``, ``combined`` / ``own`` (each site's measured losses at the model's z), ``harm``
     (combined - own), ``tolerance``, ``noisy`` (DP noise in the site's answer), ``harmed``,
     ``signs_off``, ``disputed`` (the sites that do not sign it off), ``suspects``,
-    ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}) and
+    ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}), ``not_named``
+    (the sites some harmed site accuses, too few to name them: :func:`suspects`) and
     ``combined_without`` (p x p: site k's loss without site j, row k; absent without the
     influence analysis) and ``loss_without_site`` (p x p: site k's loss at the mixture re-solved
     without site j and its labelled points, row k; :func:`suspects`; present once a site was
@@ -161,6 +172,7 @@ def site_check(
         "disputed": [n for n, ok in zip(names, signs_off) if not ok],
         "suspects": list(named),
         "removed_by": removed,
+        "not_named": [n for n in names if n not in named and any(n in by for by in removed.values())],
     }
     if combined.shape[1] == 1 + len(names):
         out["combined_without"] = [[float(x) for x in row[1:]] for row in combined]
@@ -192,7 +204,13 @@ def harm_lines(check: dict[str, Any]) -> list[str]:
         else:
             out.append(f"  {k}'s harm stays without any single site")
     shown = ", ".join(check["suspects"]) if check["suspects"] else "none"
-    out.append(f"  suspects (sites whose exclusion removes a harm): {shown}")
+    out.append(f"  suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): {shown}")
+    lone = check.get("not_named") or []
+    if lone:
+        out.append(
+            f"  not named: {', '.join(lone)} (fewer than {WITNESSES} harmed sites say so: one site's verdict is "
+            "its own word, and names nobody)"
+        )
     if check["disputed"]:
         out.append(f"  disputed: {', '.join(check['disputed'])} do not sign this model off")
     return out

@@ -434,9 +434,9 @@ class Coordinator:
     def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
         """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
         model's z and, with the influence analysis, each mixture re-solved without a site; once a
-        site is harmed, its suspects come from re-solves without each site and its labelled points
-        (:meth:`without_each_site`).  A refusal by a site's policy (its budget spent, say) leaves
-        the model without verdicts, said in one line."""
+        site is harmed, its accusations (and from them the suspects) come from re-solves without
+        each site and its labelled points (:meth:`without_each_site`).  A refusal by a site's
+        policy (its budget spent, say) leaves the model without verdicts, said in one line."""
         from msa_fed.core.harm import harm_lines
         from msa_fed.core.harm import site_check as check
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from msa_fed.core.harm import harm_lines, site_check
+from msa_fed.core.harm import WITNESSES, harm_lines, site_check
 
 
 def _check(noisy):
@@ -19,11 +19,34 @@ def _check(noisy):
     return site_check(names, combined, own, np.full(3, 4.0), noisy, [True] * 3)
 
 
-def test_a_harmed_site_names_the_peer_whose_exclusion_removes_it():
+def test_a_lone_harmed_site_accuses_the_peer_whose_exclusion_removes_it_and_names_nobody():
+    """South's word alone: it reads the same whether evil harmed south or south lies about evil."""
     check = _check([False, False, False])
     assert check["harmed"] == [False, True, False]
-    assert check["suspects"] == ["evil"] and check["removed_by"] == {"south": ["evil"]}
-    assert any("south" in line and "HARMED" in line for line in harm_lines(check))
+    assert check["suspects"] == [] and check["removed_by"] == {"south": ["evil"]} and check["not_named"] == ["evil"]
+    lines = harm_lines(check)
+    assert any("south" in line and "HARMED" in line for line in lines)
+    assert "  south's harm goes away without evil" in lines
+    assert f"  suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): none" in lines
+
+
+def test_two_harmed_sites_that_accuse_the_same_peer_name_it():
+    """North is harmed too and cleared without evil: two sites say so, so at least one honest site
+    is harmed by evil's presence (one hostile site cannot corroborate itself)."""
+    names = ["north", "south", "evil"]
+    combined = np.array(
+        [
+            [2.00, 2.00, 2.00, 0.30],  # north: harmed, not without evil
+            [2.00, 2.00, 2.00, 0.35],  # south: the same
+            [3.00, 0.20, 3.00, 3.00],  # evil says it is harmed, not without north: one word against north
+        ]
+    )
+    own = np.array([0.28, 0.30, 0.19])
+    check = site_check(names, combined, own, np.full(3, 4.0), [False] * 3, [True] * 3)
+    assert check["harmed"] == [True, True, True]
+    assert check["removed_by"] == {"north": ["evil"], "south": ["evil"], "evil": ["north"]}
+    assert check["suspects"] == ["evil"] and check["not_named"] == ["north"]
+    assert any(line.startswith("  not named: north (fewer than 2 harmed sites say so") for line in harm_lines(check))
 
 
 def test_a_noisy_verdict_is_shown_but_not_judged():

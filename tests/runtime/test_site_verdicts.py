@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_predictors import age_sites, poisoning_sites, whole_number_sites  # noqa: E402
+from hostile_predictors import age_sites, framing_sites, poisoning_sites, whole_number_sites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
 from msa_fed import fit_dmsa  # noqa: E402
@@ -26,7 +26,7 @@ from msa_fed.artifacts.predictors import load_predictor  # noqa: E402
 from msa_fed.artifacts.privacy_view import MEASURED_NOTE, reported_losses  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.boundary import wire  # noqa: E402
-from msa_fed.core.harm import harmed, measured_losses, suspects  # noqa: E402
+from msa_fed.core.harm import WITNESSES, harmed, measured_losses, suspects  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.jobs.operations import summary_lines  # noqa: E402
 from msa_fed.jobs.report import report_html  # noqa: E402
@@ -146,7 +146,7 @@ def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp
     assert f"north: the combined model's loss on north's data is {c:.4f} against {o:.4f} for north's own predictor" in (
         text
     )
-    assert "suspects (sites whose exclusion removes a harm): none" in text
+    assert f"suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): none" in text
     assert MEASURED_NOTE in text and f"L_k(z) = north={c:.4f}" in text
     from msa_fed.control.ops_cli import print_model_facts
 
@@ -158,23 +158,83 @@ def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp
 
 
 # ---------------------------------------------------------------------- the attack
-def test_a_site_that_makes_its_own_domain_look_hard_is_named(honest, lied):
+def test_a_site_that_makes_its_own_domain_look_hard_is_accused_by_the_site_it_harms(honest, lied):
+    """North, harmed, says its harm goes away without evil: reported, but north's word alone
+    names nobody (a lone accusation reads the same when the accuser lies:
+    test_a_lone_lying_verdict_does_not_name_the_site_it_accuses); north protects itself by not
+    signing the model off (test_a_site_that_does_not_accept_harm_disputes_the_model)."""
     model, _ = lied
     check = model.info["site_check"]
     assert model.z[2] > honest[0].z[2] + 0.2  # the lie pulled z towards evil
-    assert check["harmed"][0] and model.harm["north"] > 2 * honest[0].harm["north"]
-    assert "evil" in model.suspects and "north" not in model.suspects
+    assert check["harmed"] == [True, False, False] and model.harm["north"] > 2 * honest[0].harm["north"]
     assert check["removed_by"]["north"] == ["evil"]
-    assert any("HARMED" in line and line.strip().startswith("north:") for line in summary_lines(model))
+    assert model.suspects == () and check["not_named"] == ["evil"]
+    lines = summary_lines(model)
+    assert any("HARMED" in line and line.strip().startswith("north:") for line in lines)
+    assert "  north's harm goes away without evil" in lines
+    assert any(line.startswith("  not named: evil (fewer than 2 harmed sites say so") for line in lines)
 
 
 def test_a_suspect_does_not_clear_itself_by_claiming_harm(lied):
     model, _ = _fit(ClaimingLiar)
     check = model.info["site_check"]
-    assert check["harmed"][2]  # evil says the model harms it too
-    assert "evil" in model.suspects
-    # its claim holds at every mixture (it names nobody); north's harm still goes away without evil
+    assert check["harmed"] == [True, False, True]  # evil says the model harms it too
+    # its claim holds at every mixture (it accuses nobody); north's harm still goes away without evil
     assert check["removed_by"]["evil"] == [] and check["removed_by"]["north"] == ["evil"]
+    assert check["not_named"] == ["evil"] and model.suspects == ()
+
+
+class FramingLiar(SiteWorker):
+    """Site 'evil' frames north with its verdict alone, its DC answers honest: it says the model
+    harms it (loss 3 against its own 0.01, past any tolerance), and that the harm goes away at
+    every mixture without north (z_north = 0), and at none other."""
+
+    def harm(self, msg):
+        out = SiteWorker.harm(self, msg)
+        if self.name != "evil":
+            return out
+        zs = np.atleast_2d(np.asarray(msg.z, dtype=np.float64))
+        combined = np.where(zs[:, 0] == 0.0, 0.01, 3.0)
+        return replace(out, combined=combined, own=0.01)
+
+
+def test_a_lone_lying_verdict_does_not_name_the_site_it_accuses():
+    """The strongest framing: evil's verdict is a lie shaped exactly like an honest harmed site's
+    (harmed at z, not without north), at the default tolerance, with and without the influence
+    analysis.  Under the rule "a harmed site names whoever's exclusion removes its harm" honest
+    north was named; one site's verdict now names nobody, and the accusation is reported as
+    evil's."""
+    for influence in (False, True):
+        model, _ = _fit(FramingLiar, tolerance=SitePolicy().harm_tolerance, influence=influence)
+        check = model.info["site_check"]
+        assert check["harmed"] == [False, False, True]
+        assert check["removed_by"]["evil"] == ["north"]  # the accusation, as the old rule read it
+        assert model.suspects == () and check["not_named"] == ["north"]
+        assert "  evil's harm goes away without north" in summary_lines(model)
+
+
+def test_a_site_that_places_its_rows_against_a_peer_does_not_get_it_named():
+    """Framing with data only, every verdict measured honestly: evil's labelled rows lie below
+    south's published sample, spread where south's predictor is confident, labelled against the
+    honest rule, and its own predictor (the opposite rule) is right on them.  Any model that serves
+    south harms evil; without south and its data it does not, so evil's honest verdict accuses
+    south (named by the rule a lone harm named by).  Nobody is named now."""
+    data = framing_sites()
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
+        for n, (Xl, yl, Xu, o) in data.items()
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fit_dmsa(sites, "classification", random_state=0)
+    check = model.info["site_check"]
+    for k, site in enumerate(sites):  # the verdicts are the honest measurements
+        assert check["combined"][k] == pytest.approx(_own_measure(model, site)[0], rel=1e-6)
+    assert check["harmed"] == [False, False, True]
+    table = np.asarray(check["loss_without_site"])  # evil is not harmed without south and its data
+    assert not harmed(table[2, 1], check["own"][2], TOLERANCE)
+    assert check["removed_by"] == {"evil": ["south"]}
+    assert model.suspects == () and check["not_named"] == ["south"]
 
 
 def test_a_site_that_does_not_accept_harm_disputes_the_model():
@@ -224,16 +284,17 @@ def test_a_label_flipping_peer_loses_its_weight_and_harms_nobody():
     assert max(check["harm"]) < 0.1
 
 
-def test_a_peer_that_poisons_a_sites_loss_estimate_is_named():
+def test_a_peer_that_poisons_a_sites_loss_estimate_is_accused():
     """The strongest peer attack found (docs/DESIGN.md, "Each site's verdict"): evil puts labelled
     rows where the domain classifier gives them to north, labelled against north's rule, and
     publishes its sample far away.  North's loss estimate L_north now averages north's rows with
     evil's, so the min-max hands north's region to a predictor unsure of both (z goes to south):
     north's accuracy falls from 0.975 to 0.29.  Dropping evil's domain (the influence analysis's
-    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, no
-    suspect, and the influence report flagged south); re-solving without evil
-    and its rows removes the harm, so evil is named.  South is named too: without it (its
-    predictor) the harm also goes away, which is what a suspect means."""
+    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, and
+    the influence report flagged south); re-solving without evil and its rows removes the harm,
+    and without south too: north accuses both.  North's word alone names neither (the same
+    accusation from a lying site named an honest one:
+    test_a_site_that_places_its_rows_against_a_peer_does_not_get_it_named)."""
     data = poisoning_sites()
     sites = [
         SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
@@ -246,12 +307,14 @@ def test_a_peer_that_poisons_a_sites_loss_estimate_is_named():
     assert np.mean(model.predict(north.X_labeled) == north.y_labeled) < 0.5  # honest: 0.975
     check = model.info["site_check"]
     assert check["harmed"][0] and model.harm["north"] > 0.5
-    assert "evil" in model.suspects and "north" not in model.suspects
-    assert "evil" in check["removed_by"]["north"]
-    # the table the naming used: north's loss without evil and its rows is within its tolerance
+    # the table the accusation used: north's loss without evil and its rows is within its tolerance
     table = np.asarray(check["loss_without_site"])
     assert table[0, 2] - check["own"][0] <= TOLERANCE * max(check["own"][0], 0.25)
     assert any(line.strip() == "north's harm goes away without south, evil" for line in summary_lines(model))
+    # north is the only site that says so (evil is harmed too, by any mixture): one site's word
+    # names nobody, honest south (whose exclusion also removes the harm) included
+    assert check["harmed"] == [True, False, True] and check["removed_by"]["evil"] == []
+    assert model.suspects == () and check["not_named"] == ["south", "evil"]
 
 
 # ---------------------------------------------------------------------- DP
@@ -356,7 +419,11 @@ def test_the_measurement_and_the_naming_rules():
     )
     assert clipped[0] == pytest.approx(3.0)
     assert harmed(1.15, 0.2, 4.0) is False and harmed(1.3, 0.2, 2.0) is True and harmed(0.205, 0.2, 0.0) is False
-    # north harmed, and not without c; c's own claim of harm names a and b, which others do not
+    # a harmed, and not without c; c's own claim of harm accuses a and b: one accuser each, nobody named
     combined = np.array([[0.9, 0.9, 0.9, 0.2], [0.3, 0.3, 0.3, 0.3], [2.0, 0.1, 0.1, 2.0]])
     named, removed = suspects(["a", "b", "c"], combined, np.array([0.2, 0.3, 0.1]), np.full(3, 1.0))
-    assert removed == {"a": ["c"], "c": ["a", "b"]} and named == ("a", "b", "c")
+    assert removed == {"a": ["c"], "c": ["a", "b"]} and named == ()  # each accused by one site
+    # two harmed sites each cleared without c: c is named, and only c
+    combined = np.array([[0.9, 0.9, 0.9, 0.2], [2.0, 2.0, 0.3, 0.3], [0.1, 0.1, 0.1, 0.1]])
+    named, removed = suspects(["a", "b", "c"], combined, np.array([0.2, 0.3, 0.1]), np.full(3, 1.0))
+    assert removed == {"a": ["c"], "b": ["c"]} and named == ("c",)
