@@ -132,7 +132,8 @@ class CombinedModel:
 
     @property
     def suspects(self) -> tuple[str, ...]:
-        """The sites whose exclusion removes a harm measured at another site (empty: nobody)."""
+        """The sites whose exclusion removes the harm measured at two or more other sites (one site's
+        word names nobody: msa_fed/core/harm.py; empty: nobody)."""
         return tuple(str(n) for n in (self.info.get("site_check") or {}).get("suspects", ()))
 
     @property

@@ -1,4 +1,4 @@
-"""Each site's verdict on a combined model, and the sites whose exclusion removes a harm.
+"""Each site's verdict on a combined model, and the sites whose exclusion removes harms of others.
 
 A consortium model is good for a member only if that member says so (docs/DESIGN.md, section 4,
 point 4).  Site k measures, on its own labelled points, two means: the combined model's loss and
@@ -21,8 +21,8 @@ accuse it (:func:`suspects`).  One site's verdict is only its own word: a hostil
 in it, or place labelled rows against a peer's rule so that it is honestly harmed by any model
 that serves that peer, and "k is harmed, not without j" then reads exactly as it would if j had
 harmed an honest k.  So a lone accusation names nobody (it is reported, and the harmed site can
-still refuse to sign the model off); j's own claims never clear j, and never name anyone but
-through another site's corroboration.
+still refuse to sign the model off), while with one hostile site, two accusers include an honest
+one.  j's own claims never clear j.
 """
 
 from __future__ import annotations
