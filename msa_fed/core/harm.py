@@ -12,8 +12,11 @@ Site k is *harmed* when harm_k exceeds ``tolerance * max(own_k, SCALE_FLOOR)`` a
 solution raises the easy domains' losses towards the hardest one's by design, so an honest
 model is often worse than a site's own predictor on its data: measured on the policy sweep's
 honest federations (p = 2 to 8, 30 to 1000 points per site, separated and overlapping domains
-with their own labelling rules), harm reached 0.74 nats and 2.98 x max(own, 0.25); the default
-tolerance, 4, lies above every one of them.  Where the influence analysis re-solved the mixture without each
+with their own labelling rules), harm reached 0.745 nats and 2.98 x max(own, 0.25); the default
+tolerance, 4, lies above every one of them.  It is not tighter: a peer's poisoning that took a
+site from 0.975 to 0.29 accuracy harmed it by 0.78 nats (3.1 x), within 5% of the honest
+maximum, and a smaller floor widens the honest ratios more (docs/DESIGN.md, "Each site's
+verdict").  Where the influence analysis re-solved the mixture without each
 site j (z^{-j}), the sites measure the combined model's loss at every z^{-j} in the same request.
 A harmed site k *accuses* j != k when it is no longer harmed at z^{-j}; site j is a *suspect*
 only when the accusation is corroborated: at least :data:`WITNESSES` harmed sites other than j
