@@ -60,6 +60,8 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_slim_federation.py": ("ray", "slow"),
     # builds a venv with `pip install .` alone (PyPI), minutes
     "site/test_slim_install.py": ("slow",),
+    # the recipe's real Ray head on 127.0.0.1, then `deploy/ray-up-local.sh down`
+    "ops/test_ray_up_local_down.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
