@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
 from ops_helpers import REPO, env
 
 SCRIPT = REPO / "deploy" / "ray-up-local.sh"
