@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -441,6 +441,14 @@ def qhat_digest(spec_key: str | None, msg: m.QhatBroadcast) -> str:
     h.update(np.ascontiguousarray(msg.qhat, dtype=np.float64).tobytes())
     h.update(repr(float(msg.eta)).encode())
     return h.hexdigest()
+
+
+class Setups(Protocol):
+    """What the gate asks of a job's memory of answered set-ups (:class:`SetupMemory`)."""
+
+    def answered(self, method: str, key: str) -> bool: ...
+
+    def remember(self, method: str, key: str) -> None: ...
 
 
 class SetupMemory:

@@ -32,7 +32,7 @@ from msa_fed.privacy.influence import shares
 from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import SampleSource, pinned_samples
 from msa_fed.site.data import load_site_data
-from msa_fed.site.gate import LABELLED, Rule, SetupMemory, build_domain_model, gate
+from msa_fed.site.gate import LABELLED, Rule, SetupMemory, Setups, build_domain_model, gate
 from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
@@ -121,7 +121,7 @@ class SiteWorker(PublishedHalf):
         sites=None,
         host: str = "process",
         audit: AuditLog | None = None,
-        setups: SetupMemory | None = None,
+        setups: Setups | None = None,
     ):
         self.name = name
         self.host = check_host(host)
@@ -152,7 +152,7 @@ class SiteWorker(PublishedHalf):
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
         self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
-        self.setups = SetupMemory() if setups is None else setups
+        self.setups: Setups = SetupMemory() if setups is None else setups
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
 
