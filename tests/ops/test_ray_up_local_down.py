@@ -138,11 +138,19 @@ def test_down_stops_every_process_of_the_recipes_ray_and_frees_its_ports():
             # a loaded two-core machine starts a node's dashboard agent slowly
             "RAY_agent_register_timeout_ms": "120000",
         }
-        for command in config["head_start_ray_commands"]:
-            done = subprocess.run(
-                ["bash", "-c", command], env=login_env, capture_output=True, text=True, timeout=400, check=False
-            )
-            assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
+        # `ray up` runs these in order (the first stops what an earlier start left); `ray start`
+        # gives up when its raylet has not registered within 30 s (fixed in Ray), which a loaded
+        # machine can take: the recipe starts once more, and this test runs the list up to 3 times
+        for _ in range(3):
+            for command in config["head_start_ray_commands"]:
+                done = subprocess.run(
+                    ["bash", "-c", command], env=login_env, capture_output=True, text=True, timeout=400, check=False
+                )
+                if done.returncode != 0:
+                    break
+            if done.returncode == 0:
+                break
+        assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
         started = _this_ray(folder, gcs)
         words = _processes()
         programs = {Path(words[p][0]).name for p in started if words.get(p)}
