@@ -355,11 +355,11 @@ class Call(Request):
         return True
 
     def __exit__(self, etype, exc, tb) -> Literal[False]:
-        if etype is None and self._replay is not None:  # answered: a replay of it is free
+        if self.rule.sizes is not None:
+            Request.__exit__(self, etype, exc, tb)  # the record (and the charge) first
+        if etype is None and self._replay is not None:  # answered and recorded: a replay of it is free
             self.worker.setups.remember(self.kind, self._replay)
-        if self.rule.sizes is None:
-            return False
-        return Request.__exit__(self, etype, exc, tb)
+        return False
 
     # ------------------------------------------------------------------ the row's transform
     def _transform(self, want: str):
