@@ -140,8 +140,19 @@ def build_config(method: str, task: str = "classification", **options: Any) -> F
 def make_backend(sites: list[SiteData], config: FitConfig):
     """The sites' backend for ``config.runtime`` (:func:`msa_fed.runtime.topology.make_backend`):
     in-process workers or Ray actors."""
+    from msa_fed.site.admission import host_content
+
     predictors = [s.predictor for s in sites]
     classes = class_union(h.classes_ for h in predictors) if config.task == "classification" else None
+    # the job's content: each site checks the published samples it is handed against its pins
+    content = host_content(
+        "fit",
+        [s.name for s in sites],
+        [s.X_unlabeled for s in sites],
+        task=config.task,
+        loss=config.loss,
+        min_points=config.min_points,
+    )
     kwargs = [
         dict(
             name=s.name,
@@ -156,6 +167,7 @@ def make_backend(sites: list[SiteData], config: FitConfig):
             min_points=config.min_points,
             policy=s.policy,
             sites=[t.name for t in sites],
+            content=content,
         )
         for k, s in enumerate(sites)
     ]

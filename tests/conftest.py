@@ -98,6 +98,8 @@ NOT_QUICK = (
     "core/test_core_dc_rounds.py",  # full solves of every start against the bounded rounds
     "experiments/test_verdicts_honest.py",  # eight honest fits with the influence report
     "runtime/test_site_verdicts.py",  # attacked and honest fits with the influence report, DP
+    "runtime/test_own_loss_guarantee.py",  # four fits with the own-loss guarantee, one with DP
+    "core/test_core_guarantee.py",  # a grid of 7000 mixtures and constrained solves
     "core/test_core_influence_lockstep.py",  # min-max solves and their p re-solves
     "privacy/test_coordinator_reads.py",  # decoding attacks over whole honest transcripts
     "privacy/test_request_path.py",  # a site process killed with SIGKILL mid-job

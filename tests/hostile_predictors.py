@@ -206,3 +206,39 @@ def age_sites(evil_kind: str = "honest", seed: int = 0):
         est = LogisticRegression().fit(Xtr, ytr)
         out[name] = (Xl, yl, Xu, hostile_from_sklearn(evil_kind if name == "evil" else "honest", est))
     return out
+
+
+def poisoning_sites(seed: int = 0):
+    """:func:`age_sites` with an 'evil' that poisons north's loss estimate, knowing everything but
+    the labelled inputs: its labelled rows sit above north's published sample (where the domain
+    classifier, trained on the published samples, gives them to north: q_north large), labelled
+    against the rule every honest site follows; its published sample lies far away (its domain
+    is elsewhere, so the classifier gives it none of north's region); its predictor is the
+    logistic regression of the opposite rule, confident (logits x 5), right on evil's rows and
+    valid on the probe.  Its first feature is a whole number plus 0.25, like evil's in
+    :func:`age_sites`.  Returns {name: (X_labeled, y_labeled, X_unlabeled, ONNX bytes)}."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.privacy.consortium import drop_shared
+
+    out = age_sites("honest", seed)
+    rng = np.random.default_rng(seed + 7)
+    centre = out["north"][2].mean(axis=0) + np.array([0.0, 1.5])  # above north's published rows
+
+    def draw(n, c, scale):
+        X = rng.normal(size=(n, 2)) * scale + c
+        X[:, 0] = np.round(X[:, 0]) + 0.25
+        return X
+
+    def opposite(X):  # the honest rule is (x0 / 10) * x1 > 0 on the rounded records
+        return ((X[:, 0] / 10) * X[:, 1] <= 0).astype(np.int64)
+
+    Xl = draw(120, centre, np.array([3.0, 0.3]))
+    Xu = draw(150, np.array([60.0, -8.0]), np.array([5.0, 0.5]))
+    Xtr = draw(400, centre, np.array([10.0, 1.0]))
+    est = LogisticRegression(C=1e4).fit(Xtr, opposite(Xtr))
+    est.coef_ *= 5.0
+    est.intercept_ *= 5.0
+    Xu, _ = drop_shared(Xl, Xu)
+    out["evil"] = (Xl, opposite(Xl), Xu, hostile_from_sklearn("honest", est))
+    return out

@@ -141,6 +141,16 @@ class CombinedModel:
         return tuple(str(n) for n in (self.info.get("site_check") or {}).get("disputed", ()))
 
     @property
+    def guarantee(self) -> dict | None:
+        """The own-loss guarantee's record (solver option ``guarantee``; None when it was off):
+        ``status`` ("holds at the min-max point", "constrained", "infeasible" or "not applied"),
+        ``holds``, ``slack``, ``own`` (each site's own predictor's loss), ``losses`` (L_k at z),
+        ``excess`` (L_k - own_k - slack), ``max_loss_unconstrained``, ``evaluations`` (its extra
+        rounds) and ``line`` (the outcome in words)."""
+        record = self.info.get("guarantee")
+        return dict(record) if isinstance(record, dict) else None
+
+    @property
     def z_paper(self) -> np.ndarray:
         """z' of the paper's Proposition 1 (the weight on Q(k|x) itself)."""
         from msa_fed.core.combination import paper_z
@@ -274,11 +284,11 @@ class CombinedModel:
 
         return estimate_mixture(self, X, **options)
 
-    def support(self, X):
+    def support(self, X, **options):
         """Per-point conformal p-values (small: unlike every site's published sample)."""
         from msa_fed.artifacts.target_check import support
 
-        return support(self, X)
+        return support(self, X, **options)
 
     def check_target(self, X, alpha: float = 0.01, **options):
         """Mixture, predicted loss, fraction out of support at ``alpha``, most atypical points."""

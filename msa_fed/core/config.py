@@ -142,6 +142,14 @@ class SolverConfig:
         Optional(Choice("pointwise", "global")),
     )
     z0: tuple[float, ...] | None = option(None, "first start instead of the uniform point", _Start())
+    guarantee: float | None = option(
+        None,
+        'objective "minmax" only: no site worse off than alone. Each site reports its own '
+        "predictor's loss on its labelled points (one more request per site before the solve) "
+        "and z is the min-max point with every L_k(z) <= own_k + this slack; where no z "
+        "satisfies them all, the z with the smallest largest excess, said in one line (unset: off)",
+        Optional(Number(0.0)),
+    )
 
     def validate(self) -> SolverConfig:
         """Every field checked; an option the objective does not use is a ValueError naming it."""
@@ -153,4 +161,9 @@ class SolverConfig:
                     f"{given[0]}={getattr(self, given[0])!r} applies only to objective='gamma'; "
                     "objective='minmax' solves by SLSQP on the epigraph"
                 )
+        if self.guarantee is not None and self.objective != "minmax":
+            raise ValueError(
+                f"guarantee={self.guarantee!r} applies only to objective='minmax' (the own-loss "
+                "constraints are added to its epigraph problem)"
+            )
         return self

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -107,6 +107,8 @@ class DCResult:
     method: str
     restarts: list[dict[str, Any]] = field(default_factory=list)
     objective: str = "gamma"
+    #: the own-loss guarantee's record (``guarantee`` option; None: off): :func:`_guarantee`
+    guarantee: dict[str, Any] | None = None
 
     @property
     def max_loss(self) -> float:
@@ -563,6 +565,100 @@ class _Shifted(_Counter):
         return self._shifted(self.ev(z, what))
 
 
+# ---------------------------------------------------------------------------- own-loss guarantee
+#: the guarantee holds at z when every L_k(z) - b_k is at most this (loss units: SLSQP's active
+#: constraints end within rounding of their bound)
+GUARANTEE_FEASIBLE = 1e-7
+#: weights C of the exact penalty tried in turn (the next only where the last left an excess): at
+#: least the constraints' Lagrange multipliers, the min-max point under the constraints is then
+#: the minimiser of max_k L_k + C max(0, max_j L_j - b_j)
+GUARANTEE_PENALTIES = (1e2, 1e4)
+
+
+class _Penalised(_Shifted):
+    """A :class:`_Counter` whose "L" is the p (p + 1) terms L_k and L_k + C (L_j - b_j): their max
+    is max_k L_k + C max(0, max_j L_j - b_j), the exact penalty of the own-loss constraints
+    L_j <= b_j, and the epigraph problem of ``_minmax_run`` over them is the constrained min-max."""
+
+    def __init__(self, ev: _Counter, bounds: np.ndarray, weight: float) -> None:
+        super().__init__(ev, np.zeros_like(bounds))
+        self.bounds, self.weight = bounds, weight
+
+    def _shifted(self, s: DCSums) -> DCSums:
+        L, dL = s.L, s.dL
+        F = dF = None
+        if L is not None:
+            excess = self.weight * (L - self.bounds)
+            F = np.concatenate([L, (L[:, None] + excess[None, :]).ravel()])
+        if dL is not None:
+            p = dL.shape[0]
+            dF = np.concatenate([dL, (dL[:, None, :] + self.weight * dL[None, :, :]).reshape(p * p, p)])
+        return DCSums(L=F, dL=dF, u=s.u, du=s.du, v=s.v, dv=s.dv, n=s.n)
+
+
+def _guarantee(
+    ev: _Counter,
+    best: DCResult,
+    own: np.ndarray,
+    slack: float,
+    tol: float,
+    max_iter: int,
+    callback: Callback | None,
+) -> tuple[DCResult, dict[str, Any]]:
+    """The min-max point ``best`` moved, where it must be, so that no L_k exceeds b_k = own_k + slack.
+
+    1. ``best`` (the unconstrained min-max point) already satisfies every bound: kept (no round).
+    2. Otherwise min over z of max_k L_k(z) - b_k from ``best.z`` (the regret machinery with the
+       shift b).  Above 0: no z satisfies every bound; that point, the one with the smallest
+       largest excess, is the result ("closest").
+    3. Otherwise (a z satisfies them) the min-max under the bounds, from that feasible point, by
+       the exact penalty (:class:`_Penalised`); a result that leaves an excess is retried with the
+       next weight, and the feasible point of step 2 is kept if none does better.
+
+    Returns the result and the record of the guarantee (``info["guarantee"]`` of the model)."""
+    bounds = np.asarray(own, dtype=np.float64) + slack
+    calls = ev.calls
+    free = best.losses
+    record: dict[str, Any] = {
+        "slack": float(slack),
+        "own": [float(x) for x in own],
+        "max_loss_unconstrained": float(np.max(free)),
+    }
+
+    def done(res: DCResult, status: str) -> tuple[DCResult, dict[str, Any]]:
+        excess = res.losses - bounds
+        record.update(
+            status=status,
+            holds=bool(np.max(excess) <= GUARANTEE_FEASIBLE),
+            losses=[float(x) for x in res.losses],
+            excess=[float(x) for x in excess],
+            evaluations=ev.calls - calls,
+        )
+        return res, record
+
+    if np.max(free - bounds) <= GUARANTEE_FEASIBLE:
+        return done(best, "holds at the min-max point")
+    history: list[float] = []
+    z_a, val_a, _, ok_a, it_a = _minmax_run(_Shifted(ev, bounds), best.z, tol, max_iter, callback, history)
+    L_a = ev(z_a, ("L", "dL")).array("L")
+    closest = replace(best, z=z_a, losses=L_a, gamma=gamma_from_losses(L_a, z_a), history=history, n_iter=it_a)
+    closest.converged, closest.method = ok_a, "slsqp-minmax+closest"
+    if val_a > GUARANTEE_FEASIBLE:
+        return done(closest, "infeasible")
+    result, z_start = closest, z_a
+    for weight in GUARANTEE_PENALTIES:
+        history = []
+        z_b, _, _, ok_b, it_b = _minmax_run(_Penalised(ev, bounds, weight), z_start, tol, max_iter, callback, history)
+        L_b = ev(z_b, ("L", "dL")).array("L")
+        if np.max(L_b - bounds) <= GUARANTEE_FEASIBLE:
+            if np.max(L_b) < np.max(result.losses):
+                result = replace(best, z=z_b, losses=L_b, gamma=gamma_from_losses(L_b, z_b), history=history)
+                result.n_iter, result.converged, result.method = it_b, ok_b, "slsqp-minmax+guarantee"
+            break
+        z_start = z_b
+    return done(result, "constrained")
+
+
 # ---------------------------------------------------------------------------- driver
 #: DCA iterations of a fallback run inside method="auto" (each is one SLSQP solve: slow).
 AUTO_DCA_ITER = 20
@@ -718,6 +814,8 @@ def solve_dc(
     z0: np.ndarray | None = None,
     callback: Callback | None = None,
     warn: bool = True,
+    guarantee: float | None = None,
+    own_losses: np.ndarray | None = None,
 ) -> DCResult:
     """Solve for z over the simplex: min max_k L_k(z) (default) or min Gamma(z).
 
@@ -743,6 +841,11 @@ def solve_dc(
         or "global" (one M).
     z0 : optional first start instead of the uniform point (e.g. a checkpoint).
     callback : called as callback(iteration, z, gamma) after each accepted iterate.
+    guarantee : objective "minmax" only: a slack s >= 0; z is then the min-max point subject to
+        L_k(z) <= own_losses[k] + s for every k, or, where no z satisfies them all, the z with the
+        smallest largest excess (:func:`_guarantee`; the record in ``DCResult.guarantee``).
+    own_losses : (p,) each site's own predictor's loss (what the sites measure on their labelled
+        points); required with ``guarantee``.
     """
     cfg = SolverConfig(
         objective=objective,
@@ -753,6 +856,7 @@ def solve_dc(
         all_starts=all_starts,
         bound=bound,
         z0=None if z0 is None else tuple(np.asarray(z0, dtype=np.float64).reshape(-1)),
+        guarantee=guarantee,
     ).validate()
     objective, tol, max_iter, n_restarts = cfg.objective, cfg.tol, cfg.max_iter, cfg.n_restarts
     all_starts = cfg.all_starts
@@ -760,6 +864,11 @@ def solve_dc(
     if not (np.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0; got {eta!r}")
     p = int(oracle.n_sources)
+    own = None
+    if cfg.guarantee is not None:
+        own = np.asarray(own_losses if own_losses is not None else [], dtype=np.float64).reshape(-1)
+        if own.size != p or not np.all(np.isfinite(own)):
+            raise ValueError(f"guarantee needs own_losses: {p} finite numbers, each site's own predictor's loss")
     rng = np.random.default_rng(random_state)
     global_bound = oracle.max_bound() if bound == "global" else None
     ev = _Counter(oracle, eta, global_bound)
@@ -773,7 +882,9 @@ def solve_dc(
     # thread spins between the oracle's calls (msa_fed/core/threads.py)
     with blas_threads_for(p * p):
         best, runs = _solve(ev, p, objective, method, starts, z0 is not None, tol, max_iter, callback, all_starts)
-    assert best is not None  # there is at least one start
+        assert best is not None  # there is at least one start
+        if own is not None and cfg.guarantee is not None:
+            best, best.guarantee = _guarantee(ev, best, own, cfg.guarantee, tol, max_iter, callback)
     best.n_evaluations = ev.calls
     best.restarts = runs
     best.objective = objective

@@ -85,7 +85,8 @@ def epigraph_slsqp(
 ) -> OptimizeResult:
     """min t  s.t.  f(z) <= t componentwise,  z in the simplex;  x = (z, t) of shape (p + 1,).
 
-    f(z) has shape (p,) and f_jac(z) shape (p, p).  ``x0`` is the start (z0, t0); ``callback``
+    f(z) has shape (m,) and f_jac(z) shape (m, p) (m = p: the losses; more: the own-loss
+    guarantee's penalised terms, :mod:`msa_fed.core.dc_solver`).  ``x0`` is the start (z0, t0); ``callback``
     is SLSQP's, called with x after each iteration; ``on_point`` is called with every x at which
     SLSQP evaluates the constraints, before f (an exception it raises ends the solve).  Returns
     scipy's result (``x``, ``success``); z = x[:p] may leave the simplex by rounding (project it).
@@ -99,8 +100,9 @@ def epigraph_slsqp(
         return slack
 
     def cons_jac(x: np.ndarray) -> np.ndarray:
-        jac = np.empty((p, p + 1))
-        jac[:, :p] = -f_jac(x[:p])
+        fj = f_jac(x[:p])
+        jac = np.empty((fj.shape[0], p + 1))
+        jac[:, :p] = -fj
         jac[:, p] = 1.0
         return jac
 

@@ -93,13 +93,20 @@ def suspects(
     own: np.ndarray,
     tolerance: np.ndarray,
     noisy: Sequence[bool] | None = None,
+    without_sites: np.ndarray | None = None,
 ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """(suspects, {harmed site: the sites whose exclusion removes its harm}).
 
     combined (p, 1 + p): row k, site k's measured loss at the model's z (column 0) and at each
     z^{-j} (column 1 + j);  own (p,), tolerance (p,).  Site j is a suspect when some harmed
     site k != j is not harmed at z^{-j}.  A site whose verdict carries DP noise (``noisy``) is
-    not judged: its noise, not the model, can put it past its tolerance."""
+    not judged: its noise, not the model, can put it past its tolerance.
+
+    ``without_sites`` (p, p), when given, decides instead: row k, site k's measured loss at the
+    mixture re-solved without site j *and its labelled points* (column j).  The influence
+    analysis's z^{-j} drops only domain j from the min-max: a site whose labelled points poison a
+    peer's loss estimate (rows in the peer's region, labelled against the peer) moves z just as
+    much without its domain, and the exclusion that removes the harm is the one of its data."""
     combined = np.asarray(combined, dtype=np.float64)
     p = len(names)
     noisy = [False] * p if noisy is None else [bool(x) for x in noisy]
@@ -109,7 +116,10 @@ def suspects(
         if noisy[k] or not harmed(combined[k, 0], own[k], tolerance[k]):
             continue
         by = []
-        if combined.shape[1] == 1 + p:
+        if without_sites is not None:
+            table = np.asarray(without_sites, dtype=np.float64)
+            by = [j for j in range(p) if j != k and not harmed(table[k, j], own[k], tolerance[k])]
+        elif combined.shape[1] == 1 + p:
             by = [j for j in range(p) if j != k and not harmed(combined[k, 1 + j], own[k], tolerance[k])]
         removed[names[k]] = [names[j] for j in by]
         named.update(by)
@@ -123,6 +133,7 @@ def site_check(
     tolerance: np.ndarray,
     noisy: Sequence[bool],
     signs_off: Sequence[bool],
+    without_sites: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The sites' verdicts on a model as a JSON-able dict (the model's ``info["site_check"]``):
     ``sites``, ``combined`` / ``own`` (each site's measured losses at the model's z), ``harm``
@@ -130,12 +141,14 @@ def site_check(
     ``signs_off``, ``disputed`` (the sites that do not sign it off), ``suspects``,
     ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}) and
     ``combined_without`` (p x p: site k's loss without site j, row k; absent without the
-    influence analysis)."""
+    influence analysis) and ``loss_without_site`` (p x p: site k's loss at the mixture re-solved
+    without site j and its labelled points, row k; :func:`suspects`; present once a site was
+    harmed)."""
     names = [str(n) for n in names]
     combined = np.asarray(combined, dtype=np.float64)
     own = np.asarray(own, dtype=np.float64)
     tolerance = np.asarray(tolerance, dtype=np.float64)
-    named, removed = suspects(names, combined, own, tolerance, noisy)
+    named, removed = suspects(names, combined, own, tolerance, noisy, without_sites)
     out: dict[str, Any] = {
         "sites": names,
         "combined": [float(x) for x in combined[:, 0]],
@@ -151,6 +164,8 @@ def site_check(
     }
     if combined.shape[1] == 1 + len(names):
         out["combined_without"] = [[float(x) for x in row[1:]] for row in combined]
+    if without_sites is not None:
+        out["loss_without_site"] = [[float(x) for x in row] for row in np.asarray(without_sites, dtype=np.float64)]
     return out
 
 
@@ -181,3 +196,27 @@ def harm_lines(check: dict[str, Any]) -> list[str]:
     if check["disputed"]:
         out.append(f"  disputed: {', '.join(check['disputed'])} do not sign this model off")
     return out
+
+
+def guarantee_line(record: dict[str, Any], names: Sequence[str]) -> str:
+    """The own-loss guarantee's outcome in one line (the fit's log, the job summary): whether no
+    site's L_k(z) exceeds its own predictor's loss (+ the slack), and where none could be kept
+    within it, the largest excess left (:func:`msa_fed.core.dc_solver.solve_dc`, ``guarantee``)."""
+    head = f"own-loss guarantee (L_k(z) <= own_k + {record.get('slack', 0.0):g}):"
+    status = record.get("status")
+    if status == "not applied":
+        return f"{head} not applied: {record.get('reason', '')}"
+    before, losses = record.get("max_loss_unconstrained"), record.get("losses") or []
+    after = max(losses) if losses else before
+    if status == "holds at the min-max point":
+        return f"{head} holds at the min-max point, at no cost (max_k L_k = {after:.4f})"
+    if status == "constrained":
+        return f"{head} holds: z moved so that no site is worse off than alone; max_k L_k {before:.4f} -> {after:.4f}"
+    excess = record.get("excess") or []
+    k = int(np.argmax(excess)) if excess else 0
+    site = names[k] if k < len(names) else str(k)
+    return (
+        f"{head} NOT feasible: no z keeps every site within its own predictor's loss; z minimises the "
+        f"largest excess: {site} {excess[k]:+.4f} (L_k = {losses[k]:.4f} against own {record['own'][k]:.4f}); "
+        f"max_k L_k {before:.4f} -> {after:.4f}"
+    )

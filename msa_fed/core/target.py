@@ -233,14 +233,29 @@ def leave_one_out_distance(reference: NDArray[np.floating], r: int) -> Array:
     return knn_distance(R, R, r + 1)  # the row itself is its own nearest (distance 0)
 
 
-def conformal_pvalues(scores: NDArray[np.floating], calibration: NDArray[np.floating]) -> Array:
-    """p(x) = (1 + #{c : c >= s(x)}) / (n_cal + 1) for each score (larger: more atypical)."""
+def conformal_pvalues(
+    scores: NDArray[np.floating], calibration: NDArray[np.floating], ties: NDArray[np.floating] | None = None
+) -> Array:
+    """p(x) = (1 + #{c : c >= s(x)}) / (n_cal + 1) for each score (larger: more atypical).
+
+    ``ties``: one uniform number u in [0, 1) per score: the randomised p-value
+    (#{c : c > s(x)} + u (1 + #{c : c = s(x)})) / (n_cal + 1), which is uniform for an
+    exchangeable point instead of above it.  Where scores take few values (categorical inputs)
+    the first counts every tie against the point, and it can never go below 1 / (n_cal + 1): a
+    site with fewer than 1 / alpha - 1 reference rows could never flag at level alpha."""
     cal: Array = np.sort(np.asarray(calibration, dtype=np.float64))
     if cal.ndim != 1 or cal.size == 0:
         raise ValueError("calibration must be a non-empty 1-D array of scores")
     s = np.asarray(scores, dtype=np.float64)
-    at_least = cal.size - np.searchsorted(cal, s, side="left")
-    out: Array = (1.0 + at_least.astype(np.float64)) / (cal.size + 1.0)
+    at_least = (cal.size - np.searchsorted(cal, s, side="left")).astype(np.float64)
+    if ties is None:
+        out: Array = (1.0 + at_least) / (cal.size + 1.0)
+        return out
+    u = np.asarray(ties, dtype=np.float64)
+    if u.shape != s.shape:
+        raise ValueError(f"ties must have the scores' shape {s.shape}; got {u.shape}")
+    above = (cal.size - np.searchsorted(cal, s, side="right")).astype(np.float64)
+    out = (above + u * (1.0 + at_least - above)) / (cal.size + 1.0)
     return out
 
 
@@ -251,3 +266,91 @@ def combine_pvalues(P: NDArray[np.floating]) -> Array:
     ok = ~np.isnan(P)
     out: Array = np.where(ok.any(axis=1), np.max(np.where(ok, P, -np.inf), axis=1), np.nan)
     return out
+
+
+# ------------------------------------------------------------------ categorical support
+#: the pseudo-count of the Good-Turing estimate of a column's unseen mass in :func:`category_score`
+CATEGORY_SMOOTHING = 0.5
+
+#: per column of a reference: its distinct values (sorted), their counts, and how many occur once
+CategoryTable = tuple[Array, Array, int]
+
+
+def category_tables(reference: NDArray[np.floating]) -> list[CategoryTable]:
+    """Per column of ``reference`` (m, d): its distinct values (sorted), their counts and the
+    number of values seen exactly once."""
+    R = np.asarray(reference, dtype=np.float64)
+    if R.ndim != 2 or R.shape[0] == 0:
+        raise ValueError(f"reference must be a non-empty 2-D array; got shape {R.shape}")
+    out = []
+    for j in range(R.shape[1]):
+        values, counts = np.unique(R[:, j], return_counts=True)
+        out.append((values.astype(np.float64), counts.astype(np.float64), int(np.sum(counts == 1))))
+    return out
+
+
+def _rarity(count: Array, m: int, once: NDArray[np.integer] | int, a: float) -> Array:
+    """-log of a value's probability in a column of m rows: count / m times the seen mass where
+    the value was seen (count > 0), else the Good-Turing unseen mass (once + a) / (m + 2a)."""
+    unseen = (np.asarray(once, dtype=np.float64) + a) / (m + 2.0 * a)
+    seen = np.maximum(count, 1.0) / m * (1.0 - unseen)
+    out: Array = -np.log(np.where(count > 0, seen, unseen))
+    return out
+
+
+def category_score(
+    X: NDArray[np.floating], tables: list[CategoryTable], m: int, a: float = CATEGORY_SMOOTHING
+) -> Array:
+    """Score (n,) of categorical rows against a site's reference of ``m`` rows (larger: more
+    atypical): the rarity of the row's rarest value, max_j -log P_j(x_j), with P_j(v) the
+    frequency of v in column j of the reference and, for a value the reference does not have,
+    the column's Good-Turing unseen mass (values seen once + a) / (m + 2a).
+
+    It takes the place of the nearest-neighbour distance on categorical inputs, where distances
+    take few values and a value unseen in the one-hot map (all zeros) sits closer to every row
+    than a seen, different one.  A value missing from a column where every value recurs (a site
+    whose rows all share one education) is as rare as a value can be; one missing from a
+    long-tailed column (countries) much less so."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != len(tables):
+        raise ValueError(f"X must have shape (n, {len(tables)}); got {X.shape}")
+    s = np.full(X.shape[0], -np.inf)
+    for j, (values, counts, once) in enumerate(tables):
+        pos = np.clip(np.searchsorted(values, X[:, j]), 0, max(values.size - 1, 0))
+        count = np.where(values[pos] == X[:, j], counts[pos], 0.0)
+        s = np.maximum(s, _rarity(count, m, once, a))
+    return s
+
+
+def category_rarities(
+    reference: NDArray[np.floating], a: float = CATEGORY_SMOOTHING
+) -> tuple[Array, NDArray[np.int64], Array, Array]:
+    """The tables of :func:`category_score` flattened: every column's distinct values (in column
+    order), their column, their rarity -log P_j(v), and each column's unseen rarity (d,)."""
+    R = np.asarray(reference, dtype=np.float64)
+    m = R.shape[0]
+    values, cols, seen, unseen = [], [], [], []
+    for j, (v, counts, once) in enumerate(category_tables(R)):
+        values.append(v)
+        cols.append(np.full(v.size, j, dtype=np.int64))
+        seen.append(_rarity(counts, m, once, a))
+        unseen.append(float(_rarity(np.zeros(1), m, once, a)[0]))
+    return np.concatenate(values), np.concatenate(cols), np.concatenate(seen), np.array(unseen)
+
+
+def leave_one_out_category_score(reference: NDArray[np.floating], a: float = CATEGORY_SMOOTHING) -> Array:
+    """Each reference row's :func:`category_score` against the m - 1 OTHER rows (its own count
+    taken off, the columns' once-seen counts as they are without it): the calibration scores."""
+    R = np.asarray(reference, dtype=np.float64)
+    m = R.shape[0]
+    if m < 2:
+        raise ValueError(f"the reference needs at least 2 rows; got {m}")
+    s = np.full(m, -np.inf)
+    for j in range(R.shape[1]):
+        _, inverse, counts = np.unique(R[:, j], return_inverse=True, return_counts=True)
+        own = counts[inverse.reshape(-1)].astype(np.float64)
+        # without the row: its value's count drops by one, so a pair becomes a single (+1) and a
+        # single disappears (-1) from the column's once-seen count
+        once = int(np.sum(counts == 1)) + (own == 2).astype(np.int64) - (own == 1).astype(np.int64)
+        s = np.maximum(s, _rarity(own - 1.0, m - 1, once, a))
+    return s

@@ -297,6 +297,9 @@ def summary_lines(model, epsilon: float | None = None) -> list[str]:
             f"DC solver ({solver.get('method')}): {solver['n_evaluations']} rounds for z (queries each site "
             f"answered{also}), {solver.get('n_iter')} iterations, converged = {solver.get('converged')}"
         )
+    guarantee = model.info.get("guarantee") if isinstance(model.info, dict) else None
+    if isinstance(guarantee, dict) and guarantee.get("line"):
+        lines.append(str(guarantee["line"]))
     shown = epsilon_line(names, eps)
     if epsilon is None and shown is None:
         epsilon = (model.info.get("privacy") or {}).get("epsilon") if isinstance(model.info, dict) else None

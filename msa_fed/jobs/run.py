@@ -225,6 +225,24 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
             config, admin_token, client, plan.names, plan.records, plan.predictor_sha256, plan.classes, log=log
         )
     else:
+        from msa_fed.site.admission import host_content
+
+        unpublished = [n for n in plan.names if plan.records[n].sample is None]
+        if unpublished:
+            raise ConfigError(
+                f"site(s) {', '.join(unpublished)} have not published an unlabelled sample (msa-fed site "
+                "publish --unlabeled ...); every site checks its peers' samples against the published sha256"
+            )
+        # the job's content: each site actor checks the samples it is handed against these pins
+        content = host_content(
+            config.name,
+            plan.names,
+            [plan.records[n].sample.sha256 for n in plan.names],
+            plan.predictor_sha256,
+            task=fit.task,
+            loss=fit.loss,
+            min_points=fit.min_points,
+        )
         sites = [
             dict(
                 name=n,
@@ -237,6 +255,7 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
                 min_points=fit.min_points,
                 predictor_owners=plan.names,
                 sites=list(plan.names),
+                content=content,
             )
             for k, n in enumerate(plan.names)
         ]

@@ -18,6 +18,9 @@ RDP accountant of ``dp_accounting`` (never by hand).  The noise multiplier is ca
 per job (``calibrate_dp_mechanism``) so that the planned number of answers (``dp_dc_evaluations``
 DC answers, and the site's one verdict on the model: :data:`VERDICT_ANSWERS`) spends exactly
 ``epsilon_per_job`` at ``delta``; an answer beyond the job's or the site's lifetime budget is refused.
+The verdict's answers are reserved: any other answer is refused when, after it, the job's or the
+lifetime budget could no longer pay for them (so a noisy solver that asks until it is refused
+stops at the planned DC answers, and the site still answers the harm request at the end).
 """
 
 from __future__ import annotations
@@ -82,32 +85,36 @@ class DPAccountant:
     def epsilon_lifetime(self) -> float:
         return epsilon_of(self.ledger.dp_events(None), self.policy.delta)
 
-    def spend(self) -> dict:
+    def spend(self, verdict: bool = False) -> dict:
         """Account one more Gaussian answer, or refuse when it would exceed a budget.
 
-        The check and the event's write happen under the ledger's ``dp_lock``: answers of
-        several jobs served at once are counted one after the other against the lifetime budget.
+        An answer that is not the site's ``verdict`` must leave both budgets able to pay for the
+        :data:`VERDICT_ANSWERS` reserved for it.  The check and the event's write happen under
+        the ledger's ``dp_lock``: answers of several jobs served at once are counted one after
+        the other against the lifetime budget.
         """
         with self.ledger.dp_lock:
-            return self._spend()
+            return self._spend(0 if verdict else VERDICT_ANSWERS)
 
-    def _spend(self) -> dict:
+    def _spend(self, reserve: int) -> dict:
         nm, pol = self.noise_multiplier, self.policy
-        after_life = epsilon_of(self.ledger.dp_events(None) + [(nm, 1)], pol.delta)
-        if after_life > pol.epsilon_lifetime * (1 + 1e-6):
+        kept = " (what is left is reserved for the site's verdict on the model)" if reserve else ""
+        life = self.ledger.dp_events(None)
+        if epsilon_of(life + [(nm, 1 + reserve)], pol.delta) > pol.epsilon_lifetime * (1 + 1e-6):
             raise PrivacyError(
                 "dp_budget",
                 self.site,
-                f"the request: the site's lifetime epsilon_lifetime={pol.epsilon_lifetime:g} is spent",
+                f"the request: the site's lifetime epsilon_lifetime={pol.epsilon_lifetime:g} is spent{kept}",
             )
         job = self.ledger.dp_events(self.job)
         after_job = epsilon_of(job + [(nm, 1)], pol.delta)
-        if after_job > pol.epsilon_per_job * (1 + 1e-6):
+        needed = epsilon_of(job + [(nm, 1 + reserve)], pol.delta) if reserve else after_job
+        if needed > pol.epsilon_per_job * (1 + 1e-6):
             raise PrivacyError(
                 "dp_budget",
                 self.site,
                 f"the request: job {self.job!r} has spent its epsilon_per_job="
-                f"{pol.epsilon_per_job:g} (delta={pol.delta:g})",
+                f"{pol.epsilon_per_job:g} (delta={pol.delta:g}){kept}",
             )
         self.ledger.add_dp_event(self.job, nm, 1)
         return {"epsilon_job": after_job, "noise_multiplier": nm}

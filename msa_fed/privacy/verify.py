@@ -376,17 +376,6 @@ def own_qhat(qhat, own_partial: np.ndarray) -> tuple[np.ndarray, dict]:
     return used, {"qhat_floored": int(np.count_nonzero(used > q))}
 
 
-def pinned_samples(samples, index: int, own: np.ndarray, site: str) -> tuple:
-    """The job's samples as given by a host, checked to hold this site's own published sample
-    at ``index`` (the site's pin on what it published itself)."""
-    from msa_fed.errors import ConfigError
-
-    samples = tuple(np.asarray(X, dtype=np.float64) for X in samples)
-    if not (0 <= index < len(samples)) or not np.array_equal(samples[index], np.asarray(own, dtype=np.float64)):
-        raise ConfigError(f"site {site!r}: the published samples given to it do not hold its own sample at {index}")
-    return samples
-
-
 def verify_domain_model(spec, samples: Sequence[np.ndarray] | None, policy: SitePolicy, site: str) -> dict:
     """The check :meth:`SiteWorker.set_domain_model` runs (``spec``: a DomainModelSpec); it reads
     public data and the site's policy only.  The site then computes with the model capped by

@@ -267,6 +267,7 @@ class Coordinator:
         # every answer is checked against what an honest site's answer satisfies (plausibility.py)
         self.answers = AnswerChecker([i.name for i in self.infos], [i.n_labeled for i in self.infos], self.config.loss)
         self.answers.qhat_partials(parts)
+        self.qhat_parts = np.array([np.asarray(r.sums, dtype=np.float64) for r in parts])  # (sites, p)
         qhat = np.sum([r.sums for r in parts], axis=0)
         self.dp_sites = [i.name for i, r in zip(self.infos, parts) if getattr(r, "dp", False)]
         if self.epsilon:  # noisy partials (DP at some site): back to a probability vector
@@ -329,6 +330,11 @@ class Coordinator:
             if self.solver_callback is not None:
                 self.solver_callback(it, z, gamma)
 
+        guarantee = None  # the own-loss guarantee's record, when it is asked for
+        if solver.guarantee is not None:
+            own, guarantee = self.own_losses(progress)
+            if own is not None:
+                solver_opts.update(guarantee=solver.guarantee, own_losses=own)
         if self.epsilon or self.dp_sites:  # a site answers with DP noise: few, chosen evaluations
             from msa_fed.privacy.solver import solve_noisy
 
@@ -350,6 +356,12 @@ class Coordinator:
             )
         objective = "minmax" if self.epsilon else res.objective  # the DP solve minimises max_k L_k
         progress.note(solver_summary(res, objective, runs=bar.runs))
+        if solver.guarantee is not None:
+            from msa_fed.core.harm import guarantee_line
+
+            guarantee = dict(guarantee or getattr(res, "guarantee", None) or {})
+            guarantee["line"] = guarantee_line(guarantee, [i.name for i in self.infos])
+            progress.note(guarantee["line"])
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
         influence = None
         # asked for (jobs: on); never with DP noise, where re-solves would spend more of the sites' epsilon
@@ -360,6 +372,7 @@ class Coordinator:
         info = {
             "influence": influence,
             "site_check": site_check,
+            "guarantee": guarantee if solver.guarantee is not None else None,
             "solver": {
                 "method": res.method,
                 "n_iter": res.n_iter,
@@ -406,11 +419,38 @@ class Coordinator:
             return kept()
         return {"refusals": [dict(r) for r in self.refusals], "approvals": []}
 
+    def own_losses(self, progress: Progress) -> tuple[np.ndarray | None, dict | None]:
+        """Each site's own predictor's loss on its labelled points, for the own-loss guarantee
+        (solver option ``guarantee``): one verdict request per site at the uniform z before the
+        solve (the request every fit ends with: same policy, clipping and budget; its ``own``
+        is the number used).  Returns (the p losses, None), or (None, the record of a guarantee
+        not applied): with DP at a site the solve is the noisy one, which
+        takes no constraints, and the request would spend a DP answer the site did not plan."""
+        dp = sorted(set(self.epsilon) | set(self.dp_sites))
+        if dp:
+            reason = f"differential privacy at {', '.join(dp)} (the noisy solve takes no constraints)"
+            return None, {
+                "status": "not applied",
+                "holds": False,
+                "reason": reason,
+                "slack": self.config.solver.guarantee,
+            }
+        zs = np.full((1, self.p), 1.0 / self.p)
+        parts = self.call_all("harm", m.HarmRequest(z=zs, eta=float(self.config.eta)))
+        self.answers.harm(parts, 1)
+        own = np.array([float(r.own) for r in parts])
+        progress.note(
+            "own-loss guarantee: each site's own predictor's loss, measured at the site: "
+            + ", ".join(f"{i.name}={o:.4f}" for i, o in zip(self.infos, own))
+        )
+        return own, None
+
     def site_check(self, z: np.ndarray, influence: dict | None, progress: Progress) -> dict | None:
         """Every site's verdict on the model (msa_fed/core/harm.py): one request per site, the
-        model's z and, with the influence analysis, each mixture re-solved without a site.  A
-        refusal by a site's policy (its budget spent, say) leaves the model without verdicts,
-        said in one line."""
+        model's z and, with the influence analysis, each mixture re-solved without a site; once a
+        site is harmed, its suspects come from re-solves without each site and its labelled points
+        (:meth:`without_each_site`).  A refusal by a site's policy (its budget spent, say) leaves
+        the model without verdicts, said in one line."""
         from msa_fed.core.harm import harm_lines
         from msa_fed.core.harm import site_check as check
 
@@ -427,7 +467,7 @@ class Coordinator:
             return None
         self.note_epsilon(parts)
         self.answers.harm(parts, zs.shape[0])
-        out = check(
+        verdicts = (
             [i.name for i in self.infos],
             np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]),
             np.array([float(r.own) for r in parts]),
@@ -435,9 +475,75 @@ class Coordinator:
             [bool(r.noisy) for r in parts],
             [bool(r.signs_off) for r in parts],
         )
+        out = check(*verdicts)
+        if any(out["harmed"]) and not self.epsilon:  # a harm: whose exclusion, data and all, removes it
+            table, rounds = self.without_each_site(progress)
+            if table is not None:
+                out = check(*verdicts, without_sites=table)
+                out["rounds_without_site"] = rounds  # each one a query every site answered
         for line in harm_lines(out):
             progress.note(line)
         return out
+
+    def without_each_site(self, progress: Progress) -> tuple[np.ndarray | None, int]:
+        """((p, p), rounds): site k's measured loss (row k) at the min-max mixture re-solved without site j,
+        its domain and its labelled points (column j, :class:`WithoutSite`).  Asked only once a
+        site is harmed: p solves of about the fit's rounds, and one more verdict request per
+        site (a refusal by a site's policy leaves the naming to the influence analysis, said in
+        one line)."""
+        from msa_fed.core.dc_solver import solve_dc
+
+        p, eta = self.p, float(self.config.eta)
+        zs = np.zeros((p, p))
+        rounds = 0
+        try:
+            for j in range(p):
+                if p == 2:  # one site left: its vertex
+                    zs[j, 1 - j] = 1.0
+                    continue
+                oracle = WithoutSite(self.backend, p, j, self.qhat_parts, self.answers)
+                res = solve_dc(oracle, eta, n_restarts=0, random_state=self.config.random_state, warn=False)
+                zs[j] = np.insert(res.z, j, 0.0)
+                rounds += res.n_evaluations
+            parts = self.call_all("harm", m.HarmRequest(z=zs, eta=eta))
+        except PrivacyError as exc:
+            progress.note(f"the sites' verdicts without each site and its data: not measured ({exc})")
+            return None, rounds
+        self.note_epsilon(parts)
+        self.answers.harm(parts, p)
+        progress.note(f"the sites' verdicts without each site and its data: {rounds} rounds and one verdict request")
+        return np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]), rounds
+
+
+class WithoutSite:
+    """The min-max problem of the federation without site j: its domain and its labelled points.
+
+    Every site computes its partial sums at z with z_j = 0, and the sums of the sites other than
+    j are added; domain k's weights over their points, sum_{i not at j} w_k(i), are read off the
+    Qhat partials (site s's share of domain k's mass is its partial of Qhat(k) over Qhat(k)), so
+    L_k is the weighted mean over the remaining points.  z has p - 1 entries (j left out)."""
+
+    def __init__(self, backend: Backend, p: int, j: int, qhat_parts: np.ndarray, checker: AnswerChecker | None):
+        self.backend, self.p, self.j, self.checker = backend, p, j, checker
+        self.n_sources = p - 1
+        self.keep = [s for s in range(p) if s != j]
+        parts = np.asarray(qhat_parts, dtype=np.float64)
+        mass = parts[self.keep].sum(axis=0) / np.maximum(parts.sum(axis=0), 1e-300)  # (p,)
+        self.mass = np.maximum(mass, 1e-12)[self.keep]
+
+    def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
+        full = np.insert(np.asarray(z, dtype=np.float64), self.j, 0.0)
+        msg = m.DCRequest(z=full, eta=float(eta), what=("L", "dL"), global_bound=None)
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.p)
+        if self.checker is not None:
+            self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
+        total = sum_all(parts[s].sums for s in self.keep)
+        k = self.keep
+        assert total.L is not None and total.dL is not None
+        return DCSums(L=total.L[k] / self.mass, dL=total.dL[np.ix_(k, k)] / self.mass[:, None], n=int(total.n))
+
+    def max_bound(self) -> float:
+        raise NotImplementedError("the exclusion re-solves are min-max solves (no bound)")
 
 
 class DistributedOracle:

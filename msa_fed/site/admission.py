@@ -113,6 +113,56 @@ def check_planned(site: str, job: str, method: str, content: dict | None, done: 
     return done + 1
 
 
+def host_content(job: str, names, samples, predictor_sha256=None, *, task: str, loss: str, min_points=None) -> dict:
+    """The content of a job whose sites are given to their workers by a host (in-process, Ray and
+    cluster topologies): the sites in order with the sha256 of each one's published sample
+    (:func:`sample_sha256`), the digests the sites check the samples they are handed against."""
+    shas = list(predictor_sha256) if predictor_sha256 is not None else [""] * len(names)
+    return job_content(
+        job,
+        [
+            dict(name=n, sample_sha256=X if isinstance(X, str) else sample_sha256(X), predictor_sha256=sha)
+            for n, X, sha in zip(names, samples, shas)
+        ],
+        task=task,
+        loss=loss,
+        min_points=min_points,
+    )
+
+
+def checked_host_samples(site: str, index: int, samples, own: np.ndarray, content: dict | None, sites=None) -> tuple:
+    """The job's published samples as a host hands them to the site (in-process, Ray and cluster
+    topologies), checked by the site that will verify domain models with them: its own, at
+    ``index``, must be the sample it holds, and with the job's ``content`` every sample must have
+    the sha256 the content pins for its site (a host that swaps a peer's sample is refused, the
+    peer named).  Without a content only the site's own sample is pinned."""
+    samples = tuple(np.asarray(X, dtype=np.float64) for X in samples)
+    if not (0 <= index < len(samples)) or not np.array_equal(samples[index], np.asarray(own, dtype=np.float64)):
+        raise ConfigError(f"site {site!r}: the published samples given to it do not hold its own sample at {index}")
+    if content is None:
+        return samples
+    pinned = content.get("sites") or []
+    names = [str(s.get("name")) for s in pinned]
+    if len(pinned) != len(samples) or (sites is not None and names != list(sites)):
+        raise ConfigError(
+            f"site {site!r}: the job's content names sites {names}, the samples given are for {len(samples)} sites"
+        )
+    mine = str(pinned[index].get("sample_sha256") or "")
+    if mine != sample_sha256(own):
+        raise ConfigError(
+            f"site {site!r}: the job's content pins published sample {mine[:16]}... for this site, "
+            f"which holds {sample_sha256(own)[:16]}..."
+        )
+    for k, (X, pin) in enumerate(zip(samples, pinned)):
+        want, got = str(pin.get("sample_sha256") or ""), sample_sha256(X)
+        if got != want:
+            raise ConfigError(
+                f"site {site!r} refuses the published sample of site {names[k]!r} it was given "
+                f"({got[:16]}...): the job's content pins {want[:16] or 'none'}..."
+            )
+    return samples
+
+
 def checked_sample(
     site: str,
     peer: str,

@@ -28,6 +28,7 @@ class DeployedSite(SiteWorker):
         predictor_owners=None,
         sites=None,
         host: str = "ray",
+        content: dict | None = None,
     ):
         predictors = [
             load_predictor(data, expected_sha256=sha, kind=predictor_kind(task)) for data, sha in predictor_artifacts
@@ -45,4 +46,5 @@ class DeployedSite(SiteWorker):
             data_path=data_path,
             sites=sites,
             host=host,
+            content=content,
         )

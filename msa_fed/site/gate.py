@@ -62,6 +62,9 @@ class Rule:
     #     the site's own shares; without DP qhat floored at the site's own share and each point's
     #     weight capped at the policy's share (:meth:`Call.floor_qhat`, :meth:`Call.clip_weights`)
     dp: Literal["", "refused", "noised", "public", "clipped"] = ""
+    # "noised" with DP on: this answer is the site's verdict on the model, paid from the answers
+    # the DP plan reserves for it (dp.VERDICT_ANSWERS); any other noised answer leaves them
+    verdict: bool = False
 
 
 #: every request that touches the labelled data, and its rules; the published half's requests
@@ -119,6 +122,7 @@ LABELLED: dict[str, Rule] = {
         cost=lambda r: int(np.atleast_2d(r.z).shape[0]),
         checks=("eta", "harm_z"),
         dp="noised",
+        verdict=True,
     ),
     "max_bound": Rule(
         state="_points",
@@ -339,7 +343,7 @@ class Call(Request):
                     f"the request: with differential privacy on, the site answers the "
                     f"losses L only; asked for {list(self.msg.what)}",
                 )
-            dec.update(dp.spend())
+            dec.update(dp.spend(verdict=rule.verdict))
 
     def _replayed(self, dec: dict) -> bool:
         """Whether the request replays a set-up the site answered before (its row's

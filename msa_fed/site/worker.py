@@ -30,7 +30,8 @@ from msa_fed.privacy.consortium import check_consortium
 from msa_fed.privacy.guard import SiteGuard
 from msa_fed.privacy.influence import shares
 from msa_fed.privacy.policy import SitePolicy
-from msa_fed.privacy.verify import SampleSource, pinned_samples
+from msa_fed.privacy.verify import SampleSource
+from msa_fed.site.admission import checked_host_samples
 from msa_fed.site.data import load_site_data
 from msa_fed.site.gate import LABELLED, Rule, SetupMemory, Setups, build_domain_model, gate
 from msa_fed.site.methods import HOST_METHODS
@@ -122,8 +123,12 @@ class SiteWorker(PublishedHalf):
         host: str = "process",
         audit: AuditLog | None = None,
         setups: Setups | None = None,
+        content: dict | None = None,
     ):
         self.name = name
+        # the job's content as its host gave it (admission.host_content): the published samples
+        # the host hands in later must have the sha256 it pins for each site (set_published)
+        self.content = content
         self.host = check_host(host)
         self.sites = None if sites is None else [str(s) for s in sites]  # the job's sites, in order
         self.index = index
@@ -310,10 +315,13 @@ class SiteWorker(PublishedHalf):
         return m.QhatPartial(sums=sums, n=n, epsilon=self.guard.epsilon_spent(), dp=self.guard.dp is not None)
 
     def set_published(self, msg: m.PublishedSamples) -> m.Ack:
-        """The job's published samples, from this worker's host (in-process and cluster
-        topologies; a site process fetches them from the registry itself)."""
+        """The job's published samples, from this worker's host (in-process, Ray and cluster
+        topologies; a site process fetches them from the registry itself), checked against the
+        sha256 the job's content pins for each site (admission.checked_host_samples)."""
         with gate(self, "set_published", msg):
-            samples = pinned_samples(msg.samples, self.index, self.X_unlabeled, self.name)
+            samples = checked_host_samples(
+                self.name, self.index, msg.samples, self.X_unlabeled, self.content, self.sites
+            )
             self.published = lambda: samples
         return m.Ack(self.incarnation)
 

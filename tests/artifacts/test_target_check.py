@@ -206,3 +206,74 @@ def test_a_site_kept_out_is_left_out_of_the_onnx_support_too(demo_federation):
         if t.name.startswith("msa/support_ref"):
             R = onnx.numpy_helper.to_array(t).T
             assert not np.isclose(R[:, None, :], north_features[None, :5, :]).all(axis=2).any()
+
+
+# ------------------------------------------------------------------ categorical inputs
+def categorical_site_rows(rng, n, group):
+    """Five categorical columns: the site's group, three skewed 5-value columns, a 40-value tail."""
+    skewed = rng.choice(5, size=(n, 3), p=[0.4, 0.3, 0.15, 0.1, 0.05])
+    tail = rng.zipf(1.8, size=n).clip(max=40)
+    return np.column_stack([np.full(n, group), skewed, tail]).astype(float)
+
+
+@pytest.fixture(scope="module")
+def categorical_federation():
+    """Three sites that differ in one categorical column (a one-hot domain model) and a fourth
+    group none of them has; each site's predictor is a one-hot logistic regression."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    from msa_fed.privacy.consortium import drop_shared
+
+    rng = np.random.default_rng(40)
+    sites = []
+    for group in range(3):
+        X = categorical_site_rows(rng, 800, group)
+        y = (rng.random(800) < 0.2 + 0.15 * X[:, 1]).astype(int)
+        h = make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression()).fit(X[:300], y[:300])
+        published, _ = drop_shared(X[300:400], X[400:])  # rows equal to a labelled one stay home
+        sites.append(msa_fed.SiteData(f"g{group}", X[300:400], y[300:400], published, h))
+    model = msa_fed.fit_dmsa(sites, task="classification", features="onehot")
+    inside = np.vstack([categorical_site_rows(rng, 400, g) for g in range(3)])
+    return model, inside, categorical_site_rows(rng, 400, 3)
+
+
+def test_categorical_inputs_get_the_rarity_score_and_flag_a_group_no_site_has(categorical_federation, tmp_path):
+    model, inside, outside = categorical_federation
+    ref = model.target_reference
+    assert ref.score == "category_rarity" and all(ref.available)
+    # the left-out group's rows sit in the one-hot map as all zeros in the group block: nearer to
+    # every reference row than another site's group; the rarity score puts them beyond them all
+    assert model.support(inside).pvalue.__le__(0.01).mean() <= 0.015
+    assert model.support(outside).pvalue.__le__(0.01).mean() > 0.9
+    # ties broken at random, from a seed: the same p-values again, other ones with another seed
+    again = model.support(inside).pvalue
+    np.testing.assert_array_equal(again, model.support(inside).pvalue)
+    assert not np.array_equal(again, model.support(inside, random_state=1).pvalue)
+    # counted against the point, ties give p-values no smaller
+    assert np.all(model.support(inside, randomize_ties=False).pvalue >= again - 1e-15)
+    path = model.save(tmp_path / "cat")
+    assert json.loads((path / "manifest.json").read_text())["target"]["score"] == "category_rarity"
+    loaded = load_model(path)
+    np.testing.assert_array_equal(loaded.support(outside).pvalue, model.support(outside).pvalue)
+
+
+def test_the_onnx_support_of_categorical_inputs_is_the_tie_counting_pvalue(categorical_federation):
+    import onnxruntime as ort
+
+    model, inside, outside = categorical_federation
+    X = np.vstack([inside[::4], outside[:50]])
+    for dtype in ("float64", "float32"):
+        session = ort.InferenceSession(model.to_onnx(dtype, support=True), providers=["CPUExecutionProvider"])
+        (pvalue,) = session.run(["support_pvalue"], {"X": X.astype(dtype)})
+        np.testing.assert_allclose(pvalue, model.support(X, randomize_ties=False).pvalue, atol=1e-6)
+
+
+def test_an_unknown_support_score_in_a_file_is_refused(demo_model, tmp_path):
+    path = demo_model.save(tmp_path / "m")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["target"]["score"] = "x" * 100
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="target reference is malformed"):
+        load_model(path)

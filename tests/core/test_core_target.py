@@ -15,11 +15,15 @@ from msa_fed.core.target import (
     MixtureEstimate,
     bbse_mixture,
     bootstrap_mixture,
+    category_rarities,
+    category_score,
+    category_tables,
     combine_pvalues,
     conformal_pvalues,
     confusion_matrix,
     em_mixture,
     knn_distance,
+    leave_one_out_category_score,
     leave_one_out_distance,
     predicted_loss,
 )
@@ -169,3 +173,74 @@ def test_combine_pvalues_skips_unavailable_sites():
     P = np.array([[0.2, np.nan], [np.nan, np.nan], [0.01, 0.5]])
     out = combine_pvalues(P)
     assert out[0] == 0.2 and np.isnan(out[1]) and out[2] == 0.5
+
+
+# ------------------------------------------------------------------ categorical support
+def categorical_rows(rng, n, education=None):
+    """Rows of three categorical columns: a constant (or given) 'education', a skewed column of 6
+    values and a long-tailed one of 300 (most values seen once or never in a few hundred rows)."""
+    edu = np.full(n, 3.0 if education is None else education)
+    skewed = rng.choice(6, size=n, p=[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]).astype(float)
+    tail = rng.zipf(1.6, size=n).clip(max=300).astype(float)
+    return np.column_stack([edu, skewed, tail])
+
+
+def rarity_reference(x, R, a=0.5):
+    """-log P of each value of x in the columns of R, by the definition (slow)."""
+    m = R.shape[0]
+    out = []
+    for j in range(R.shape[1]):
+        col = R[:, j]
+        values, counts = np.unique(col, return_counts=True)
+        unseen = (np.sum(counts == 1) + a) / (m + 2 * a)
+        c = np.sum(col == x[j])
+        out.append(-np.log(c / m * (1 - unseen)) if c > 0 else -np.log(unseen))
+    return max(out)
+
+
+def test_category_score_and_its_leave_one_out_match_the_definition():
+    rng = np.random.default_rng(11)
+    R = categorical_rows(rng, 120)
+    X = np.vstack([categorical_rows(rng, 30), categorical_rows(rng, 5, education=9.0)])
+    got = category_score(X, category_tables(R), R.shape[0])
+    assert_allclose(got, [rarity_reference(x, R) for x in X], rtol=1e-12)
+    # each reference row against the others, with the once-seen counts recomputed without it
+    loo = leave_one_out_category_score(R)
+    assert_allclose(loo, [rarity_reference(R[i], np.delete(R, i, axis=0)) for i in range(R.shape[0])], rtol=1e-12)
+    # an education no reference row has, in a column where every row shares one: the rarest of all
+    assert got[-5:].min() > loo.max()
+    # the flattened tables (the ONNX graph's) give the same scores
+    values, cols, seen, unseen = category_rarities(R)
+    hit = X[:, cols] == values[None, :]
+    per_column = np.tile(unseen, (X.shape[0], 1))
+    for j in range(unseen.size):
+        on = cols == j
+        per_column[:, j] = np.where(hit[:, on].any(axis=1), (hit[:, on] * seen[on]).sum(axis=1), unseen[j])
+    assert_allclose(per_column.max(axis=1), got, rtol=1e-12)
+
+
+def test_randomised_ties_make_categorical_pvalues_exact_and_let_a_small_site_flag():
+    rng = np.random.default_rng(12)
+    alpha, rates, conservative, beyond = 0.05, [], [], []
+    for _ in range(150):
+        R = categorical_rows(rng, 60)  # 60 rows: 1 / 61 > 0.01
+        cal = leave_one_out_category_score(R)
+        tables = category_tables(R)
+        s = category_score(categorical_rows(rng, 400), tables, 60)
+        u = rng.random(s.size)
+        rates.append(np.mean(conformal_pvalues(s, cal, u) <= alpha))
+        conservative.append(np.mean(conformal_pvalues(s, cal) <= alpha))
+        out = category_score(categorical_rows(rng, 400, education=7.0), tables, 60)
+        beyond.append(np.mean(conformal_pvalues(out, cal, rng.random(out.size)) <= 0.01))
+    # exchangeable rows: flagged at most alpha of the time (the leave-one-out calibration counts
+    # one row fewer than a new row sees, so a little less; standard error of the mean about
+    # 0.003); ties counted against the point: no more
+    assert 0.02 < np.mean(rates) <= alpha + 0.005, np.mean(rates)
+    assert np.mean(conservative) <= np.mean(rates)
+    # rows with an education the site never has: beyond every calibration score, so p = u / 61,
+    # flagged at 0.01 with probability 0.61, which the tie-counting p-value (1 / 61) never is
+    assert 0.5 < np.mean(beyond) < 0.7
+    p = conformal_pvalues([np.inf], cal, [0.3])
+    assert p[0] == pytest.approx(0.3 / (cal.size + 1))
+    with pytest.raises(ValueError, match="ties"):
+        conformal_pvalues([1.0, 2.0], cal, [0.5])

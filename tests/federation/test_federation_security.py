@@ -396,10 +396,11 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
         }
     )
     # what an uninterrupted run charges each site: one domain model; its Qhat, each DC round and
-    # the verdict (one z) count as DC evaluations
+    # each z of its verdict requests count as DC evaluations
     assert [mm for mm, _ in to_west].count("set_domain_model") == [mm for mm, _ in to_west].count("set_qhat") == 1
-    assert [mm for mm, _ in to_west].count("harm") == 1
-    charges_whole = {"domain_model": 1, "dc_evaluation": 1 + whole + 1}
+    verdicts = [np.atleast_2d(msg.z).shape[0] for mm, msg in to_west if mm == "harm"]
+    assert verdicts, to_west
+    charges_whole = {"domain_model": 1, "dc_evaluation": 1 + whole + sum(verdicts)}
     killed_at = []
     timeout_s = 5.0
     # a generous timeout while the job sets up (the machine is shared), the short one from the kill on
@@ -455,7 +456,7 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
         asked = [sum(r.count(mm) for mm in rounds) for r in (first, again)]
         assert asked[0] >= 2 and asked[1] < whole, (name, asked, whole)
         assert sum(asked) == whole + (0 if name == "west" else 1), (name, asked, whole)
-        assert first.count("harm") == 0 and again.count("harm") == 1, name
+        assert first.count("harm") == 0 and again.count("harm") == len(verdicts), name
         # what the site counted toward its budgets over both runs: an uninterrupted run's, and the
         # round cut by the kill where the site had answered it
         charged: dict = {}

@@ -2,7 +2,8 @@
 
 The budget check and the write of the answer's event are one step under the ledger's lock:
 threads that each ask for one more Gaussian answer when the lifetime budget has room for
-exactly ``room`` more get exactly ``room`` answers, whatever the interleaving.
+exactly ``room`` more get exactly ``room`` answers, whatever the interleaving (DC answers
+leave the verdict's reserve: ``room - VERDICT_ANSWERS`` of them, then the verdict).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 import pytest
 
 from msa_fed.errors import PrivacyError
-from msa_fed.privacy.dp import DPAccountant, epsilon_of
+from msa_fed.privacy.dp import VERDICT_ANSWERS, DPAccountant, epsilon_of
 from msa_fed.privacy.ledger import Ledger
 from msa_fed.privacy.policy import SitePolicy
 
@@ -47,6 +48,12 @@ def test_concurrent_jobs_cannot_overspend_the_lifetime_epsilon(tmp_path, ledger_
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert outcomes.count("answered") == room and outcomes.count("refused") == len(accountants) - room
+    dc = room - VERDICT_ANSWERS  # DC answers: each must leave the verdict's reserve in the budget
+    assert outcomes.count("answered") == dc and outcomes.count("refused") == len(accountants) - dc
+    assert sum(n for _, n in ledger.dp_events(None)) == fits - VERDICT_ANSWERS
+    # the reserve pays for a verdict, and then nothing is left
+    accountants[0].spend(verdict=True)
+    with pytest.raises(PrivacyError, match="epsilon_lifetime"):
+        accountants[1].spend(verdict=True)
     assert sum(n for _, n in ledger.dp_events(None)) == fits  # the earlier answers and `room` new ones
     assert epsilon_of(ledger.dp_events(None), policy.delta) <= policy.epsilon_lifetime

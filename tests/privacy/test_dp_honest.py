@@ -4,15 +4,17 @@ estimates (never negative), and the epsilon of each site is in the summary, the 
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, epsilon_line, loss_texts, shown_losses
+from msa_fed.artifacts.privacy_view import ESTIMATE_NOTE, MEASURED_NOTE, epsilon_line, loss_texts, shown_losses
 from msa_fed.jobs.operations import summary_lines
 from msa_fed.jobs.report import report_html
+from msa_fed.privacy.dp import VERDICT_ANSWERS, calibrate, epsilon_of
 from msa_fed.privacy.policy import SitePolicy
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
@@ -67,11 +69,25 @@ def test_losses_and_epsilon_are_shown_as_dp_estimates(tmp_path):
     sites = make_sites(random_state=1)
     dp = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, dp_dc_evaluations=12)
     model, _ = _fit(sites, [dp, dp, SitePolicy()])
+    # the DP sites' verdicts are answered (from the answer their plan reserves for them): the
+    # losses shown are the sites' measurements, the DP sites' marked noisy
+    assert model.info["site_check"]["noisy"] == [True, True, False]
     text = "\n".join(summary_lines(model))
-    assert "epsilon spent by site: a=" in text and "c=0 (DP off)" in text and ESTIMATE_NOTE in text
-    assert "L_k(z) = a=~" in text
+    assert "epsilon spent by site: a=" in text and "c=0 (DP off)" in text and MEASURED_NOTE in text
+    assert "L_k(z) = a=~" in text and " c=~" not in text
+    # the epsilon shown is what each DP site spent: the composition (dp-accounting) of its 12 DC
+    # answers and its verdict, under the multiplier calibrated for that plan
+    nm = calibrate(1.0, dp.delta, dp.dp_dc_evaluations + VERDICT_ANSWERS)
+    spent = epsilon_of([(nm, dp.dp_dc_evaluations + VERDICT_ANSWERS)], dp.delta)
+    assert model.epsilon_by_site["a"] == pytest.approx(spent, rel=1e-9) and spent <= 1.0 + 1e-6
+    line = f"epsilon spent by site: a={spent:.4g}, b={spent:.4g}, c=0 (DP off)"
+    assert line in text
     page = report_html(model)
-    assert "epsilon spent by site" in page and "DP estimate" in page
+    assert line in page and "measured by site k" in page
+    # a model without the sites' verdicts shows the solver's losses as DP estimates
+    bare = copy.copy(model)
+    bare.info = {**model.info, "site_check": None}
+    assert ESTIMATE_NOTE in "\n".join(summary_lines(bare)) and "DP estimate" in report_html(bare)
     # a negative noisy loss is never shown as a loss
     eps = {"a": 1.0, "b": 0.0}
     assert loss_texts([-1.4958, 0.3], eps) == ["~0.0000", "~0.3000"]

@@ -179,9 +179,27 @@ def test_audit_log_chain_detects_editing_and_truncation(tmp_path, capsys):
     assert main(["site", "audit", "--log", str(tmp_path / "none.jsonl")]) == 1
 
 
-def test_dp_accounting_matches_dp_accounting(tmp_path):
+def _harm(worker):
+    """The site's verdict on the model at z = (1/2, 1/2) (one DP answer with DP on)."""
+    return worker.harm(m.HarmRequest(z=np.array([[0.5, 0.5]]), eta=0.01))
+
+
+def _dc(worker):
+    return worker.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+
+
+def _composed(nm: float, k: int, delta: float) -> float:
+    """epsilon at delta of k Gaussian answers of multiplier nm, computed by dp-accounting itself."""
     import dp_accounting
     from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), k))
+    return float(acc.get_epsilon(delta))
+
+
+def test_dp_accounting_matches_dp_accounting(tmp_path):
+    from msa_fed.privacy.dp import VERDICT_ANSWERS
 
     pol = SitePolicy(
         dp_enabled=True, epsilon_per_job=1.0, delta=1e-6, dp_dc_evaluations=4, ledger=str(tmp_path / "l.sqlite")
@@ -189,20 +207,30 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
     w, X, _y = A.victim(1, policy=pol, job_id="dp-job")
     _r, outs = _honest_round(w, X, n_eval=3)
     nm = w.guard.dp.noise_multiplier
-    acc = rdp.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 3))
-    assert outs[-1].epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
+    assert outs[-1].epsilon == pytest.approx(_composed(nm, 3, 1e-6), rel=1e-9)
     assert 0 < outs[0].epsilon < outs[1].epsilon < outs[2].epsilon < 1.0
-    # the planned 5 answers (4 DC answers and the verdict) spend exactly the job's epsilon (the Qhat
+    # the planned answers (4 DC answers and the verdict) spend exactly the job's epsilon (the Qhat
     # partial is public)
-    full = rdp.RdpAccountant()
-    full.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), 5))
-    assert full.get_epsilon(1e-6) == pytest.approx(1.0, abs=1e-3)
-    for _ in range(2):
-        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
-    with pytest.raises(PrivacyError, match="epsilon_per_job") as err:
-        w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+    planned = pol.dp_dc_evaluations + VERDICT_ANSWERS
+    assert _composed(nm, planned, 1e-6) == pytest.approx(1.0, abs=1e-3)
+    # DC answers stop where one more would leave too little for the verdict: the largest k whose
+    # k + VERDICT_ANSWERS answers fit in the job's epsilon (derived here by dp-accounting)
+    dc_fit = max(k for k in range(planned + 2) if _composed(nm, k + VERDICT_ANSWERS, 1e-6) <= 1.0 * (1 + 1e-6))
+    assert dc_fit == pol.dp_dc_evaluations
+    for _ in range(dc_fit - 3):
+        _dc(w)
+    with pytest.raises(PrivacyError, match="epsilon_per_job.*reserved for the site's verdict") as err:
+        _dc(w)
     assert err.value.rule == "dp_budget"
+    # the verdict is answered from its reserve (noised, said so), and the job's epsilon is then
+    # the composition of every answer given
+    verdict = _harm(w)
+    assert verdict.noisy and verdict.epsilon == pytest.approx(_composed(nm, dc_fit + VERDICT_ANSWERS, 1e-6), rel=1e-9)
+    assert verdict.epsilon <= 1.0 + 1e-6
+    with pytest.raises(PrivacyError, match="epsilon_per_job") as err:  # nothing is left
+        _harm(w)
+    assert err.value.rule == "dp_budget"
+    assert w.guard.epsilon_spent() == pytest.approx(verdict.epsilon, rel=1e-12)
     # DP answers only the losses, and the noise is there
     with pytest.raises(PrivacyError, match="losses L only"):
         w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L", "dL")))
@@ -210,21 +238,40 @@ def test_dp_accounting_matches_dp_accounting(tmp_path):
 
 
 def test_dp_lifetime_budget_spans_jobs(tmp_path):
+    """The lifetime budget is the composition of every answer of every job, and each job's DC
+    answers leave the verdict's reserve in it: a job whose DC answers the lifetime stops still
+    gets its verdict, and then nothing more is answered."""
+    from msa_fed.privacy.dp import VERDICT_ANSWERS
+
     pol = SitePolicy(
         dp_enabled=True,
         epsilon_per_job=1.0,
-        epsilon_lifetime=1.5,
+        epsilon_lifetime=1.3,
         dp_dc_evaluations=1,  # 2 DP answers planned: 1 DC answer and the verdict
         ledger=str(tmp_path / "l.sqlite"),
     )
     w, X, _y = A.victim(1, policy=pol, job_id="j1")
-    _honest_round(w, X, n_eval=2)
+    _honest_round(w, X, n_eval=1)
+    _harm(w)
+    nm = w.guard.dp.noise_multiplier
+    # what the lifetime admits, derived with dp-accounting: answers (DC first, the verdict last)
+    # while the composition of everything so far, plus the verdict's reserve for a DC answer, fits
+    given, dc2 = 1 + VERDICT_ANSWERS, 0
+    life = pol.epsilon_lifetime * (1 + 1e-6)
+    while dc2 < pol.dp_dc_evaluations and _composed(nm, given + 1 + VERDICT_ANSWERS, pol.delta) <= life:
+        given, dc2 = given + 1, dc2 + 1
+    verdict2 = _composed(nm, given + VERDICT_ANSWERS, pol.delta) <= life
+    assert (dc2, verdict2) == (0, True)  # 1.3 pays for one answer more than the first job's 2, not 2
     w2, _, _ = A.victim(1, policy=pol, job_id="j2")
     w2.set_domain_model(_honest_spec(X))
     w2.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+    with pytest.raises(PrivacyError, match="epsilon_lifetime.*reserved for the site's verdict") as err:
+        _dc(w2)
+    assert err.value.rule == "dp_budget"
+    assert _harm(w2).noisy  # the reserve pays for the verdict
     with pytest.raises(PrivacyError, match="epsilon_lifetime"):
-        for _ in range(3):
-            w2.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+        _harm(w2)
+    assert w2.guard.dp.epsilon_lifetime() == pytest.approx(_composed(nm, given + VERDICT_ANSWERS, pol.delta))
 
 
 def test_domain_model_rules(tmp_path):
@@ -367,11 +414,8 @@ def test_budget_status_reports_used_left_and_refills(tmp_path):
 def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_path):
     """epsilon_lifetime bounds the (epsilon, delta) of the RDP composition (dp-accounting) of all
     Gaussian answers the site gave, over all jobs (not the sum of the jobs' epsilons, which is
-    looser): the site refuses the first answer that would take it above the limit, and
-    budget_status reports the same number."""
-    import dp_accounting
-    from dp_accounting import rdp
-
+    looser): the site gives answers up to the limit (a DC answer only while the verdict's reserve
+    still fits after it), and budget_status reports the same number."""
     from msa_fed.privacy.dp import calibrate
     from msa_fed.privacy.ledger import budget_status
 
@@ -384,29 +428,37 @@ def test_epsilon_lifetime_is_the_composition_of_every_answer_of_every_job(tmp_pa
     )
     nm = calibrate(1.0, pol.delta, 3)  # a job's planned DP answers: its 2 DC evaluations and the verdict
 
-    # predicted: answers of jobs of 3 whose composition stays within 2.0
+    # predicted: every answer whose composition with all before it stays within 2.0
     def eps(k):
-        acc = rdp.RdpAccountant()
-        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(nm), k))
-        return acc.get_epsilon(pol.delta)
+        return _composed(nm, k, pol.delta)
 
     answers = 0
     while eps(answers + 1) <= pol.epsilon_lifetime * (1 + 1e-6):
         answers += 1
     assert answers >= 8  # composition is sub-additive: two jobs of epsilon 1 cost less than 2
-    given = 0
+    # each job: its 2 DC answers, then its verdict; a DC answer is refused once it would leave too
+    # little for the verdict, which is then still answered from the reserve
+    given, verdict_after_refusal = 0, False
     for j in range(10):
         w, X, _y = A.victim(1, policy=pol, job_id=f"job-{j}")
+        w.set_domain_model(_honest_spec(X))  # a DP site's Qhat partial is public: no epsilon
+        w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
+        refused = False
         try:
-            w.set_domain_model(_honest_spec(X))  # a DP site's Qhat partial is public: no epsilon
-            w.set_qhat(m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01))
-            for _ in range(3):
-                w.dc_evaluate(m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",)))
+            for _ in range(2):
+                _dc(w)
                 given += 1
+        except PrivacyError as exc:
+            assert exc.rule == "dp_budget" and "epsilon_lifetime" in str(exc) and "reserved" in str(exc)
+            refused = True
+        try:
+            _harm(w)
         except PrivacyError as exc:
             assert exc.rule == "dp_budget" and "epsilon_lifetime" in str(exc)
             break
-    assert given == answers
+        given += 1
+        verdict_after_refusal |= refused
+    assert given == answers and verdict_after_refusal
     st = budget_status(w.guard.ledger, pol)
     assert st["epsilon_lifetime"]["used"] == pytest.approx(eps(answers), rel=1e-9)
     assert st["epsilon_lifetime"]["used"] <= pol.epsilon_lifetime + 1e-6

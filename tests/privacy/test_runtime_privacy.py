@@ -39,11 +39,20 @@ def test_dp_run_ends_on_the_simplex_and_records_epsilon(sites, tmp_path):
     model = _fit(sites, pols)  # the solver would spend DP_EVALUATIONS (30); the sites allow 12
     assert model.z.shape == (3,) and model.z.min() >= 0 and model.z.sum() == pytest.approx(1.0)
     # the sites plan 12 DC answers and their verdict (VERDICT_ANSWERS); the noisy solver asks until
-    # the job's epsilon is spent, so it gets the verdict's answer too (the verdict is then refused)
-    from msa_fed.privacy.dp import VERDICT_ANSWERS
+    # a site refuses, which it does once a DC answer would eat into the verdict's reserve: the
+    # solver gets exactly the planned DC answers and every site still answers the harm request
+    from msa_fed.privacy.dp import VERDICT_ANSWERS, calibrate, epsilon_of
 
     assert model.info["solver"]["method"] == "dp-surrogate"
-    assert model.info["solver"]["n_evaluations"] == 12 + VERDICT_ANSWERS
+    assert model.info["solver"]["n_evaluations"] == 12
+    check = model.info["site_check"]
+    assert check is not None and check["sites"] == [s.name for s in sites]
+    assert check["noisy"] == [True] * 3 and not any(check["harmed"])  # shown, not judged
+    # each site reports the exact composition (dp-accounting) of the answers it gave: the 12 DC
+    # answers and the verdict, under the multiplier calibrated for that plan
+    nm = calibrate(1.0, pols[0].delta, 12 + VERDICT_ANSWERS)
+    spent = epsilon_of([(nm, 12 + VERDICT_ANSWERS)], pols[0].delta)
+    assert model.epsilon_by_site == pytest.approx({s.name: spent for s in sites}, rel=1e-9)
     assert set(model.epsilon_by_site) == {s.name for s in sites}
     assert all(0.9 < e <= 1.0 + 1e-6 for e in model.epsilon_by_site.values())
     model.save(tmp_path / "m")

@@ -44,8 +44,14 @@ def make_sites(
 
 def site_kwargs(sites: list[SiteData], min_points: int = 20) -> list[dict]:
     """SiteWorker keyword arguments, as :func:`msa_fed.api.make_backend` builds them."""
+    from msa_fed.site.admission import host_content
+
     predictors = [s.predictor for s in sites]
     classes = class_union(s.predictor.classes_ for s in sites)
+    # the job's content, as the API gives it: each site checks the samples it is handed against it
+    content = host_content(
+        "test", [s.name for s in sites], [s.X_unlabeled for s in sites], task="classification", loss="cross_entropy"
+    )
     return [
         dict(
             name=s.name,
@@ -58,6 +64,7 @@ def site_kwargs(sites: list[SiteData], min_points: int = 20) -> list[dict]:
             loss="cross_entropy",
             classes=classes,
             min_points=min_points,
+            content=content,
         )
         for k, s in enumerate(sites)
     ]

@@ -20,7 +20,7 @@ import msa_fed  # noqa: E402
 from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig, train_domain_classifier  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
-from msa_fed.errors import PrivacyError, SiteError  # noqa: E402
+from msa_fed.errors import ConfigError, PrivacyError, SiteError  # noqa: E402
 from msa_fed.privacy.policy import POLICY_ENV  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.runtime.config import FitConfig, SolverConfig
@@ -154,6 +154,23 @@ def test_too_few_labelled_points_fails_the_run(warm, sites):
     with pytest.raises(PrivacyError, match=r"^site 'a' has 41 labelled points: fewer than min_points=45"):
         _fit(warm, sites, min_points=45)
     assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
+
+
+def test_a_swapped_peer_sample_is_refused_by_the_site_actor(warm, sites):
+    """The Ray host hands its site actors another sample for site c: each actor checks the
+    samples against the job content's pins (site/admission.py) and refuses, naming the peer."""
+    c = _coordinator(warm, sites)
+    c.start()
+    samples = [r.X for r in c.call_all("unlabeled_sample", None)]
+    bad = [np.array(X, dtype=np.float64) for X in samples]
+    bad[2] = bad[2] + 0.5
+    try:
+        with pytest.raises(ConfigError) as err:
+            warm.share_samples(bad)
+        assert str(err.value).startswith("site 'a' refuses the published sample of site 'c'")
+    finally:
+        warm.share_samples(samples)  # the pinned samples are taken: the warm backend stays usable
+    assert len(warm.actors) == 3
 
 
 def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, monkeypatch, caplog):
@@ -335,3 +352,17 @@ def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
         _coordinator(warm, sites, callback=kill_c).fit()
     assert err.value.site == "c"
     assert actor_status(warm.actors[2])[0] == "DEAD"
+
+
+def test_the_own_loss_guarantee_reaches_the_site_actors(warm, sites):
+    """solver guarantee through Ray: each site actor answers the own-loss request before the solve
+    (one harm request more per site), and the outcome is the local run's."""
+    rec = m.Recorder()
+    model = _fit(warm, sites, recorder=rec, solver=SolverConfig(guarantee=0.0))
+    asked = [r for r in rec.records if r[0] == "to_site" and r[2] == "harm"]
+    assert len(asked) == 2 * len(sites) and {r[1] for r in asked} == {"a", "b", "c"}
+    assert np.asarray(asked[0][3].z).shape == (1, len(sites))
+    local = msa_fed.fit_dmsa(sites, runtime="local", solver_options={"guarantee": 0.0})
+    assert model.guarantee["status"] == local.guarantee["status"] == "infeasible"
+    np.testing.assert_allclose(model.guarantee["own"], local.guarantee["own"], rtol=1e-9)
+    np.testing.assert_allclose(model.z, local.z, atol=1e-6)

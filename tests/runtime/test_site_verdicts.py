@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_predictors import age_sites, whole_number_sites  # noqa: E402
+from hostile_predictors import age_sites, poisoning_sites, whole_number_sites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
 
 from msa_fed import fit_dmsa  # noqa: E402
@@ -30,10 +30,10 @@ from msa_fed.core.harm import harmed, measured_losses, suspects  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.jobs.operations import summary_lines  # noqa: E402
 from msa_fed.jobs.report import report_html  # noqa: E402
-from msa_fed.privacy.dp import calibrate  # noqa: E402
+from msa_fed.privacy.dp import VERDICT_ANSWERS, calibrate  # noqa: E402
 from msa_fed.privacy.policy import SitePolicy  # noqa: E402
 from msa_fed.runtime.config import FitConfig  # noqa: E402
-from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
+from msa_fed.runtime.coordinator import DP_EVALUATIONS, Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
 from msa_fed.site.worker import SiteWorker  # noqa: E402
 
@@ -224,12 +224,45 @@ def test_a_label_flipping_peer_loses_its_weight_and_harms_nobody():
     assert max(check["harm"]) < 0.1
 
 
+def test_a_peer_that_poisons_a_sites_loss_estimate_is_named():
+    """The strongest peer attack found (docs/DESIGN.md, "Each site's verdict"): evil puts labelled
+    rows where the domain classifier gives them to north, labelled against north's rule, and
+    publishes its sample far away.  North's loss estimate L_north now averages north's rows with
+    evil's, so the min-max hands north's region to a predictor unsure of both (z goes to south):
+    north's accuracy falls from 0.975 to 0.29.  Dropping evil's domain (the influence analysis's
+    z^{-evil}) leaves evil's rows in L_north and the harm with them (measured: z^{-evil} = z, no
+    suspect, and the influence report flagged south); re-solving without evil
+    and its rows removes the harm, so evil is named.  South is named too: without it (its
+    predictor) the harm also goes away, which is what a suspect means."""
+    data = poisoning_sites()
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
+        for n, (Xl, yl, Xu, o) in data.items()
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fit_dmsa(sites, "classification", random_state=0)
+    north = sites[0]
+    assert np.mean(model.predict(north.X_labeled) == north.y_labeled) < 0.5  # honest: 0.975
+    check = model.info["site_check"]
+    assert check["harmed"][0] and model.harm["north"] > 0.5
+    assert "evil" in model.suspects and "north" not in model.suspects
+    assert "evil" in check["removed_by"]["north"]
+    # the table the naming used: north's loss without evil and its rows is within its tolerance
+    table = np.asarray(check["loss_without_site"])
+    assert table[0, 2] - check["own"][0] <= TOLERANCE * max(check["own"][0], 0.25)
+    assert any(line.strip() == "north's harm goes away without south, evil" for line in summary_lines(model))
+
+
 # ---------------------------------------------------------------------- DP
 def test_reported_losses_are_within_dp_noise_of_the_sites_measurements():
-    """With one DP site among honest ones, the losses shown are the sites' own measurements (the
-    DP site's with noise of the verdict's scale), never the DP solver's estimates."""
-    sites = make_sites(random_state=1)
-    dp = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, dp_dc_evaluations=30)
+    """With one DP site among honest ones, the losses shown (summary, report) are the sites' own
+    measurements: the honest sites' exactly, the DP site's within the noise of its verdict,
+    never the DP solver's estimates.  The DP site plans fewer DC answers than the DP solver asks
+    for: the solver stops at them and the verdict is answered from the answer reserved for it."""
+    n_dp = 4000  # the DP site's labelled points: its verdict's noise is ~1/n_dp, small enough to tell
+    sites = make_sites(n_labeled=(n_dp, 53, 67), random_state=1)
+    dp = SitePolicy(dp_enabled=True, epsilon_per_job=1.0, dp_dc_evaluations=12)
     kw = site_kwargs(sites)
     kw[0]["policy"] = dp
     backend = LocalSites(kw)
@@ -237,15 +270,26 @@ def test_reported_losses_are_within_dp_noise_of_the_sites_measurements():
         warnings.simplefilter("ignore")
         with Coordinator(backend, [s.predictor for s in sites], FitConfig()) as c:
             model = c.fit()
+    assert model.info["solver"]["n_evaluations"] == dp.dp_dc_evaluations < DP_EVALUATIONS
+    check = model.info["site_check"]
+    assert check is not None and check["noisy"] == [True, False, False]
     values, texts, measured = reported_losses(model.info, model.domain_losses, model.epsilon_by_site)
     assert measured and texts[0].startswith("~") and not texts[1].startswith("~")
-    sigma = calibrate(1.0, dp.delta, 31) * dp.loss_clip * math.sqrt(2) / sites[0].X_labeled.shape[0]
+    # the verdict's noise: two means (combined, own), each moved by at most loss_clip / n by one
+    # point, under the multiplier calibrated for the DP site's plan (its DC answers and the verdict)
+    nm = calibrate(1.0, dp.delta, dp.dp_dc_evaluations + VERDICT_ANSWERS)
+    sigma = nm * dp.loss_clip * math.sqrt(2) / n_dp
+    assert sigma < 0.1
     for k, site in enumerate(sites):
-        combined, _ = _own_measure(model, site)
+        combined, own = _own_measure(model, site)
         tol = 5 * sigma if k == 0 else 1e-6
-        assert abs(model.info["site_check"]["combined"][k] - combined) <= tol, (k, combined)
+        assert abs(values[k] - combined) <= tol, (k, values[k], combined)
+        assert abs(check["own"][k] - own) <= tol, (k, check["own"][k], own)
     text = "\n".join(summary_lines(model))
     assert "Gamma(z)" not in text and MEASURED_NOTE in text
+    assert "L_k(z) = " + "  ".join(f"{s.name}={t}" for s, t in zip(sites, texts)) in text
+    page = report_html(model)
+    assert all(t in page for t in texts)
 
 
 # ---------------------------------------------------------------------- the boundary
