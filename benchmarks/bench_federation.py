@@ -17,7 +17,9 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
    The federated job runs sealed end to end (the default: a job key signs its content, each
    request sealed for its site, each answer sealed and signed) and unsealed, ``--job-repeats``
-   times each, in turns with the local fit (medians).
+   times each, in turns with the local fit (medians).  ``--influence`` (default ``both``): the
+   local and the sealed fit also with the influence report, as a real job runs, in the same
+   turns (``on``: only those; ``off``: only the fits without it).
 3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
    to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
    signed by its site) next to the unsealed round, on two federations of p sites running side by
@@ -342,7 +344,11 @@ def _timed_fit(coord) -> tuple:
 
 def bench_job(args, workdir: Path) -> dict:
     """The full job, local and federated (sealed, the default, and unsealed), ``--job-repeats``
-    times in turns (local, sealed, unsealed, local, ...) so that all three see the same load."""
+    times in turns (local, sealed, unsealed, local, ...) so that all three see the same load.
+    With ``--influence on`` (or ``both``) the local and the sealed fit also run with the influence
+    report, as a real job runs (``local_influence``, ``sealed_influence``), in the same turns."""
+    from dataclasses import replace
+
     from msa_fed.runtime.ray_sites import ensure_ray
 
     p = args.sites
@@ -352,17 +358,13 @@ def bench_job(args, workdir: Path) -> dict:
     config = FitConfig(
         task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax")
     )
+    with_report = replace(config, influence=True)
+    off = args.influence in ("off", "both")
+    on = args.influence in ("on", "both")
     ensure_ray(num_cpus=os.cpu_count())
-    times: dict[str, list] = {
-        "local": [],
-        "sealed": [],
-        "unsealed": [],
-        "sealed_start": [],
-        "unsealed_start": [],
-        "transcript": [],
-    }
+    times: dict[str, list] = {}
     phases: dict[str, list] = {}
-    z_diff, evaluations, signed = 0.0, None, 0
+    z_diff, evaluations, signed, report_rounds = 0.0, None, 0, None
     with (
         LocalFederation(workdir / "job-sealed", files, sealed=True, silence_timeout_s=120) as sealed,
         LocalFederation(workdir / "job-plain", files, sealed=False, silence_timeout_s=120) as plain,
@@ -370,14 +372,23 @@ def bench_job(args, workdir: Path) -> dict:
         sealed.wait_connected(timeout=600)
         plain.wait_connected(timeout=600)
         for rep in range(args.job_repeats):
-            c = Coordinator(LocalSites(kw), preds, config).start()
-            local, took, split = _timed_fit(c)
-            times["local"].append(took)
-            for phase, v in split.items():
-                phases.setdefault(f"local_{phase}", []).append(v)
-            for kind, fed in (("sealed", sealed), ("unsealed", plain)):
+            runs = []
+            if off:
+                runs += [("local", None, config), ("sealed", sealed, config), ("unsealed", plain, config)]
+            if on:
+                runs += [("local_influence", None, with_report), ("sealed_influence", sealed, with_report)]
+            local = None
+            for kind, fed, cfg in runs:
+                if fed is None:
+                    c = Coordinator(LocalSites(kw), preds, cfg).start()
+                    local, took, split = _timed_fit(c)
+                    times.setdefault(kind, []).append(took)
+                    for phase, v in split.items():
+                        phases.setdefault(f"{kind}_{phase}", []).append(v)
+                    continue
                 job_id = f"benchjob-{kind}-{rep}"
-                sealer = _job_sealer(fed, files, names, job_id) if kind == "sealed" else None
+                is_sealed = fed is sealed
+                sealer = _job_sealer(fed, files, names, job_id) if is_sealed else None
                 relay = RelayClient(fed.address, fed.admin_token, insecure=True, sealer=sealer)
                 backend = FederatedSites(
                     names,
@@ -391,44 +402,63 @@ def bench_job(args, workdir: Path) -> dict:
                     owns_relay=True,
                 )
                 t0 = time.perf_counter()
-                with Coordinator(backend, preds, config) as coord:
+                with Coordinator(backend, preds, cfg) as coord:
                     model, took, split = _timed_fit(coord)
-                    times[kind].append(took)
+                    times.setdefault(kind, []).append(took)
                     for phase, v in split.items():
                         phases.setdefault(f"{kind}_{phase}", []).append(v)
                     if sealer is not None:  # what the job keeps with its model: every signature checked
                         t1 = time.perf_counter()
                         backend.transcript()
-                        times["transcript"].append(time.perf_counter() - t1)
-                times[kind + "_start"].append(time.perf_counter() - t0)
+                        times.setdefault(kind + "_transcript", []).append(time.perf_counter() - t1)
+                times.setdefault(kind + "_start", []).append(time.perf_counter() - t0)
+                assert local is not None
                 z_diff = max(z_diff, float(np.max(np.abs(model.z - local.z))))
                 evaluations = model.info["solver"]["n_evaluations"]
+                table = model.info.get("influence") or {}
+                if table:
+                    report_rounds = table.get("rounds")
                 if sealer is not None:
                     signed = len(sealer.transcript)
     import ray
 
     ray.shutdown()
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {
+    out = {
         "p": p,
         "n": args.n,
         "m_per_site": args.m,
         "repeats": args.job_repeats,
-        "local_fit_s": med["local"],
-        "federated_fit_s": med["sealed"],
-        "federated_unsealed_fit_s": med["unsealed"],
-        "federated_start_and_fit_s": med["sealed_start"],
-        "sealed_transcript_check_s": med["transcript"],
-        "ratio_fit": med["sealed"] / med["local"],
-        "ratio_fit_unsealed": med["unsealed"] / med["local"],
-        "ratio_start_and_fit": med["sealed_start"] / med["local"],
+        "influence": args.influence,
         "runs_s": times,
+        "medians_s": med,
         "phases_median_s": {k: statistics.median(v) for k, v in phases.items()},
         "max_abs_z_difference": z_diff,
         "n_evaluations": evaluations,
+        "influence_report_rounds": report_rounds,
         "signed_answers_last_sealed_job": signed,
         "load": os.getloadavg(),
     }
+    if off:
+        out.update(
+            local_fit_s=med["local"],
+            federated_fit_s=med["sealed"],
+            federated_unsealed_fit_s=med["unsealed"],
+            federated_start_and_fit_s=med["sealed_start"],
+            sealed_transcript_check_s=med["sealed_transcript"],
+            ratio_fit=med["sealed"] / med["local"],
+            ratio_fit_unsealed=med["unsealed"] / med["local"],
+            ratio_start_and_fit=med["sealed_start"] / med["local"],
+        )
+    if on:
+        out.update(
+            local_influence_fit_s=med["local_influence"],
+            federated_influence_fit_s=med["sealed_influence"],
+            ratio_fit_influence=med["sealed_influence"] / med["local_influence"],
+        )
+        if off:  # the real job (report on) against the local fit without it
+            out["ratio_fit_influence_vs_local_off"] = med["sealed_influence"] / med["local"]
+    return out
 
 
 def bench_many(args, workdir: Path) -> dict:
@@ -527,6 +557,12 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--m", type=int, default=2000)
     ap.add_argument("--job-repeats", type=int, default=3, help="full jobs of each kind, in turns (medians)")
+    ap.add_argument(
+        "--influence",
+        choices=["off", "on", "both"],
+        default="both",
+        help="full job: without the influence report, with it (as a real job runs), or both in turns",
+    )
     ap.add_argument("--many", type=int, default=64)
     ap.add_argument("--many-rounds", type=int, default=50)
     ap.add_argument("--hold", type=float, default=20.0)
@@ -558,21 +594,35 @@ def main(argv=None) -> int:
             )
         if "job" in todo:
             r = out["full_job"] = bench_job(args, Path(tmp))
-            print(
-                f"full job p={r['p']} n={r['n']}, medians of {r['repeats']} in turns: sealed (the default) "
-                f"{r['federated_fit_s']:.2f} s, unsealed {r['federated_unsealed_fit_s']:.2f} s, local "
-                f"{r['local_fit_s']:.2f} s: ratio {r['ratio_fit']:.2f} sealed, {r['ratio_fit_unsealed']:.2f} "
-                f"unsealed ({r['ratio_start_and_fit']:.2f} sealed with its start); {r['n_evaluations']} "
-                f"evaluations; max |z - z_local| = {r['max_abs_z_difference']:.1e}",
-                flush=True,
-            )
-            ph = r["phases_median_s"]
-            for kind in ("local", "sealed", "unsealed"):
+            if "ratio_fit" in r:
                 print(
-                    f"  {kind}: classifier {ph[kind + '_classifier']:.2f} s, DC set-up (domain model, Qhat) "
-                    f"{ph[kind + '_dc_setup']:.2f} s, solve {ph[kind + '_solve']:.2f} s",
+                    f"full job p={r['p']} n={r['n']}, medians of {r['repeats']} in turns: sealed (the default) "
+                    f"{r['federated_fit_s']:.2f} s, unsealed {r['federated_unsealed_fit_s']:.2f} s, local "
+                    f"{r['local_fit_s']:.2f} s: ratio {r['ratio_fit']:.2f} sealed, {r['ratio_fit_unsealed']:.2f} "
+                    f"unsealed ({r['ratio_start_and_fit']:.2f} sealed with its start); {r['n_evaluations']} "
+                    f"evaluations; max |z - z_local| = {r['max_abs_z_difference']:.1e}",
                     flush=True,
                 )
+            if "ratio_fit_influence" in r:
+                also = (
+                    f"; {r['ratio_fit_influence_vs_local_off']:.2f}x the local fit without it"
+                    if "ratio_fit_influence_vs_local_off" in r
+                    else ""
+                )
+                print(
+                    f"full job with the influence report (as a real job runs): sealed "
+                    f"{r['federated_influence_fit_s']:.2f} s, local {r['local_influence_fit_s']:.2f} s: ratio "
+                    f"{r['ratio_fit_influence']:.2f}{also}; the report {r['influence_report_rounds']} rounds",
+                    flush=True,
+                )
+            ph = r["phases_median_s"]
+            for kind in ("local", "sealed", "unsealed", "local_influence", "sealed_influence"):
+                if kind + "_classifier" in ph:
+                    print(
+                        f"  {kind}: classifier {ph[kind + '_classifier']:.2f} s, DC set-up (domain model, Qhat) "
+                        f"{ph[kind + '_dc_setup']:.2f} s, solve {ph[kind + '_solve']:.2f} s",
+                        flush=True,
+                    )
         if "many" in todo:
             r = out["many_sites"] = bench_many(args, Path(tmp))
             print(

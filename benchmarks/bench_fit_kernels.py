@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_fit_kernels.py --baseline /work/main   # minutes
     PYTHONPATH=. .venv/bin/python benchmarks/bench_fit_kernels.py --only sklearn predict  # this tree only
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_fit_kernels.py --only phases --repeats 1   # fit CPU in p
 
 Every measurement runs in a fresh process (``--child``) with the code of the tree named (this
 one or ``--baseline``); runs alternate between the trees and the cases, so that each sees the
@@ -17,7 +18,13 @@ machine inflates less than the wall time), ratios against the baseline measured 
    thread) at ``tol`` 1e-10, the projected-gradient stop that msa_fed's exact fit uses, and at its
    default 1e-4; msa_fed's in-process trainer (``train_domain_classifier(exact=True)``) on the
    same arrays.  Objective gaps are against the smallest objective any of them reached.
-3. ``predict``: ``CombinedModel.predict_proba`` against its parts (the p predictors'
+3. ``phases``: the whole fit's CPU in p (``fit_dmsa``, local runtime, defaults, n = 1e5 labelled
+   points, the sites above) by part, for p in ``--ps``: the domain classifier, the sites'
+   ``set_domain_model`` (with its verification) and ``set_qhat`` (the predictors on the sites'
+   points), the solve (the sites' DC sums and the coordinator's plausibility checks of their
+   answers) and the rest (the target reference, the model's assembly) -- ``bench_solver.py``'s
+   ``phases`` child, one fresh process per run.
+4. ``predict``: ``CombinedModel.predict_proba`` against its parts (the p predictors'
    ``predict_proba`` one after the other plus the domain model's ``predict_log_proba``) at
    p = 8, 1e5 rows (``bench_model.build``: d = 20, logistic predictors, saved and loaded).
 
@@ -172,6 +179,18 @@ def child_predict() -> dict:
     return {**med, "ratio": med["predict_proba"] / med["parts"], "max_abs_diff_from_numpy": diff}
 
 
+def child_phases(p: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_solver import child_phases as phases
+
+    out: dict = phases(p, 100_000)
+    return out
+
+
+#: the parts of ``phases`` (keys of bench_solver's child), in the order of the fit
+PHASES = ("classifier", "set_domain_model", "set_qhat", "dc_evaluate", "plausibility")
+
+
 def run_child(tree: Path, args: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
@@ -199,6 +218,8 @@ def main(argv=None) -> int:
             res = child_classifier(int(rest[0]), rest[1] == "1")
         elif kind == "sklearn":
             res = child_sklearn(int(rest[0]), rest[1])
+        elif kind == "phases":
+            res = child_phases(int(rest[0]))
         else:
             res = child_predict()
         print(json.dumps(res))
@@ -267,6 +288,27 @@ def main(argv=None) -> int:
             )
             rows.append(row)
         result["sklearn"] = rows
+    if "phases" in args.only:
+        rows = []
+        for p in args.ps:
+            reps = args.repeats if p < 32 else args.big_repeats
+            runs = {k: [] for k in trees}
+            for _ in range(reps):
+                for name, tree in trees.items():
+                    runs[name].append(run_child(tree, ["phases", str(p)]))
+            row = {"p": p, "runs": runs, "load_average": os.getloadavg()}
+            line = f"fit p={p:3d} n=1e5"
+            for name, rs in runs.items():
+                med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                # the solver's own CPU (SLSQP, its bookkeeping), and what is left of the fit
+                med["solver"] = med["solve"] - med["dc_evaluate"] - med["plausibility"]
+                med["rest"] = med["fit"] - sum(med[k] for k in PHASES) - med["solver"]
+                row[name] = med
+                parts = ", ".join(f"{k} {med[k]:.2f}" for k in (*PHASES, "solver", "rest"))
+                line += f" | {name}: fit CPU {med['fit']:.2f} s ({parts}; {med['evaluations']:.0f} evaluations)"
+            print(line + f" | load {row['load_average'][0]:.1f}", flush=True)
+            rows.append(row)
+        result["phases"] = rows
     if "predict" in args.only:
         runs = {k: [] for k in trees}
         for _ in range(args.repeats):

@@ -22,7 +22,8 @@ processes on a busy node, where the Ray round's ratio is too noisy to resolve a 
 ``--ray``: p = 8 site actors on a local Ray (50 labelled points each, as in bench_runtime's
 round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over the TLS data
 channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
-code before the policy (min_points test and the sums), the others enforce the default policy.
+code before the policy (min_points test and the sums), the others enforce the default policy;
+the two alternate which goes first in a round.
 """
 
 from __future__ import annotations
@@ -150,8 +151,12 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             _, oracles[name] = c.prepare_dc(dm)
             times[name] = []
         zs = rng.dirichlet(np.ones(p), size=rounds + 20)
+        names = list(oracles)
         for r, z in enumerate(zs):
-            for name, oracle in oracles.items():  # interleaved
+            # interleaved, each variant first in every other round (the round that follows
+            # another one waits for that one's actors to give the cores back)
+            for name in names if r % 2 == 0 else names[::-1]:
+                oracle = oracles[name]
                 t = time.perf_counter()
                 oracle.evaluate(z, 0.01, ("L", "dL"))
                 if r >= 20:

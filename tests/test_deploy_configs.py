@@ -628,6 +628,7 @@ def test_job_files_match_the_documented_schema(name):
     assert set(job) <= documented
     optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")}
     optional |= {"run.site_timeout_s", "run.influence", "run.influence_margin", "run.approval_wait_s"}
+    optional |= {"registry.server_name", "registry.timeout"}
     assert documented - set(job) <= optional, documented - set(job)
     for key, choices in JOB_CHOICES.items():
         assert job[key] in choices, key

@@ -161,20 +161,20 @@ def probe_batch_in_sandbox(items: list[ProbeItem], limits: SandboxLimits | None 
     alone.  ``maxrss_kb`` and ``cpu_s`` of a batch verdict are the child's peak and CPU seconds so far.
     """
     limits = limits or SandboxLimits()
-    if not items:
-        return []
-    if len(items) == 1:
-        it = items[0]
-        return [
-            probe_in_sandbox(
-                it.data,
-                kind=it.kind,
-                n_features=it.n_features,
-                max_features=it.max_features,
-                sample=it.sample,
-                limits=limits,
-            )
-        ]
+
+    def single(i: int) -> dict:
+        it = items[i]
+        return probe_in_sandbox(
+            it.data,
+            kind=it.kind,
+            n_features=it.n_features,
+            max_features=it.max_features,
+            sample=it.sample,
+            limits=limits,
+        )
+
+    if len(items) <= 1:
+        return [single(i) for i in range(len(items))]
     payloads, batch = [], []
     for it in items:
         payload, req = _request(it.data, it.kind, it.n_features, it.max_features, it.sample)
@@ -201,17 +201,6 @@ def probe_batch_in_sandbox(items: list[ProbeItem], limits: SandboxLimits | None 
     again = [i for i, v in enumerate(verdicts) if v is None or (i > 0 and v.get("ok") is not True)]
     if again:
         from concurrent.futures import ThreadPoolExecutor
-
-        def single(i: int) -> dict:
-            it = items[i]
-            return probe_in_sandbox(
-                it.data,
-                kind=it.kind,
-                n_features=it.n_features,
-                max_features=it.max_features,
-                sample=it.sample,
-                limits=limits,
-            )
 
         with ThreadPoolExecutor(max_workers=min(len(again), 8)) as pool:
             for i, verdict in zip(again, pool.map(single, again)):

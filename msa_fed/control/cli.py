@@ -285,7 +285,7 @@ def _list_sites(args) -> int:
 
 
 def _client(args):
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.ops_cli import connect_factory
 
     token = args.token
     if args.token and args.token_file:
@@ -298,17 +298,7 @@ def _client(args):
             raise ConfigError(f"--token-file {args.token_file!r} does not hold a token (not ASCII text)") from None
     if not token:
         raise ConfigError("a token is required: --token T or --token-file F")
-    _positive(args.timeout, "--timeout")
-    return RegistryClient(
-        args.registry,
-        token,
-        insecure=args.insecure,
-        tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        server_name=args.server_name,
-        timeout=args.timeout,
-    )
+    return connect_factory(args, token)()
 
 
 def _register(args) -> int:
@@ -540,18 +530,6 @@ def _heartbeat(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _connection_options(p: argparse.ArgumentParser, registry_required: bool = True) -> None:
-    p.add_argument("--registry", required=registry_required, metavar="HOST:PORT", help="registry address")
-    p.add_argument("--token", help="this site's token (from 'msa-fed admin issue-token')")
-    p.add_argument("--token-file", metavar="F", help="read the token from a file instead of --token")
-    p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
-    p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")
-    p.add_argument("--tls-cert", metavar="F", help="client certificate (PEM) for mutual TLS")
-    p.add_argument("--tls-key", metavar="F", help="client key (PEM) for mutual TLS")
-    p.add_argument("--server-name", metavar="NAME", help="expected name in the registry's certificate")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds per call (default 30)")
-
-
 def _principal_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", required=True, metavar="PATH", help="registry SQLite database")
     who = p.add_mutually_exclusive_group(required=True)
@@ -561,6 +539,8 @@ def _principal_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
+    from msa_fed.control.ops_cli import connection_options
+
     reg_sub = command_group(subparsers, "registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")
     serve.add_argument(
@@ -607,7 +587,7 @@ def register(subparsers) -> None:
 
     site_sub = command_group(subparsers, "site")
     p = site_sub.add_parser("register", help="register this site")
-    _connection_options(p, registry_required=False)
+    connection_options(p, "registry address (default: site.toml's)", token="site")
     p.add_argument(
         "--config",
         metavar="site.toml",
@@ -619,7 +599,7 @@ def register(subparsers) -> None:
     p.add_argument("--seal-key", metavar="FILE.pub", help="the site's public sealing key (msa-fed site keygen)")
     p.set_defaults(func=_register)
     p = site_sub.add_parser("publish", help="upload the frozen predictor and/or the unlabelled sample")
-    _connection_options(p, registry_required=False)
+    connection_options(p, "registry address (default: site.toml's)", token="site")
     p.add_argument(
         "--config",
         metavar="site.toml",
@@ -656,12 +636,12 @@ def register(subparsers) -> None:
         help="with --config site.toml: the site's process, registry connection, budgets left and their refill, "
         "epsilon, last jobs; with --registry and a token: its record in the registry",
     )
-    _connection_options(p, registry_required=False)
+    connection_options(p, "registry address (default: site.toml's)", token="site")
     p.add_argument("--config", metavar="site.toml", help="the site's configuration (its whole status)")
     p.add_argument("--offline", action="store_true", help="with --config: the site's own files only")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
     p = site_sub.add_parser("heartbeat", help="tell the registry this site is alive")
-    _connection_options(p)
+    connection_options(p, token="site")
     p.add_argument("--interval", type=float, default=0.0, metavar="S", help="repeat every S seconds (default: once)")
     p.set_defaults(func=_heartbeat)

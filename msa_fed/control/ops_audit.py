@@ -37,6 +37,7 @@ a refused connection").
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -209,7 +210,9 @@ class AuditInterceptor(grpc.ServerInterceptor):
                 traffic.see(msg)
                 yield msg
 
-        def run_unary_response(inner, request_or_iterator, context, streaming_request: bool):
+        @contextlib.contextmanager
+        def audited(request_or_iterator, context, streaming_request: bool):
+            """(the request, the audited context, the response's traffic); one record at the end."""
             started, req, resp, exc = time.perf_counter(), _Traffic(), _Traffic(), None
             context = _AuditedContext(context)
             if streaming_request:
@@ -217,32 +220,25 @@ class AuditInterceptor(grpc.ServerInterceptor):
             else:
                 req.see(request_or_iterator)
             try:
-                response = inner(request_or_iterator, context)
-                if response is not None:
-                    resp.see(response)
-                return response
+                yield request_or_iterator, context, resp
             except BaseException as e:
                 exc = e
                 raise
             finally:
                 record(method, context, started, req, resp, exc)
 
+        def run_unary_response(inner, request_or_iterator, context, streaming_request: bool):
+            with audited(request_or_iterator, context, streaming_request) as (request, context, resp):
+                response = inner(request, context)
+                if response is not None:
+                    resp.see(response)
+                return response
+
         def run_stream_response(inner, request_or_iterator, context, streaming_request: bool):
-            started, req, resp, exc = time.perf_counter(), _Traffic(), _Traffic(), None
-            context = _AuditedContext(context)
-            if streaming_request:
-                request_or_iterator = counted(request_or_iterator, req)
-            else:
-                req.see(request_or_iterator)
-            try:
-                for msg in inner(request_or_iterator, context):
+            with audited(request_or_iterator, context, streaming_request) as (request, context, resp):
+                for msg in inner(request, context):
                     resp.see(msg)
                     yield msg
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                record(method, context, started, req, resp, exc)
 
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary

@@ -50,26 +50,42 @@ def read_admin_token(path: str | None) -> str:
     return token
 
 
-def connect_factory(args):
-    """A function that opens a new :class:`RegistryClient` with the command's options."""
+def connect_factory(args, token: str | None = None):
+    """A function that opens a new :class:`RegistryClient` with the command's connection flags
+    (:func:`connection_options`) and ``token`` (default: the admin token of ``--admin-token-file``)."""
     from msa_fed.control.client import RegistryClient
 
-    token = read_admin_token(args.admin_token_file)
+    token = token or read_admin_token(args.admin_token_file)
+    timeout = 30.0 if args.timeout is None else args.timeout
+    if not 0 < timeout < float("inf"):
+        raise ConfigError(f"--timeout must be a finite number > 0; got {timeout!r}")
 
     def connect(**kwargs):
         return RegistryClient(
             args.registry,
             token,
-            insecure=args.insecure,
+            insecure=bool(args.insecure),
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             server_name=args.server_name,
-            timeout=args.timeout,
+            timeout=timeout,
             **kwargs,
         )
 
     return connect
+
+
+def download_version(args, text: str):
+    """(archive, record) of the stored model version ``text`` ("latest" or a number), with the
+    command's connection flags (a command that reads either a local model or, with --registry, a
+    stored one)."""
+    try:
+        version = _version(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"with --registry, {exc}") from None
+    with connect_factory(args)() as client:
+        return client.download_combined_model(version or None)
 
 
 def _ops(args):
@@ -470,20 +486,27 @@ def _site_status(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def connection_options(p: argparse.ArgumentParser, registry_help: str | None = None) -> None:
-    """The registry connection flags; ``registry_help`` makes ``--registry`` optional (a command
-    that also reads a local model directory) with that help text."""
-    if registry_help is None:
-        p.add_argument("--registry", required=True, metavar="HOST:PORT", help="registry address")
+def connection_options(p: argparse.ArgumentParser, registry_help: str | None = None, token: str = "admin") -> None:
+    """The registry connection flags, the same on every command that dials the registry:
+    ``--registry`` (optional where ``registry_help`` says what else gives it), the token (``token``
+    "admin": ``--admin-token-file``; "site": ``--token`` / ``--token-file``), the TLS files,
+    ``--server-name`` and ``--timeout`` (read by :func:`connect_factory`)."""
+    p.add_argument(
+        "--registry", required=registry_help is None, metavar="HOST:PORT", help=registry_help or "registry address"
+    )
+    if token == "site":
+        p.add_argument("--token", help="this site's token (from 'msa-fed admin issue-token')")
+        p.add_argument("--token-file", metavar="F", help="read the token from a file instead of --token")
     else:
-        p.add_argument("--registry", metavar="HOST:PORT", help=registry_help)
-    p.add_argument("--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})")
-    p.add_argument("--insecure", action="store_true", help="plaintext (loopback registries only)")
+        p.add_argument(
+            "--admin-token-file", metavar="F", help=f"file holding the admin token (default ${TOKEN_FILE_ENV})"
+        )
+    p.add_argument("--insecure", action="store_true", default=None, help="plaintext (loopback registries only)")
     p.add_argument("--tls-ca", metavar="F", help="CA certificate (PEM) that signed the registry's certificate")
     p.add_argument("--tls-cert", metavar="F", help="client certificate (PEM) for mutual TLS")
     p.add_argument("--tls-key", metavar="F", help="client key (PEM) for mutual TLS")
     p.add_argument("--server-name", metavar="NAME", help="expected name in the registry's certificate")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds per call (default 30)")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds per call (default 30)")
 
 
 def register(subparsers) -> None:

@@ -14,7 +14,6 @@ the epsilon each site spent.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -138,15 +137,10 @@ def _model_export(args) -> int:
     out = Path(args.out)
     _check_out(out, args.force)
     if args.registry:
-        from msa_fed.control.ops_cli import _version, connect_factory
+        from msa_fed.control.ops_cli import download_version
         from msa_fed.control.ops_models import unpack_model
 
-        try:
-            version = _version(args.source)
-        except argparse.ArgumentTypeError as exc:
-            raise ConfigError(f"with --registry, {exc}") from None
-        with connect_factory(args)() as client:
-            archive, record = client.download_combined_model(version or None)
+        archive, record = download_version(args, args.source)
         tmp = Path(tempfile.mkdtemp(prefix="msa-fed-export-"))
         try:
             model_dir = unpack_model(archive, tmp / "model")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from msa_fed.errors import ConfigError
 
@@ -36,3 +37,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+#: the transport options of a connection, as every configuration that makes one names them
+TRANSPORT = ("insecure", "tls_ca", "tls_cert", "tls_key", "server_name")
+
+
+def transport_of(config: Any) -> dict[str, Any]:
+    """The :data:`TRANSPORT` options of ``config`` (a site.toml, a job file, parsed flags)."""
+    return {name: getattr(config, name) for name in TRANSPORT}

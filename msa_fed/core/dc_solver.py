@@ -159,6 +159,22 @@ DCA_SLSQP_MAXITER = 100
 DCA_SLSQP_FTOL = 1e-14
 
 
+def _start_result(
+    z: np.ndarray, gamma: float, losses: Any, history: list[float], converged: bool, n_iter: int, method: str
+) -> DCResult:
+    """The result of one start of a multi-start solve (its evaluations are counted by the caller)."""
+    return DCResult(
+        z=z,
+        gamma=gamma,
+        losses=np.asarray(losses),
+        history=history,
+        converged=converged,
+        n_iter=n_iter,
+        n_evaluations=0,
+        method=method,
+    )
+
+
 def _convexified_terms(
     ev: _Counter, v0: np.ndarray, dv0: np.ndarray, zt: np.ndarray
 ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
@@ -703,16 +719,7 @@ def _gamma_runs(
             }
         )
         if best is None or g < best.gamma:
-            best = DCResult(
-                z=z,
-                gamma=g,
-                losses=np.asarray(L),
-                history=history,
-                converged=ok,
-                n_iter=it,
-                n_evaluations=0,
-                method=used,
-            )
+            best = _start_result(z, g, L, history, ok, it, used)
         return best.converged and not all_starts
 
     def result() -> tuple[DCResult, list[dict[str, Any]]]:
@@ -782,15 +789,8 @@ def _solve(
                 {"start": start.tolist(), "max_loss": val, "gamma": g, "iterations": it, "method": "slsqp-minmax"}
             )
             if best is None or val < float(np.max(best.losses - shift)) - 1e-12:
-                best = DCResult(
-                    z=z,
-                    gamma=g,
-                    losses=np.asarray(L),
-                    history=history,
-                    converged=ok,
-                    n_iter=it,
-                    n_evaluations=0,
-                    method="slsqp-minmax" if objective == "minmax" else "slsqp-regret",
+                best = _start_result(
+                    z, g, L, history, ok, it, "slsqp-" + ("minmax" if objective == "minmax" else "regret")
                 )
             if ok and not all_starts:  # restarts only while not converged: each costs rounds at every site
                 break

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from msa_fed.core.config import ClassifierConfig, parse_device
+from msa_fed.core.inference import SoftmaxScores
 from msa_fed.core.threads import blas_threads_for, one_blas_thread
 
 # torch, scipy and scikit-learn are imported where training needs them: a fitted classifier
@@ -406,7 +407,7 @@ def _add_up(parts: Sequence[tuple[float, np.ndarray]], theta: np.ndarray) -> tup
     return total, grad
 
 
-class DomainClassifier:
+class DomainClassifier(SoftmaxScores):
     """Fitted Q(k | x): a feature map and softmax weights.  ``predict_proba`` columns follow
     site order.  Build with :func:`train_domain_classifier` or the runtime."""
 
@@ -436,17 +437,6 @@ class DomainClassifier:
         with blas_threads_for(Phi.size * self.n_sources):
             scores: np.ndarray = Phi @ self.coef_.T + self.intercept_
         return scores
-
-    def predict_log_proba(self, X: ArrayLike) -> np.ndarray:
-        """log Q(k | x), ndarray (n, p)."""
-        z = self.decision_function(X)
-        z = z - z.max(axis=1, keepdims=True)
-        log_q: np.ndarray = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        return log_q
-
-    def predict_proba(self, X: ArrayLike) -> np.ndarray:
-        q: np.ndarray = np.exp(self.predict_log_proba(X))
-        return q
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(params, arrays) without the feature map (saved beside it); see :meth:`from_state`."""

@@ -84,7 +84,26 @@ class StoredFeatureMap:
         return dict(self.params), dict(self.arrays)
 
 
-class StoredMaxent:
+class SoftmaxScores:
+    """log Q(k | x) and Q(k | x) from ``decision_function`` (a stable log-softmax): the one formula
+    of the trained classifier and of the stored one."""
+
+    def decision_function(self, X: Any) -> np.ndarray:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        """log Q(k | x), ndarray (n, p)."""
+        z = self.decision_function(X)
+        z = z - z.max(axis=1, keepdims=True)
+        log_q: np.ndarray = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return log_q
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        q: np.ndarray = np.exp(self.predict_log_proba(X))
+        return q
+
+
+class StoredMaxent(SoftmaxScores):
     """Q(k | x) = softmax(W Phi(x) + b)_k of a trained Maxent domain classifier, read from its
     state; the same attributes and predictions as :class:`msa_fed.core.domain_classifier.DomainClassifier`."""
 
@@ -105,16 +124,6 @@ class StoredMaxent:
         Phi = X if self.feature_map is None else self.feature_map.transform(X)
         scores: np.ndarray = Phi @ self.coef_.T + self.intercept_
         return scores
-
-    def predict_log_proba(self, X: Any) -> np.ndarray:
-        z = self.decision_function(X)
-        z = z - z.max(axis=1, keepdims=True)
-        log_q: np.ndarray = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        return log_q
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        q: np.ndarray = np.exp(self.predict_log_proba(X))
-        return q
 
     def get_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return {"mu": self.mu}, {"theta": self.theta_}

@@ -30,6 +30,8 @@ import numpy as np
 from msa_fed.core.dc_solver import LossOracle, solve_dc
 from msa_fed.core.dc_terms import DCSums
 
+#: a re-solve's end point is the point it last evaluated when they differ by at most this (rounding)
+SAME_Z = 1e-12
 #: SLSQP iterations of each re-solve (warm-started next to its optimum)
 RESOLVE_MAX_ITER = 40
 #: a site is flagged only when the rise is also above this, in loss units (noise of a re-solve)
@@ -66,6 +68,7 @@ class _Face:
     def __init__(self, oracle: CachedOracle, keep: np.ndarray):
         self.oracle, self.keep = oracle, keep
         self.n_sources = int(keep.sum())
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []  # (z on the face, every domain's L)
 
     def full(self, z: np.ndarray) -> np.ndarray:
         out = np.zeros(self.keep.size)
@@ -74,8 +77,19 @@ class _Face:
 
     def evaluate(self, z: np.ndarray, eta: float, what: tuple[str, ...], global_bound: float | None = None) -> DCSums:
         s = self.oracle.evaluate(self.full(z), eta, what, global_bound)
+        if s.L is not None:  # every domain's losses, the one left out included
+            self.seen.append((np.array(z, dtype=np.float64), s.L))
         k = self.keep
         return DCSums(L=None if s.L is None else s.L[k], dL=None if s.dL is None else s.dL[np.ix_(k, k)], n=s.n)
+
+    def losses_at(self, z: np.ndarray) -> np.ndarray | None:
+        """Every domain's losses (p,) at a point of the face already evaluated, to rounding
+        (the solver returns its last iterate with the rounding off the simplex removed); None
+        when no such point was evaluated."""
+        for zz, L in reversed(self.seen):
+            if zz.shape == z.shape and float(np.max(np.abs(zz - z))) <= SAME_Z:
+                return np.asarray(L, dtype=np.float64)
+        return None
 
     def max_bound(self) -> float:
         return self.oracle.max_bound()
@@ -216,6 +230,9 @@ def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> t
             warn=False,
         )
         zj = face.full(res.z)
+        known = face.losses_at(res.z)
+        if known is not None:  # the solver's last point: its losses are already known
+            return zj, np.array(known)
     else:
         zj = start
     return zj, oracle.evaluate(zj, eta, ("L",)).array("L")

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from msa_fed.core.threads import blas_threads_for
+
 Array = NDArray[np.float64]
 #: a mixture estimator: (Q (n, p) posteriors of the target points) -> lambda (p,)
 Estimator = Callable[[Array], Array]
@@ -209,13 +211,16 @@ def knn_distance(Phi: NDArray[np.floating], reference: NDArray[np.floating], r: 
     r2 = np.einsum("ij,ij->i", R, R)
     out = np.empty(Phi.shape[0])
     rows = max(1, (1 << 22) // max(R.shape[0], 1))
-    for a in range(0, Phi.shape[0], rows):
-        P = Phi[a : a + rows]
-        G = P @ R.T
-        G *= -2.0
-        G += r2[None, :]  # |p|^2 is the same along a row: added after the selection
-        G.partition(r - 1, axis=1)
-        out[a : a + rows] = G[:, r - 1] + np.einsum("ij,ij->i", P, P)
+    # a block's product is small (rows x m x D): on one BLAS thread (core/threads.py; a second
+    # thread doubled the CPU of the fit's reference, 1000 rows of D = 5)
+    with blas_threads_for(min(Phi.shape[0], rows) * R.shape[0] * R.shape[1]):
+        for a in range(0, Phi.shape[0], rows):
+            P = Phi[a : a + rows]
+            G = P @ R.T
+            G *= -2.0
+            G += r2[None, :]  # |p|^2 is the same along a row: added after the selection
+            G.partition(r - 1, axis=1)
+            out[a : a + rows] = G[:, r - 1] + np.einsum("ij,ij->i", P, P)
     dist: Array = np.sqrt(np.maximum(out, 0.0))
     return dist
 

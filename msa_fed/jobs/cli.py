@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _run(args) -> int:
+    from msa_fed.control.ops_cli import TOKEN_FILE_ENV
     from msa_fed.jobs.config import JobConfig, check_admin_token, read_token_file
     from msa_fed.jobs.operations import check_output_dir
 
@@ -16,15 +18,17 @@ def _run(args) -> int:
         args.job,
         registry=args.registry,
         tls_ca=args.tls_ca,
-        insecure=True if args.insecure else None,
+        insecure=args.insecure,
         admin_token_file=args.admin_token_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        server_name=args.server_name,
+        timeout=args.timeout,
         job_key=args.job_key,
     )
     if args.admin_token:
         check_admin_token(args.admin_token, "--admin-token")
-    token = args.admin_token or read_token_file(config.admin_token_file)
+    token = args.admin_token or read_token_file(config.admin_token_file or os.environ.get(TOKEN_FILE_ENV))
     check_output_dir(args.output)
     config.check_sealed()
     from msa_fed.jobs.run import report, run_job  # torch, Ray: only once the whole input is checked
@@ -61,15 +65,12 @@ def _demo(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from msa_fed.control.ops_cli import connection_options
+
     run = sub.add_parser("run", help="run the federated job over the registered sites")
     run.add_argument("--job", required=True, help="job file (TOML; see cluster/README.md)")
-    run.add_argument("--registry", help="HOST:PORT of the registry (overrides the job file)")
+    connection_options(run, "HOST:PORT of the registry; each connection flag overrides the job file's [registry]")
     run.add_argument("--admin-token", help="admin token (prefer --admin-token-file: a flag is visible in ps)")
-    run.add_argument("--admin-token-file", help="file holding the admin token")
-    run.add_argument("--tls-ca", help="CA certificate of the registry (PEM)")
-    run.add_argument("--insecure", action="store_true", help="plaintext to a loopback registry")
-    run.add_argument("--tls-cert", help="client certificate (PEM) for a registry that requires one (mutual TLS)")
-    run.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
     run.add_argument(
         "--job-key", help="the consortium's job key: seal the job's traffic end to end ([sealing] job_key)"
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 import tomllib
 
-from msa_fed.control.transport import is_loopback, parse_address
+from msa_fed.control.transport import is_loopback, parse_address, transport_of
 from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option, option_meta
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options, job_place
@@ -45,6 +45,13 @@ class JobConfig:
     tls_key: str | None = option(
         None, "private key of tls_cert (PEM file)", Optional(Text(nonempty=True)), job="registry"
     )
+    server_name: str | None = option(
+        None,
+        "name to check the registry's certificate against (default: the host of address)",
+        Optional(Text(nonempty=True)),
+        job="registry",
+    )
+    timeout: float = option(30.0, "seconds per registry call", Number(0.0, open_low=True), job="registry")
     job_key: str | None = option(
         None,
         "the consortium's job key (msa-fed job keygen): seal the job's traffic end to end",
@@ -145,9 +152,10 @@ class JobConfig:
             raise ConfigError(f"job file {str(path)!r}: {exc}") from None
 
     def client_tls(self) -> dict:
-        """The channel options of the job's registry connections: plaintext or TLS, with the client
-        certificate when the job file or the command line gives one (mutual TLS)."""
-        return dict(insecure=self.insecure, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
+        """The options of the job's registry connections: plaintext or TLS, with the client
+        certificate when the job file or the command line gives one (mutual TLS), the server name
+        and the timeout per call."""
+        return {**transport_of(self), "timeout": self.timeout}
 
     def connection_labels(self) -> dict[str, str]:
         """How messages about the registry connection name each option: the job file's key, or
@@ -339,6 +347,8 @@ def from_document(doc: dict, **overrides) -> JobConfig:
         "admin_token_file": "--admin-token-file",
         "tls_cert": "--tls-cert",
         "tls_key": "--tls-key",
+        "server_name": "--server-name",
+        "timeout": "--timeout",
         "job_key": "--job-key",
     }
     for name, value in overrides.items():

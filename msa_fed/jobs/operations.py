@@ -32,7 +32,7 @@ from msa_fed.artifacts.privacy_view import (
     site_check_of,
     worst_text,
 )
-from msa_fed.control.client import REGISTRY_AWAY
+from msa_fed.control.client import REGISTRY_AWAY, RegistryClient
 from msa_fed.control.ops import exclusion_reason
 from msa_fed.control.ops_client import OpsClient
 from msa_fed.control.ops_models import (
@@ -328,6 +328,8 @@ def connection_flags(
     admin_token_file: str | None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    server_name: str | None = None,
+    timeout: float | None = None,
 ) -> list[str]:
     """The admin command-line options that reach ``registry`` (for the commands a job prints)."""
     parts = ["--registry", registry]
@@ -337,6 +339,10 @@ def connection_flags(
         parts += ["--tls-ca", str(tls_ca)]
     if tls_cert and tls_key:
         parts += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
+    if server_name:
+        parts += ["--server-name", server_name]
+    if timeout is not None and timeout != 30.0:
+        parts += ["--timeout", f"{timeout:g}"]
     return parts + ["--admin-token-file", str(admin_token_file) if admin_token_file else "ADMIN_TOKEN_FILE"]
 
 
@@ -419,7 +425,8 @@ class JobLogSender:
     """The driver's output as the job's log in the registry (``msa-fed job log JOB_ID``): every
     line printed on stdout or stderr while the job runs is sent, in batches every ``interval``
     seconds once the job is recorded, best effort (a registry away keeps them for the next try,
-    up to ``MAX_PENDING``; the job never waits for its log)."""
+    up to ``MAX_PENDING``; the job never waits for its log).  One connection serves every batch;
+    a failed batch closes it and the next try opens a new one (a restarted registry is reached)."""
 
     MAX_PENDING = 5000
     BATCH = 500
@@ -431,6 +438,7 @@ class JobLogSender:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._saved: tuple = ()
+        self._client: RegistryClient | None = None  # the batches' connection (the thread's, then __exit__'s)
 
     def _add(self, line: str) -> None:
         with self._lock:
@@ -445,9 +453,10 @@ class JobLogSender:
         if not batch:
             return
         try:
-            with self.connect() as client:
-                OpsClient(client).append_job_log(self.tracker.job_id, batch)
+            client = self._client = self._client or self.connect()
+            OpsClient(client).append_job_log(self.tracker.job_id, batch)
         except (MsaFedError, OSError):
+            self._close()
             return  # kept for the next try
         with self._lock:
             del self._pending[: len(batch)]
@@ -473,3 +482,9 @@ class JobLogSender:
             self.flush()
             if not self._pending or len(self._pending) == before:
                 break
+        self._close()
+
+    def _close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

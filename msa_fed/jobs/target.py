@@ -11,7 +11,6 @@ points out of every site's support and the most atypical rows, and writes the sa
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import shutil
@@ -113,15 +112,10 @@ def _load(args):
                 "give --registry HOST:PORT and the admin token"
             )
         return load_model(path)
-    from msa_fed.control.ops_cli import _version, connect_factory
+    from msa_fed.control.ops_cli import download_version
     from msa_fed.control.ops_models import unpack_model
 
-    try:
-        version = _version(args.model)
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigError(f"with --registry, {exc}") from None
-    with connect_factory(args)() as client:
-        archive, _ = client.download_combined_model(version or None)
+    archive, _ = download_version(args, args.model)
     tmp = Path(tempfile.mkdtemp(prefix="msa-fed-target-"))
     try:
         return load_model(unpack_model(archive, tmp / "model"))

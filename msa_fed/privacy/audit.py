@@ -108,6 +108,7 @@ class AuditLog:
         self.lines: list[bytes] = []  # in-memory log (path empty)
         self.count = 0
         self.head = GENESIS
+        self._end = -1  # the log file's size after this writer's last append (-1: not known)
         if self.path:
             p = Path(self.path)
             if p.exists() and p.stat().st_size:
@@ -138,15 +139,23 @@ class AuditLog:
                 if self.ledger is not None and counts:
                     self.ledger.commit(str(record.get("run") or record.get("job", "")), counts)
                 return head
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
+            fd = self._fh.fileno()
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                self.head = _last_line_hash(self._fh.fileno())
-                if self.ledger is not None:
-                    anchor = self.ledger.anchor(self._key())
-                    self.count = anchor[0] if anchor else self.count
-                return self._append(record, self._fh, counts)
+                # the file as this writer left it (the size it had after this writer's last line):
+                # no other writer appended since, so the head and the ledger's anchor are this
+                # writer's own; else chain to the line actually last in the file and its count
+                if os.fstat(fd).st_size != self._end:
+                    self.head = _last_line_hash(fd)
+                    if self.ledger is not None:
+                        anchor = self.ledger.anchor(self._key())
+                        self.count = anchor[0] if anchor else self.count
+                self._end = -1  # unknown until this line and its counts are written
+                head = self._append(record, self._fh, counts)
+                self._end = os.fstat(fd).st_size
+                return head
             finally:
-                fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _append(self, record: dict, fh, counts=()) -> str:
         line = _line(record, round(time.time(), 3), self.head)  # seconds since the epoch, UTC

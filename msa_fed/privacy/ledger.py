@@ -313,6 +313,18 @@ DAY_BUDGETS = (("domain_model", "domain_models_per_day"), ("dc_evaluation", "dc_
 JOB_BUDGETS = (("domain_model", "domain_models_per_job"), ("dc_evaluation", "dc_evaluations_per_job"))
 
 
+def _budget(limit, used, refills: list | None = None) -> dict:
+    """One entry of :func:`budget_status`."""
+    refills = refills or []
+    return {
+        "limit": limit,
+        "used": used,
+        "left": max(type(limit)(0), limit - used),
+        "refills": refills,
+        "next_refill": refills[0][0] if refills else None,
+    }
+
+
 def budget_status(ledger: Ledger, policy, now: float | None = None, job: str | None = None) -> dict:
     """What is used and left of each budget of ``policy`` in ``ledger``, and when it refills.
 
@@ -333,48 +345,21 @@ def budget_status(ledger: Ledger, policy, now: float | None = None, job: str | N
     t = time.time() if now is None else float(now)
     out: dict = {}
     for kind, field in DAY_BUDGETS:
-        limit = int(getattr(policy, field))
         hours = ledger.day_hours(kind, t)
-        used = sum(n for _, n in hours)
         refills = [(float((h + 25) * HOUR_S), int(n)) for h, n in hours]
-        out[field] = {
-            "limit": limit,
-            "used": used,
-            "left": max(0, limit - used),
-            "refills": refills,
-            "next_refill": refills[0][0] if refills else None,
-        }
+        out[field] = _budget(int(getattr(policy, field)), sum(n for _, n in hours), refills)
     from msa_fed.privacy.dp import epsilon_of
 
     events = ledger.dp_events(None)
     used_eps = epsilon_of(events, policy.delta) if events else 0.0
     out["epsilon_lifetime"] = {
-        "limit": float(policy.epsilon_lifetime),
-        "used": used_eps,
-        "left": max(0.0, float(policy.epsilon_lifetime) - used_eps),
-        "refills": [],
-        "next_refill": None,
+        **_budget(float(policy.epsilon_lifetime), used_eps),
         "delta": float(policy.delta),
         "dp_answers": int(sum(c for _, c in events)),
     }
     if job is not None:
         for kind, field in JOB_BUDGETS:
-            limit = int(getattr(policy, field))
-            used = ledger.job_count(job, kind)
-            out[field] = {
-                "limit": limit,
-                "used": used,
-                "left": max(0, limit - used),
-                "refills": [],
-                "next_refill": None,
-            }
+            out[field] = _budget(int(getattr(policy, field)), ledger.job_count(job, kind))
         jev = ledger.dp_events(job)
-        used_job = epsilon_of(jev, policy.delta) if jev else 0.0
-        out["epsilon_per_job"] = {
-            "limit": float(policy.epsilon_per_job),
-            "used": used_job,
-            "left": max(0.0, float(policy.epsilon_per_job) - used_job),
-            "refills": [],
-            "next_refill": None,
-        }
+        out["epsilon_per_job"] = _budget(float(policy.epsilon_per_job), epsilon_of(jev, policy.delta) if jev else 0.0)
     return out

@@ -4,67 +4,28 @@ The policy is a TOML file the site writes and passes to its own process (``load_
 a Ray node the site actor reads it from ``$MSA_FED_SITE_POLICY`` on its own node.  It is never
 taken from the job, the coordinator or the registry: a job may only ask for stricter values
 (:func:`tighten`).  The defaults stop the attacks of ``tests/privacy`` and leave honest runs
-unaffected; ``docs/DESIGN.md`` ("Site privacy policy") states every rule.
+unaffected; ``docs/DESIGN.md`` ("Site policy") states every rule.
 
-File layout (every section and key optional; unknown ones are errors naming them)::
-
-    [limits]
-    min_points = 20                # never aggregate over fewer labelled / unlabelled points
-    min_effective_points = 8.0     # every returned sum: effective sample size >= this (by clipping)
-    max_point_share = 0.25         # every returned sum: one point's share <= this (by clipping)
-    weight_floor = 0.05            # density ratio below which a weight is "small influence"
-    peers = ["any"]                # the sites this site federates with (names), or ["any"]
-    max_sites = 16                 # the largest number of sites (p) of a job this site serves
-    mu_min = 1e-4                  # |W|^2 <= log p / mu_min for a Maxent domain model
-    eta_min = 1e-3                 # smoothing: eta >= eta_min
-    scale_floor = 0.1              # standardisation scales >= scale_floor * the site's own std
-    mean_bound = 10.0              # |mean - site mean| <= mean_bound * site std (standard, rff)
-    max_thresholds = 1000          # "threshold" map: at most this many thresholds
-    max_components = 5000          # "rff" map: at most this many components
-    rff_gamma_max = 100.0          # "rff" map: mean W^2 / 2 <= rff_gamma_max
-    kde_bandwidth_floor = 0.001    # KDE bandwidths >= floor * the site's feature std
-    feature_maps = ["standard", "onehot", "threshold", "rff"]  # feature maps a domain model may use
-    allow_custom_feature_map = true  # in-process callers only (same party); never under Ray
-    model_carries_sample = true    # the combined model may carry rows of the published sample (target checks)
-
-    [budget]
-    domain_models_per_job = 3      # distinct domain models a job may set
-    dc_evaluations_per_job = 5000  # loss evaluations (one per solver step) a job may ask
-    domain_models_per_day = 10     # rolling 24 hours, all jobs
-    dc_evaluations_per_day = 50000  # rolling 24 hours, all jobs
-    ledger = ""                    # SQLite file of the query ledger ("" = in memory)
-    audit_log = ""                 # JSON-lines audit log ("" = kept in memory)
-
-    [dp]
-    enabled = false                # answer with calibrated Gaussian noise (differential privacy)
-    epsilon_per_job = 1.0          # privacy loss one job may spend
-    epsilon_lifetime = 10.0        # privacy loss all jobs together may spend, ever
-    delta = 1e-6                   # the delta of every (epsilon, delta) guarantee
-    dc_evaluations = 40            # DP answers planned per job (noise calibrated for them)
-    loss_clip = 10.0               # per-point loss clipped to [0, loss_clip]
-    ratio_clip = 10.0              # density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip
-
-    [harm]
-    tolerance = 4.0                # harmed: model's loss on own data > own predictor's + tolerance x max(own, 0.25)
-    accept = true                  # false: the site does not sign off a model that harms it (disputed)
-
-    [verify]
-    domain_models = true           # recompute the domain model from the published samples
-    mu_max = 10.0                  # a Maxent model's mu must lie in [mu_min, mu_max]
-    tolerance = 0.01               # largest log-odds deviation from the public optimum
+Each key is declared once, as a field of :class:`SitePolicy` (:func:`msa_fed.core.options.option`):
+its default, its check, its one-line description, the file table (``section``) and name (``key``,
+default the field's name) it is read from, and what a job may do with it (``job``: "raise",
+"lower", "narrow", "turn off", "turn on"; absent: the site's alone).  The file's parsing, the
+error messages, :func:`tighten` and the reference table of docs/OPERATIONS.md
+(:mod:`msa_fed.federation.config_doc`) all read that declaration.  Every table and key of the file
+is optional; an unknown one is an error naming it.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import tomllib
 
 from msa_fed.core.config import MIN_POINTS
+from msa_fed.core.options import Check, Flag, Integer, Number, Text, check_value, normalise, option, option_meta
 from msa_fed.errors import ConfigError
 
 #: on a site's node: the path of the site's policy file (read by the site's own process)
@@ -72,61 +33,142 @@ POLICY_ENV = "MSA_FED_SITE_POLICY"
 FEATURE_MAPS = ("standard", "onehot", "threshold", "rff")
 #: ``peers`` value that admits any site (the default; a deployed site names its peers)
 ANY_PEER = ("any",)
+_WHERE = "site policy: "
+
+
+class _Names(Check):
+    """A list of names as a tuple: drawn from ``known`` (if given), or site names where "any"
+    stands alone and the list is not empty."""
+
+    def __init__(self, known: tuple[str, ...] | None = None) -> None:
+        self.known = known
+        self.expects = f"a list of names from {list(known)}" if known else 'a non-empty list of site names, or ["any"]'
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise TypeError(self.expects)
+        unknown = [v for v in value if self.known and v not in self.known]
+        if unknown:
+            raise ValueError(f"{self.expects}, not unknown map(s) {unknown}")
+        if not self.known and (not value or ("any" in value and len(value) > 1)):
+            raise ValueError(self.expects)
+        return tuple(value)
+
+
+def _positive(high: float | None = None) -> Number:
+    return Number(0, high, open_low=True, open_high=high is not None)
+
+
+def limits(default: Any, doc: str, check: Check, job: str | None = None) -> Any:
+    return option(default, doc, check, section="limits", job=job)
+
+
+def budget(default: Any, doc: str, check: Check, job: str | None = "lower") -> Any:
+    return option(default, doc, check, section="budget", job=job)
 
 
 @dataclass(frozen=True)
 class SitePolicy:
-    # [limits]
-    min_points: int = MIN_POINTS
-    min_effective_points: float = 8.0
-    max_point_share: float = 0.25
-    weight_floor: float = 0.05
-    mu_min: float = 1e-4
-    eta_min: float = 1e-3
-    scale_floor: float = 0.1
-    mean_bound: float = 10.0
-    max_thresholds: int = 1000
-    max_components: int = 5000
-    rff_gamma_max: float = 100.0
-    kde_bandwidth_floor: float = 1e-3
-    feature_maps: tuple = FEATURE_MAPS
-    allow_custom_feature_map: bool = True
-    # the combined model may carry rows and summaries of this site's published sample (the
-    # support score and the confusion matrix of its target checks); false: nothing of it
-    model_carries_sample: bool = True
-    # the consortium: a job naming a site outside ``peers`` (unless "any") or more than
-    # ``max_sites`` sites is refused.  Default "any" and 16: every honest example and experiment
-    # runs (p <= 10); a deployed site names its peers (fake sites are then strangers).
-    peers: tuple = ANY_PEER
-    max_sites: int = 16
-    # [budget]
-    domain_models_per_job: int = 3
-    dc_evaluations_per_job: int = 5000
-    domain_models_per_day: int = 10
-    dc_evaluations_per_day: int = 50000
-    ledger: str = ""
-    audit_log: str = ""
-    # [dp]
-    dp_enabled: bool = False
-    epsilon_per_job: float = 1.0
-    epsilon_lifetime: float = 10.0
-    delta: float = 1e-6
-    dp_dc_evaluations: int = 40
-    loss_clip: float = 10.0
-    ratio_clip: float = 10.0
-    # [harm] the site's verdict on the combined model (msa_fed/core/harm.py)
-    harm_tolerance: float = 4.0
-    accept_harm: bool = True
-    # [verify] (msa_fed/privacy/verify.py)
-    verify_domain_models: bool = True
-    mu_max: float = 10.0
-    verify_tolerance: float = 0.01
+    min_points: int = limits(MIN_POINTS, "never aggregate over fewer labelled / unlabelled points", Integer(1), "raise")
+    min_effective_points: float = limits(
+        8.0, "every returned sum: effective sample size >= this (by clipping)", _positive(), "raise"
+    )
+    max_point_share: float = limits(
+        0.25, "every returned sum: one point's share <= this (by clipping)", Number(0, 1, open_low=True), "lower"
+    )
+    weight_floor: float = limits(0.05, 'density ratio below which a weight is "small influence"', Number(0), "raise")
+    mu_min: float = limits(1e-4, "|W|^2 <= log p / mu_min for a Maxent domain model", _positive(), "raise")
+    eta_min: float = limits(1e-3, "smoothing: eta >= eta_min", _positive(), "raise")
+    scale_floor: float = limits(0.1, "standardisation scales >= scale_floor * the site's own std", _positive(), "raise")
+    mean_bound: float = limits(
+        10.0, "|mean - site mean| <= mean_bound * site std (standard, rff)", _positive(), "lower"
+    )
+    max_thresholds: int = limits(1000, '"threshold" map: at most this many thresholds', Integer(1), "lower")
+    max_components: int = limits(5000, '"rff" map: at most this many components', Integer(1), "lower")
+    rff_gamma_max: float = limits(100.0, '"rff" map: mean W^2 / 2 <= rff_gamma_max', _positive(), "lower")
+    kde_bandwidth_floor: float = limits(1e-3, "KDE bandwidths >= floor * the site's feature std", _positive(), "raise")
+    feature_maps: tuple = limits(FEATURE_MAPS, "feature maps a domain model may use", _Names(FEATURE_MAPS), "narrow")
+    allow_custom_feature_map: bool = limits(
+        True, "in-process callers only (same party); never under Ray", Flag(), "turn off"
+    )
+    model_carries_sample: bool = limits(
+        True,
+        "the combined model may carry rows of the published sample (target checks)",
+        Flag(),
+        "turn off",
+    )
+    # a job naming a site outside ``peers`` (unless "any") or more than ``max_sites`` sites is
+    # refused; every honest example runs (p <= 10); a deployed site names its peers
+    peers: tuple = limits(ANY_PEER, 'the sites this site federates with (names), or ["any"]', _Names())
+    max_sites: int = limits(16, "the largest number of sites (p) of a job this site serves", Integer(2), "lower")
+    domain_models_per_job: int = budget(3, "distinct domain models a job may set", Integer(1))
+    dc_evaluations_per_job: int = budget(5000, "loss evaluations (one per solver step) a job may ask", Integer(1))
+    domain_models_per_day: int = budget(10, "rolling 24 hours, all jobs", Integer(1))
+    dc_evaluations_per_day: int = budget(50000, "rolling 24 hours, all jobs", Integer(1))
+    ledger: str = budget("", 'SQLite file of the query ledger ("" = in memory)', Text(), None)
+    audit_log: str = budget("", 'JSON-lines audit log ("" = kept in memory)', Text(), None)
+    dp_enabled: bool = option(
+        False,
+        "answer with calibrated Gaussian noise (differential privacy)",
+        Flag(),
+        section="dp",
+        key="enabled",
+        job="turn on",
+    )
+    epsilon_per_job: float = option(1.0, "privacy loss one job may spend", _positive(), section="dp", job="lower")
+    epsilon_lifetime: float = option(10.0, "privacy loss all jobs together may spend, ever", _positive(), section="dp")
+    delta: float = option(
+        1e-6, "the delta of every (epsilon, delta) guarantee", _positive(1), section="dp", job="lower"
+    )
+    dp_dc_evaluations: int = option(
+        40,
+        "DC answers planned per job; with the verdict's one answer, reserved for it, the noise is calibrated for them",
+        Integer(1),
+        section="dp",
+        key="dc_evaluations",
+        job="lower",
+    )
+    loss_clip: float = option(10.0, "per-point loss clipped to [0, loss_clip]", _positive(), section="dp", job="lower")
+    ratio_clip: float = option(
+        10.0, "density ratio q_k = Q(k|x) / Qhat(k) clipped to ratio_clip", _positive(), section="dp", job="lower"
+    )
+    # the site's verdict on the combined model (msa_fed/core/harm.py)
+    harm_tolerance: float = option(
+        4.0,
+        "harmed: model's loss on own data > own predictor's + tolerance x max(own, 0.25)",
+        Number(0),
+        section="harm",
+        key="tolerance",
+    )
+    accept_harm: bool = option(
+        True,
+        "false: the site does not sign off a model that harms it (disputed)",
+        Flag(),
+        section="harm",
+        key="accept",
+    )
+    # msa_fed/privacy/verify.py
+    verify_domain_models: bool = option(
+        True,
+        "recompute the domain model from the published samples",
+        Flag(),
+        section="verify",
+        key="domain_models",
+        job="turn on",
+    )
+    mu_max: float = option(
+        10.0, "a Maxent model's mu must lie in [mu_min, mu_max]", _positive(), section="verify", job="lower"
+    )
+    verify_tolerance: float = option(
+        0.01,
+        "largest log-odds deviation from the public optimum",
+        _positive(),
+        section="verify",
+        key="tolerance",
+        job="lower",
+    )
 
     def __post_init__(self):
-        for name in ("feature_maps", "peers"):  # lists from a caller: kept as tuples (hashable, frozen)
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
         validate(self)
 
     def as_dict(self) -> dict:
@@ -140,185 +182,42 @@ class SitePolicy:
         return self.peers == ANY_PEER or site in self.peers
 
 
-#: file section -> {key in the file: field name}
-SECTIONS: dict[str, dict[str, str]] = {
-    "limits": {
-        k: k
-        for k in (
-            "min_points",
-            "min_effective_points",
-            "max_point_share",
-            "weight_floor",
-            "mu_min",
-            "eta_min",
-            "scale_floor",
-            "mean_bound",
-            "max_thresholds",
-            "max_components",
-            "rff_gamma_max",
-            "kde_bandwidth_floor",
-            "feature_maps",
-            "allow_custom_feature_map",
-            "model_carries_sample",
-            "peers",
-            "max_sites",
-        )
-    },
-    "budget": {
-        k: k
-        for k in (
-            "domain_models_per_job",
-            "dc_evaluations_per_job",
-            "domain_models_per_day",
-            "dc_evaluations_per_day",
-            "ledger",
-            "audit_log",
-        )
-    },
-    "dp": {
-        "enabled": "dp_enabled",
-        "epsilon_per_job": "epsilon_per_job",
-        "epsilon_lifetime": "epsilon_lifetime",
-        "delta": "delta",
-        "dc_evaluations": "dp_dc_evaluations",
-        "loss_clip": "loss_clip",
-        "ratio_clip": "ratio_clip",
-    },
-    "harm": {"tolerance": "harm_tolerance", "accept": "accept_harm"},
-    "verify": {"domain_models": "verify_domain_models", "mu_max": "mu_max", "tolerance": "verify_tolerance"},
-}
+def declared(cls: type) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """From the fields' declarations: {file table: {key in the file: field name}} and
+    {field name: what a job may do with it}."""
+    sections: dict[str, dict[str, str]] = {}
+    for f in fields(cls):
+        sections.setdefault(option_meta(f, "section"), {})[option_meta(f, "key") or f.name] = f.name
+    return sections, {f.name: option_meta(f, "job") for f in fields(cls) if option_meta(f, "job")}
 
-_INTS = {
-    "min_points",
-    "max_sites",
-    "max_thresholds",
-    "max_components",
-    "domain_models_per_job",
-    "dc_evaluations_per_job",
-    "domain_models_per_day",
-    "dc_evaluations_per_day",
-    "dp_dc_evaluations",
-}
-_BOOLS = {"allow_custom_feature_map", "model_carries_sample", "dp_enabled", "verify_domain_models", "accept_harm"}
-_STRS = {"ledger", "audit_log"}
-#: numbers where a larger value is stricter (the rest of the numbers: smaller is stricter)
-HIGHER_IS_STRICTER = {
-    "min_points",
-    "min_effective_points",
-    "weight_floor",
-    "mu_min",
-    "eta_min",
-    "scale_floor",
-    "kde_bandwidth_floor",
-}
-LOWER_IS_STRICTER = {
-    "max_point_share",
-    "max_sites",
-    "mean_bound",
-    "max_thresholds",
-    "max_components",
-    "rff_gamma_max",
-    "domain_models_per_job",
-    "dc_evaluations_per_job",
-    "domain_models_per_day",
-    "dc_evaluations_per_day",
-    "epsilon_per_job",
-    "epsilon_lifetime",
-    "delta",
-    "dp_dc_evaluations",
-    "loss_clip",
-    "ratio_clip",
-    "mu_max",
-    "verify_tolerance",
-}
+
 #: what a job may ask for (stricter values only); files, DP planning and lifetime stay the site's
-JOB_KEYS = (
-    HIGHER_IS_STRICTER
-    | LOWER_IS_STRICTER
-    | {"feature_maps", "allow_custom_feature_map", "model_carries_sample", "dp_enabled"}
-) - {"epsilon_lifetime"}
+SECTIONS, JOB_RULES = declared(SitePolicy)
+_TIGHTEN: dict[str, Callable[[Any, Any], Any]] = {
+    "raise": max,
+    "lower": min,
+    "narrow": lambda current, asked: tuple(v for v in current if v in set(asked)),
+    "turn off": lambda current, asked: current and asked,
+    "turn on": lambda current, asked: current or asked,
+}
 
 
-#: a job may turn verification on (never off)
-JOB_KEYS = JOB_KEYS | {"verify_domain_models"}
-
-
-def _check_type(name: str, value):
-    if name in _BOOLS:
-        if not isinstance(value, bool):
-            raise ConfigError(f"site policy: {name} must be true or false; got {value!r}")
-    elif name in _STRS:
-        if not isinstance(value, str):
-            raise ConfigError(f"site policy: {name} must be a string; got {value!r}")
-    elif name == "peers":
-        if (
-            not isinstance(value, (list, tuple))
-            or not value
-            or not all(isinstance(v, str) and v for v in value)
-            or ("any" in value and len(value) > 1)
-        ):
-            raise ConfigError(f'site policy: peers must be a non-empty list of site names, or ["any"]; got {value!r}')
-    elif name == "feature_maps":
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"site policy: feature_maps must be a list of names; got {value!r}")
-        unknown = [v for v in value if v not in FEATURE_MAPS]
-        if unknown:
-            raise ConfigError(f"site policy: feature_maps: unknown map(s) {unknown}; known: {list(FEATURE_MAPS)}")
-    elif name in _INTS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"site policy: {name} must be an integer; got {value!r}")
-    else:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"site policy: {name} must be a finite number; got {value!r}")
+def _checked(name: str, value: Any) -> Any:
+    """``value`` checked and normalised for field ``name``; ConfigError "site policy: name must be ..."."""
+    try:
+        return check_value(SitePolicy, name, value, _WHERE)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate(policy: SitePolicy) -> SitePolicy:
-    for f in fields(policy):
-        _check_type(f.name, getattr(policy, f.name))
-    positive = [
-        "min_effective_points",
-        "mu_min",
-        "eta_min",
-        "scale_floor",
-        "mean_bound",
-        "rff_gamma_max",
-        "kde_bandwidth_floor",
-        "epsilon_per_job",
-        "epsilon_lifetime",
-        "delta",
-        "loss_clip",
-        "ratio_clip",
-        "mu_max",
-        "verify_tolerance",
-    ]
-    for name in positive:
-        if not getattr(policy, name) > 0:
-            raise ConfigError(f"site policy: {name} must be > 0; got {getattr(policy, name)!r}")
-    if policy.max_sites < 2:
-        raise ConfigError(f"site policy: max_sites must be >= 2 (a job has two sites); got {policy.max_sites!r}")
-    at_least_one = [
-        "min_points",
-        "max_thresholds",
-        "max_components",
-        "domain_models_per_job",
-        "dc_evaluations_per_job",
-        "domain_models_per_day",
-        "dc_evaluations_per_day",
-        "dp_dc_evaluations",
-    ]
-    for name in at_least_one:
-        if getattr(policy, name) < 1:
-            raise ConfigError(f"site policy: {name} must be >= 1; got {getattr(policy, name)!r}")
-    if not 0 < policy.max_point_share <= 1:
-        raise ConfigError(f"site policy: max_point_share must be in (0, 1]; got {policy.max_point_share!r}")
-    if policy.harm_tolerance < 0:
-        raise ConfigError(f"site policy: harm_tolerance must be >= 0; got {policy.harm_tolerance!r}")
-    if policy.weight_floor < 0:
-        raise ConfigError(f"site policy: weight_floor must be >= 0; got {policy.weight_floor!r}")
+    """Every field checked and normalised (lists kept as tuples), then the rules between fields."""
+    try:
+        normalise(policy, _WHERE)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     if policy.mu_max < policy.mu_min:
         raise ConfigError(f"site policy: mu_max ({policy.mu_max!r}) is below mu_min ({policy.mu_min!r})")
-    if not policy.delta < 1:
-        raise ConfigError(f"site policy: delta must be < 1; got {policy.delta!r}")
     if policy.epsilon_per_job > policy.epsilon_lifetime:
         raise ConfigError(
             f"site policy: epsilon_per_job ({policy.epsilon_per_job}) exceeds epsilon_lifetime "
@@ -328,7 +227,7 @@ def validate(policy: SitePolicy) -> SitePolicy:
 
 
 def policy_from_mapping(doc: Mapping[str, Any], source: str = "site policy") -> SitePolicy:
-    """A policy from the parsed TOML document (sections as in the module docstring)."""
+    """A policy from the parsed TOML document (tables and keys as declared on :class:`SitePolicy`)."""
     values: dict[str, Any] = {}
     for section, body in doc.items():
         if section not in SECTIONS:
@@ -341,8 +240,7 @@ def policy_from_mapping(doc: Mapping[str, Any], source: str = "site policy") -> 
                     f"{source}: unknown key {key!r} in [{section}]; expected some of {sorted(SECTIONS[section])}"
                 )
             name = SECTIONS[section][key]
-            _check_type(name, value)
-            values[name] = tuple(value) if name in ("feature_maps", "peers") else value
+            values[name] = _checked(name, value)
     return SitePolicy(**values)
 
 
@@ -377,25 +275,20 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
         return policy
     req = job_request.as_dict() if isinstance(job_request, SitePolicy) else dict(job_request)
     if isinstance(job_request, SitePolicy):  # a whole policy object: only its tightenings count
-        req = {k: v for k, v in req.items() if k in JOB_KEYS}
+        req = {k: v for k, v in req.items() if k in JOB_RULES}
     changes: dict[str, Any] = {}
     for key, value in req.items():
-        if key not in JOB_KEYS:
+        if key not in JOB_RULES:
             raise ConfigError(
-                f"job privacy request: {key!r} cannot be set by a job; it may set some of {sorted(JOB_KEYS)}"
+                f"job privacy request: {key!r} cannot be set by a job; it may set some of {sorted(JOB_RULES)}"
             )
-        _check_type(key, value)
-        current = getattr(policy, key)
-        if key in HIGHER_IS_STRICTER:
-            changes[key] = type(current)(max(current, value))
-        elif key in LOWER_IS_STRICTER:
-            changes[key] = type(current)(min(current, value))
-        elif key == "feature_maps":
-            changes[key] = tuple(v for v in current if v in set(value))
-        elif key in ("allow_custom_feature_map", "model_carries_sample"):
-            changes[key] = current and value
-        elif key in ("dp_enabled", "verify_domain_models"):
-            changes[key] = current or value
+        try:
+            value = check_value(SitePolicy, key, value, "job privacy request: ")
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+        except ValueError:  # the right type, out of range: the stricter of it and the site's value is checked below
+            pass
+        changes[key] = _TIGHTEN[JOB_RULES[key]](getattr(policy, key), value)
     if not changes:
         return policy
     out = replace(policy, **changes)
@@ -405,7 +298,7 @@ def tighten(policy: SitePolicy, job_request: Mapping[str, Any] | SitePolicy | No
 
 
 __all__ = [
-    "JOB_KEYS",
+    "JOB_RULES",
     "POLICY_ENV",
     "SitePolicy",
     "load_policy",

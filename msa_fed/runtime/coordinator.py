@@ -568,20 +568,16 @@ class DistributedOracle:
 
     def evaluate_batch(self, zs, eta, what, global_bound=None) -> list[DCSums]:
         """The sums at each row of ``zs`` (m, p): one request per site for all of them (the
-        influence analysis's re-solves, in lockstep); each site's answer checked per z."""
+        influence analysis's re-solves, in lockstep); each site's answer checked row by row
+        (:meth:`AnswerChecker.dc_partials_batch`), the sites' rows added as whole arrays."""
         zs = np.asarray(zs, dtype=np.float64)
         msg = m.DCRequest(z=zs, eta=float(eta), what=tuple(what), global_bound=global_bound)
         parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
         if self.on_parts is not None:
             self.on_parts(parts)
-        per_site = [batch_rows(r.sums) for r in parts]
-        out = []
-        for row, z in enumerate(zs):
-            got = [m.DCPartial(sums=rows[row], epsilon=r.epsilon) for rows, r in zip(per_site, parts)]
-            if self.checker is not None:
-                self.checker.dc_partials(got, z, msg.eta, msg.what)
-            out.append(sum_all(g.sums for g in got))
-        return out
+        if self.checker is not None:
+            self.checker.dc_partials_batch(parts, zs, msg.eta, msg.what)
+        return batch_rows(sum_all(r.sums for r in parts))
 
     def max_bound(self) -> float:
         parts = self.backend.call_all("max_bound", [None] * self.n_sources)

@@ -112,6 +112,106 @@ class AnswerChecker:
             if sums.L is not None and sums.dL is not None:
                 self._along_path(s, z, float(eta), np.asarray(sums.L), np.asarray(sums.dL))
 
+    def dc_partials_batch(self, parts, zs, eta: float, what) -> None:
+        """Check each site's answer to a batched request (zs (m, p): each answer's arrays have
+        one row per z), as :meth:`dc_partials` would checking the rows one after another (the
+        same rows refused, with the same message), in a few vector operations per site."""
+        zs = np.atleast_2d(np.asarray(zs, dtype=np.float64))
+        first: tuple[int, int, str] | None = None  # (row, site, why) of the first refusal
+        for s, r in enumerate(parts):
+            if float(getattr(r, "epsilon", 0.0) or 0.0) > 0 or (self.mass is not None and self._dp[s]):
+                continue
+            found = self._batch_one(s, r.sums, zs, float(eta), tuple(what))
+            if found is not None and (first is None or found[0] < first[0]):
+                first = (found[0], s, found[1])
+        if first is not None:
+            raise self._fault(first[1], "dc_evaluate", first[2])
+
+    def _batch_one(self, s: int, sums: DCSums, zs: np.ndarray, eta: float, what: tuple) -> tuple[int, str] | None:
+        """(row, why) of the first row of site s's batched answer that the row-by-row check
+        refuses (its checks in their order); None: every row is kept, as that check keeps them."""
+        m = zs.shape[0]
+        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in sums.arrays().items()}
+        L = arrays.get("L")
+        why: dict[int, str] = {}  # rows refused before the path check: bounds, then repeats
+        if L is not None:
+            if self.loss == "cross_entropy" and self.mass is not None:
+                top = self.mass[s] * -np.log(PROB_FLOOR)
+                ks = np.argmax(L - top[None, :], axis=1)
+                for r in np.flatnonzero(L[np.arange(m), ks] > top[ks] * (1 + 1e-9) + ATOL).tolist():
+                    k = int(ks[r])
+                    why[r] = f"loss {L[r, k]:.6g} for domain {k}, above its bound {top[k]:.6g} on the site's mass"
+            for r in np.flatnonzero(np.any(L < -ATOL, axis=1)).tolist():
+                why[r] = "a negative loss"  # checked first, row by row
+        seen = self._seen[s]
+        keys = [(zs[i].tobytes(), eta, what) for i in range(m)]
+        batch: dict[tuple, int] = {}  # a z asked twice in the batch: its earlier row
+        for i in range(min(why, default=m)):
+            j = batch.setdefault(keys[i], i)
+            before = seen.get(keys[i]) if j == i else {n: arr[j] for n, arr in arrays.items()}
+            if before is None:
+                continue
+            changed = [
+                n
+                for n, arr in arrays.items()
+                if n in before and not np.allclose(arr[i], before[n], rtol=1e-9, atol=ATOL)
+            ]
+            if changed:
+                why[i] = f"two different {changed[0]} for the same z"
+                break
+        stop = min(why, default=m)  # the rows before it pass the checks before the path check
+        if L is not None and "dL" in arrays and stop > 0:
+            found = self._path_batch(s, zs[:stop], eta, L[:stop], arrays["dL"][:stop])
+            if found is not None:
+                return found
+        if stop < m:
+            return stop, why[stop]
+        for i in range(m):
+            seen[keys[i]] = {k: v[i].copy() for k, v in arrays.items()}
+        return None
+
+    def _path_batch(self, s: int, zs: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> tuple[int, str] | None:
+        """:meth:`_along_path` for rows (zs, L, dL) one after another, each compared with the
+        ring's entries and the rows before it that a row-by-row check would hold (the last
+        :data:`PATH_MEMORY`): (row, why) of the first row refused, or None (the rows are added)."""
+        m, q = zs.shape
+        ring = self._path[s]
+        if ring is None:
+            ring = self._path[s] = _PathRing(q, L.shape[1])
+        if not (L.shape == (m, ring.k) and dL.shape == (m, ring.k, ring.q) and q == ring.q):
+            return 0, "its losses or gradients changed shape along the solver's path"
+        order = (ring.slot - ring.count + np.arange(ring.count)) % PATH_MEMORY
+        R = order.size
+        Zc = np.concatenate([ring.Z[order], zs])  # every candidate, oldest first
+        Lc = np.concatenate([ring.L[order], L])
+        dLc = np.concatenate([ring.dL[order], dL])
+        etac = np.concatenate([ring.eta[order], np.full(m, eta)])
+        c = np.arange(R + m)[None, :]
+        i = np.arange(m)[:, None]
+        held = (c < R + i) & (c >= R + i - PATH_MEMORY)  # what the ring holds when row i comes
+        near = held & (etac[None, :] == eta) & (np.abs(zs[:, None, :] - Zc[None, :, :]).max(axis=2) <= PATH_STEP)
+        rows, cols = np.nonzero(near)  # row-major: by row, then oldest first
+        if rows.size:
+            dz = zs[rows] - Zc[cols]
+            d1 = np.einsum("nkj,nj->nk", dLc[cols], dz)
+            d2 = np.einsum("nkj,nj->nk", dL[rows], dz)
+            predicted = 0.5 * (d1 + d2)
+            slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (
+                np.abs(L[rows]) + np.abs(Lc[cols])
+            )
+            bad = np.abs((L[rows] - Lc[cols]) - predicted) > slack + ATOL
+            hit = np.flatnonzero(bad.any(axis=1))
+            if hit.size:
+                n = int(hit[0])  # the first row refused, against its oldest disagreeing entry
+                r, k = int(rows[n]), int(np.argmax(bad[n]))
+                return r, (
+                    f"its losses disagree with its gradients along the solver's path (domain {k}: "
+                    f"change {L[r, k] - Lc[cols[n], k]:.6g}, gradients say {predicted[n, k]:.6g})"
+                )
+        for r in range(m):
+            ring.add(zs[r], eta, L[r], dL[r])
+        return None
+
     def _bounds(self, s: int, sums: DCSums) -> None:
         if sums.L is None:
             return

@@ -102,17 +102,22 @@ def subgraph_leak(location):
     return model_of(nodes, [X_IN], [Y_OUT], [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
 
 
+def calling(f, output=Y_OUT):
+    """A model whose graph is one call of the local function ``f`` (X -> y)."""
+    return model_of(
+        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
+        [X_IN],
+        [output],
+        functions=[f],
+        opsets=(("", 17), ("org.local", 1)),
+    )
+
+
 def function_leak(location):
     f = helper.make_function(
         "org.local", "leak", ["X"], ["y"], gather_leak_nodes(location), [helper.make_opsetid("", 17)]
     )
-    return model_of(
-        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
-        [X_IN],
-        [Y_OUT],
-        functions=[f],
-        opsets=(("", 17), ("org.local", 1)),
-    )
+    return calling(f)
 
 
 def sparse_initializer_leak(location):
@@ -137,13 +142,7 @@ def function_default_leak(location):
     )
     default = helper.make_attribute("w", leaking_sparse(location))
     f.attribute_proto.append(default)
-    return model_of(
-        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
-        [X_IN],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-        functions=[f],
-        opsets=(("", 17), ("org.local", 1)),
-    )
+    return calling(f, helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3]))
 
 
 def nested_leak(location):
@@ -153,13 +152,7 @@ def nested_leak(location):
     f.node.insert(
         0, helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.0, np.float32)))
     )
-    return model_of(
-        [helper.make_node("leak", ["X"], ["y"], domain="org.local")],
-        [X_IN],
-        [Y_OUT],
-        functions=[f],
-        opsets=(("", 17), ("org.local", 1)),
-    )
+    return calling(f)
 
 
 def ep_context_leak(location):

@@ -252,6 +252,22 @@ def test_tied_probabilities_give_the_first_class(tmp_path):
     assert np.all(label == 0) and np.all(model.predict(X) == 0)
 
 
+def with_predictors(model, predictors, classes):
+    """A 3-feature DMSA classifier: ``model``'s domain model, Qhat and z over other ``predictors``."""
+    return CombinedModel(
+        method="dmsa",
+        task="classification",
+        site_names=model.site_names,
+        domain_model=model.domain_model,
+        qhat=model.qhat,
+        z=model.z,
+        eta=model.eta,
+        predictors=predictors,
+        n_features=3,
+        classes=classes,
+    )
+
+
 def test_string_labels_and_metadata(models, tmp_path):
     model, pooled = models["standard", "classification"]
     named = CombinedModel(
@@ -291,18 +307,7 @@ def test_string_labels_and_metadata(models, tmp_path):
         h_names.append(
             OnnxClassifier(h.data, h.kind, h.n_features_in_, sha256=h.sha256, classes=[str(c) for c in h.classes_])
         )
-    lettered = CombinedModel(
-        method="dmsa",
-        task="classification",
-        site_names=model.site_names,
-        domain_model=model.domain_model,
-        qhat=model.qhat,
-        z=model.z,
-        eta=model.eta,
-        predictors=h_names,
-        n_features=3,
-        classes=["0", "1", "2"],
-    )
+    lettered = with_predictors(model, h_names, ["0", "1", "2"])
     label = run_graph(lettered.to_onnx("float64"), pooled)[1]
     assert label.dtype == object and list(label) == list(lettered.predict(pooled))
 
@@ -341,18 +346,7 @@ def test_a_misbehaving_predictor_is_caught_on_the_fast_path(models):
     )
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
     bad = OnnxClassifier(data, "probabilities", 3, classes=[0, 1])
-    mixed = CombinedModel(
-        method="dmsa",
-        task="classification",
-        site_names=model.site_names,
-        domain_model=model.domain_model,
-        qhat=model.qhat,
-        z=model.z,
-        eta=model.eta,
-        predictors=[model.predictors[0], bad, model.predictors[2]],
-        n_features=3,
-        classes=[0, 1, 2],
-    )
+    mixed = with_predictors(model, [model.predictors[0], bad, model.predictors[2]], [0, 1, 2])
     ok_rows = np.clip(pooled, -5, 5)
     np.testing.assert_allclose(mixed.predict_proba(ok_rows), reference(mixed, ok_rows), rtol=1e-12, atol=1e-9)
     assert mixed._graph_session() is not None

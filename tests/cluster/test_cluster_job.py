@@ -296,7 +296,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
                 ],
                 env=env,
             )
-            wait_for(lambda: joined(name), 120, f"the node of site {name}")
+            wait_for(lambda: joined(name), 300, f"the node of site {name}")
         intruder = subprocess.run(
             [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"],
             capture_output=True,

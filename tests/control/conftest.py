@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, SqliteStore
-
-STORE_KINDS = ["memory", "sqlite"]
-
-
-def open_store(kind: str, tmp_path):
-    if kind == "memory":
-        return MemoryStore()
-    return SqliteStore(tmp_path / "registry.db")
-
-
-@pytest.fixture(params=STORE_KINDS)
-def store(request, tmp_path):
-    s = open_store(request.param, tmp_path)
-    yield s
-    s.close()
+from registry_fixtures import connect, registry, server, store  # noqa: F401 - the shared fixtures
 
 
 @pytest.fixture
-def registry(store):
-    return Registry(store)
-
-
-@pytest.fixture
-def tokens(registry):
+def tokens(registry):  # noqa: F811 - the shared fixture, requested
     """Tokens of sites 'a' and 'b' and of the admin."""
     return {
         "a": registry.issue_token("site", "a"),
@@ -38,22 +17,16 @@ def tokens(registry):
 
 
 @pytest.fixture
-def server(registry):
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=16) as srv:
-        yield srv
+def run(capsys, monkeypatch):
+    """``run(*argv)`` -> (exit status, stdout, stderr) of ``msa-fed`` in-process, with the control
+    plane's commands alone (isolated from the other subsystems' commands and their import time)."""
+    import msa_fed.cli as top_cli
 
+    monkeypatch.setattr(top_cli, "_SUBSYSTEMS", ("msa_fed.control.cli",))
 
-@pytest.fixture
-def connect(server):
-    """``connect(token)`` -> a plaintext loopback client of ``server`` (closed at teardown)."""
-    clients = []
+    def invoke(*argv):
+        rc = top_cli.main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
 
-    def make(token, **kwargs):
-        kwargs.setdefault("retries", 0)
-        c = RegistryClient(server.address, token, insecure=True, **kwargs)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
+    return invoke

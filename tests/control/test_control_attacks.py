@@ -41,9 +41,12 @@ from msa_fed.control.public import RETRY_AFTER_KEY
 from msa_fed.errors import RegistryError
 
 REPO = Path(__file__).resolve().parents[2]
-# The claim under test: honest small RPCs answer within this while a site floods uploads.
-# Generous against a loaded machine: unhardened, the same calls waited past 5 s.
-ANSWER_WITHIN_S = 1.0
+# The claim under test: honest small RPCs answer while a site floods the server.  An honest call
+# starved by the flood waits until the server cuts the attacker's calls off (CUT_S, the idle or
+# read timeout the floods below run into), so it answers within half of that or not at all: the
+# bound is tied to the attack, not to this machine's speed (a loaded machine measured 1.6 s).
+CUT_S = 6.0
+ANSWER_WITHIN_S = CUT_S / 2
 SECRET = b"mft1.admin.admin.Zk9rT2xH3vQ8sN1pW4cY7uB0eJ6mD5aX"
 
 
@@ -81,7 +84,7 @@ def future_code(future) -> grpc.StatusCode:
 def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, attackers):
     store = SqliteStore(tmp_path / "r.db")
     # a small probe charge, so that the stream slots (not the in-flight budget) are what bounds the flood
-    registry = Registry(store, Limits(transfer_idle_s=4.0, probe_memory_bytes=2**20))
+    registry = Registry(store, Limits(transfer_idle_s=CUT_S, probe_memory_bytes=2**20))
     evil = [registry.issue_token("site", f"evil-{i}") for i in range(attackers)]
     honest_token = registry.issue_token("site", "honest")
     release = threading.Event()
@@ -569,7 +572,7 @@ def half_open_call(channel, method: str, metadata, release: threading.Event):
 
 def test_calls_that_never_send_their_request_do_not_hold_the_workers():
     """Headers without a message, on unary methods: with and without a token, and on the health check."""
-    registry = Registry(MemoryStore(), Limits(request_read_s=2.0))
+    registry = Registry(MemoryStore(), Limits(request_read_s=CUT_S))
     evil_token = registry.issue_token("site", "evil")
     honest_token = registry.issue_token("site", "honest")
     release, stop = threading.Event(), threading.Event()

@@ -14,26 +14,7 @@ import numpy as np
 import pytest
 from control_helpers import linear_onnx, make_pki
 
-import msa_fed.cli as top_cli
 from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
-
-
-@pytest.fixture(autouse=True)
-def only_control_commands(monkeypatch):
-    """Isolate from the other subsystems' commands (and their import time)."""
-    monkeypatch.setattr(top_cli, "_SUBSYSTEMS", ("msa_fed.control.cli",))
-
-
-@pytest.fixture
-def run(capsys):
-    """``run(*argv)`` -> (exit status, stdout, stderr)."""
-
-    def invoke(*argv):
-        rc = top_cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return invoke
 
 
 @pytest.fixture

@@ -7,23 +7,7 @@ import pytest
 from control_helpers import linear_onnx
 from numpy.lib import format as npy
 
-import msa_fed.cli as top_cli
 from msa_fed.control import Registry, RegistryServer, SqliteStore
-
-
-@pytest.fixture(autouse=True)
-def only_control_commands(monkeypatch):
-    monkeypatch.setattr(top_cli, "_SUBSYSTEMS", ("msa_fed.control.cli",))
-
-
-@pytest.fixture
-def run(capsys):
-    def invoke(*argv):
-        rc = top_cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return invoke
 
 
 def one_error_line(rc, err, *fragments):
@@ -34,13 +18,15 @@ def one_error_line(rc, err, *fragments):
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(tmp_path, run):
     """A registry with site 'a' registered; yields (address, token, store)."""
     store = SqliteStore(tmp_path / "registry.db")
     registry = Registry(store)
     token = registry.issue_token("site", "a")
     with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        top_cli.main(["site", "register", "--registry", server.address, "--token", token, "--name", "a", "--insecure"])
+        assert (
+            run("site", "register", "--registry", server.address, "--token", token, "--name", "a", "--insecure")[0] == 0
+        )
         yield server.address, token, store
     store.close()
 

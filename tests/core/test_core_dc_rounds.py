@@ -159,6 +159,40 @@ def test_the_whole_solve_runs_on_one_blas_thread():
     assert seen and all(s == {1} for s in seen)
 
 
+def test_one_blas_thread_nests_and_restores_each_library_setting():
+    """``one_blas_thread``: every BLAS library loaded (numpy's and scipy's here) on one thread
+    inside, a nested use changes nothing, and each library gets its own setting back on the way
+    out, an exception's way too (3 and 2 here: a restore to one common value fails the test)."""
+    import scipy.linalg  # noqa: F401 - scipy's own BLAS library, loaded
+    from threadpoolctl import ThreadpoolController, threadpool_info
+
+    from msa_fed.core.threads import one_blas_thread
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    libs = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+    before = [lib.get_num_threads() for lib in libs]
+    try:
+        for lib, n in zip(libs, (3, 2, 2, 2)):
+            lib.set_num_threads(n)
+        outer = blas_threads()
+        assert len(outer) >= 1 and outer[0] == 3
+        with one_blas_thread():
+            assert set(blas_threads()) == {1}
+            with one_blas_thread():
+                assert set(blas_threads()) == {1}
+            assert set(blas_threads()) == {1}  # the inner use left the outer's limit in place
+        assert blas_threads() == outer
+        with pytest.raises(ZeroDivisionError), one_blas_thread():
+            assert set(blas_threads()) == {1}
+            _ = 1 / 0
+        assert blas_threads() == outer
+    finally:
+        for lib, n in zip(libs, before):
+            lib.set_num_threads(n)
+
+
 @pytest.mark.parametrize("objective", ["minmax", "regret"])
 def test_all_starts_runs_every_start_and_gives_the_restart_solution(objective):
     """``all_starts`` is the exhaustive solve: every start run to the end (the rounds of all of

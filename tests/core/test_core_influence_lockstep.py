@@ -24,6 +24,7 @@ class BatchingOracle(LocalOracle):
     def __init__(self, point_sets):
         super().__init__(point_sets)
         self.batches: list[int] = []
+        self.whats: set[tuple[str, ...]] = set()
         self.singles = 0
 
     def evaluate(self, z, eta, what, global_bound=None):
@@ -32,6 +33,7 @@ class BatchingOracle(LocalOracle):
 
     def evaluate_batch(self, zs, eta, what, global_bound=None):
         self.batches.append(len(zs))
+        self.whats.add(tuple(what))
         return [LocalOracle.evaluate(self, z, eta, what, global_bound) for z in zs]
 
 
@@ -43,12 +45,18 @@ def test_lockstep_gives_the_sequential_table_in_fewer_rounds(p):
     oracle.singles = 0
     table = influence_table(oracle, 0.01, res.z, res.losses, [f"s{k}" for k in range(p)])
     assert oracle.singles == 0  # every evaluation of the report went in a batch
+    assert oracle.whats == {("L", "dL")}  # no request for the losses alone at a re-solve's end
     # one after another, through a plain cache (the report as it was computed before)
     cached = CachedOracle(LocalOracle(sets))
     for j in range(p):
         zj, Lj = losses_without(cached, 0.01, res.z, j)
         np.testing.assert_allclose(table["z_without"][j], zj, atol=1e-9)
         np.testing.assert_allclose(table["loss_without"][j], Lj, atol=1e-9)
+    # each row's losses are those at its z (read from the re-solve's last evaluation, not asked again)
+    plain = LocalOracle(sets)
+    for j in range(p):
+        at = plain.evaluate(np.asarray(table["z_without"][j]), 0.01, ("L",)).array("L")
+        np.testing.assert_allclose(table["loss_without"][j], at, rtol=1e-12, atol=1e-12)
     assert table["rounds"] == len(oracle.batches) and max(oracle.batches) <= p
     assert table["evaluations"] == sum(oracle.batches) == cached.calls
     # the rounds are those of the longest re-solve, fewer than the evaluations of all of them

@@ -128,6 +128,20 @@ def test_knn_distance_matches_brute_force():
     assert_allclose(leave_one_out_distance(D, 2), np.sort(full, axis=1)[:, 1], atol=1e-7)
 
 
+def test_knn_distance_at_the_fit_reference_size_matches_brute_force():
+    """The size a fit's target reference uses (1000 rows per site, D = 5; on one BLAS thread),
+    scored in two blocks of rows (5000 points against 1000 reference rows)."""
+    rng = np.random.default_rng(5)
+    R, A = rng.normal(size=(1000, 5)), rng.normal(size=(5000, 5)) * 1.5
+    dist = np.vstack([np.linalg.norm(A[a : a + 500, None, :] - R[None, :, :], axis=2) for a in range(0, 5000, 500)])
+    for r in (1, 10):
+        brute = np.partition(dist, r - 1, axis=1)[:, r - 1]
+        assert_allclose(knn_distance(A, R, r), brute, rtol=1e-9, atol=1e-9)
+    full = np.linalg.norm(R[:, None, :] - R[None, :, :], axis=2)
+    np.fill_diagonal(full, np.inf)
+    assert_allclose(leave_one_out_distance(R, 10), np.sort(full, axis=1)[:, 9], rtol=1e-9, atol=1e-9)
+
+
 def test_leave_one_out_calibration_is_valid():
     # a new point of the same distribution is flagged at most alpha of the time (on average)
     rng = np.random.default_rng(7)

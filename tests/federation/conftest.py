@@ -20,3 +20,15 @@ def _worktree_on_path(request):
     if not parts or parts[0] != root:
         os.environ["PYTHONPATH"] = os.pathsep.join([root] + parts)
     yield
+
+
+@pytest.fixture(scope="module")
+def local_ray(request):
+    """A local Ray for the test module (2 CPUs; the resources of its ``RAY_RESOURCES``), shut down after it."""
+    import ray
+
+    from msa_fed.runtime.ray_actors import ensure_ray
+
+    ensure_ray(num_cpus=2, resources=getattr(request.module, "RAY_RESOURCES", None))
+    yield ray
+    ray.shutdown()

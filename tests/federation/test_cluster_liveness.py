@@ -21,18 +21,14 @@ from fedhelpers import fit_config, local_kwargs, site_files  # noqa: E402
 from msa_fed.core.domain_classifier import ClassifierConfig  # noqa: E402
 from msa_fed.errors import SiteError  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites  # noqa: E402
 from msa_fed.site.worker import SiteWorker  # noqa: E402
 
 NAMES = ("a", "b", "c")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2, resources={"site:a": 1, "site:b": 1, "site:c": 1})
-    yield ray
-    ray.shutdown()
+#: the local Ray of the ``local_ray`` fixture (conftest.py) carries each site's resource
+RAY_RESOURCES = {"site:a": 1, "site:b": 1, "site:c": 1}
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ from msa_fed.jobs.run import model_from_bytes, run_job  # noqa: E402
 from msa_fed.privacy.audit import AuditError, verify_log  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 ORDER = sorted(NAMES)  # a job takes the registered sites in name order
 
@@ -39,11 +38,8 @@ def files():
     return site_files()
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in NAMES})
-    yield ray
-    ray.shutdown()
+#: the local Ray of the ``local_ray`` fixture (conftest.py) carries each site's resource
+RAY_RESOURCES = {f"site:{n}": 1 for n in NAMES}
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,6 @@ from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.federated import FederatedSites, SiteUnreachable  # noqa: E402
 from msa_fed.runtime.local import LocalSites  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 NAMES = ("east", "north", "west")
 DCA = {"objective": "gamma", "method": "dca"}
@@ -52,13 +51,6 @@ DCA = {"objective": "gamma", "method": "dca"}
 @pytest.fixture(scope="module")
 def files():
     return site_files(NAMES, seed=1)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

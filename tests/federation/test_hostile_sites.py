@@ -39,7 +39,6 @@ from msa_fed.errors import PeerFault  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 HONEST = {"north": (0.0, 2.0), "east": (2.0, 0.0)}
 HOSTILE = {"slowpoke": "slow", "hog": "mem", "liar": "honest", "flipper": "flip"}
@@ -72,13 +71,6 @@ def _files() -> dict[str, SiteFiles]:
         onnx = hostile_from_sklearn(HOSTILE.get(name, "honest"), LogisticRegression().fit(Xtr, ytr))
         out[name] = SiteFiles(Xl, yl, Xu, onnx)
     return out
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,6 @@ from msa_fed.errors import PrivacyError
 from msa_fed.federation.local import LocalFederation
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import FederatedSites
-from msa_fed.runtime.ray_actors import ensure_ray
 
 ORDER = sorted(NAMES)
 
@@ -430,14 +429,6 @@ def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, file
 
 
 # ---------------------------------------------------------------------- a whole sealed job
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def _local_z(files):
     from msa_fed.core.config import ClassifierConfig
     from msa_fed.runtime.coordinator import Coordinator

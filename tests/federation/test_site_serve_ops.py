@@ -21,19 +21,11 @@ from fedhelpers import job_config, output_dir, site_files  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def files():
     return site_files()
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -1,46 +1,5 @@
-"""Fixtures of the operations tests: both stores, a registry with tokens, a real server on port 0."""
+"""Fixtures of the operations tests: both stores, a registry, a real server on port 0."""
 
 from __future__ import annotations
 
-import pytest
-
-from msa_fed.control import (
-    MemoryStore,
-    Registry,
-    RegistryClient,
-    RegistryServer,
-    SqliteStore,
-)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    s = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "registry.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def registry(store):
-    return Registry(store)
-
-
-@pytest.fixture
-def server(registry):
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=16) as srv:
-        yield srv
-
-
-@pytest.fixture
-def connect(server):
-    clients = []
-
-    def make(token, **kwargs):
-        kwargs.setdefault("retries", 0)
-        c = RegistryClient(server.address, token, insecure=True, **kwargs)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()
+from registry_fixtures import connect, registry, server, store  # noqa: F401 - the shared fixtures

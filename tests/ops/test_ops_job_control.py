@@ -1,6 +1,7 @@
 """`job cancel` and `job log` against a real server on port 0 (memory and SQLite stores): a
 cancelled job's relay calls are refused with who cancelled it, opening it again too, and a later
-run of the same job is served; a job's log keeps the driver's lines in order, within its limits."""
+run of the same job is served; a job's log keeps the driver's lines in order, within its limits, sent over
+one connection."""
 
 from __future__ import annotations
 
@@ -81,3 +82,36 @@ def test_a_jobs_log_stops_at_its_limit(registry):
     assert store.append_job_log("j", ["b", "c", "d"], 2.0, MAX_LOG_LINES) == (MAX_LOG_LINES, 2)
     lines, total, dropped = store.job_log("j", MAX_LOG_LINES - 2, 10)
     assert [(s, t) for s, _, t in lines] == [(MAX_LOG_LINES - 1, "a"), (MAX_LOG_LINES, "b")] and dropped == 2
+
+
+def test_the_jobs_log_is_sent_over_one_connection(admin, registry, connect, capsys):
+    """The driver's lines reach the job's log in batches, all over one connection to the registry
+    (not one per batch); a batch the registry refuses closes it and the next try opens a new one."""
+    from msa_fed.jobs.operations import JobLogSender, JobTracker
+
+    token, ops = admin
+    opened = []
+
+    def counting():
+        opened.append(connect(token))  # a real client of the real server, with its own channel
+        return opened[-1]
+
+    tracker = JobTracker(counting, "20260101-000000-aaaaaaaa", name="ward-study", topology="federated")
+    tracker.start(connect(token), ["east"])
+    with JobLogSender(counting, tracker, interval=3600) as sender:  # the batches are sent by hand here
+        for k in range(3):
+            print(f"round {k}")
+            sender.flush()
+        print("done")
+    lines, total, _ = ops.job_log("20260101-000000-aaaaaaaa")
+    assert [t for _, _, t in lines] == ["round 0", "round 1", "round 2", "done"] and total == 4
+    assert len(opened) == 1
+    # a batch refused (a job the registry does not know): the connection is dropped, the line kept
+    lost = JobTracker(counting, "20260101-000009-cccccccc")
+    lost.started = True
+    with JobLogSender(counting, lost, interval=3600) as sender:
+        print("kept")
+        sender.flush()
+        assert sender._client is None and sender._pending == ["kept"]
+    assert len(opened) == 3  # one for the refused batch, one for the last try at the end
+    capsys.readouterr()

@@ -85,17 +85,20 @@ def test_point_isolation_1d_as_filed_is_refused(dp):
     assert "theta_norm" in c.refusals
 
 
+#: every limit of the policy lifted: the attacks' own sanity checks (they do read the labels then)
+LOOSE = SitePolicy(
+    min_effective_points=1e-9,
+    max_point_share=1.0,
+    mu_min=1e-12,
+    eta_min=1e-300,
+    domain_models_per_job=10**6,
+    domain_models_per_day=10**6,
+)
+
+
 def test_point_isolation_1d_without_the_rules_recovers_every_label():
     """Sanity of the attack itself: with every limit lifted it reads all 60 labels."""
-    loose = SitePolicy(
-        min_effective_points=1e-9,
-        max_point_share=1.0,
-        mu_min=1e-12,
-        eta_min=1e-300,
-        domain_models_per_job=10**6,
-        domain_models_per_day=10**6,
-    )
-    worker, X, y = A.victim(1, policy=loose)
+    worker, X, y = A.victim(1, policy=LOOSE)
     _c, decoded = _isolation_1d(worker, X, y, coef=200.0, eta=1e-300, qhat_mode="half", inside_logit=100.0)
     assert A.score(decoded, y) == A.N
 
@@ -173,15 +176,7 @@ def test_differencing_2d_as_filed_is_refused(dp):
 
 
 def test_differencing_2d_without_the_rules_recovers_labels():
-    loose = SitePolicy(
-        min_effective_points=1e-9,
-        max_point_share=1.0,
-        mu_min=1e-12,
-        eta_min=1e-300,
-        domain_models_per_job=10**6,
-        domain_models_per_day=10**6,
-    )
-    worker, X, y = A.victim(2, policy=loose)
+    worker, X, y = A.victim(2, policy=LOOSE)
     _c, decoded = _differencing_2d(worker, X, y, scale_w=9e4, eta=1e-300)
     assert len(decoded) >= 25 and all(decoded[i] == y[i] for i in decoded)
 

@@ -49,7 +49,7 @@ def test_policy_file_is_validated_key_by_key(tmp_path):
         "[limits]\nmin_pionts = 5\n": "unknown key 'min_pionts' in \\[limits\\]",
         "[limit]\nmin_points = 5\n": "unknown section \\[limit\\]",
         '[limits]\nmin_points = "5"\n': "min_points must be an integer",
-        "[limits]\nmu_min = -1.0\n": "mu_min must be > 0",
+        "[limits]\nmu_min = -1.0\n": "mu_min must be a number > 0",
         '[limits]\nfeature_maps = ["pickle"]\n': "unknown map",
         "[dp]\nepsilon_per_job = 20.0\n": "exceeds epsilon_lifetime",
         "[limits\n": "unreadable",
@@ -508,7 +508,7 @@ def test_peers_and_max_sites_are_read_and_checked(tmp_path):
         ("[limits]\npeers = []\n", "peers must be"),
         ('[limits]\npeers = ["any", "a"]\n', "peers must be"),
         ('[limits]\npeers = "any"\n', "peers must be"),
-        ("[limits]\nmax_sites = 1\n", "max_sites must be >= 2"),
+        ("[limits]\nmax_sites = 1\n", "max_sites must be an integer >= 2"),
     ):
         (tmp_path / "p.toml").write_text(bad)
         with pytest.raises(ConfigError, match=msg):

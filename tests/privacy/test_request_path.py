@@ -141,3 +141,37 @@ def test_the_line_hash_is_sha256(tmp_path):
     log = AuditLog(str(tmp_path / "a.jsonl"))
     head = log.append({"x": 1})
     assert head == hashlib.sha256((tmp_path / "a.jsonl").read_bytes()[:-1]).hexdigest()
+
+
+def test_writers_chain_to_each_others_lines_in_any_order(tmp_path):
+    """Two writers of one log file and ledger (two jobs' workers on one node): a writer appending
+    again to the file as it left it chains to its own last line without reading the file back; a
+    writer that finds lines of another since chains to those and to their count.  Every order of
+    appends leaves one whole chain, its anchor the ledger's, its records in the order written."""
+    path = str(tmp_path / "a.jsonl")
+    ledger = Ledger(str(tmp_path / "l.sqlite"))
+    writers = {"a": AuditLog(path, ledger=ledger), "b": AuditLog(path, ledger=Ledger(str(tmp_path / "l.sqlite")))}
+    order = "aababbbaab"
+    for k, who in enumerate(order):
+        head = writers[who].append({"writer": who, "k": k}, [("dc_evaluation", 1)])
+        lines = (tmp_path / "a.jsonl").read_bytes().splitlines()
+        assert head == line_hash(lines[-1]) and len(lines) == k + 1
+        assert ledger.anchor(os.path.abspath(path)) == (k + 1, head)
+    summary = verify_log(path, ledger.anchor(os.path.abspath(path)))
+    assert summary["lines"] == len(order)
+    records = [json.loads(x) for x in (tmp_path / "a.jsonl").read_bytes().splitlines()]
+    assert [r["writer"] for r in records] == list(order) and [r["k"] for r in records] == list(range(len(order)))
+    assert ledger.job_count("", "dc_evaluation") == len(order)
+    # a line written behind a writer's back (here: by a third writer opened after it) is chained to
+    writers["c"] = AuditLog(path, ledger=ledger)
+    writers["c"].append({"writer": "c"})
+    writers["a"].append({"writer": "a"})
+    summary = verify_log(path, ledger.anchor(os.path.abspath(path)))
+    assert summary["lines"] == len(order) + 2
+    for w in writers.values():
+        w.close()
+    # the log as the writers left it opens again (its chain and anchor checked) and grows
+    again = AuditLog(path, ledger=ledger)
+    again.append({"writer": "again"})
+    assert verify_log(path, ledger.anchor(os.path.abspath(path)))["lines"] == len(order) + 3
+    again.close()

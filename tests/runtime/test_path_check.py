@@ -108,3 +108,93 @@ def test_answers_that_change_shape_are_implausible():
     odd = DCSums(L=np.append(s.L, 0.0), dL=np.vstack([s.dL, np.zeros(3)]), n=200)
     with pytest.raises(ImplausibleAnswer, match="changed shape"):
         ch.dc_partials([m.DCPartial(sums=odd)], z + 0.001, 0.01, ("L", "dL"))
+
+
+def outcome(ch: AnswerChecker, rows) -> str | None:
+    """Feed ``rows`` [(z, eta, [L per site], [dL per site])] to the checker one by one: the first
+    refusal's message (with the site it names), or None."""
+    for z, eta, Ls, dLs in rows:
+        parts = [m.DCPartial(sums=DCSums(L=L, dL=dL, n=500)) for L, dL in zip(Ls, dLs)]
+        try:
+            ch.dc_partials(parts, z, eta, ("L", "dL"))
+        except ImplausibleAnswer as err:
+            return f"{err.site}: {err}"
+    return None
+
+
+def batch_outcome(ch: AnswerChecker, rows) -> str | None:
+    """The same rows as one batched answer per site (what the influence report's rounds send)."""
+    eta = rows[0][1]
+    zs = np.stack([r[0] for r in rows])
+    parts = [
+        m.DCPartial(sums=DCSums(L=np.stack([r[2][s] for r in rows]), dL=np.stack([r[3][s] for r in rows]), n=500))
+        for s in range(len(rows[0][2]))
+    ]
+    try:
+        ch.dc_partials_batch(parts, zs, eta, ("L", "dL"))
+    except ImplausibleAnswer as err:
+        return f"{err.site}: {err}"
+    return None
+
+
+@pytest.mark.parametrize("p,seed", [(3, 3), (8, 4), (16, 5)])
+def test_a_batched_answer_is_checked_as_its_rows_one_by_one(p, seed):
+    """Two sites with real sums; after an honest history of random length, a batch of up to p
+    rows near it and near each other, some with a lie (a loss moved, a negative loss, a loss above
+    the site's bound, or another answer for a z answered before): the batched check refuses
+    exactly what the row-by-row check refuses, naming the same site with the same message, and
+    keeps what it keeps (the next batch is judged alike)."""
+    rng = np.random.default_rng(seed)
+    sets = [point_set(p, 200, seed), point_set(p, 150, seed + 100)]
+    eta = 0.01
+
+    def answer(z, lie=None, site=0):
+        Ls, dLs = [], []
+        for s, pts in enumerate(sets):
+            out = pts.evaluate(z, eta, what=("L", "dL"))
+            L, dL = np.array(out.L), np.array(out.dL)
+            if lie is not None and s == site:
+                L = lie(L)
+            Ls.append(L)
+            dLs.append(dL)
+        return (z, eta, Ls, dLs)
+
+    walk, z = [], rng.dirichlet(np.ones(p))  # one honest path; each trial starts with a prefix of it
+    for _ in range(pl.PATH_MEMORY + 12):  # the ring wraps around for the longer prefixes
+        z = np.abs(z + rng.normal(scale=0.005, size=p))
+        z /= z.sum()
+        walk.append(answer(z.copy()))
+    kinds = {"honest": 0, "refused": 0}
+    for trial in range(16):
+        row_ch = AnswerChecker(["a", "b"], [10, 10], "cross_entropy")
+        batch_ch = AnswerChecker(["a", "b"], [10, 10], "cross_entropy")
+        for ch in (row_ch, batch_ch):  # the bound on each site's mass is on in most trials
+            ch.mass = np.full((2, p), 0.5) if trial % 4 else None
+        history = walk[: int(rng.integers(1, len(walk) + 1))]
+        z = history[-1][0]
+        assert outcome(row_ch, history) is None and batch_outcome(batch_ch, history) is None
+        batch = []
+        for _ in range(int(rng.integers(1, p + 1))):
+            zi = np.abs(z + rng.normal(scale=0.01, size=p))
+            zi /= zi.sum()
+            lie, site = None, int(rng.integers(0, 2))
+            roll = rng.random()
+            if roll < 0.08:
+                lie = lambda L: L + 0.3  # noqa: E731
+            elif roll < 0.12:
+                lie = lambda L: np.where(np.arange(p) == 0, -1.0, L)  # noqa: E731
+            elif roll < 0.16:
+                lie = lambda L: L + 30.0  # noqa: E731  (above the mass bound where it is on)
+            elif roll < 0.2:
+                old = history[int(rng.integers(0, len(history)))]
+                batch.append((old[0], eta, [x * 1.01 for x in old[2]], old[3]))
+                continue
+            batch.append(answer(zi, lie, site))
+        want = outcome(row_ch, batch)
+        got = batch_outcome(batch_ch, batch)
+        assert got == want
+        kinds["refused" if want else "honest"] += 1
+        if want is None:  # both kept the batch: a following lie near it is judged alike
+            follow = [answer(batch[-1][0] + 0.0, lambda L: L * 1.3)]
+            assert batch_outcome(batch_ch, follow) == outcome(row_ch, follow)
+    assert kinds["honest"] >= 3 and kinds["refused"] >= 3
