@@ -18,14 +18,18 @@ site from 0.975 to 0.29 accuracy harmed it by 0.78 nats (3.1 x), within 5% of th
 maximum, and a smaller floor widens the honest ratios more (docs/DESIGN.md, "Each site's
 verdict").  Where the influence analysis re-solved the mixture without each
 site j (z^{-j}), the sites measure the combined model's loss at every z^{-j} in the same request.
-A harmed site k *accuses* j != k when it is no longer harmed at z^{-j}; site j is a *suspect*
-only when the accusation is corroborated: at least :data:`WITNESSES` harmed sites other than j
-accuse it (:func:`suspects`).  One site's verdict is only its own word: a hostile site can lie
-in it, or place labelled rows against a peer's rule so that it is honestly harmed by any model
-that serves that peer, and "k is harmed, not without j" then reads exactly as it would if j had
-harmed an honest k.  So a lone accusation names nobody (it is reported, and the harmed site can
-still refuse to sign the model off), while with one hostile site, two accusers include an honest
-one.  j's own claims never clear j.
+A harmed site k *accuses* j != k when it is no longer harmed at z^{-j}.  One site's verdict
+is only its own word: a hostile site can lie in it, or place labelled rows against a peer's rule
+so that it is honestly harmed by any model that serves that peer, and "k is harmed, not without
+j" then reads exactly as it would if j had harmed an honest k.  And an honest site's harm that a
+hostile site causes can go away without an honest peer too (the peer's predictor took the
+harmed site's region).  So site j is a *suspect* only when no single other site h accounts for
+the accusations against it: some accuser of j other than h is still harmed without h
+(:func:`suspects`).  With at most one hostile site, and no honest site harmed by the federation
+without it (the default tolerance's calibration), an honest site is never named: every honest
+accuser of an honest j also accuses the hostile site, which accounts for them all, its own word
+included.  A lone accusation names nobody (it is reported, and the harmed site can still refuse
+to sign the model off); j's own claims never clear j.
 """
 
 from __future__ import annotations
@@ -42,9 +46,8 @@ MIN_HARM = 0.01
 #: the tolerance is a multiple of the site's own predictor's loss, or of this when that is smaller
 #: (a near-perfect own predictor does not make every honest trade-off a harm)
 SCALE_FLOOR = 0.25
-#: the harmed sites other than j that must each accuse j before j is named: one site's verdict
-#: alone is its word against j's, and a hostile site can make it say anything
-WITNESSES = 2
+#: the head of the suspects' line (summary, report)
+SUSPECTS_HEAD = "suspects (accused by harmed sites that no single other site accounts for)"
 
 
 def point_losses(g: np.ndarray, loss: str, y: np.ndarray | None) -> np.ndarray:
@@ -110,8 +113,8 @@ def suspects(
 
     combined (p, 1 + p): row k, site k's measured loss at the model's z (column 0) and at each
     z^{-j} (column 1 + j);  own (p,), tolerance (p,).  A harmed site k accuses j != k when it is
-    not harmed at z^{-j}; j is a suspect when at least :data:`WITNESSES` harmed sites accuse it
-    (a lone accusation is one site's word: module docstring).  A site whose verdict carries DP
+    not harmed at z^{-j}; j is a suspect when for every other site h, some accuser of j other than
+    h does not accuse h (h hostile would not account for its harm; module docstring).  A site whose verdict carries DP
     noise (``noisy``) is not judged: its noise, not the model, can put it past its tolerance.
 
     ``without_sites`` (p, p), when given, decides instead: row k, site k's measured loss at the
@@ -136,7 +139,13 @@ def suspects(
         removed[names[k]] = [names[j] for j in by]
         for j in by:
             accusers[j].add(k)
-    return tuple(names[j] for j in range(p) if len(accusers[j]) >= WITNESSES), removed
+    accused = [set(removed.get(names[k], ())) for k in range(p)]  # accused[k]: whom k accuses
+
+    def accounted(j: int, h: int) -> bool:  # h hostile accounts for every accusation against j
+        return all(names[h] in accused[k] for k in accusers[j] if k != h)
+
+    named = [j for j in range(p) if accusers[j] and not any(accounted(j, h) for h in range(p) if h != j)]
+    return tuple(names[j] for j in named), removed
 
 
 def site_check(
@@ -153,7 +162,7 @@ def site_check(
     (combined - own), ``tolerance``, ``noisy`` (DP noise in the site's answer), ``harmed``,
     ``signs_off``, ``disputed`` (the sites that do not sign it off), ``suspects``,
     ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}), ``not_named``
-    (the sites some harmed site accuses, too few to name them: :func:`suspects`) and
+    (the sites some harmed site accuses that are not named: :func:`suspects`) and
     ``combined_without`` (p x p: site k's loss without site j, row k; absent without the
     influence analysis) and ``loss_without_site`` (p x p: site k's loss at the mixture re-solved
     without site j and its labelled points, row k; :func:`suspects`; present once a site was
@@ -207,12 +216,12 @@ def harm_lines(check: dict[str, Any]) -> list[str]:
         else:
             out.append(f"  {k}'s harm stays without any single site")
     shown = ", ".join(check["suspects"]) if check["suspects"] else "none"
-    out.append(f"  suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): {shown}")
+    out.append(f"  {SUSPECTS_HEAD}: {shown}")
     lone = check.get("not_named") or []
     if lone:
         out.append(
-            f"  not named: {', '.join(lone)} (fewer than {WITNESSES} harmed sites say so: one site's verdict is "
-            "its own word, and names nobody)"
+            f"  not named: {', '.join(lone)} (one other site, hostile, would account for every accusation: "
+            "its own word, or a harm its exclusion removes too)"
         )
     if check["disputed"]:
         out.append(f"  disputed: {', '.join(check['disputed'])} do not sign this model off")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from msa_fed.core.harm import WITNESSES, harm_lines, site_check
+from msa_fed.core.harm import SUSPECTS_HEAD, harm_lines, site_check
 
 
 def _check(noisy):
@@ -27,7 +27,7 @@ def test_a_lone_harmed_site_accuses_the_peer_whose_exclusion_removes_it_and_name
     lines = harm_lines(check)
     assert any("south" in line and "HARMED" in line for line in lines)
     assert "  south's harm goes away without evil" in lines
-    assert f"  suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): none" in lines
+    assert f"  {SUSPECTS_HEAD}: none" in lines
 
 
 def test_two_harmed_sites_that_accuse_the_same_peer_name_it():
@@ -46,7 +46,9 @@ def test_two_harmed_sites_that_accuse_the_same_peer_name_it():
     assert check["harmed"] == [True, True, True]
     assert check["removed_by"] == {"north": ["evil"], "south": ["evil"], "evil": ["north"]}
     assert check["suspects"] == ["evil"] and check["not_named"] == ["north"]
-    assert any(line.startswith("  not named: north (fewer than 2 harmed sites say so") for line in harm_lines(check))
+    assert any(
+        line.startswith("  not named: north (one other site, hostile, would account") for line in harm_lines(check)
+    )
 
 
 def test_a_noisy_verdict_is_shown_but_not_judged():
@@ -57,3 +59,37 @@ def test_a_noisy_verdict_is_shown_but_not_judged():
     lines = harm_lines(check)
     assert any(line.startswith("  south:") and "~2.0000" in line and "not judged" in line for line in lines)
     assert not any("HARMED" in line for line in lines)
+
+
+def test_a_hostile_site_cannot_second_an_honest_sites_accusation_of_an_honest_peer():
+    """The poisoning attack's verdicts (tests/runtime/test_site_verdicts.py: north harmed, its harm
+    gone without south, whose predictor took north's region, and without evil, whose rows
+    poisoned north's estimate), with evil lying that its own harm goes away without south: two
+    harmed sites accuse honest south.  Evil alone accounts for both (its own word, and north's
+    harm, which goes away without evil too), so south is not named; nor is evil, on north's word
+    alone."""
+    names = ["north", "south", "evil"]
+    own = np.array([0.088, 0.686, 0.0])
+    combined = np.array([[0.87], [0.686], [3.0]])
+    table = np.array(
+        [
+            [1.04, 0.092, 0.174],  # north, without each site and its data (measured)
+            [0.715, 1.44, 0.521],
+            [3.0, 0.0, 3.0],  # evil's lie: harmed, and not without south
+        ]
+    )
+    check = site_check(names, combined, own, np.full(3, 0.4), [False] * 3, [True] * 3, without_sites=table)
+    assert check["removed_by"] == {"north": ["south", "evil"], "evil": ["south"]}
+    assert check["suspects"] == [] and check["not_named"] == ["south", "evil"]
+    # the price: south harmed too and cleared without evil alone still names nobody, since south,
+    # hostile, would account for both (its own word, and north's harm that goes away without it)
+    combined = np.array([[0.87], [2.0], [3.0]])
+    table[1] = [2.0, 2.0, 0.5]
+    check = site_check(names, combined, own, np.full(3, 0.4), [False] * 3, [True] * 3, without_sites=table)
+    assert check["removed_by"]["south"] == ["evil"]
+    assert check["suspects"] == [] and check["not_named"] == ["south", "evil"]
+    # once north's harm goes away without evil only, north and south accuse evil alone: evil is named
+    table[0] = [1.04, 0.9, 0.174]
+    check = site_check(names, combined, own, np.full(3, 0.4), [False] * 3, [True] * 3, without_sites=table)
+    assert check["removed_by"] == {"north": ["evil"], "south": ["evil"], "evil": ["south"]}
+    assert check["suspects"] == ["evil"] and check["not_named"] == ["south"]

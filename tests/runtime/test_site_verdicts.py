@@ -26,7 +26,7 @@ from msa_fed.artifacts.predictors import load_predictor  # noqa: E402
 from msa_fed.artifacts.privacy_view import MEASURED_NOTE, reported_losses  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.boundary import wire  # noqa: E402
-from msa_fed.core.harm import WITNESSES, harmed, measured_losses, suspects  # noqa: E402
+from msa_fed.core.harm import SUSPECTS_HEAD, harmed, measured_losses, suspects  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.jobs.operations import summary_lines  # noqa: E402
 from msa_fed.jobs.report import report_html  # noqa: E402
@@ -146,7 +146,7 @@ def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp
     assert f"north: the combined model's loss on north's data is {c:.4f} against {o:.4f} for north's own predictor" in (
         text
     )
-    assert f"suspects (sites whose exclusion removes the harm of {WITNESSES} or more other sites): none" in text
+    assert f"{SUSPECTS_HEAD}: none" in text
     assert MEASURED_NOTE in text and f"L_k(z) = north={c:.4f}" in text
     from msa_fed.control.ops_cli import print_model_facts
 
@@ -172,7 +172,7 @@ def test_a_site_that_makes_its_own_domain_look_hard_is_accused_by_the_site_it_ha
     lines = summary_lines(model)
     assert any("HARMED" in line and line.strip().startswith("north:") for line in lines)
     assert "  north's harm goes away without evil" in lines
-    assert any(line.startswith("  not named: evil (fewer than 2 harmed sites say so") for line in lines)
+    assert any(line.startswith("  not named: evil (one other site, hostile, would account") for line in lines)
 
 
 def test_a_suspect_does_not_clear_itself_by_claiming_harm(lied):
