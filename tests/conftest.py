@@ -60,6 +60,8 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "federation/test_slim_federation.py": ("ray", "slow"),
     # builds a venv with `pip install .` alone (PyPI), minutes
     "site/test_slim_install.py": ("slow",),
+    # the recipe's real Ray head on 127.0.0.1, then `deploy/ray-up-local.sh down`
+    "ops/test_ray_up_local_down.py": ("ray", "slow"),
 }
 #: single tests that read the data sets (the rest of their module uses temporary files)
 DATA_TESTS = {
@@ -126,6 +128,28 @@ NOT_QUICK = (
     "artifacts/test_target_check.py",  # fitted and saved demo models, target checks with bootstraps
     "jobs/test_target_cli.py",  # the CLI on a saved model (sandboxed load) and an HTML report with plots
     "experiments/test_target_truth.py",  # a fit of the paper's synthetic domains and 10 bootstrapped checks
+    # single tests of a few seconds of CPU each, measured in the quick tier (it was 88 s of CPU with them)
+    "control/test_connection_flags.py",  # the help of every command that dials the registry
+    "test_artifacts.py::test_every_truncation_is_refused",
+    "test_artifacts.py::test_probabilities_are_checked_on_a_probe_batch",
+    "test_artifacts.py::test_random_bytes_raise_only_artifact_error",
+    "test_artifacts.py::test_to_onnx_dispatch",
+    "core/test_core_domain_classifier.py::test_stacked_exact_fit_reaches_the_former_optimum",
+    "core/test_core_domain_classifier.py::test_sgd_gets_close_to_the_optimum",
+    "core/test_core_api.py::test_save_load_round_trip",
+    "test_docs_paths.py::test_every_path_a_code_comment_names_exists",
+    "federation/test_relay_limits.py::test_the_stores_say_which_sites_may_still_be_served",
+    "privacy/test_privacy_experiment.py::test_synthetic_seed_dp_off_equals_the_plain_fit_and_dp_on_stays_sane",
+    "control/test_control_cli.py::test_input_errors_are_one_clear_line",
+    "ops/test_ops_models.py::test_round_trip_opens_with_load_model",
+    "ops/test_ops_models.py::test_total_size_and_member_count_are_bounded",
+    "core/test_core_target.py::test_knn_distance_at_the_fit_reference_size_matches_brute_force",
+    "core/test_core_target.py::test_the_bootstrap_interval_holds_the_estimate_and_covers_the_truth",
+    "privacy/test_noisy_solver.py::test_small_noise_finds_the_minmax_point",
+    "runtime/test_runtime_local.py::test_workers_per_site_equals_single_process",
+    "privacy/test_attacks.py::test_point_isolation_1d_without_the_rules_recovers_every_label",
+    "privacy/test_attacks.py::test_multi_column_attack_is_stopped_by_dp",
+    "control/test_control_fuzz.py::test_malformed_",
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its

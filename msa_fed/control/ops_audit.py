@@ -15,6 +15,9 @@ Each line is a JSON object:
   the token proved nothing (refused as UNAUTHENTICATED, or a health check, which is not
   authenticated) it is the principal the token claims, with ``verified`` false; null when no
   token was sent.  The token itself is never written.
+- ``certificate`` (mutual TLS only): the subject CN and subjectAltNames of the client
+  certificate the connection's handshake verified, so a refused call shows which party's
+  certificate carried it (a site's token on another party's certificate, say).
 - ``outcome`` is the gRPC status name: OK, or the refusal (UNAUTHENTICATED, PERMISSION_DENIED,
   INVALID_ARGUMENT, ...); ``details`` the status message the client saw (one line, cut).
 - ``request`` / ``response``: serialised sizes of the messages that moved, and for the chunked
@@ -25,6 +28,11 @@ The interceptor sits outside the authentication interceptor (``interceptors=[aud
 so refusals are logged too, with the status the client saw; the authentication interceptor
 tells it the verified principal through :meth:`_AuditedContext.note_principal`.
 Write failures are logged to the server's log and never fail an RPC.
+
+A connection whose TLS handshake fails (plaintext against TLS, a client certificate of another
+CA or none, a client that does not trust the registry's CA) makes no call, so it has no line
+here: gRPC's Python server tells nothing of it (docs/OPERATIONS.md, "What the registry sees of
+a refused connection").
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from pathlib import Path
 
 import grpc
 
-from msa_fed.control.auth import bearer_token
+from msa_fed.control.auth import bearer_token, certificate_names
 from msa_fed.control.records import Principal
 from msa_fed.control.tokens import parse_token
 
@@ -162,8 +170,14 @@ class AuditInterceptor(grpc.ServerInterceptor):
         outcome, details = _outcome(context, exc)
         principal = _principal(context.invocation_metadata(), context.verified)
         now = time.time()
+        try:
+            names = certificate_names(context)
+        except (AttributeError, ValueError):  # a context without an auth context (never in this server)
+            names = None
+        extra = {} if names is None else {"certificate": sorted(names)}
         self.audit_log.write(
             {
+                **extra,
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
                 "unix": round(now, 3),
                 "method": method,

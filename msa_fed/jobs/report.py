@@ -3,9 +3,10 @@
     msa-fed model report VERSION --out report.html --registry HOST:PORT --admin-token-file F
 
 The page shows z and the per-site losses L_k(z) (with max_k L_k, the worst mixture's loss),
-the DC solver's and the domain classifier's convergence, and the sites with the sha256 of
-their predictors; the plots are matplotlib PNGs embedded as base64, so the file needs no
-network and no other file.  ``write_report(model, path)`` does the same from Python.
+the DC solver's and the domain classifier's convergence, the sites with the sha256 of their
+predictors, and per site the requests its policy refused and the approval its operator gave;
+the plots are matplotlib PNGs embedded as base64, so the file needs no network and no other
+file.  ``write_report(model, path)`` does the same from Python.
 """
 
 from __future__ import annotations
@@ -194,7 +195,11 @@ def report_html(model, record=None, manifest: dict | None = None, target=None) -
                 time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.created_at)) + f" by {record.created_by}",
             ),
         ] + facts
-    influence_html = _influence_html(info.get("influence")) + _verdicts_html(site_check_of(info))
+    influence_html = (
+        _influence_html(info.get("influence"))
+        + _verdicts_html(site_check_of(info))
+        + _consortium_html(info.get("consortium"), names)
+    )
     target_html = ""
     if target is not None:
         from msa_fed.jobs.target import target_html as section
@@ -258,6 +263,46 @@ def _verdicts_html(check) -> str:
     lines = harm_lines(check)
     items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
     return f"<h2>The sites' verdicts</h2><p>{html.escape(lines[0])}</p><ul>{items}</ul>"
+
+
+def _utc(t) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
+def _consortium_html(kept, names) -> str:
+    """Per site, the requests of the job its policy refused (request, rule, the site's words, how
+    often, when) and the approval its operator gave (who, when), as the job saw them."""
+    head = "<h2>Refusals and approvals</h2>"
+    if not isinstance(kept, dict):
+        return head + "<p>not recorded (a model made before the job kept them)</p>"
+    refusals = [r for r in kept.get("refusals") or [] if isinstance(r, dict)]
+    approvals = [a for a in kept.get("approvals") or [] if isinstance(a, dict)]
+    rows = [_row("site", "approval", "refused requests", head=True)]
+    for name in names:
+        given = [
+            f"admitted by {a.get('by', '?')} at {_utc(a.get('admitted_at'))} (the job waited from "
+            f"{_utc(a.get('waited_since'))})"
+            for a in approvals
+            if a.get("site") == name
+        ]
+        refused = [
+            f"{r.get('request', '?')} (rule {r.get('rule', '?')}): {r.get('detail', '')}; "
+            f"{int(r.get('count', 1))} time(s), first {_utc(r.get('first'))}, last {_utc(r.get('last'))}"
+            for r in refusals
+            if r.get("site") == name
+        ]
+        rows.append(_row(name, "; ".join(given) or "none needed", " | ".join(refused) or "none"))
+    if not refusals and not approvals:
+        note = "No site refused a request of this job, and none waited for its operator's approval."
+    else:
+        note = (
+            f"{len(refusals)} kind(s) of refusal and {len(approvals)} approval(s), as the job saw them "
+            "(each site's audit log has every request it answered or refused)."
+        )
+    return f"{head}<p>{html.escape(note)}</p><table>{''.join(rows)}</table>"
 
 
 def write_report(model, path, record=None, manifest: dict | None = None, target=None) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -70,6 +71,9 @@ class Coordinator:
         self.epsilon: dict[str, float] = {}  # DP: epsilon each site reports having spent on this job
         self.dp_sites: list[str] = []  # sites that answer with DP (their Qhat partial says so)
         self.samples: list[np.ndarray] = []  # the published samples (set by train_domain_model)
+        # refusals a site's policy made that the run went on after (a backend that keeps its own
+        # record of the sites' decisions, ``consortium()``, keeps these too)
+        self.refusals: list[dict] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Coordinator":
@@ -378,6 +382,7 @@ class Coordinator:
                 "objective": objective,
             },
             "classifier": getattr(dm, "info_", {}),
+            "consortium": self.consortium(),
             "n_labeled": [i.n_labeled for i in self.infos],
             "n_unlabeled": [i.n_unlabeled for i in self.infos],
         }
@@ -404,6 +409,15 @@ class Coordinator:
         allowed = [bool(getattr(i, "sample_in_model", True)) for i in self.infos]
         model.target_reference = build_reference(model, self.samples, allowed, random_state=cfg.random_state)
         return model
+
+    def consortium(self) -> dict:
+        """What the run saw of the sites' own decisions: ``{"refusals": [...], "approvals": [...]}``
+        (the backend's record where it keeps one: the federated topology's, with the approvals of
+        sites whose operator admitted the job; else the refusals the run went on after)."""
+        kept = getattr(self.backend, "consortium", None)
+        if callable(kept):
+            return kept()
+        return {"refusals": [dict(r) for r in self.refusals], "approvals": []}
 
     def own_losses(self, progress: Progress) -> tuple[np.ndarray | None, dict | None]:
         """Each site's own predictor's loss on its labelled points, for the own-loss guarantee
@@ -447,6 +461,9 @@ class Coordinator:
             parts = self.call_all("harm", m.HarmRequest(z=zs, eta=float(self.config.eta)))
         except PrivacyError as exc:
             progress.note(f"the sites' verdicts on the model: not measured ({exc})")
+            now = time.time()
+            refusal = {"site": exc.site, "request": "harm", "rule": exc.rule, "detail": exc.detail}
+            self.refusals.append({**refusal, "count": 1, "first": now, "last": now})
             return None
         self.note_epsilon(parts)
         self.answers.harm(parts, zs.shape[0])

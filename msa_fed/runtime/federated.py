@@ -84,6 +84,8 @@ ANSWER_TYPES = {
     "ping": m.Ack,
 }
 _REMOTE_ERRORS = {"PrivacyError": PrivacyError, "ConfigError": ConfigError}
+#: the longest refusal detail of a site that the job's record keeps
+MAX_DETAIL_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,11 @@ class FederatedSites:
         self._open = False
         self._joined: dict[int, m.SiteInfo] = {}  # the sites that joined the job (index -> info)
         self.approval_wait_s = float(approval_wait_s)
+        # what the job saw of the sites' own decisions: refusals (by site, request and rule, with
+        # how often and when) and approvals (a site's operator admitted the job it waited on)
+        self.refusals: list[dict] = []
+        self.approvals: list[dict] = []
+        self._waited: dict[int, float] = {}  # site index -> when it first said the job waits for approval
         self.echo = echo
         self.owns_relay = bool(owns_relay)
 
@@ -267,6 +274,7 @@ class FederatedSites:
         for i, info in zip(todo, answers):
             if isinstance(info, PrivacyError):
                 waiting = waiting or info
+                self._waited.setdefault(i, time.time())
                 continue
             X, name = self.samples[i], self.names[i]
             if info.name != name:
@@ -279,6 +287,15 @@ class FederatedSites:
                     "checks this at start too)",
                 )
             self._joined[i] = info
+            if i in self._waited:  # it waited for its operator, who admitted the job
+                self.approvals.append(
+                    {
+                        "site": self.names[i],
+                        "by": f"the operator of site {self.names[i]} (msa-fed site approve)",
+                        "waited_since": self._waited.pop(i),
+                        "admitted_at": time.time(),
+                    }
+                )
         if waiting is not None:
             raise waiting
         self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
@@ -390,6 +407,7 @@ class FederatedSites:
                         raise PeerFault(res.site, f"{res.text} (at site {name!r})")
                     if res.kind == PrivacyError.__name__ and res.rule:  # a policy's refusal, typed
                         refusal = PrivacyError(res.rule, res.site or name, res.detail)
+                        self._note_refusal(name, method, res.rule, res.detail)
                         if waiting and res.rule == waiting:
                             outs[j] = refusal
                             continue
@@ -408,6 +426,33 @@ class FederatedSites:
                 time.sleep(RETRY_PAUSE_S)
             left = retry
         return outs
+
+    def _note_refusal(self, site: str, method: str, rule: str, detail: str) -> None:
+        """Keep a site's refusal for the job's record: one entry per site, request and rule, with
+        how often and when (first, last); the site's detail cut to one short line (another
+        party's text: the report escapes it)."""
+        now = time.time()
+        for r in self.refusals:
+            if (r["site"], r["request"], r["rule"]) == (site, method, rule):
+                r["count"] += 1
+                r["last"] = now
+                return
+        line = " ".join(str(detail).split())[:MAX_DETAIL_CHARS]
+        self.refusals.append(
+            {
+                "site": site,
+                "request": method,
+                "rule": str(rule)[:64],
+                "detail": line,
+                "count": 1,
+                "first": now,
+                "last": now,
+            }
+        )
+
+    def consortium(self) -> dict:
+        """What the job saw of the sites' decisions (the model's info, the report's section)."""
+        return {"refusals": [dict(r) for r in self.refusals], "approvals": [dict(a) for a in self.approvals]}
 
     def _rejoin(self, i: int):
         """Site i restarted and lost the job: join it again and replay its setup."""

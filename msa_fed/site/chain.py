@@ -51,7 +51,7 @@ from msa_fed.site.admission import (
     unsealed_content,
     worker_policy_kwargs,
 )
-from msa_fed.site.job_book import JobBook
+from msa_fed.site.job_book import JobBook, KeptSetups, labelled_digest, setup_scope
 from msa_fed.site.methods import SITE_METHODS, check
 from msa_fed.site.published import SiteStateLost
 from msa_fed.site.worker import SiteWorker
@@ -102,6 +102,7 @@ class SiteApp:
         self.predictor_bytes = predictor_bytes
         self.predictor_sha256 = sha256_hex(predictor_bytes)
         self.sample_sha256 = sample_sha256(data["X_unlabeled"])
+        self.labelled_digest = labelled_digest(data)  # the scope of the set-ups kept per job content
         self.opener, self.accept_jobs, self.excluded, self.lines = opener, accept_jobs, excluded, lines
         self.transport = transport
         self.jobs: dict[str, SiteWorker] = {}
@@ -230,6 +231,7 @@ class SiteApp:
         kind = "regression" if msg.task == "regression" else "probabilities"
         predictors = [self._predictor(job, name, sha, kind) for name, sha in zip(sites, msg.predictor_sha256)]
         d = self.data
+        key = job_key(job, digest)
         worker = SiteWorker(
             self.name,
             msg.index,
@@ -241,7 +243,10 @@ class SiteApp:
             loss=msg.loss,
             classes=msg.classes,
             audit=self.audit,
-            **worker_policy_kwargs(self.policy, msg, run_key(job_key(job, digest))),
+            # a set-up answered for this job content before (an earlier run: the job resumed, or
+            # this process restarted) is answered again, not charged again
+            setups=KeptSetups(self.book, setup_scope(key, self.labelled_digest, self.policy)),
+            **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         pins = [s.get("sample_sha256") for s in content["sites"]] if sealed else [None] * len(sites)
         worker.published = self._published_samples(job, sites, pins)  # to verify domain models

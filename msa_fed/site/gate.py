@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -45,7 +45,10 @@ class Rule:
     before: tuple[str, ...] = ()  # checks of the request refused before it is charged
     charges: str = ""  # the budget one request counts toward (answered or refused from here on)
     cost: Callable[[Any], int] | None = None  # (request) -> how many it counts toward that budget (1)
-    free_replay: bool = False  # a replay of the set-up in force (same content) is not charged again
+    # (worker, request) -> the digest of a set-up's content: a set-up this site answered before
+    # for the same job content, labelled data and policy (this run or an earlier run of the job:
+    # the worker's :class:`SetupMemory`) is a replay, answered again but not charged again
+    replay_key: Callable[[Any, Any], str] | None = None
     checks: tuple[str, ...] = ()  # checks after the charge (:data:`CHECKS`)
     quiet: bool = False  # the checks' values are not written (they repeat the sizes and the request)
     # the row's transform of the answer, applied by the gate (:class:`Call`: refused, noised,
@@ -86,7 +89,7 @@ LABELLED: dict[str, Rule] = {
         sample="labelled",
         before=("n_sources",),
         charges="domain_model",
-        free_replay=True,
+        replay_key=lambda w, r: spec_digest(r),
         checks=("feature_map", "theta", "verified", "kde"),
         dp="public",
     ),
@@ -95,6 +98,7 @@ LABELLED: dict[str, Rule] = {
         state="_Q",
         sizes=lambda w, r: {"n_sources": int(np.size(r.qhat))},
         charges="dc_evaluation",  # the answer (accepted or refused) depends on the labelled points
+        replay_key=lambda w, r: qhat_digest(w._spec_key, r),  # the same Qhat for the same model
         checks=("eta", "qhat"),
         dp="clipped",
     ),
@@ -277,7 +281,7 @@ class Call(Request):
     (:meth:`key`, :meth:`model`).  A request whose rule records nothing (no ``sizes``) enters
     and leaves without a record."""
 
-    __slots__ = ("worker", "msg", "rule", "X", "_key", "_model")
+    __slots__ = ("worker", "msg", "rule", "X", "_key", "_model", "_replay")
 
     def __init__(self, worker, method: str, msg, rule: Rule):
         sizes = rule.sizes
@@ -286,6 +290,7 @@ class Call(Request):
         self.X: Any = None
         self._key: str | None = None
         self._model: Any = None
+        self._replay: str | None = None
 
     def key(self) -> str:
         """The digest of the request's domain model (:func:`spec_digest`), computed once."""
@@ -325,7 +330,7 @@ class Call(Request):
                 f"the request: with differential privacy on, the site does not answer "
                 f"{_ANSWERS.get(self.kind, self.kind)}",
             )
-        if rule.charges and not (rule.free_replay and self.key() == w._spec_key):
+        if rule.charges and not self._replayed(dec):
             dec.update(w.guard.charge(rule.charges, 1 if rule.cost is None else rule.cost(self.msg)))
         for name in rule.checks:
             if (got := CHECKS[name](self)) and not quiet:
@@ -340,10 +345,25 @@ class Call(Request):
                 )
             dec.update(dp.spend(verdict=rule.verdict))
 
-    def __exit__(self, etype, exc, tb) -> Literal[False]:
-        if self.rule.sizes is None:
+    def _replayed(self, dec: dict) -> bool:
+        """Whether the request replays a set-up the site answered before (its row's
+        ``replay_key``, looked up in the worker's :class:`SetupMemory`): then it is not charged,
+        and its record says so."""
+        rule, w = self.rule, self.worker
+        if rule.replay_key is None:
             return False
-        return Request.__exit__(self, etype, exc, tb)
+        self._replay = rule.replay_key(w, self.msg)
+        if not w.setups.answered(self.kind, self._replay):
+            return False
+        dec["replay"] = "answered before for this job: not charged again"
+        return True
+
+    def __exit__(self, etype, exc, tb) -> Literal[False]:
+        if self.rule.sizes is not None:
+            Request.__exit__(self, etype, exc, tb)  # the record (and the charge) first
+        if etype is None and self._replay is not None:  # answered and recorded: a replay of it is free
+            self.worker.setups.remember(self.kind, self._replay)
+        return False
 
     # ------------------------------------------------------------------ the row's transform
     def _transform(self, want: str):
@@ -417,6 +437,43 @@ def build_domain_model(spec: m.DomainModelSpec):
         if needs is None:
             raise
         raise needs from None
+
+
+def qhat_digest(spec_key: str | None, msg: m.QhatBroadcast) -> str:
+    """A digest of a Qhat broadcast's content for the domain model in force (``spec_key``)."""
+    h = hashlib.sha256(str(spec_key).encode())
+    h.update(np.ascontiguousarray(msg.qhat, dtype=np.float64).tobytes())
+    h.update(repr(float(msg.eta)).encode())
+    return h.hexdigest()
+
+
+class Setups(Protocol):
+    """What the gate asks of a job's memory of answered set-ups (:class:`SetupMemory`)."""
+
+    def answered(self, method: str, key: str) -> bool: ...
+
+    def remember(self, method: str, key: str) -> None: ...
+
+
+class SetupMemory:
+    """The set-ups (``set_domain_model``, ``set_qhat``) a site answered for one job, by their
+    rows' ``replay_key``: a replay of one is answered again but not charged again.  This one is
+    the worker's own (one run, in memory); a site process gives each job's worker one kept on
+    its disk per job content, labelled data and policy
+    (:class:`msa_fed.site.job_book.KeptSetups`), so that a resumed job, or a job replayed to a
+    restarted site, is charged only for what is new.
+
+    Sound because a set-up's answer is a deterministic function of the request, the labelled
+    data and the policy: answering the same again tells the coordinator nothing new."""
+
+    def __init__(self) -> None:
+        self._keys: set[tuple[str, str]] = set()
+
+    def answered(self, method: str, key: str) -> bool:
+        return (method, key) in self._keys
+
+    def remember(self, method: str, key: str) -> None:
+        self._keys.add((method, key))
 
 
 def spec_digest(msg: m.DomainModelSpec) -> str:

@@ -2,18 +2,23 @@
 
 :class:`JobBook` (SQLite): every job the site was asked to join, with its state ``pending``
 (``accept_jobs = "approve"`` and not approved yet), ``approved`` (``msa-fed site approve``) or
-``served`` (joined).  The site's operator reads and changes it with ``msa-fed site jobs`` and
-``msa-fed site approve``; the site process reads it at every join.  What the site answered and
-refused is in its one audit log (:mod:`msa_fed.privacy.audit`).
+``served`` (joined); and, per job content, the set-ups the site answered (a replay of one, when
+the job resumes or is replayed to the restarted site, is not charged again: :class:`KeptSetups`).
+The site's operator reads and changes it with ``msa-fed site jobs`` and ``msa-fed site approve``;
+the site process reads it at every join.  What the site answered and refused is in its one
+audit log (:mod:`msa_fed.privacy.audit`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,6 +39,17 @@ CREATE TABLE IF NOT EXISTS seal_floors (
     seq INTEGER NOT NULL
 )
 """
+#: per job content, labelled data and policy (a scope, :func:`setup_scope`): the set-ups the site
+#: answered (their rows' replay keys, :mod:`msa_fed.site.gate`), so that a replay is not charged again
+_SETUPS = """
+CREATE TABLE IF NOT EXISTS answered_setups (
+    scope TEXT NOT NULL,
+    method TEXT NOT NULL,
+    key TEXT NOT NULL,
+    first_answered REAL NOT NULL,
+    PRIMARY KEY (scope, method, key)
+)
+"""
 #: columns added since the first schema: the digest of the job's content and the content itself
 _COLUMNS = {"digest": "TEXT NOT NULL DEFAULT ''", "content": "TEXT NOT NULL DEFAULT ''"}
 
@@ -51,6 +67,7 @@ class JobBook:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
         self._db.execute(_FLOORS)
+        self._db.execute(_SETUPS)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         for name, decl in _COLUMNS.items():
             if name not in have:
@@ -122,6 +139,19 @@ class JobBook:
                 (certificate, int(seq)),
             )
 
+    def setup_answered(self, scope: str, method: str, key: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM answered_setups WHERE scope = ? AND method = ? AND key = ?", (scope, method, key)
+            ).fetchone()
+        return row is not None
+
+    def remember_setup(self, scope: str, method: str, key: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO answered_setups VALUES (?, ?, ?, ?)", (scope, method, key, time.time())
+            )
+
     def jobs(self) -> list[dict]:
         with self._lock:
             rows = self._db.execute(
@@ -141,3 +171,35 @@ class JobBook:
             )
             for r in rows
         ]
+
+
+def labelled_digest(data: dict) -> str:
+    """A digest of a site's labelled data (``load_site_data``'s dict)."""
+    h = hashlib.sha256()
+    for name in ("X_labeled", "y_labeled"):
+        a = np.asarray(data[name])
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def setup_scope(job_key: str, labelled: str, policy) -> str:
+    """The scope in which a set-up answered once is a replay: one job content (``job_key``,
+    :func:`msa_fed.site.admission.job_key`), the site's labelled data (``labelled``:
+    :func:`labelled_digest`; another file gives other answers) and its policy (with DP on, a
+    domain model is answered from the published sample)."""
+    return hashlib.sha256(repr((job_key, labelled, repr(policy))).encode()).hexdigest()
+
+
+class KeptSetups:
+    """A job's :class:`msa_fed.site.gate.SetupMemory` kept in the site's job book, in ``scope``
+    (:func:`setup_scope`): it outlives the job's run and the site process."""
+
+    def __init__(self, book: JobBook, scope: str):
+        self.book, self.scope = book, scope
+
+    def answered(self, method: str, key: str) -> bool:
+        return self.book.setup_answered(self.scope, method, key)
+
+    def remember(self, method: str, key: str) -> None:
+        self.book.remember_setup(self.scope, method, key)

@@ -33,7 +33,7 @@ from msa_fed.privacy.policy import SitePolicy
 from msa_fed.privacy.verify import SampleSource
 from msa_fed.site.admission import checked_host_samples
 from msa_fed.site.data import load_site_data
-from msa_fed.site.gate import LABELLED, Rule, build_domain_model, gate
+from msa_fed.site.gate import LABELLED, Rule, SetupMemory, Setups, build_domain_model, gate
 from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
@@ -84,7 +84,9 @@ class SiteWorker(PublishedHalf):
     :mod:`msa_fed.site.policy`); ``min_points`` and ``privacy`` (a dict of policy values) are the
     job's requests and only tighten; ``job_id`` names the job in the ledger and the log;
     ``audit``: the host's one audit writer (a site process's, shared by its jobs), else the
-    worker's guard opens the policy's log.
+    worker's guard opens the policy's log; ``setups``: the set-ups the site answered for this
+    job before (:class:`msa_fed.site.gate.SetupMemory`: a replay is not charged again), else
+    the worker's own.
     """
 
     ANSWERS = HOST_METHODS  # what its host may ask (msa_fed/site/methods.py)
@@ -120,6 +122,7 @@ class SiteWorker(PublishedHalf):
         sites=None,
         host: str = "process",
         audit: AuditLog | None = None,
+        setups: Setups | None = None,
         content: dict | None = None,
     ):
         self.name = name
@@ -154,6 +157,7 @@ class SiteWorker(PublishedHalf):
         self._own_partial = None  # this site's Qhat partial (influence-bounded) for that model
         self._qhat = None  # the Qhat in force (floored at this site's own share without DP)
         self._admitted = False
+        self.setups: Setups = SetupMemory() if setups is None else setups
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
 

@@ -92,13 +92,13 @@ def test_raw_bytes_never_crash(env, method, payloads, who):
     channel, md = env["channel"], env[who]
     if method.startswith("Upload"):
         call = channel.stream_unary(path)
-        code = status_of(lambda: call(iter(payloads), metadata=md, timeout=10))
+        code = status_of(lambda: call(iter(payloads), metadata=md, timeout=60))
     elif method.startswith("Download"):
         call = channel.unary_stream(path)
-        code = status_of(lambda: list(call(payloads[0], metadata=md, timeout=10)))
+        code = status_of(lambda: list(call(payloads[0], metadata=md, timeout=60)))
     else:
         call = channel.unary_unary(path)
-        code = status_of(lambda: call(payloads[0], metadata=md, timeout=10))
+        code = status_of(lambda: call(payloads[0], metadata=md, timeout=60))
     # undecodable bytes are refused by gRPC itself with INTERNAL before any handler runs
     assert code in EXPECTED | {grpc.StatusCode.INTERNAL}, code
 
@@ -151,13 +151,13 @@ def test_malformed_upload_streams(env, kind, data, who):
     stub, md = env["stub"], env[who]
     if kind == "predictor":
         messages = data.draw(st.lists(predictor_part, max_size=5))
-        code = status_of(lambda: stub.UploadPredictor(iter(messages), metadata=md, timeout=10))
+        code = status_of(lambda: stub.UploadPredictor(iter(messages), metadata=md, timeout=60))
     elif kind == "sample":
         messages = data.draw(st.lists(sample_part, max_size=5))
-        code = status_of(lambda: stub.UploadSample(iter(messages), metadata=md, timeout=10))
+        code = status_of(lambda: stub.UploadSample(iter(messages), metadata=md, timeout=60))
     else:
         messages = data.draw(st.lists(combined_part, max_size=5))
-        code = status_of(lambda: stub.UploadCombinedModel(iter(messages), metadata=md, timeout=10))
+        code = status_of(lambda: stub.UploadCombinedModel(iter(messages), metadata=md, timeout=60))
     assert code in EXPECTED, code
 
 
@@ -175,18 +175,18 @@ def test_malformed_unary_fields(env, name, labels, version, method, who):
     stub, md = env["stub"], env[who]
     calls = {
         "RegisterSite": lambda: stub.RegisterSite(
-            pb.RegisterSiteRequest(name=name, labels=labels), metadata=md, timeout=10
+            pb.RegisterSiteRequest(name=name, labels=labels), metadata=md, timeout=60
         ),
-        "Heartbeat": lambda: stub.Heartbeat(pb.HeartbeatRequest(name=name), metadata=md, timeout=10),
-        "GetSite": lambda: stub.GetSite(pb.GetSiteRequest(name=name), metadata=md, timeout=10),
+        "Heartbeat": lambda: stub.Heartbeat(pb.HeartbeatRequest(name=name), metadata=md, timeout=60),
+        "GetSite": lambda: stub.GetSite(pb.GetSiteRequest(name=name), metadata=md, timeout=60),
         "DownloadPredictor": lambda: list(
-            stub.DownloadPredictor(pb.DownloadArtifactRequest(site=name), metadata=md, timeout=10)
+            stub.DownloadPredictor(pb.DownloadArtifactRequest(site=name), metadata=md, timeout=60)
         ),
         "DownloadSample": lambda: list(
-            stub.DownloadSample(pb.DownloadArtifactRequest(site=name), metadata=md, timeout=10)
+            stub.DownloadSample(pb.DownloadArtifactRequest(site=name), metadata=md, timeout=60)
         ),
         "DownloadCombinedModel": lambda: list(
-            stub.DownloadCombinedModel(pb.DownloadCombinedModelRequest(version=version), metadata=md, timeout=10)
+            stub.DownloadCombinedModel(pb.DownloadCombinedModelRequest(version=version), metadata=md, timeout=60)
         ),
     }
     assert status_of(calls[method]) in EXPECTED
@@ -208,7 +208,7 @@ def test_corrupted_predictors_are_refused_or_still_valid(env, edits, cut):
         upload_id="c" + hashlib.sha256(blob).hexdigest()[:20], sha256=hashlib.sha256(blob).hexdigest(), size=len(blob)
     )
     messages = [pb.UploadPredictorRequest(header=header), pb.UploadPredictorRequest(chunk=blob)]
-    code = status_of(lambda: env["stub"].UploadPredictor(iter(messages), metadata=env["site"], timeout=10))
+    code = status_of(lambda: env["stub"].UploadPredictor(iter(messages), metadata=env["site"], timeout=60))
     assert code in {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
     if cut < len(VALID_ONNX):  # every truncation loses part of the declaration at least
         assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -217,11 +217,11 @@ def test_corrupted_predictors_are_refused_or_still_valid(env, edits, cut):
 def test_oversized_and_disguised_requests(env):
     stub, md = env["stub"], env["site"]
     huge = pb.RegisterSiteRequest(name="fz", labels={"k": "v" * (5 * 2**20)})
-    assert status_of(lambda: stub.RegisterSite(huge, metadata=md, timeout=10)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_of(lambda: stub.RegisterSite(huge, metadata=md, timeout=60)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     header = pb.PredictorHeader(upload_id="big", sha256="0" * 64, size=2**40)
     assert (
         status_of(
-            lambda: stub.UploadPredictor(iter([pb.UploadPredictorRequest(header=header)]), metadata=md, timeout=10)
+            lambda: stub.UploadPredictor(iter([pb.UploadPredictorRequest(header=header)]), metadata=md, timeout=60)
         )
         == grpc.StatusCode.RESOURCE_EXHAUSTED
     )
@@ -231,7 +231,7 @@ def test_oversized_and_disguised_requests(env):
         stub.UploadPredictor(
             iter([pb.UploadPredictorRequest(header=header), pb.UploadPredictorRequest(chunk=disguised)]),
             metadata=md,
-            timeout=10,
+            timeout=60,
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert ARTIFACT_REFUSED_DETAILS.fullmatch(err.value.details())  # the loader's reason stays in the server's log
@@ -242,7 +242,7 @@ def test_server_still_healthy_after_fuzzing(env):
     with RegistryClient(env["server"].address, None, insecure=True) as anonymous:
         assert anonymous.health() == "SERVING"
     stub, md = env["stub"], env["site"]
-    stub.RegisterSite(pb.RegisterSiteRequest(name="fz"), metadata=md, timeout=10)
+    stub.RegisterSite(pb.RegisterSiteRequest(name="fz"), metadata=md, timeout=60)
     info = stub.UploadPredictor(
         iter(
             [
@@ -255,6 +255,6 @@ def test_server_still_healthy_after_fuzzing(env):
             ]
         ),
         metadata=md,
-        timeout=10,
+        timeout=60,
     )
     assert info.sha256 == hashlib.sha256(VALID_ONNX).hexdigest()

@@ -121,3 +121,69 @@ def test_bad_pem_files_are_named(tmp_path, pki):
         TlsConfig.from_files(paths["server_cert"], tmp_path / "missing.pem")
     with pytest.raises(ConfigError, match="--tls-ca .* is not PEM"):
         TlsConfig.from_files(paths["server_cert"], paths["server_key"], junk)
+
+
+def test_the_audit_log_shows_refused_calls_with_peer_and_certificate_but_no_failed_handshake(
+    registry, pki, other_pki, tmp_path
+):
+    """What a real registry (mutual TLS, port 0, --audit-log) logs of the mistakes a party can
+    make.  A connection refused in its TLS handshake (plaintext, no client certificate, one of
+    another CA, a client that does not trust the registry's CA) makes no call: it leaves no line
+    (gRPC's Python server tells nothing of it; docs/OPERATIONS.md says why) and the registry
+    serves on.  Every call that reaches the registry is a line, refusals too, with the peer's
+    address and the names of the client certificate that carried it: a token of another site, a
+    revoked or forged token, a role the method does not take."""
+    import json
+
+    from msa_fed.control.ops_audit import AuditLog
+
+    token_a, token_b = registry.issue_token("site", "site-a"), registry.issue_token("site", "site-b")
+    revoked = registry.issue_token("site", "site-c")
+    assert registry.revoke_token("site", "site-c")
+    forged = token_a[:-3] + ("aaa" if not token_a.endswith("aaa") else "bbb")
+    cert_b, key_b = pki.client("site-b")
+    log_path = tmp_path / "audit.jsonl"
+    audit = AuditLog(log_path)
+    tls = TlsConfig(pki.server_cert, pki.server_key, pki.ca)
+    with RegistryServer(registry, "127.0.0.1:0", tls=tls, audit_log=audit) as server:
+
+        def client(token, cert=pki.client_cert, key=pki.client_key, ca=pki.ca, **kw):
+            return RegistryClient(
+                server.address, token, tls_ca=ca, tls_cert=cert, tls_key=key, retries=0, timeout=5, **kw
+            )
+
+        mistakes = [
+            (lambda: RegistryClient(server.address, token_a, insecure=True, retries=0, timeout=5), "speaks TLS"),
+            (lambda: client(token_a, cert=None, key=None), "requires a client certificate"),
+            (lambda: client(token_a, cert=other_pki.client_cert, key=other_pki.client_key), "refused the client"),
+            (lambda: client(token_a, ca=other_pki.ca), "(unknown CA)"),
+        ]
+        for make, words in mistakes:
+            with make() as c:
+                expect_tls_mistake(lambda: c.heartbeat(), words)
+        assert log_path.read_text() == ""  # no call reached the registry: nothing to log
+        with client(token_a) as c:
+            assert c.register("site-a").name == "site-a"  # it serves on
+            expect_code(lambda: c.upload_combined_model(b"x", {}), "PERMISSION_DENIED")  # a site's token
+        with client(token_b) as c:  # site-b's token on site-a's certificate
+            expect_code(lambda: c.register("site-b"), "PERMISSION_DENIED")
+        with client(token_b, cert=cert_b, key=key_b) as c:
+            assert c.register("site-b").name == "site-b"
+        for token in (revoked, forged):
+            with client(token) as c:
+                expect_code(lambda: c.heartbeat(), "UNAUTHENTICATED")
+    audit.close()
+    entries = [json.loads(line) for line in log_path.read_text().splitlines()]
+    seen = [(e["method"].rsplit("/", 1)[1], e["outcome"], e["certificate"], e["principal"]) for e in entries]
+    site = lambda name, verified=True: {"role": "site", "name": name, "verified": verified}  # noqa: E731
+    assert seen == [
+        ("RegisterSite", "OK", ["site-a"], site("site-a")),
+        ("UploadCombinedModel", "PERMISSION_DENIED", ["site-a"], site("site-a")),
+        ("RegisterSite", "PERMISSION_DENIED", ["site-a"], site("site-b")),
+        ("RegisterSite", "OK", ["site-b"], site("site-b")),
+        ("Heartbeat", "UNAUTHENTICATED", ["site-a"], site("site-c", False)),
+        ("Heartbeat", "UNAUTHENTICATED", ["site-a"], site("site-a", False)),
+    ], seen
+    for e in entries:
+        assert e["peer"].startswith("ipv4:127.0.0.1:"), e
+    assert "not site 'site-b' of the token" in entries[2]["details"]

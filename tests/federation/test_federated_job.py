@@ -94,6 +94,13 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
     stored = model_from_bytes(data)
     X = np.vstack([files[n].X_labeled for n in ORDER])
     np.testing.assert_array_equal(stored.predict(X), model.predict(X))
+    # no site refused anything or waited for an approval: the report says so, per site
+    from msa_fed.jobs.report import report_html
+
+    assert stored.info["consortium"] == {"refusals": [], "approvals": []}
+    section = report_html(stored).split("<h2>Refusals and approvals</h2>")[1].split("<h2>")[0]
+    assert "No site refused a request of this job" in section
+    assert all(f"<td>{n}</td><td>none needed</td><td>none</td>" in section for n in ORDER)
     np.testing.assert_allclose(stored.predict_proba(X), model.predict_proba(X), atol=1e-12)
     assert 0.5 < float(np.mean(stored.predict(X) == np.concatenate([files[n].y_labeled for n in ORDER])))
 
@@ -325,8 +332,29 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tm
         approve("east")
         runner.join(timeout=600)
         assert "out" in result, "the job did not finish"
-        _, model = result["out"]
+        record, model = result["out"]
         assert np.isclose(model.z.sum(), 1.0)
+
+        # the model the registry stores keeps what the job saw of the sites' decisions, and its
+        # report lists them per site: the waits (join refused under accept_jobs, east more than
+        # once) and each operator's approval, after the wait began
+        from msa_fed.control.client import RegistryClient
+        from msa_fed.jobs.report import report_html
+        from msa_fed.jobs.run import model_from_bytes
+
+        with RegistryClient(fed.address, fed.admin_token, insecure=True) as admin:
+            stored = model_from_bytes(admin.download_combined_model(record.version)[0])
+        kept = stored.info["consortium"]
+        assert sorted(a["site"] for a in kept["approvals"]) == sorted(two), kept
+        assert all(a["waited_since"] <= a["admitted_at"] for a in kept["approvals"]), kept
+        waits = {r["site"]: r for r in kept["refusals"]}
+        assert sorted(waits) == sorted(two) and len(kept["refusals"]) == 2, kept
+        assert all((r["request"], r["rule"]) == ("join_job", "accept_jobs") for r in waits.values()), kept
+        assert waits["east"]["count"] >= 3 and waits["east"]["first"] < waits["east"]["last"], kept
+        section = report_html(stored).split("<h2>Refusals and approvals</h2>")[1].split("<h2>")[0]
+        for name in two:
+            assert f"<td>{name}</td><td>admitted by the operator of site {name} (msa-fed site approve) at" in section
+        assert section.count("join_job (rule accept_jobs): ") == 2 and "2 approval(s)" in section
 
         for name in two:
             recs = records(name)

@@ -356,8 +356,12 @@ def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0,
 
 def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(local_ray, fed, files, tmp_path):
     """A site killed mid-solve ends the job naming it; run again with the same checkpoint_dir,
-    the job asks the sites only the DC rounds they had not answered (counted at the sites, in
-    their audit logs) and ends where an uninterrupted run ends."""
+    the job ends where an uninterrupted run ends and asks the sites only what they had not
+    answered, counted at the sites for every request they see (their audit logs): the resumed
+    run joins again and sends its set-up again (domain model, Qhat: answered as replays, not
+    charged again, also at the site whose process restarted) and only the DC rounds not answered;
+    over both runs each site is charged what an uninterrupted run charges (plus the one round
+    the kill cut, at the sites that had answered it)."""
     from msa_fed.boundary import messages as m
 
     kw, preds, classes = local_kwargs(files, NAMES)
@@ -373,15 +377,22 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
         .fit()
     )
     rounds = ("dc_evaluate", "max_bound")
+    to_west = [(method, msg) for d, site, method, msg in rec.records if d == "to_site" and site == "west"]
     # the distinct rounds an uninterrupted run asks each site (the same for every site; a job
     # with a checkpoint_dir asks a round it asked before, e.g. a restart's start, only once)
     whole = len(
         {
             (method,) if msg is None else (method, msg.z.tobytes(), float(msg.eta), tuple(msg.what), msg.global_bound)
-            for d, site, method, msg in rec.records
-            if d == "to_site" and site == "west" and method in rounds
+            for method, msg in to_west
+            if method in rounds
         }
     )
+    # what an uninterrupted run charges each site: one domain model; its Qhat, each DC round and
+    # each z of its verdict requests count as DC evaluations
+    assert [mm for mm, _ in to_west].count("set_domain_model") == [mm for mm, _ in to_west].count("set_qhat") == 1
+    verdicts = [np.atleast_2d(msg.z).shape[0] for mm, msg in to_west if mm == "harm"]
+    assert verdicts, to_west
+    charges_whole = {"domain_model": 1, "dc_evaluation": 1 + whole + sum(verdicts)}
     killed_at = []
     timeout_s = 5.0
     # a generous timeout while the job sets up (the machine is shared), the short one from the kill on
@@ -412,18 +423,40 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
     relay.close()
     assert resumed.info["classifier"]["resumed"] is True
     np.testing.assert_allclose(resumed.z, full.z, rtol=0, atol=1e-9)
-    # counted at the sites: the rounds each answered in the first run (one ledger run per join)
-    # and in the resumed one; only the round cut by the kill is asked again (of the sites that
-    # had answered it: west had not)
+    # counted at the sites, every request of the job in the audit logs, run by run (a run starts
+    # with its join; the first run ends at the kill, or with the job's end at the sites that lived)
+    setup = ("set_domain_model", "set_qhat")
     for name in NAMES:
         log = [json.loads(x) for x in (fed.workdir / name / "audit.jsonl").read_text().splitlines()]
-        runs: dict = {}
+        runs: list[list[dict]] = []
         for e in log:
-            if e.get("job") == "solve" and e.get("request") in rounds and e.get("outcome") == "answered":
-                runs[e["run"]] = runs.get(e["run"], 0) + 1
-        first, again = list(runs.values())
-        assert first >= 2 and again < whole, (name, runs, whole)
-        assert first + again == whole + (0 if name == "west" else 1), (name, runs, whole)
+            if e.get("job") != "solve":
+                continue
+            if e.get("request") == "join_job":
+                runs.append([])
+            assert runs, (name, e)  # nothing of the job before its first join
+            runs[-1].append(e)
+        assert len(runs) == 2, (name, [[e["request"] for e in r] for r in runs])
+        for run in runs:  # each run: answered (and the job's end noted), nothing refused
+            assert {e["outcome"] for e in run} <= {"answered", "noted"}, (name, run)
+            assert {e["request"] for e in run} <= {"join_job", *setup, *rounds, "harm", "end_job"}, (name, run)
+        first, again = ([e["request"] for e in run] for run in runs)
+        # the resumed run: one join, the set-up once as replays, no more than the rounds not answered
+        assert again.count("join_job") == 1 and all(again.count(mm) == 1 for mm in setup), (name, again)
+        replays = [e for e in runs[1] if e["request"] in setup]
+        assert all("replay" in e["decisions"] and "charged" not in e for e in replays), (name, replays)
+        asked = [sum(r.count(mm) for mm in rounds) for r in (first, again)]
+        assert asked[0] >= 2 and asked[1] < whole, (name, asked, whole)
+        assert sum(asked) == whole + (0 if name == "west" else 1), (name, asked, whole)
+        assert first.count("harm") == 0 and again.count("harm") == len(verdicts), name
+        # what the site counted toward its budgets over both runs: an uninterrupted run's, and the
+        # round cut by the kill where the site had answered it
+        charged: dict = {}
+        for e in runs[0] + runs[1]:
+            for kind, n in (e.get("charged") or {}).items():
+                charged[kind] = charged.get(kind, 0) + n
+        cut = 0 if name == "west" else 1
+        assert charged == {**charges_whole, "dc_evaluation": charges_whole["dc_evaluation"] + cut}, (name, charged)
 
 
 def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, files, tmp_path):

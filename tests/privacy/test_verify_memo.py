@@ -15,9 +15,10 @@ import pytest
 
 from msa_fed.boundary import messages as m
 from msa_fed.core.features import feature_map_state
-from msa_fed.errors import PrivacyError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.privacy.memo import ProcessMemo, Undigestible, digest
 from msa_fed.privacy.verify import PUBLISHED_MEMO, check_maxent
+from msa_fed.site.admission import host_content
 from msa_fed.site.worker import SiteWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -200,19 +201,23 @@ def test_a_model_that_differs_in_any_input_is_checked_again_and_refused_by_every
 
 def test_other_published_samples_are_checked_again(sites, opt):
     """A host that gives the sites other samples (here: one point of the third site's moved) than
-    the ones the model was fitted on: every site given those samples refuses the model, although
-    the same model over the true samples is in the memo."""
+    the ones the model was fitted on, with a job content that pins them: every site given those
+    samples refuses the model, although the same model over the true samples is in the memo.
+    Without the matching pin the sites refuse the samples themselves, naming the peer."""
     ws = workers(sites)
     spec = spec_of(opt, P)
     assert [outcome(w, spec) for w in ws] == ["ok"] * P
     moved = [s.X_unlabeled.copy() for s in sites]
     moved[2][0] += 40.0
-    # the first two sites given the moved samples (their own are unchanged, so the pin holds)
     kw = site_kwargs(sites)
+    with pytest.raises(ConfigError, match=f"published sample of site {sites[2].name!r}"):
+        SiteWorker(**{**kw[0], "policy": ROOMY}).set_published(m.PublishedSamples(tuple(moved)))
+    # the first two sites given the moved samples under a content pinning them (their own are
+    # unchanged, so their own pins hold)
+    content = host_content("test", [s.name for s in sites], moved, task="classification", loss="cross_entropy")
     victims = []
     for k in (0, 1):
-        kw[k]["policy"] = ROOMY
-        w = SiteWorker(**kw[k])
+        w = SiteWorker(**{**kw[k], "policy": ROOMY, "content": content})
         w.set_published(m.PublishedSamples(tuple(moved)))
         victims.append(w)
     before = counts()

@@ -1,8 +1,9 @@
 """The labelled half's one gate (msa_fed.site.gate): the table says what each request costs and
-records, and the site does what its row says: the budget it charges (a replay of the domain
-model in force is free), whether it writes an audit record and with which sizes, the
-min_points check on its sample, and what differential privacy changes (refused before the
-charge, or only the losses, noised, with one DP answer spent)."""
+records, and the site does what its row says: the budget it charges (a replay of a set-up the
+site answered for the job, in this run or an earlier one of the same content, is free), whether
+it writes an audit record and with which sizes, the min_points check on its sample, and what
+differential privacy changes (refused before the charge, or only the losses, noised, with one
+DP answer spent)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_every_rule_of_the_table_names_known_checks_and_budgets():
         # a request that charges a budget or checks anything writes its audit record
         if rule.charges or rule.checks or rule.before or rule.sample or rule.dp:
             assert rule.sizes is not None, method
-        assert not rule.free_replay or rule.charges, method
+        assert rule.replay_key is None or rule.charges, method
 
 
 def test_each_request_costs_and_records_what_its_row_says():
@@ -48,20 +49,22 @@ def test_each_request_costs_and_records_what_its_row_says():
         ("set_domain_model", _spec(X)),
         ("set_domain_model", _spec(X)),  # a replay of the model in force: not a new query
         ("set_qhat", m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01)),
+        ("set_qhat", m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01)),  # a replay: free
         ("dc_evaluate", m.DCRequest(z=np.array([0.5, 0.5]), eta=0.01, what=("L",))),
         ("max_bound", None),
     ]
-    replayed = False
+    replayed: set = set()
     for method, msg in requests:
         rule = LABELLED[method]
         before, lines = _counts(w), w.guard.audit.count
         with recording() as rec:
             getattr(w, method)(msg)
         charged = {k: n - before[k] for k, n in _counts(w).items() if n != before[k]}
-        free = rule.free_replay and replayed
+        free = rule.replay_key is not None and method in replayed
         assert charged == ({rule.charges: 1} if rule.charges and not free else {}), method
         assert rec.records == w.guard.audit.count - lines == (0 if rule.sizes is None else 1), method
-        replayed = replayed or method == "set_domain_model"
+        if rule.replay_key is not None:
+            replayed.add(method)
         if rule.sizes is None:
             continue
         last = w.guard.audit.records()[-1]
@@ -70,6 +73,66 @@ def test_each_request_costs_and_records_what_its_row_says():
         assert ("min_points" in last["decisions"]) == bool(rule.sample and not rule.quiet), method
         if rule.charges and not free:
             assert last["decisions"][f"{rule.charges}s_job"] == _counts(w)[rule.charges]
+        assert ("replay" in last["decisions"]) == free, method
+
+
+def _joined(tmp_path, run: str, policy: SitePolicy, seed: int = 0):
+    """A site process's worker of one run of job "resume" (as SiteApp._join makes it): its
+    ledger and audit log on disk, its set-ups kept in the site's job book per job content."""
+    from msa_fed.site.job_book import JobBook, KeptSetups, labelled_digest, setup_scope
+
+    policy = replace(policy, audit_log=str(tmp_path / "audit.jsonl"), ledger=str(tmp_path / "ledger.sqlite"))
+    X, y, _ = A.victim_data(1, seed=seed)
+    book = JobBook(tmp_path / "jobs.sqlite")  # a new process opens the book again
+    scope = setup_scope("resume@abc", labelled_digest({"X_labeled": X, "y_labeled": y}), policy)
+    return A.victim(1, seed=seed, policy=policy, job_id=f"resume@abc#{run}", setups=KeptSetups(book, scope))[0]
+
+
+def test_a_later_run_of_the_job_replays_its_set_up_uncharged_and_only_the_same_content(tmp_path):
+    """A resumed job (a new run: a new join, after the site process restarted too) sends its
+    domain model and Qhat again: the site answers them, charges neither budget, and says so in
+    its audit record; another domain model, another Qhat, or the same job under another policy
+    or other labelled data is new and charged."""
+    from msa_fed.privacy.ledger import Ledger
+
+    policy = SitePolicy()
+    qhat = m.QhatBroadcast(qhat=np.array([0.5, 0.5]), eta=0.01)
+
+    def day(kind):
+        ledger = Ledger(str(tmp_path / "ledger.sqlite"))
+        try:
+            return ledger.day_count(kind)
+        finally:
+            ledger.close()
+
+    first = _joined(tmp_path, "1", policy)
+    spec = _spec(first.X_labeled)
+    partial = first.set_domain_model(spec)
+    first.set_qhat(qhat)
+    first.guard.close()
+    assert (day("domain_model"), day("dc_evaluation")) == (1, 1)
+
+    again = _joined(tmp_path, "2", policy)  # the resumed run
+    assert np.array_equal(again.set_domain_model(spec).sums, partial.sums)  # the same answer
+    again.set_qhat(qhat)
+    assert (day("domain_model"), day("dc_evaluation")) == (1, 1)  # neither charged again
+    replays = [r for r in again.guard.audit.records() if r.get("run") == "resume@abc#2"]
+    assert [r["request"] for r in replays] == ["set_domain_model", "set_qhat"]
+    assert all("replay" in r["decisions"] and "charged" not in r for r in replays)
+    # another Qhat for the same model is new, and so is the first Qhat once another model is in force
+    again.set_qhat(m.QhatBroadcast(qhat=np.array([0.4, 0.6]), eta=0.01))
+    assert day("dc_evaluation") == 2
+    other = replace(spec, theta=np.asarray(spec.theta) * 0.5)
+    again.set_domain_model(other)
+    again.set_qhat(qhat)
+    assert (day("domain_model"), day("dc_evaluation")) == (2, 3)
+    again.guard.close()
+    # the same job under another policy (e.g. DP turned on or off) or other labelled data: new
+    stricter = replace(policy, eta_min=policy.eta_min * 2)
+    for worker in (_joined(tmp_path, "3", stricter), _joined(tmp_path, "4", policy, seed=1)):
+        worker.set_domain_model(spec)
+        worker.guard.close()
+    assert day("domain_model") == 4
 
 
 def test_min_points_refuses_on_the_rows_sample_and_keeps_its_rule():
