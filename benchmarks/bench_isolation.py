@@ -15,11 +15,18 @@ regressions, d = 2, 400 labelled + 1000 unlabelled rows), Adult (2 sites, logist
 d = 14 stand-in for the one-hot pipeline, 400 + 400 rows), digits (3 sites, the digit CNN on
 16x16 images, untrained weights, 1000 + 1000 rows).  Each timing is the median of repeats,
 the in-process and isolated variants interleaved.  "one by one" is one request per peer
-predictor (the path before requests were batched), in the same run.  At the coordinator the
+predictor (the path before requests were batched), in the same run.  "Loaded at admission" is
+what a site does now: when a job's predictors arrive (``SiteWorker.__init__``, ``prestart``) its
+peers' models go to the worker and their sessions open there, in the background while the job
+sets up; the site's evaluation is then one request of rows (its own predictor's session opening
+in process meanwhile).  It is timed two ways: the load and the evaluation back to back (the whole
+work, an upper bound of the job's wait) and the evaluation alone (the load overlapping the job's
+set-up, as in a job).  At the coordinator the
 in-process baseline is the fused ONNX graph (every predictor trusted) and, for reference, the
 part-by-part numpy path the isolated model takes.
 
-    python benchmarks/bench_isolation.py [--quick]   ->  benchmarks/results/bench_isolation.json
+    python benchmarks/bench_isolation.py [--quick] [--repeats N] [--site-only]
+        ->  benchmarks/results/bench_isolation.json
 """
 
 from __future__ import annotations
@@ -39,7 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from msa_fed.artifacts.export import export_torch  # noqa: E402
-from msa_fed.artifacts.isolated import IsolationLimits, PredictorPool, answered_together, isolate  # noqa: E402
+from msa_fed.artifacts.isolated import (  # noqa: E402
+    IsolationLimits,
+    PredictorPool,
+    answered_together,
+    isolate,
+    prestart,
+)
 from msa_fed.artifacts.loader import OnnxClassifier  # noqa: E402
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor  # noqa: E402
 from msa_fed.site.worker import predictor_outputs  # noqa: E402
@@ -83,12 +96,14 @@ def _median(f, repeats: int) -> float:
 
 
 def _interleaved(fs: dict, repeats: int) -> dict:
+    """Median ms of each variant, the variants interleaved; a variant that returns a number
+    returns its own time (seconds: the part of it that is timed)."""
     times: dict = {k: [] for k in fs}
     for _ in range(repeats):
         for k, f in fs.items():
             t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
+            own = f()
+            times[k].append(own if isinstance(own, float) else time.perf_counter() - t)
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
@@ -114,6 +129,23 @@ def site_case(name: str, onnxs: list[bytes], d: int, rows: int, pool: PredictorP
         forget()
         evaluate([_fresh(loaded[0]), *peers])
 
+    def admit():  # what the site does when a job's predictors arrive: their models into the worker
+        for thread in prestart([loaded[0], *peers]):
+            thread.join()
+
+    def isolated_admitted():  # the models loaded at admission, then the evaluation, back to back
+        forget()
+        admit()
+        evaluate([_fresh(loaded[0]), *peers])
+
+    def isolated_admitted_eval() -> float:  # the evaluation alone (the load overlaps the job's set-up)
+        forget()
+        admit()
+        hs = [_fresh(loaded[0]), *peers]
+        t = time.perf_counter()
+        evaluate(hs)
+        return time.perf_counter() - t
+
     def one_by_one_fresh():
         forget()
         for h in [_fresh(loaded[0]), *peers]:
@@ -132,6 +164,8 @@ def site_case(name: str, onnxs: list[bytes], d: int, rows: int, pool: PredictorP
         {
             "inproc_fresh": inproc_fresh,
             "isolated_fresh": isolated_fresh,
+            "isolated_admitted": isolated_admitted,
+            "isolated_admitted_eval": isolated_admitted_eval,
             "one_by_one_fresh": one_by_one_fresh,
             "inproc_warm": inproc_warm,
             "isolated_warm": isolated_warm,
@@ -140,6 +174,8 @@ def site_case(name: str, onnxs: list[bytes], d: int, rows: int, pool: PredictorP
     )
     out = {"case": name, "p": len(onnxs), "d": d, "rows": rows, **{f"{k}_ms": v for k, v in t.items()}}
     out["fresh_ratio"] = t["isolated_fresh"] / t["inproc_fresh"]
+    out["admitted_ratio"] = t["isolated_admitted"] / t["inproc_fresh"]
+    out["admitted_eval_ratio"] = t["isolated_admitted_eval"] / t["inproc_fresh"]
     out["one_by_one_ratio"] = t["one_by_one_fresh"] / t["inproc_fresh"]
     out["warm_ratio"] = t["isolated_warm"] / t["inproc_warm"]
     return out
@@ -200,11 +236,13 @@ def coordinator_case(name: str, onnxs: list[bytes], d: int, rows: int, pool, rep
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="5 repeats, no CNN, no 10x rows at the coordinator")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats of each variant (default 21; 5 with --quick)")
+    ap.add_argument("--site-only", action="store_true", help="the sites' per-job evaluation only")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "bench_isolation.json"))
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    repeats = 21 if not args.quick else 5
+    repeats = args.repeats or (21 if not args.quick else 5)
     pool = PredictorPool(IsolationLimits(workers=1))
     load_before = os.getloadavg()
     t = time.perf_counter()
@@ -225,11 +263,13 @@ def main() -> int:
         sites.append(r)
         print(
             f"site   {name:<13} p={r['p']} d={d:<3} n={rows:<5} per job {r['inproc_fresh_ms']:7.2f} -> "
-            f"{r['isolated_fresh_ms']:7.2f} ms (x{r['fresh_ratio']:.2f}; one by one x{r['one_by_one_ratio']:.2f})"
+            f"{r['isolated_fresh_ms']:7.2f} ms (x{r['fresh_ratio']:.2f}; one by one x{r['one_by_one_ratio']:.2f}; "
+            f"loaded at admission: {r['isolated_admitted_ms']:.2f} ms x{r['admitted_ratio']:.2f}, "
+            f"its evaluation {r['isolated_admitted_eval_ms']:.2f} ms x{r['admitted_eval_ratio']:.2f})"
             f"   warm {r['inproc_warm_ms']:7.2f} -> {r['isolated_warm_ms']:7.2f} ms (x{r['warm_ratio']:.2f})",
             flush=True,
         )
-        for n in (rows, 10 * rows) if not args.quick else (rows,):
+        for n in () if args.site_only else (rows, 10 * rows) if not args.quick else (rows,):
             c = coordinator_case(name, onnxs, d, n, pool, repeats, rng)
             coordinator.append(c)
             print(

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msa_fed.artifacts.isolated_worker import _HEADER, MAX_HEADER_BYTES
+from msa_fed.artifacts.isolated_worker import _HEADER, MAX_HEADER_BYTES, send_parts
 from msa_fed.artifacts.loader import OnnxClassifier, OnnxPredictor, OnnxRegressor
 from msa_fed.errors import PeerFault
 
@@ -187,14 +187,10 @@ class _Worker:
         return bytes(buf)
 
     def send(self, header: dict, payloads: list, deadline: float) -> None:
-        """One request: the JSON header, then each payload (bytes or a C-contiguous array)."""
+        """One request: the JSON header, then each payload (bytes or a C-contiguous array), in
+        as few writes as the socket takes (the worker wakes once for a small request)."""
         raw = json.dumps(header).encode()
-        self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        self.sock.sendall(_HEADER.pack(len(raw)) + raw)
-        for payload in payloads:
-            if len(payload):
-                self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                self.sock.sendall(memoryview(payload).cast("B"))
+        send_parts(self.sock, [_HEADER.pack(len(raw)) + raw, *payloads], deadline)
 
     def answer(self, deadline: float, max_out: int | None) -> np.ndarray | None:
         """Read one answer frame: ``{"ok": true}`` (``max_out`` None: a model loaded) or an output
@@ -261,25 +257,38 @@ class PredictorPool:
         self._count = 0
         self._cond = threading.Condition()
         self._starting = 0  # workers being started in the background (prestart)
+        self._preloading = 0  # workers loading models in the background (prestart)
+        self._closed = False
         self._fits: dict[str, int] = {}  # sha256 -> rows it ran on alone after running out of memory
         self.restarts = 0  # workers killed after a violation (for tests and the operator's log)
 
-    def prestart(self) -> None:
-        """Start a worker in the background where none runs yet, so that the first call finds it
-        ready (starting one takes seconds: the fork, the limits, onnxruntime's import)."""
+    def prestart(self, items: list[tuple[OnnxPredictor, str]] | tuple = ()) -> threading.Thread | None:
+        """Start, in the background, a worker where none runs yet, so that the first call finds it
+        ready (starting one takes seconds: the fork, the limits, onnxruntime's import), and load
+        ``items``' models (``(predictor, owner)`` pairs) into it, so that the first call sends only
+        rows and waits for no session.  A model that breaks a limit while loading ends that worker
+        quietly: the call that needs it loads it again and raises :class:`PeerFault` there.
+        Returns the background thread (None: nothing to do)."""
         with self._cond:
-            if self._count or self._starting:
-                return
-            self._count += 1
-            self._starting += 1
-        threading.Thread(target=self._start_one, name="msa-fed-predictor-worker", daemon=True).start()
+            start = not self._count and not self._starting
+            if start:
+                self._count += 1
+                self._starting += 1
+        if not start and not items:
+            return None
+        target = self._start_one if start else self._preload
+        thread = threading.Thread(target=target, args=(list(items),), name="msa-fed-predictor-worker", daemon=True)
+        thread.start()
+        return thread
 
-    def _start_one(self) -> None:
+    def _start_one(self, items: list[tuple[OnnxPredictor, str]]) -> None:
         worker = None
         try:
             worker = _Worker(self.limits)
         except Exception:  # noqa: BLE001 - the first call starts one again and reports why it cannot
             pass
+        if worker is not None and items and not self._load(worker, items):
+            worker = None
         with self._cond:
             self._starting -= 1
             if worker is None:
@@ -288,9 +297,48 @@ class PredictorPool:
                 self._idle.append(worker)
             self._cond.notify_all()
 
+    def _preload(self, items: list[tuple[OnnxPredictor, str]]) -> None:
+        with self._cond:
+            while not self._idle:  # a worker runs or is starting: load into the next idle one
+                if self._closed or not (self._count or self._starting):
+                    return
+                self._cond.wait()
+            worker = self._idle.pop()
+            self._preloading += 1
+        ok = self._load(worker, items)
+        with self._cond:
+            self._preloading -= 1
+            if ok:
+                self._idle.append(worker)
+            else:  # killed by _load: its slot is free again
+                self._count -= 1
+            self._cond.notify_all()
+
+    def _load(self, worker: _Worker, items: list[tuple[OnnxPredictor, str]]) -> bool:
+        """Load ``items``' models that ``worker`` does not hold yet (one request, each within
+        ``load_s``); False, the worker killed, where one broke a limit or the protocol."""
+        new = list({h.sha256: h for h, _ in items if h.sha256 not in worker.loaded}.values())
+        if not new:
+            return True
+        try:
+            worker.send(
+                {"op": "load", "models": [{"sha256": h.sha256, "nbytes": len(h.data)} for h in new]},
+                [h.data for h in new],
+                time.monotonic() + len(new) * self.limits.load_s,
+            )
+            for h in new:
+                worker.answer(time.monotonic() + self.limits.load_s, None)
+                worker.loaded.add(h.sha256)
+            return True
+        except (TimeoutError, EOFError, OSError, _Violation):
+            worker.kill()
+            with self._cond:
+                self.restarts += 1
+            return False
+
     def _acquire(self) -> _Worker:
         with self._cond:
-            while not self._idle and (self._starting or self._count >= self.limits.workers):
+            while not self._idle and (self._starting or self._preloading or self._count >= self.limits.workers):
                 self._cond.wait()
             if self._idle:
                 return self._idle.pop()
@@ -436,7 +484,9 @@ class PredictorPool:
 
     def close(self) -> None:
         with self._cond:
-            while self._starting:
+            self._closed = True
+            self._cond.notify_all()
+            while self._starting or self._preloading:
                 self._cond.wait()
             idle, self._idle = self._idle, []
             self._count -= len(idle)
@@ -504,12 +554,19 @@ def is_isolated(predictor) -> bool:
     return isinstance(predictor, _Isolated)
 
 
-def prestart(predictors) -> None:
+def prestart(predictors) -> list[threading.Thread]:
     """Start, in the background, a worker for the isolated ones among ``predictors`` where their
-    pool has none yet (a site does it when a job's predictors arrive: the worker is ready by the
-    time the site first evaluates them)."""
-    for pool in {id(p): p for p in (h.pool or default_pool() for h in predictors if is_isolated(h))}.values():
-        pool.prestart()
+    pool has none yet, and load their models into it (a site does it when a job's predictors
+    arrive: the worker is ready, the models' sessions open, by the time the site first evaluates
+    them, and that evaluation is one request of rows and one answer per model).  Returns the
+    background threads (for a caller that wants to wait for them)."""
+    by_pool: dict[int, tuple[PredictorPool, list]] = {}
+    for h in predictors:
+        if is_isolated(h):
+            pool = h.pool or default_pool()
+            by_pool.setdefault(id(pool), (pool, []))[1].append((h, h.owner))
+    threads = [pool.prestart(items) for pool, items in by_pool.values()]
+    return [t for t in threads if t is not None]
 
 
 def answered_together(predictors: list, X) -> list:
@@ -531,9 +588,40 @@ def answered_together(predictors: list, X) -> list:
         if is_isolated(h) and h.n_features_in_ == X32.shape[1]:
             pool = h.pool or default_pool()
             by_pool.setdefault(id(pool), (pool, []))[1].append(k)
-    for pool, ks in by_pool.values():
-        outs = pool.run_many([(predictors[k], predictors[k].owner) for k in ks], X32)
-        for k, o in zip(ks, outs):
+    answers: dict[int, list[np.ndarray]] = {}
+
+    def ask(pool: PredictorPool, ks: list[int]) -> None:
+        answers[id(pool)] = pool.run_many([(predictors[k], predictors[k].owner) for k in ks], X32)
+
+    # in-process predictors new to this process (a site's own, once per job): their sessions open
+    # here while the workers answer, rather than after
+    opening = [h for h in out if not is_isolated(h) and isinstance(h, OnnxPredictor) and h._session is None]
+    asked = list(by_pool.values())
+    if opening and asked:
+        failed: list[BaseException] = []
+
+        def ask_all() -> None:
+            try:
+                for pool, ks in asked:
+                    ask(pool, ks)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=ask_all, name="msa-fed-peer-request", daemon=True)
+        thread.start()
+        for h in opening:
+            try:
+                h._ensure_session()
+            except Exception:  # noqa: BLE001 - the predictor's own call raises it again, in its words
+                pass
+        thread.join()
+        if failed:
+            raise failed[0]
+    else:
+        for pool, ks in asked:
+            ask(pool, ks)
+    for pool, ks in asked:
+        for k, o in zip(ks, answers[id(pool)]):
             h = predictors[k]
             copy = isolate(h, h.owner, h.pool)
             copy._answered = (X32, o)  # type: ignore[attr-defined]

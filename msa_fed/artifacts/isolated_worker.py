@@ -10,12 +10,14 @@ import json
 import os
 import socket
 import struct
+import time
 
 import numpy as np
 
 #: a frame header: 4 bytes (big-endian length) then that many bytes of JSON
 _HEADER = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 16
+_MAX_PARTS = 64  # buffers per sendmsg (well under IOV_MAX)
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
@@ -40,6 +42,22 @@ def _send(fd: int, header: dict, payload: bytes = b"") -> None:
     _write_all(fd, _HEADER.pack(len(raw)) + raw)
     if payload:
         _write_all(fd, payload)
+
+
+def send_parts(sock: socket.socket, parts, deadline: float | None = None) -> None:
+    """Write ``parts`` (bytes or C-contiguous arrays) in as few system calls as the socket takes
+    (one ``sendmsg`` for a frame and its payload: the reader wakes once, not once per part).
+    ``deadline`` (``time.monotonic``): the socket times out there (TimeoutError)."""
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
+    while views:
+        if deadline is not None:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        n = sock.sendmsg(views[:_MAX_PARTS])
+        while n:
+            if n >= len(views[0]):
+                n -= len(views.pop(0))
+            else:
+                views[0], n = views[0][n:], 0
 
 
 def _recv_into(sock: socket.socket, buf) -> bool:
@@ -73,8 +91,14 @@ def serve(rfd: int, wfd: int) -> int:
 
     answered model by model, in order: a model sent with its bytes first answers ``{"ok": true}``
     once loaded, then every model ``{"ok": true, "dtype": "<f4"|"<f8", "shape": [...]}`` + its
-    output's bytes.  A failure answers ``{"ok": false, "code": "memory"|"error", "detail"}`` in
-    place of the frame it stops (the caller then ends this process).  Ends at EOF."""
+    output's bytes (the frame and its bytes in one write).  A request that only loads models
+    (a site sends its peers' models while a job is being admitted, before any rows)::
+
+        {"op": "load", "models": [{"sha256", "nbytes"}, ...]} + the ONNX bytes of each, in order
+
+    answers ``{"ok": true}`` per model once loaded.  A failure answers
+    ``{"ok": false, "code": "memory"|"error", "detail"}`` in place of the frame it stops (the
+    caller then ends this process).  Ends at EOF."""
     import onnx  # noqa: F401 - imported while the worker waits for its first request
     import onnxruntime  # noqa: F401
 
@@ -94,8 +118,9 @@ def serve(rfd: int, wfd: int) -> int:
             return 0
         try:
             req = json.loads(body)
-            if req["op"] != "runs":
+            if req["op"] not in ("runs", "load"):
                 raise ValueError("unknown op")
+            load_only = req["op"] == "load"
             models = [(str(m["sha256"]), int(m["nbytes"])) for m in req["models"]]
             blobs = []
             for _, nbytes in models:
@@ -103,9 +128,11 @@ def serve(rfd: int, wfd: int) -> int:
                 if data is None:
                     return 0
                 blobs.append(data)
-            X = np.empty((int(req["rows"]), int(req["cols"])), dtype="<f4")
-            if not _recv_into(sock, X):
-                return 0
+            X = None
+            if not load_only:
+                X = np.empty((int(req["rows"]), int(req["cols"])), dtype="<f4")
+                if not _recv_into(sock, X):
+                    return 0
         except Exception as exc:  # noqa: BLE001 - every failure is an answer
             _fail(wfd, exc)
             continue
@@ -116,14 +143,16 @@ def serve(rfd: int, wfd: int) -> int:
                         raise ValueError("sha256 mismatch")
                     sessions[sha] = open_session(data, 1, memory_arena=False)
                     _send(wfd, {"ok": True})
+                if X is None:
+                    continue
                 session, input_name, output_name = sessions[sha]
                 out = np.asarray(session.run([output_name], {input_name: X})[0])
                 if out.dtype.kind != "f":
                     raise TypeError(f"output dtype {out.dtype}")
                 dtype = "<f8" if out.dtype.itemsize == 8 else "<f4"
                 out = np.ascontiguousarray(out, dtype=dtype)
-                _send(wfd, {"ok": True, "dtype": dtype, "shape": list(out.shape)})
-                sock.sendall(out.data.cast("B"))
+                raw = json.dumps({"ok": True, "dtype": dtype, "shape": list(out.shape)}).encode()
+                send_parts(sock, [_HEADER.pack(len(raw)) + raw, out])
             except Exception as exc:  # noqa: BLE001 - MemoryError included: every failure is an answer
                 _fail(wfd, exc)
                 break

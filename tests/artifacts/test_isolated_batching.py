@@ -153,6 +153,45 @@ def test_a_site_starts_its_peers_worker_before_the_first_call():
     assert fresh._count == 0
 
 
+def test_a_site_loads_its_peers_models_while_the_job_is_admitted():
+    """prestart loads the peers' models into the worker it starts: the first evaluation is one
+    request of rows, its answers those of the predictors in process; a hostile model loaded that
+    way is still stopped and named at the call; a model whose bytes do not match its sha256 ends
+    the worker it was loaded into, quietly, and the call names its owner."""
+    from msa_fed.artifacts.isolated import prestart
+
+    fresh = CountingPool(IsolationLimits(base_s=1.5, per_row_s=1e-3, workers=1))
+    try:
+        own, inproc = honest(0), [honest(1), honest(2)]
+        peers = [isolate(h, name, fresh) for h, name in zip(inproc, ("b", "c"))]
+        for t in prestart([own, *peers]):
+            t.join()
+        assert len(fresh._idle) == 1 and fresh._idle[0].loaded == {h.sha256 for h in inproc}
+        pid = fresh._idle[0].pid
+        together = answered_together([own, *peers], WHOLE)
+        assert fresh.requests == 1 and [w.pid for w in fresh._idle] == [pid] and fresh.restarts == 0
+        for h, ref in zip(together[1:], inproc):
+            np.testing.assert_array_equal(h.predict_proba(WHOLE), ref.predict_proba(WHOLE))
+        # a second job's models go into the running worker, next to the first job's
+        slow = isolate(hostile("slow"), "west", fresh)
+        for t in prestart([peers[0], slow]):
+            t.join()
+        assert slow.sha256 in fresh._idle[0].loaded and [w.pid for w in fresh._idle] == [pid]
+        with pytest.raises(PeerFault, match=r"^site 'west''s predictor exceeded 1.9 s on 400 rows$"):
+            answered_together([peers[0], slow], WHOLE)
+        assert fresh.restarts == 1
+        forged = isolate(honest(1), "forger", fresh)
+        forged.sha256 = "0" * 64  # bytes that are not the model this sha256 names
+        for t in prestart([forged]):
+            t.join()
+        assert fresh.restarts == 2 and not fresh._idle and fresh._count == 0
+        with pytest.raises(PeerFault, match=r"^site 'forger''s predictor failed on 400 rows$"):
+            answered_together([forged], WHOLE)
+    finally:
+        fresh.close()
+    assert fresh._count == 0
+
+
 def wide_predictor(width: int) -> bytes:
     """An honest 2-class predictor whose peak memory grows with the rows: an (n, width) float32
     product (``width`` * 4 bytes a row), reduced to one logit."""
