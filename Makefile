@@ -41,11 +41,15 @@ typecheck: setup
 # The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time: most
 # of its time is real processes, Ray and sockets waiting on each other, so three workers on two
 # cores overlap the waits.  TEST_WORKERS=0 runs it in one process.
+# Each worker's BLAS runs on one thread (TEST_BLAS_THREADS): three workers on two cores, each
+# with a BLAS thread per core, spend their time handing the cores to each other.
 TEST_WORKERS ?= 3
+TEST_BLAS_THREADS ?= 1
+BLAS_ENV := OMP_NUM_THREADS=$(TEST_BLAS_THREADS) OPENBLAS_NUM_THREADS=$(TEST_BLAS_THREADS) MKL_NUM_THREADS=$(TEST_BLAS_THREADS)
 test: setup typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(BLAS_ENV) $(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 # core, control, the in-process API, local runtime, artifacts: no Ray, no data sets, no long runs
 test-fast: setup
