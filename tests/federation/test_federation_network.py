@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -94,12 +95,23 @@ def _netns_usable() -> str:
     return ""
 
 
+def _free_octets(n: int) -> list[int]:
+    """n third octets k whose 10.213.k.0/30 no interface of this host holds now (a run killed
+    before its teardown leaves its namespaces and their addresses behind)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    used = {int(m) for m in re.findall(r"\b10\.213\.(\d+)\.\d+/", out)}
+    free = [k for k in range(256) if k not in used]
+    start = uuid.uuid4().int % len(free)
+    return (free[start:] + free[:start])[:n]
+
+
 @pytest.fixture
 def namespaces():
     why = _netns_usable()
     if why:
         pytest.skip(why)
     tag = uuid.uuid4().hex[:4]
+    octets = _free_octets(len(NAMES) + 1)
     made = []  # (namespace, host interface)
     nets = {}
     try:
@@ -110,7 +122,7 @@ def namespaces():
             _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
             made[-1] = (ns, host_if)
             _ip("link", "set", ns_if, "netns", ns)
-            host_ip, site_ip = f"10.213.{k}.1", f"10.213.{k}.2"
+            host_ip, site_ip = f"10.213.{octets[k]}.1", f"10.213.{octets[k]}.2"
             _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
             _ip("link", "set", host_if, "up")
             _ip("netns", "exec", ns, "ip", "addr", "add", f"{site_ip}/30", "dev", ns_if)
