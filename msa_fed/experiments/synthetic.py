@@ -94,15 +94,15 @@ def adaptation_sites(seed: int, n: int, predictors) -> list:
     equal to a labelled one in the published float32 form is dropped, as `site publish
     --drop-shared` drops it; D2's narrow components make a few such pairs at n = 1000)."""
     from msa_fed import SiteData
-    from msa_fed.privacy.consortium import shared_mask
+    from msa_fed.privacy.consortium import drop_shared
 
     arng = np.random.default_rng([seed, 1, n])
     urng = np.random.default_rng([seed, 2, n])
     sites = []
     for dom, h in zip(DOMAINS, predictors):
         X, y = sample(dom, n, arng)
-        Xu, _ = sample(dom, n, urng)
-        sites.append(SiteData(dom, X, y, Xu[~shared_mask(X, Xu)], h))
+        Xu, _ = drop_shared(X, sample(dom, n, urng)[0])
+        sites.append(SiteData(dom, X, y, Xu, h))
     return sites
 
 
