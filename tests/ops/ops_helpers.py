@@ -220,3 +220,24 @@ def start_job(*args, cwd=None) -> tuple[subprocess.Popen, Lines]:
         cwd=cwd,
     )
     return proc, Lines(proc.stdout)
+
+
+def free_recipe_ports(start: int) -> int:
+    """A base port whose recipe ports (base .. base+8, base+100 .. base+199: the registry's and
+    Ray's in the deploy recipes) are all free now, searched from ``start`` in steps of 200."""
+    import socket
+
+    for base in range(start, 60000, 200):
+        socks = []
+        try:
+            for port in [*range(base, base + 9), *range(base + 100, base + 200)]:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError("no free port range")

@@ -5,39 +5,19 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ops_helpers import REPO, env
+from ops_helpers import REPO, env, free_recipe_ports
 
 RAY_DEFAULT_PORTS = {6379, 8265, 10001}
 
 
-def _free_base(start: int = 27200, span: int = 200) -> int:
-    """A base port whose registry and Ray ports (base .. base+8, base+100 .. base+199) are free now."""
-    for base in range(start, 60000, span):
-        ports = [*range(base, base + 9), *range(base + 100, base + 200)]
-        try:
-            socks = []
-            for port in ports:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range")
-
-
 @pytest.mark.slow
 def test_make_federation_walkthrough():
-    base = _free_base()
+    base = free_recipe_ports(27200)
     proc = subprocess.run(
         ["bash", str(REPO / "deploy" / "federation.sh")],
         capture_output=True,
@@ -88,7 +68,7 @@ def _leftovers(work: str) -> list[str]:
 
 @pytest.mark.slow
 def test_make_federation_runs_the_federated_topology():
-    base = _free_base(27500)
+    base = free_recipe_ports(27500)
     proc = subprocess.run(
         ["bash", str(REPO / "deploy" / "federated.sh")],
         capture_output=True,

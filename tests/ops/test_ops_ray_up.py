@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from ops_helpers import REPO, RegistryProcess, env, issue_tokens, publish_sites
+from ops_helpers import REPO, RegistryProcess, env, free_recipe_ports, issue_tokens, publish_sites
 
 LOGIN = "msafedtest"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -47,25 +47,6 @@ def _run(*args, timeout=None, **kwargs):
         return subprocess.CompletedProcess(exc.cmd, -9, out, err + f"\n(timed out after {timeout} s)")
 
 
-def _base_port() -> int:
-    import socket
-
-    for base in range(27600, 60000, 200):
-        try:
-            socks = []
-            for port in [*range(base, base + 9), *range(base + 100, base + 200)]:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range")
-
-
 @pytest.fixture
 def ray_up_folder():
     """FOLDER set up by deploy/ray-up-local.sh (short: Ray's socket paths live under it); down afterwards."""
@@ -75,7 +56,7 @@ def ray_up_folder():
     except KeyError:
         pass
     folder = Path(tempfile.mkdtemp(prefix="mfru.", dir="/tmp"))
-    base = _base_port()
+    base = free_recipe_ports(27600)
     script_env = {**env(), "PY": sys.executable, "LOGIN": LOGIN, "BASE_PORT": str(base)}
     try:
         up = _run("bash", SCRIPT, "up", folder, timeout=120, env=script_env)

@@ -15,34 +15,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from ops_helpers import REPO, env
+from ops_helpers import REPO, env, free_recipe_ports
 
 SCRIPT = REPO / "deploy" / "ray-up-local.sh"
 LOGIN = "msafed-down-test"  # no such login: `down` removes none
-
-
-def _free_base() -> int:
-    """A BASE_PORT whose ports (BASE..BASE+8, BASE+100..BASE+199: the recipe's) are free now."""
-    for base in range(31600, 60000, 200):
-        socks = []
-        try:
-            for port in [*range(base, base + 9), *range(base + 100, base + 200)]:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range")
 
 
 def _cluster_yaml(folder: Path, base: int) -> dict:
@@ -118,7 +99,7 @@ def _listening(ports: set[int]) -> set[int]:
 
 def test_down_stops_every_process_of_the_recipes_ray_and_frees_its_ports():
     folder = Path(tempfile.mkdtemp(prefix="mfrd.", dir="/tmp"))  # short: Ray's socket paths live under it
-    base = _free_base()
+    base = free_recipe_ports(31600)
     gcs = base + 1
     ports = {*range(base, base + 9), *range(base + 100, base + 200)}
     started: set[int] = set()
