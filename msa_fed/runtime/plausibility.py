@@ -94,23 +94,10 @@ class AnswerChecker:
 
     # ------------------------------------------------------------------ DC sums
     def dc_partials(self, parts, z, eta: float, what) -> None:
-        """Check each site's DC partial for the request (z, eta, what)."""
+        """Check each site's DC partial for the request (z, eta, what): the batched check with
+        one row (one implementation of the checks for both)."""
         z = np.asarray(z, dtype=np.float64)
-        key = (z.tobytes(), float(eta), tuple(what))
-        for s, r in enumerate(parts):
-            if float(getattr(r, "epsilon", 0.0) or 0.0) > 0 or (self.mass is not None and self._dp[s]):
-                continue
-            sums: DCSums = r.sums
-            self._bounds(s, sums)
-            before = self._seen[s].get(key)
-            if before is not None:
-                for name, arr in sums.arrays().items():
-                    old = before.get(name)
-                    if old is not None and not np.allclose(arr, old, rtol=1e-9, atol=ATOL):
-                        raise self._fault(s, "dc_evaluate", f"two different {name} for the same z")
-            self._seen[s][key] = {k: np.array(v) for k, v in sums.arrays().items()}
-            if sums.L is not None and sums.dL is not None:
-                self._along_path(s, z, float(eta), np.asarray(sums.L), np.asarray(sums.dL))
+        self.dc_partials_batch([_OneRow(r) for r in parts], z[None, :], eta, what)
 
     def dc_partials_batch(self, parts, zs, eta: float, what) -> None:
         """Check each site's answer to a batched request (zs (m, p): each answer's arrays have
@@ -212,49 +199,6 @@ class AnswerChecker:
             ring.add(zs[r], eta, L[r], dL[r])
         return None
 
-    def _bounds(self, s: int, sums: DCSums) -> None:
-        if sums.L is None:
-            return
-        L = np.asarray(sums.L, dtype=np.float64)
-        if np.any(L < -ATOL):
-            raise self._fault(s, "dc_evaluate", "a negative loss")
-        if self.loss == "cross_entropy" and self.mass is not None:
-            top = self.mass[s] * -np.log(PROB_FLOOR)
-            k = int(np.argmax(L - top))
-            if L[k] > top[k] * (1 + 1e-9) + ATOL:
-                raise self._fault(
-                    s, "dc_evaluate", f"loss {L[k]:.6g} for domain {k}, above its bound {top[k]:.6g} on the site's mass"
-                )
-
-    def _along_path(self, s: int, z: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> None:
-        ring = self._path[s]
-        if ring is None:
-            ring = self._path[s] = _PathRing(z.size, L.size)
-        if not ring.fits(z, L, dL):
-            raise self._fault(s, "dc_evaluate", "its losses or gradients changed shape along the solver's path")
-        past = ring.near(z, eta)
-        if past is not None:
-            Z1, L1, dL1 = past
-            dz = z[None, :] - Z1
-            d1 = np.einsum("mkj,mj->mk", dL1, dz)
-            d2 = dz @ dL.T
-            predicted = 0.5 * (d1 + d2)
-            # the trapezoid's error has no bound without the points: only gross disagreement counts
-            slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (
-                np.abs(L)[None, :] + np.abs(L1)
-            )
-            bad = np.abs((L[None, :] - L1) - predicted) > slack + ATOL
-            if bad.any():
-                i = int(np.argmax(bad.any(axis=1)))  # the oldest pair that disagrees
-                k = int(np.argmax(bad[i]))
-                raise self._fault(
-                    s,
-                    "dc_evaluate",
-                    f"its losses disagree with its gradients along the solver's path (domain {k}: "
-                    f"change {L[k] - L1[i, k]:.6g}, gradients say {predicted[i, k]:.6g})",
-                )
-        ring.add(z, eta, L, dL)
-
     def bound(self, parts) -> None:
         for s, r in enumerate(parts):
             if not float(r.value) >= 0:
@@ -288,22 +232,20 @@ class _PathRing:
         self.count = 0  # entries held
         self.slot = 0  # where the next one goes
 
-    def fits(self, z: np.ndarray, L: np.ndarray, dL: np.ndarray) -> bool:
-        return z.shape == (self.q,) and L.shape == (self.k,) and dL.shape == (self.k, self.q)
-
-    def near(self, z: np.ndarray, eta: float):
-        """(Z, L, dL) of the held evaluations at the same eta with every coordinate of z within
-        :data:`PATH_STEP`, oldest first; None when there is none."""
-        if not self.count:
-            return None
-        order = (self.slot - self.count + np.arange(self.count)) % PATH_MEMORY
-        near = (self.eta[order] == eta) & (np.abs(self.Z[order] - z[None, :]).max(axis=1) <= PATH_STEP)
-        if not near.any():
-            return None
-        idx = order[near]
-        return self.Z[idx], self.L[idx], self.dL[idx]
-
     def add(self, z: np.ndarray, eta: float, L: np.ndarray, dL: np.ndarray) -> None:
         self.Z[self.slot], self.eta[self.slot], self.L[self.slot], self.dL[self.slot] = z, eta, L, dL
         self.count = min(self.count + 1, PATH_MEMORY)
         self.slot = (self.slot + 1) % PATH_MEMORY
+
+
+class _OneRow:
+    """A site's answer to one z seen as a batched answer of one row (its arrays with a leading
+    axis of 1), for :meth:`AnswerChecker.dc_partials`."""
+
+    def __init__(self, answer):
+        self.epsilon = getattr(answer, "epsilon", 0.0)
+        self.sums = self
+        self._sums = answer.sums
+
+    def arrays(self) -> dict:
+        return {k: np.asarray(v)[None] for k, v in self._sums.arrays().items()}

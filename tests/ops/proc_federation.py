@@ -19,6 +19,19 @@ from ops_helpers import Lines, RegistryProcess, cli, env, issue_tokens
 from msa_fed.federation.local import site_toml
 
 
+def write_site_files(folder: Path, files: dict) -> None:
+    """What a hospital puts next to its site.toml: data.npz, unlabeled.npy and predictor.onnx
+    (from one entry of :func:`demo_sites`)."""
+    np.savez(
+        folder / "data.npz",
+        X_labeled=files["X_labeled"],
+        y_labeled=files["y_labeled"],
+        X_unlabeled=files["X_unlabeled"],
+    )
+    np.save(folder / "unlabeled.npy", files["X_unlabeled"])
+    (folder / "predictor.onnx").write_bytes(files["predictor"])
+
+
 def demo_sites(names=("north", "east", "west"), seed: int = 0) -> dict:
     """Each site's labelled data, unlabelled sample and ONNX predictor (the demo's distribution)."""
     from sklearn.linear_model import LogisticRegression
@@ -64,14 +77,7 @@ class ProcFederation:
             folder.mkdir()
             (folder / "token.txt").write_text(tokens[name] + "\n")
             os.chmod(folder / "token.txt", 0o600)
-            np.savez(
-                folder / "data.npz",
-                X_labeled=files["X_labeled"],
-                y_labeled=files["y_labeled"],
-                X_unlabeled=files["X_unlabeled"],
-            )
-            np.save(folder / "unlabeled.npy", files["X_unlabeled"])
-            (folder / "predictor.onnx").write_bytes(files["predictor"])
+            write_site_files(folder, files)
             sealing: dict = dict(allow_unsealed=True)
             register = ["site", "register", "--registry", self.address, "--insecure"]
             register += ["--token-file", folder / "token.txt", "--name", name]

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from ops_helpers import REPO, Lines, cli, cli_process, env
 
@@ -233,7 +232,7 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
-    from proc_federation import demo_sites
+    from proc_federation import demo_sites, write_site_files
 
     root = tmp_path / "kit"
     _init(root, registry=f"127.0.0.1:{free_port()}")
@@ -246,14 +245,7 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         outs = {}
         for name, files in demo_sites(SITES).items():
             folder = root / "sites" / name
-            np.savez(
-                folder / "data.npz",
-                X_labeled=files["X_labeled"],
-                y_labeled=files["y_labeled"],
-                X_unlabeled=files["X_unlabeled"],
-            )
-            np.save(folder / "unlabeled.npy", files["X_unlabeled"])
-            (folder / "predictor.onnx").write_bytes(files["predictor"])
+            write_site_files(folder, files)
             for command in ("register", "publish"):
                 rc, out, err = cli_process("site", command, "--config", "site.toml", cwd=folder, timeout=300)
                 assert rc == 0, (command, out, err)
