@@ -65,9 +65,35 @@ def _local_z(files):
         return c.fit()
 
 
+#: the address of each RegistryClient the driver opened while the module's job ran
+OPENED: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def federated(local_ray, federation):
-    return _run(_job(federation), federation)
+    from msa_fed.control.registry.client import RegistryClient
+
+    init = RegistryClient.__init__
+
+    def counted(self, address, *args, **kwargs):
+        OPENED.append(address)
+        init(self, address, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RegistryClient, "__init__", counted)
+        return _run(_job(federation), federation)
+
+
+def test_the_job_connects_to_the_registry_once(federated, federation):
+    """Plan, artifacts, samples, the job's record and log, the stored model: one connection."""
+    from msa_fed.control.ops.client import OpsClient
+    from msa_fed.control.registry.client import RegistryClient
+
+    record, model = federated
+    assert OPENED == [federation.address]
+    with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
+        job = OpsClient(admin).get_job(model.info["job"]["job_id"])
+        assert job.status == "succeeded" and job.model_version == record.version
 
 
 def test_federated_z_equals_local_and_cluster(federated, federation, files, local_ray):
