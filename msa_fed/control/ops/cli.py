@@ -393,8 +393,8 @@ def _deregister(args) -> int:
     return 0
 
 
-SITE_STATUS_HEADER = ("NAME", "TOKEN", "REGISTERED", "REVOKED", "DEREGISTERED", "LAST HEARTBEAT", "CONNECTED")
-SITE_STATUS_HEADER += ("ARTIFACTS", "USABLE")
+#: the columns of ``admin list-sites`` ("_": a space)
+SITE_COLUMNS = "NAME TOKEN REGISTERED REVOKED DEREGISTERED LAST_HEARTBEAT CONNECTED ARTIFACTS USABLE"
 
 
 def site_status_rows(statuses):
@@ -420,7 +420,7 @@ def site_status_rows(statuses):
                 "yes" if exclusion_reason(s) is None and s.predictor_sha256 else "no",
             )
         )
-    return SITE_STATUS_HEADER, rows
+    return tuple(c.replace("_", " ") for c in SITE_COLUMNS.split()), rows
 
 
 def print_site_statuses(statuses, as_json: bool, records: dict | None = None) -> None:
