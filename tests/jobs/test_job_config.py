@@ -342,7 +342,6 @@ def test_the_fit_is_checked_with_the_job_and_never_again(tmp_path, monkeypatch):
     from msa_fed.core.options import is_checked
     from msa_fed.runtime import config as runtime_config
     from msa_fed.runtime.coordinator import Coordinator
-    from msa_fed.runtime.ray_sites import RaySites
 
     config = JobConfig.from_toml(write(tmp_path, GOOD.format(port=closed_port())))
     fit = config.fit
@@ -355,7 +354,7 @@ def test_the_fit_is_checked_with_the_job_and_never_again(tmp_path, monkeypatch):
     for module in (core_config, runtime_config):
         monkeypatch.setattr(module, "normalise", checked_again)
     assert Coordinator(None, [], fit, verbose=False).config is fit
-    assert RaySites([], fit.ray).config is fit.ray
+    assert fit.ray.validate() is fit.ray and fit.solver.validate() is fit.solver  # what the Ray sites call
     with pytest.raises(AssertionError, match="FitConfig checked again"):
         Coordinator(None, [], replace(fit, verbose=True))
 
