@@ -8,8 +8,9 @@ the site's *published* unlabelled sample (downloaded from the registry and pinne
 the registry recorded, by whoever builds this backend), and the actors train the Maxent domain
 classifier data-parallel among themselves; on published samples of at most
 :data:`STACKED_VALUES` values the coordinator trains it itself on the samples it holds (one
-stacked L-BFGS, as the local runtime does) and the actors never start.  Every request that needs labelled data (joining the
-job, Qhat partial sums, DC evaluations, the squared-loss bound) goes through the relay to the
+stacked L-BFGS, as the local runtime does) and the actors never start.  Every request that
+needs labelled data (joining the job, Qhat partial sums, DC evaluations, the squared-loss
+bound) goes through the relay to the
 site process, which answers with aggregates only (:data:`RELAY_METHODS`).  No labelled point
 ever reaches the cluster.
 
