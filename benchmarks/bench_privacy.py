@@ -157,7 +157,7 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
             _, oracles[name] = c.prepare_dc(dm)
             times[name], cpu[name] = [], []
-        pids = {name: [actor_pid(a) for a in be.actors()] for name, be in backends.items()}
+        pids = {name: [actor_pid(a) for a in be.actors] for name, be in backends.items()}
         zs = rng.dirichlet(np.ones(p), size=rounds + 20)
         names = list(oracles)
         for r, z in enumerate(zs):
