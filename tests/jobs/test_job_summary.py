@@ -86,10 +86,14 @@ def test_a_federated_jobs_site_lines_say_where_the_classifier_is_trained():
 
     actors = site_lines(["north", "east"], "tls", topology="federated")
     here = site_lines(["north", "east"], "tls", topology="federated", classifier_in_process=True)
-    assert [x.split(";")[0] for x in actors] == [x.split(";")[0] for x in here] == [
-        f"site {n}: answers from its own process through the registry's relay (topology federated)"
-        for n in ("north", "east")
-    ]
+    assert (
+        [x.split(";")[0] for x in actors]
+        == [x.split(";")[0] for x in here]
+        == [
+            f"site {n}: answers from its own process through the registry's relay (topology federated)"
+            for n in ("north", "east")
+        ]
+    )
     assert "run in a Ray actor over direct mutual-TLS data channel" in actors[0]
     assert "the domain classifier is trained here, on the published samples" in here[0]
     assert "Ray" not in here[1]
