@@ -517,7 +517,7 @@ class Coordinator:
         """((p, p) z's: row j the min-max mixture without site j and its labelled points, rounds,
         the refusal that stopped them or None).  ``lockstep``: the p solves together, one batched
         request per site per round; else one after another, one request per z (the reference the
-        tests compare with: the same z's, bit for bit)."""
+        tests compare with: the same z's to rounding)."""
         import threading
 
         from msa_fed.core.influence import Lockstep
