@@ -280,8 +280,9 @@ def work_unit(nodeid: str) -> str:
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` as `make test` wants it: the work units of :func:`work_unit`, handed
-    out in the collection's order (heavy_first).  xdist's own loadfile would sort the files by
-    their number of tests, which put the longest files (a few long tests each) last."""
+    out in the collection's order (heavy_first), the next one to a worker when it is on its
+    last test.  xdist's own loadfile would sort the files by their number of tests, which put
+    the longest files (a few long tests each) last."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -289,6 +290,19 @@ def pytest_xdist_make_scheduler(config, log):
     class HeavyFirstScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # xdist tops a worker up while it has two tests or fewer left, so a worker could
+            # hold two long one-test units queued behind the one it runs while another worker
+            # idles.  Here a worker gets its next unit when it is on its last test (a worker
+            # needs the next test before it starts one, to know which fixtures to tear down).
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
 
     config.option.loadscopereorder = False
     return HeavyFirstScheduling(config, log)
