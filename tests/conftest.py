@@ -215,16 +215,22 @@ def pytest_collection_modifyitems(config, items):
     heavy_first(items)
 
 
-#: the files that take a worker longest in `make test`, with the seconds each took in one process
-#: (`pytest -n 0 --durations=0`, one file at a time, on the two-core machine loaded by parallel
-#: work): `make test` starts them first, the heaviest first, so that the short files fill the end
-#: rather than one long file running alone at the end
+#: the files that take a worker longest in `make test`, with the seconds of their longest work
+#: unit (the file, or its longest test in SPLIT_FILES) in a three-worker run of these files on
+#: the two-core machine at load 25 from parallel work: `make test` starts them first, the
+#: heaviest first, so that the short files fill the end rather than one long file running alone
 HEAVY_FILES: dict[str, float] = {
-    "ops/test_ops_consortium.py": 220,  # the kit flow: three jobs on a mutual-TLS federation
-    "federation/test_federation_network.py": 200,  # sites in their own network namespaces
-    "cluster/test_cluster_job.py": 190,  # a two-node Ray and `ray job submit`
-    "ops/test_ops_federation.py": 155,  # make federation, make federation-cluster (a test each)
-    "ops/test_ops_walkthrough.py": 95,  # the operations walkthrough
+    "federation/test_federated_job.py": 520,
+    "runtime/test_ray_runtime.py": 480,
+    "cluster/test_cluster_job.py": 450,  # a two-node Ray and `ray job submit`
+    "federation/test_hostile_sites.py": 440,
+    "ops/test_ops_consortium.py": 420,  # the kit flow: three jobs on a mutual-TLS federation
+    "federation/test_sealed_relay.py": 370,
+    "ops/test_ops_federation.py": 350,  # make federation-cluster; make federation 240
+    "federation/test_federation_security.py": 345,
+    "ops/test_ops_job.py": 165,
+    "ops/test_ops_walkthrough.py": 160,  # the operations walkthrough
+    "federation/test_federation_network.py": 150,  # sites in their own network namespaces
 }
 #: files whose tests share no module fixture (each starts its own processes or works alone):
 #: `make test`'s workers take them a test at a time rather than a file at a time, so that their
