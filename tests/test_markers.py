@@ -134,6 +134,7 @@ def test_the_scheduler_spreads_a_split_file_over_the_workers():
         capture_output=True,
         text=True,
         cwd=TESTS.parent,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},  # not this run's worker
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
