@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cli_runner import run_cli
+from cli_runner import registry_serve_argv, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,22 +94,7 @@ class RegistryProcess:
         self.address = None
 
     def start(self) -> RegistryProcess:
-        args = [
-            sys.executable,
-            "-m",
-            "msa_fed.cli",
-            "registry",
-            "serve",
-            "--db",
-            str(self.db),
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--insecure",
-            "--workers",
-            "16",
-            "--log-level",
-            "WARNING",
-        ]
+        args = registry_serve_argv(self.db, f"127.0.0.1:{self.port}", "WARNING", "--workers", "16")
         if self.audit_log:
             args += ["--audit-log", str(self.audit_log)]
         deadline = time.monotonic() + 120
