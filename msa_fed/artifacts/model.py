@@ -21,7 +21,7 @@ import numpy as np
 
 from msa_fed import __version__
 from msa_fed.artifacts.isolated import answered_together, is_isolated
-from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.artifacts.outputs import check_X, checked_proba, checked_values
 from msa_fed.core.domain_models import domain_model_state
 from msa_fed.core.inference import StoredFeatureMap, stored_domain_model
 from msa_fed.core.threads import blas_threads_for
@@ -55,20 +55,6 @@ MANIFEST_KEYS = (
 def predictor_kind(task: str) -> str:
     """What the safe loader checks a frozen predictor's outputs as, for ``task``."""
     return "regression" if task == "regression" else "probabilities"
-
-
-def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
-    """X as a float64 (n, d) array, or a ValueError naming the problem."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim == 1 and n_features == 1:
-        X = X[:, None]
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features); got shape {X.shape}")
-    if X.shape[1] != n_features:
-        raise ValueError(f"{name} has {X.shape[1]} features; the model expects {n_features}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return X
 
 
 class CombinedModel:

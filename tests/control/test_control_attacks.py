@@ -8,6 +8,7 @@ a library echo server files in its error text.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -77,6 +78,26 @@ def future_code(future) -> grpc.StatusCode:
     except grpc.RpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
+
+
+@contextlib.contextmanager
+def evil_and_other(limits: Limits):
+    """A registry server under ``limits`` on loopback with two registered sites, evil and other:
+    yields (server, a raw stub, {name: token}, an event that releases stalled uploads); at the
+    end the event is set and the stub's channel closed."""
+    registry = Registry(MemoryStore(), limits)
+    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
+    release = threading.Event()
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        for name, token in tokens.items():
+            with RegistryClient(server.address, token, insecure=True) as c:
+                c.register(name)
+        channel = grpc.insecure_channel(server.address)
+        try:
+            yield server, pb_grpc.RegistryStub(channel), tokens, release
+        finally:
+            release.set()
+            channel.close()
 
 
 class HonestCalls:
@@ -171,97 +192,68 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
 
 
 def test_concurrent_uploads_beyond_the_per_token_cap_are_resource_exhausted():
-    registry = Registry(MemoryStore(), Limits(max_streams_per_principal=2, transfer_idle_s=60))
-    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
-    release = threading.Event()
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        for name, token in tokens.items():
-            with RegistryClient(server.address, token, insecure=True) as c:
-                c.register(name)
-        channel = grpc.insecure_channel(server.address)
-        stub = pb_grpc.RegistryStub(channel)
-        try:
-            held = [
-                stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]), timeout=60)
-                for _ in range(2)
-            ]
-            wait_for(lambda: server.interceptor.slots.used == 2, "two admitted uploads")
-            for attempt in range(3):  # the third, fourth, ... stream of the same token
-                with pytest.raises(grpc.RpcError) as err:
-                    stub.UploadSample(
-                        iter(
-                            [
-                                pb.UploadSampleRequest(
-                                    header=pb.SampleHeader(
-                                        upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"
-                                    )
-                                )
-                            ]
-                        ),
-                        metadata=md(tokens["evil"]),
-                        timeout=30,
-                    )
-                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "limit per caller is 2" in err.value.details()
-                assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
-            # a download is a stream too
+    with evil_and_other(Limits(max_streams_per_principal=2, transfer_idle_s=60)) as (server, stub, tokens, release):
+        held = [
+            stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]), timeout=60)
+            for _ in range(2)
+        ]
+        wait_for(lambda: server.interceptor.slots.used == 2, "two admitted uploads")
+        for attempt in range(3):  # the third, fourth, ... stream of the same token
             with pytest.raises(grpc.RpcError) as err:
-                list(
-                    stub.DownloadCombinedModel(
-                        pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]), timeout=30
-                    )
+                stub.UploadSample(
+                    iter(
+                        [
+                            pb.UploadSampleRequest(
+                                header=pb.SampleHeader(
+                                    upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"
+                                )
+                            )
+                        ]
+                    ),
+                    metadata=md(tokens["evil"]),
+                    timeout=30,
                 )
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            # another site is not limited by the attacker's streams
-            with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
-                assert other.upload_sample(np.ones((3, 2))).meta["rows"] == 3
-            # the slots come back when the streams end
-            release.set()
-            for f in held:
-                assert future_code(f) == grpc.StatusCode.INVALID_ARGUMENT  # they ended short of their size
-            wait_for(lambda: server.interceptor.slots.used == 0, "the slots to be released")
-            with RegistryClient(server.address, tokens["evil"], insecure=True, retries=0, busy_wait=0) as evil:
-                assert evil.upload_sample(np.ones((3, 2))).meta["cols"] == 2
-        finally:
-            release.set()
-            channel.close()
+            assert "limit per caller is 2" in err.value.details()
+            assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
+        # a download is a stream too
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.DownloadCombinedModel(pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # another site is not limited by the attacker's streams
+        with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
+            assert other.upload_sample(np.ones((3, 2))).meta["rows"] == 3
+        # the slots come back when the streams end
+        release.set()
+        for f in held:
+            assert future_code(f) == grpc.StatusCode.INVALID_ARGUMENT  # they ended short of their size
+        wait_for(lambda: server.interceptor.slots.used == 0, "the slots to be released")
+        with RegistryClient(server.address, tokens["evil"], insecure=True, retries=0, busy_wait=0) as evil:
+            assert evil.upload_sample(np.ones((3, 2))).meta["cols"] == 2
 
 
 def test_probe_memory_is_charged_before_the_upload_is_read():
     probe = 50_000_000
-    registry = Registry(
-        MemoryStore(), Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe, transfer_idle_s=60)
-    )
-    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
-    release = threading.Event()
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        for name, token in tokens.items():
-            with RegistryClient(server.address, token, insecure=True) as c:
-                c.register(name)
-        channel = grpc.insecure_channel(server.address)
-        stub = pb_grpc.RegistryStub(channel)
-        try:
-            held = stub.UploadPredictor.future(
-                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
-            )
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 4096 + probe, "the reservation")
-            held2 = stub.UploadPredictor.future(
-                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
-            )
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 2 * (4096 + probe), "the second reservation")
-            with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
-                # a third probe does not fit beside two: refused before a byte is read, as temporary
-                with pytest.raises(RegistryError) as err:
-                    other.upload_predictor(linear_onnx([1.0, 2.0]))
-                assert err.value.code == "RESOURCE_EXHAUSTED" and "retry later" in err.value.message
-                # a sample (no probe) still fits
-                assert other.upload_sample(np.ones((2, 2))).meta["rows"] == 2
-            release.set()
-            assert future_code(held) == future_code(held2) == grpc.StatusCode.INVALID_ARGUMENT
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released")
-        finally:
-            release.set()
-            channel.close()
+    limits = Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe, transfer_idle_s=60)
+    with evil_and_other(limits) as (server, stub, tokens, release):
+        held = stub.UploadPredictor.future(
+            stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+        )
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 4096 + probe, "the reservation")
+        held2 = stub.UploadPredictor.future(
+            stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+        )
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 2 * (4096 + probe), "the second reservation")
+        with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
+            # a third probe does not fit beside two: refused before a byte is read, as temporary
+            with pytest.raises(RegistryError) as err:
+                other.upload_predictor(linear_onnx([1.0, 2.0]))
+            assert err.value.code == "RESOURCE_EXHAUSTED" and "retry later" in err.value.message
+            # a sample (no probe) still fits
+            assert other.upload_sample(np.ones((2, 2))).meta["rows"] == 2
+        release.set()
+        assert future_code(held) == future_code(held2) == grpc.StatusCode.INVALID_ARGUMENT
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released")
     # a predictor whose probe can never fit is told so, not asked to retry
     small = Registry(MemoryStore(), Limits(max_upload_bytes_in_flight=10_000_000, probe_memory_bytes=probe))
     token = small.issue_token("site", "a")

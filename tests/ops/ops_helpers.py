@@ -17,10 +17,14 @@ from cli_runner import registry_serve_argv, run_cli
 REPO = Path(__file__).resolve().parents[2]
 
 
-def env() -> dict:
+def env(grpc_verbosity: str | None = "ERROR") -> dict:
+    """This environment with the checkout first on PYTHONPATH, no RAY_ADDRESS, and gRPC's own log
+    level ``grpc_verbosity`` (None: the command's own default)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e["GRPC_VERBOSITY"] = "ERROR"
+    e.pop("GRPC_VERBOSITY", None)
+    if grpc_verbosity is not None:
+        e["GRPC_VERBOSITY"] = grpc_verbosity
     e.pop("RAY_ADDRESS", None)
     return e
 
@@ -34,14 +38,15 @@ def cli(*args, cwd=None, timeout: float | None = None) -> tuple[int, str, str]:
     return run_cli(*args, cwd=cwd)
 
 
-def cli_process(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
-    """Run ``msa-fed ARGS`` in a new process; (exit status, stdout, stderr)."""
+def cli_process(*args, timeout: float = 300, cwd=None, environ: dict | None = None) -> tuple[int, str, str]:
+    """Run ``msa-fed ARGS`` in a new process (in ``environ``, by default :func:`env`); (exit status,
+    stdout, stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "msa_fed.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env(),
+        env=env() if environ is None else environ,
         cwd=cwd,
         check=False,
     )
