@@ -356,16 +356,11 @@ class SiteAgent:
         return self._fetch("predictor", self._stub.FetchPredictor, request, site)[1]
 
     def fetch_sample(self, job: str, site: str) -> tuple[bytes, str, int, int]:
-        from msa_fed.control.convert import artifact_from_pb
-
         request = pb.FetchSampleRequest(job_id=job, site=site)
-        header_pb, data = self._fetch("sample", self._stub.FetchSample, request, site)
-        header = artifact_from_pb(header_pb)
-        try:
-            rows, cols = int(header.meta["rows"]), int(header.meta["cols"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"the sample of site {site!r} has no readable shape") from None
-        return data, header.sha256, rows, cols
+        header, data = self._fetch("sample", self._stub.FetchSample, request, site)
+        if header.WhichOneof("meta") != "sample":
+            raise ConfigError(f"the sample of site {site!r} has no readable shape")
+        return data, header.sha256, int(header.sample.rows), int(header.sample.cols)
 
     def close(self):
         self.dispatch.close()
