@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +193,10 @@ def write_site_files(folder) -> None:
         X_unlabeled=rng.normal(size=(30, 2)),
     )
     (folder / "predictor.onnx").write_bytes(b"x")
+
+
+def cli_run(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``msa-fed ARGS`` in a new interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
