@@ -196,8 +196,8 @@ class SiteAgent:
             )
 
     def _own_record(self, wait_s: float):
-        from msa_fed.control.client import RegistryClient
-        from msa_fed.control.connection import KEY_LABELS
+        from msa_fed.control.registry.client import RegistryClient
+        from msa_fed.control.transport.connection import KEY_LABELS
         from msa_fed.errors import RegistryError
 
         deadline = time.monotonic() + float(wait_s)
