@@ -162,8 +162,9 @@ def test_the_ray_client_server_and_the_children_of_its_ray_are_stopped_too(tmp_p
 
     mine, theirs = client_server(29911), client_server(29921)
     try:
-        time.sleep(1.0)  # the raylet's child is started
-        child = _children(raylet.pid)
+        deadline = time.monotonic() + 60  # the raylet's child is started (seconds on a loaded machine)
+        while not (child := _children(raylet.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(child) == 1
         done = _stop(ours, 5)
         assert done.returncode == 0, done.stderr
