@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def run_cli(*args, cwd: str | os.PathLike | None = None) -> tuple[int, str, str]
 def registry_serve_argv(db, listen: str = "127.0.0.1:0", log_level: str = "WARNING", *extra: str) -> list[str]:
     """The command line of ``msa-fed registry serve`` in a new interpreter: the database ``db``,
     plaintext on loopback at ``listen``, logging at ``log_level``, then ``extra``."""
-    import sys
-
     return [
         sys.executable,
         "-m",
