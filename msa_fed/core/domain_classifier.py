@@ -735,6 +735,9 @@ def train_domain_classifier(
         float64 sums (:func:`fit_maxent`'s ``exact``; no polish needed after it).  Measured
         against float32 products and a float64 polish, to the same optimum: 0.55x the CPU time
         at D = 100, p = 8 (the polish restarts L-BFGS without its memory), 0.85x at D = 5, p = 64.
+        Where a sampled Hessian is cheap (:func:`newton_pays`: few features times sites) the
+        exact fit takes Newton steps instead (:func:`newton_maxent`, to the same optimum: 14
+        evaluations and 4 Hessians against L-BFGS's 60 evaluations at D = 5, p = 64).
     """
     p = len(X_unlabeled)
     fit_feature_map(feature_map, X_unlabeled)

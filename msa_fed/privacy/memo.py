@@ -116,7 +116,9 @@ _FROZEN_LOCK = threading.Lock()
 
 
 def _layout(a: np.ndarray) -> tuple:
-    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+    """What of a frozen array object can change in place (its memory cannot: an array that does
+    not own its memory is never reallocated)."""
+    return (a.shape, a.strides, a.dtype.str)
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -128,8 +130,8 @@ def _forget(key: int, ref: weakref.ref) -> None:
 
 def frozen_value(a: np.ndarray, name: str, compute: Callable[[np.ndarray], T]) -> T:
     """``compute(a)``, a pure function of the array's contents: for a frozen array (:func:`is_frozen`)
-    computed once per array object and ``name`` while the array lives (its memory, shape,
-    strides and dtype checked at every use); for any other array at every call."""
+    computed once per array object and ``name`` while the array lives (its shape, strides and
+    dtype checked at every use); for any other array at every call."""
     if not is_frozen(a):
         return compute(a)
     key, layout = id(a), _layout(a)
