@@ -263,8 +263,10 @@ class _Factored:
         return out
 
     def gram(self, S: np.ndarray, eb: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """(s P)^T P with P = softmax(A + b)."""
-        M = (self.E * (s / (S * S))[:, None]).T @ self.E
+        """(s P)^T P with P = softmax(A + b), as Q^T Q with Q = E sqrt(s) / S (one symmetric
+        product: half the multiply-adds of (s E)^T E)."""
+        Q = self.E * (np.sqrt(s) / S)[:, None]
+        M = Q.T @ Q
         out: np.ndarray = eb[:, None] * M * eb[None, :]
         return out
 
@@ -401,8 +403,7 @@ def maxent_published_part(
             _refuse("verify_optimum", site, "the intercepts of the domain model's weights could not be re-solved")
         b_gap = float(np.abs((b - b.mean()) - b_hat).max())
         R[np.arange(k.size), k] -= 1.0  # softmax(A + b_hat) - Y
-        R *= s[:, None]
-        G = R.T @ Phi + 2.0 * mu * W
+        G = ((Phi * s[:, None]).T @ R).T + 2.0 * mu * W  # the weights on Phi's side: n x D, not n x p
         return PublishedPart(fmap, float(np.linalg.norm(G)), b_gap, _row_norm_max(Phi))
 
     def on_one_thread() -> PublishedPart:  # small products: a second BLAS thread only spins (core/threads.py)
