@@ -34,7 +34,7 @@ from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
-from msa_fed.control.ops_models import unpack_model
+from msa_fed.control.ops.models import unpack_model
 from msa_fed.errors import ArtifactError, ConfigError, JobInterrupted, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
@@ -113,7 +113,7 @@ def run_job(
     it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds.
     ``pointers`` False: the registry and the output folder go away with the caller (the demo), so
     the log names neither ``job show`` nor the folder."""
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
 
     config = config.validate()  # before any network work (a config read from its file is checked already)
     if config.fit.topology == "federated":
@@ -268,7 +268,8 @@ def fit_job(config: JobConfig, plan: JobPlan, backend, verbose: bool, log) -> Co
     fit = replace(config.fit, influence=config.influence or config.influence_margin is not None)
     data_channel = fit.ray.data_channel
     with Coordinator(backend, plan.predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
-        for line in site_lines(plan.names, data_channel, topology=fit.topology):
+        in_process = bool(getattr(backend, "trains_in_process", False))
+        for line in site_lines(plan.names, data_channel, topology=fit.topology, classifier_in_process=in_process):
             log(line)
         try:
             model = coordinator.fit()
