@@ -27,6 +27,7 @@ published samples once, and each of p sites then digests p samples without hashi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import threading
@@ -86,7 +87,7 @@ def _feed(h, value: Any) -> None:
 
 
 def _bytes_sha256(a: np.ndarray) -> bytes:
-    return hashlib.sha256(np.ascontiguousarray(a)).digest()
+    return hashlib.sha256(np.ascontiguousarray(a).data).digest()
 
 
 def frozen(X: Any, dtype: Any = np.float64) -> np.ndarray:
@@ -138,12 +139,12 @@ def frozen_value(a: np.ndarray, name: str, compute: Callable[[np.ndarray], T]) -
     with _FROZEN_LOCK:
         entry = _FROZEN.get(key)
         if entry is not None and entry[0]() is a and entry[1] == layout and name in entry[2]:
-            return entry[2][name]  # type: ignore[no-any-return]
+            return entry[2][name]
     value = compute(a)
     with _FROZEN_LOCK:
         entry = _FROZEN.get(key)
         if entry is None or entry[0]() is not a or entry[1] != layout:
-            entry = (weakref.ref(a, lambda ref, key=key: _forget(key, ref)), layout, {})
+            entry = (weakref.ref(a, functools.partial(_forget, key)), layout, {})
             _FROZEN[key] = entry
         entry[2][name] = value
     return value

@@ -34,7 +34,7 @@ def sample_sha256(X: np.ndarray) -> str:
 
 
 def _sample_sha256(X: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4")).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").data).hexdigest()
 
 
 def job_key(job: str, digest: str) -> str:
