@@ -68,6 +68,24 @@ def predictor_outputs(
     return out
 
 
+class _Answered:
+    """A predictor with its answer to one call already given: on exactly ``rows`` (the same array)
+    its ``predict_proba`` / ``predict`` returns ``out``, any other call goes to the predictor."""
+
+    def __init__(self, predictor, rows: np.ndarray, out: np.ndarray):
+        self.predictor, self.rows, self.out = predictor, rows, out
+
+    @property
+    def classes_(self):
+        return self.predictor.classes_
+
+    def predict_proba(self, X):
+        return self.out if X is self.rows else self.predictor.predict_proba(X)
+
+    def predict(self, X):
+        return self.out if X is self.rows else self.predictor.predict(X)
+
+
 class SiteWorker(PublishedHalf):
     """One site.  ``predictors`` are all p published frozen predictors, in site order.
 
@@ -150,6 +168,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
+        self._handed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # hand_outputs: k -> (rows, outputs)
         self._Q = None
         self._points = None
         self._shard = None
@@ -217,6 +236,19 @@ class SiteWorker(PublishedHalf):
                 raise  # audited as refused (an admitted job adds no line of its own)
         self._admitted = True
 
+    def predictor_rows(self) -> np.ndarray:
+        """The rows its predictors are evaluated on: its labelled points, then its unlabelled
+        sample (the latter checked too: the combined model will be used on points like them)."""
+        self._data()
+        return np.concatenate([self.X_labeled, self.X_unlabeled])
+
+    def hand_outputs(self, outputs: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Predictor k's raw outputs on rows equal to :meth:`predictor_rows` (k -> (rows,
+        outputs)), computed by an in-process host in one call over every site's rows
+        (:meth:`msa_fed.runtime.local.LocalSites.call_all`); used as that predictor's answer to
+        this site's own call on those rows and checked as that answer would be (:meth:`_outputs`)."""
+        self._handed = dict(outputs)
+
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
         classification)."""
@@ -224,11 +256,16 @@ class SiteWorker(PublishedHalf):
             # the unlabelled sample is checked too (the combined model will be used on points like
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
-            both = np.concatenate([self.X_labeled, self.X_unlabeled])
+            both = self.predictor_rows()
             # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
             cols = np.empty((n, len(self.predictors)), order="F")
             rows = idx = None
-            for k, h in enumerate(answered_together(self.predictors, both)):  # peers': one request
+            predictors = answered_together(self.predictors, both)  # peers': one request
+            for k, (given, out) in self._handed.items():  # the host's answers, for these rows only
+                if 0 <= k < len(predictors) and given.shape == both.shape and np.array_equal(given, both):
+                    predictors[k] = _Answered(predictors[k], both, out)
+            self._handed = {}
+            for k, h in enumerate(predictors):
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols[:, k] = out
