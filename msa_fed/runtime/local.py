@@ -114,7 +114,7 @@ class LocalSites:
                 entry = uses.setdefault(id(h), (h, method, []))
                 if entry[1] == method:
                     entry[2].append((i, k))
-        handed: list[dict[int, tuple[np.ndarray, np.ndarray]]] = [{} for _ in workers]
+        handed: list[dict[int, np.ndarray]] = [{} for _ in workers]
         stacked: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         for h, method, where in uses.values():
             sites = tuple(sorted({i for i, _ in where}))
@@ -134,10 +134,10 @@ class LocalSites:
             at = {site: j for j, site in enumerate(sites)}
             for i, k in where:
                 a, b = offsets[at[i]], offsets[at[i] + 1]
-                handed[i][k] = (rows[i], out[a:b])
-        for w, given in zip(workers, handed):
+                handed[i][k] = out[a:b]
+        for w, X, given in zip(workers, rows, handed):
             if given:
-                w.hand_outputs(given)
+                w.hand_outputs(X, given)
 
     def call_shards(self, method: str, msg) -> list:
         """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""

@@ -168,7 +168,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
-        self._handed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # hand_outputs: k -> (rows, outputs)
+        self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # hand_outputs
         self._Q = None
         self._points = None
         self._shard = None
@@ -242,12 +242,12 @@ class SiteWorker(PublishedHalf):
         self._data()
         return np.concatenate([self.X_labeled, self.X_unlabeled])
 
-    def hand_outputs(self, outputs: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Predictor k's raw outputs on rows equal to :meth:`predictor_rows` (k -> (rows,
-        outputs)), computed by an in-process host in one call over every site's rows
-        (:meth:`msa_fed.runtime.local.LocalSites.call_all`); used as that predictor's answer to
-        this site's own call on those rows and checked as that answer would be (:meth:`_outputs`)."""
-        self._handed = dict(outputs)
+    def hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray]) -> None:
+        """Raw outputs of its predictors (k -> outputs) on ``rows``, computed by an in-process
+        host in one call over every site's rows (:meth:`msa_fed.runtime.local.LocalSites.call_all`):
+        where ``rows`` equal :meth:`predictor_rows`, predictor k's answer to this site's own call
+        on them, checked as that answer would be (:meth:`_outputs`)."""
+        self._handed = (rows, dict(outputs))
 
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
@@ -261,10 +261,11 @@ class SiteWorker(PublishedHalf):
             cols = np.empty((n, len(self.predictors)), order="F")
             rows = idx = None
             predictors = answered_together(self.predictors, both)  # peers': one request
-            for k, (given, out) in self._handed.items():  # the host's answers, for these rows only
-                if 0 <= k < len(predictors) and given.shape == both.shape and np.array_equal(given, both):
-                    predictors[k] = _Answered(predictors[k], both, out)
-            self._handed = {}
+            handed, self._handed = self._handed, None
+            if handed is not None and handed[0].shape == both.shape and np.array_equal(handed[0], both):
+                for k, out in handed[1].items():  # the host's answers, on exactly these rows
+                    if 0 <= k < len(predictors):
+                        predictors[k] = _Answered(predictors[k], both, out)
             for k, h in enumerate(predictors):
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
