@@ -252,7 +252,9 @@ class AnswerChecker:
         if first is not None:
             raise self._fault(first[1], "dc_evaluate", first[2])
 
-    def _batch_one(self, s: int, sums: DCSums, zs: np.ndarray, eta: float, what: tuple) -> tuple[int, str] | None:
+    def _batch_one(
+        self, s: int, sums: DCSums | _OneRow, zs: np.ndarray, eta: float, what: tuple
+    ) -> tuple[int, str] | None:
         """(row, why) of the first row of site s's batched answer that the row-by-row check
         refuses (its checks in their order); None: every row is kept, as that check keeps them."""
         m = zs.shape[0]
