@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 
 
 def _serve(tmp: Path):
-    from msa_fed.control import Registry, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     db = tmp / "registry.db"
     with SqliteStore(db) as store:

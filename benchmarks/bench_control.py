@@ -54,7 +54,9 @@ import grpc  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from msa_fed.artifacts.predictors import META_KIND, META_N_FEATURES  # noqa: E402
-from msa_fed.control import Registry, RegistryClient, SqliteStore  # noqa: E402
+from msa_fed.control.registry.client import RegistryClient  # noqa: E402
+from msa_fed.control.registry.service import Registry  # noqa: E402
+from msa_fed.control.registry.sqlite_store import SqliteStore  # noqa: E402
 
 
 def make_pki(folder: Path) -> dict[str, str]:

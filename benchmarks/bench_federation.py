@@ -467,9 +467,9 @@ def bench_many(args, workdir: Path) -> dict:
     from msa_fed.boundary import wire
     from msa_fed.boundary.proto import relay_pb2 as pb
     from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
-    from msa_fed.control.registry import Registry
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
     from msa_fed.control.server import RegistryServer
-    from msa_fed.control.sqlite_store import SqliteStore
 
     n = args.many
     store = SqliteStore(workdir / "many.db")

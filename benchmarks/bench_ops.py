@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 
 
 def serve(tmp: Path, audit: bool):
-    from msa_fed.control import Registry, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     db = tmp / ("audit.db" if audit else "plain.db")
     with SqliteStore(db) as store:
@@ -54,8 +55,8 @@ def serve(tmp: Path, audit: bool):
 
 
 def measure(address: str, token: str, size: int, repeats: int, calls: int) -> dict:
-    from msa_fed.control import RegistryClient
-    from msa_fed.control.ops_client import OpsClient
+    from msa_fed.control.ops.client import OpsClient
+    from msa_fed.control.registry.client import RegistryClient
 
     data = os.urandom(size)
     up, down, small = [], [], []

@@ -36,8 +36,8 @@ _SUBSYSTEMS = (
     "msa_fed.jobs.cli",
     "msa_fed.privacy.cli",  # site audit (the site's privacy policy and audit log)
     "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
-    "msa_fed.control.ops_cli",  # model, job and site administration against a registry
-    "msa_fed.control.ops_export",  # msa-fed model export
+    "msa_fed.control.ops.cli",  # model, job and site administration against a registry
+    "msa_fed.control.ops.export",  # msa-fed model export
     "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
     "msa_fed.jobs.consortium",  # msa-fed consortium init / add-site: a start-up kit per party
 )
@@ -78,7 +78,7 @@ def groups_of(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     # gRPC logs an INFO line each time Ray forks a worker while gRPC threads run (the demo, the
     # job), and its TLS library's text on every failed handshake: noise in a terminal, where every
-    # failure is one line of ours (a TLS mistake in words: msa_fed.control.connection.diagnose_tls).
+    # failure is one line of ours (a TLS mistake in words: msa_fed.control.transport.connection.diagnose_tls).
     # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -2,8 +2,9 @@
 back through others.  The imports are read from the source (ast), nothing is imported, so the
 check is instant and also sees imports inside functions and under ``TYPE_CHECKING``.
 
-Every package and top-level module is named in :data:`LAYERS` explicitly: a new one fails
-:func:`test_every_package_and_top_level_module_is_named` until it is placed."""
+Every package (subpackages too) and top-level module is named in :data:`LAYERS` or
+:data:`SUBPACKAGES` explicitly: a new one fails :func:`test_every_package_and_top_level_module_is_named`
+until it is placed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ PACKAGE = Path(msa_fed.__file__).parent
 
 #: bottom to top; a module may import its own layer and the layers below it, never one above.
 #: Each entry: a layer's name and the packages or modules it holds ("msa_fed.core" holds
-#: msa_fed.core and msa_fed.core.*; the root "msa_fed" holds itself only).
+#: msa_fed.core and msa_fed.core.*; the root "msa_fed" holds itself only).  The longest entry
+#: that holds a module decides its layer (msa_fed.control.ops.cli is in "control.ops").
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the package's root (its version and lazy names), the error types, argparse helpers
     ("base", ("msa_fed", "msa_fed.errors", "msa_fed.clitools")),
@@ -32,12 +34,21 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("site", ("msa_fed.site",)),  # what a site does (never the control plane)
     ("runtime", ("msa_fed.runtime",)),  # coordinator, local, Ray and federated backends
     ("api", ("msa_fed.api", "msa_fed.estimators")),  # the in-process API: fit_dmsa, DMSA, ...
-    ("control", ("msa_fed.control",)),  # the gRPC registry, operations and relay
+    # the gRPC control plane, bottom to top: addresses and the channel builder; the registry, its
+    # store, servicer and client; operations over the registry's store; the server side (the
+    # interceptors, the relay, the server) and the registry's commands
+    ("control.transport", ("msa_fed.control.transport",)),
+    ("control.registry", ("msa_fed.control.registry",)),
+    ("control.ops", ("msa_fed.control.ops",)),
+    ("control", ("msa_fed.control",)),
     ("federation", ("msa_fed.federation",)),  # the site process and the federated topology
     ("experiments", ("msa_fed.experiments",)),
     ("jobs", ("msa_fed.jobs",)),
     ("cli", ("msa_fed.cli",)),
 )
+
+#: subpackages that sit in their parent's layer (a subpackage with a layer of its own is in LAYERS)
+SUBPACKAGES: frozenset[str] = frozenset({"msa_fed.boundary.proto"})
 
 
 def module_name(path: Path) -> str:
@@ -84,23 +95,24 @@ def imports_of(name: str, source: str, known: set[str]) -> set[str]:
 
 
 def layer_of(name: str) -> int | None:
-    """Index in LAYERS of the entry that holds ``name``: the entry itself or, for an entry
-    below the root, a module inside it."""
-    for i, (_, entries) in enumerate(LAYERS):
-        for entry in entries:
-            if name == entry or (entry != "msa_fed" and name.startswith(entry + ".")):
-                return i
-    return None
+    """Index in LAYERS of the longest entry that holds ``name``: the entry itself or, for an
+    entry below the root, a module inside it."""
+    held = [
+        (len(entry), i)
+        for i, (_, entries) in enumerate(LAYERS)
+        for entry in entries
+        if name == entry or (entry != "msa_fed" and name.startswith(entry + "."))
+    ]
+    return max(held)[1] if held else None
 
 
 def top_level_names(package: Path) -> set[str]:
-    """``msa_fed`` and what sits directly in it: each subpackage and each module."""
+    """``msa_fed``, each package at any depth, and each module directly in ``msa_fed``."""
     names = {"msa_fed"}
-    for path in package.iterdir():
-        if path.is_dir() and (path / "__init__.py").exists():
-            names.add(f"msa_fed.{path.name}")
-        elif path.suffix == ".py" and path.name != "__init__.py":
-            names.add(f"msa_fed.{path.stem}")
+    for init in package.rglob("__init__.py"):
+        if init.parent != package:
+            names.add("msa_fed." + ".".join(init.parent.relative_to(package).parts))
+    names.update(f"msa_fed.{path.stem}" for path in package.glob("*.py") if path.name != "__init__.py")
     return names
 
 
@@ -185,7 +197,7 @@ def test_every_module_has_a_layer():
 
 def test_every_package_and_top_level_module_is_named():
     """A new package does not fall silently into a layer: it is named, or this fails."""
-    named = {entry for _, entries in LAYERS for entry in entries}
+    named = {entry for _, entries in LAYERS for entry in entries} | SUBPACKAGES
     assert sorted(top_level_names(PACKAGE) - named) == []
     assert sorted(named - top_level_names(PACKAGE)) == []  # no stale entry either
 
@@ -193,14 +205,25 @@ def test_every_package_and_top_level_module_is_named():
 def test_an_unknown_package_has_no_layer(tmp_path):
     pkg = tmp_path / "msa_fed"
     (pkg / "newpkg").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "newpkg" / "__init__.py").write_text("")
+    (pkg / "control" / "newpart").mkdir(parents=True)
+    for init in ("", "newpkg", "control", "control/newpart"):
+        (pkg / init / "__init__.py").write_text("")
     (pkg / "helpers.py").write_text("")
-    assert top_level_names(pkg) == {"msa_fed", "msa_fed.newpkg", "msa_fed.helpers"}
+    (pkg / "control" / "mod.py").write_text("")
+    assert top_level_names(pkg) == {
+        "msa_fed",
+        "msa_fed.newpkg",
+        "msa_fed.helpers",
+        "msa_fed.control",
+        "msa_fed.control.newpart",  # a new subpackage is named too, or the test above fails
+    }
     assert layer_of("msa_fed.newpkg") is None and layer_of("msa_fed.newpkg.mod") is None
     assert layer_of("msa_fed.helpers") is None
     assert layer_of("msa_fed.core.dc_solver") == layer_of("msa_fed.core") == 1
     assert layer_of("msa_fed.errors") == layer_of("msa_fed") == 0
+    # a subpackage with its own layer: its modules are there, its parent's other modules are not
+    assert layer_of("msa_fed.control.ops.cli") == layer_of("msa_fed.control.ops") < layer_of("msa_fed.control.cli")
+    assert layer_of("msa_fed.control.transport.address") < layer_of("msa_fed.control.registry.client")
 
 
 def test_no_module_imports_a_layer_above_its_own():
@@ -226,8 +249,41 @@ def test_no_import_cycle():
         ("msa_fed.site", "msa_fed.runtime"),
         ("msa_fed.boundary", "msa_fed.site"),
         ("msa_fed.boundary", "msa_fed.control"),
+        # the registry and its client need neither operations nor the server side
+        ("msa_fed.control.registry", "msa_fed.control.ops"),
+        ("msa_fed.control.registry", "msa_fed.control.server"),
+        ("msa_fed.control.transport", "msa_fed.control.registry"),
     ],
 )
 def test_named_rules_follow_from_the_order(lower, upper):
     """The rules that docs/DESIGN.md states in words hold by the declared order."""
     assert layer_of(lower) < layer_of(upper)
+
+
+def reached_from(start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others (imports inside functions too)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph().get(name, ()))
+    return seen
+
+
+def test_the_site_process_reaches_only_the_registry_client_side_of_control():
+    """A site (``site serve``, msa_fed.federation.agent) talks to the registry as a client: it
+    never loads the registry's service, its store, the interceptors, the relay or operations."""
+    reached = {name for name in reached_from("msa_fed.federation.agent") if name.startswith("msa_fed.control.")}
+    client_side = {
+        "msa_fed.control.transport.address",
+        "msa_fed.control.transport.connection",
+        "msa_fed.control.registry.client",
+        "msa_fed.control.registry.convert",
+        "msa_fed.control.registry.public",
+        "msa_fed.control.registry.records",
+        "msa_fed.control.registry.tokens",
+    }
+    assert "msa_fed.control.registry.client" in reached
+    assert sorted(reached - client_side) == []

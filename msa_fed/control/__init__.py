@@ -1,38 +1,15 @@
-"""gRPC control plane: site registration, authentication, artifact and sample upload.
+"""The gRPC control plane: the site registry, the operations service, the job relay.
 
-Public entry points:
+Bottom to top (tests/test_layers.py holds the order):
 
-- :class:`RegistryClient` (sites, the CLI and the coordinator's job);
-- :class:`RegistryServer` with a :class:`Registry` over a :class:`SqliteStore`
-  or :class:`MemoryStore`, and :class:`TlsConfig`.
+- :mod:`~msa_fed.control.transport`: addresses, the one channel builder and its TLS rules;
+- :mod:`~msa_fed.control.registry`: sites, tokens, artifacts, samples and their store, the
+  registry's gRPC servicer and its client (:class:`~msa_fed.control.registry.client.RegistryClient`);
+- :mod:`~msa_fed.control.ops`: jobs, model versions and site status over the registry's store,
+  its servicer, client and commands;
+- the server side: :mod:`~msa_fed.control.auth` (every call authenticated), :mod:`~msa_fed.control.audit`,
+  :mod:`~msa_fed.control.relay` (job traffic to the sites), :mod:`~msa_fed.control.server`, and the
+  registry's commands (:mod:`~msa_fed.control.cli`).
 
 See ``docs/CONTROL_PLANE.md`` for the CLI, authentication, TLS and storage.
 """
-
-from msa_fed.control.client import HeartbeatInfo, RegistryClient
-from msa_fed.control.records import (
-    ArtifactRecord,
-    CombinedModelRecord,
-    Principal,
-    SiteRecord,
-)
-from msa_fed.control.registry import Limits, Registry
-from msa_fed.control.server import RegistryServer, TlsConfig
-from msa_fed.control.sqlite_store import SqliteStore
-from msa_fed.control.store import MemoryStore, RegistryStore
-
-__all__ = [
-    "ArtifactRecord",
-    "CombinedModelRecord",
-    "HeartbeatInfo",
-    "Limits",
-    "MemoryStore",
-    "Principal",
-    "Registry",
-    "RegistryClient",
-    "RegistryServer",
-    "RegistryStore",
-    "SiteRecord",
-    "SqliteStore",
-    "TlsConfig",
-]

@@ -25,9 +25,9 @@ worker thread and before a request message is awaited:
 The handler then sees an :class:`AuthenticatedContext` whose ``principal``
 says who called.  An interceptor outside this one learns it too, refusals
 included, when the context it passes in has a ``note_principal(principal)``
-method (the audit log, :mod:`msa_fed.control.ops_audit`): it is called as soon
+method (the audit log, :mod:`msa_fed.control.audit`): it is called as soon
 as the token is verified, before the certificate and role checks.  Whatever the handler raises becomes a status through
-:func:`msa_fed.control.public.public_status` (library text never reaches the
+:func:`msa_fed.control.registry.public.public_status` (library text never reaches the
 client).
 
 **Adding a service**: declare a :class:`MethodRule` for each of its methods in
@@ -50,9 +50,9 @@ from dataclasses import dataclass
 import grpc
 
 from msa_fed.boundary.proto import OPS_SERVICE_NAME, SERVICE_NAME
-from msa_fed.control.public import Busy, abort_public
-from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, Principal
-from msa_fed.control.registry import ADMIN_TOKEN_NEEDED, SITE_TOKEN_NEEDED, Registry
+from msa_fed.control.registry.public import Busy, abort_public
+from msa_fed.control.registry.records import ROLE_ADMIN, ROLE_SITE, Principal
+from msa_fed.control.registry.service import ADMIN_TOKEN_NEEDED, SITE_TOKEN_NEEDED, Registry
 from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ METHOD_RULES: dict[str, MethodRule] = {
             "ListConnected": MethodRule(ADMIN),
         },
     ),
-    # the Operations service (msa_fed/control/ops_servicer.py): admin only, small unary calls
+    # the Operations service (msa_fed/control/ops/servicer.py): admin only, small unary calls
     **service_rules(
         OPS_SERVICE_NAME,
         {

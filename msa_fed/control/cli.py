@@ -152,10 +152,10 @@ def with_registry_config(args):
 
 
 def _serve(args) -> int:
-    from msa_fed.control.ops_audit import AuditLog
-    from msa_fed.control.registry import Limits, Registry
+    from msa_fed.control.audit import AuditLog
+    from msa_fed.control.registry.service import Limits, Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
     from msa_fed.control.server import RegistryServer, TlsConfig, check_transport
-    from msa_fed.control.sqlite_store import SqliteStore
 
     args = with_registry_config(args)
     if args.tls_ca and not args.tls_cert:
@@ -165,7 +165,7 @@ def _serve(args) -> int:
     tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     check_transport(args.listen, tls, args.insecure)  # before the database file is created
     if tls is not None:
-        from msa_fed.control.cert_check import certificate_warnings
+        from msa_fed.control.transport.cert_check import certificate_warnings
 
         for line in certificate_warnings(tls.cert_chain):
             print(line, file=sys.stderr, flush=True)
@@ -228,9 +228,9 @@ def _principal(args) -> tuple[str, str]:
 
 
 def _issue_token(args) -> int:
-    from msa_fed.control.records import check_name
-    from msa_fed.control.registry import Registry
-    from msa_fed.control.sqlite_store import SqliteStore
+    from msa_fed.control.registry.records import check_name
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     role, name = _principal(args)
     try:
@@ -246,8 +246,8 @@ def _issue_token(args) -> int:
 
 
 def _revoke_token(args) -> int:
-    from msa_fed.control.registry import Registry
-    from msa_fed.control.sqlite_store import SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     role, name = _principal(args)
     _db_path(args.db)
@@ -268,10 +268,10 @@ def _artifact_summary(rec) -> str:
 
 
 def _list_sites(args) -> int:
-    from msa_fed.control.ops import Operations
-    from msa_fed.control.ops_cli import print_site_statuses
-    from msa_fed.control.registry import Registry
-    from msa_fed.control.sqlite_store import SqliteStore
+    from msa_fed.control.ops.cli import print_site_statuses
+    from msa_fed.control.ops.service import Operations
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     _db_path(args.db)
     with SqliteStore(args.db, create=False) as store:
@@ -285,7 +285,7 @@ def _list_sites(args) -> int:
 
 
 def _client(args):
-    from msa_fed.control.ops_cli import connect_factory
+    from msa_fed.control.ops.cli import connect_factory
 
     token = args.token
     if args.token and args.token_file:
@@ -302,7 +302,7 @@ def _client(args):
 
 
 def _register(args) -> int:
-    from msa_fed.control.records import check_name
+    from msa_fed.control.registry.records import check_name
 
     if getattr(args, "config", None):  # msa_fed.federation.cli reads site.toml and clears it
         raise ConfigError("--config site.toml: not available in this command set; give --registry and --name")
@@ -539,7 +539,7 @@ def _principal_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     """Add the ``registry``, ``admin`` and ``site`` command groups."""
-    from msa_fed.control.ops_cli import connection_options
+    from msa_fed.control.ops.cli import connection_options
 
     reg_sub = command_group(subparsers, "registry")
     serve = reg_sub.add_parser("serve", help="serve the registry over gRPC")

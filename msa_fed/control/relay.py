@@ -52,9 +52,9 @@ from msa_fed.boundary.proto import registry_pb2 as reg_pb
 from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
 from msa_fed.control.auth import bearer_token
-from msa_fed.control.convert import artifact_to_pb
-from msa_fed.control.records import ROLE_ADMIN, ROLE_SITE, check_name
-from msa_fed.control.registry import Registry
+from msa_fed.control.registry.convert import artifact_to_pb
+from msa_fed.control.registry.records import ROLE_ADMIN, ROLE_SITE, check_name
+from msa_fed.control.registry.service import Registry
 from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,7 @@ class RelayServicer(pb_grpc.RelayServicer):
     def _refuse_cancelled(self, job_id: str, context) -> None:
         """FAILED_PRECONDITION naming who cancelled the job, when its newest record is cancelled
         (read from the store: a registry restarted since still refuses it)."""
-        from msa_fed.control.ops import Operations
+        from msa_fed.control.ops.service import Operations
 
         record = Operations(self.registry).cancelled(job_id)
         if record is not None:

@@ -23,14 +23,14 @@ from grpc_reflection.v1alpha import reflection
 from msa_fed.boundary.proto import OPS_SERVICE_NAME, SERVICE_NAME
 from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
+from msa_fed.control.audit import AuditInterceptor, AuditLog
 from msa_fed.control.auth import AuthInterceptor
-from msa_fed.control.ops import Operations
-from msa_fed.control.ops_audit import AuditInterceptor, AuditLog
-from msa_fed.control.ops_servicer import OperationsServicer
-from msa_fed.control.registry import Registry
+from msa_fed.control.ops.service import Operations
+from msa_fed.control.ops.servicer import OperationsServicer
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.servicer import RegistryServicer
 from msa_fed.control.relay import add_relay
-from msa_fed.control.servicer import RegistryServicer
-from msa_fed.control.transport import MAX_MESSAGE_BYTES, format_address, is_loopback, parse_address  # noqa: F401 - re-exported
+from msa_fed.control.transport.address import MAX_MESSAGE_BYTES, format_address, is_loopback, parse_address  # noqa: F401 - re-exported
 from msa_fed.errors import ConfigError
 
 log = logging.getLogger(__name__)

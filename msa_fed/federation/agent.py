@@ -196,8 +196,8 @@ class SiteAgent:
             )
 
     def _own_record(self, wait_s: float):
-        from msa_fed.control.client import RegistryClient
-        from msa_fed.control.connection import KEY_LABELS
+        from msa_fed.control.registry.client import RegistryClient
+        from msa_fed.control.transport.connection import KEY_LABELS
         from msa_fed.errors import RegistryError
 
         deadline = time.monotonic() + float(wait_s)
@@ -351,7 +351,7 @@ class SiteAgent:
         return b"".join(parts)
 
     def fetch_sample(self, job: str, site: str) -> tuple[bytes, str, int, int]:
-        from msa_fed.control.convert import artifact_from_pb
+        from msa_fed.control.registry.convert import artifact_from_pb
         from msa_fed.site.admission import MAX_SAMPLE_BYTES
 
         parts, header = [], None

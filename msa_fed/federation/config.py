@@ -158,8 +158,8 @@ class SiteConfig:
         return cls(**values).validate()
 
     def validate(self) -> SiteConfig:
-        from msa_fed.control.records import NAME_PATTERN
-        from msa_fed.control.server import is_loopback, parse_address
+        from msa_fed.control.registry.records import NAME_PATTERN
+        from msa_fed.control.transport.address import is_loopback, parse_address
 
         try:
             normalise(self, "site config: ")
@@ -200,7 +200,7 @@ class SiteConfig:
         return self._beside_audit_log(self.ledger, ".ledger.db")
 
     def channel_kwargs(self) -> dict:
-        from msa_fed.control.transport import transport_of
+        from msa_fed.control.transport.address import transport_of
 
         return transport_of(self)
 

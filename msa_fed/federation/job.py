@@ -23,7 +23,7 @@ def relayed_sites(
 
     config : the job's validated :class:`msa_fed.jobs.config.JobConfig` (registry, its TLS options,
         name, job_key, approval_wait_s).
-    client : a :class:`msa_fed.control.client.RegistryClient` with the admin token.
+    client : a :class:`msa_fed.control.registry.client.RegistryClient` with the admin token.
     records : {site name: SiteRecord} as listed by the registry.
     """
     samples = []

@@ -142,10 +142,10 @@ class LocalFederation:
         self.stop()
 
     def start(self):
-        from msa_fed.control.client import RegistryClient
-        from msa_fed.control.registry import Registry
+        from msa_fed.control.registry.client import RegistryClient
+        from msa_fed.control.registry.service import Registry
+        from msa_fed.control.registry.sqlite_store import SqliteStore
         from msa_fed.control.server import RegistryServer
-        from msa_fed.control.sqlite_store import SqliteStore
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.store = SqliteStore(self.workdir / "registry.db")

@@ -21,8 +21,8 @@ import grpc
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
-from msa_fed.control.client import MTLS_HINT, REGISTRY_AWAY, _error
-from msa_fed.control.connection import KEY_LABELS, Connection
+from msa_fed.control.registry.client import MTLS_HINT, REGISTRY_AWAY, _error
+from msa_fed.control.transport.connection import KEY_LABELS, Connection
 from msa_fed.errors import RegistryError
 from msa_fed.runtime.federated import SiteUnreachable
 
@@ -32,7 +32,7 @@ CALL_MARGIN_S = 10.0
 
 def open_channel(address: str, *, flag: str = "registry", **tls: Any) -> grpc.Channel:
     """A channel to the registry (``tls``: insecure, tls_ca, tls_cert, tls_key, server_name): the
-    shared builder, :class:`msa_fed.control.connection.Connection`, holds the TLS / loopback rule."""
+    shared builder, :class:`msa_fed.control.transport.connection.Connection`, holds the TLS / loopback rule."""
     return Connection(address, **tls).open_channel({**KEY_LABELS, "address": flag})
 
 

@@ -151,7 +151,7 @@ def last_jobs(jobs_db: Path, audit_log: Path, limit: int = 5) -> list[dict]:
 def registry_view(config, client_factory=None) -> dict[str, Any]:
     """The site as the registry sees it (one call with the site's token), or why it could not be asked."""
     from msa_fed.artifacts.predictors import sha256_hex
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
     from msa_fed.errors import MsaFedError, RegistryError
 
     try:

@@ -7,7 +7,7 @@ import os
 
 
 def _run(args) -> int:
-    from msa_fed.control.ops_cli import TOKEN_FILE_ENV
+    from msa_fed.control.ops.cli import TOKEN_FILE_ENV
     from msa_fed.jobs.config import JobConfig, check_admin_token, read_token_file
     from msa_fed.jobs.operations import check_output_dir
 
@@ -65,7 +65,7 @@ def _demo(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from msa_fed.control.ops_cli import connection_options
+    from msa_fed.control.ops.cli import connection_options
 
     run = sub.add_parser("run", help="run the federated job over the registered sites")
     run.add_argument("--job", required=True, help="job file (TOML; see cluster/README.md)")

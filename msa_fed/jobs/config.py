@@ -17,7 +17,7 @@ from typing import Any
 
 import tomllib
 
-from msa_fed.control.transport import is_loopback, parse_address, transport_of
+from msa_fed.control.transport.address import is_loopback, parse_address, transport_of
 from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option, option_meta
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options, job_place
@@ -159,7 +159,7 @@ class JobConfig:
 
     def connection_labels(self) -> dict[str, str]:
         """How messages about the registry connection name each option: the job file's key, or
-        the flag that set it (``msa_fed.control.connection.diagnose_tls``)."""
+        the flag that set it (``msa_fed.control.transport.connection.diagnose_tls``)."""
         return {
             "address": self._label("registry", "[registry] address"),
             "insecure": self._label("insecure", "[registry] insecure"),
@@ -413,7 +413,7 @@ def read_token_file(path: str | None, what: str = "--admin-token-file") -> str:
 def check_admin_token(token: str, what: str = "the admin token") -> None:
     """A site's token given where the admin token belongs is named as such (the registry would
     only answer that the sites are not visible to it)."""
-    from msa_fed.control.tokens import parse_token
+    from msa_fed.control.registry.tokens import parse_token
 
     parsed = parse_token(token)
     if parsed is not None and parsed[0].role != "admin":

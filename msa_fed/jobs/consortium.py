@@ -254,7 +254,7 @@ def _server_names(host: str) -> tuple[list[str], list[str]]:
 
 
 def _default_listen(host: str, port: int) -> str:
-    from msa_fed.control.transport import format_address
+    from msa_fed.control.transport.address import format_address
 
     try:
         ipaddress.ip_address(host)
@@ -275,7 +275,7 @@ def parse_sites(text: str) -> list[str]:
 
 
 def check_site_name(name: str) -> None:
-    from msa_fed.control.records import NAME_PATTERN
+    from msa_fed.control.registry.records import NAME_PATTERN
 
     if not NAME_PATTERN.fullmatch(name) or name == COORDINATOR_CN:
         raise ConfigError(
@@ -288,15 +288,15 @@ def check_site_name(name: str) -> None:
 
 
 def _issue_token(db: Path, role: str, name: str) -> str:
-    from msa_fed.control.registry import Registry
-    from msa_fed.control.sqlite_store import SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     with SqliteStore(db) as store:
         return Registry(store).issue_token(role, name)
 
 
 def _write_registry(kit: Kit, ca: Authority) -> None:
-    from msa_fed.control.transport import parse_address
+    from msa_fed.control.transport.address import parse_address
 
     folder = _folder(kit.root / "registry")
     host, _ = parse_address(kit.registry, "--registry")
@@ -411,7 +411,7 @@ def _write_coordinator(kit: Kit, ca: Authority, db: Path) -> None:
 
 def init_kit(out, registry: str, sites: list[str], *, listen: str | None = None, days: int = 730) -> Kit:
     """Write the kit of a new consortium under ``out`` (see the module docstring)."""
-    from msa_fed.control.transport import parse_address
+    from msa_fed.control.transport.address import parse_address
 
     host, port = parse_address(registry, "--registry")
     if port == 0:
@@ -477,7 +477,7 @@ def add_site(out, name: str) -> Kit:
 
 
 def _init(args) -> int:
-    from msa_fed.control.transport import parse_address
+    from msa_fed.control.transport.address import parse_address
 
     parse_address(args.registry, "--registry")
     kit = init_kit(args.out, args.registry, parse_sites(args.sites), listen=args.listen, days=args.days)

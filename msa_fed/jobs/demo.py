@@ -148,7 +148,7 @@ def run_demo(random_state: int = 0, log=_print, keep=None) -> dict:
     """The demo (see the module docstring); ``keep``: a folder that keeps the registry's database,
     each site's folder and the combined model after the demo, else everything is removed."""
     from msa_fed import SiteData, fit_gmsa
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
     from msa_fed.experiments.demo_data import SITES, make_federation
     from msa_fed.federation.local import LocalFederation, SiteFiles
     from msa_fed.jobs.config import JobConfig

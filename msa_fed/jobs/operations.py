@@ -32,16 +32,16 @@ from msa_fed.artifacts.privacy_view import (
     site_check_of,
     worst_text,
 )
-from msa_fed.control.client import REGISTRY_AWAY, RegistryClient
-from msa_fed.control.ops import exclusion_reason
-from msa_fed.control.ops_client import OpsClient
-from msa_fed.control.ops_models import (
+from msa_fed.control.ops.client import OpsClient
+from msa_fed.control.ops.models import (
     pack_model,
     read_manifest,
     registry_manifest,
     upload_with_retry,
 )
-from msa_fed.control.ops_records import JOB_FAILED, JOB_INTERRUPTED, JOB_SUCCEEDED
+from msa_fed.control.ops.service import exclusion_reason
+from msa_fed.control.registry.client import REGISTRY_AWAY, RegistryClient
+from msa_fed.control.registry.ops_records import JOB_FAILED, JOB_INTERRUPTED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
 DEFAULT_OUTPUT_ROOT = "msa-fed-jobs"  # relative to the driver's working directory

@@ -315,9 +315,9 @@ def _report_command(args) -> int:
     import tempfile
 
     from msa_fed.artifacts.model import load_model
-    from msa_fed.control.ops import manifest_of
-    from msa_fed.control.ops_cli import connect_factory
-    from msa_fed.control.ops_models import unpack_model
+    from msa_fed.control.ops.cli import connect_factory
+    from msa_fed.control.ops.models import unpack_model
+    from msa_fed.control.ops.service import manifest_of
     from msa_fed.errors import ConfigError
 
     out = Path(args.out)
@@ -342,7 +342,7 @@ def _report_command(args) -> int:
 def register_cli(subparsers) -> None:
     """Add ``msa-fed model report``."""
     from msa_fed.clitools import command_group
-    from msa_fed.control.ops_cli import _version, connection_options
+    from msa_fed.control.ops.cli import _version, connection_options
 
     model = command_group(subparsers, "model")
     p = model.add_parser("report", help="an HTML report of a version: z, losses, convergence, sites and sha256")

@@ -34,7 +34,7 @@ from msa_fed.artifacts.isolated import isolate
 from msa_fed.artifacts.model import CombinedModel, load_model, predictor_kind
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.core.combination import class_union
-from msa_fed.control.ops_models import unpack_model
+from msa_fed.control.ops.models import unpack_model
 from msa_fed.errors import ArtifactError, ConfigError, JobInterrupted, PeerFault
 from msa_fed.jobs.config import JobConfig, read_token_file  # noqa: F401 - read_token_file re-exported
 from msa_fed.jobs.operations import (
@@ -113,7 +113,7 @@ def run_job(
     it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds.
     ``pointers`` False: the registry and the output folder go away with the caller (the demo), so
     the log names neither ``job show`` nor the folder."""
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
 
     config = config.validate()  # before any network work (a config read from its file is checked already)
     if config.fit.topology == "federated":

@@ -112,8 +112,8 @@ def _load(args):
                 "give --registry HOST:PORT and the admin token"
             )
         return load_model(path)
-    from msa_fed.control.ops_cli import download_version
-    from msa_fed.control.ops_models import unpack_model
+    from msa_fed.control.ops.cli import download_version
+    from msa_fed.control.ops.models import unpack_model
 
     archive, _ = download_version(args, args.model)
     tmp = Path(tempfile.mkdtemp(prefix="msa-fed-target-"))
@@ -148,7 +148,7 @@ def register(subparsers) -> None:
     """Add ``check-target`` to the ``msa-fed model`` command group."""
     from msa_fed.artifacts.target_check import METHODS
     from msa_fed.clitools import command_group
-    from msa_fed.control.ops_cli import connection_options
+    from msa_fed.control.ops.cli import connection_options
 
     model_commands = command_group(subparsers, "model", "combined models stored in the registry")
     p = model_commands.add_parser(

@@ -337,7 +337,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     finally:
         procs.stop_all()
 
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
     from msa_fed.jobs.run import model_from_bytes
 
     with RegistryClient(f["address"], f["admin"], insecure=True) as admin:

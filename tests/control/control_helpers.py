@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from msa_fed.artifacts.predictors import META_CLASSES, META_KIND, META_N_FEATURES
-from msa_fed.control.public import ARTIFACT_REFUSED
+from msa_fed.control.registry.public import ARTIFACT_REFUSED
 
 # all a client may learn about a refused artifact: the fixed reason and an incident id
 ARTIFACT_REFUSED_DETAILS = re.compile(re.escape(ARTIFACT_REFUSED) + r" \(incident [0-9a-f]{12}\)")

@@ -1,4 +1,4 @@
-"""One connection value and one channel builder (msa_fed/control/connection.py): the registry's
+"""One connection value and one channel builder (msa_fed/control/transport/connection.py): the registry's
 client and the relay's clients get their channels, and the TLS / loopback rule, from it."""
 
 from __future__ import annotations
@@ -8,8 +8,11 @@ import pytest
 from control_helpers import make_pki
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, TlsConfig
-from msa_fed.control.connection import KEY_LABELS, Connection
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer, TlsConfig
+from msa_fed.control.transport.connection import KEY_LABELS, Connection
 from msa_fed.errors import ConfigError
 from msa_fed.federation import relay_client
 from msa_fed.federation.relay_client import RelayClient

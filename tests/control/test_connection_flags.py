@@ -1,5 +1,5 @@
 """Every command that dials the registry takes the same connection flags, declared once
-(``msa_fed.control.ops_cli.connection_options``), and reads them the same way."""
+(``msa_fed.control.ops.cli.connection_options``), and reads them the same way."""
 
 from __future__ import annotations
 

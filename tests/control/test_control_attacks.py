@@ -28,16 +28,12 @@ import msa_fed.cli as top_cli
 from msa_fed.artifacts.predictors import META_KIND, META_N_FEATURES
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control import (
-    Limits,
-    MemoryStore,
-    Registry,
-    RegistryClient,
-    RegistryServer,
-    SqliteStore,
-    TlsConfig,
-)
-from msa_fed.control.public import RETRY_AFTER_KEY
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.public import RETRY_AFTER_KEY
+from msa_fed.control.registry.service import Limits, Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer, TlsConfig
 from msa_fed.errors import RegistryError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,11 @@ import pytest
 from control_helpers import linear_onnx
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer
 from msa_fed.errors import RegistryError
 
 X = np.arange(12, dtype=np.float32).reshape(4, 3)

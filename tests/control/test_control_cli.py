@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from control_helpers import linear_onnx, make_pki
 
-from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 
 
 @pytest.fixture
@@ -224,7 +227,7 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
     assert rc == 0 and f"registry listening on {address} (mutual TLS)" in out and "registry stopping" in out
     # and the same site through the CLI, over TLS, against a server from the API
     with SqliteStore(db) as store:
-        from msa_fed.control import TlsConfig
+        from msa_fed.control.server import TlsConfig
 
         tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"])
         with RegistryServer(Registry(store), "127.0.0.1:0", tls=tls) as server:

@@ -7,7 +7,9 @@ import pytest
 from control_helpers import linear_onnx
 from numpy.lib import format as npy
 
-from msa_fed.control import Registry, RegistryServer, SqliteStore
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 
 
 def one_error_line(rc, err, *fragments):

@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from msa_fed.boundary.proto import SERVICE_NAME
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control import Limits, Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Limits, Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Codes the domain layer may answer with; UNKNOWN or INTERNAL would mean an unhandled exception.
@@ -216,6 +219,9 @@ def test_corrupted_predictors_are_refused_or_still_valid(env, edits, cut):
 
 def test_oversized_and_disguised_requests(env):
     stub, md = env["stub"], env["site"]
+    # the site is registered (the raw-bytes fuzz above may have sent an empty DeregisterSite, which
+    # deregisters the caller): the disguised upload must be refused by the loader, not for that
+    stub.RegisterSite(pb.RegisterSiteRequest(name="fz"), metadata=md, timeout=60)
     huge = pb.RegisterSiteRequest(name="fz", labels={"k": "v" * (5 * 2**20)})
     assert status_of(lambda: stub.RegisterSite(huge, metadata=md, timeout=60)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     header = pb.PredictorHeader(upload_id="big", sha256="0" * 64, size=2**40)

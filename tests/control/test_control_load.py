@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from control_helpers import linear_onnx
 
-from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 
 N_SITES = 200
 N_FEATURES = 3

@@ -19,7 +19,9 @@ from control_helpers import linear_onnx, softmax_onnx
 
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control import Registry, RegistryClient, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
 
 LISTENING = re.compile(r"registry listening on (\S+)")
 

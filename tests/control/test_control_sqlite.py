@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
-from msa_fed.control import Registry, SqliteStore
-from msa_fed.control.records import ArtifactRecord
-from msa_fed.control.sqlite_store import SCHEMA_VERSION
+from msa_fed.control.registry.records import ArtifactRecord
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SCHEMA_VERSION, SqliteStore
 from msa_fed.errors import ConfigError, RegistryError
 
 

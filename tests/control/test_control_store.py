@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from msa_fed.control.records import ArtifactRecord, TokenRecord
+from msa_fed.control.registry.records import ArtifactRecord, TokenRecord
 from msa_fed.errors import RegistryError
 
 

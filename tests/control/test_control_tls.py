@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from control_helpers import make_pki
 
-from msa_fed.control import MemoryStore, Registry, RegistryClient, RegistryServer, TlsConfig
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer, TlsConfig
 from msa_fed.errors import ConfigError, RegistryError, TlsError
 
 
@@ -135,7 +138,7 @@ def test_the_audit_log_shows_refused_calls_with_peer_and_certificate_but_no_fail
     revoked or forged token, a role the method does not take."""
     import json
 
-    from msa_fed.control.ops_audit import AuditLog
+    from msa_fed.control.audit import AuditLog
 
     token_a, token_b = registry.issue_token("site", "site-a"), registry.issue_token("site", "site-b")
     revoked = registry.issue_token("site", "site-c")

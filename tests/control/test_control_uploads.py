@@ -16,7 +16,10 @@ from sklearn.linear_model import LinearRegression
 from msa_fed.artifacts.predictors import load_predictor
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control import Limits, MemoryStore, Registry, RegistryClient, RegistryServer
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Limits, Registry
+from msa_fed.control.registry.store import MemoryStore
+from msa_fed.control.server import RegistryServer
 from msa_fed.errors import RegistryError
 
 RNG = np.random.default_rng(0)

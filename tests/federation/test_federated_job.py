@@ -87,7 +87,7 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
     assert model.harm == pytest.approx(local.harm, abs=1e-9)
 
     # the stored model loads from the registry's bytes and predicts as the job's model does
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
 
     with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
         data, rec = admin.download_combined_model(record.version)
@@ -173,8 +173,8 @@ def test_site_processes_listen_on_no_socket(federated, federation):
 def test_the_relay_fills_the_connected_column_of_list_sites(federation):
     """registry.site_connected is the relay's: `admin list-sites` (the Operations service) shows
     each connected site process as connected, and a stopped one as not connected."""
-    from msa_fed.control.client import RegistryClient
-    from msa_fed.control.ops_client import OpsClient
+    from msa_fed.control.ops.client import OpsClient
+    from msa_fed.control.registry.client import RegistryClient
 
     def connected() -> dict:
         with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
@@ -338,7 +338,7 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tm
         # the model the registry stores keeps what the job saw of the sites' decisions, and its
         # report lists them per site: the waits (join refused under accept_jobs, east more than
         # once) and each operator's approval, after the wait began
-        from msa_fed.control.client import RegistryClient
+        from msa_fed.control.registry.client import RegistryClient
         from msa_fed.jobs.report import report_html
         from msa_fed.jobs.run import model_from_bytes
 

@@ -237,7 +237,7 @@ def test_a_revoked_site_is_cut_off_mid_stream(own_fed):
 
 
 def _admin():
-    from msa_fed.control.records import Principal
+    from msa_fed.control.registry.records import Principal
 
     return Principal("admin", "operator")
 

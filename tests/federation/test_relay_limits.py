@@ -15,9 +15,9 @@ from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import relay_pb2 as pb
 from msa_fed.boundary.proto import relay_pb2_grpc as pb_grpc
-from msa_fed.control.registry import Registry
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
 from msa_fed.control.server import RegistryServer
-from msa_fed.control.sqlite_store import SqliteStore
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import TRANSIENT, SiteUnreachable
 
@@ -230,7 +230,7 @@ def test_each_forward_is_refused_once_its_site_lost_its_right_and_the_others_are
 
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])
 def test_the_stores_say_which_sites_may_still_be_served(tmp_path, kind):
-    from msa_fed.control.store import MemoryStore
+    from msa_fed.control.registry.store import MemoryStore
 
     store = SqliteStore(tmp_path / "r.db") if kind == "sqlite" else MemoryStore()
     reg = Registry(store)

@@ -188,7 +188,9 @@ def test_a_site_that_admits_any_peer_says_so_at_start(tmp_path, capsys, peers):
     """`site serve` with the default roster (peers = "any") says so in one line at start, before
     it asks the registry anything (here: a real registry that does not know the site's token,
     which ends the start); a site that names its peers prints no such line."""
-    from msa_fed.control import Registry, RegistryServer, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
+    from msa_fed.control.server import RegistryServer
 
     write_site_files(tmp_path)
     extra = {}

@@ -24,7 +24,9 @@ def test_serve_waits_for_a_registry_that_is_not_up_yet(tmp_path):
     import threading
     import time
 
-    from msa_fed.control import Registry, RegistryServer, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
+    from msa_fed.control.server import RegistryServer
     from msa_fed.errors import RegistryError
     from msa_fed.federation.agent import SiteAgent
 

@@ -300,7 +300,7 @@ def test_a_federated_job_is_sealed_unless_its_file_opts_out(tmp_path):
 
 
 def test_a_site_token_given_as_the_admin_token_is_named(tmp_path):
-    from msa_fed.control.tokens import new_token
+    from msa_fed.control.registry.tokens import new_token
 
     site_token, _ = new_token("site", "east", 0.0)
     admin_token, _ = new_token("admin", "operator", 0.0)

@@ -148,7 +148,8 @@ class RegistryProcess:
 
 def issue_tokens(db, sites) -> dict:
     """Tokens of the admin and of each site, issued on the database as an operator would."""
-    from msa_fed.control import Registry, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
 
     with SqliteStore(db) as store:
         registry = Registry(store)
@@ -163,7 +164,7 @@ def publish_sites(address: str, tokens: dict, data_dir: Path, random_state: int 
     from sklearn.linear_model import LogisticRegression
 
     from msa_fed.artifacts.predictors import export_sklearn
-    from msa_fed.control import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
     from msa_fed.experiments.demo_data import SITES, make_federation
 
     fed = make_federation(n_labeled=200, n_unlabeled=300, n_test=n_test, random_state=random_state)

@@ -13,9 +13,12 @@ from sklearn.linear_model import LogisticRegression
 from msa_fed.artifacts.predictors import export_sklearn
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
-from msa_fed.control.ops_audit import AuditLog
-from msa_fed.control.ops_client import OpsClient
+from msa_fed.control.audit import AuditLog
+from msa_fed.control.ops.client import OpsClient
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 from msa_fed.errors import RegistryError
 
 

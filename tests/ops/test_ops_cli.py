@@ -10,8 +10,8 @@ import pytest
 from ops_helpers import RegistryProcess, cli, issue_tokens
 
 import msa_fed
-from msa_fed.control import RegistryClient
-from msa_fed.control.ops_client import OpsClient
+from msa_fed.control.ops.client import OpsClient
+from msa_fed.control.registry.client import RegistryClient
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,8 @@ def test_the_kit_gives_each_party_its_own_files_only(tmp_path):
 
 
 def test_add_site_extends_the_kit(tmp_path):
-    from msa_fed.control import Registry, SqliteStore
+    from msa_fed.control.registry.service import Registry
+    from msa_fed.control.registry.sqlite_store import SqliteStore
     from msa_fed.jobs.config import JobConfig
     from msa_fed.privacy.policy import load_policy
 

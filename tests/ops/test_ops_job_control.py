@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from msa_fed.control.ops import MAX_LOG_LINE_CHARS, MAX_LOG_LINES_PER_CALL
-from msa_fed.control.ops_client import OpsClient
+from msa_fed.control.ops.client import OpsClient
+from msa_fed.control.ops.service import MAX_LOG_LINE_CHARS, MAX_LOG_LINES_PER_CALL
 from msa_fed.errors import JobCancelled, RegistryError
 from msa_fed.federation.relay_client import RelayClient
 
@@ -75,7 +75,7 @@ def test_a_jobs_log_keeps_the_drivers_lines(admin, registry, connect):
 
 
 def test_a_jobs_log_stops_at_its_limit(registry):
-    from msa_fed.control.ops import MAX_LOG_LINES
+    from msa_fed.control.ops.service import MAX_LOG_LINES
 
     store = registry.store
     assert store.append_job_log("j", ["a"] * (MAX_LOG_LINES - 1), 1.0, MAX_LOG_LINES) == (MAX_LOG_LINES - 1, 0)

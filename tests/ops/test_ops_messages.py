@@ -83,7 +83,7 @@ def test_an_expired_server_certificate_is_warned_about_at_start(tmp_path):
 def test_certificate_warnings_ahead_of_expiry_and_before_validity(tmp_path):
     import datetime as dt
 
-    from msa_fed.control.cert_check import certificate_warnings
+    from msa_fed.control.transport.cert_check import certificate_warnings
 
     soon, _ = _self_signed(tmp_path, dt.timedelta(days=-1), dt.timedelta(days=3))
     assert "expires at" in certificate_warnings(soon.read_bytes())[0]

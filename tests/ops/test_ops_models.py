@@ -11,7 +11,7 @@ import pytest
 from ops_helpers import REPO
 
 import msa_fed
-from msa_fed.control.ops_models import pack_model, unpack_model
+from msa_fed.control.ops.models import pack_model, unpack_model
 from msa_fed.errors import ArtifactError, ConfigError
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from msa_fed.control import Registry, RegistryClient, RegistryServer, SqliteStore
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 from msa_fed.errors import RegistryError
 from msa_fed.federation.relay_client import RelayClient
 from msa_fed.runtime.federated import TRANSIENT, SiteUnreachable

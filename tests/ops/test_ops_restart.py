@@ -11,8 +11,8 @@ import time
 
 from ops_helpers import RegistryProcess, cli, issue_tokens
 
-from msa_fed.control import RegistryClient
-from msa_fed.control.ops_client import OpsClient
+from msa_fed.control.ops.client import OpsClient
+from msa_fed.control.registry.client import RegistryClient
 from msa_fed.jobs.operations import JobTracker
 
 

@@ -8,7 +8,7 @@ import pytest
 from msa_fed.boundary.proto import OPS_SERVICE_NAME
 from msa_fed.boundary.proto import operations_pb2 as ops_pb
 from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
-from msa_fed.control.ops_client import OpsClient
+from msa_fed.control.ops.client import OpsClient
 from msa_fed.errors import RegistryError
 
 OPS_METHODS = [m.name for m in ops_pb.DESCRIPTOR.services_by_name["Operations"].methods]

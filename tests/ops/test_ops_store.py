@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from msa_fed.control import SqliteStore
-from msa_fed.control.ops_records import DeregistrationRecord, JobRecord
-from msa_fed.control.records import TokenRecord
+from msa_fed.control.registry.ops_records import DeregistrationRecord, JobRecord
+from msa_fed.control.registry.records import TokenRecord
+from msa_fed.control.registry.sqlite_store import SqliteStore
 from msa_fed.errors import RegistryError
 
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from ops_helpers import REPO
 
-from msa_fed.control import Registry, RegistryServer, SqliteStore
-from msa_fed.control.server import TlsConfig
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer, TlsConfig
 
 sys.path.insert(0, str(REPO / "tests" / "federation"))
 from fedhelpers import make_pki, site_files  # noqa: E402
@@ -165,7 +166,7 @@ def test_an_admin_command_names_the_tls_mistake(world, mistake):
 
 
 def test_a_healthy_connection_is_not_taken_for_a_mistake(world):
-    from msa_fed.control.connection import Connection, diagnose_tls
+    from msa_fed.control.transport.connection import Connection, diagnose_tls
 
     pki = world["pki"]
     conn = Connection(world["secure"], "x", tls_ca=pki["ca"], tls_cert=pki["east_cert"], tls_key=pki["east_key"])

@@ -42,7 +42,7 @@ def test_wheel_builds_offline_from_a_clean_checkout(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in (
         "msa_fed/boundary/proto/operations_pb2.py",
-        "msa_fed/control/ops_cli.py",
+        "msa_fed/control/ops/cli.py",
         "msa_fed/jobs/report.py",
         "msa_fed/runtime/progress.py",
     ):

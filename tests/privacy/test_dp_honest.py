@@ -98,7 +98,7 @@ def test_losses_and_epsilon_are_shown_as_dp_estimates(tmp_path):
     import contextlib
     import io
 
-    from msa_fed.control import ops_cli
+    from msa_fed.control.ops import cli as ops_cli
 
     man = model.manifest()
     assert man["epsilon_by_site"]["a"] > 0

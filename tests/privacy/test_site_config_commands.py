@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from cli_runner import run_cli
 
-from msa_fed.control import Registry, RegistryServer, SqliteStore
+from msa_fed.control.registry.service import Registry
+from msa_fed.control.registry.sqlite_store import SqliteStore
+from msa_fed.control.server import RegistryServer
 from msa_fed.federation.agent import load_site_policy
 from msa_fed.federation.config import SiteConfig
 from msa_fed.federation.local import site_toml

@@ -330,7 +330,7 @@ def test_domain_models_cross_as_their_own_state(sites, method):
 
 
 def test_the_registry_client_imports_no_server():
-    """The registry client takes its address helpers from control/transport.py."""
+    """The registry client takes its address helpers from control/transport/address.py."""
     import ast
     from pathlib import Path
 
@@ -340,8 +340,8 @@ def test_the_registry_client_imports_no_server():
         tree = ast.parse((root / rel).read_text())
         return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
 
-    assert "msa_fed.control.server" not in imports("control/client.py")
-    assert "msa_fed.control.transport" in imports("control/client.py")
+    assert "msa_fed.control.server" not in imports("control/registry/client.py")
+    assert "msa_fed.control.transport.address" in imports("control/registry/client.py")
 
 
 class _CountingSite(SiteWorker):

@@ -148,7 +148,7 @@ def test_the_verdicts_are_in_the_manifest_the_summary_and_the_report(honest, tmp
     )
     assert f"{SUSPECTS_HEAD}: none" in text
     assert MEASURED_NOTE in text and f"L_k(z) = north={c:.4f}" in text
-    from msa_fed.control.ops_cli import print_model_facts
+    from msa_fed.control.ops.cli import print_model_facts
 
     print_model_facts(model.manifest())  # `msa-fed model show`: the stored manifest's facts
     shown = capsys.readouterr().out

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from msa_fed.boundary.proto import operations_pb2 as ops_pb
 from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
-from msa_fed.control.client import RegistryClient
-from msa_fed.control.ops_convert import (
+from msa_fed.control.ops.convert import (
     job_from_pb,
     model_status_from_pb,
     site_status_from_pb,
 )
-from msa_fed.control.ops_records import JobRecord, SiteStatus
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.ops_records import JobRecord, SiteStatus
 
 
 class OpsClient:

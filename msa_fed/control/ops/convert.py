@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from msa_fed.boundary.proto import operations_pb2 as ops_pb
-from msa_fed.control.convert import combined_from_pb, combined_to_pb
-from msa_fed.control.ops_records import (
+from msa_fed.control.registry.convert import combined_from_pb, combined_to_pb
+from msa_fed.control.registry.ops_records import (
     DeregistrationRecord,
     JobRecord,
     PromotionRecord,
     SiteStatus,
 )
-from msa_fed.control.records import CombinedModelRecord
+from msa_fed.control.registry.records import CombinedModelRecord
 
 
 def promotion_to_pb(rec: PromotionRecord) -> ops_pb.Promotion:

@@ -32,7 +32,7 @@ TOKEN_FILE_ENV = "MSA_FED_ADMIN_TOKEN_FILE"
 
 
 def iso(t) -> str:
-    from msa_fed.control.ops import iso as _iso
+    from msa_fed.control.ops.service import iso as _iso
 
     return _iso(t)
 
@@ -53,7 +53,7 @@ def read_admin_token(path: str | None) -> str:
 def connect_factory(args, token: str | None = None):
     """A function that opens a new :class:`RegistryClient` with the command's connection flags
     (:func:`connection_options`) and ``token`` (default: the admin token of ``--admin-token-file``)."""
-    from msa_fed.control.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient
 
     token = token or read_admin_token(args.admin_token_file)
     timeout = 30.0 if args.timeout is None else args.timeout
@@ -89,7 +89,7 @@ def download_version(args, text: str):
 
 
 def _ops(args):
-    from msa_fed.control.ops_client import OpsClient
+    from msa_fed.control.ops.client import OpsClient
 
     client = connect_factory(args)()
     return client, OpsClient(client)
@@ -115,7 +115,7 @@ def _table(header, rows) -> None:
 
 
 def _manifest(record) -> dict:
-    from msa_fed.control.ops import manifest_of
+    from msa_fed.control.ops.service import manifest_of
 
     return manifest_of(record)
 
@@ -236,7 +236,7 @@ def _model_show(args) -> int:
 
 def _model_download(args) -> int:
     from msa_fed.artifacts.model import load_model
-    from msa_fed.control.ops_models import unpack_model
+    from msa_fed.control.ops.models import unpack_model
 
     with connect_factory(args)() as client:
         data, record = client.download_combined_model(args.version or None)
@@ -266,8 +266,8 @@ def _model_promote(args) -> int:
 def upload_model_dir(args, path, *, log=print):
     """Upload the model directory ``path`` (load-checked first) and complete its job record, if any."""
     from msa_fed.artifacts.model import load_model
-    from msa_fed.control.ops_client import OpsClient
-    from msa_fed.control.ops_models import (
+    from msa_fed.control.ops.client import OpsClient
+    from msa_fed.control.ops.models import (
         pack_model,
         read_manifest,
         registry_manifest,
@@ -425,7 +425,7 @@ def _deregister(args) -> int:
 
 def site_status_rows(statuses):
     """Rows of ``admin list-sites``: NAME TOKEN REGISTERED REVOKED DEREGISTERED LAST-HEARTBEAT CONNECTED ARTIFACTS."""
-    from msa_fed.control.ops import exclusion_reason
+    from msa_fed.control.ops.service import exclusion_reason
 
     rows = []
     for s in statuses:

@@ -1,5 +1,5 @@
 """How a client reaches the registry: one connection value and the one channel builder that
-holds the transport rule, used by :class:`msa_fed.control.client.RegistryClient` (sites, the CLI,
+holds the transport rule, used by :class:`msa_fed.control.registry.client.RegistryClient` (sites, the CLI,
 the job) and :mod:`msa_fed.federation.relay_client` (the relay's job and site sides).
 
 The rule: TLS by default, checking the registry's certificate against ``tls_ca`` (None: the
@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from msa_fed.control.transport import MAX_MESSAGE_BYTES, is_loopback, parse_address
+from msa_fed.control.transport.address import MAX_MESSAGE_BYTES, is_loopback, parse_address
 from msa_fed.errors import ConfigError
 
 MAX_PEM_BYTES = 1 << 20  # a certificate chain or a key is a few KiB

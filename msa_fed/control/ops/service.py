@@ -1,7 +1,7 @@
 """Operations on a registry: model promotion, site status and deregistration, job records.
 
-Transport-free like :class:`~msa_fed.control.registry.Registry`: the gRPC servicer
-(:mod:`msa_fed.control.ops_servicer`) and the ``--db`` admin commands call these methods with
+Transport-free like :class:`~msa_fed.control.registry.service.Registry`: the gRPC servicer
+(:mod:`msa_fed.control.ops.servicer`) and the ``--db`` admin commands call these methods with
 the caller's :class:`Principal`; every method is admin-only.
 
 ``connected`` is the hook of the federated topology: a callable ``name -> bool | None`` that
@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from msa_fed.control.ops_records import (
+from msa_fed.control.registry.ops_records import (
     JOB_CANCELLED,
     JOB_END_STATES,
     JOB_RUNNING,
@@ -31,13 +31,13 @@ from msa_fed.control.ops_records import (
     check_job_id,
     one_line,
 )
-from msa_fed.control.records import (
+from msa_fed.control.registry.records import (
     ROLE_SITE,
     CombinedModelRecord,
     Principal,
     check_name,
 )
-from msa_fed.control.registry import Registry
+from msa_fed.control.registry.service import Registry
 from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)

@@ -49,8 +49,8 @@ from pathlib import Path
 import grpc
 
 from msa_fed.control.auth import bearer_token, certificate_names
-from msa_fed.control.records import Principal
-from msa_fed.control.tokens import parse_token
+from msa_fed.control.registry.records import Principal
+from msa_fed.control.registry.tokens import parse_token
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 from msa_fed.artifacts.predictors import DEFAULT_MAX_BYTES, META_N_FEATURES, load_predictor, sha256_hex
-from msa_fed.control import tokens
-from msa_fed.control.records import (
+from msa_fed.control.registry import tokens
+from msa_fed.control.registry.records import (
     KIND_PREDICTOR,
     KIND_SAMPLE,
     ROLE_ADMIN,
@@ -39,7 +39,7 @@ from msa_fed.control.records import (
     check_sha256,
     check_upload_id,
 )
-from msa_fed.control.store import RegistryStore
+from msa_fed.control.registry.store import RegistryStore
 from msa_fed.errors import ArtifactError, RegistryError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The ``msa_fed.v1.Operations`` servicer: parse, call :class:`~msa_fed.control.ops.Operations`, serialise.
+"""The ``msa_fed.v1.Operations`` servicer: parse, call :class:`~msa_fed.control.ops.service.Operations`, serialise.
 
 Errors map to status codes through the registry servicer's one mapping (``_unary``).
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from msa_fed.boundary.proto import operations_pb2 as ops_pb
 from msa_fed.boundary.proto import operations_pb2_grpc as ops_grpc
-from msa_fed.control.ops import Operations
-from msa_fed.control.ops_convert import job_to_pb, model_status_to_pb, site_status_to_pb
-from msa_fed.control.servicer import _unary
+from msa_fed.control.ops.convert import job_to_pb, model_status_to_pb, site_status_to_pb
+from msa_fed.control.ops.service import Operations
+from msa_fed.control.registry.servicer import _unary
 
 
 class OperationsServicer(ops_grpc.OperationsServicer):

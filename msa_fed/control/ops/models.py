@@ -29,8 +29,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from msa_fed.control.client import RegistryClient
-from msa_fed.control.records import CombinedModelRecord
+from msa_fed.control.registry.client import RegistryClient
+from msa_fed.control.registry.records import CombinedModelRecord
 from msa_fed.errors import ArtifactError, ConfigError, RegistryError
 
 TOP = "model"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from msa_fed.boundary.proto import registry_pb2 as pb
-from msa_fed.control.records import (
+from msa_fed.control.registry.records import (
     KIND_PREDICTOR,
     ArtifactRecord,
     CombinedModelRecord,

@@ -1,4 +1,4 @@
-"""SQLite implementation of :class:`~msa_fed.control.store.RegistryStore`.
+"""SQLite implementation of :class:`~msa_fed.control.registry.store.RegistryStore`.
 
 One database file holds everything, blobs included, so a commit (blob plus
 record) is one transaction: an upload interrupted at any point, even by
@@ -18,9 +18,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from msa_fed.control.ops_records import DeregistrationRecord, JobRecord, PromotionRecord, current_version
-from msa_fed.control.records import ROLE_SITE, ArtifactRecord, CombinedModelRecord, SiteRecord, TokenRecord
-from msa_fed.control.store import RegistryStore, not_registered, upload_conflict
+from msa_fed.control.registry.ops_records import DeregistrationRecord, JobRecord, PromotionRecord, current_version
+from msa_fed.control.registry.records import ROLE_SITE, ArtifactRecord, CombinedModelRecord, SiteRecord, TokenRecord
+from msa_fed.control.registry.store import RegistryStore, not_registered, upload_conflict
 from msa_fed.errors import ConfigError, RegistryError
 
 SCHEMA_VERSION = 1

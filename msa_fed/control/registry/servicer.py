@@ -1,7 +1,7 @@
 """The ``msa_fed.v1.Registry`` servicer: parse, call the domain layer, serialise.
 
 Exceptions become status codes in one place,
-:func:`msa_fed.control.public.public_status`: a :class:`RegistryError`
+:func:`msa_fed.control.registry.public.public_status`: a :class:`RegistryError`
 carries its code and the registry's own message; anything else (an artifact
 the loader refused, a library error, a bug) is a fixed public reason with an
 incident id that the registry logs with the detail.  The auth interceptor
@@ -24,10 +24,10 @@ import grpc
 
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control.convert import artifact_to_pb, combined_to_pb, site_to_pb
-from msa_fed.control.public import Busy, abort_public
-from msa_fed.control.records import KIND_PREDICTOR, KIND_SAMPLE
-from msa_fed.control.registry import Registry
+from msa_fed.control.registry.convert import artifact_to_pb, combined_to_pb, site_to_pb
+from msa_fed.control.registry.public import Busy, abort_public
+from msa_fed.control.registry.records import KIND_PREDICTOR, KIND_SAMPLE
+from msa_fed.control.registry.service import Registry
 from msa_fed.errors import RegistryError
 
 log = logging.getLogger(__name__)

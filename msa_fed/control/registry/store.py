@@ -1,7 +1,7 @@
 """Registry state behind one abstract class, with an in-memory implementation.
 
 :class:`RegistryStore` is the whole persistence contract; :class:`MemoryStore`
-(here) and :class:`msa_fed.control.sqlite_store.SqliteStore` implement it, and
+(here) and :class:`msa_fed.control.registry.sqlite_store.SqliteStore` implement it, and
 one test suite (``tests/control/test_control_store.py``) runs against both.
 
 Artifacts and combined models are stored content-addressed: the bytes live
@@ -16,14 +16,14 @@ import abc
 import dataclasses
 import threading
 
-from msa_fed.control.ops_records import (
+from msa_fed.control.registry.ops_records import (
     DeregistrationRecord,
     JobRecord,
     PromotionRecord,
     current_version,
     is_disputed,
 )
-from msa_fed.control.records import (
+from msa_fed.control.registry.records import (
     ROLE_SITE,
     ArtifactRecord,
     CombinedModelRecord,

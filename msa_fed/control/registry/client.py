@@ -35,12 +35,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from msa_fed.artifacts.predictors import OnnxPredictor, load_predictor, sha256_hex
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.boundary.proto import registry_pb2_grpc as pb_grpc
-from msa_fed.control.connection import FLAG_LABELS, Connection, diagnose_tls
-from msa_fed.control.convert import artifact_from_pb, combined_from_pb, site_from_pb
-from msa_fed.control.public import RETRY_AFTER_KEY
-from msa_fed.control.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
-from msa_fed.control.tokens import parse_token
-from msa_fed.control.transport import parse_address
+from msa_fed.control.registry.convert import artifact_from_pb, combined_from_pb, site_from_pb
+from msa_fed.control.registry.public import RETRY_AFTER_KEY
+from msa_fed.control.registry.records import ArtifactRecord, CombinedModelRecord, Principal, SiteRecord
+from msa_fed.control.registry.tokens import parse_token
+from msa_fed.control.transport.address import parse_address
+from msa_fed.control.transport.connection import FLAG_LABELS, Connection, diagnose_tls
 from msa_fed.errors import ConfigError, RegistryError, TlsError
 
 UPLOAD_CHUNK_BYTES = 1 << 20

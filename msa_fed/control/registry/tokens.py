@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import secrets
 
-from msa_fed.control.records import NAME_PATTERN, ROLES, Principal, TokenRecord
+from msa_fed.control.registry.records import NAME_PATTERN, ROLES, Principal, TokenRecord
 
 TOKEN_PREFIX = "mft1"
 SECRET_BYTES = 32

@@ -137,8 +137,8 @@ def _model_export(args) -> int:
     out = Path(args.out)
     _check_out(out, args.force)
     if args.registry:
-        from msa_fed.control.ops_cli import download_version
-        from msa_fed.control.ops_models import unpack_model
+        from msa_fed.control.ops.cli import download_version
+        from msa_fed.control.ops.models import unpack_model
 
         archive, record = download_version(args, args.source)
         tmp = Path(tempfile.mkdtemp(prefix="msa-fed-export-"))
@@ -177,7 +177,7 @@ def _model_export(args) -> int:
 def register(subparsers) -> None:
     """Add ``export`` to the ``msa-fed model`` command group (declared by :mod:`msa_fed.cli`)."""
     from msa_fed.clitools import command_group
-    from msa_fed.control.ops_cli import connection_options
+    from msa_fed.control.ops.cli import connection_options
 
     model_commands = command_group(subparsers, "model")
 

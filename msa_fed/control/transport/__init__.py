@@ -1,0 +1,1 @@
+"""Addresses, the one channel builder (TLS, mutual TLS, loopback plaintext) and certificate checks."""
