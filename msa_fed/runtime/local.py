@@ -86,7 +86,7 @@ class LocalSites:
 
     def _stacked_outputs(self) -> None:
         """Each predictor that runs in this process evaluated once over every site's rows stacked,
-        each site handed its slice (:meth:`SiteWorker.hand_outputs`), before the sites first
+        each site handed its slice (:meth:`SiteWorker._hand_outputs`), before the sites first
         evaluate their predictors (``set_qhat``): p calls instead of p per site, each of which
         pays the predictor's own per-call overhead (scikit-learn's input validation: most of
         ``set_qhat`` at p = 64).
@@ -104,7 +104,7 @@ class LocalSites:
         workers = [w for w in self.workers if isinstance(w, SiteWorker) and w._H is None]
         if len(workers) < 2:
             return
-        rows = [w.predictor_rows() for w in workers]
+        rows = [w._predictor_rows() for w in workers]
         uses: dict[int, tuple[object, str, list[tuple[int, int]]]] = {}  # id -> (h, method, [(site, k)])
         for i, w in enumerate(workers):
             method = "predict" if w.task == "regression" else "predict_proba"
@@ -137,7 +137,7 @@ class LocalSites:
                 handed[i][k] = out[a:b]
         for w, X, given in zip(workers, rows, handed):
             if given:
-                w.hand_outputs(X, given)
+                w._hand_outputs(X, given)
 
     def call_shards(self, method: str, msg) -> list:
         """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""

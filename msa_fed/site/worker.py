@@ -168,7 +168,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
-        self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # hand_outputs
+        self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
         self._shard = None
@@ -236,17 +236,18 @@ class SiteWorker(PublishedHalf):
                 raise  # audited as refused (an admitted job adds no line of its own)
         self._admitted = True
 
-    def predictor_rows(self) -> np.ndarray:
+    def _predictor_rows(self) -> np.ndarray:
         """The rows its predictors are evaluated on: its labelled points, then its unlabelled
         sample (the latter checked too: the combined model will be used on points like them)."""
         self._data()
         return np.concatenate([self.X_labeled, self.X_unlabeled])
 
-    def hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray]) -> None:
+    def _hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray]) -> None:
         """Raw outputs of its predictors (k -> outputs) on ``rows``, computed by an in-process
         host in one call over every site's rows (:meth:`msa_fed.runtime.local.LocalSites.call_all`):
-        where ``rows`` equal :meth:`predictor_rows`, predictor k's answer to this site's own call
-        on them, checked as that answer would be (:meth:`_outputs`)."""
+        where ``rows`` equal :meth:`_predictor_rows`, predictor k's answer to this site's own call
+        on them, checked as that answer would be (:meth:`_outputs`).  Not a request (no host
+        outside the site's process can call it: it is not in the site's list of methods)."""
         self._handed = (rows, dict(outputs))
 
     def _outputs(self):
@@ -256,7 +257,7 @@ class SiteWorker(PublishedHalf):
             # the unlabelled sample is checked too (the combined model will be used on points like
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
-            both = self.predictor_rows()
+            both = self._predictor_rows()
             # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
             cols = np.empty((n, len(self.predictors)), order="F")
             rows = idx = None
