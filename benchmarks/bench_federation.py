@@ -461,6 +461,38 @@ def bench_job(args, workdir: Path) -> dict:
     return out
 
 
+#: the arms of the full job, each against the local fit of the same run (the baseline)
+JOB_ARMS = (
+    ("local", "local fit (the baseline)", "local"),
+    ("sealed", "federated, sealed (the default)", "local"),
+    ("unsealed", "federated, unsealed", "local"),
+    ("local_influence", "local fit with the influence report", "local_influence"),
+    ("sealed_influence", "federated, sealed, with the influence report (a real job)", "local_influence"),
+)
+
+
+def job_lines(r: dict) -> list[str]:
+    """One line per arm of :func:`bench_job`'s result: its median and range over the repeats and
+    its ratio to the local fit of the same run (the report's arms: to the local fit with the
+    report, and to the one without it where it ran)."""
+    runs, med = r["runs_s"], r["medians_s"]
+    lines = [
+        f"full job p={r['p']} n={r['n']}, medians of {r['repeats']} in turns (load {r['load'][0]:.1f}); "
+        f"{r['n_evaluations']} evaluations; max |z - z_local| = {r['max_abs_z_difference']:.1e}"
+    ]
+    for kind, label, base in JOB_ARMS:
+        if kind not in med:
+            continue
+        ts = runs[kind]
+        line = f"  {label:<58} {med[kind]:7.3f} s ({min(ts):.3f}-{max(ts):.3f}): ratio {med[kind] / med[base]:.2f}"
+        if base != "local" and "local" in med:
+            line += f" ({med[kind] / med['local']:.2f} against the local fit without the report)"
+        if kind == "sealed_influence" and r.get("influence_report_rounds") is not None:
+            line += f"; the report {r['influence_report_rounds']} rounds"
+        lines.append(line)
+    return lines
+
+
 def bench_many(args, workdir: Path) -> dict:
     import grpc
 
@@ -594,27 +626,8 @@ def main(argv=None) -> int:
             )
         if "job" in todo:
             r = out["full_job"] = bench_job(args, Path(tmp))
-            if "ratio_fit" in r:
-                print(
-                    f"full job p={r['p']} n={r['n']}, medians of {r['repeats']} in turns: sealed (the default) "
-                    f"{r['federated_fit_s']:.2f} s, unsealed {r['federated_unsealed_fit_s']:.2f} s, local "
-                    f"{r['local_fit_s']:.2f} s: ratio {r['ratio_fit']:.2f} sealed, {r['ratio_fit_unsealed']:.2f} "
-                    f"unsealed ({r['ratio_start_and_fit']:.2f} sealed with its start); {r['n_evaluations']} "
-                    f"evaluations; max |z - z_local| = {r['max_abs_z_difference']:.1e}",
-                    flush=True,
-                )
-            if "ratio_fit_influence" in r:
-                also = (
-                    f"; {r['ratio_fit_influence_vs_local_off']:.2f}x the local fit without it"
-                    if "ratio_fit_influence_vs_local_off" in r
-                    else ""
-                )
-                print(
-                    f"full job with the influence report (as a real job runs): sealed "
-                    f"{r['federated_influence_fit_s']:.2f} s, local {r['local_influence_fit_s']:.2f} s: ratio "
-                    f"{r['ratio_fit_influence']:.2f}{also}; the report {r['influence_report_rounds']} rounds",
-                    flush=True,
-                )
+            for line in job_lines(r):
+                print(line, flush=True)
             ph = r["phases_median_s"]
             for kind in ("local", "sealed", "unsealed", "local_influence", "sealed_influence"):
                 if kind + "_classifier" in ph:

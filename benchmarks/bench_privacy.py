@@ -14,22 +14,27 @@ on disk.  Median of interleaved repeats, in one run; n labelled points per site 
 sites, 1000 published points each, d = 20, the polished optimum; the standard map and 1000
 random Fourier features; median of repeats, against ``set_domain_model`` with verification off.
 
-``--per-request``: the policy's cost on one site request (n = 50, p = 8): ``dc_evaluate`` against
-the sums alone, medians of interleaved requests, with warm caches and with an 8 MB buffer
-written between requests (cold caches: how a site actor answers one request among many
-processes on a busy node, where the Ray round's ratio is too noisy to resolve a few us).
+``--per-request``: the policy's CPU on one site request (n = 50, p = 8), in one process: the
+site's DC answer without the policy (the Ray baseline's ``dc_evaluate``) against
+``SiteWorker.dc_evaluate`` with the in-memory ledger and log and with a ledger file and an audit
+log file; this thread's CPU time per request, blocks of requests alternating between the arms,
+medians over the blocks (CPU time: the other processes of a loaded machine do not count).
+Also run with ``--ray``, before the Ray rounds.
 
 ``--ray``: p = 8 site actors on a local Ray (50 labelled points each, as in bench_runtime's
 round latency), one DC round = ``DistributedOracle.evaluate`` (L and dL) over the TLS data
 channel; the baseline actors are a SiteWorker subclass whose ``dc_evaluate`` is the site's
 code before the policy (min_points test and the sums), the others enforce the default policy;
-the two alternate which goes first in a round.
+the two alternate which goes first in a round.  Besides the round's wall time, the CPU time
+of the p site actors' processes per round (``/proc/PID/schedstat``), which a loaded machine's
+other work does not inflate as much.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -137,7 +142,9 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
         )
         for k, (X, y) in enumerate(zip(data, ys))
     ]
-    out, times = {}, {}
+    from msa_fed.runtime.ray_actors import actor_pid
+
+    out, times, cpu = {}, {}, {}
     backends = {
         "baseline (no policy)": RaySites(kw, worker_cls=_unchecked_cls()),
         "default policy": RaySites(kw, worker_cls=SiteWorker),
@@ -149,7 +156,8 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             be.share_samples(data)  # the sites verify the KDE's samples against the published ones
             dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
             _, oracles[name] = c.prepare_dc(dm)
-            times[name] = []
+            times[name], cpu[name] = [], []
+        pids = {name: [actor_pid(a) for a in be.actors] for name, be in backends.items()}
         zs = rng.dirichlet(np.ones(p), size=rounds + 20)
         names = list(oracles)
         for r, z in enumerate(zs):
@@ -157,25 +165,44 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             # another one waits for that one's actors to give the cores back)
             for name in names if r % 2 == 0 else names[::-1]:
                 oracle = oracles[name]
+                c0 = _schedstat_ns(pids[name])
                 t = time.perf_counter()
                 oracle.evaluate(z, 0.01, ("L", "dL"))
                 if r >= 20:
                     times[name].append(time.perf_counter() - t)
+                    cpu[name].append(_schedstat_ns(pids[name]) - c0)
     finally:
         for be in backends.values():
             be.shutdown()
     base = float(np.median(times["baseline (no policy)"]))
+    base_cpu = float(np.median(cpu["baseline (no policy)"]))
     for name, ts in times.items():
         out[name] = {
             "median_ms": float(np.median(ts)) * 1e3,
             "p90_ms": float(np.percentile(ts, 90)) * 1e3,
             "ratio": float(np.median(ts)) / base,
+            # the p site actors' CPU per round (their processes, all threads)
+            "actors_cpu_ms": float(np.median(cpu[name])) * 1e-6,
+            "actors_cpu_ratio": float(np.median(cpu[name])) / base_cpu,
         }
         print(
             f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
-            f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f}"
+            f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f};  the sites' CPU per round "
+            f"{out[name]['actors_cpu_ms']:.3f} ms x{out[name]['actors_cpu_ratio']:.3f}"
         )
+    out["load"] = os.getloadavg()
+    print(f"  load average {out['load'][0]:.1f}")
     return out
+
+
+def _schedstat_ns(pids) -> int:
+    """CPU time (ns) of the processes ``pids`` so far, from the scheduler's accounting
+    (``/proc/PID/schedstat``, nanoseconds)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            total += int(fh.read().split()[0])
+    return total
 
 
 def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dict:
@@ -240,35 +267,57 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
     return out
 
 
-def per_request(requests: int = 2000, n: int = 50, p: int = 8) -> dict:
-    """Median us per request of the sums alone and of ``dc_evaluate``, warm and cold caches."""
+def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, tmp: Path | None = None) -> dict:
+    """CPU per request (this thread's CPU time, ``time.thread_time``) of one site's DC answer
+    without the policy (the Ray baseline's ``dc_evaluate``: the min_points test and the sums)
+    and with it (``SiteWorker.dc_evaluate``: in-memory ledger and log, the Ray runtime's
+    default; and with a ledger file and an audit log file, what a site process runs), in one
+    process: ``blocks`` blocks of ``requests`` requests per arm, the arms alternating block by
+    block (each first in every other block), medians over the blocks.  CPU time rather than
+    wall time: a loaded machine's other processes do not count, only what this code costs
+    (caches shared with them still do)."""
     from msa_fed.boundary import messages as m
 
-    w = make_sites(p, n, {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9})[0]
-    pts = w._points
+    tmp = Path(tempfile.mkdtemp()) if tmp is None else tmp
+    budgets = {"dc_evaluations_per_job": 10**9, "dc_evaluations_per_day": 10**9}
+    base = make_sites(p, n, budgets)[0]
+    base.__class__ = _unchecked_cls()  # the same site, its DC answer as it was before the policy
+    arms = {
+        "without the policy": base,
+        "policy (memory ledger + log)": make_sites(p, n, budgets)[0],
+        "policy (ledger + audit log files)": make_sites(
+            p, n, {**budgets, "ledger": str(tmp / "pr_l{k}.sqlite"), "audit_log": str(tmp / "pr_a{k}.jsonl")}
+        )[0],
+    }
     zs = np.random.default_rng(2).dirichlet(np.ones(p), size=requests)
     reqs = [m.DCRequest(z=z, eta=0.01, what=("L", "dL")) for z in zs]
-    buf = np.ones(1 << 20)  # 8 MB, more than the last-level cache share of one process here
-    out = {}
-    for label, flush in (("warm", False), ("cold", True)):
-        tb, tp = [], []
-        for r in reqs:
-            if flush:
-                buf += 1.0
-            t = time.perf_counter()
-            pts.evaluate(r.z, 0.01, what=("L", "dL"))
-            tb.append(time.perf_counter() - t)
-            if flush:
-                buf += 1.0
-            t = time.perf_counter()
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    names = list(arms)
+    for w in arms.values():  # warm: caches, the ledger's tables, the log file open
+        for r in reqs[:50]:
             w.dc_evaluate(r)
-            tp.append(time.perf_counter() - t)
-        b, q = float(np.median(tb)) * 1e6, float(np.median(tp)) * 1e6
-        out[label] = {"sums_us": b, "dc_evaluate_us": q, "policy_us": q - b}
+    for b in range(blocks):
+        for name in names if b % 2 == 0 else names[::-1]:
+            answer = arms[name].dc_evaluate
+            t = time.thread_time()
+            for r in reqs:
+                answer(r)
+            cpu[name].append((time.thread_time() - t) / len(reqs))
+    ref = float(np.median(cpu["without the policy"]))
+    out: dict = {"requests_per_block": requests, "blocks": blocks, "load": os.getloadavg()}
+    for name, ts in cpu.items():
+        med = float(np.median(ts))
+        out[name] = {
+            "cpu_us": med * 1e6,
+            "cpu_us_min_max": [min(ts) * 1e6, max(ts) * 1e6],
+            "policy_us": (med - ref) * 1e6,
+            "ratio": med / ref,
+        }
         print(
-            f"one request, n={n}, p={p}, {label} caches: sums {b:6.1f} us, "
-            f"dc_evaluate {q:6.1f} us, policy {q - b:5.1f} us"
+            f"one DC request, n={n}, p={p}, CPU (median of {blocks} blocks of {requests}): {name:<34} "
+            f"{med * 1e6:6.1f} us  (+{(med - ref) * 1e6:5.1f} us)  x{med / ref:.3f}"
         )
+    print(f"  load average {out['load'][0]:.1f}")
     return out
 
 
@@ -283,7 +332,8 @@ def main(argv=None):
     ap.add_argument("--ray-only", action="store_true", help="only the Ray rounds")
     ap.add_argument("--verify", action="store_true", help="also time the verification of a domain model")
     ap.add_argument("--verify-only", action="store_true", help="only the verification")
-    ap.add_argument("--per-request", action="store_true", help="only the policy's cost on one site request")
+    ap.add_argument("--per-request", action="store_true", help="only the policy's CPU on one site request")
+    ap.add_argument("--blocks", type=int, default=21, help="--per-request / --ray: blocks of requests per arm")
     args = ap.parse_args(argv)
     p = 8
     tmp = Path(tempfile.mkdtemp())
@@ -291,11 +341,12 @@ def main(argv=None):
     zs = rng.dirichlet(np.ones(p), size=args.rounds)
     out = {}
     if args.per_request:
-        out["per_request_p8_n50"] = per_request()
+        out["per_request_p8_n50"] = per_request(blocks=args.blocks)
         args.sizes = ""
     if args.verify or args.verify_only:
         out["verify_p8_n1000_d20"] = verify_cost()
     if args.ray or args.ray_only:
+        out["per_request_p8_n50"] = per_request(blocks=args.blocks)  # the same path's CPU, in process
         out["ray_round_p8"] = ray_rounds(args.rounds)
     for n in [] if (args.ray_only or args.verify_only) else (int(s) for s in args.sizes.split(",") if s):
         variants = {

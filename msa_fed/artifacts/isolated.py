@@ -507,6 +507,16 @@ def default_pool() -> PredictorPool:
         return _default_pool
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same values bit for bit (NaN where NaN; -0.0 is not 0.0: such
+    rows are computed again), compared as bytes (no float comparisons, no NaN masks)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+
+
 class _Isolated:
     """Mixin: ``_run`` goes through a :class:`PredictorPool`; ``owner`` names the predictor's site."""
 
@@ -515,7 +525,7 @@ class _Isolated:
 
     def _run(self, X: np.ndarray) -> np.ndarray:
         answered = self.__dict__.get("_answered")
-        if answered is not None and answered[0].shape == X.shape and np.array_equal(answered[0], X, equal_nan=True):
+        if answered is not None and _same_bits(answered[0], X):
             return answered[1]
         pool = self.pool or default_pool()
         out: np.ndarray = pool.run(self, X, self.owner)  # type: ignore[arg-type]  # a mixin of OnnxPredictor

@@ -14,7 +14,10 @@ The re-solves use the same loss oracle and advance in lockstep (:class:`Lockstep
 every re-solve still running asks for its next z and the round's z's go to every site as one
 batched request (a DCRequest whose z has one row per re-solve, each z charged to the site's budget
 like any other evaluation); a z already answered comes from a cache.  The relay rounds of the
-report are then those of its longest re-solve, not the sum over the p of them.  Measured: a
+report are then those of its longest re-solve, not the sum over the p of them.  A re-solve whose
+answer is known is not run (:func:`known_without`): where site j has no weight in z and its domain's
+loss is below the top, z itself is a local minimum of the problem without j (the one the re-solve
+from z would stay at), so z^{-j} = z and L(z^{-j}) = L(z), in no round.  Measured: a
 surrogate built only from the solver's own path (first-order expansions around the evaluated z)
 put honest sites' losses at 0 on faces the path never came near and flagged them; exact
 evaluations do not.
@@ -34,6 +37,11 @@ from msa_fed.core.dc_terms import DCSums
 SAME_Z = 1e-12
 #: SLSQP iterations of each re-solve (warm-started next to its optimum)
 RESOLVE_MAX_ITER = 40
+#: a site's weight at most this in the model's z is zero (the solver's rounding off the face)
+ZERO_WEIGHT = 1e-10
+#: ... and its domain's loss at least this far below the top one (loss units): inactive, the
+#: re-solve without it is known (:func:`known_without`)
+INACTIVE_GAP = 1e-6
 #: a site is flagged only when the rise is also above this, in loss units (noise of a re-solve)
 MIN_ABS_RISE = 0.01
 #: ... and by SAVED_FACTOR times the fraction of its own loss that including the site saves it
@@ -183,13 +191,41 @@ class _Worker:
         return self.lockstep.max_bound()
 
 
-def all_without(oracle: LossOracle, eta: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+def known_without(z: np.ndarray, losses: np.ndarray, j: int) -> bool:
+    """Whether the re-solve without site j is known without asking: z_j = 0 (to
+    :data:`ZERO_WEIGHT`) and L_j(z) below max_k L_k(z) by :data:`INACTIVE_GAP`.
+
+    Then z is a local minimum of max_{k != j} L_k on the face z_j = 0: it is one of max_k L_k on
+    the simplex (the min-max solution), the two objectives agree near z on the face (L_j stays
+    below the top there), and the re-solve, which starts from z, ends there.  With domain j
+    active (its multiplier may be positive) or z_j > 0 the re-solve is run."""
+    z = np.asarray(z, dtype=np.float64)
+    losses = np.asarray(losses, dtype=np.float64)
+    if z.size < 3:  # without one of two sites the answer is the other's vertex: asked as before
+        return False
+    return bool(z[j] <= ZERO_WEIGHT and losses[j] <= float(np.max(losses)) - INACTIVE_GAP)
+
+
+def all_without(
+    oracle: LossOracle, eta: float, z: np.ndarray, losses: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(z^{-j} (p x p), L(z^{-j}) (p x p), z's evaluated, rounds): :func:`losses_without` for every
-    j, the p re-solves in lockstep (:class:`Lockstep`: one batched request per site per round)."""
-    p = int(np.asarray(z).size)
-    lock = Lockstep(oracle, p)
+    j, the p re-solves in lockstep (:class:`Lockstep`: one batched request per site per round).
+    With ``losses`` (L(z), (p,)) the re-solves whose answer is known (:func:`known_without`) are
+    not run: their row is z with z_j = 0 and L(z)."""
+    z = np.asarray(z, dtype=np.float64)
+    p = int(z.size)
+    known = [j for j in range(p) if losses is not None and known_without(z, losses, j)]
+    run_j = [j for j in range(p) if j not in known]
+    lock = Lockstep(oracle, len(run_j))
     z_without = np.zeros((p, p))
     without = np.zeros((p, p))
+    for j in known:
+        assert losses is not None
+        zj = z.copy()
+        zj[j] = 0.0
+        z_without[j] = zj / zj.sum()
+        without[j] = losses
     errors: list[BaseException] = []
 
     def run(j: int) -> None:
@@ -200,7 +236,7 @@ def all_without(oracle: LossOracle, eta: float, z: np.ndarray) -> tuple[np.ndarr
         finally:
             lock.done()
 
-    threads = [threading.Thread(target=run, args=(j,), name=f"influence-{j}", daemon=True) for j in range(p)]
+    threads = [threading.Thread(target=run, args=(j,), name=f"influence-{j}", daemon=True) for j in run_j]
     for t in threads:
         t.start()
     for t in threads:
@@ -239,7 +275,14 @@ def losses_without(oracle: CachedOracle, eta: float, z: np.ndarray, j: int) -> t
 
 
 def influence_table(
-    oracle: LossOracle, eta: float, z: np.ndarray, losses: np.ndarray, names: Any, *, margin: float = 0.1
+    oracle: LossOracle,
+    eta: float,
+    z: np.ndarray,
+    losses: np.ndarray,
+    names: Any,
+    *,
+    margin: float = 0.1,
+    minmax_point: bool = False,
 ) -> dict[str, Any]:
     """The per-site influence report of a combined model (a JSON-able dict).
 
@@ -247,20 +290,26 @@ def influence_table(
     z, losses : the model's z and L_k(z), (p,);  names : the sites, in order;
     margin : site j is flagged when including it raises another site k's loss by more than
         ``margin`` times k's loss without j (relative) and :data:`MIN_ABS_RISE`, and by a larger
-        fraction than it lowers j's own loss (:func:`flagged_at`).
+        fraction than it lowers j's own loss (:func:`flagged_at`);
+    minmax_point : z is the converged min-max solution over all p domains (objective "minmax",
+        no own-loss guarantee): the re-solves whose answer is then known are not run
+        (:func:`known_without`).  Off for any other z (the regret or Gamma objectives, the
+        guarantee), where z_j = 0 says nothing of the problem without j.
 
     Returns ``{"sites", "loss_with" (p,), "loss_without" (p x p; row j: every domain's loss
     without site j, the diagonal is j's own loss without its predictor), "z_without" (p x p),
     "raise" (p x p relative: row j, column k: (loss_with[k] - loss_without[j][k]) /
     loss_without[j][k], None on the diagonal), "flagged" (names), "worst" ({site: [other,
     relative raise]}), "gain" (p,: site j's loss without minus with its predictor), "margin",
-    "evaluations" (new oracle calls), "method"}``.
+    "evaluations" (new oracle calls), "rounds" (batched requests), "known" (the sites whose
+    re-solve was known without asking, :func:`known_without`), "method"}``.
     """
     names = [str(n) for n in names]
     z = np.asarray(z, dtype=np.float64)
     losses = np.asarray(losses, dtype=np.float64)
     p = z.size
-    z_without, without, calls, rounds = all_without(oracle, eta, z)
+    z_without, without, calls, rounds = all_without(oracle, eta, z, losses if minmax_point else None)
+    known = [names[j] for j in range(p) if minmax_point and known_without(z, losses, j)]
     rise = losses[None, :] - without
     rel = rise / np.maximum(without, 1e-12)
     np.fill_diagonal(rel, np.nan)
@@ -289,6 +338,7 @@ def influence_table(
         "margin": float(margin),
         "evaluations": int(calls),
         "rounds": int(rounds),
+        "known": known,
         "method": "min-max re-solved without each site, the p re-solves in lockstep (one batched request per round)",
     }
 

@@ -188,8 +188,26 @@ def select_sites(client, requested, registered: dict, log: Callable[[str], None]
     return names
 
 
-def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
-    """One line per site: the Ray node that carries its ``site:<name>`` resource, topology, channel."""
+def site_lines(names, data_channel: str, topology: str = "ray", classifier_in_process: bool = False) -> list[str]:
+    """One line per site: the Ray node that carries its ``site:<name>`` resource, topology, channel
+    (federated: where the domain classifier is trained, ``classifier_in_process``: by the
+    coordinator itself, on the published samples)."""
+    channel = {
+        "tls": "direct mutual-TLS data channel",
+        "plain": "direct plaintext data channel (loopback)",
+        "off": "Ray actor calls",
+    }.get(data_channel, data_channel)
+    if topology == "federated":  # labelled data stay in the site's process
+        where = (
+            "the domain classifier is trained here, on the published samples"
+            if classifier_in_process  # small published samples: no stand-in actor
+            else f"the domain classifier's steps on its published sample run in a Ray actor over {channel}"
+        )
+        return [
+            f"site {n}: answers from its own process through the registry's relay (topology federated); "
+            f"{where} (docs/OPERATIONS.md, 'Job output')"
+            for n in names
+        ]
     import ray
 
     nodes: dict[str, list[str]] = {}
@@ -199,18 +217,6 @@ def site_lines(names, data_channel: str, topology: str = "ray") -> list[str]:
                 if key.startswith("site:"):
                     where = f"{node.get('NodeManagerAddress')} ({node.get('NodeID', '')[:8]})"
                     nodes.setdefault(key[5:], []).append(where)
-    channel = {
-        "tls": "direct mutual-TLS data channel",
-        "plain": "direct plaintext data channel (loopback)",
-        "off": "Ray actor calls",
-    }.get(data_channel, data_channel)
-    if topology == "federated":  # labelled data stay in the site's process; its stand-in holds the published sample
-        return [
-            f"site {n}: answers from its own process through the registry's relay (topology federated); "
-            f"the domain classifier's steps on its published sample run in a Ray actor over {channel} "
-            "(docs/OPERATIONS.md, 'Job output')"
-            for n in names
-        ]
     return [
         f"site {n}: node {', '.join(nodes.get(n, ['(any)']))}, topology {topology}, per-round calls over {channel}"
         for n in names

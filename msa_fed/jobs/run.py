@@ -268,7 +268,8 @@ def fit_job(config: JobConfig, plan: JobPlan, backend, verbose: bool, log) -> Co
     fit = replace(config.fit, influence=config.influence or config.influence_margin is not None)
     data_channel = fit.ray.data_channel
     with Coordinator(backend, plan.predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
-        for line in site_lines(plan.names, data_channel, topology=fit.topology):
+        in_process = bool(getattr(backend, "trains_in_process", False))
+        for line in site_lines(plan.names, data_channel, topology=fit.topology, classifier_in_process=in_process):
             log(line)
         try:
             model = coordinator.fit()

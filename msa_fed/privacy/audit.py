@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import importlib
 import json
+import math
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from msa_fed.errors import MsaFedError
 
 GENESIS = hashlib.sha256(b"").hexdigest()
+#: an in-memory log writes the lines of its records when it is read, or once this many wait
+MAX_PENDING = 4096
 
 
 class AuditError(MsaFedError):
@@ -105,15 +108,18 @@ class AuditLog:
         self.path = str(path or "")
         self.ledger = ledger
         self._lock = threading.Lock()
-        self.lines: list[bytes] = []  # in-memory log (path empty)
+        self._lines: list[bytes] = []  # in-memory log (path empty): the lines written so far
+        # in memory: the records appended since the lines were last read, as (time, record);
+        # their lines and hashes are written when the log is read (:attr:`lines`, :attr:`head`)
+        self._pending: list[tuple[float, dict]] = []
         self.count = 0
-        self.head = GENESIS
+        self._head = GENESIS
         self._end = -1  # the log file's size after this writer's last append (-1: not known)
         if self.path:
             p = Path(self.path)
             if p.exists() and p.stat().st_size:
                 summary = verify_log(p, anchor=None if ledger is None else ledger.anchor(self._key()))
-                self.count, self.head = summary["lines"], summary["head"]
+                self.count, self._head = summary["lines"], summary["head"]
             elif ledger is not None and ledger.anchor(self._key()) not in (None, (0, GENESIS)):
                 raise AuditError(
                     f"audit log {self.path!r} is missing or empty but the ledger records "
@@ -124,53 +130,94 @@ class AuditLog:
     def _key(self) -> str:
         return os.path.abspath(self.path)
 
-    def append(self, record: dict, counts=()) -> str:
-        """Write one record (``time`` and ``prev`` are added); returns the new head hash.
+    def append(self, record: dict, counts=(), owned: bool = False) -> str:
+        """Write one record (``time`` and ``prev`` are added); returns the new head hash (in
+        memory: "", the lines are written when read).  ``owned``: the caller hands the record
+        and its dicts over (it changes none of them after this call: no copy is kept in memory).
 
         A log file may have several writers (two jobs' site workers on one node): each append
         holds an exclusive lock on the file and chains to the line actually last in it.
         """
         with self._lock:
-            if not self.path:  # in memory: the line, then the counts (one call into the ledger)
-                line = _line(record, round(time.time(), 3), self.head)
-                self.lines.append(line)
+            if not self.path:  # in memory: the record, then the counts (one call into the ledger)
+                # nothing outlives the process here, so the line and its hash wait until the log
+                # is read: the request pays for a tuple, not for the JSON and the sha256 (a copy
+                # of its two dicts keeps the record as it was when the request ended)
+                rec = record
+                if not owned:
+                    rec = dict(record)
+                    for k in ("sizes", "decisions"):
+                        if isinstance(rec.get(k), dict):
+                            rec[k] = dict(rec[k])
+                self._pending.append((round(time.time(), 3), rec))
                 self.count += 1
-                self.head = head = _SHA256(line).hexdigest()
+                if len(self._pending) >= MAX_PENDING:  # a long run: its memory stays that of its lines
+                    self._written()
                 if self.ledger is not None and counts:
                     self.ledger.commit(str(record.get("run") or record.get("job", "")), counts)
-                return head
+                return ""
             fd = self._fh.fileno()
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 # the file as this writer left it (the size it had after this writer's last line):
                 # no other writer appended since, so the head and the ledger's anchor are this
                 # writer's own; else chain to the line actually last in the file and its count
-                if os.fstat(fd).st_size != self._end:
-                    self.head = _last_line_hash(fd)
+                size = os.fstat(fd).st_size
+                if size != self._end:
+                    self._head = _last_line_hash(fd)
                     if self.ledger is not None:
                         anchor = self.ledger.anchor(self._key())
                         self.count = anchor[0] if anchor else self.count
                 self._end = -1  # unknown until this line and its counts are written
-                head = self._append(record, self._fh, counts)
-                self._end = os.fstat(fd).st_size
+                head, written = self._append(record, self._fh, counts)
+                # the file is opened for appending and locked: it grew by this line alone
+                self._end = size + written
                 return head
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _append(self, record: dict, fh, counts=()) -> str:
-        line = _line(record, round(time.time(), 3), self.head)  # seconds since the epoch, UTC
-        if fh is not None:
-            fh.write(line + b"\n")
-            fh.flush()
-        else:
-            self.lines.append(line)
+    def _append(self, record: dict, fh, counts=()) -> tuple[str, int]:
+        """Write one line to the log file ``fh`` and commit its counts and the anchor: (the new
+        head, the bytes written)."""
+        line = _line(record, round(time.time(), 3), self._head) + b"\n"  # seconds since the epoch, UTC
+        fh.write(line)
+        fh.flush()
         self.count += 1
-        self.head = line_hash(line)
-        if self.ledger is not None and fh is not None:  # the line's counts and anchor, one transaction
+        self._head = _SHA256(memoryview(line)[:-1]).hexdigest()
+        if self.ledger is not None:  # the line's counts and anchor, one transaction
             self.ledger.commit(
-                str(record.get("run") or record.get("job", "")), counts, (self._key(), self.count, self.head)
+                str(record.get("run") or record.get("job", "")), counts, (self._key(), self.count, self._head)
             )
-        return self.head
+        return self._head, len(line)
+
+    def _written(self) -> None:
+        """The in-memory records appended since the last read, as chained lines (under the lock)."""
+        pending, self._pending = self._pending, []
+        head = self._head
+        for t, record in pending:
+            try:
+                line = _line(record, t, head)
+            except ValueError:  # a non-finite number: written as its name (the request has answered)
+                line = _line(_finite(record), t, head)
+            self._lines.append(line)
+            head = _SHA256(line).hexdigest()
+        self._head = head
+
+    @property
+    def lines(self) -> list[bytes]:
+        """The lines of an in-memory log (a copy)."""
+        with self._lock:
+            if self._pending:
+                self._written()
+            return list(self._lines)
+
+    @property
+    def head(self) -> str:
+        """The sha256 of the last line (GENESIS for an empty log)."""
+        with self._lock:
+            if self._pending:
+                self._written()
+            return self._head
 
     def records(self) -> list[dict]:
         if self.path:
@@ -180,6 +227,17 @@ class AuditLog:
     def close(self):
         if self.path and not self._fh.closed:
             self._fh.close()
+
+
+def _finite(v):
+    """``v`` with every non-finite float replaced by its name ("nan", "inf", "-inf")."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    return _finite(_json_default(v)) if type(v).__module__ == "numpy" else v
 
 
 def _last_line_hash(fd: int) -> str:

@@ -55,6 +55,9 @@ def day_charge_waived(rule: str, decisions: dict) -> bool:
 def day_charges(counts) -> dict[str, int]:
     """{kind: n} of a request's ledger counts that count toward the site's rolling day (the
     budget lines of ``msa-fed site status``); a count waived for the day is the job's only."""
+    if len(counts) == 1:  # a request's one charge (the common case)
+        c = counts[0]
+        return {str(c[0]): int(c[1])} if len(c) == 2 or c[2] else {}
     out: dict[str, int] = {}
     for c in counts:
         if len(c) == 2 or bool(c[2]):
@@ -172,7 +175,7 @@ class SiteGuard:
         charged = day_charges(counts)
         if charged:  # the record says what it counts toward the rolling-day budgets (site status sums it)
             rec["charged"] = charged
-        self.audit.append(rec, counts)
+        self.audit.append(rec, counts, owned=True)  # the request's dicts: nothing changes them after this
         recorded = _RECORDING.get()
         if recorded is not None:
             recorded.records += 1

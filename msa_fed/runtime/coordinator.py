@@ -366,7 +366,13 @@ class Coordinator:
         influence = None
         # asked for (jobs: on); never with DP noise, where re-solves would spend more of the sites' epsilon
         if cfg.influence and not self.epsilon:
-            influence = influence_table(oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos])
+            # z the converged min-max point over all domains: the re-solves known without asking are skipped
+            minmax_point = (
+                res.objective == "minmax" and solver.guarantee is None and bool(res.converged) and not self.dp_sites
+            )
+            influence = influence_table(
+                oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos], minmax_point=minmax_point
+            )
             progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
         site_check = self.site_check(res.z, influence, progress)
         info = {
@@ -488,23 +494,16 @@ class Coordinator:
     def without_each_site(self, progress: Progress) -> tuple[np.ndarray | None, int]:
         """((p, p), rounds): site k's measured loss (row k) at the min-max mixture re-solved without site j,
         its domain and its labelled points (column j, :class:`WithoutSite`).  Asked only once a
-        site is harmed: p solves of about the fit's rounds, and one more verdict request per
-        site (a refusal by a site's policy leaves the naming to the influence analysis, said in
-        one line)."""
-        from msa_fed.core.dc_solver import solve_dc
-
+        site is harmed: the p solves advance in lockstep (one batched request per site per round,
+        :class:`msa_fed.core.influence.Lockstep`; the rounds are those of the longest solve), then
+        one more verdict request per site (a refusal by a site's policy leaves the naming to the
+        influence analysis, said in one line)."""
+        zs, rounds, failed = self.exclusion_solves()
+        if failed is not None:
+            progress.note(f"the sites' verdicts without each site and its data: not measured ({failed})")
+            return None, rounds
         p, eta = self.p, float(self.config.eta)
-        zs = np.zeros((p, p))
-        rounds = 0
         try:
-            for j in range(p):
-                if p == 2:  # one site left: its vertex
-                    zs[j, 1 - j] = 1.0
-                    continue
-                oracle = WithoutSite(self.backend, p, j, self.qhat_parts, self.answers)
-                res = solve_dc(oracle, eta, n_restarts=0, random_state=self.config.random_state, warn=False)
-                zs[j] = np.insert(res.z, j, 0.0)
-                rounds += res.n_evaluations
             parts = self.call_all("harm", m.HarmRequest(z=zs, eta=eta))
         except PrivacyError as exc:
             progress.note(f"the sites' verdicts without each site and its data: not measured ({exc})")
@@ -514,6 +513,75 @@ class Coordinator:
         progress.note(f"the sites' verdicts without each site and its data: {rounds} rounds and one verdict request")
         return np.stack([np.asarray(r.combined, dtype=np.float64) for r in parts]), rounds
 
+    def exclusion_solves(self, lockstep: bool = True) -> tuple[np.ndarray, int, PrivacyError | None]:
+        """((p, p) z's: row j the min-max mixture without site j and its labelled points, rounds,
+        the refusal that stopped them or None).  ``lockstep``: the p solves together, one batched
+        request per site per round; else one after another, one request per z (the reference the
+        tests compare with: the same z's to rounding)."""
+        import threading
+
+        from msa_fed.core.influence import Lockstep
+
+        p, eta = self.p, float(self.config.eta)
+        zs = np.zeros((p, p))
+        if p == 2:  # one site left: its vertex
+            zs[0, 1] = zs[1, 0] = 1.0
+            return zs, 0, None
+        lock = Lockstep(SiteParts(self.backend, p, self.answers), p) if lockstep else None
+        done = [0] * p
+        errors: list[BaseException] = []
+
+        def run(j: int) -> None:
+            try:
+                oracle = WithoutSite(self.backend, p, j, self.qhat_parts, self.answers, lockstep=lock)
+                res = solve_dc(oracle, eta, n_restarts=0, random_state=self.config.random_state, warn=False)
+                zs[j] = np.insert(res.z, j, 0.0)
+                done[j] = res.n_evaluations
+            except BaseException as exc:  # noqa: BLE001 - re-raised (or reported) in the caller's thread
+                errors.append(exc)
+            finally:
+                if lock is not None:
+                    lock.done()
+
+        if lock is None:
+            for j in range(p):
+                run(j)
+                if errors:
+                    break
+        else:
+            threads = [threading.Thread(target=run, args=(j,), name=f"exclusion-{j}", daemon=True) for j in range(p)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        rounds = lock.rounds if lock is not None else sum(done)
+        if errors:
+            if isinstance(errors[0], PrivacyError):
+                return zs, rounds, errors[0]
+            raise errors[0]
+        return zs, rounds, None
+
+
+class SiteParts:
+    """Every site's own sums at each z of a batch, checked (the exclusion solves: each drops one
+    site's sums from the total, :class:`WithoutSite`); the oracle of their :class:`Lockstep`."""
+
+    def __init__(self, backend: Backend, p: int, checker: AnswerChecker | None):
+        self.backend, self.checker = backend, checker
+        self.n_sources = p
+
+    def evaluate_batch(self, zs, eta, what, global_bound=None) -> list[list[DCSums]]:
+        zs = np.asarray(zs, dtype=np.float64)
+        msg = m.DCRequest(z=zs, eta=float(eta), what=tuple(what), global_bound=None)
+        parts = self.backend.call_all("dc_evaluate", [msg] * self.n_sources)
+        if self.checker is not None:
+            self.checker.dc_partials_batch(parts, zs, msg.eta, msg.what)
+        per_site = [batch_rows(r.sums) for r in parts]
+        return [[rows[i] for rows in per_site] for i in range(zs.shape[0])]
+
+    def max_bound(self) -> float:
+        raise NotImplementedError("the exclusion re-solves are min-max solves (no bound)")
+
 
 class WithoutSite:
     """The min-max problem of the federation without site j: its domain and its labelled points.
@@ -521,10 +589,21 @@ class WithoutSite:
     Every site computes its partial sums at z with z_j = 0, and the sums of the sites other than
     j are added; domain k's weights over their points, sum_{i not at j} w_k(i), are read off the
     Qhat partials (site s's share of domain k's mass is its partial of Qhat(k) over Qhat(k)), so
-    L_k is the weighted mean over the remaining points.  z has p - 1 entries (j left out)."""
+    L_k is the weighted mean over the remaining points.  z has p - 1 entries (j left out).
+    With ``lockstep`` (a :class:`Lockstep` over :class:`SiteParts`) the request goes in the
+    round's batch of every exclusion solve; else one request per z."""
 
-    def __init__(self, backend: Backend, p: int, j: int, qhat_parts: np.ndarray, checker: AnswerChecker | None):
+    def __init__(
+        self,
+        backend: Backend,
+        p: int,
+        j: int,
+        qhat_parts: np.ndarray,
+        checker: AnswerChecker | None,
+        lockstep: Any = None,
+    ):
         self.backend, self.p, self.j, self.checker = backend, p, j, checker
+        self.lockstep = lockstep
         self.n_sources = p - 1
         self.keep = [s for s in range(p) if s != j]
         parts = np.asarray(qhat_parts, dtype=np.float64)
@@ -533,11 +612,16 @@ class WithoutSite:
 
     def evaluate(self, z, eta, what, global_bound=None) -> DCSums:
         full = np.insert(np.asarray(z, dtype=np.float64), self.j, 0.0)
-        msg = m.DCRequest(z=full, eta=float(eta), what=("L", "dL"), global_bound=None)
-        parts = self.backend.call_all("dc_evaluate", [msg] * self.p)
-        if self.checker is not None:
-            self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
-        total = sum_all(parts[s].sums for s in self.keep)
+        what = ("L", "dL")
+        if self.lockstep is not None:
+            sums = self.lockstep.evaluate(self.j, full, float(eta), what, None)
+        else:
+            msg = m.DCRequest(z=full, eta=float(eta), what=what, global_bound=None)
+            parts = self.backend.call_all("dc_evaluate", [msg] * self.p)
+            if self.checker is not None:
+                self.checker.dc_partials(parts, msg.z, msg.eta, msg.what)
+            sums = [r.sums for r in parts]
+        total = sum_all(sums[s] for s in self.keep)
         k = self.keep
         assert total.L is not None and total.dL is not None
         return DCSums(L=total.L[k] / self.mass, dL=total.dL[np.ix_(k, k)] / self.mass[:, None], n=int(total.n))

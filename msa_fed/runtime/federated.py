@@ -6,8 +6,11 @@ coordinator's Ray cluster one actor per site stands for it
 (:class:`msa_fed.site.published.PublishedSample`): it holds
 the site's *published* unlabelled sample (downloaded from the registry and pinned to the sha256
 the registry recorded, by whoever builds this backend), and the actors train the Maxent domain
-classifier data-parallel among themselves.  Every request that needs labelled data (joining the
-job, Qhat partial sums, DC evaluations, the squared-loss bound) goes through the relay to the
+classifier data-parallel among themselves; on published samples of at most
+:data:`STACKED_VALUES` values the coordinator trains it itself on the samples it holds (one
+stacked L-BFGS, as the local runtime does) and the actors never start.  Every request that
+needs labelled data (joining the job, Qhat partial sums, DC evaluations, the squared-loss
+bound) goes through the relay to the
 site process, which answers with aggregates only (:data:`RELAY_METHODS`).  No labelled point
 ever reaches the cluster.
 
@@ -72,6 +75,11 @@ APPROVAL_POLL_S = 2.0
 MAX_REJOINS = 3
 #: the least time the stand-in actors get to start (seconds), whatever the job's site_timeout_s
 STAND_IN_START_S = 120.0
+#: the largest published samples (values summed over the sites, 32 MB in float64) on which the
+#: coordinator trains the L-BFGS domain classifier itself, in one stacked fit (as the local
+#: runtime does), rather than data-parallel among the stand-in actors: it holds these samples
+#: already, and each of the actors' L-BFGS steps is a round trip to all of them
+STACKED_VALUES = 4_000_000
 #: the one response type each relayed method may return
 ANSWER_TYPES = {
     "join_job": m.SiteInfo,
@@ -148,6 +156,10 @@ class FederatedSites:
     owns_relay : the backend closes the relay client when it shuts down (a job's own client).
     workers_per_site, num_cpus, address, data_channel, init_kwargs, max_restarts : of the
         stand-in actors (:class:`msa_fed.runtime.ray_sites.RaySites`).
+    classifier_in_process : whether the coordinator trains an L-BFGS domain classifier itself on
+        the stacked published samples (:attr:`trains_in_process`); None (the default): where the
+        samples hold at most :data:`STACKED_VALUES` values and ``workers_per_site`` is 1.  The
+        stand-in actors start only when a call needs them (not at all for such a job).
     """
 
     def __init__(
@@ -172,6 +184,7 @@ class FederatedSites:
         approval_wait_s: float = 0.0,
         echo=print,
         owns_relay: bool = False,
+        classifier_in_process: bool | None = None,
     ):
         self.names = [str(n) for n in names]
         if len(samples) != len(self.names) or len(predictor_sha256) != len(self.names):
@@ -224,6 +237,26 @@ class FederatedSites:
         self._waited: dict[int, float] = {}  # site index -> when it first said the job waits for approval
         self.echo = echo
         self.owns_relay = bool(owns_relay)
+        if classifier_in_process is None:
+            small = sum(int(X.size) for X in self.samples) <= STACKED_VALUES
+            classifier_in_process = small and int(workers_per_site) == 1
+        self.classifier_in_process = bool(classifier_in_process)
+        self._started = False  # joined by every site (a warm backend answers start with their info)
+        self._stand_ins_up = False
+
+    @property
+    def trains_in_process(self) -> bool:
+        """True: the coordinator trains the L-BFGS domain classifier itself on the stacked
+        published samples, which it holds (the same public optimum the stand-in actors reach
+        data-parallel, without a round trip to them per step); see ``classifier_in_process``."""
+        return self.classifier_in_process
+
+    def _stand_ins(self) -> _StandIns:
+        """The stand-in actors, started on first use."""
+        if not self._stand_ins_up:
+            self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
+            self._stand_ins_up = True
+        return self.stand_ins
 
     # ------------------------------------------------------------------ lifecycle
     def _record(self, direction, site, method, message):
@@ -259,7 +292,7 @@ class FederatedSites:
     def _start(self, recorder=None, setup_log: SetupLog | None = None):
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.setup_log = setup_log if setup_log is not None else SetupLog()
-        if self._open and self.stand_ins.sites:  # started already (a warm backend): the sites' info only
+        if self._open and self._started:  # started already (a warm backend): the sites' info only
             return self._relay([(i, "info", None) for i in range(len(self.names))])
         connected = self.relay.open_job(self.job_id, self.names)
         self._open = True
@@ -298,7 +331,9 @@ class FederatedSites:
                 )
         if waiting is not None:
             raise waiting
-        self.stand_ins.start(self.recorder, _ActorSetupLog(self.setup_log))
+        if not self.trains_in_process:  # the classifier's data-parallel training needs them
+            self._stand_ins()
+        self._started = True
         return [self._joined[i] for i in range(len(self.names))]
 
     def transcript(self) -> dict | None:
@@ -308,8 +343,11 @@ class FederatedSites:
 
     def shutdown(self):
         self._joined = {}
+        up = self._stand_ins_up or bool(self.stand_ins.sites)
+        self._started = self._stand_ins_up = False
         try:
-            self.stand_ins.shutdown()
+            if up:  # never started for a job that needed none of their answers
+                self.stand_ins.shutdown()
         finally:
             try:
                 if self._open:
@@ -336,7 +374,7 @@ class FederatedSites:
     def call_shards(self, method: str, msg) -> list:
         if method not in ACTOR_METHODS:
             raise ValueError(f"{method!r} is not a classifier-training call")
-        return self.stand_ins.call_shards(method, msg)
+        return self._stand_ins().call_shards(method, msg)
 
     def _actor_call(self, sites: list[int], method: str, msgs: list) -> list:
         if method == "unlabeled_sample":  # the published samples are here already (same bytes)
@@ -346,9 +384,10 @@ class FederatedSites:
                 out.append(m.UnlabeledSample(X=self.samples[i]))
                 self._record("from_site", self.names[i], method, out[-1])
             return out
+        stand_ins = self._stand_ins()
         if len(sites) == len(self.names):
-            return self.stand_ins.call_all(method, msgs)
-        return [self.stand_ins.call_one(i, method, msg) for i, msg in zip(sites, msgs)]
+            return stand_ins.call_all(method, msgs)
+        return [stand_ins.call_one(i, method, msg) for i, msg in zip(sites, msgs)]
 
     def _relay(self, todo: list[tuple[int, str, object]], replay: bool = True, waiting: str = "") -> list:
         """Send each (site, method, message) through the relay; the answers in order.

@@ -52,8 +52,8 @@ class LocalSites:
         """True: the coordinator trains the classifier itself on the stacked published samples
         (:func:`msa_fed.core.domain_classifier.stacked_shard`): the sites' shards would run in
         this process one after another.  False with ``workers_per_site > 1`` or ``sharded``, which
-        ask for the data-parallel path (it mirrors the Ray and federated runtimes': a reference for
-        them to 1e-9)."""
+        ask for the data-parallel path (it mirrors the Ray runtime's, and the federated runtime's on
+        large published samples: a reference for them to 1e-9)."""
         return self.workers_per_site == 1 and not self.sharded
 
     def start(self, recorder=None, setup_log: SetupLog | None = None):

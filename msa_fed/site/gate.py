@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from msa_fed.boundary import messages as m
+from msa_fed.core.dc_terms import DCSums
 from msa_fed.errors import ConfigError, PrivacyError, missing_extra
 from msa_fed.privacy import rules
 from msa_fed.privacy.guard import Request
@@ -29,6 +30,11 @@ from msa_fed.site.policy import trusts_custom_feature_maps
 from msa_fed.site.published import SiteStateLost
 
 Sizes = Callable[[Any, Any], dict]
+
+
+def _ndim(v) -> int:
+    """``np.ndim(v)``, without its dispatch for an array (this runs on every DC request)."""
+    return v.ndim if type(v) is np.ndarray else np.ndim(v)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ LABELLED: dict[str, Rule] = {
         sizes=lambda w, r: {"n_labeled": w._points.n_points, "what": list(r.what)},
         sample="labelled",
         charges="dc_evaluation",
-        cost=lambda r: 1 if np.ndim(r.z) == 1 else int(np.shape(r.z)[0]),  # a batch: one per z
+        cost=lambda r: 1 if _ndim(r.z) == 1 else int(np.shape(r.z)[0]),  # a batch: one per z
         checks=("eta", "z", "global_bound"),
         quiet=True,  # the DC round's line: its sizes, its charge (and its DP answer) only
         dp="noised",
@@ -204,7 +210,7 @@ def _z(c: Call) -> None:
     with DP, whose one answer is noised for one z)."""
     w, r = c.worker, c.msg
     p = w._points.w.shape[1]
-    if np.ndim(r.z) != 2:
+    if _ndim(r.z) != 2:
         rules.check_z(r.z, float(r.eta), p, w.policy, w.name)
         return
     zs = np.asarray(r.z)
@@ -401,10 +407,8 @@ class Call(Request):
         """``dp="noised"``: the DC sums the request asks for over ``points``, or with DP on the
         losses L only (the gate checked that only L is asked and spent one DP answer), each
         point's loss clipped, with Gaussian noise of that sensitivity."""
-        from msa_fed.core.dc_terms import DCSums
-
         msg, dp = self.msg, self._transform("noised")
-        if dp is None and np.ndim(msg.z) == 2:  # a batch (checked: at most p rows, never with DP)
+        if dp is None and _ndim(msg.z) == 2:  # a batch (checked: at most p rows, never with DP)
             what, bound = tuple(msg.what), msg.global_bound
             rows = points.evaluate_batch(msg.z, float(msg.eta), what=what, global_bound=bound)
             return DCSums(**{k: np.stack([getattr(r, k) for r in rows]) for k in what}, n=rows[0].n)

@@ -71,6 +71,14 @@ def test_peers_answered_together_are_their_in_process_outputs_in_one_request(poo
     # other rows go through the pool again, and still answer right
     np.testing.assert_array_equal(together[1].predict_proba(X[:7]), inproc[1].predict_proba(X[:7]))
     assert pool.requests == before + 2
+    # a copy of the same rows is answered from what it holds; the same shape with one value
+    # changed in its last bit is not
+    np.testing.assert_array_equal(together[2].predict_proba(np.array(WHOLE)), inproc[2].predict_proba(WHOLE))
+    assert pool.requests == before + 2
+    moved = np.array(WHOLE, dtype=np.float32)
+    moved[5, 1] = np.nextafter(moved[5, 1], np.float32(np.inf))
+    np.testing.assert_array_equal(together[2].predict_proba(moved), inproc[2].predict_proba(moved))
+    assert pool.requests == before + 3
     # more rows than a chunk: one request per chunk, outputs in row order
     big = rng.normal(size=(70_000, 2))
     before = pool.requests

@@ -110,3 +110,40 @@ def test_a_batch_at_a_site_gives_each_z_its_own_sums_bit_for_bit(n, loss, monkey
             assert g.n == want.n
     with pytest.raises(ValueError, match="shape"):
         ps.evaluate_batch(zs[:, :3], 0.01, what=("L", "dL"))
+
+
+@pytest.mark.parametrize(("p", "seed", "loss"), [(4, 2, "cross_entropy"), (6, 5, "cross_entropy"), (6, 11, "squared")])
+def test_a_re_solve_known_without_asking_is_not_run_and_gives_the_re_solves_answer(p, seed, loss):
+    """A site with no weight in the min-max z whose domain is below the top: the problem without
+    it has z as a local minimum; its row is z and L(z), in no evaluation, and equals what the
+    re-solve (run here as the reference) finds."""
+    from msa_fed.core.influence import known_without
+
+    sets = make_dc_problem(p, 300, loss, random_state=seed)
+    oracle = BatchingOracle(sets)
+    res = solve_dc(oracle, 0.01, n_restarts=0)
+    assert res.converged
+    known = [j for j in range(p) if known_without(res.z, res.losses, j)]
+    assert known  # the problems are chosen with such a site
+    names = [f"s{k}" for k in range(p)]
+    oracle.batches.clear()
+    skipped = influence_table(oracle, 0.01, res.z, res.losses, names, minmax_point=True)
+    asked_skipping = sum(oracle.batches)
+    oracle.batches.clear()
+    full = influence_table(oracle, 0.01, res.z, res.losses, names)
+    assert full["known"] == [] and skipped["known"] == [names[j] for j in known]
+    cached = CachedOracle(LocalOracle(sets))
+    for j in range(p):
+        zj, Lj = losses_without(cached, 0.01, res.z, j)  # the re-solve, one after another
+        # a known row is z itself, where the re-solve from z stops at its first point
+        np.testing.assert_allclose(skipped["z_without"][j], zj, atol=1e-9)
+        np.testing.assert_allclose(skipped["loss_without"][j], Lj, atol=1e-11)
+        np.testing.assert_allclose(full["z_without"][j], zj, atol=1e-9)
+    for j in known:  # exactly z (z_j = 0) and L(z)
+        np.testing.assert_array_equal(skipped["loss_without"][j], res.losses)
+        assert skipped["z_without"][j][j] == 0.0
+    assert skipped["flagged"] == full["flagged"]
+    assert skipped["evaluations"] == asked_skipping < full["evaluations"]
+    # a domain at the top with no weight (its multiplier may be positive) is re-solved
+    top = int(np.argmax(res.losses))
+    assert not known_without(np.where(np.arange(p) == top, 0.0, res.z), res.losses, top)

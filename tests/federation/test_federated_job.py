@@ -58,10 +58,10 @@ def _run(job, fed):
     return run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
 
 
-def _local_z(files):
+def _local_z(files, sharded=False):
     kw, preds, _ = local_kwargs(files, ORDER)
     config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
-    with Coordinator(LocalSites(kw, sharded=True), preds, config) as c:
+    with Coordinator(LocalSites(kw, sharded=sharded), preds, config) as c:
         return c.fit()
 
 
@@ -239,39 +239,66 @@ def test_a_sites_own_policy_refuses_and_the_job_reports_it_typed(local_ray, tmp_
         ), records[-3:]
 
 
-def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federation, files):
-    """The privacy audit of every message the coordinator exchanged in a federated run (the
-    runtime tests' audit): boundary types only, nothing of a site's labelled size, no labels;
-    labelled-data methods went to the site processes, classifier training to the stand-ins."""
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "runtime"))
-    from inspect_messages import audit
-
+def _audited_fit(federation, files, job_id, **kw):
+    """A federated fit through the relay, every message recorded: (model, methods crossed,
+    stand-in actors started)."""
     from msa_fed.artifacts.predictors import sha256_hex
     from msa_fed.boundary import messages as m
     from msa_fed.federation.relay_client import RelayClient
-    from msa_fed.runtime.federated import ACTOR_METHODS, RELAY_METHODS, FederatedSites
+    from msa_fed.runtime.federated import FederatedSites
 
-    kw, preds, classes = local_kwargs(files, ORDER)
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "runtime"))
+    from inspect_messages import audit
+
+    _, preds, classes = local_kwargs(files, ORDER)
     rec = m.Recorder()
     with RelayClient(federation.address, federation.admin_token, insecure=True) as relay:
         backend = FederatedSites(
             ORDER,
             relay,
             [files[n].X_unlabeled for n in ORDER],
-            job_id="audited",
+            job_id=job_id,
             predictor_sha256=[sha256_hex(files[n].predictor) for n in ORDER],
             classes=classes,
             data_channel="plain",
+            **kw,
         )
         config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
         with Coordinator(backend, preds, config, recorder=rec) as c:
             model = c.fit()
+            started = len(backend.stand_ins.sites)
     assert np.isclose(model.z.sum(), 1.0)
     assert audit(rec.records, {n: files[n].X_labeled.shape[0] for n in ORDER}) == []
-    methods = {method for _, _, method, _ in rec.records}
+    return model, {method for _, _, method, _ in rec.records}, started
+
+
+def test_only_boundary_messages_cross_and_no_labelled_point(local_ray, federation, files):
+    """The privacy audit of every message the coordinator exchanged in a federated run (the
+    runtime tests' audit): boundary types only, nothing of a site's labelled size, no labels;
+    labelled-data methods went to the site processes, classifier training to the stand-ins
+    (asked for: the data-parallel path)."""
+    from msa_fed.runtime.federated import ACTOR_METHODS, RELAY_METHODS
+
+    _, methods, started = _audited_fit(federation, files, "audited", classifier_in_process=False)
     assert {"join_job", "set_domain_model", "set_qhat", "dc_evaluate"} <= methods
-    assert {"setup_shard", "classifier_loss_grad"} <= methods
+    assert {"setup_shard", "classifier_loss_grad"} <= methods and started == len(ORDER)
     assert methods <= RELAY_METHODS | ACTOR_METHODS | {"open_channel"}  # the stand-ins' data channel
+
+
+def test_a_small_job_trains_its_classifier_in_the_coordinator_without_ray(federation, files):
+    """On published samples this small the coordinator trains the domain classifier itself, on
+    the samples it holds (one stacked L-BFGS): no stand-in actor starts (no Ray at all), nothing
+    but the site processes' requests crosses (the boundary audit), and z is the local
+    runtime's (the same training, to 1e-9) and the data-parallel training's (the sharded
+    in-process run, the reference of the Ray runtime: the same optimum, to 1e-6)."""
+    from msa_fed.runtime.federated import RELAY_METHODS
+
+    model, methods, started = _audited_fit(federation, files, "audited-stacked")
+    assert started == 0
+    assert methods <= RELAY_METHODS | {"unlabeled_sample"}  # the samples it holds (recorded, not sent)
+    assert {"join_job", "set_domain_model", "set_qhat", "dc_evaluate"} <= methods
+    np.testing.assert_allclose(model.z, _local_z(files).z, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(model.z, _local_z(files, sharded=True).z, rtol=0, atol=1e-6)
 
 
 def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tmp_path, files):

@@ -173,7 +173,7 @@ def test_sites_in_their_own_network_namespaces(namespaces, tmp_path, files):
         ray.shutdown()
     kw, preds, _ = local_kwargs(files, names)
     config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
-    with Coordinator(LocalSites(kw, sharded=True), preds, config) as c:
+    with Coordinator(LocalSites(kw), preds, config) as c:
         local = c.fit()
     np.testing.assert_allclose(model.z, local.z, rtol=0, atol=1e-9)
 

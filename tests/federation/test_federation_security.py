@@ -368,7 +368,7 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
     rec = m.Recorder()
     full = (
         Coordinator(
-            LocalSites(kw, sharded=True),
+            LocalSites(kw),
             preds,
             fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA),
             recorder=rec,
@@ -463,7 +463,7 @@ def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, fi
     kw, preds, classes = local_kwargs(files, NAMES)
     full = (
         Coordinator(
-            LocalSites(kw, sharded=True),
+            LocalSites(kw),
             preds,
             fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA),
         )

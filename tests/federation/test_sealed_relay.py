@@ -436,7 +436,7 @@ def _local_z(files):
 
     kw, preds, _ = local_kwargs(files, ORDER)
     config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver={"objective": "minmax"})
-    with Coordinator(LocalSites(kw, sharded=True), preds, config) as c:
+    with Coordinator(LocalSites(kw), preds, config) as c:
         return c.fit()
 
 

@@ -76,3 +76,24 @@ def test_the_data_channel_lines_say_what_each_sites_calls_went_over():
     assert "nothing less safe is used in its place" in lines[1]
     assert lines[2].startswith("site west: tls data channel not needed: this run sent it no per-round calls")
     assert channel_lines(SimpleNamespace(stand_ins=SimpleNamespace(sites=sites)), "off") == []
+
+
+def test_a_federated_jobs_site_lines_say_where_the_classifier_is_trained():
+    """Federated: each site answers from its own process; the line says whether the domain
+    classifier's steps go to a Ray actor standing in for it (and over which channel) or the job
+    trains it itself on the published samples (small samples: no stand-in actor starts)."""
+    from msa_fed.jobs.operations import site_lines
+
+    actors = site_lines(["north", "east"], "tls", topology="federated")
+    here = site_lines(["north", "east"], "tls", topology="federated", classifier_in_process=True)
+    assert (
+        [x.split(";")[0] for x in actors]
+        == [x.split(";")[0] for x in here]
+        == [
+            f"site {n}: answers from its own process through the registry's relay (topology federated)"
+            for n in ("north", "east")
+        ]
+    )
+    assert "run in a Ray actor over direct mutual-TLS data channel" in actors[0]
+    assert "the domain classifier is trained here, on the published samples" in here[0]
+    assert "Ray" not in here[1]

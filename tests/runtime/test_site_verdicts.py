@@ -175,6 +175,43 @@ def test_a_site_that_makes_its_own_domain_look_hard_is_accused_by_the_site_it_ha
     assert any(line.startswith("  not named: evil (one other site, hostile, would account") for line in lines)
 
 
+def test_the_exclusion_solves_advance_in_lockstep_to_the_z_they_reach_one_after_another():
+    """The re-solves without each site and its data (asked once a site is harmed) share their
+    rounds: one batched request per site per round, the rounds those of the longest solve, and
+    the same z's, to rounding, as the solves one after another (one request per z)."""
+    sites = [replace(s, policy=SitePolicy(harm_tolerance=TOLERANCE)) for s in _sites()]
+    config = build_config("dmsa", random_state=0, influence=True)
+    backend = make_backend(sites, config)
+    backend.worker_cls = SmoothLiar
+    requests: list[int] = []  # rows of each dc_evaluate request site 0 answered
+    real = SmoothLiar.dc_evaluate
+
+    def counted(self, msg):
+        if self.index == 0:
+            requests.append(np.atleast_2d(np.asarray(msg.z)).shape[0])
+        return real(self, msg)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Coordinator(backend, [s.predictor for s in sites], config) as coordinator:
+            model = coordinator.fit()
+            SmoothLiar.dc_evaluate = counted
+            try:
+                together, rounds, refused = coordinator.exclusion_solves()
+                n_together, rows_together = len(requests), sum(requests)
+                requests.clear()
+                apart, evaluations, refused_apart = coordinator.exclusion_solves(lockstep=False)
+            finally:
+                SmoothLiar.dc_evaluate = real
+    assert refused is None and refused_apart is None
+    np.testing.assert_allclose(together, apart, rtol=0, atol=1e-12)
+    assert np.all(np.diag(together) == 0.0) and np.allclose(together.sum(axis=1), 1.0)
+    # the fit ran them in lockstep, in as many rounds
+    assert model.info["site_check"]["rounds_without_site"] == rounds == n_together
+    assert len(requests) == evaluations == rows_together  # one request per z one after another
+    assert max(requests) == 1 and rounds < evaluations / 2
+
+
 def test_a_suspect_does_not_clear_itself_by_claiming_harm(lied):
     model, _ = _fit(ClaimingLiar)
     check = model.info["site_check"]
