@@ -40,7 +40,8 @@ typecheck: setup
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time: most
 # of its time is real processes, Ray and sockets waiting on each other, so three workers on two
-# cores overlap the waits.  TEST_WORKERS=0 runs it in one process.
+# cores overlap the waits.  TEST_WORKERS=0 runs it in one process.  tests/conftest.py schedules
+# --dist loadfile: the heaviest files first (HEAVY_FILES), a test at a time in SPLIT_FILES.
 # Each worker's BLAS runs on one thread (TEST_BLAS_THREADS): three workers on two cores, each
 # with a BLAS thread per core, spend their time handing the cores to each other.
 TEST_WORKERS ?= 3

@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -52,3 +53,23 @@ def run_cli(*args, cwd: str | os.PathLike | None = None) -> tuple[int, str, str]
                 root.removeHandler(h)
         root.setLevel(level)
     return int(rc), out.getvalue(), err.getvalue()
+
+
+def registry_serve_argv(db, listen: str = "127.0.0.1:0", log_level: str = "WARNING", *extra: str) -> list[str]:
+    """The command line of ``msa-fed registry serve`` in a new interpreter: the database ``db``,
+    plaintext on loopback at ``listen``, logging at ``log_level``, then ``extra``."""
+    return [
+        sys.executable,
+        "-m",
+        "msa_fed.cli",
+        "registry",
+        "serve",
+        "--db",
+        str(db),
+        "--listen",
+        listen,
+        "--insecure",
+        "--log-level",
+        log_level,
+        *extra,
+    ]

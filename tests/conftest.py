@@ -151,6 +151,7 @@ NOT_QUICK = (
     "privacy/test_attacks.py::test_multi_column_attack_is_stopped_by_dp",
     "control/test_control_fuzz.py::test_malformed_",
     "experiments/test_synthetic_sites.py",  # 50 site sets of the synthetic experiment
+    "test_markers.py::test_the_scheduler_spreads_a_split_file_over_the_workers",  # an xdist run of two workers
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
@@ -214,18 +215,103 @@ def pytest_collection_modifyitems(config, items):
     heavy_first(items)
 
 
+#: the files that take a worker longest in `make test`, with the seconds of their longest work
+#: unit (the file, or its longest test in SPLIT_FILES) in a three-worker run of these files on
+#: the two-core machine at load 25 from parallel work: `make test` starts them first, the
+#: heaviest first, so that the short files fill the end rather than one long file running alone
+HEAVY_FILES: dict[str, float] = {
+    "federation/test_federated_job.py": 520,
+    "runtime/test_ray_runtime.py": 480,
+    "cluster/test_cluster_job.py": 450,  # a two-node Ray and `ray job submit`
+    "federation/test_hostile_sites.py": 440,
+    "ops/test_ops_consortium.py": 420,  # the kit flow: three jobs on a mutual-TLS federation
+    "federation/test_sealed_relay.py": 370,
+    "ops/test_ops_federation.py": 350,  # make federation-cluster; make federation 240
+    "federation/test_federation_security.py": 345,
+    "ops/test_ops_job.py": 165,
+    "ops/test_ops_walkthrough.py": 160,  # the operations walkthrough
+    "federation/test_federation_network.py": 150,  # sites in their own network namespaces
+}
+#: files whose tests share no module fixture (each starts its own processes or works alone):
+#: `make test`'s workers take them a test at a time rather than a file at a time, so that their
+#: long tests run side by side on several workers
+SPLIT_FILES = frozenset(
+    {
+        "ops/test_ops_consortium.py",
+        "federation/test_federation_network.py",
+        "ops/test_ops_federation.py",
+        "ops/test_ops_walkthrough.py",
+        "ops/test_ops_job.py",
+        "experiments/test_experiments_quick.py",
+        "privacy/test_verify_intercepts.py",
+    }
+)
+
+
 def heavy_first(items) -> None:
-    """The files with slow or cluster tests first, then those with Ray tests, then the rest, each
-    file's tests together and in their order.  `make test`'s workers take a file at a time in this
-    order: the long files start at once and the short ones fill the end, rather than one long
-    file running alone at the end."""
+    """The files of HEAVY_FILES first, the heaviest first, then the files with slow or cluster
+    tests, then those with Ray tests, then the rest, each file's tests together and in their order.
+    `make test`'s workers take a file at a time (a test at a time in SPLIT_FILES) in this order."""
+    rel = {item.path: _relative(item.path) for item in items}
     tier: dict = {}  # a file's tier: 0 slow or cluster tests, 1 Ray tests, 2 the rest
     for item in items:
         own = 0 if item.get_closest_marker("slow") or item.get_closest_marker("cluster") else 2
         own = 1 if own == 2 and item.get_closest_marker("ray") else own
         tier[item.path] = min(tier.get(item.path, 2), own)
     first_seen = {path: k for k, path in reversed(list(enumerate(item.path for item in items)))}
-    items.sort(key=lambda item: (tier[item.path], first_seen[item.path]))
+
+    def key(item):
+        weight = HEAVY_FILES.get(rel[item.path] or "")
+        if weight is not None:
+            return (0, -weight, first_seen[item.path])
+        return (1 + tier[item.path], 0, first_seen[item.path])
+
+    items.sort(key=key)
+
+
+def _relative(path) -> str | None:
+    try:
+        return Path(str(path)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+
+
+def work_unit(nodeid: str) -> str:
+    """What `make test` (``--dist loadfile``) hands a worker at a time for the test ``nodeid``
+    (relative to the repository): its file, or the test itself in a file of SPLIT_FILES."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path.removeprefix("tests/") in SPLIT_FILES else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` as `make test` wants it: the work units of :func:`work_unit`, handed
+    out in the collection's order (heavy_first), the next one to a worker when it is on its
+    last test.  xdist's own loadfile would sort the files by their number of tests, which put
+    the longest files (a few long tests each) last."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyFirstScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # xdist tops a worker up while it has two tests or fewer left, so a worker could
+            # hold two long one-test units queued behind the one it runs while another worker
+            # idles.  Here a worker gets its next unit when it is on its last test (a worker
+            # needs the next test before it starts one, to know which fixtures to tear down).
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    config.option.loadscopereorder = False
+    return HeavyFirstScheduling(config, log)
 
 
 @pytest.fixture(autouse=True, scope="module")

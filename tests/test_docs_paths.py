@@ -109,3 +109,14 @@ def test_every_path_a_code_comment_names_exists():
             if p.startswith("../") or not exists(p, f.parent):
                 missing.append(f"{f.relative_to(ROOT)}: {p}")
     assert not missing, "comments name paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_readme_layout_has_one_row_per_package():
+    """README.md's layout table gives every package of msa_fed/ a row of its own, and names none
+    that is gone."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Layout") :]
+    table = table[: table.index("\n## ")]
+    rows = [m.group(1) for m in re.finditer(r"^\| `msa_fed/(\w+)` \|", table, re.M)]
+    packages = sorted(p.parent.name for p in (ROOT / "msa_fed").glob("*/__init__.py"))
+    assert sorted(rows) == packages

@@ -102,3 +102,42 @@ def test_a_run_over_its_budget_fails_even_when_its_tests_pass():
     )
     assert proc.returncode == 1 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert "the quick tier is over its budget" in proc.stdout and "MSA_FED_QUICK_CPU_S=0.001" in proc.stdout
+
+
+def test_make_test_hands_out_a_split_file_a_test_at_a_time():
+    split = "tests/ops/test_ops_federation.py::test_make_federation_walkthrough"
+    assert _conftest.work_unit(split) == split
+    assert _conftest.work_unit("tests/core/test_core_api.py::test_x[1]") == "tests/core/test_core_api.py"
+    for rel in [*_conftest.SPLIT_FILES, *_conftest.HEAVY_FILES]:
+        assert (TESTS / rel).is_file(), rel
+
+
+def test_a_split_file_shares_no_module_fixture():
+    """A file taken a test at a time runs its module fixtures once per worker: the files of
+    SPLIT_FILES have none (nor the suite's module-scoped local Ray)."""
+    for rel in _conftest.SPLIT_FILES:
+        src = (TESTS / rel).read_text()
+        assert not re.search(r"scope=\"(module|package|session|class)\"|\blocal_ray\b", src), rel
+
+
+def test_the_scheduler_spreads_a_split_file_over_the_workers():
+    """`make test`'s scheduling in a real xdist run: the two tests of a split file (the heaviest
+    files come first) start on two workers, while xdist's own loadfile gives a file to one."""
+    cheap = [
+        "ops/test_ops_consortium.py::test_the_kit_walkthrough_in_the_doc_is_what_the_flow_test_runs",
+        "ops/test_ops_consortium.py::test_init_refuses_a_used_folder_and_bad_names",
+        "test_layers.py",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile"]
+        + [f"tests/{c}" for c in cheap],
+        capture_output=True,
+        text=True,
+        cwd=TESTS.parent,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},  # not this run's worker
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d)\] \[[ \d%]+\] PASSED (\S+)", proc.stdout)}
+    kit = {worker for test, worker in workers.items() if "test_ops_consortium" in test}
+    assert len(workers) >= 3 and len(kit) == 2, proc.stdout

@@ -320,36 +320,16 @@ def load_predictor(
     return _finish(pre, verdict, kind, intra_op_threads)
 
 
-def load_predictors(
-    datas: list[bytes],
-    *,
-    expected_sha256: list[str | None] | None = None,
-    n_features: int | None = None,
-    kind: str | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    intra_op_threads: int = 1,
-    max_features: int = DEFAULT_MAX_FEATURES,
-    limits: SandboxLimits | None = None,
-    verified: VerifiedCache | None = None,
-) -> list[OnnxPredictor]:
+def load_predictors(datas: list[bytes], *, intra_op_threads: int = 1, **checks: Any) -> list[OnnxPredictor]:
     """:func:`load_predictor` on several models, whose first loads share ONE sandboxed child
     (:func:`msa_fed.artifacts.sandbox.probe_batch_in_sandbox`: the same limits and the same
     verdict per model as one by one; a model that ends the child sends the rest to their own).
 
-    ``expected_sha256`` lists one digest (or None) per model.  ``verified``: a
-    :class:`~msa_fed.artifacts.verified_cache.VerifiedCache` whose success verdicts stand in for
-    the sandbox (looked up by the models' content) and that records new ones.  Raises the error
-    of the first model, in order, that is refused."""
-    return prepare_predictors(
-        datas,
-        expected_sha256=expected_sha256,
-        n_features=n_features,
-        kind=kind,
-        max_bytes=max_bytes,
-        max_features=max_features,
-        limits=limits,
-        verified=verified,
-    ).load(intra_op_threads)
+    ``checks`` are :func:`prepare_predictors`' keywords: ``expected_sha256`` lists one digest (or
+    None) per model; ``verified``, a :class:`~msa_fed.artifacts.verified_cache.VerifiedCache`
+    whose success verdicts stand in for the sandbox (looked up by the models' content) and that
+    records new ones.  Raises the error of the first model, in order, that is refused."""
+    return prepare_predictors(datas, **checks).load(intra_op_threads)
 
 
 class PreparedPredictors:

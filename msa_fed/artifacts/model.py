@@ -21,7 +21,7 @@ import numpy as np
 
 from msa_fed import __version__
 from msa_fed.artifacts.isolated import answered_together, is_isolated
-from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.artifacts.outputs import check_X, checked_proba, checked_values
 from msa_fed.core.domain_models import domain_model_state
 from msa_fed.core.inference import StoredFeatureMap, stored_domain_model
 from msa_fed.core.threads import blas_threads_for
@@ -55,20 +55,6 @@ MANIFEST_KEYS = (
 def predictor_kind(task: str) -> str:
     """What the safe loader checks a frozen predictor's outputs as, for ``task``."""
     return "regression" if task == "regression" else "probabilities"
-
-
-def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
-    """X as a float64 (n, d) array, or a ValueError naming the problem."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim == 1 and n_features == 1:
-        X = X[:, None]
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features); got shape {X.shape}")
-    if X.shape[1] != n_features:
-        raise ValueError(f"{name} has {X.shape[1]} features; the model expects {n_features}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return X
 
 
 class CombinedModel:
@@ -174,9 +160,12 @@ class CombinedModel:
         return np.exp(self.domain_model.predict_log_proba(X))
 
     def combination_weights(self, X) -> np.ndarray:
+        return self._weights(check_X(X, self.n_features_in_))
+
+    def _weights(self, X: np.ndarray) -> np.ndarray:
+        """The weights a_k(x) (n, p) of g_z at checked rows X."""
         from msa_fed.core.combination import combination_weights
 
-        X = check_X(X, self.n_features_in_)
         return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
 
     def _who(self, k) -> str:
@@ -237,20 +226,25 @@ class CombinedModel:
             return None
         return np.asarray(out)
 
+    def _graph_or_numpy(self, X, output: str, numpy_path) -> np.ndarray:
+        """``output`` at the rows X (checked here): from the whole-model graph where it runs, else part
+        by part in numpy (``numpy_path``)."""
+        X = check_X(X, self.n_features_in_)
+        out = self._run_graph(X, output)
+        return out if out is not None else numpy_path(X)
+
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities (n, c) over ``classes_`` (classification only)."""
         if self.task != "classification":
             raise ValueError("predict_proba is only defined for task='classification'")
-        X = check_X(X, self.n_features_in_)
-        out = self._run_graph(X, "probabilities")
-        return out if out is not None else self._predict_proba_numpy(X)
+        return self._graph_or_numpy(X, "probabilities", self._predict_proba_numpy)
 
     def _predict_proba_numpy(self, X: np.ndarray) -> np.ndarray:
         """predict_proba part by part: each predictor, the domain model, the combination in numpy."""
-        from msa_fed.core.combination import combination_weights, combine_proba
+        from msa_fed.core.combination import combine_proba
 
         with blas_threads_for(X.size * self.n_sources):
-            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            a = self._weights(X)
             hs = answered_together(self.predictors, X)  # peers' predictors: one request
             P = np.stack([self._proba_of(k, X, hs[k]) for k in range(self.n_sources)], axis=1)
         return _finite(combine_proba(a, P), "the combined probabilities")
@@ -259,15 +253,13 @@ class CombinedModel:
         """Regression: g(x).  Classification: the most probable class under g(x, .)."""
         if self.task == "classification":
             return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
-        X = check_X(X, self.n_features_in_)
-        out = self._run_graph(X, "prediction")
-        return out if out is not None else self._predict_numpy(X)
+        return self._graph_or_numpy(X, "prediction", self._predict_numpy)
 
     def _predict_numpy(self, X: np.ndarray) -> np.ndarray:
-        from msa_fed.core.combination import combination_weights, combine_regression
+        from msa_fed.core.combination import combine_regression
 
         with blas_threads_for(X.size * self.n_sources):
-            a = combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+            a = self._weights(X)
             H = np.column_stack(
                 [
                     checked_values(h.predict(X), X.shape[0], self._who(k), ArtifactError)

@@ -1,4 +1,5 @@
-"""Checks of a frozen predictor's outputs where they are used (a site's points, predict time).
+"""Checks of the rows a model is given (:func:`check_X`) and of a frozen predictor's outputs where
+they are used (a site's points, predict time).
 
 The loader's probe runs a model on a few hundred synthetic rows; a hostile or broken predictor
 can still answer NaN, infinity or non-probabilities elsewhere (say only when x0 > 6).  These
@@ -13,6 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 PROBA_ATOL = 1e-4  # float32 probabilities, summed in float64
+
+
+def check_X(X, n_features: int, name: str = "X") -> np.ndarray:
+    """X as a float64 (n, d) array, or a ValueError naming the problem."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1 and n_features == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n_samples, n_features); got shape {X.shape}")
+    if X.shape[1] != n_features:
+        raise ValueError(f"{name} has {X.shape[1]} features; the model expects {n_features}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name} contains NaN or inf")
+    return X
 
 
 def _first_bad_rows(ok_rows: np.ndarray, show_rows: bool, where: str = "its inputs") -> str:

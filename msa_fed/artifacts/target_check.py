@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from msa_fed.artifacts.outputs import check_X
 from msa_fed.core.target import (
     LossPrediction,
     MixtureEstimate,
@@ -293,18 +294,8 @@ class Mixture:
 
 
 def _target_X(model, X) -> np.ndarray:
-    """X as a float64 (n, d) array of finite numbers with n >= 1, or a ValueError naming the problem
-    (the checks of :func:`msa_fed.artifacts.model.check_X`; this module is below the model's)."""
-    d = model.n_features_in_
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim == 1 and d == 1:
-        X = X[:, None]
-    if X.ndim != 2:
-        raise ValueError(f"the target sample must be a 2-D array (n_samples, n_features); got shape {X.shape}")
-    if X.shape[1] != d:
-        raise ValueError(f"the target sample has {X.shape[1]} features; the model expects {d}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError("the target sample contains NaN or inf")
+    """X as a float64 (n, d) array of finite numbers with n >= 1, or a ValueError naming the problem."""
+    X = check_X(X, model.n_features_in_, "the target sample")
     if X.shape[0] == 0:
         raise ValueError("the target sample has no rows")
     return X

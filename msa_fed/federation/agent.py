@@ -327,58 +327,40 @@ class SiteAgent:
         self.app.record(job, admin, request, outcome, **extra)
 
     # ------------------------------------------------------------------ the chain's fetches
-    def fetch_predictor(self, job: str, site: str) -> bytes:
-        parts, header = [], None
+    def _fetch(self, what: str, call, request, site: str) -> tuple[Any, bytes]:
+        """The header and the bytes of site ``site``'s ``what`` ("predictor" or "sample") as
+        ``call(request)`` streams them: the header first, then at most 256 MiB of chunks."""
+        from msa_fed.site.admission import MAX_SAMPLE_BYTES
+
+        parts, header, size = [], None, 0
         try:
-            for chunk in self._stub.FetchPredictor(
-                pb.FetchPredictorRequest(job_id=job, site=site),
-                timeout=120,
-                metadata=(("authorization", f"Bearer {self.token}"),),
-            ):
+            for chunk in call(request, timeout=120, metadata=(("authorization", f"Bearer {self.token}"),)):
                 which = chunk.WhichOneof("part")
                 if which == "artifact" and header is None:
                     header = chunk.artifact
-                elif which == "chunk":
-                    parts.append(chunk.chunk)
-                    if sum(len(p) for p in parts) > 256 * 2**20:
-                        raise ConfigError(f"the predictor of site {site!r} is larger than 256 MiB")
-                else:
-                    raise ConfigError(f"fetching the predictor of site {site!r}: unexpected message")
-        except grpc.RpcError as exc:
-            raise ConfigError(
-                f"cannot fetch the predictor of site {site!r}: {exc.code().name}: {exc.details()}"
-            ) from None
-        return b"".join(parts)
-
-    def fetch_sample(self, job: str, site: str) -> tuple[bytes, str, int, int]:
-        from msa_fed.control.registry.convert import artifact_from_pb
-        from msa_fed.site.admission import MAX_SAMPLE_BYTES
-
-        parts, header = [], None
-        try:
-            for chunk in self._stub.FetchSample(
-                pb.FetchSampleRequest(job_id=job, site=site),
-                timeout=120,
-                metadata=(("authorization", f"Bearer {self.token}"),),
-            ):
-                which = chunk.WhichOneof("part")
-                if which == "artifact" and header is None:
-                    header = artifact_from_pb(chunk.artifact)
                 elif which == "chunk" and header is not None:
                     parts.append(chunk.chunk)
-                    if sum(len(p) for p in parts) > MAX_SAMPLE_BYTES:
-                        raise ConfigError(f"the sample of site {site!r} is larger than 256 MiB")
+                    size += len(chunk.chunk)
+                    if size > MAX_SAMPLE_BYTES:
+                        raise ConfigError(f"the {what} of site {site!r} is larger than 256 MiB")
                 else:
-                    raise ConfigError(f"fetching the sample of site {site!r}: unexpected message")
+                    raise ConfigError(f"fetching the {what} of site {site!r}: unexpected message")
         except grpc.RpcError as exc:
-            raise ConfigError(f"cannot fetch the sample of site {site!r}: {exc.code().name}: {exc.details()}") from None
+            raise ConfigError(f"cannot fetch the {what} of site {site!r}: {exc.code().name}: {exc.details()}") from None
         if header is None:
-            raise ConfigError(f"fetching the sample of site {site!r}: no header")
-        try:
-            rows, cols = int(header.meta["rows"]), int(header.meta["cols"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"the sample of site {site!r} has no readable shape") from None
-        return b"".join(parts), header.sha256, rows, cols
+            raise ConfigError(f"fetching the {what} of site {site!r}: no header")
+        return header, b"".join(parts)
+
+    def fetch_predictor(self, job: str, site: str) -> bytes:
+        request = pb.FetchPredictorRequest(job_id=job, site=site)
+        return self._fetch("predictor", self._stub.FetchPredictor, request, site)[1]
+
+    def fetch_sample(self, job: str, site: str) -> tuple[bytes, str, int, int]:
+        request = pb.FetchSampleRequest(job_id=job, site=site)
+        header, data = self._fetch("sample", self._stub.FetchSample, request, site)
+        if header.WhichOneof("meta") != "sample":
+            raise ConfigError(f"the sample of site {site!r} has no readable shape")
+        return data, header.sha256, int(header.sample.rows), int(header.sample.cols)
 
     def close(self):
         self.dispatch.close()

@@ -146,12 +146,19 @@ def _approve(args) -> int:
     return 0
 
 
-def _site_keygen(args) -> int:
-    from msa_fed.crypto.sealing import SiteKey
+def _write_key(kind: str, out: str, what: str):
+    """A new key of ``msa_fed.crypto.sealing.<kind>`` saved to ``out`` (private, never overwritten)
+    and its public half beside it, said in one line; returns (key, path)."""
+    from msa_fed.crypto import sealing
 
-    key = SiteKey.generate()
-    path = key.save(args.out)
-    print(f"sealing key written to {path} (mode 0600) and its public half to {path}.pub")
+    key = getattr(sealing, kind).generate()
+    path = key.save(out)
+    print(f"{what} written to {path} (mode 0600) and its public half to {path}.pub")
+    return key, path
+
+
+def _site_keygen(args) -> int:
+    key, path = _write_key("SiteKey", args.out, "sealing key")
     print(f"fingerprint {key.public.fingerprint}")
     print(f"register it: msa-fed site register ... --seal-key {path}.pub; the consortium pins the fingerprint")
     print(f'site.toml: seal_key = "{path}", and job_keys lists the fingerprint of the consortium\'s job key')
@@ -159,11 +166,7 @@ def _site_keygen(args) -> int:
 
 
 def _job_keygen(args) -> int:
-    from msa_fed.crypto.sealing import JobKey
-
-    key = JobKey.generate()
-    path = key.save(args.out)
-    print(f"job key written to {path} (mode 0600) and its public half to {path}.pub")
+    key, _ = _write_key("JobKey", args.out, "job key")
     print(f"fingerprint {key.fingerprint} (each site lists it in job_keys of its site.toml)")
     return 0
 

@@ -47,15 +47,6 @@ def check_consortium(site: str, sites, n_sources: int, policy: SitePolicy) -> di
     return {"sites": sites, "p": p}
 
 
-def row_keys(X: np.ndarray) -> set[bytes]:
-    """The rows of X as bytes of their float32 form (the form in which a sample is published)."""
-    A = np.ascontiguousarray(np.asarray(X, dtype="<f4"))
-    if A.ndim != 2 or A.shape[0] == 0:
-        return set()
-    A = A + np.float32(0.0)  # -0.0 and 0.0 are one value
-    return {r.tobytes() for r in A}
-
-
 def _published_form(X) -> np.ndarray:
     """X as the published sample holds it: contiguous little-endian float32 rows, -0.0 as 0.0."""
     A = np.ascontiguousarray(np.asarray(X, dtype="<f4"))

@@ -7,8 +7,8 @@ Gaussian noise of standard deviation ``noise_multiplier * sensitivity``:
 - Qhat partial: with DP on, the site answers the same estimate over its published unlabelled
   sample, (1/p) mean_{x in U} Q(k|x): public, so it costs no epsilon and carries no noise
   (measured: the noisy partial over the labelled points was what sent DP runs at 30 to 100
-  labelled points per site to a bad z; docs/RESULTS.md).  ``qhat_sensitivity`` is kept for
-  reference: a noisy labelled partial would have L2 sensitivity pi sqrt 2.
+  labelled points per site to a bad z; docs/RESULTS.md); a noisy labelled partial would have
+  L2 sensitivity pi sqrt 2.
 - DC sums (DP mode answers the losses L_k only): w_k(i) = pi_i min(q_k(x_i), ratio_clip) and the
   loss clipped to [0, loss_clip], so each coordinate of one point's contribution lies in
   [0, pi ratio_clip loss_clip] and the L2 sensitivity is pi ratio_clip loss_clip sqrt p.
@@ -121,10 +121,6 @@ class DPAccountant:
 
     def noise(self, shape, sensitivity: float) -> np.ndarray:
         return self.rng.normal(scale=self.noise_multiplier * sensitivity, size=shape)
-
-
-def qhat_sensitivity(n: int, p: int) -> float:
-    return math.sqrt(2.0) / (p * n)
 
 
 def clipped_losses(points, z, eta: float, policy: SitePolicy) -> tuple[np.ndarray, float]:

@@ -73,7 +73,8 @@ RETRY_PAUSE_S = 0.5
 APPROVAL_POLL_S = 2.0
 #: a site that lost the job's state again right after it was replayed this often fails the run
 MAX_REJOINS = 3
-#: the least time the stand-in actors get to start (seconds), whatever the job's site_timeout_s
+#: the least time the stand-in actors get to start and to answer a call (seconds), whatever the
+#: job's site_timeout_s
 STAND_IN_START_S = 120.0
 #: the largest published samples (values summed over the sites, 32 MB in float64) on which the
 #: coordinator trains the L-BFGS domain classifier itself, in one stacked fit (as the local
@@ -220,9 +221,11 @@ class FederatedSites:
             data_channel=data_channel,
             init_kwargs=init_kwargs,
             max_restarts=max_restarts,
-            retry_timeout_s=self.site_timeout_s,
-            # placing and starting the stand-ins is Ray's work, not a site's answer: on a loaded
-            # node a worker process alone can take longer than a short site timeout
+            # placing and starting the stand-ins, and their calls on the published samples, are
+            # this machine's work, not a site's answer: on a loaded node a worker process alone
+            # can take longer than a short site timeout (a job failed naming a site whose
+            # stand-in's setup_shard took over 60 s at load 30 on two cores)
+            retry_timeout_s=max(self.site_timeout_s, STAND_IN_START_S),
             start_timeout_s=max(self.site_timeout_s, STAND_IN_START_S),
         )
         self.recorder = NullRecorder()

@@ -117,10 +117,6 @@ class RaySites:
         """The sites' actor handles, in site order."""
         return [e.handle for e in self.sites]
 
-    @property
-    def helper_actors(self) -> list:
-        return [e.handle for e in self.helpers]
-
     # ------------------------------------------------------------------ lifecycle
     def start(self, recorder=None, setup_log: SetupLog | None = None):
         """Start the actors, or, when they run already (a warm backend), serve a new run."""

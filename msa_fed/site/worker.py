@@ -183,36 +183,6 @@ class SiteWorker(PublishedHalf):
         # the job's published samples, to verify domain models: set by the host (set_published, the site agent)
         self.published: SampleSource | None = None
 
-    @classmethod
-    def from_path(
-        cls,
-        name: str,
-        index: int,
-        data_path,
-        predictors,
-        task: str,
-        loss: str,
-        classes=None,
-        min_points: int = MIN_POINTS,
-        policy: SitePolicy | None = None,
-        job_id: str = "",
-    ) -> SiteWorker:
-        """A site whose data are read from ``data_path`` on this node."""
-        worker = cls(
-            name,
-            index,
-            predictors=predictors,
-            task=task,
-            loss=loss,
-            classes=classes,
-            min_points=min_points,
-            data_path=data_path,
-            policy=policy,
-            job_id=job_id,
-        )
-        worker._data()
-        return worker
-
     # ------------------------------------------------------------------ helpers
     def _published(self) -> np.ndarray:
         self._data()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import json
 import re
@@ -79,10 +78,11 @@ class Pki:
         """(certificate, key) PEM of another client certificate signed by this CA."""
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
+        from pki import leaf
 
         ca = x509.load_pem_x509_certificate(self.ca)
         ca_key = serialization.load_pem_private_key(self.ca_key, None)
-        return _leaf(ca, ca_key, common_name, "client", [x509.DNSName(n) for n in dns_names])
+        return leaf(ca, ca_key, common_name, "client", [x509.DNSName(n) for n in dns_names])
 
     def write(self, folder) -> dict:
         paths = {}
@@ -96,94 +96,23 @@ class Pki:
 def make_pki(common_name: str = "msa-fed test CA") -> Pki:
     """A fresh CA (EC P-256) with one server and one client certificate, valid for a day."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.hazmat.primitives import serialization
+    from pki import leaf, new_ca, pem_key
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def name(cn):
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(name(common_name))
-        .issuer_name(name(common_name))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    server_cert, server_key = _leaf(
+    ca_cert, ca_key = new_ca(common_name)
+    server_cert, server_key = leaf(
         ca_cert,
         ca_key,
         "localhost",
         "server",
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
-    client_cert, client_key = _leaf(ca_cert, ca_key, "site-a", "client", None)
+    client_cert, client_key = leaf(ca_cert, ca_key, "site-a", "client", None)
     return Pki(
         ca_cert.public_bytes(serialization.Encoding.PEM),
         server_cert,
         server_key,
         client_cert,
         client_key,
-        _pem_key(ca_key),
+        pem_key(ca_key),
     )
-
-
-def _pem_key(key) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _leaf(ca_cert, ca_key, cn: str, usage: str, san) -> tuple[bytes, bytes]:
-    """A certificate for ``cn`` (usage "server" or "client") with subjectAltNames ``san``, signed by the CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    key = ec.generate_private_key(ec.SECP256R1())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if usage == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-    )
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)

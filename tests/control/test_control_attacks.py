@@ -8,11 +8,11 @@ a library echo server files in its error text.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import onnx
 import pytest
+from cli_runner import registry_serve_argv
 from control_helpers import ARTIFACT_REFUSED_DETAILS, linear_onnx, make_pki
 from onnx import TensorProto, helper, numpy_helper
 
@@ -75,6 +76,63 @@ def future_code(future) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+@contextlib.contextmanager
+def evil_and_other(limits: Limits):
+    """A registry server under ``limits`` on loopback with two registered sites, evil and other:
+    yields (server, a raw stub, {name: token}, an event that releases stalled uploads); at the
+    end the event is set and the stub's channel closed."""
+    registry = Registry(MemoryStore(), limits)
+    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
+    release = threading.Event()
+    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
+        for name, token in tokens.items():
+            with RegistryClient(server.address, token, insecure=True) as c:
+                c.register(name)
+        channel = grpc.insecure_channel(server.address)
+        try:
+            yield server, pb_grpc.RegistryStub(channel), tokens, release
+        finally:
+            release.set()
+            channel.close()
+
+
+class HonestCalls:
+    """An honest site's heartbeat and health calls, over and over on a thread from construction to
+    :meth:`stop`: each call's latency by name and every failure; ``each_round()`` runs after each
+    pair of calls."""
+
+    def __init__(self, client: RegistryClient, each_round=lambda: None):
+        self.latencies: dict[str, list[float]] = {"heartbeat": [], "health": []}
+        self.failures: list[str] = []
+        self._calls = (("heartbeat", client.heartbeat), ("health", client.health))
+        self._each_round, self._stop = each_round, threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, fn in self._calls:
+                t0 = time.perf_counter()
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - asserted in check()
+                    self.failures.append(f"{name}: {exc}")
+                self.latencies[name].append(time.perf_counter() - t0)
+            self._each_round()
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def check(self) -> None:
+        """Every call answered, at least ten of each, none kept waiting until the attack was cut off."""
+        assert self.failures == []
+        for name, values in self.latencies.items():
+            assert len(values) >= 10, name
+            assert max(values) < ANSWER_WITHIN_S, (name, sorted(values)[-5:])
+
+
 # ------------------------------------------------------------ stalled upload flood
 @pytest.mark.parametrize("attackers", [1, 20], ids=["one-token-40-streams", "20-tokens-2-streams-each"])
 def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, attackers):
@@ -84,9 +142,6 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
     evil = [registry.issue_token("site", f"evil-{i}") for i in range(attackers)]
     honest_token = registry.issue_token("site", "honest")
     release = threading.Event()
-    latencies: dict[str, list[float]] = {"heartbeat": [], "health": []}
-    failures: list[str] = []
-    stop = threading.Event()
     with RegistryServer(registry, "127.0.0.1:0", insecure=True, max_workers=32) as server:
         for i, token in enumerate(evil):
             with RegistryClient(server.address, token, insecure=True, retries=0) as c:
@@ -94,20 +149,7 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
         honest = RegistryClient(server.address, honest_token, insecure=True, retries=0, timeout=30)
         honest.register("honest")
         honest.heartbeat()
-
-        def keep_asking():
-            while not stop.is_set():
-                for name, fn in (("heartbeat", honest.heartbeat), ("health", honest.health)):
-                    t0 = time.perf_counter()
-                    try:
-                        fn()
-                    except Exception as exc:  # noqa: BLE001 - asserted below
-                        failures.append(f"{name}: {exc}")
-                    latencies[name].append(time.perf_counter() - t0)
-                time.sleep(0.02)
-
-        asker = threading.Thread(target=keep_asking)
-        asker.start()
+        asker = HonestCalls(honest)
         channel = grpc.insecure_channel(server.address)
         stub = pb_grpc.RegistryStub(channel)
         futures = [
@@ -138,109 +180,76 @@ def test_stalled_upload_flood_leaves_heartbeats_and_health_answered(tmp_path, at
             wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released", timeout=10)
         finally:
             release.set()
-            stop.set()
-            asker.join(60)
+            asker.stop()
             channel.close()
             honest.close()
     store.close()
-    assert failures == []
-    for name, values in latencies.items():
-        assert len(values) >= 10, name
-        assert max(values) < ANSWER_WITHIN_S, (name, sorted(values)[-5:])
+    asker.check()
 
 
 def test_concurrent_uploads_beyond_the_per_token_cap_are_resource_exhausted():
-    registry = Registry(MemoryStore(), Limits(max_streams_per_principal=2, transfer_idle_s=60))
-    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
-    release = threading.Event()
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        for name, token in tokens.items():
-            with RegistryClient(server.address, token, insecure=True) as c:
-                c.register(name)
-        channel = grpc.insecure_channel(server.address)
-        stub = pb_grpc.RegistryStub(channel)
-        try:
-            held = [
-                stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]), timeout=60)
-                for _ in range(2)
-            ]
-            wait_for(lambda: server.interceptor.slots.used == 2, "two admitted uploads")
-            for attempt in range(3):  # the third, fourth, ... stream of the same token
-                with pytest.raises(grpc.RpcError) as err:
-                    stub.UploadSample(
-                        iter(
-                            [
-                                pb.UploadSampleRequest(
-                                    header=pb.SampleHeader(
-                                        upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"
-                                    )
-                                )
-                            ]
-                        ),
-                        metadata=md(tokens["evil"]),
-                        timeout=30,
-                    )
-                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "limit per caller is 2" in err.value.details()
-                assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
-            # a download is a stream too
+    with evil_and_other(Limits(max_streams_per_principal=2, transfer_idle_s=60)) as (server, stub, tokens, release):
+        held = [
+            stub.UploadPredictor.future(stalled_predictor_upload(release), metadata=md(tokens["evil"]), timeout=60)
+            for _ in range(2)
+        ]
+        wait_for(lambda: server.interceptor.slots.used == 2, "two admitted uploads")
+        for attempt in range(3):  # the third, fourth, ... stream of the same token
             with pytest.raises(grpc.RpcError) as err:
-                list(
-                    stub.DownloadCombinedModel(
-                        pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]), timeout=30
-                    )
+                stub.UploadSample(
+                    iter(
+                        [
+                            pb.UploadSampleRequest(
+                                header=pb.SampleHeader(
+                                    upload_id=f"x{attempt}", sha256="0" * 64, rows=1, cols=1, dtype="float32"
+                                )
+                            )
+                        ]
+                    ),
+                    metadata=md(tokens["evil"]),
+                    timeout=30,
                 )
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            # another site is not limited by the attacker's streams
-            with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
-                assert other.upload_sample(np.ones((3, 2))).meta["rows"] == 3
-            # the slots come back when the streams end
-            release.set()
-            for f in held:
-                assert future_code(f) == grpc.StatusCode.INVALID_ARGUMENT  # they ended short of their size
-            wait_for(lambda: server.interceptor.slots.used == 0, "the slots to be released")
-            with RegistryClient(server.address, tokens["evil"], insecure=True, retries=0, busy_wait=0) as evil:
-                assert evil.upload_sample(np.ones((3, 2))).meta["cols"] == 2
-        finally:
-            release.set()
-            channel.close()
+            assert "limit per caller is 2" in err.value.details()
+            assert dict(err.value.trailing_metadata())[RETRY_AFTER_KEY].isdigit()  # temporary: worth a retry
+        # a download is a stream too
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.DownloadCombinedModel(pb.DownloadCombinedModelRequest(), metadata=md(tokens["evil"]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # another site is not limited by the attacker's streams
+        with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
+            assert other.upload_sample(np.ones((3, 2))).meta["rows"] == 3
+        # the slots come back when the streams end
+        release.set()
+        for f in held:
+            assert future_code(f) == grpc.StatusCode.INVALID_ARGUMENT  # they ended short of their size
+        wait_for(lambda: server.interceptor.slots.used == 0, "the slots to be released")
+        with RegistryClient(server.address, tokens["evil"], insecure=True, retries=0, busy_wait=0) as evil:
+            assert evil.upload_sample(np.ones((3, 2))).meta["cols"] == 2
 
 
 def test_probe_memory_is_charged_before_the_upload_is_read():
     probe = 50_000_000
-    registry = Registry(
-        MemoryStore(), Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe, transfer_idle_s=60)
-    )
-    tokens = {name: registry.issue_token("site", name) for name in ("evil", "other")}
-    release = threading.Event()
-    with RegistryServer(registry, "127.0.0.1:0", insecure=True) as server:
-        for name, token in tokens.items():
-            with RegistryClient(server.address, token, insecure=True) as c:
-                c.register(name)
-        channel = grpc.insecure_channel(server.address)
-        stub = pb_grpc.RegistryStub(channel)
-        try:
-            held = stub.UploadPredictor.future(
-                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
-            )
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 4096 + probe, "the reservation")
-            held2 = stub.UploadPredictor.future(
-                stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
-            )
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 2 * (4096 + probe), "the second reservation")
-            with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
-                # a third probe does not fit beside two: refused before a byte is read, as temporary
-                with pytest.raises(RegistryError) as err:
-                    other.upload_predictor(linear_onnx([1.0, 2.0]))
-                assert err.value.code == "RESOURCE_EXHAUSTED" and "retry later" in err.value.message
-                # a sample (no probe) still fits
-                assert other.upload_sample(np.ones((2, 2))).meta["rows"] == 2
-            release.set()
-            assert future_code(held) == future_code(held2) == grpc.StatusCode.INVALID_ARGUMENT
-            wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released")
-        finally:
-            release.set()
-            channel.close()
+    limits = Limits(max_upload_bytes_in_flight=120_000_000, probe_memory_bytes=probe, transfer_idle_s=60)
+    with evil_and_other(limits) as (server, stub, tokens, release):
+        held = stub.UploadPredictor.future(
+            stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+        )
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 4096 + probe, "the reservation")
+        held2 = stub.UploadPredictor.future(
+            stalled_predictor_upload(release, size=4096), metadata=md(tokens["evil"]), timeout=60
+        )
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 2 * (4096 + probe), "the second reservation")
+        with RegistryClient(server.address, tokens["other"], insecure=True, retries=0, busy_wait=0) as other:
+            # a third probe does not fit beside two: refused before a byte is read, as temporary
+            with pytest.raises(RegistryError) as err:
+                other.upload_predictor(linear_onnx([1.0, 2.0]))
+            assert err.value.code == "RESOURCE_EXHAUSTED" and "retry later" in err.value.message
+            # a sample (no probe) still fits
+            assert other.upload_sample(np.ones((2, 2))).meta["rows"] == 2
+        release.set()
+        assert future_code(held) == future_code(held2) == grpc.StatusCode.INVALID_ARGUMENT
+        wait_for(lambda: server.servicer.upload_bytes_in_flight == 0, "the budget to be released")
     # a predictor whose probe can never fit is told so, not asked to retry
     small = Registry(MemoryStore(), Limits(max_upload_bytes_in_flight=10_000_000, probe_memory_bytes=probe))
     token = small.issue_token("site", "a")
@@ -263,21 +272,7 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "msa_fed.cli",
-                "registry",
-                "serve",
-                "--db",
-                str(db),
-                "--listen",
-                "127.0.0.1:0",
-                "--insecure",
-                "--log-level",
-                "INFO",
-                *extra,
-            ],
+            registry_serve_argv(db, "127.0.0.1:0", "INFO", *extra),
             cwd=workdir,
             env=env,
             stdout=subprocess.PIPE,
@@ -571,31 +566,17 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
     registry = Registry(MemoryStore(), Limits(request_read_s=CUT_S))
     evil_token = registry.issue_token("site", "evil")
     honest_token = registry.issue_token("site", "honest")
-    release, stop = threading.Event(), threading.Event()
-    latencies: dict[str, list[float]] = {"heartbeat": [], "health": []}
-    failures: list[str] = []
+    release = threading.Event()
     peak_reads = [0]
     # the attacker comes from 127.0.0.1, the honest site from ::1 (the health check is keyed by address)
     with RegistryServer(registry, "localhost:0", insecure=True, max_workers=32) as server:
         honest = RegistryClient(f"[::1]:{server.port}", honest_token, insecure=True, retries=0, timeout=30, busy_wait=0)
         honest.register("honest")
 
-        def keep_asking():
-            while not stop.is_set():
-                for name, fn in (("heartbeat", honest.heartbeat), ("health", honest.health)):
-                    t0 = time.perf_counter()
-                    try:
-                        fn()
-                    except Exception as exc:  # noqa: BLE001 - asserted below
-                        failures.append(f"{name}: {exc}")
-                    latencies[name].append(time.perf_counter() - t0)
-                peak_reads[0] = max(
-                    peak_reads[0], server.interceptor.reads.used + server.interceptor.anonymous_reads.used
-                )
-                time.sleep(0.02)
+        def note_reads():
+            peak_reads[0] = max(peak_reads[0], server.interceptor.reads.used + server.interceptor.anonymous_reads.used)
 
-        asker = threading.Thread(target=keep_asking)
-        asker.start()
+        asker = HonestCalls(honest, note_reads)
         channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             calls = {
@@ -624,15 +605,11 @@ def test_calls_that_never_send_their_request_do_not_hold_the_workers():
             time.sleep(0.5)
         finally:
             release.set()
-            stop.set()
-            asker.join(60)
+            asker.stop()
             channel.close()
             honest.close()
-    assert failures == []
+    asker.check()
     assert peak_reads[0] <= server.max_pending_reads + server.max_anonymous_reads
-    for name, values in latencies.items():
-        assert len(values) >= 10, name
-        assert max(values) < ANSWER_WITHIN_S, (name, sorted(values)[-5:])
 
 
 def test_health_watch_is_refused():

@@ -231,7 +231,7 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
 
         tls = TlsConfig.from_files(paths["server_cert"], paths["server_key"])
         with RegistryServer(Registry(store), "127.0.0.1:0", tls=tls) as server:
-            rc, out, err = run(
+            register = (
                 "site",
                 "register",
                 "--registry",
@@ -240,23 +240,10 @@ def test_registry_serve_with_mutual_tls_until_sigterm(run, db, tmp_path):
                 token,
                 "--name",
                 "site-a",
-                "--tls-ca",
-                paths["ca"],
             )
+            rc, out, err = run(*register, "--tls-ca", paths["ca"])
             assert rc == 0, err
-            rc, _, err = run(
-                "site",
-                "register",
-                "--registry",
-                f"localhost:{server.port}",
-                "--token",
-                token,
-                "--name",
-                "site-a",
-                "--insecure",
-                "--timeout",
-                "5",
-            )
+            rc, _, err = run(*register, "--insecure", "--timeout", "5")
             assert_one_line_error(rc, err)  # a TLS registry dialled in plaintext: said in words
             assert err.startswith(
                 f"error: the registry localhost:{server.port} speaks TLS, and --insecure is plaintext"

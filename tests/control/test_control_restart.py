@@ -8,13 +8,13 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import grpc
 import numpy as np
 import pytest
+from cli_runner import registry_serve_argv
 from control_helpers import linear_onnx, softmax_onnx
 
 from msa_fed.boundary.proto import registry_pb2 as pb
@@ -27,25 +27,7 @@ LISTENING = re.compile(r"registry listening on (\S+)")
 
 
 def start_registry(db) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "msa_fed.cli",
-            "registry",
-            "serve",
-            "--db",
-            str(db),
-            "--listen",
-            "127.0.0.1:0",
-            "--insecure",
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen(registry_serve_argv(db), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,73 +99,24 @@ def make_pki(folder: Path, server_ips=("127.0.0.1",), clients=()) -> dict[str, s
     """A throwaway CA (EC P-256), a server certificate for ``server_ips`` and one client
     certificate per name in ``clients`` (common name = the name); {name: path} of the PEM files:
     "ca", "server_cert", "server_key", and "<client>_cert", "<client>_key"."""
-    import datetime
     import ipaddress
 
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
+    from pki import leaf, new_ca
 
-    now = datetime.datetime.now(datetime.timezone.utc)
     folder.mkdir(parents=True, exist_ok=True)
-
-    def name(cn):
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("federation test CA"))
-        .issuer_name(name("federation test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca, ca_key = new_ca("federation test CA")
+    pems = {"ca": ca.public_bytes(serialization.Encoding.PEM)}
+    server_san = [x509.DNSName("localhost")] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips]
+    pems["server_cert"], pems["server_key"] = leaf(ca, ca_key, "registry", "server", server_san)
+    for client in clients:
+        pems[f"{client}_cert"], pems[f"{client}_key"] = leaf(ca, ca_key, client, "client", [x509.DNSName(client)])
     out = {}
-
-    def write(label, data: bytes):
+    for label, data in pems.items():
         path = folder / f"{label}.pem"
         path.write_bytes(data)
         out[label] = str(path)
-
-    write("ca", ca.public_bytes(serialization.Encoding.PEM))
-
-    def leaf(label, cn, usage, san):
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(cn))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        write(f"{label}_cert", cert.public_bytes(serialization.Encoding.PEM))
-        write(
-            f"{label}_key",
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ),
-        )
-
-    leaf(
-        "server",
-        "registry",
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.DNSName("localhost")] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips],
-    )
-    for client in clients:
-        leaf(client, client, ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName(client)])
     return out
 
 
@@ -240,3 +193,10 @@ def write_site_files(folder) -> None:
         X_unlabeled=rng.normal(size=(30, 2)),
     )
     (folder / "predictor.onnx").write_bytes(b"x")
+
+
+def cli_run(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``msa-fed ARGS`` in a new interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "msa_fed.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )

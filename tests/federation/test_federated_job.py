@@ -11,7 +11,6 @@ three `msa-fed site serve` subprocesses that dial out to it, and a local Ray.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
@@ -19,7 +18,17 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedhelpers import NAMES, fit_config, job_config, local_kwargs, output_dir, port_of, site_files, tcp_sockets  # noqa: E402,E501
+from fedhelpers import (  # noqa: E402,E501
+    NAMES,
+    cli_run,
+    fit_config,
+    job_config,
+    local_kwargs,
+    output_dir,
+    port_of,
+    site_files,
+    tcp_sockets,
+)
 
 from msa_fed.core.config import ClassifierConfig  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
@@ -109,7 +118,6 @@ def test_each_site_logged_what_it_answered(federated, federation):
     """One audit log per site: the policy's hash-chained log, its length anchored in the site's
     ledger (next to the log by default), holding the policy's checks and the agent's records."""
     import json
-    import subprocess
 
     from msa_fed.privacy.ledger import Ledger
 
@@ -141,12 +149,7 @@ def test_each_site_logged_what_it_answered(federated, federation):
         # the site verified the model against the job's samples, fetched from the registry
         assert 0 <= model_rec["decisions"]["verify_deviation"] <= 1e-3
         # `msa-fed site audit` verifies the same log against the same ledger
-        out = subprocess.run(
-            [sys.executable, "-m", "msa_fed.cli", "site", "audit", "--log", str(path), "--ledger", str(ledger_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = cli_run("site", "audit", "--log", path, "--ledger", ledger_path)
         assert out.returncode == 0 and "chain intact" in out.stdout and "matches the ledger" in out.stdout, out
     # an edited line breaks the chain
     path = federation.workdir / "north" / "audit.jsonl"
@@ -193,27 +196,14 @@ def test_a_site_may_require_approval(local_ray, tmp_path, files):
         job = _job(fed, name="needs-approval", site_timeout_s=30, approval_wait_s=0)
         with pytest.raises(PrivacyError, match="job needs-approval was not approved within 0 s"):
             _run(job, fed)
-        cli = [sys.executable, "-m", "msa_fed.cli", "site"]
-        listed = subprocess.run(
-            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
-        )
+        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
         assert listed.returncode == 0 and "needs-approval" in listed.stdout and "pending" in listed.stdout
         for name in two:
-            done = subprocess.run(
-                cli + ["approve", "needs-approval", "--config", str(fed.config_path(name))],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            done = cli_run("site", "approve", "needs-approval", "--config", fed.config_path(name))
             assert done.returncode == 0, done.stderr
         _, model = _run(job, fed)
         assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
-        listed = subprocess.run(
-            cli + ["jobs", "--config", str(fed.config_path("east")), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        listed = cli_run("site", "jobs", "--config", fed.config_path("east"), "--json")
         assert '"state": "served"' in listed.stdout
 
 
@@ -318,15 +308,9 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tm
     from msa_fed.site.methods import COUNTED
 
     two = {n: files[n] for n in ("east", "north")}
-    cli = [sys.executable, "-m", "msa_fed.cli", "site"]
 
     def approve(name):
-        done = subprocess.run(
-            cli + ["approve", "waits", "--config", str(fed.config_path(name))],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = cli_run("site", "approve", "waits", "--config", fed.config_path(name))
         assert done.returncode == 0, done.stderr
 
     def records(name):

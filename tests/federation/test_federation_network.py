@@ -34,8 +34,8 @@ from msa_fed.runtime.ray_actors import ensure_ray
 NAMES = ("east", "north")
 
 
-@pytest.fixture(scope="module")
-def files():
+@pytest.fixture
+def files():  # per test (under a second): make test runs this file's two tests on two workers
     return site_files(NAMES + ("west",), seed=2)
 
 

@@ -145,48 +145,32 @@ def test_site_tokens_cannot_drive_jobs(fed):
         # requests for a site the job does not name are refused by the registry
         res = admin.call("two", [("east", "ping", None)], 5)
         assert isinstance(res[0], SiteUnreachable) and res[0].status == "PERMISSION_DENIED"
-    # east may not fetch predictors through a job that does not name it
     channel = grpc.insecure_channel(fed.address)
     stub = pb_grpc.RelayStub(channel)
-    with pytest.raises(grpc.RpcError) as info:
-        list(
-            stub.FetchPredictor(
-                pb.FetchPredictorRequest(job_id="two", site="west"),
-                metadata=(("authorization", f"Bearer {fed.tokens['east']}"),),
-                timeout=30,
+
+    def fetch(method: str, request_type, site: str, token: str) -> list:
+        return list(
+            getattr(stub, method)(
+                request_type(job_id="two", site=site), metadata=(("authorization", f"Bearer {token}"),), timeout=30
             )
         )
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    # nor samples: a site reads the published samples of the sites of its own jobs only
-    with pytest.raises(grpc.RpcError) as info:
-        list(
-            stub.FetchSample(
-                pb.FetchSampleRequest(job_id="two", site="west"),
-                metadata=(("authorization", f"Bearer {fed.tokens['east']}"),),
-                timeout=30,
-            )
-        )
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    refused = [
+        # east may not fetch predictors through a job that does not name it
+        ("FetchPredictor", pb.FetchPredictorRequest, "west", fed.tokens["east"]),
+        # nor samples: a site reads the published samples of the sites of its own jobs only
+        ("FetchSample", pb.FetchSampleRequest, "west", fed.tokens["east"]),
+        # the admin token cannot use the site's route
+        ("FetchSample", pb.FetchSampleRequest, "north", fed.admin_token),
+    ]
+    for method, request_type, site, token in refused:
+        with pytest.raises(grpc.RpcError) as info:
+            fetch(method, request_type, site, token)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, (method, site)
     # west, named by the job, reads north's sample: the bytes the registry pinned at publication
-    chunks = list(
-        stub.FetchSample(
-            pb.FetchSampleRequest(job_id="two", site="north"),
-            metadata=(("authorization", f"Bearer {fed.tokens['west']}"),),
-            timeout=30,
-        )
-    )
+    chunks = fetch("FetchSample", pb.FetchSampleRequest, "north", fed.tokens["west"])
     data = b"".join(c.chunk for c in chunks[1:])
     assert chunks[0].artifact.kind == "sample" and hashlib.sha256(data).hexdigest() == chunks[0].artifact.sha256
-    # the admin token cannot use the site's route
-    with pytest.raises(grpc.RpcError) as info:
-        list(
-            stub.FetchSample(
-                pb.FetchSampleRequest(job_id="two", site="north"),
-                metadata=(("authorization", f"Bearer {fed.admin_token}"),),
-                timeout=30,
-            )
-        )
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     channel.close()
 
 

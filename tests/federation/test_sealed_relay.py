@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
-from fedhelpers import NAMES, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
+from fedhelpers import NAMES, cli_run, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.boundary.proto import boundary_pb2 as bpb
@@ -402,29 +400,19 @@ def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, file
         fed.wait_connected(timeout=180)
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)
-        cli = [sys.executable, "-m", "msa_fed.cli", "site"]
-        listed = subprocess.run(
-            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
-        )
+        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
         assert listed.returncode == 0, listed.stderr
         assert "mu 0.001" in listed.stdout and "'minmax'" in listed.stdout and "at most 100" in listed.stdout
         assert fed.seal_keys["north"].public.fingerprint[:16] in listed.stdout and "content digest" in listed.stdout
         for name in names:
-            done = subprocess.run(
-                cli + ["approve", "bound", "--config", str(fed.config_path(name))],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            done = cli_run("site", "approve", "bound", "--config", fed.config_path(name))
             assert done.returncode == 0 and "for content" in done.stdout, done.stderr
         _, relay = _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)  # approved: joins
         relay.close()
         # the same job id with another mu is another job: pending again, named in `site jobs`
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names, mu=1e-1), names)
-        listed = subprocess.run(
-            cli + ["jobs", "--config", str(fed.config_path("east"))], capture_output=True, text=True, timeout=120
-        )
+        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
         assert "pending" in listed.stdout and "mu 0.1" in listed.stdout
 
 
@@ -534,9 +522,8 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     # `msa-fed job show` verifies the transcript stored with the model in the registry
     token = fed.workdir / "admin_token"
     token.write_text(fed.admin_token + "\n")
-    show = [sys.executable, "-m", "msa_fed.cli", "job", "show", model.info["job"]["job_id"], "--registry", fed.address]
-    show += ["--insecure", "--admin-token-file", str(token), "--job-key", job_key.fingerprint]
-    shown = subprocess.run(show, capture_output=True, text=True, timeout=120)
+    show = ["job", "show", model.info["job"]["job_id"], "--registry", fed.address, "--insecure"]
+    shown = cli_run(*show, "--admin-token-file", token, "--job-key", job_key.fingerprint)
     assert shown.returncode == 0 and f"{sum(counts.values())} signed answers verified" in shown.stdout, shown
     # a transcript whose answer was changed (say by whoever stores it) no longer verifies
     bad = dict(record, answers=[dict(a) for a in record["answers"]])
@@ -597,20 +584,16 @@ def test_a_registry_requiring_client_certificates_runs_jobs_given_one(local_ray,
         with_cert.write_text(
             base.format(cert=f'tls_cert = "{pki["operator_cert"]}"\ntls_key = "{pki["operator_key"]}"\n')
         )
-        cli = [sys.executable, "-m", "msa_fed.cli", "run", "--quiet", "--job", str(bare)]
+        cli = ["run", "--quiet", "--job", bare]
 
-        refused = subprocess.run(
-            cli + ["--output", str(tmp_path / "out0")], capture_output=True, text=True, timeout=600
-        )
+        refused = cli_run(*cli, "--output", tmp_path / "out0", timeout=600)
         errors = [line for line in refused.stderr.splitlines() if line.startswith("error")]
         assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-2000:]
         assert "requires a client certificate (mutual TLS)" in errors[0], errors  # in words, at once
         assert "[registry] tls_cert and [registry] tls_key" in errors[0], errors
 
         cert_flags = ["--tls-cert", pki["operator_cert"], "--tls-key", pki["operator_key"]]
-        done = subprocess.run(
-            cli + cert_flags + ["--output", str(tmp_path / "out1")], capture_output=True, text=True, timeout=900
-        )
+        done = cli_run(*cli, *cert_flags, "--output", tmp_path / "out1", timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "stored combined model version" in done.stdout
 

@@ -12,15 +12,19 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cli_runner import run_cli
+from cli_runner import registry_serve_argv, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def env() -> dict:
+def env(grpc_verbosity: str | None = "ERROR") -> dict:
+    """This environment with the checkout first on PYTHONPATH, no RAY_ADDRESS, and gRPC's own log
+    level ``grpc_verbosity`` (None: the command's own default)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e["GRPC_VERBOSITY"] = "ERROR"
+    e.pop("GRPC_VERBOSITY", None)
+    if grpc_verbosity is not None:
+        e["GRPC_VERBOSITY"] = grpc_verbosity
     e.pop("RAY_ADDRESS", None)
     return e
 
@@ -34,14 +38,15 @@ def cli(*args, cwd=None, timeout: float | None = None) -> tuple[int, str, str]:
     return run_cli(*args, cwd=cwd)
 
 
-def cli_process(*args, timeout: float = 300, cwd=None) -> tuple[int, str, str]:
-    """Run ``msa-fed ARGS`` in a new process; (exit status, stdout, stderr)."""
+def cli_process(*args, timeout: float = 300, cwd=None, environ: dict | None = None) -> tuple[int, str, str]:
+    """Run ``msa-fed ARGS`` in a new process (in ``environ``, by default :func:`env`); (exit status,
+    stdout, stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "msa_fed.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env(),
+        env=env() if environ is None else environ,
         cwd=cwd,
         check=False,
     )
@@ -94,22 +99,7 @@ class RegistryProcess:
         self.address = None
 
     def start(self) -> RegistryProcess:
-        args = [
-            sys.executable,
-            "-m",
-            "msa_fed.cli",
-            "registry",
-            "serve",
-            "--db",
-            str(self.db),
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--insecure",
-            "--workers",
-            "16",
-            "--log-level",
-            "WARNING",
-        ]
+        args = registry_serve_argv(self.db, f"127.0.0.1:{self.port}", "WARNING", "--workers", "16")
         if self.audit_log:
             args += ["--audit-log", str(self.audit_log)]
         deadline = time.monotonic() + 120

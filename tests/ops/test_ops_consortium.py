@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import REPO, Lines, cli, cli_process, env
+from ops_helpers import REPO, Lines, cli, env
 
 from msa_fed.jobs.consortium import Kit
 
@@ -248,7 +248,7 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
             folder = root / "sites" / name
             write_site_files(folder, files)
             for command in ("register", "publish"):
-                rc, out, err = cli_process("site", command, "--config", "site.toml", cwd=folder, timeout=300)
+                rc, out, err = cli("site", command, "--config", "site.toml", cwd=folder)
                 assert rc == 0, (command, out, err)
             site, outs[name] = start(["site", "serve", "--config", "site.toml"], folder)
             procs.append(site)
@@ -266,11 +266,11 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         admin = ["--registry", Kit.load(root).registry, "--admin-token-file", root / "coordinator" / "admin_token"]
         admin += ["--tls-ca", root / "coordinator" / "ca.pem", "--tls-cert", root / "coordinator" / "client.pem"]
         admin += ["--tls-key", root / "coordinator" / "client.key"]
-        rc, out, err = cli_process("model", "show", "latest", *admin, timeout=120)
+        rc, out, err = cli("model", "show", "latest", *admin)
         assert rc == 0 and "consortium-job" in out, (out, err)
         # the job's progress, from the registry (any machine with the admin token and the kit's certificate)
         first_id = job_out.wait_for("recorded in the registry", timeout=5).split()[1]
-        rc, out, err = cli_process("job", "log", first_id, *admin, timeout=120)
+        rc, out, err = cli("job", "log", first_id, *admin)
         assert rc == 0 and "DC solver: iteration 1," in out and "stored combined model version 1" in out, (out, err)
         assert out.splitlines()[0].startswith(f"job {first_id} recorded in the registry"), out
         for name in SITES:
@@ -286,7 +286,7 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         procs.append(job)
         job_id = job_out.wait_for("recorded in the registry", timeout=300).split()[1]
         job_out.wait_for("DC solver: iteration 1,", timeout=600)
-        rc, out, err = cli_process("job", "cancel", job_id, "--reason", "wrong cohort", *admin, timeout=120)
+        rc, out, err = cli("job", "cancel", job_id, "--reason", "wrong cohort", *admin)
         assert rc == 0 and f"job {job_id} (consortium-job) cancelled by admin at " in out, (out, err)
         assert job.wait(300) == 1, job_out.text()
         last = job_out.lines[-1]
@@ -294,7 +294,7 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         assert last.endswith(": wrong cohort") and "Traceback" not in job_out.text(), job_out.text()
         for name in SITES:  # the relay told each site the job ended (the first job's end was one line)
             _wait_count(outs[name], "job consortium-job ended", 2)
-        rc, out, err = cli_process("job", "list", *admin, timeout=120)
+        rc, out, err = cli("job", "list", *admin)
         assert rc == 0 and re.search(rf"{job_id}\s+consortium-job\s+cancelled", out), (out, err)
 
         # a third, stopped with SIGTERM: one line, recorded as interrupted, no stack frames
@@ -310,7 +310,7 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         ), text
         for foreign in ("SIGTERM received", "Traceback", "SystemExit", "clock_nanosleep", "*** "):
             assert foreign not in text, (foreign, text)
-        rc, out, err = cli_process("job", "show", job_id, *admin, timeout=120)
+        rc, out, err = cli("job", "show", job_id, *admin)
         assert rc == 0 and "status          interrupted" in out and "interrupted (SIGTERM)" in out, (out, err)
     finally:
         for proc in reversed(procs):

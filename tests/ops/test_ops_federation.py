@@ -15,11 +15,12 @@ from ops_helpers import REPO, env, free_recipe_ports
 RAY_DEFAULT_PORTS = {6379, 8265, 10001}
 
 
-@pytest.mark.slow
-def test_make_federation_walkthrough():
-    base = free_recipe_ports(27200)
+def _run_recipe(script: str, first_port: int) -> tuple[int, str, str, str]:
+    """Run deploy/<script> on a free block of ports from ``first_port``; returns the base port,
+    its stdout, stdout and stderr together, and the working folder it announced."""
+    base = free_recipe_ports(first_port)
     proc = subprocess.run(
-        ["bash", str(REPO / "deploy" / "federation.sh")],
+        ["bash", str(REPO / "deploy" / script)],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -29,31 +30,11 @@ def test_make_federation_walkthrough():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     work = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("working folder: "))
-    lines = proc.stdout.splitlines()
-    assert f"registry listening on 127.0.0.1:{base}" in out
-    model_row = lines[lines.index("== the stored model") + 2].split()
-    assert model_row[:2] == ["1", "*"] and model_row[-1] == "north,east,west"
-    assert any("walkthrough  succeeded" in line for line in lines)
-    assert "loaded with msa_fed.load_model: dmsa over north, east, west" in out
-    for site in ("north", "east", "west"):
-        assert f"site {site}: tls data channel open" in out
-    assert "federation walkthrough finished" in out
-    assert not Path(work).exists()  # cleaned up
-    # nothing it started keeps running (registry, Ray head and its processes)
-    leftovers = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if work in cmdline:
-                leftovers.append(cmdline.replace("\0", " ")[:200])
-    assert leftovers == []
-    assert not RAY_DEFAULT_PORTS & {base, base + 1, base + 2}
+    return base, proc.stdout, out, work
 
 
 def _leftovers(work: str) -> list[str]:
+    """The command lines of the processes still running that name the working folder ``work``."""
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -67,19 +48,26 @@ def _leftovers(work: str) -> list[str]:
 
 
 @pytest.mark.slow
+def test_make_federation_walkthrough():
+    base, stdout, out, work = _run_recipe("federation.sh", 27200)
+    lines = stdout.splitlines()
+    assert f"registry listening on 127.0.0.1:{base}" in out
+    model_row = lines[lines.index("== the stored model") + 2].split()
+    assert model_row[:2] == ["1", "*"] and model_row[-1] == "north,east,west"
+    assert any("walkthrough  succeeded" in line for line in lines)
+    assert "loaded with msa_fed.load_model: dmsa over north, east, west" in out
+    for site in ("north", "east", "west"):
+        assert f"site {site}: tls data channel open" in out
+    assert "federation walkthrough finished" in out
+    assert not Path(work).exists()  # cleaned up
+    # nothing it started keeps running (registry, Ray head and its processes)
+    assert _leftovers(work) == []
+    assert not RAY_DEFAULT_PORTS & {base, base + 1, base + 2}
+
+
+@pytest.mark.slow
 def test_make_federation_runs_the_federated_topology():
-    base = free_recipe_ports(27500)
-    proc = subprocess.run(
-        ["bash", str(REPO / "deploy" / "federated.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env={**env(), "PY": sys.executable, "BASE_PORT": str(base)},
-        check=False,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    work = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("working folder: "))
+    base, _, out, work = _run_recipe("federated.sh", 27500)
     assert f"registry listening on 127.0.0.1:{base}" in out
     for site in ("north", "east", "west"):
         assert f"site {site}: answers from its own process through the registry's relay" in out

@@ -23,6 +23,18 @@ def _fake_ray(folder: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script), *args])
 
 
+def _stop(temp_dir: Path, grace: int | None = None) -> subprocess.CompletedProcess:
+    """``python -m msa_fed.runtime.ray_own stop --temp-dir TEMP_DIR [--grace GRACE]``, run to its end."""
+    extra = [] if grace is None else ["--grace", str(grace)]
+    return subprocess.run(
+        [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(temp_dir), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+    )
+
+
 def test_only_the_ray_of_its_temp_dir_is_stopped(tmp_path):
     ours, theirs = tmp_path / "msa-fed-ray", tmp_path / "other-ray"
     mine = [
@@ -35,25 +47,13 @@ def test_only_the_ray_of_its_temp_dir_is_stopped(tmp_path):
         subprocess.Popen([sys.executable, "-c", SLEEPER, f"{ours}/session_2026_1/logs/raylet.out"]),  # not Ray
     ]
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours), "--grace", "5"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env(),
-        )
+        done = _stop(ours, 5)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"stopped 2 process(es) of the Ray in {ours}"
         for p in mine:
             assert p.wait(30) is not None
         assert all(p.poll() is None for p in others)
-        again = subprocess.run(
-            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env(),
-        )
+        again = _stop(ours)
         assert again.stdout.strip() == f"no Ray of {ours} was running"
     finally:
         for p in mine + others:
@@ -94,13 +94,7 @@ def test_the_gcs_server_is_stopped_after_the_rest_of_its_ray(tmp_path):
         while not all(_catches_sigterm(p.pid) for p in procs):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        done = subprocess.run(
-            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours), "--grace", "60"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env(),
-        )
+        done = _stop(ours, 60)
         assert done.returncode == 0 and done.stdout.strip() == f"stopped 2 process(es) of the Ray in {ours}"
         assert [p.wait(30) for p in procs] == [0, 0]  # both went on SIGTERM (none was killed)
         assert log.read_text().split() == ["raylet", "gcs"]
@@ -168,16 +162,11 @@ def test_the_ray_client_server_and_the_children_of_its_ray_are_stopped_too(tmp_p
 
     mine, theirs = client_server(29911), client_server(29921)
     try:
-        time.sleep(1.0)  # the raylet's child is started
-        child = _children(raylet.pid)
+        deadline = time.monotonic() + 60  # the raylet's child is started (seconds on a loaded machine)
+        while not (child := _children(raylet.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(child) == 1
-        done = subprocess.run(
-            [sys.executable, "-m", "msa_fed.runtime.ray_own", "stop", "--temp-dir", str(ours), "--grace", "5"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env(),
-        )
+        done = _stop(ours, 5)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"stopped 4 process(es) of the Ray in {ours}", done.stdout
         for p in (gcs, raylet, mine):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from ops_helpers import REPO
+from ops_helpers import REPO, cli_process, env
 
 from msa_fed.control.registry.service import Registry
 from msa_fed.control.registry.sqlite_store import SqliteStore
@@ -28,24 +27,10 @@ BOUND_S = 60
 RAW = ("SSL", "TSI_", "Socket closed", "UNAVAILABLE", "handshake", "Traceback", "failed to connect")
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("GRPC_VERBOSITY", None)  # the command's own default
-    return env
-
-
 def _run(*args, cwd=None) -> tuple[int, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "msa_fed.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=BOUND_S,
-        env=_env(),
-        cwd=cwd,
-        check=False,
-    )
-    return proc.returncode, proc.stdout + proc.stderr
+    """``msa-fed ARGS`` in a new process with gRPC's own default log level: (exit status, output)."""
+    rc, out, err = cli_process(*args, timeout=BOUND_S, cwd=cwd, environ=env(grpc_verbosity=None))
+    return rc, out + err
 
 
 @pytest.fixture(scope="module")

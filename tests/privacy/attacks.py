@@ -46,19 +46,24 @@ def victim(d: int, n: int = N, seed: int = 0, **kw) -> tuple[SiteWorker, np.ndar
     from msa_fed.privacy.policy import SitePolicy
 
     kw["policy"] = replace(kw.get("policy") or SitePolicy(), verify_domain_models=False)
-    w = SiteWorker(
-        "victim",
+    return binary_site("victim", X, y, Xu, predictors(d, seed), **kw), X, y
+
+
+def binary_site(name: str, X, y, Xu, predictors, **kw) -> SiteWorker:
+    """Site 0, ``name``, of a binary classification job (classes 0 and 1, cross-entropy): labelled
+    points (X, y), published sample Xu, the job's ``predictors``; ``kw`` as SiteWorker takes them."""
+    return SiteWorker(
+        name,
         0,
         X,
         y,
         Xu,
-        predictors=predictors(d, seed),
+        predictors=predictors,
         task="classification",
         loss="cross_entropy",
         classes=np.array([0, 1]),
         **kw,
     )
-    return w, X, y
 
 
 class Coordinator:

@@ -205,19 +205,7 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
     X, y, Xu = A.victim_data(1, n=3)
     policy = SitePolicy(**(DP1 if dp else {}))
     for kw in ({"min_points": 1}, {"min_points": 1, "privacy": {"min_points": 1}}):
-        worker = A.SiteWorker(
-            "tiny",
-            0,
-            X,
-            y,
-            Xu,
-            predictors=A.predictors(1),
-            task="classification",
-            loss="cross_entropy",
-            classes=np.array([0, 1]),
-            policy=policy,
-            **kw,
-        )
+        worker = A.binary_site("tiny", X, y, Xu, A.predictors(1), policy=policy, **kw)
         assert worker.policy.min_points == 20
         c = A.Coordinator(worker)
         spec = A.threshold_spec([0.0], [1.0], 0.0)
@@ -229,16 +217,12 @@ def test_job_cannot_lower_min_points_for_a_three_point_site(dp):
 
 def test_job_requests_only_tighten():
     X, y, Xu = A.victim_data(1)
-    w = A.SiteWorker(
+    w = A.binary_site(
         "v",
-        0,
         X,
         y,
         Xu,
-        predictors=A.predictors(1),
-        task="classification",
-        loss="cross_entropy",
-        classes=np.array([0, 1]),
+        A.predictors(1),
         min_points=40,
         privacy={"mu_min": 1.0, "eta_min": 0.0, "domain_models_per_job": 10**9},
     )
@@ -255,18 +239,7 @@ def _multi_column(worker_kw: dict, X, y, p: int = 21, c: float = 27.0):
     order = np.argsort(X[:, 0])
     xs = X[order, 0]
     preds = A.predictors(1)
-    worker = A.SiteWorker(
-        "victim",
-        0,
-        X,
-        y,
-        X,
-        predictors=[preds[0]] * (p - 1) + [preds[1]],
-        task="classification",
-        loss="cross_entropy",
-        classes=np.array([0, 1]),
-        **worker_kw,
-    )
+    worker = A.binary_site("victim", X, y, X, [preds[0]] * (p - 1) + [preds[1]], **worker_kw)
     c_ = A.Coordinator(worker)
     h0 = preds[0]
     P = h0.predict_proba(X)

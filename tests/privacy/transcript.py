@@ -25,7 +25,6 @@ from sklearn.linear_model import LogisticRegression
 
 from msa_fed.api import SiteData
 from msa_fed.boundary import messages as m
-from msa_fed.core.combination import class_union
 from msa_fed.core.dc_terms import PROB_FLOOR
 from msa_fed.privacy.verify import capped_to_published
 from msa_fed.runtime.config import FitConfig
@@ -33,6 +32,7 @@ from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
 from msa_fed.site.methods import COUNTED
 from msa_fed.site.worker import SiteWorker, build_domain_model
+from tests.runtime.problems import site_kwargs
 
 N = 300
 D = 2
@@ -88,23 +88,9 @@ def honest_fit(sites: list[SiteData], policies=None, **config):
     """fit with the default pipeline of a job (the influence report on: its re-solves are in the
     transcript the attacker reads); returns (model, {site name: RecordingSite})."""
     predictors = [s.predictor for s in sites]
-    classes = class_union(h.classes_ for h in predictors)
-    kw = [
-        dict(
-            name=s.name,
-            index=k,
-            X_labeled=s.X_labeled,
-            y_labeled=s.y_labeled,
-            X_unlabeled=s.X_unlabeled,
-            predictors=predictors,
-            task="classification",
-            loss="cross_entropy",
-            classes=classes,
-            policy=None if policies is None else policies[k],
-            sites=[t.name for t in sites],
-        )
-        for k, s in enumerate(sites)
-    ]
+    kw = site_kwargs(sites)
+    for k, d in enumerate(kw):
+        d.update(policy=None if policies is None else policies[k], sites=[t.name for t in sites])
     RecordingSite.live = {}
     fit = FitConfig(**{"influence": True, **config})
     with Coordinator(LocalSites(kw, worker_cls=RecordingSite), predictors, fit) as c:

@@ -54,6 +54,7 @@ def test_a_new_option_reaches_the_api_the_estimators_the_job_file_and_the_docs(w
     signature = api_signature("dmsa", ("sites",), root=root)
     assert signature.parameters["dummy_rate"].default == 0.5
     assert signature.parameters["dummy_rate"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert api_signature("gmsa", ("sites",), root=root).parameters["dummy_rate"].default == 0.5
     config = from_keywords("dmsa", {"dummy_rate": 2, "solver_options": {"patience": 7}}, root=root)
     assert config.dummy_rate == 2.0 and config.solver.patience == 7
     assert from_keywords("gmsa", {}, root=root).dummy_rate == 0.5

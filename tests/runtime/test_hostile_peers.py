@@ -152,6 +152,16 @@ def test_the_report_and_the_summary_print_the_influence_table(flip):
     assert any("including west" in line and "FLAGGED" in line for line in lines)
 
 
+def _fit_whole_number_sites(data: dict) -> None:
+    """DMSA's fit by the coordinator over the sites of :func:`whole_number_sites`' ``data``."""
+    sites = [
+        SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
+    ]
+    config = build_config("dmsa", random_state=0)
+    with Coordinator(make_backend(sites, config), [s.predictor for s in sites], config) as coordinator:
+        coordinator.fit()
+
+
 @pytest.mark.parametrize("kind,what", [("nan", "NaN or inf"), ("range", "values outside \\[0, 1\\]")])
 def test_a_predictor_whose_outputs_fail_the_check_is_named_by_its_owner(kind, what):
     """A peer's predictor that answers NaN (or probabilities outside [0, 1]) on an honest site's
@@ -161,13 +171,8 @@ def test_a_predictor_whose_outputs_fail_the_check_is_named_by_its_owner(kind, wh
     data = whole_number_sites({"west": kind})
     Xl, yl, Xu, onnx, est = data["west"]
     data["west"] = (Xl + 0.5, yl, Xu, onnx, est)  # its own rows pass: only the peers' fail
-    sites = [
-        SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
-    ]
-    config = build_config("dmsa", random_state=0)
     with pytest.raises(PeerFault) as err:
-        with Coordinator(make_backend(sites, config), [s.predictor for s in sites], config) as coordinator:
-            coordinator.fit()
+        _fit_whole_number_sites(data)
     assert err.value.site == "west"
     msg = str(err.value)
     assert re.fullmatch(
@@ -184,13 +189,8 @@ def test_a_sites_own_predictor_failing_on_its_points_is_a_config_error_naming_it
     for name in ("north", "east"):  # the peers' rows pass: only west's own fail
         Xl, yl, Xu, onnx, est = data[name]
         data[name] = (Xl + 0.25, yl, Xu + 0.25, onnx, est)
-    sites = [
-        SiteData(n, Xl, yl, Xu, load_predictor(onnx, kind="probabilities")) for n, (Xl, yl, Xu, onnx, _) in data.items()
-    ]
-    config = build_config("dmsa", random_state=0)
     with pytest.raises(ConfigError) as err:
-        with Coordinator(make_backend(sites, config), [s.predictor for s in sites], config) as coordinator:
-            coordinator.fit()
+        _fit_whole_number_sites(data)
     assert not isinstance(err.value, PeerFault)
     assert str(err.value) == (
         "site 'west''s own predictor: predict_proba returned NaN or inf for some of its labelled points"

@@ -137,15 +137,8 @@ def test_site_reads_its_data_from_its_node(tmp_path, monkeypatch, sites):
     info = w.info()
     assert (info.n_labeled, info.n_unlabeled) == (41, 60)
     np.testing.assert_array_equal(w.y_labeled, arrays["y_labeled"])
-    w2 = SiteWorker.from_path(
-        kw["name"],
-        0,
-        tmp_path / "node" / "a.npz",
-        kw["predictors"],
-        "classification",
-        "cross_entropy",
-        classes=kw["classes"],
-    )
+    w2 = SiteWorker(**kw, data_path=tmp_path / "node" / "a.npz")  # an absolute path: read as it is
+    assert w2.info().n_unlabeled == 60
     np.testing.assert_array_equal(w2.X_unlabeled, arrays["X_unlabeled"])
     with pytest.raises(ConfigError, match=r"site 'a': data file .*missing.npz' not found on the site's node"):
         SiteWorker(**kw, data_path="missing.npz").info()
@@ -211,7 +204,6 @@ def test_every_site_method_answers_a_boundary_message(sites):
         "dc_evaluate",
         "max_bound",
         "harm",
-        "from_path",
         "open_channel",
         "handle",  # the one entry point of every host, answering the methods above only
     }

@@ -250,20 +250,26 @@ def test_a_lone_lying_verdict_does_not_name_the_site_it_accuses():
         assert "  evil's harm goes away without north" in summary_lines(model)
 
 
-def test_a_site_that_places_its_rows_against_a_peer_does_not_get_it_named():
-    """Framing with data only, every verdict measured honestly: evil's labelled rows lie below
-    south's published sample, spread where south's predictor is confident, labelled against the
-    honest rule, and its own predictor (the opposite rule) is right on them.  Any model that serves
-    south harms evil; without south and its data it does not, so evil's honest verdict accuses
-    south (named by the rule a lone harm named by).  Nobody is named now."""
-    data = framing_sites()
+def _fit_data_sites(data: dict, **fit) -> tuple[list[SiteData], object]:
+    """Sites from ``{name: (X_labeled, y_labeled, X_unlabeled, predictor ONNX)}``, each at the
+    harm tolerance TOLERANCE, and DMSA fitted over them: (sites, model)."""
     sites = [
         SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
         for n, (Xl, yl, Xu, o) in data.items()
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = fit_dmsa(sites, "classification", random_state=0)
+        model = fit_dmsa(sites, "classification", random_state=0, **fit)
+    return sites, model
+
+
+def test_a_site_that_places_its_rows_against_a_peer_does_not_get_it_named():
+    """Framing with data only, every verdict measured honestly: evil's labelled rows lie below
+    south's published sample, spread where south's predictor is confident, labelled against the
+    honest rule, and its own predictor (the opposite rule) is right on them.  Any model that serves
+    south harms evil; without south and its data it does not, so evil's honest verdict accuses
+    south (named by the rule a lone harm named by).  Nobody is named now."""
+    sites, model = _fit_data_sites(framing_sites())
     check = model.info["site_check"]
     for k, site in enumerate(sites):  # the verdicts are the honest measurements
         assert check["combined"][k] == pytest.approx(_own_measure(model, site)[0], rel=1e-6)
@@ -332,14 +338,7 @@ def test_a_peer_that_poisons_a_sites_loss_estimate_is_accused():
     and without south too: north accuses both.  North's word alone names neither (the same
     accusation from a lying site named an honest one:
     test_a_site_that_places_its_rows_against_a_peer_does_not_get_it_named)."""
-    data = poisoning_sites()
-    sites = [
-        SiteData(n, Xl, yl, Xu, load_predictor(o, kind="probabilities"), policy=SitePolicy(harm_tolerance=TOLERANCE))
-        for n, (Xl, yl, Xu, o) in data.items()
-    ]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = fit_dmsa(sites, "classification", random_state=0)
+    sites, model = _fit_data_sites(poisoning_sites())
     north = sites[0]
     assert np.mean(model.predict(north.X_labeled) == north.y_labeled) < 0.5  # honest: 0.975
     check = model.info["site_check"]

@@ -11,7 +11,7 @@ from msa_fed.api import build_config
 from msa_fed.api import make_backend as api_backend
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import FitConfig
-from msa_fed.runtime.federated import FederatedSites
+from msa_fed.runtime.federated import STAND_IN_START_S, FederatedSites
 from msa_fed.runtime.local import LocalSites
 from msa_fed.runtime.ray_sites import RaySites
 from msa_fed.runtime.topology import TOPOLOGIES, RelayedSites, make_backend
@@ -78,5 +78,7 @@ def test_the_federated_topology_takes_the_fits_options_and_owns_its_relay():
     assert [j.min_points for j in backend.join] == [7, 7] and [j.index for j in backend.join] == [0, 1]
     assert backend.join[0].predictor_sha256 == ("aa", "bb") and backend.join[0].job_id == "study-1"
     assert backend.stand_ins.site_host_kwargs == {}  # the stand-ins hold published samples only
+    # the stand-ins' calls are this machine's work: a short site timeout does not cut them short
+    assert backend.stand_ins.retry_timeout_s == STAND_IN_START_S > backend.site_timeout_s
     backend.shutdown()  # never opened: nothing to close at the relay, but the job's client is closed
     assert relay.closed == 1

@@ -213,15 +213,20 @@ def test_the_site_commands_start_and_a_coordinator_command_names_the_extra(tmp_p
     ]
 
 
+def _slim_python(code: str, tmp_path) -> str:
+    """``python -c CODE`` in the slim install's environment (the import blocker in
+    ``tmp_path/blocker``), which must exit 0; its output, stripped."""
+    done = _run([sys.executable, "-c", code], slim_env(tmp_path / "blocker"), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
 def test_fit_dmsa_without_the_extra_is_one_line_naming_it(tmp_path):
-    env = slim_env(tmp_path / "blocker")
     code = (
         "import msa_fed\ntry:\n    msa_fed.fit_dmsa([])\n"
         "except ImportError as exc:\n    print(type(exc).__name__, exc)\n"
     )
-    done = _run([sys.executable, "-c", code], env, tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == (
+    assert _slim_python(code, tmp_path) == (
         f"MissingExtra msa_fed.fit_dmsa needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
     )
 
@@ -230,7 +235,6 @@ def test_a_domain_model_whose_code_needs_a_missing_package_is_refused_in_one_lin
     """A kind of domain model whose module imports torch (here: the CNN experiment's module, named
     as a kind) cannot be built at a site without it: one refusal naming the package, which the
     site's agent returns to the job as the site's error line (a MsaFedError)."""
-    env = slim_env(tmp_path / "blocker")
     code = (
         "from msa_fed.boundary import messages as m\n"
         "from msa_fed.core import domain_models\n"
@@ -240,9 +244,7 @@ def test_a_domain_model_whose_code_needs_a_missing_package_is_refused_in_one_lin
         "try:\n    build_domain_model(m.DomainModelSpec(kind='cnn', n_sources=2))\n"
         "except MsaFedError as exc:\n    print(exc)\n"
     )
-    done = _run([sys.executable, "-c", code], env, tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == (
+    assert _slim_python(code, tmp_path) == (
         f"a 'cnn' domain model at this site needs the coordinator extra (torch is not installed): {COORDINATOR_INSTALL}"
     )
     assert [line.split()[1] for line in blocked(tmp_path / "blocker")] == ["torch"]
