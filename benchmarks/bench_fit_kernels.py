@@ -22,7 +22,9 @@ machine inflates less than the wall time), ratios against the baseline measured 
    points, the sites above) by part, for p in ``--ps``: the domain classifier, the sites'
    ``set_domain_model`` (with its verification) and ``set_qhat`` (the predictors on the sites'
    points), the solve (the sites' DC sums and the coordinator's plausibility checks of their
-   answers) and the rest (the target reference, the model's assembly) -- ``bench_solver.py``'s
+   answers), the target reference built at the end of the fit (``reference``: the combined
+   model's probabilities and the nearest-neighbour distances on up to 1000 published rows per
+   site) and the rest (the sites' set-up, the model's assembly) -- ``bench_solver.py``'s
    ``phases`` child, one fresh process per run.
 4. ``predict``: ``CombinedModel.predict_proba`` against its parts (the p predictors'
    ``predict_proba`` one after the other plus the domain model's ``predict_log_proba``) at
@@ -302,9 +304,10 @@ def main(argv=None) -> int:
                 med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                 # the solver's own CPU (SLSQP, its bookkeeping), and what is left of the fit
                 med["solver"] = med["solve"] - med["dc_evaluate"] - med["plausibility"]
-                med["rest"] = med["fit"] - sum(med[k] for k in PHASES) - med["solver"]
+                med.setdefault("reference", 0.0)
+                med["rest"] = med["fit"] - sum(med[k] for k in PHASES) - med["solver"] - med["reference"]
                 row[name] = med
-                parts = ", ".join(f"{k} {med[k]:.2f}" for k in (*PHASES, "solver", "rest"))
+                parts = ", ".join(f"{k} {med[k]:.2f}" for k in (*PHASES, "solver", "reference", "rest"))
                 line += f" | {name}: fit CPU {med['fit']:.2f} s ({parts}; {med['evaluations']:.0f} evaluations)"
             print(line + f" | load {row['load_average'][0]:.1f}", flush=True)
             rows.append(row)

@@ -160,9 +160,12 @@ def child_fit(p: int, n: int, exhaustive: bool, blas: str, seed: int = 0) -> dic
 def child_phases(p: int, n: int) -> dict:
     """CPU seconds of one ``fit_dmsa`` (local runtime, defaults) by part: the domain classifier,
     ``prepare_dc`` (the sites' ``set_domain_model``, with the model's verification, and
-    ``set_qhat``, with the predictors on the sites' points), the solve (the sites' sums and the
-    coordinator's plausibility checks)."""
+    ``set_qhat``, with the predictors on the sites' points, those the local runtime evaluates
+    for all sites at once included), the solve (the sites' sums and the coordinator's
+    plausibility checks), the target reference built at the end (``reference``)."""
+    import msa_fed.artifacts.target_check as target_check
     import msa_fed.runtime.coordinator as coordinator
+    import msa_fed.runtime.local as local
     import msa_fed.runtime.plausibility as plausibility
     from msa_fed import fit_dmsa
     from msa_fed.site.worker import SiteWorker
@@ -185,9 +188,12 @@ def child_phases(p: int, n: int) -> dict:
     timed(coordinator.Coordinator, "prepare_dc", "prepare_dc")
     timed(SiteWorker, "set_domain_model", "set_domain_model")
     timed(SiteWorker, "set_qhat", "set_qhat")
+    if hasattr(local.LocalSites, "_stacked_outputs"):  # the sites' predictor calls, made by their host
+        timed(local.LocalSites, "_stacked_outputs", "set_qhat")
     timed(coordinator, "solve_dc", "solve")
     timed(SiteWorker, "dc_evaluate", "dc_evaluate")
     timed(plausibility.AnswerChecker, "dc_partials", "plausibility")
+    timed(target_check, "build_reference", "reference")
     sites = make_sites(p, n)
     fit_dmsa(make_sites(4, 4000, seed=1), "classification")  # warm-up: imports, first calls
     cpu.clear()

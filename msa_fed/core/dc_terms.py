@@ -100,7 +100,8 @@ def sum_all(parts: Iterable[DCSums]) -> DCSums:
 
 
 WHAT = ("L", "dL", "u", "du", "v", "dv")
-#: Rows per block in :meth:`PointSet.evaluate`: temporaries of BLOCK_ELEMENTS floats stay in cache.
+#: Rows per block in :meth:`PointSet.evaluate` (at least; the rows are cut into equal blocks of
+#: fewer than twice that): temporaries of about BLOCK_ELEMENTS floats stay in cache.
 BLOCK_ELEMENTS = 1 << 16
 
 
@@ -186,10 +187,14 @@ class PointSet:
         out = {name: np.zeros((p, p)) if name.startswith("d") else np.zeros(p) for name in what}
         if n == 0:
             return DCSums(n=n, **out)
+        # blocks of rows .. 2 rows - 1 (no short last block: a small product runs at a fraction of
+        # the speed of a full one; measured at p = 64, 1562 rows: one block 0.55 ms, 1024 + 538 0.66 ms)
         rows = max(256, BLOCK_ELEMENTS // p)
+        blocks = max(1, n // rows)
+        edges = [(i * n) // blocks for i in range(blocks + 1)]
         block: Callable[[slice], None]
         if set(what) <= {"L", "dL"}:  # what the default solver asks: one product per block
-            buf = np.empty((min(n, rows), p), order="F") if "dL" in what else None
+            buf = np.empty((-(-n // blocks), p), order="F") if "dL" in what else None
             block = partial(self._losses_block, z=z, eta=float(eta), grad="dL" in what, buf=buf, out=out)
         else:
             block = partial(self._block, z=z, eta=float(eta), what=what, global_bound=global_bound, out=out)
@@ -197,8 +202,8 @@ class PointSet:
             block(slice(0, n))
         else:
             with contextlib.nullcontext() if pinned else one_blas_thread():
-                for a in range(0, n, rows):
-                    block(slice(a, min(n, a + rows)))
+                for a, b in zip(edges[:-1], edges[1:]):
+                    block(slice(a, b))
         if "dv" in what and self.loss == "cross_entropy":
             out["dv"] += self._wsum[None, :]
         return DCSums(n=n, **out)

@@ -108,10 +108,7 @@ class AuditLog:
         self.path = str(path or "")
         self.ledger = ledger
         self._lock = threading.Lock()
-        self._lines: list[bytes] = []  # in-memory log (path empty): the lines written so far
-        # in memory: the records appended since the lines were last read, as (time, record);
-        # their lines and hashes are written when the log is read (:attr:`lines`, :attr:`head`)
-        self._pending: list[tuple[float, dict]] = []
+        self._memory = _MemoryLines()  # the lines of an in-memory log (path empty)
         self.count = 0
         self._head = GENESIS
         self._end = -1  # the log file's size after this writer's last append (-1: not known)
@@ -139,20 +136,9 @@ class AuditLog:
         holds an exclusive lock on the file and chains to the line actually last in it.
         """
         with self._lock:
-            if not self.path:  # in memory: the record, then the counts (one call into the ledger)
-                # nothing outlives the process here, so the line and its hash wait until the log
-                # is read: the request pays for a tuple, not for the JSON and the sha256 (a copy
-                # of its two dicts keeps the record as it was when the request ended)
-                rec = record
-                if not owned:
-                    rec = dict(record)
-                    for k in ("sizes", "decisions"):
-                        if isinstance(rec.get(k), dict):
-                            rec[k] = dict(rec[k])
-                self._pending.append((round(time.time(), 3), rec))
+            if not self.path:  # in memory: the record now, its line when the log is read
+                self._memory.add(record, owned)
                 self.count += 1
-                if len(self._pending) >= MAX_PENDING:  # a long run: its memory stays that of its lines
-                    self._written()
                 if self.ledger is not None and counts:
                     self.ledger.commit(str(record.get("run") or record.get("job", "")), counts)
                 return ""
@@ -190,33 +176,18 @@ class AuditLog:
             )
         return self._head, len(line)
 
-    def _written(self) -> None:
-        """The in-memory records appended since the last read, as chained lines (under the lock)."""
-        pending, self._pending = self._pending, []
-        head = self._head
-        for t, record in pending:
-            try:
-                line = _line(record, t, head)
-            except ValueError:  # a non-finite number: written as its name (the request has answered)
-                line = _line(_finite(record), t, head)
-            self._lines.append(line)
-            head = _SHA256(line).hexdigest()
-        self._head = head
-
     @property
     def lines(self) -> list[bytes]:
         """The lines of an in-memory log (a copy)."""
         with self._lock:
-            if self._pending:
-                self._written()
-            return list(self._lines)
+            self._head = self._memory.write(self._head)
+            return list(self._memory.lines)
 
     @property
     def head(self) -> str:
         """The sha256 of the last line (GENESIS for an empty log)."""
         with self._lock:
-            if self._pending:
-                self._written()
+            self._head = self._memory.write(self._head)
             return self._head
 
     def records(self) -> list[dict]:
@@ -227,6 +198,40 @@ class AuditLog:
     def close(self):
         if self.path and not self._fh.closed:
             self._fh.close()
+
+
+class _MemoryLines:
+    """An in-memory log's lines.  Nothing here outlives the process, so a record's line and hash
+    wait until the log is read: a request pays for a tuple, not for the JSON and the sha256 (a
+    copy of the record's two dicts keeps it as it was when the request ended)."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []  # written so far
+        self.pending: list[tuple[float, dict]] = []  # (time, record) appended since the last read
+
+    def add(self, record: dict, owned: bool) -> None:
+        if not owned:
+            record = dict(record)
+            for k in ("sizes", "decisions"):
+                if isinstance(record.get(k), dict):
+                    record[k] = dict(record[k])
+        self.pending.append((round(time.time(), 3), record))
+        if len(self.pending) >= MAX_PENDING:  # a long run: its memory stays that of its lines
+            self.write(None)
+
+    def write(self, head: str | None) -> str:
+        """Chain the pending records to ``head`` (None: this log's own last line); the new head."""
+        if head is None:
+            head = line_hash(self.lines[-1]) if self.lines else GENESIS
+        for t, record in self.pending:
+            try:
+                line = _line(record, t, head)
+            except ValueError:  # a non-finite number: written as its name (the request has answered)
+                line = _line(_finite(record), t, head)
+            self.lines.append(line)
+            head = _SHA256(line).hexdigest()
+        self.pending = []
+        return head
 
 
 def _finite(v):

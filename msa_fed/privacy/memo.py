@@ -17,13 +17,21 @@ What makes a hit safe:
 - a computation that refuses (raises) stores nothing: the next caller runs it again and
   refuses in its own name;
 - entries are few (least recently used out first) and hold no large array.
+
+An array is written into a key by its bytes, except a *frozen* one (:func:`frozen`: read-only,
+its memory a Python ``bytes`` object, which nothing can write to): its bytes cannot change while
+it lives, so their SHA-256 is computed once per array object (:func:`frozen_value`) and the key
+holds that digest under a tag of its own.  The host of in-process sites freezes the job's
+published samples once, and each of p sites then digests p samples without hashing them again.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,7 +55,10 @@ def _feed(h, value: Any) -> None:
         if a.dtype.hasobject or a.dtype.fields is not None:
             raise Undigestible(f"array of dtype {a.dtype}")
         tagged(b"A" if kind is np.ndarray else b"G", repr((a.dtype.str, a.shape)).encode())
-        tagged(b"a", np.ascontiguousarray(a).tobytes())
+        if kind is np.ndarray and is_frozen(a):  # the digest of its bytes, computed once per array
+            tagged(b"h", frozen_value(a, "sha256", _bytes_sha256))
+        else:
+            tagged(b"a", np.ascontiguousarray(a).tobytes())
     elif value is None:
         tagged(b"N", b"")
     elif kind is bool:
@@ -73,6 +84,70 @@ def _feed(h, value: Any) -> None:
             _feed(h, value[k])
     else:
         raise Undigestible(type(value).__name__)
+
+
+def _bytes_sha256(a: np.ndarray) -> bytes:
+    return hashlib.sha256(np.ascontiguousarray(a).data).digest()
+
+
+def frozen(X: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``X`` as a frozen array of ``dtype`` (C order): read-only, its memory a ``bytes`` object
+    (a copy; ``X`` itself where it is one already).  numpy refuses to make such an array
+    writeable again, and no Python code can write to a ``bytes`` object."""
+    a = np.ascontiguousarray(X, dtype=dtype)
+    if is_frozen(a):
+        return a
+    out: np.ndarray = np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
+    return out
+
+
+def is_frozen(a: Any) -> bool:
+    """Whether ``a`` is a read-only numpy array whose memory is a ``bytes`` object (:func:`frozen`)."""
+    if type(a) is not np.ndarray or a.flags.writeable:
+        return False
+    base = a.base
+    while type(base) is np.ndarray:
+        base = base.base
+    return type(base) is bytes
+
+
+#: id of a frozen array -> (weak reference to it, its layout, {name: value})
+_FROZEN: dict[int, tuple[weakref.ref, tuple, dict[str, Any]]] = {}
+_FROZEN_LOCK = threading.Lock()
+
+
+def _layout(a: np.ndarray) -> tuple:
+    """What of a frozen array object can change in place (its memory cannot: an array that does
+    not own its memory is never reallocated)."""
+    return (a.shape, a.strides, a.dtype.str)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _FROZEN_LOCK:
+        entry = _FROZEN.get(key)
+        if entry is not None and entry[0] is ref:
+            del _FROZEN[key]
+
+
+def frozen_value(a: np.ndarray, name: str, compute: Callable[[np.ndarray], T]) -> T:
+    """``compute(a)``, a pure function of the array's contents: for a frozen array (:func:`is_frozen`)
+    computed once per array object and ``name`` while the array lives (its shape, strides and
+    dtype checked at every use); for any other array at every call."""
+    if not is_frozen(a):
+        return compute(a)
+    key, layout = id(a), _layout(a)
+    with _FROZEN_LOCK:
+        entry = _FROZEN.get(key)
+        if entry is not None and entry[0]() is a and entry[1] == layout and name in entry[2]:
+            return entry[2][name]
+    value = compute(a)
+    with _FROZEN_LOCK:
+        entry = _FROZEN.get(key)
+        if entry is None or entry[0]() is not a or entry[1] != layout:
+            entry = (weakref.ref(a, functools.partial(_forget, key)), layout, {})
+            _FROZEN[key] = entry
+        entry[2][name] = value
+    return value
 
 
 def digest(*values: Any) -> bytes:

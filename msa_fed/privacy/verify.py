@@ -159,6 +159,142 @@ def intercepts_and_softmax(
     g . H^-1 g is below :data:`NEWTON_PLAIN` the iterate is in Newton's quadratic region and the
     full step is taken without comparing objectives (their difference is then near one rounding
     unit of the objective, and halving on that noise made 83 passes at p = 32, n = 1e5 where 2
+    suffice).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).
+
+    Only b moves, so the exponentials are taken once: exp(A_ik + b_k) = E_ik e^(b_k) with
+    E = exp(A - max_k A_ik) (:class:`_Factored`), and each trial point is a product of E with a
+    vector (its row sums), the gradient another, the Hessian one product of E with itself.  Where
+    a row sum falls below :data:`FACTORED_MIN` (products that underflow could matter there: b
+    far from A's scale) the solve is the direct one (:func:`intercepts_direct`, a pass of
+    exponentials per trial point).  ``counts`` (a dict), where given, receives the number of trial
+    points plus one ("passes"), of Newton steps ("steps") and whether the solve was "factored".
+    """
+    gtol = INTERCEPT_GTOL / 100 if gtol is None else float(gtol)
+    A = np.ascontiguousarray(A, dtype=np.float64)
+    s = np.asarray(s, dtype=np.float64)
+    target = np.asarray(target, dtype=np.float64)
+    b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
+    p = b.size
+    E = _Factored(A)
+    state = E.at(b, s, target)
+    if state is None:
+        return _direct(A, s, target, b0, iters, gtol, counts)
+    passes = steps = 0
+    last = math.inf  # the gradient's largest entry before the last full step
+    for _ in range(iters):
+        f, S, eb = state
+        sP = E.weighted_sum(S, eb, s)  # s @ softmax(A + b)
+        g = sP - target
+        gmax = float(np.abs(g).max())
+        if not gmax > gtol:  # (a NaN gradient stops here too; the caller's check refuses)
+            break
+        if gmax > 0.5 * last:  # a full step that did not halve it: round-off, nothing more to gain
+            break
+        H = np.diag(sP) - E.gram(S, eb, s) + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
+        try:
+            step = np.linalg.solve(H, g)
+        except np.linalg.LinAlgError:  # a class no point gives any mass to (b far off): least squares
+            step = np.linalg.lstsq(H, g, rcond=None)[0]
+        decrement = float(g @ step)
+        t = 1.0
+        while True:
+            nb = b - t * step
+            nb -= np.mean(nb)
+            nstate = E.at(nb, s, target)
+            passes += 1
+            if nstate is None:  # the factored softmax underflows at this b: the direct solve
+                return _direct(A, s, target, b0, iters, gtol, counts)
+            nf = nstate[0]
+            if decrement <= NEWTON_PLAIN and math.isfinite(nf):
+                last = gmax
+                break  # the quadratic region: the full step
+            if nf <= f - 1e-4 * t * decrement:  # Armijo: a decrease well above rounding
+                break
+            t *= 0.5
+            if t <= 1e-8:
+                break
+        if t <= 1e-8:
+            break
+        b, state = nb, nstate
+        steps += 1
+    if counts is not None:
+        counts.update(passes=passes + 1, steps=steps, factored=True)
+    _, S, eb = state
+    return b, E.softmax(S, eb)
+
+
+def _direct(A, s, target, b0, iters, gtol, counts):
+    out = intercepts_direct(A, s, target, b0, iters, gtol, counts)
+    if counts is not None:
+        counts["factored"] = False
+    return out
+
+
+#: the smallest row sum of the factored softmax (:class:`_Factored`) a solve accepts: each term
+#: of a row sum is off by less than the smallest normal number (2.2e-308) where it underflows, so
+#: above this the terms lost are below 1e-55 of their row's sum
+FACTORED_MIN = 1e-250
+
+
+class _Factored:
+    """exp(A + b) = E e^b (columns scaled) with E = exp(A - max_k A_ik) computed once, for the
+    intercept solve: E's entries and e^(b - max b) are at most 1, so nothing overflows; a row sum
+    below :data:`FACTORED_MIN` (underflow) makes :meth:`at` answer None."""
+
+    def __init__(self, A: np.ndarray):
+        self.top = A.max(axis=1)
+        E = np.subtract(A, self.top[:, None])
+        np.exp(E, out=E)
+        self.E = E
+
+    def at(self, b: np.ndarray, s: np.ndarray, target: np.ndarray):
+        """(objective, row sums S, e^(b - max b)) at b, or None where a row sum underflows."""
+        top_b = float(np.max(b))
+        eb = np.exp(b - top_b)
+        S = self.E @ eb
+        if not (float(np.min(S)) >= FACTORED_MIN and math.isfinite(float(np.max(S)))):
+            return None
+        f = float(s @ (self.top + top_b + np.log(S)) - target @ b)
+        return f, S, eb
+
+    def weighted_sum(self, S: np.ndarray, eb: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """s @ softmax(A + b)."""
+        out: np.ndarray = ((s / S) @ self.E) * eb
+        return out
+
+    def gram(self, S: np.ndarray, eb: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """(s P)^T P with P = softmax(A + b), as Q^T Q with Q = E sqrt(s) / S (one symmetric
+        product: half the multiply-adds of (s E)^T E)."""
+        Q = self.E * (np.sqrt(s) / S)[:, None]
+        M = Q.T @ Q
+        out: np.ndarray = eb[:, None] * M * eb[None, :]
+        return out
+
+    def softmax(self, S: np.ndarray, eb: np.ndarray) -> np.ndarray:
+        P = np.multiply(self.E, eb, out=self.E)  # E is not needed after this
+        P /= S[:, None]
+        return P
+
+
+def intercepts_direct(
+    A: np.ndarray,
+    s: np.ndarray,
+    target: np.ndarray,
+    b0: np.ndarray,
+    iters: int = 50,
+    gtol: float | None = None,
+    counts: dict | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`intercepts_and_softmax` computed directly: one pass of exponentials over A + b per
+    trial point (the fallback where the factored softmax would underflow).
+
+    Newton on the p intercepts (the objective is invariant under b + c 1; every iterate is
+    centred), stopped once the gradient's largest entry is at most ``gtol`` (default
+    :data:`INTERCEPT_GTOL` / 100: what the check accepts, with room).  Far from the minimiser a
+    backtracking line search keeps the objective decreasing; once the Newton decrement
+    g . H^-1 g is below :data:`NEWTON_PLAIN` the iterate is in Newton's quadratic region and the
+    full step is taken without comparing objectives (their difference is then near one rounding
+    unit of the objective, and halving on that noise made 83 passes at p = 32, n = 1e5 where 2
     suffice).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).  Each
     trial point costs one pass over A, which also gives the softmax the next step needs;
     ``counts`` (a dict), where given, receives the number of passes ("passes") and of Newton
@@ -267,8 +403,7 @@ def maxent_published_part(
             _refuse("verify_optimum", site, "the intercepts of the domain model's weights could not be re-solved")
         b_gap = float(np.abs((b - b.mean()) - b_hat).max())
         R[np.arange(k.size), k] -= 1.0  # softmax(A + b_hat) - Y
-        R *= s[:, None]
-        G = R.T @ Phi + 2.0 * mu * W
+        G = ((Phi * s[:, None]).T @ R).T + 2.0 * mu * W  # the weights on Phi's side: n x D, not n x p
         return PublishedPart(fmap, float(np.linalg.norm(G)), b_gap, _row_norm_max(Phi))
 
     def on_one_thread() -> PublishedPart:  # small products: a second BLAS thread only spins (core/threads.py)

@@ -30,6 +30,7 @@ from msa_fed.core.domain_classifier import (
 from msa_fed.core.influence import influence_table
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.privacy.memo import frozen
 from msa_fed.boundary import messages as m
 from msa_fed.runtime.backend import Backend, NullRecorder, SetupLog
 from msa_fed.runtime.checkpoint import Checkpoint, KeptAnswers
@@ -162,7 +163,9 @@ class Coordinator:
 
     def train_domain_model(self, progress: Progress):
         cfg = self.config
-        samples = [r.X for r in self.call_all("unlabeled_sample", None)]
+        # frozen (read-only, immutable memory): every site of this process that checks them and
+        # verifies the model with them digests each once (msa_fed.privacy.memo)
+        samples = [frozen(r.X) for r in self.call_all("unlabeled_sample", None)]
         self.samples = samples  # the model's target reference is built from them (published data)
         share = getattr(self.backend, "share_samples", None)
         if share is not None:  # in-process and cluster sites get the job's samples from their host (to verify models)

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
+from msa_fed.artifacts.isolated import is_isolated
 from msa_fed.boundary import messages as m
+from msa_fed.core.threads import blas_threads_for
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.site.published import ShardWorker
 from msa_fed.site.shards import split_rows
@@ -24,13 +28,21 @@ class LocalSites:
     """A :class:`msa_fed.runtime.backend.Backend` with in-process sites."""
 
     def __init__(
-        self, site_kwargs: list[dict], *, workers_per_site: int = 1, worker_cls=SiteWorker, sharded: bool = False
+        self,
+        site_kwargs: list[dict],
+        *,
+        workers_per_site: int = 1,
+        worker_cls=SiteWorker,
+        sharded: bool = False,
+        stack_predictors: bool = True,
     ):
         split_rows(0, workers_per_site)  # validates
         self.site_kwargs = site_kwargs
         self.workers_per_site = int(workers_per_site)
         self.sharded = bool(sharded)  # train over the sites' shards as distributed sites do
         self.worker_cls = worker_cls
+        # the in-process predictors evaluated once over all sites' rows (_stacked_outputs)
+        self.stack_predictors = bool(stack_predictors)
         self.workers: list = []
         self.helpers: list[tuple[int, ShardWorker]] = []  # (site index, helper)
         self.recorder = NullRecorder()
@@ -68,7 +80,64 @@ class LocalSites:
         return self._call(self.workers[i], method, msg)
 
     def call_all(self, method: str, msgs: list):
+        if method == "set_qhat" and self.stack_predictors:
+            self._stacked_outputs()
         return [self.call_one(i, method, msg) for i, msg in enumerate(msgs)]
+
+    def _stacked_outputs(self) -> None:
+        """Each predictor that runs in this process evaluated once over every site's rows stacked,
+        each site handed its slice (:meth:`SiteWorker._hand_outputs`), before the sites first
+        evaluate their predictors (``set_qhat``): p calls instead of p per site, each of which
+        pays the predictor's own per-call overhead (scikit-learn's input validation: most of
+        ``set_qhat`` at p = 64).
+
+        Why this is allowed here (docs/DESIGN.md section 5: the local runtime runs the sites in one
+        process, the caller's): these predictors are the caller's own objects, already called on
+        every site's rows in this one process; a predictor's outputs on a row depend on that row
+        only (the contract of ``predict`` / ``predict_proba``), so each site's numbers are those of
+        its own call (tested bit for bit); and each site still checks its slice as it checks its
+        own call's answer (its errors name the same predictor and sample, re-run on that site's
+        rows).  A peer's isolated predictor (msa_fed.artifacts.isolated) is left to each site:
+        every site asks it on its own rows, as in the federated topology, where no predictor sees
+        two sites' rows in one call.  A predictor whose stacked call fails or answers rows it was
+        not asked is left to the sites too (each then calls it as before)."""
+        workers = [w for w in self.workers if isinstance(w, SiteWorker) and w._H is None]
+        if len(workers) < 2:
+            return
+        rows = [w._predictor_rows() for w in workers]
+        uses: dict[int, tuple[object, str, list[tuple[int, int]]]] = {}  # id -> (h, method, [(site, k)])
+        for i, w in enumerate(workers):
+            method = "predict" if w.task == "regression" else "predict_proba"
+            for k, h in enumerate(w.predictors):
+                if is_isolated(h) or not hasattr(h, method):
+                    continue
+                entry = uses.setdefault(id(h), (h, method, []))
+                if entry[1] == method:
+                    entry[2].append((i, k))
+        handed: list[dict[int, np.ndarray]] = [{} for _ in workers]
+        stacked: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        for h, method, where in uses.values():
+            sites = tuple(sorted({i for i, _ in where}))
+            if len(sites) < 2 or any(rows[i].shape[1] != rows[sites[0]].shape[1] for i in sites):
+                continue
+            if sites not in stacked:
+                X = np.concatenate([rows[i] for i in sites])
+                stacked[sites] = (X, np.cumsum([0] + [rows[i].shape[0] for i in sites]))
+            X, offsets = stacked[sites]
+            try:
+                with blas_threads_for(X.size * max(1, len(getattr(h, "classes_", ())))):
+                    out = getattr(h, method)(X)
+            except Exception:  # noqa: BLE001 - each site calls it itself and reports what it does
+                continue
+            if not isinstance(out, np.ndarray) or out.ndim < 1 or out.shape[0] != X.shape[0]:
+                continue
+            at = {site: j for j, site in enumerate(sites)}
+            for i, k in where:
+                a, b = offsets[at[i]], offsets[at[i] + 1]
+                handed[i][k] = out[a:b]
+        for w, X, given in zip(workers, rows, handed):
+            if given:
+                w._hand_outputs(X, given)
 
     def call_shards(self, method: str, msg) -> list:
         """``msg`` to every holder of classifier rows (sites, then helpers); their answers."""

@@ -62,6 +62,7 @@ class AnswerChecker:
         self._dp = [False] * self.p  # sites whose Qhat partial carried DP noise
         self._seen: list[dict] = [{} for _ in self.names]
         self._path: list[_PathRing | None] = [None for _ in self.names]
+        self._block: _PathBlock | None = None  # the paths of the common shape, in one array each
 
     def _fault(self, s: int, method: str, why: str) -> ImplausibleAnswer:
         name = self.names[s]
@@ -94,10 +95,147 @@ class AnswerChecker:
 
     # ------------------------------------------------------------------ DC sums
     def dc_partials(self, parts, z, eta: float, what) -> None:
-        """Check each site's DC partial for the request (z, eta, what): the batched check with
-        one row (one implementation of the checks for both)."""
+        """Check each site's DC partial for the request (z, eta, what), as
+        :meth:`dc_partials_batch` checks an answer of one row (the same answers refused, naming
+        the same site with the same message), with the sites' answers checked together: their
+        losses and gradients stacked and compared with every site's path in a few array
+        operations (:meth:`_sites_at_once`), instead of one round of vector operations per site.
+        A site whose answer or path is not of the common shape is checked on its own."""
         z = np.asarray(z, dtype=np.float64)
-        self.dc_partials_batch([_OneRow(r) for r in parts], z[None, :], eta, what)
+        zs, what = z[None, :], tuple(what)
+        found: dict[int, tuple[int, str] | None] = {}
+        together: dict[int, dict[str, np.ndarray]] = {}
+        for s, r in enumerate(parts):
+            if float(getattr(r, "epsilon", 0.0) or 0.0) > 0 or (self.mass is not None and self._dp[s]):
+                continue
+            arrays = {k: np.asarray(v, dtype=np.float64) for k, v in r.sums.arrays().items()}
+            if self._joins(s, arrays, z.size):
+                together[s] = arrays
+            else:
+                found[s] = self._batch_one(s, _OneRow(r).sums, zs, float(eta), what)
+        if together:
+            found.update(self._sites_at_once(together, z, float(eta), what))
+        refused = [s for s in sorted(found) if found[s] is not None]
+        if refused:
+            s = refused[0]  # the first site in order (every answer has one row: row 0)
+            why = found[s]
+            assert why is not None
+            raise self._fault(s, "dc_evaluate", why[1])
+
+    def _joins(self, s: int, arrays: dict[str, np.ndarray], q: int) -> bool:
+        """Whether site s's answer (its arrays) is checked with the others (:meth:`_sites_at_once`):
+        L (k,) and dL (k, q) of the common shape (k = q, the sources), a path kept in the
+        common block (or none yet), and the bound on the mass of that shape where it applies."""
+        L, dL = arrays.get("L"), arrays.get("dL")
+        if L is None or dL is None or L.shape != (q,) or dL.shape != (q, q):
+            return False
+        if self.loss == "cross_entropy" and self.mass is not None and self.mass.shape[1:] != (q,):
+            return False
+        ring = self._path[s]
+        if ring is None:
+            return self._block is None or self._block.q == q
+        return ring.block is not None and ring.block.q == q
+
+    def _sites_at_once(
+        self, together: dict[int, dict[str, np.ndarray]], z: np.ndarray, eta: float, what: tuple
+    ) -> dict[int, tuple[int, str] | None]:
+        """The checks of :meth:`_batch_one` (one row) for the sites in ``together`` (site -> its
+        answer's arrays, L and dL of the common shape): the bounds and negative losses, a repeated
+        request, then the path check against every site's last answers, as array operations
+        over the sites.  Returns site -> (0, why) or None; the sites kept are added to their paths
+        and to what they answered (as :meth:`_batch_one` adds them)."""
+        sites = np.fromiter(together, dtype=np.intp, count=len(together))
+        L = np.stack([together[s]["L"] for s in sites])  # (g, k)
+        why: dict[int, str] = {}
+        if self.loss == "cross_entropy" and self.mass is not None:
+            top = self.mass[sites] * -np.log(PROB_FLOOR)  # (g, k)
+            ks = np.argmax(L - top, axis=1)
+            rows = np.arange(sites.size)
+            over = L[rows, ks] > top[rows, ks] * (1 + 1e-9) + ATOL
+            for i in np.flatnonzero(over).tolist():
+                k = int(ks[i])
+                why[int(sites[i])] = (
+                    f"loss {L[i, k]:.6g} for domain {k}, above its bound {top[i, k]:.6g} on the site's mass"
+                )
+        for i in np.flatnonzero(np.any(L < -ATOL, axis=1)).tolist():
+            why[int(sites[i])] = "a negative loss"
+        key = (z.tobytes(), eta, what)
+        for s, arrays in together.items():
+            before = None if s in why else self._seen[s].get(key)
+            if before is None:
+                continue
+            changed = [
+                n for n, arr in arrays.items() if n in before and not np.allclose(arr, before[n], rtol=1e-9, atol=ATOL)
+            ]
+            if changed:
+                why[s] = f"two different {changed[0]} for the same z"
+        out: dict[int, tuple[int, str] | None] = {s: (0, w) for s, w in why.items()}
+        path = [s for s in together if s not in why]
+        if path:
+            out.update(self._paths_at_once(path, z, eta, {s: together[s] for s in path}))
+        for s, arrays in together.items():
+            if out.get(s) is None:
+                out[s] = None
+                self._seen[s][key] = {k: v.copy() for k, v in arrays.items()}
+        return out
+
+    def _paths_at_once(
+        self, sites: list[int], z: np.ndarray, eta: float, answers: dict[int, dict[str, np.ndarray]]
+    ) -> dict[int, tuple[int, str] | None]:
+        """:meth:`_path_batch` for one row at each of ``sites`` (their answers' L and dL of the
+        common shape), computed over the common block of paths at once: the same pairs compared
+        (the entries each site's path holds, near z, of the same eta) with the same arithmetic,
+        the same first refusal per site (its oldest disagreeing entry, the first domain there).
+        The sites kept are added to their paths."""
+        q = z.size
+        block = self._block
+        if block is None:
+            block = self._block = _PathBlock(self.p, q)
+        for s in sites:
+            if self._path[s] is None:
+                self._path[s] = block.ring(s)
+        rings = [self._path[s] for s in sites]
+        count = np.zeros(self.p, dtype=np.intp)
+        slot = np.zeros(self.p, dtype=np.intp)
+        for s, ring in zip(sites, rings):
+            assert ring is not None
+            count[s], slot[s] = ring.count, ring.slot
+        R = int(count.max())
+        out: dict[int, tuple[int, str] | None] = {s: None for s in sites}
+        if R:
+            Lnew = np.zeros((self.p, q))
+            dLnew = np.zeros((self.p, q, q))
+            for s in sites:
+                Lnew[s], dLnew[s] = answers[s]["L"], answers[s]["dL"]
+            Z, Lc, dLc = block.Z[:, :R], block.L[:, :R], block.dL[:, :R]
+            dz = z[None, None, :] - Z  # (sites, R, q)
+            near = (np.arange(R)[None, :] < count[:, None]) & (block.eta[:, :R] == eta)
+            near &= np.abs(dz).max(axis=2) <= PATH_STEP
+            if near.any():
+                # the pairs' products as the per-site check makes them: (k, q) by (q,), summed over q
+                d1 = np.einsum("sckj,scj->sck", dLc, dz)
+                d2 = np.einsum("skj,scj->sck", dLnew, dz)
+                predicted = 0.5 * (d1 + d2)
+                slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (
+                    np.abs(Lnew)[:, None, :] + np.abs(Lc)
+                )
+                bad = np.abs((Lnew[:, None, :] - Lc) - predicted) > slack + ATOL
+                bad &= near[:, :, None]
+                hit = bad.any(axis=2)  # (sites, R)
+                for s in np.flatnonzero(hit.any(axis=1)).tolist():
+                    cs = np.flatnonzero(hit[s])
+                    c = int(cs[np.argmin((cs - slot[s]) % PATH_MEMORY)])  # the oldest entry refused
+                    k = int(np.argmax(bad[s, c]))
+                    out[s] = (
+                        0,
+                        f"its losses disagree with its gradients along the solver's path (domain {k}: "
+                        f"change {Lnew[s, k] - Lc[s, c, k]:.6g}, gradients say {predicted[s, c, k]:.6g})",
+                    )
+        for s, ring in zip(sites, rings):
+            if out[s] is None:
+                assert ring is not None
+                ring.add(z, eta, answers[s]["L"], answers[s]["dL"])
+        return out
 
     def dc_partials_batch(self, parts, zs, eta: float, what) -> None:
         """Check each site's answer to a batched request (zs (m, p): each answer's arrays have
@@ -114,7 +252,9 @@ class AnswerChecker:
         if first is not None:
             raise self._fault(first[1], "dc_evaluate", first[2])
 
-    def _batch_one(self, s: int, sums: DCSums, zs: np.ndarray, eta: float, what: tuple) -> tuple[int, str] | None:
+    def _batch_one(
+        self, s: int, sums: DCSums | _OneRow, zs: np.ndarray, eta: float, what: tuple
+    ) -> tuple[int, str] | None:
         """(row, why) of the first row of site s's batched answer that the row-by-row check
         refuses (its checks in their order); None: every row is kept, as that check keeps them."""
         m = zs.shape[0]
@@ -123,6 +263,8 @@ class AnswerChecker:
         why: dict[int, str] = {}  # rows refused before the path check: bounds, then repeats
         if L is not None:
             if self.loss == "cross_entropy" and self.mass is not None:
+                if L.ndim != 2 or L.shape[1:] != self.mass.shape[1:]:
+                    return 0, f"losses of shape {L.shape[1:]} for {self.mass.shape[1]} domains"
                 top = self.mass[s] * -np.log(PROB_FLOOR)
                 ks = np.argmax(L - top[None, :], axis=1)
                 for r in np.flatnonzero(L[np.arange(m), ks] > top[ks] * (1 + 1e-9) + ATOL).tolist():
@@ -164,7 +306,12 @@ class AnswerChecker:
         m, q = zs.shape
         ring = self._path[s]
         if ring is None:
-            ring = self._path[s] = _PathRing(q, L.shape[1])
+            if L.shape[1] == q and (self._block is None or self._block.q == q):  # the common shape
+                if self._block is None:
+                    self._block = _PathBlock(self.p, q)
+                ring = self._path[s] = self._block.ring(s)
+            else:
+                ring = self._path[s] = _PathRing(q, L.shape[1])
         if not (L.shape == (m, ring.k) and dL.shape == (m, ring.k, ring.q) and q == ring.q):
             return 0, "its losses or gradients changed shape along the solver's path"
         order = (ring.slot - ring.count + np.arange(ring.count)) % PATH_MEMORY
@@ -221,14 +368,19 @@ class AnswerChecker:
 
 class _PathRing:
     """A site's last :data:`PATH_MEMORY` evaluations (z, eta, L, dL) in preallocated arrays, so
-    that the path check compares a new answer with all of them in a few vector operations."""
+    that the path check compares a new answer with all of them in a few vector operations.
+    ``block``: the :class:`_PathBlock` whose rows the arrays are (None: arrays of its own)."""
 
-    def __init__(self, q: int, k: int):
+    def __init__(self, q: int, k: int, block: _PathBlock | None = None, s: int = 0):
         self.q, self.k = q, k
-        self.Z = np.empty((PATH_MEMORY, q))
-        self.eta = np.empty(PATH_MEMORY)
-        self.L = np.empty((PATH_MEMORY, k))
-        self.dL = np.empty((PATH_MEMORY, k, q))
+        self.block = block
+        if block is None:
+            self.Z = np.empty((PATH_MEMORY, q))
+            self.eta = np.empty(PATH_MEMORY)
+            self.L = np.empty((PATH_MEMORY, k))
+            self.dL = np.empty((PATH_MEMORY, k, q))
+        else:
+            self.Z, self.eta, self.L, self.dL = block.Z[s], block.eta[s], block.L[s], block.dL[s]
         self.count = 0  # entries held
         self.slot = 0  # where the next one goes
 
@@ -236,6 +388,24 @@ class _PathRing:
         self.Z[self.slot], self.eta[self.slot], self.L[self.slot], self.dL[self.slot] = z, eta, L, dL
         self.count = min(self.count + 1, PATH_MEMORY)
         self.slot = (self.slot + 1) % PATH_MEMORY
+
+
+class _PathBlock:
+    """The paths of every site whose answers have the common shape (k = q sources), one array
+    each with a leading axis of sites, so that one answer of each site is compared with all their
+    paths at once (:meth:`AnswerChecker._paths_at_once`).  Zero-filled: the rows of a site
+    whose path is kept elsewhere are never held entries (pages untouched are not allocated)."""
+
+    def __init__(self, sites: int, q: int):
+        self.q = q
+        self.Z = np.zeros((sites, PATH_MEMORY, q))
+        self.eta = np.zeros((sites, PATH_MEMORY))
+        self.L = np.zeros((sites, PATH_MEMORY, q))
+        self.dL = np.zeros((sites, PATH_MEMORY, q, q))
+
+    def ring(self, s: int) -> _PathRing:
+        """Site s's path, in row s of the block."""
+        return _PathRing(self.q, self.q, self, s)
 
 
 class _OneRow:

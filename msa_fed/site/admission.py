@@ -17,6 +17,7 @@ import numpy as np
 from msa_fed.boundary import messages as m
 from msa_fed.crypto.sealing import job_content
 from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.privacy.memo import frozen_value
 from msa_fed.privacy.policy import SitePolicy
 
 #: the requests that spend the site's labelled-data queries a sealed job's content plans
@@ -26,8 +27,14 @@ MAX_SAMPLE_BYTES = 256 * 2**20
 
 
 def sample_sha256(X: np.ndarray) -> str:
-    """The sha256 of an unlabelled sample as the registry stores it (little-endian float32, C order)."""
-    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").tobytes()).hexdigest()
+    """The sha256 of an unlabelled sample as the registry stores it (little-endian float32, C order);
+    once per array for a frozen one (:func:`msa_fed.privacy.memo.frozen`: the job's samples as
+    a host of several sites hands them to each)."""
+    return frozen_value(np.asarray(X), "sample_sha256", _sample_sha256)
+
+
+def _sample_sha256(X: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(X, dtype="<f4").data).hexdigest()
 
 
 def job_key(job: str, digest: str) -> str:

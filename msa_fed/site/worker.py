@@ -13,6 +13,7 @@ half passes one policy gate, whose table says what each request needs, checks an
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -52,11 +53,13 @@ def predictor_outputs(
     of all predictors' classes, in order); columns of classes the predictor lacks are 0.
     """
     X = np.asarray(X, dtype=np.float64)
+    # an answer its host already computed (_Answered): no call, so no BLAS setting to make for it
+    given = isinstance(predictor, _Answered) and X is predictor.rows
     if task == "regression":
-        with blas_threads_for(X.size):
+        with contextlib.nullcontext() if given else blas_threads_for(X.size):
             return checked_values(predictor.predict(X), X.shape[0], who, ConfigError, show_rows=False, where=where)
     own = np.asarray(predictor.classes_)
-    with blas_threads_for(X.size * own.size):
+    with contextlib.nullcontext() if given else blas_threads_for(X.size * own.size):
         P = checked_proba(
             predictor.predict_proba(X), X.shape[0], own.size, who, ConfigError, show_rows=False, where=where
         )
@@ -66,6 +69,24 @@ def predictor_outputs(
     cols = np.searchsorted(classes, own)
     out[:, cols] = np.clip(P, 0.0, None)
     return out
+
+
+class _Answered:
+    """A predictor with its answer to one call already given: on exactly ``rows`` (the same array)
+    its ``predict_proba`` / ``predict`` returns ``out``, any other call goes to the predictor."""
+
+    def __init__(self, predictor, rows: np.ndarray, out: np.ndarray):
+        self.predictor, self.rows, self.out = predictor, rows, out
+
+    @property
+    def classes_(self):
+        return self.predictor.classes_
+
+    def predict_proba(self, X):
+        return self.out if X is self.rows else self.predictor.predict_proba(X)
+
+    def predict(self, X):
+        return self.out if X is self.rows else self.predictor.predict(X)
 
 
 class SiteWorker(PublishedHalf):
@@ -150,6 +171,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
+        self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
         self._shard = None
@@ -187,6 +209,20 @@ class SiteWorker(PublishedHalf):
                 raise  # audited as refused (an admitted job adds no line of its own)
         self._admitted = True
 
+    def _predictor_rows(self) -> np.ndarray:
+        """The rows its predictors are evaluated on: its labelled points, then its unlabelled
+        sample (the latter checked too: the combined model will be used on points like them)."""
+        self._data()
+        return np.concatenate([self.X_labeled, self.X_unlabeled])
+
+    def _hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray]) -> None:
+        """Raw outputs of its predictors (k -> outputs) on ``rows``, computed by an in-process
+        host in one call over every site's rows (:meth:`msa_fed.runtime.local.LocalSites.call_all`):
+        where ``rows`` equal :meth:`_predictor_rows`, predictor k's answer to this site's own call
+        on them, checked as that answer would be (:meth:`_outputs`).  Not a request (no host
+        outside the site's process can call it: it is not in the site's list of methods)."""
+        self._handed = (rows, dict(outputs))
+
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
         classification)."""
@@ -194,11 +230,17 @@ class SiteWorker(PublishedHalf):
             # the unlabelled sample is checked too (the combined model will be used on points like
             # them): one call per predictor on both samples, the labelled rows first
             n = self.X_labeled.shape[0]
-            both = np.concatenate([self.X_labeled, self.X_unlabeled])
+            both = self._predictor_rows()
             # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
             cols = np.empty((n, len(self.predictors)), order="F")
             rows = idx = None
-            for k, h in enumerate(answered_together(self.predictors, both)):  # peers': one request
+            predictors = answered_together(self.predictors, both)  # peers': one request
+            handed, self._handed = self._handed, None
+            if handed is not None and handed[0].shape == both.shape and np.array_equal(handed[0], both):
+                for k, out in handed[1].items():  # the host's answers, on exactly these rows
+                    if 0 <= k < len(predictors):
+                        predictors[k] = _Answered(predictors[k], both, out)
+            for k, h in enumerate(predictors):
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols[:, k] = out

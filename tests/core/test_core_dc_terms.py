@@ -168,7 +168,7 @@ def test_bad_arguments_are_named():
 def test_losses_path_matches_reference_and_finite_differences(loss, eta, monkeypatch):
     """L and dL alone (what the min-max solver asks: one product per block, a scratch array
     reused across blocks) equal the reference L, central differences of it, and the full path."""
-    monkeypatch.setattr(dc_terms, "BLOCK_ELEMENTS", 64)  # many blocks, the last one short
+    monkeypatch.setattr(dc_terms, "BLOCK_ELEMENTS", 64)  # many blocks (7 of 285 or 286 rows)
     ps = problem(loss, p=4, n=1999, seed=3)
     rng = np.random.default_rng(4)
     for z in (np.full(4, 0.25), rng.dirichlet(np.ones(4)) * 0.9 + 0.025, np.array([0.0, 0.7, 0.3, 0.0])):

@@ -96,5 +96,5 @@ def test_an_in_memory_log_writes_its_waiting_records_once_there_are_many(monkeyp
     log = AuditLog("")
     for k in range(7):
         log.append({"k": k})
-    assert len(log._lines) == 6 and len(log._pending) == 1  # written in two batches of 3
-    assert [json.loads(x)["k"] for x in log.lines] == list(range(7)) and not log._pending
+    assert len(log._memory.lines) == 6 and len(log._memory.pending) == 1  # written in two batches of 3
+    assert [json.loads(x)["k"] for x in log.lines] == list(range(7)) and not log._memory.pending

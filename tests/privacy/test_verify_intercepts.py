@@ -273,3 +273,44 @@ def test_every_check_decides_as_with_the_former_solve(monkeypatch):
                 assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-12), key
         else:
             assert a == b
+
+
+# ---------------------------------------------------------------------------- the factored solve
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_factored_solve_is_the_direct_one(seed):
+    """exp(A) taken once and scaled by e^b per trial point: the same intercepts and softmax as
+    the direct solve (a pass of exponentials per trial point) to rounding."""
+    from msa_fed.privacy.verify import intercepts_direct
+
+    rng = np.random.default_rng(seed)
+    n, p = 3000, 7
+    A = rng.normal(size=(n, p)) * 3.0
+    s = np.full(n, 1.0 / n)
+    target = np.full(p, 1.0 / p)
+    b0 = rng.normal(size=p) * 2.0
+    counts: dict = {}
+    b, P = intercepts_and_softmax(A, s, target, b0, counts=counts)
+    ref_counts: dict = {}
+    b_ref, P_ref = intercepts_direct(A, s, target, b0, counts=ref_counts)
+    assert counts["factored"] is True
+    np.testing.assert_allclose(b, b_ref, atol=1e-11)
+    np.testing.assert_allclose(P, P_ref, atol=1e-12)
+    assert np.abs(s @ P - target).max() <= INTERCEPT_GTOL
+    assert counts["steps"] == ref_counts["steps"]
+
+
+def test_the_factored_solve_hands_over_where_its_products_underflow():
+    """Rows whose exp(A - max A) and e^(b - max b) underflow where they meet (logits 800 apart,
+    intercepts 1000 the other way): the direct solve answers, with its own passes."""
+    from msa_fed.privacy.verify import intercepts_direct
+
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(400, 3))
+    A[:5, 1:] -= 800.0  # rows where the first column leads A by 800 and trails b by 1000
+    b0 = np.array([-1000.0, 0.0, 0.0])
+    counts: dict = {}
+    b, P = intercepts_and_softmax(A, np.full(400, 1 / 400), np.full(3, 1 / 3), b0, counts=counts)
+    b_ref, P_ref = intercepts_direct(A, np.full(400, 1 / 400), np.full(3, 1 / 3), b0)
+    assert counts["factored"] is False
+    np.testing.assert_array_equal(b, b_ref)
+    np.testing.assert_array_equal(P, P_ref)

@@ -268,3 +268,102 @@ def test_a_site_with_far_labelled_points_decides_as_its_peers_after_a_hit(sites,
     assert [outcome(w, spec) for w in ws] == ["ok"] * (P + 1)
     devs = {w.guard.audit.records()[-1]["decisions"]["verify_deviation"] for w in ws}
     assert len(devs) == 1 and counts() == (P, 1)
+
+
+# ---------------------------------------------------------------------- frozen arrays
+def test_a_frozen_array_cannot_be_written_and_is_digested_once():
+    """frozen(): a read-only copy whose memory is a bytes object (numpy refuses to make it
+    writeable again); its bytes are hashed once per array object, and the digest still tells
+    apart every difference of content, shape and dtype."""
+    from msa_fed.privacy import memo
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    F = memo.frozen(X)
+    assert memo.is_frozen(F) and memo.frozen(F) is F and np.array_equal(F, X)
+    with pytest.raises(ValueError):
+        F.flags.writeable = True
+    with pytest.raises(ValueError):
+        F[0, 0] = 1.0
+    seen = []
+    real = memo._bytes_sha256
+
+    def counted(a):
+        seen.append(a)
+        return real(a)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(memo, "_bytes_sha256", counted):
+        keys = {digest(F, 1) for _ in range(3)}
+        assert len(keys) == 1 and len(seen) == 1  # one hash of the bytes, three digests
+        Y = X.copy()
+        Y[7, 2] = np.nextafter(Y[7, 2], np.inf)  # one unit in the last place
+        others = [memo.frozen(Y), memo.frozen(X.reshape(3, 50)), memo.frozen(X, np.float32), memo.frozen(X)]
+        assert len({digest(F, 1), *(digest(o, 1) for o in others)}) == 4  # a fresh copy of X: same key
+        # an array that is merely read-only (its memory writable elsewhere) is hashed at every use
+        W = X.copy()
+        view = W.view()
+        view.flags.writeable = False
+        assert not memo.is_frozen(view)
+        assert not memo.is_frozen(np.frombuffer(bytearray(X.tobytes())))  # a bytearray can be written
+        n = len(seen)
+        before = digest(view)
+        W[0, 0] += 1.0
+        assert digest(view) != before and len(seen) == n
+
+
+def test_frozen_values_follow_the_array_object():
+    """frozen_value: once per frozen array and name; recomputed for another object of the same
+    content, for a non-frozen array at every call, and forgotten with the array."""
+    import gc
+
+    from msa_fed.privacy import memo
+
+    calls = []
+
+    def total(a):
+        calls.append(1)
+        return float(a.sum())
+
+    F = memo.frozen(np.arange(12.0).reshape(3, 4))
+    assert memo.frozen_value(F, "t", total) == memo.frozen_value(F, "t", total) == 66.0
+    assert len(calls) == 1
+    G = memo.frozen(np.arange(12.0).reshape(3, 4))
+    memo.frozen_value(G, "t", total)
+    assert len(calls) == 2
+    plain = np.arange(12.0)
+    memo.frozen_value(plain, "t", total)
+    memo.frozen_value(plain, "t", total)
+    assert len(calls) == 4
+    key = id(F)
+    assert key in memo._FROZEN
+    del F
+    gc.collect()
+    assert key not in memo._FROZEN
+
+
+def test_in_process_sites_hash_each_published_sample_once(sites, monkeypatch):
+    """A local fit: the coordinator freezes the published samples, so its p sites check them
+    against the job's pins and verify the model with them hashing each sample once, not p times."""
+    from msa_fed import fit_dmsa
+    from msa_fed.privacy import memo
+    from msa_fed.site import admission
+
+    hashed = {"pins": 0, "memo": 0}
+    pins, raw = admission._sample_sha256, memo._bytes_sha256
+
+    def count(name, f):
+        def wrapped(a):
+            hashed[name] += 1
+            return f(a)
+
+        return wrapped
+
+    monkeypatch.setattr(admission, "_sample_sha256", count("pins", pins))
+    monkeypatch.setattr(memo, "_bytes_sha256", count("memo", raw))
+    model = fit_dmsa(sites)
+    assert np.isclose(model.z.sum(), 1.0)
+    # the pins: each frozen sample once, and each site's own (unfrozen) sample once per check
+    # (the job content's pins, computed by the API, add one per site)
+    assert hashed["pins"] <= 3 * P, hashed
+    assert hashed["memo"] <= P, hashed  # every site's memo key reuses the samples' digests

@@ -198,3 +198,128 @@ def test_a_batched_answer_is_checked_as_its_rows_one_by_one(p, seed):
             follow = [answer(batch[-1][0] + 0.0, lambda L: L * 1.3)]
             assert batch_outcome(batch_ch, follow) == outcome(row_ch, follow)
     assert kinds["honest"] >= 3 and kinds["refused"] >= 3
+
+
+def state(ch: AnswerChecker) -> list:
+    """What the checker keeps of each site: its path's entries (oldest first) and the requests it
+    answered."""
+    out = []
+    for s in range(ch.p):
+        ring = ch._path[s]
+        held = []
+        if ring is not None:
+            for c in (ring.slot - ring.count + np.arange(ring.count)) % pl.PATH_MEMORY:
+                held.append((ring.Z[c].tobytes(), float(ring.eta[c]), ring.L[c].tobytes(), ring.dL[c].tobytes()))
+        seen = {key: {n: a.tobytes() for n, a in v.items()} for key, v in ch._seen[s].items()}
+        out.append((held, seen))
+    return out
+
+
+def edge(history, z, eta, L, dL, k):
+    """The two losses for domain k on either side of the path rule's edge (adjacent floats: the
+    largest shift of L_k the rule keeps and the smallest it refuses), or None."""
+    lo, hi = 0.0, 1.0
+
+    def shifted(t):
+        out = L.copy()
+        out[k] = L[k] + t
+        return out
+
+    if reference(history, z, eta, L, dL) is not None or reference(history, z, eta, shifted(hi), dL) is None:
+        return None
+    while np.nextafter(lo, hi) < hi:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if reference(history, z, eta, shifted(mid), dL) is None else (lo, mid)
+    return shifted(lo), shifted(hi)
+
+
+@pytest.mark.parametrize("sites,p,seed", [(5, 4, 11), (12, 8, 12)])
+def test_the_sites_checked_together_agree_with_each_site_checked_alone(sites, p, seed):
+    """The one-row check of every site's answer at once (AnswerChecker.dc_partials) against the
+    row-by-row check of each site on its own (dc_partials_batch with one row, the check before
+    the sites were stacked): along a walk of a few hundred requests, real sums from each site's
+    points, and lies at random sites: losses scaled or moved, a negative loss, a loss above the
+    site's bound, another answer to a request answered before, two liars at once, answers of
+    another shape, a site with DP noise, requests without gradients, and losses on either side of
+    the path rule's edge (adjacent floats, found by bisection on the rule written out pair by
+    pair).  Every answer is refused or kept alike, naming the same site with the same message,
+    and both keep the same paths and answers, bit for bit."""
+    rng = np.random.default_rng(seed)
+    sets = [point_set(p, 120 + 10 * s, seed + s) for s in range(sites)]
+    names = [f"s{s}" for s in range(sites)]
+    together = AnswerChecker(names, [10] * sites, "cross_entropy")
+    alone = AnswerChecker(names, [10] * sites, "cross_entropy")
+    for ch in (together, alone):
+        ch.mass = np.full((sites, p), 1.0 / sites)
+        ch._dp = [False] * sites
+
+    def alone_check(parts, z, eta, what):
+        alone.dc_partials_batch([pl._OneRow(r) for r in parts], np.asarray(z)[None, :], eta, what)
+
+    def run(check, parts, z, eta, what):
+        try:
+            check(parts, z, eta, what)
+        except ImplausibleAnswer as err:
+            return f"{err.site}: {err}"
+        return None
+
+    z, asked, counts = np.full(p, 1.0 / p), [], {"kept": 0, "refused": 0, "edge": 0}
+    for step in range(150):
+        if step % 17 == 16 and asked:  # a request answered before
+            z, eta = asked[int(rng.integers(0, len(asked)))]
+        else:
+            z = np.abs(z + rng.normal(scale=0.003 if step % 9 else 0.04, size=p))
+            z /= z.sum()
+            eta = 0.01 if step % 13 else 0.02
+            asked.append((z.copy(), eta))
+        what = ("L",) if step % 23 == 22 else ("L", "dL")
+        outs = [pts.evaluate(z, eta, what=what) for pts in sets]
+        Ls = [np.array(o.L) for o in outs]
+        dLs = [None if o.dL is None else np.array(o.dL) for o in outs]
+        eps = [0.0] * sites
+        liar = int(rng.integers(0, sites))
+        roll = rng.random()
+        if roll < 0.05:
+            Ls[liar] = Ls[liar] * 1.3
+        elif roll < 0.1:
+            Ls[liar][step % p] += 0.05
+        elif roll < 0.13:
+            Ls[liar][0] = -1.0
+        elif roll < 0.16:
+            Ls[liar] = Ls[liar] + 30.0  # above the bound on the site's mass
+        elif roll < 0.19:  # two liars: the first in order is named
+            Ls[liar][0] = -1.0
+            Ls[(liar + 1) % sites] = Ls[(liar + 1) % sites] * 2.0
+        elif roll < 0.22 and step % 17 == 16:
+            Ls[liar] = Ls[liar] * 1.01  # another answer to a request answered before
+        elif roll < 0.24 and dLs[liar] is not None:  # another shape
+            Ls[liar] = np.append(Ls[liar], 0.1)
+            dLs[liar] = np.vstack([dLs[liar], np.zeros(p)])
+        elif roll < 0.27:
+            eps[liar] = 0.5  # DP noise: not checked
+            Ls[liar] = -Ls[liar]
+        elif roll < 0.4 and dLs[liar] is not None:  # on either side of the path rule's edge
+            ring = alone._path[liar]
+            history = []
+            if ring is not None and ring.block is not None:
+                for c in (ring.slot - ring.count + np.arange(ring.count)) % pl.PATH_MEMORY:
+                    history.append((ring.Z[c].copy(), float(ring.eta[c]), ring.L[c].copy(), ring.dL[c].copy()))
+            sides = edge(history, z, eta, Ls[liar], dLs[liar], step % p) if history else None
+            if sides is not None:
+                Ls[liar] = sides[step % 2]
+                counts["edge"] += 1
+        parts = []
+        for s in range(sites):
+            arrays = {"L": Ls[s]} if dLs[s] is None else {"L": Ls[s], "dL": dLs[s]}
+            parts.append(m.DCPartial(sums=DCSums(**arrays, n=100), epsilon=eps[s]))
+        want = run(alone_check, parts, z, eta, what)
+        got = run(together.dc_partials, parts, z, eta, what)
+        assert got == want, step
+        if step % 10 == 9 or want is not None:
+            assert state(together) == state(alone), step
+        counts["refused" if want else "kept"] += 1
+    assert state(together) == state(alone)
+    assert counts["refused"] >= 15 and counts["kept"] >= 60 and counts["edge"] >= 10, counts
+    assert together._path[0].count == pl.PATH_MEMORY  # the paths wrapped around

@@ -11,7 +11,7 @@ import pytest
 import msa_fed
 from msa_fed.core.domain_classifier import ClassifierConfig, MaxentShard, train_domain_classifier
 from msa_fed.core.features import StandardFeatures
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError, PeerFault, PrivacyError
 from msa_fed.boundary import messages as m
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
@@ -437,3 +437,71 @@ def test_kept_answers_answer_a_batch_from_the_checkpoint_and_ask_only_the_rest(t
     other.bind("problem")
     assert KeptAnswers(Oracle(), other, b"another qhat").evaluate(zs[0], 0.1, ("L", "dL")) is not None
     assert len(other.state["answers"]) == 6  # another Qhat: another problem, asked again
+
+
+class _Counted:
+    """A predictor shared by the sites that counts its calls; ``most``: its first call on more rows
+    than that raises; ``nan_above``: NaN probabilities for rows whose first input is above it."""
+
+    def __init__(self, h, most=None, nan_above=None):
+        self.h, self.most, self.nan_above, self.calls = h, most, nan_above, 0
+
+    @property
+    def classes_(self):
+        return self.h.classes_
+
+    def predict_proba(self, X):
+        self.calls += 1
+        if self.most is not None and X.shape[0] > self.most:
+            self.most = None
+            raise RuntimeError("too many rows")
+        P = self.h.predict_proba(X)
+        if self.nan_above is not None:
+            P[X[:, 0] > self.nan_above] = np.nan
+        return P
+
+
+def _fit_outputs(sites, stack, wrap):
+    predictors = [wrap(k, s.predictor) for k, s in enumerate(sites)]
+    kwargs = [dict(kw, predictors=predictors) for kw in site_kwargs(sites)]
+    backend = LocalSites(kwargs, stack_predictors=stack)
+    with Coordinator(backend, predictors, FitConfig()) as c:
+        model = c.fit()
+        H = [w._outputs().copy() for w in backend.workers]
+    return model, H, sum(h.calls for h in predictors)
+
+
+def test_predictors_stacked_over_the_sites_give_each_site_its_own_numbers(sites):
+    """In the local runtime each predictor is called once over every site's rows stacked and each
+    site handed its slice: each site's outputs H, and so z, the losses and the predictions, are
+    bit for bit those of each site calling every predictor itself, with p calls instead of p^2; a
+    predictor whose stacked call fails is called by each site itself, with the same result."""
+    p = len(sites)
+    ref, H_ref, calls_ref = _fit_outputs(sites, False, lambda k, h: _Counted(h))
+    got, H, calls = _fit_outputs(sites, True, lambda k, h: _Counted(h))
+    assert calls == calls_ref - p * (p - 1)
+    for a, b in zip(H, H_ref):
+        assert np.array_equal(a, b)
+    assert np.array_equal(got.z, ref.z)
+    assert np.array_equal(got.domain_losses, ref.domain_losses)
+    X = np.vstack([s.X_labeled for s in sites])
+    assert np.array_equal(got.predict_proba(X), ref.predict_proba(X))
+    most = max(len(s.X_labeled) + len(s.X_unlabeled) for s in sites)
+    one, H_one, calls_one = _fit_outputs(sites, True, lambda k, h: _Counted(h, most=most) if k == 1 else _Counted(h))
+    assert calls_one == calls + 1 + (p - 1)  # predictor 1: the stacked call failed, then each site's own
+    for a, b in zip(H_one, H_ref):
+        assert np.array_equal(a, b)
+    assert np.array_equal(one.z, ref.z)
+
+
+def test_a_stacked_predictor_that_fails_a_site_s_check_is_blamed_as_before(sites):
+    """A peer's predictor with NaN outputs on some rows: the stacked run refuses with the same
+    error, naming the same predictor and site, as each site calling it itself."""
+    errors = []
+    for stack in (False, True):
+        wrap = lambda k, h: _Counted(h, nan_above=3.0) if k == 2 else _Counted(h)  # noqa: E731
+        with pytest.raises((ConfigError, PeerFault)) as err:
+            _fit_outputs(sites, stack, wrap)
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1]
+    assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
