@@ -116,9 +116,11 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
         federation, name="clusterjob", topology="cluster", site_data=str(federation.workdir / "{site}" / "data.npz")
     )
     _, cluster = _run(cluster_job, federation)
-    np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
+    # the cluster job trains its classifier across the site actors (data-parallel), the federated
+    # one in the coordinator on the published samples: the same optimum to the fit's tolerance
+    np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-7)
     # every site's verdict, measured at the site (its process; its actor in the cluster topology)
-    assert set(model.harm) == set(ORDER) and cluster.harm == pytest.approx(model.harm, abs=1e-9)
+    assert set(model.harm) == set(ORDER) and cluster.harm == pytest.approx(model.harm, abs=1e-7)
     assert model.harm == pytest.approx(local.harm, abs=1e-9)
 
     # the stored model loads from the registry's bytes and predicts as the job's model does
