@@ -109,12 +109,3 @@ class CombinedModelRecord:
     manifest_json: str
     created_by: str
     created_at: float
-
-
-@dataclass(frozen=True)
-class PrincipalStatus:
-    """One row of ``admin list-sites``: a principal with a token and/or a registration."""
-
-    name: str
-    token: str  # "active", "revoked" or "none"
-    site: SiteRecord | None
