@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
             raise BrokenCommands(
                 f"the commands of {name} add to {sorted(added)}; msa_fed.cli.COMMANDS declares {sorted(declared)}"
             )
+    for name in COMMANDS:  # then what a module adds to the commands of others, whatever the order above
+        extend = getattr(importlib.import_module(name), "extend", None)
+        if extend is not None:
+            extend(sub)
     return parser
 
 

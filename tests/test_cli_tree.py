@@ -33,6 +33,19 @@ def test_the_tree_does_not_depend_on_the_modules_order(monkeypatch):
     assert tree(cli.build_parser()) == built
 
 
+@pytest.mark.parametrize("order", ["declared", "reversed"])
+def test_site_config_reaches_the_commands_of_lower_layers_in_any_order(order, tmp_path, monkeypatch, capsys):
+    """``site audit|status|register|publish --config site.toml``: the federation layer reads
+    site.toml for commands the privacy and control layers declare, after every module registered
+    (registered the other way round, the wrappers once found nothing to wrap)."""
+    if order == "reversed":
+        monkeypatch.setattr(cli, "COMMANDS", dict(reversed(cli.COMMANDS.items())))
+    missing = tmp_path / "nowhere" / "site.toml"
+    rc = cli.main(["site", "audit", "--config", str(missing)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "not available in this command set" not in err and "site.toml" in err
+
+
 def _module(tmp_path, monkeypatch, name: str, source: str | None) -> None:
     if source is not None:
         (tmp_path / f"{name}.py").write_text(source)

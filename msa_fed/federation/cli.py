@@ -315,6 +315,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     jkeygen.add_argument("--out", required=True, metavar="FILE", help="private key file (never overwritten)")
     jkeygen.set_defaults(func=_job_keygen)
 
+    peers = site.add_parser("peers", help="peers excluded after their predictor broke a limit at this site")
+    peers.add_argument("--config", required=True, help="site.toml")
+    peers.add_argument("--json", action="store_true")
+    peers.set_defaults(func=_peers)
+
+    clear = site.add_parser("clear-peer", help="admit an excluded peer to jobs again")
+    clear.add_argument("peer", help="the peer site's name, as listed by 'msa-fed site peers'")
+    clear.add_argument("--config", required=True, help="site.toml")
+    clear.set_defaults(func=_clear_peer)
+
+
+def extend(sub: argparse._SubParsersAction) -> None:
+    """Once every module has registered its commands (msa_fed/cli.py): ``--config site.toml`` on
+    the site commands of the layers below, which cannot read site.toml themselves."""
+    site = sub.choices["site"]._msa_fed_commands
     # `site status` belongs to the control CLI (a site's record at the registry); with --config it
     # is the site process's whole view, answered here (the control layer does not import this one)
     status = site.choices.get("status")
@@ -333,13 +348,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     if publish is not None:
         upload = publish.get_default("func")
         publish.set_defaults(func=lambda args: upload(with_site_config(args)))
-
-    peers = site.add_parser("peers", help="peers excluded after their predictor broke a limit at this site")
-    peers.add_argument("--config", required=True, help="site.toml")
-    peers.add_argument("--json", action="store_true")
-    peers.set_defaults(func=_peers)
-
-    clear = site.add_parser("clear-peer", help="admit an excluded peer to jobs again")
-    clear.add_argument("peer", help="the peer site's name, as listed by 'msa-fed site peers'")
-    clear.add_argument("--config", required=True, help="site.toml")
-    clear.set_defaults(func=_clear_peer)
