@@ -1,11 +1,14 @@
 """``msa-fed`` command line: the command tree, declared here.
 
 :data:`GROUPS` names every command group (``msa-fed GROUP COMMAND``) with what it is for, and
-:data:`_SUBSYSTEMS` every module that adds commands, each through its ``register(subparsers)``
-(a group's commands with :func:`msa_fed.clitools.command_group`, a top-level command such as
-``run`` with ``subparsers.add_parser``).  Every module is imported here, in this order: one that
-fails to import is an error naming it, never a group silently missing.  This module also turns
-library errors into one clear line on stderr and a non-zero exit status.
+:data:`COMMANDS` every module that adds commands with what it adds: the groups it fills and its
+top-level commands (``run``, ``demo``, ...).  Each module is imported here by its name and adds
+its commands through its ``register(subparsers)`` (a group's with
+:func:`msa_fed.clitools.command_group`); one that fails to import is an error naming it, never a
+group silently missing, and one that adds other than what it is declared to add is an error too.
+Every group is made before any module registers, so the tree does not depend on the modules'
+order.  This module also turns library errors into one clear line on stderr and a non-zero exit
+status.
 """
 
 from __future__ import annotations
@@ -29,22 +32,31 @@ GROUPS = {
     "consortium": "start-up kits for a consortium's parties (registry, sites, coordinator)",
 }
 
-#: the modules that add commands; each exposes register(subparsers)
-_SUBSYSTEMS = (
-    "msa_fed.experiments.cli",
-    "msa_fed.control.cli",
-    "msa_fed.jobs.cli",
-    "msa_fed.privacy.cli",  # site audit (the site's privacy policy and audit log)
-    "msa_fed.federation.cli",  # site serve / jobs / approve (federated topology)
-    "msa_fed.control.ops.cli",  # model, job and site administration against a registry
-    "msa_fed.control.ops.export",  # msa-fed model export
-    "msa_fed.jobs.target",  # msa-fed model check-target (a target sample: mixture, loss, support)
-    "msa_fed.jobs.consortium",  # msa-fed consortium init / add-site: a start-up kit per party
-)
+#: the modules that add commands -> what each adds: the groups it fills, its top-level commands
+COMMANDS: dict[str, frozenset[str]] = {
+    "msa_fed.control.cli": frozenset({"registry", "admin", "site"}),  # registry serve, tokens, site register
+    "msa_fed.control.ops.cli": frozenset({"admin", "job", "model"}),  # administration against a registry
+    "msa_fed.control.ops.export": frozenset({"model"}),  # model export
+    "msa_fed.federation.cli": frozenset({"site", "job"}),  # site serve / jobs / approve, job keygen
+    "msa_fed.privacy.cli": frozenset({"site"}),  # site audit (the site's policy and audit log)
+    "msa_fed.jobs.cli": frozenset({"run", "excluded", "demo", "model"}),  # the job; model report
+    "msa_fed.jobs.target": frozenset({"model"}),  # model check-target
+    "msa_fed.jobs.consortium": frozenset({"consortium"}),  # a start-up kit per party
+    "msa_fed.experiments.cli": frozenset({"experiment"}),  # the paper's experiments
+}
 
 
 class BrokenCommands(MsaFedError):
-    """A module of the command tree failed to import: the installation is incomplete or broken."""
+    """A module of the command tree failed to import, or adds other than it is declared to add:
+    the installation is incomplete or broken."""
+
+
+def _tree(sub: argparse._SubParsersAction) -> dict[str, frozenset[str]]:
+    """{top-level name: its commands (a group's) or nothing (a command)} of a parser being built."""
+    return {
+        name: frozenset(getattr(p, "_msa_fed_commands", argparse.Namespace(choices={})).choices)
+        for name, p in sub.choices.items()
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,14 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help in GROUPS.items():
         command_group(sub, name, help)
-    for name in _SUBSYSTEMS:
+    for name, declared in COMMANDS.items():
+        before = _tree(sub)
         try:
-            module = importlib.import_module(name)
+            importlib.import_module(name).register(sub)  # register may import what its commands share
         except ImportError as exc:
             raise BrokenCommands(
                 f"the commands of {name} cannot be loaded ({type(exc).__name__}: {exc}); reinstall msa-fed"
             ) from exc
-        module.register(sub)
+        added = {top for top, commands in _tree(sub).items() if commands != before.get(top)}
+        if added != declared:
+            raise BrokenCommands(
+                f"the commands of {name} add to {sorted(added)}; msa_fed.cli.COMMANDS declares {sorted(declared)}"
+            )
     return parser
 
 

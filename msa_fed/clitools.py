@@ -14,8 +14,8 @@ def command_group(
 ) -> argparse._SubParsersAction:
     """The sub-command table of group ``name`` (``msa-fed NAME COMMAND``).  :mod:`msa_fed.cli`
     declares every group (``GROUPS``, with its help) and creates it before any module adds
-    commands; a group it does not declare is created here, and ``tests/test_cli_tree.py`` fails
-    until it is declared."""
+    commands; a group it does not declare is created here, the command tree refuses it unless
+    ``COMMANDS`` names it for the module, and ``tests/test_cli_tree.py`` fails until it is declared."""
     existing = subparsers.choices.get(name)
     if existing is not None:
         return existing._msa_fed_commands

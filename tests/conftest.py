@@ -151,6 +151,7 @@ NOT_QUICK = (
     "privacy/test_attacks.py::test_multi_column_attack_is_stopped_by_dp",
     "control/test_control_fuzz.py::test_malformed_",
     "experiments/test_synthetic_sites.py",  # 50 site sets of the synthetic experiment
+    "control/test_connection.py::test_a_shared_client_",  # two servers, a wait on gRPC's reconnect backoff
     "test_markers.py::test_the_scheduler_spreads_a_split_file_over_the_workers",  # an xdist run of two workers
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from msa_fed.core.options import Choice, Flag, Integer, Number, Optional, Text, normalise, option
+from msa_fed.core.options import Choice, Flag, Integer, Number, Optional, Text, normalise, option, validates_once
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +67,7 @@ class ClassifierConfig:
         Choice("float64", "float32"),
     )
 
+    @validates_once
     def validate(self) -> ClassifierConfig:
         """Every field checked (TypeError / ValueError naming it); returns self."""
         normalise(self)
@@ -151,6 +152,7 @@ class SolverConfig:
         Optional(Number(0.0)),
     )
 
+    @validates_once
     def validate(self) -> SolverConfig:
         """Every field checked; an option the objective does not use is a ValueError naming it."""
         normalise(self)

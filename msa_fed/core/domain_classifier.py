@@ -220,15 +220,6 @@ class MaxentShard:
         idx = torch.randperm(m, generator=gen)[:b].to(self.device)
         return self._loss_grad(theta, self.Phi[idx], self.s[idx], self._subset_labels(idx), scale=m / b)
 
-    def log_proba(self, theta: np.ndarray) -> np.ndarray:
-        import torch
-
-        D = self.Phi.shape[1]
-        Wb = torch.as_tensor(np.asarray(theta).reshape(self.n_sources, D + 1), dtype=self.dtype, device=self.device)
-        logits = torch.addmm(Wb[:, D], self.Phi, Wb[:, :D].T)
-        log_q: np.ndarray = torch.log_softmax(logits, dim=1).double().cpu().numpy()
-        return log_q
-
 
 #: theta -> (loss sum, gradient sum) over all shards
 GradientOracle = Callable[[np.ndarray], tuple[float, np.ndarray]]

@@ -11,6 +11,7 @@ a TOML table), refusing unknown keys.  ``where`` prefixes every message ("[model
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -210,6 +211,30 @@ def check_fields(obj: Any, where: str = "") -> dict[str, Any]:
         if new is not value:
             changed[f.name] = new
     return changed
+
+
+_CHECKED = "_msa_fed_checked"
+
+
+def is_checked(obj: Any) -> bool:
+    """Whether ``obj`` is a configuration its ``validate()`` returned: checked once, where it
+    entered; a copy made since (``dataclasses.replace``) is not, until it is validated."""
+    return bool(vars(obj).get(_CHECKED, False))
+
+
+def validates_once(validate: Callable[..., T]) -> Callable[..., T]:
+    """A configuration's ``validate()`` that checks it once: the checked object is marked, and
+    validating it again (the coordinator, the Ray sites) returns it at once."""
+
+    @functools.wraps(validate)
+    def once(self: T, *args: Any, **kwargs: Any) -> T:
+        if is_checked(self):
+            return self
+        checked = validate(self, *args, **kwargs)
+        object.__setattr__(checked, _CHECKED, True)
+        return checked
+
+    return once
 
 
 def normalise(obj: T, where: str = "") -> T:

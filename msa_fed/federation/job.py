@@ -22,7 +22,7 @@ def relayed_sites(
     """The sites of a federated job (see the module docstring).
 
     config : the job's validated :class:`msa_fed.jobs.config.JobConfig` (registry, its TLS options,
-        name, job_key, approval_wait_s).
+        name, job_key, approval_wait_s), its sealing checked by ``run_job``.
     client : a :class:`msa_fed.control.registry.client.RegistryClient` with the admin token.
     records : {site name: SiteRecord} as listed by the registry.
     """
@@ -38,7 +38,6 @@ def relayed_sites(
         samples.append(np.asarray(X, dtype=np.float64))
         log(f"  {name}: published unlabelled sample {X.shape[0]} x {X.shape[1]} (sha256 {rec.sha256[:12]}...)")
     loss = config.fit.loss
-    config.check_sealed()
     sealer = job_sealer(config, names, records, predictor_sha256, loss, log=log) if config.job_key else None
     relay = RelayClient(config.registry, admin_token, sealer=sealer, **config.client_tls())
     return RelayedSites(

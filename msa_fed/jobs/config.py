@@ -184,6 +184,9 @@ class JobConfig:
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(str(exc)) from None
         checked = replace(self, **values)
+        influence = checked.influence or checked.influence_margin is not None  # the fit makes the report
+        if isinstance(checked.fit, FitConfig) and checked.fit.influence != influence:
+            checked = replace(checked, fit=replace(checked.fit, influence=influence))
         checked._check()
         object.__setattr__(checked, "validated", True)  # the new copy, before anyone holds it
         return checked

@@ -40,7 +40,7 @@ from msa_fed.control.ops.models import (
     upload_with_retry,
 )
 from msa_fed.control.ops.service import exclusion_reason
-from msa_fed.control.registry.client import REGISTRY_AWAY, RegistryClient
+from msa_fed.control.registry.client import REGISTRY_AWAY
 from msa_fed.control.registry.ops_records import JOB_FAILED, JOB_INTERRUPTED, JOB_SUCCEEDED
 from msa_fed.errors import ConfigError, MsaFedError, RegistryError
 
@@ -100,7 +100,8 @@ def new_job_id() -> str:
 
 
 class JobTracker:
-    """The job's record in the registry; ``connect()`` opens a fresh admin :class:`RegistryClient`."""
+    """The job's record in the registry; ``with connect() as client`` lends an admin
+    :class:`RegistryClient` (the job's :class:`~msa_fed.control.registry.client.SharedClient`)."""
 
     def __init__(
         self,
@@ -431,8 +432,9 @@ class JobLogSender:
     """The driver's output as the job's log in the registry (``msa-fed job log JOB_ID``): every
     line printed on stdout or stderr while the job runs is sent, in batches every ``interval``
     seconds once the job is recorded, best effort (a registry away keeps them for the next try,
-    up to ``MAX_PENDING``; the job never waits for its log).  One connection serves every batch;
-    a failed batch closes it and the next try opens a new one (a restarted registry is reached)."""
+    up to ``MAX_PENDING``; the job never waits for its log).  Each batch goes over
+    ``with connect() as client``: the job's :class:`~msa_fed.control.registry.client.SharedClient`,
+    whose one connection is reopened only after it broke (a restarted registry is reached)."""
 
     MAX_PENDING = 5000
     BATCH = 500
@@ -444,7 +446,6 @@ class JobLogSender:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._saved: tuple = ()
-        self._client: RegistryClient | None = None  # the batches' connection (the thread's, then __exit__'s)
 
     def _add(self, line: str) -> None:
         with self._lock:
@@ -459,10 +460,9 @@ class JobLogSender:
         if not batch:
             return
         try:
-            client = self._client = self._client or self.connect()
-            OpsClient(client).append_job_log(self.tracker.job_id, batch)
+            with self.connect() as client:
+                OpsClient(client).append_job_log(self.tracker.job_id, batch)
         except (MsaFedError, OSError):
-            self._close()
             return  # kept for the next try
         with self._lock:
             del self._pending[: len(batch)]
@@ -488,9 +488,3 @@ class JobLogSender:
             self.flush()
             if not self._pending or len(self._pending) == before:
                 break
-        self._close()
-
-    def _close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None

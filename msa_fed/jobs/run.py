@@ -25,7 +25,7 @@ Five steps, each failing with one clear line before any training when something 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -113,19 +113,18 @@ def run_job(
     it is uploaded; an unreachable registry is retried for ``upload_retry_for`` seconds.
     ``pointers`` False: the registry and the output folder go away with the caller (the demo), so
     the log names neither ``job show`` nor the folder."""
-    from msa_fed.control.registry.client import RegistryClient
+    from msa_fed.control.registry.client import RegistryClient, SharedClient
 
-    config = config.validate()  # before any network work (a config read from its file is checked already)
-    if config.fit.topology == "federated":
-        config.check_sealed()
+    config = config.validate()  # at once for a config read from its file (msa-fed run), checked there
+    config.check_sealed()
     check_output_dir(output_dir)  # before any work: a job never overwrites a result
     interrupt_on_sigterm()
 
     labels = config.connection_labels()  # a TLS mistake names the job file's key or the flag
-
-    def connect():
-        return RegistryClient(config.registry, admin_token, retries=0, labels=labels, **config.client_tls())
-
+    # one connection for the whole job (plan, log, store, record); reopened only if it broke
+    connect = SharedClient(
+        lambda: RegistryClient(config.registry, admin_token, retries=0, labels=labels, **config.client_tls())
+    )
     flags = connection_flags(config.registry, admin_token_file=config.admin_token_file, **config.client_tls())
     tracker = JobTracker(
         connect,
@@ -138,10 +137,8 @@ def run_job(
         finish_retry_s=min(FINISH_RETRY_S, upload_retry_for),  # a registry down that long is down for now
     )
     try:
-        with (
-            JobLogSender(connect, tracker),  # the driver's lines: msa-fed job log JOB_ID
-            RegistryClient(config.registry, admin_token, labels=labels, **config.client_tls()) as client,
-        ):
+        with JobLogSender(connect, tracker), connect() as shared:  # the log: msa-fed job log JOB_ID
+            client = shared.with_retries(2)  # the plan's calls retry a registry that blinked
             plan = plan_job(config, client, tracker, log)
             backend = job_backend(config, plan, client, admin_token, ray_init_kwargs, log)
             model = fit_job(config, plan, backend, verbose, log)
@@ -153,7 +150,10 @@ def run_job(
     except BaseException as exc:
         tracker.failed(exc)
         raise
-    tracker.succeeded(record.version)
+    else:
+        tracker.succeeded(record.version)
+    finally:
+        connect.close()
     return record, model
 
 
@@ -265,9 +265,9 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
 def fit_job(config: JobConfig, plan: JobPlan, backend, verbose: bool, log) -> CombinedModel:
     """Train and solve with the sites; a site whose answer was implausible is excluded from later
     jobs until cleared; a model that fails the job's influence margin is refused."""
-    fit = replace(config.fit, influence=config.influence or config.influence_margin is not None)
+    fit = config.fit  # checked with the job's config (influence on with the job's influence report)
     data_channel = fit.ray.data_channel
-    with Coordinator(backend, plan.predictors, replace(fit, verbose=verbose)) as coordinator:  # started here
+    with Coordinator(backend, plan.predictors, fit, verbose=verbose) as coordinator:  # started here
         in_process = bool(getattr(backend, "trains_in_process", False))
         for line in site_lines(plan.names, data_channel, topology=fit.topology, classifier_in_process=in_process):
             log(line)

@@ -56,6 +56,7 @@ from msa_fed.core.options import (
     normalise,
     option,
     option_meta,
+    validates_once,
 )
 
 METHODS = ("dmsa", "gmsa")
@@ -170,6 +171,7 @@ class RayConfig:
         if self.init_kwargs is None:
             object.__setattr__(self, "init_kwargs", {})
 
+    @validates_once
     def validate(self, where: str = "") -> RayConfig:
         return normalise(self, where)
 
@@ -257,8 +259,10 @@ class FitConfig:
     def loss(self) -> str:
         return task_loss(self.task)
 
+    @validates_once
     def validate(self) -> FitConfig:
-        """Every field of the tree checked; returns self (normalised values set)."""
+        """Every field of the tree checked; returns self (normalised values set), marked checked:
+        validated again, it returns at once (a copy made by ``replace`` is checked anew)."""
         normalise(self)
         for name, cls in (("classifier", ClassifierConfig), ("solver", SolverConfig), ("ray", RayConfig)):
             if not isinstance(getattr(self, name), cls):

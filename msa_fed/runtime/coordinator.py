@@ -46,9 +46,11 @@ DP_EVALUATIONS = 30
 class Coordinator:
     """Owns the sites' lifecycle and runs one DMSA/GMSA fit.
 
-    backend : a :class:`msa_fed.runtime.backend.Backend`; config : the run's validated
-    :class:`msa_fed.runtime.config.FitConfig`; recorder : gets every boundary crossing;
-    solver_callback : called as callback(iteration, z, value) after each solver iteration.
+    backend : a :class:`msa_fed.runtime.backend.Backend`; config : the run's
+    :class:`msa_fed.runtime.config.FitConfig`, checked where it entered (``build_config``, the
+    job file; one built by hand is checked here); recorder : gets every boundary crossing;
+    solver_callback : called as callback(iteration, z, value) after each solver iteration;
+    verbose : progress bars (None: the config's ``verbose``).
     """
 
     def __init__(
@@ -58,12 +60,14 @@ class Coordinator:
         config: FitConfig,
         recorder: m.Recorder | None = None,
         solver_callback: Callable | None = None,
+        verbose: bool | None = None,
     ):
         if not isinstance(config, FitConfig):
             raise TypeError(f"config must be a FitConfig; got {type(config).__name__}")
         self.backend = backend
         self.predictors = list(predictors)
-        self.config = config.validate()
+        self.config = config.validate()  # at once for a checked config (build_config, the job file)
+        self.verbose = config.verbose if verbose is None else bool(verbose)
         self.recorder = recorder if recorder is not None else NullRecorder()
         self.solver_callback = solver_callback
         self.infos: list[m.SiteInfo] = []  # set by start()
@@ -291,7 +295,7 @@ class Coordinator:
         cfg = self.config
         if not self.infos:
             self.start()
-        progress = Progress(cfg.verbose)
+        progress = Progress(self.verbose)
         self.setup_log.clear()
         dm = self.train_domain_model(progress)
         qhat, live = self.prepare_dc(dm)

@@ -92,7 +92,7 @@ class RaySites:
             config = from_mapping(RayConfig, options, "RaySites: ")
         elif options:
             raise TypeError("give RaySites a RayConfig or its fields as keyword arguments, not both")
-        self.config = config.validate()
+        self.config = config.validate()  # at once when checked with the fit's config
         self.data_channel = check_mode(config.data_channel)
         self._identity: tuple[str, bytes] | None = None  # the coordinator's ephemeral (cert, key) for the channel
         self.site_kwargs = site_kwargs

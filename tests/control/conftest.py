@@ -22,7 +22,7 @@ def run(capsys, monkeypatch):
     plane's commands alone (isolated from the other subsystems' commands and their import time)."""
     import msa_fed.cli as top_cli
 
-    monkeypatch.setattr(top_cli, "_SUBSYSTEMS", ("msa_fed.control.cli",))
+    monkeypatch.setattr(top_cli, "COMMANDS", {"msa_fed.control.cli": top_cli.COMMANDS["msa_fed.control.cli"]})
 
     def invoke(*argv):
         rc = top_cli.main([str(a) for a in argv])

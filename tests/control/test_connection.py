@@ -97,3 +97,42 @@ def test_the_token_and_the_key_never_show_in_a_repr():
     assert conn.metadata() == (("authorization", "Bearer mft1.site.a.secret"),)
     assert Connection("registry:7443").metadata() == ()
     assert set(KEY_LABELS) == {"address", "insecure", "tls_ca", "tls_cert", "tls_key"}
+
+
+def test_a_shared_client_is_one_connection_reopened_only_after_it_broke():
+    """SharedClient: every borrower gets the same client; a call that finds the registry away
+    retires it (closed once its last borrower is done) and the next borrower reaches the
+    restarted registry over a new connection; a refusal keeps the connection."""
+    from msa_fed.control.registry.client import SharedClient
+    from msa_fed.errors import RegistryError
+
+    registry = Registry(MemoryStore())
+    token = registry.issue_token("admin", "admin")
+    opened: list[RegistryClient] = []
+    first = RegistryServer(registry, "127.0.0.1:0", insecure=True).start()
+    address = first.address
+
+    def open_client():
+        opened.append(RegistryClient(address, token, insecure=True, retries=0, timeout=5))
+        return opened[-1]
+
+    shared = SharedClient(open_client)
+    with shared() as a, shared() as b:
+        assert a is b and a.list_sites() == []
+    with pytest.raises(RegistryError, match="NOT_FOUND"), shared() as c:
+        c.get_site("nobody")  # a refusal: the connection stays
+    first.stop(grace=0)
+    with shared() as held:  # a borrower that outlives the failure below
+        with pytest.raises(RegistryError) as err, shared() as c:
+            c.list_sites()
+        assert err.value.code == "UNAVAILABLE" and len(opened) == 1
+        second = RegistryServer(registry, address, insecure=True).start()
+        with shared() as d:  # a new connection reaches the restarted registry (gRPC's backoff: retries)
+            assert d is not held and d.with_retries(6).list_sites() == [] and len(opened) == 2
+        assert held.with_retries(6).health() == "SERVING"  # the retired one is open while borrowed
+    with pytest.raises(ValueError, match="closed"):  # and closed once its last borrower is done
+        held.health()
+    shared.close()
+    with pytest.raises(ValueError):
+        opened[1].health()
+    second.stop(grace=0)

@@ -503,7 +503,7 @@ def test_mtls_certificate_for_one_site_with_another_sites_token_is_denied(pki):
 
 
 def test_site_names_are_anchored(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(top_cli, "_SUBSYSTEMS", ("msa_fed.control.cli",))
+    monkeypatch.setattr(top_cli, "COMMANDS", {"msa_fed.control.cli": top_cli.COMMANDS["msa_fed.control.cli"]})
     db = tmp_path / "r.db"
     for bad in ("a\n", "a\nb", "\na", "a ", "a\r"):
         assert top_cli.main(["admin", "issue-token", "--db", str(db), "--site", bad]) == 1

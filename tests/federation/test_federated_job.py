@@ -74,9 +74,35 @@ def _local_z(files, sharded=False):
         return c.fit()
 
 
+#: the address of each RegistryClient the driver opened while the module's job ran
+OPENED: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def federated(local_ray, federation):
-    return _run(_job(federation), federation)
+    from msa_fed.control.registry.client import RegistryClient
+
+    init = RegistryClient.__init__
+
+    def counted(self, address, *args, **kwargs):
+        OPENED.append(address)
+        init(self, address, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RegistryClient, "__init__", counted)
+        return _run(_job(federation), federation)
+
+
+def test_the_job_connects_to_the_registry_once(federated, federation):
+    """Plan, artifacts, samples, the job's record and log, the stored model: one connection."""
+    from msa_fed.control.ops.client import OpsClient
+    from msa_fed.control.registry.client import RegistryClient
+
+    record, model = federated
+    assert OPENED == [federation.address]
+    with RegistryClient(federation.address, federation.admin_token, insecure=True) as admin:
+        job = OpsClient(admin).get_job(model.info["job"]["job_id"])
+        assert job.status == "succeeded" and job.model_version == record.version
 
 
 def test_federated_z_equals_local_and_cluster(federated, federation, files, local_ray):
@@ -90,9 +116,11 @@ def test_federated_z_equals_local_and_cluster(federated, federation, files, loca
         federation, name="clusterjob", topology="cluster", site_data=str(federation.workdir / "{site}" / "data.npz")
     )
     _, cluster = _run(cluster_job, federation)
-    np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-9)
+    # the cluster job trains its classifier across the site actors (data-parallel), the federated
+    # one in the coordinator on the published samples: the same optimum to the fit's tolerance
+    np.testing.assert_allclose(cluster.z, model.z, rtol=0, atol=1e-7)
     # every site's verdict, measured at the site (its process; its actor in the cluster topology)
-    assert set(model.harm) == set(ORDER) and cluster.harm == pytest.approx(model.harm, abs=1e-9)
+    assert set(model.harm) == set(ORDER) and cluster.harm == pytest.approx(model.harm, abs=1e-7)
     assert model.harm == pytest.approx(local.harm, abs=1e-9)
 
     # the stored model loads from the registry's bytes and predicts as the job's model does

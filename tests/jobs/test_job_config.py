@@ -334,6 +334,31 @@ def test_a_job_config_is_validated_once_and_never_changed_in_place(tmp_path):
         changed.validate()
 
 
+def test_the_fit_is_checked_with_the_job_and_never_again(tmp_path, monkeypatch):
+    """The job file's fit tree is checked once, with the job (the influence report folded in);
+    the coordinator and the Ray sites take the checked values without checking them again; a
+    copy made with ``replace`` is checked anew."""
+    from msa_fed.core import config as core_config
+    from msa_fed.core.options import is_checked
+    from msa_fed.runtime import config as runtime_config
+    from msa_fed.runtime.coordinator import Coordinator
+
+    config = JobConfig.from_toml(write(tmp_path, GOOD.format(port=closed_port())))
+    fit = config.fit
+    assert all(is_checked(part) for part in (fit, fit.classifier, fit.solver, fit.ray))
+    assert fit.influence and not replace(config, influence=False).validate().fit.influence
+
+    def checked_again(obj, where=""):
+        raise AssertionError(f"{type(obj).__name__} checked again")
+
+    for module in (core_config, runtime_config):
+        monkeypatch.setattr(module, "normalise", checked_again)
+    assert Coordinator(None, [], fit, verbose=False).config is fit
+    assert fit.ray.validate() is fit.ray and fit.solver.validate() is fit.solver  # what the Ray sites call
+    with pytest.raises(AssertionError, match="FitConfig checked again"):
+        Coordinator(None, [], replace(fit, verbose=True))
+
+
 def test_all_starts_reaches_the_solver(tmp_path):
     registry = '[registry]\naddress = "127.0.0.1:1"\ninsecure = true\n'
     job = JobConfig.from_toml(write(tmp_path, registry + "[solver]\nall_starts = true\nn_restarts = 2\n"))

@@ -85,8 +85,9 @@ def test_a_jobs_log_stops_at_its_limit(registry):
 
 
 def test_the_jobs_log_is_sent_over_one_connection(admin, registry, connect, capsys):
-    """The driver's lines reach the job's log in batches, all over one connection to the registry
-    (not one per batch); a batch the registry refuses closes it and the next try opens a new one."""
+    """The driver's lines reach the job's log in batches, all over the job's one connection to the
+    registry (not one per batch); a batch the registry refuses keeps its lines and the connection."""
+    from msa_fed.control.registry.client import SharedClient
     from msa_fed.jobs.operations import JobLogSender, JobTracker
 
     token, ops = admin
@@ -96,9 +97,11 @@ def test_the_jobs_log_is_sent_over_one_connection(admin, registry, connect, caps
         opened.append(connect(token))  # a real client of the real server, with its own channel
         return opened[-1]
 
-    tracker = JobTracker(counting, "20260101-000000-aaaaaaaa", name="ward-study", topology="federated")
-    tracker.start(connect(token), ["east"])
-    with JobLogSender(counting, tracker, interval=3600) as sender:  # the batches are sent by hand here
+    shared = SharedClient(counting)
+    tracker = JobTracker(shared, "20260101-000000-aaaaaaaa", name="ward-study", topology="federated")
+    with shared() as client:
+        tracker.start(client, ["east"])
+    with JobLogSender(shared, tracker, interval=3600) as sender:  # the batches are sent by hand here
         for k in range(3):
             print(f"round {k}")
             sender.flush()
@@ -106,12 +109,14 @@ def test_the_jobs_log_is_sent_over_one_connection(admin, registry, connect, caps
     lines, total, _ = ops.job_log("20260101-000000-aaaaaaaa")
     assert [t for _, _, t in lines] == ["round 0", "round 1", "round 2", "done"] and total == 4
     assert len(opened) == 1
-    # a batch refused (a job the registry does not know): the connection is dropped, the line kept
-    lost = JobTracker(counting, "20260101-000009-cccccccc")
+    # a batch refused (a job the registry does not know): the line is kept, the connection too
+    lost = JobTracker(shared, "20260101-000009-cccccccc")
     lost.started = True
-    with JobLogSender(counting, lost, interval=3600) as sender:
+    with JobLogSender(shared, lost, interval=3600) as sender:
         print("kept")
         sender.flush()
-        assert sender._client is None and sender._pending == ["kept"]
-    assert len(opened) == 3  # one for the refused batch, one for the last try at the end
+        assert sender._pending == ["kept"]
+    assert len(opened) == 1
+    with shared() as client:
+        assert client is opened[0] and client.health()
     capsys.readouterr()

@@ -98,6 +98,10 @@ def test_job_records(admin):
         with pytest.raises(RegistryError) as err:
             bad()
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND")
+    for bad_id in ("j-2\n", "j 2", "", "-j", "j" * 65):  # the whole id is checked, a trailing newline too
+        with pytest.raises(RegistryError, match="job id must be 1-64 characters") as err:
+            ops.start_job(bad_id, "x", ["a"], "ray")
+        assert err.value.code == "INVALID_ARGUMENT"
     with pytest.raises(RegistryError) as err:
         ops.get_job("missing")
     assert err.value.code == "NOT_FOUND"

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -88,11 +89,13 @@ def download_version(args, text: str):
         return client.download_combined_model(version or None)
 
 
+@contextmanager
 def _ops(args):
+    """The operations client of the command's connection (closed after the block)."""
     from msa_fed.control.ops.client import OpsClient
 
-    client = connect_factory(args)()
-    return client, OpsClient(client)
+    with connect_factory(args)() as client:
+        yield OpsClient(client)
 
 
 def _version(text: str) -> int:
@@ -123,29 +126,17 @@ def _manifest(record) -> dict:
 # --------------------------------------------------------------------------- model
 
 
+def _model_dict(m: dict) -> dict:
+    """A stored model's status for --json: its record, its manifest read, current, its promotions."""
+    record = {**asdict(m["record"]), "manifest_json": None, "manifest": _manifest(m["record"])}
+    return {**record, "current": m["current"], "promotions": [asdict(p) for p in m["promotions"]]}
+
+
 def _model_list(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         models, current = ops.list_models()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "current_version": current,
-                    "models": [
-                        {
-                            **asdict(m["record"]),
-                            "manifest_json": None,
-                            "manifest": _manifest(m["record"]),
-                            "current": m["current"],
-                            "promotions": [asdict(p) for p in m["promotions"]],
-                        }
-                        for m in models
-                    ],
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps({"current_version": current, "models": [_model_dict(m) for m in models]}, indent=2))
         return 0
     if not models:
         print("no combined model stored")
@@ -187,23 +178,11 @@ def print_model_facts(man: dict) -> None:
 
 
 def _model_show(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         m = ops.get_model(args.version)
     r, man = m["record"], _manifest(m["record"])
     if args.json:
-        print(
-            json.dumps(
-                {
-                    **asdict(r),
-                    "manifest_json": None,
-                    "manifest": man,
-                    "current": m["current"],
-                    "promotions": [asdict(p) for p in m["promotions"]],
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(_model_dict(m), indent=2))
         return 0
     sites = man.get("sites") or []
     print(f"version         {r.version}{'  (current: what latest resolves to)' if m['current'] else ''}")
@@ -256,8 +235,7 @@ def _model_download(args) -> int:
 
 
 def _model_promote(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         m = ops.promote(args.version, args.reason or "")
     print(f"combined model version {m['record'].version} is now current (what jobs and clients get as latest)")
     return 0
@@ -306,18 +284,11 @@ def _model_upload(args) -> int:
 # --------------------------------------------------------------------------- job
 
 
-def _job_dict(j) -> dict:
-    d = asdict(j)
-    d["sites"] = list(j.sites)
-    return d
-
-
 def _job_list(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         jobs = ops.list_jobs(args.limit)
     if args.json:
-        print(json.dumps([_job_dict(j) for j in jobs], indent=2))
+        print(json.dumps([asdict(j) for j in jobs], indent=2))
         return 0
     if not jobs:
         print("no job recorded")
@@ -345,13 +316,12 @@ def _job_list(args) -> int:
 def _job_show(args) -> int:
     from msa_fed.crypto.sealing import check_model_transcript
 
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         j = ops.get_job(args.job_id)
         manifest = json.loads(ops.get_model(j.model_version)["record"].manifest_json) if j.model_version else {}
     ok, sealed = check_model_transcript(manifest, args.job_key)
     if args.json:
-        print(json.dumps({**_job_dict(j), "sealed": sealed}, indent=2))
+        print(json.dumps({**asdict(j), "sealed": sealed}, indent=2))
         return 0 if ok else 1
     print(f"job id          {j.job_id}")
     print(f"name            {j.name}")
@@ -367,8 +337,7 @@ def _job_show(args) -> int:
 
 
 def _job_finish(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         j = ops.finish_job(args.job_id, args.status, args.model_version or 0, args.error or "")
     print(f"job {j.job_id} recorded as {j.status} at {iso(j.ended_at)}")
     return 0
@@ -376,14 +345,18 @@ def _job_finish(args) -> int:
 
 def _job_log(args) -> int:
     _positive_interval = args.interval if args.interval > 0 else 2.0
-    client, ops = _ops(args)
+
+    def show(lines) -> int:
+        """Print the lines; the last one's number (0: none)."""
+        for _, when, text in lines:
+            print(f"{iso(when)} {text}" if args.timestamps else text, flush=True)
+        return lines[-1][0] if lines else 0
+
     after = 0
-    with client:
+    with _ops(args) as ops:
         while True:
             lines, total, dropped = ops.job_log(args.job_id, after)
-            for seq, when, text in lines:
-                print(f"{iso(when)} {text}" if args.timestamps else text, flush=True)
-                after = seq
+            after = show(lines) or after
             if len(lines) == 1000:  # more to read at once
                 continue
             if not args.follow:
@@ -391,8 +364,7 @@ def _job_log(args) -> int:
             job = ops.get_job(args.job_id)
             if job.status != "running":
                 more, _, dropped = ops.job_log(args.job_id, after)
-                for _, when, text in more:
-                    print(f"{iso(when)} {text}" if args.timestamps else text, flush=True)
+                show(more)
                 print(f"job {job.job_id} {job.status}" + (f": {job.error}" if job.error else ""), flush=True)
                 break
             time.sleep(_positive_interval)
@@ -402,8 +374,7 @@ def _job_log(args) -> int:
 
 
 def _job_cancel(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         j = ops.finish_job(args.job_id, "cancelled", 0, args.reason or "")
     print(f"job {j.job_id} ({j.name}) {j.error}; its sites were told to stop, its driver ends at its next call")
     return 0
@@ -413,14 +384,17 @@ def _job_cancel(args) -> int:
 
 
 def _deregister(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         status = ops.deregister(args.site, args.reason or "")
     print(
         f"site {status.name!r} deregistered at {iso(status.deregistration.deregistered_at)}: token revoked, "
         f"registration and artifacts removed; every later job refuses it"
     )
     return 0
+
+
+#: the columns of ``admin list-sites`` ("_": a space)
+SITE_COLUMNS = "NAME TOKEN REGISTERED REVOKED DEREGISTERED LAST_HEARTBEAT CONNECTED ARTIFACTS USABLE"
 
 
 def site_status_rows(statuses):
@@ -446,17 +420,7 @@ def site_status_rows(statuses):
                 "yes" if exclusion_reason(s) is None and s.predictor_sha256 else "no",
             )
         )
-    return (
-        "NAME",
-        "TOKEN",
-        "REGISTERED",
-        "REVOKED",
-        "DEREGISTERED",
-        "LAST HEARTBEAT",
-        "CONNECTED",
-        "ARTIFACTS",
-        "USABLE",
-    ), rows
+    return tuple(c.replace("_", " ") for c in SITE_COLUMNS.split()), rows
 
 
 def print_site_statuses(statuses, as_json: bool, records: dict | None = None) -> None:
@@ -476,8 +440,7 @@ def print_site_statuses(statuses, as_json: bool, records: dict | None = None) ->
 
 
 def _site_status(args) -> int:
-    client, ops = _ops(args)
-    with client:
+    with _ops(args) as ops:
         statuses = ops.site_statuses()
     print_site_statuses(statuses, args.json)
     return 0

@@ -170,8 +170,9 @@ def upload_with_retry(
 ) -> CombinedModelRecord:
     """Upload a packed model, retrying transient failures with exponential backoff for ``retry_for`` seconds.
 
-    Every attempt reuses one ``upload_id`` (the registry stores a retried upload once) and a
-    fresh connection (a restarted registry is reached at once).  Raises the last
+    Every attempt reuses one ``upload_id`` (the registry stores a retried upload once) and takes
+    its connection from ``with connect() as client`` (a fresh one, or a job's SharedClient that
+    reconnects once the registry was found away).  Raises the last
     :class:`RegistryError` when time runs out or the failure is not transient."""
     upload_id = upload_id or uuid.uuid4().hex
     deadline = time.monotonic() + max(0.0, retry_for)

@@ -21,10 +21,14 @@ slots or in-flight budget are taken) for up to ``busy_wait`` seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +162,12 @@ class RegistryClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def with_retries(self, retries: int) -> RegistryClient:
+        """This client, over the same connection, retrying UNAVAILABLE ``retries`` times."""
+        view = copy.copy(self)
+        view.retries = retries
+        return view
 
     def _call(self, fn, *, retry: bool = True):
         """Run ``fn()`` translating gRPC errors; retry UNAVAILABLE, and a busy registry, with backoff."""
@@ -345,3 +355,52 @@ def _pin(actual: str, expected: str | None, what: str) -> None:
         raise RegistryError(
             "FAILED_PRECONDITION", f"the {what} is now {actual}; expected {expected} (it was republished)"
         )
+
+
+class SharedClient:
+    """One :class:`RegistryClient` for every call of a long task (a job's plan, log, store and
+    record): ``with shared() as client`` lends it.  A call that finds the registry away
+    (:data:`REGISTRY_AWAY`, an OSError) retires it and the next ``shared()`` opens a fresh one, so
+    a restarted registry is reached at once; a retired client is closed when its last borrower
+    is done.  ``open_client`` makes a client (each construction is a new connection)."""
+
+    def __init__(self, open_client: Callable[[], RegistryClient]):
+        self._open = open_client
+        self._lock = threading.Lock()
+        self._client: RegistryClient | None = None
+        self._borrowers: dict[RegistryClient, int] = {}
+
+    @contextmanager
+    def __call__(self) -> Iterator[RegistryClient]:
+        with self._lock:
+            if self._client is None:
+                self._client = self._open()
+            client = self._client
+            self._borrowers[client] = self._borrowers.get(client, 0) + 1
+        try:
+            yield client
+        except (RegistryError, OSError) as exc:
+            if not isinstance(exc, RegistryError) or exc.code in REGISTRY_AWAY:
+                with self._lock:  # the connection broke: the next borrower gets a new one
+                    if self._client is client:
+                        self._client = None
+            raise
+        finally:
+            self._release(client)
+
+    def _release(self, client: RegistryClient) -> None:
+        with self._lock:
+            self._borrowers[client] -= 1
+            if self._borrowers[client] or client is self._client:
+                return
+            del self._borrowers[client]
+        client.close()
+
+    def close(self) -> None:
+        """Retire the current client (closed now, or when its last borrower is done)."""
+        with self._lock:
+            client, self._client = self._client, None
+            if client is None or self._borrowers.get(client):
+                return
+            self._borrowers.pop(client, None)
+        client.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
+from typing import Any, TypeVar
 
 from msa_fed.boundary.proto import registry_pb2 as pb
 from msa_fed.control.registry.records import (
@@ -11,6 +13,9 @@ from msa_fed.control.registry.records import (
     CombinedModelRecord,
     SiteRecord,
 )
+
+M = TypeVar("M")
+R = TypeVar("R")
 
 
 def artifact_to_pb(record: ArtifactRecord) -> pb.ArtifactInfo:
@@ -77,19 +82,28 @@ def site_from_pb(msg: pb.SiteInfo) -> SiteRecord:
     )
 
 
+def record_to_pb(message: type[M], record) -> M:
+    """A ``message`` of the record's fields of the same names (None: the field's zero value)."""
+    names = message.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+    values = {f.name: getattr(record, f.name) for f in fields(record) if f.name in names}
+    return message(**{k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None})
+
+
+def record_from_pb(record: type[R], msg, **given: Any) -> R:
+    """A ``record`` of the message's fields of the same names (a tuple field: the repeated field's
+    items; the zero value of an optional field: None), and ``given``."""
+    values = dict(given)
+    for f in fields(record):  # type: ignore[arg-type]
+        if f.name not in values:
+            value = getattr(msg, f.name)
+            value = tuple(value) if str(f.type).startswith("tuple") else value
+            values[f.name] = None if not value and "None" in str(f.type) else value
+    return record(**values)
+
+
 def combined_to_pb(record: CombinedModelRecord) -> pb.CombinedModelInfo:
-    return pb.CombinedModelInfo(
-        version=record.version,
-        upload_id=record.upload_id,
-        sha256=record.sha256,
-        size=record.size,
-        manifest_json=record.manifest_json,
-        created_at=record.created_at,
-        created_by=record.created_by,
-    )
+    return record_to_pb(pb.CombinedModelInfo, record)
 
 
 def combined_from_pb(msg: pb.CombinedModelInfo) -> CombinedModelRecord:
-    return CombinedModelRecord(
-        msg.version, msg.upload_id, msg.sha256, msg.size, msg.manifest_json, msg.created_by, msg.created_at
-    )
+    return record_from_pb(CombinedModelRecord, msg)

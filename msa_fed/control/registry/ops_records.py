@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from msa_fed.errors import RegistryError
+from msa_fed.control.registry.records import check_pattern
 
 JOB_RUNNING = "running"
 JOB_SUCCEEDED = "succeeded"
@@ -17,19 +17,16 @@ JOB_CANCELLED = "cancelled"  # by an admin (msa-fed job cancel); the relay stops
 JOB_INTERRUPTED = "interrupted"  # the driver was stopped (SIGTERM, Ctrl-C)
 JOB_END_STATES = (JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED, JOB_INTERRUPTED)
 
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 MAX_ERROR_CHARS = 4000
 MAX_REASON_CHARS = 500
 MAX_JOB_SITES = 1000
 
 
 def check_job_id(job_id: str) -> str:
-    if not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id):
-        raise RegistryError(
-            "INVALID_ARGUMENT",
-            f"job id must be 1-64 characters of letters, digits, '_', '.', ':' or '-'; got {job_id!r}",
-        )
-    return job_id
+    return check_pattern(
+        job_id, JOB_ID_PATTERN, "job id must be 1-64 characters of letters, digits, '_', '.', ':' or '-'"
+    )
 
 
 def one_line(text: str, limit: int) -> str:

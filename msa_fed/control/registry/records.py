@@ -24,29 +24,27 @@ UPLOAD_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}\Z")
 
 
+def check_pattern(value: str, pattern: re.Pattern, message: str) -> str:
+    """``value`` if ``pattern`` matches the whole string, else INVALID_ARGUMENT: ``message``, got what."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise RegistryError("INVALID_ARGUMENT", f"{message}; got {value!r}")
+    return value
+
+
 def check_name(name: str, what: str = "site name") -> str:
     """Return ``name`` if it is a valid principal name, else raise INVALID_ARGUMENT."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise RegistryError(
-            "INVALID_ARGUMENT",
-            f"{what} must be 1-64 characters of letters, digits, '_' or '-' (starting with a letter or digit); got {name!r}",
-        )
-    return name
+    rule = "must be 1-64 characters of letters, digits, '_' or '-' (starting with a letter or digit)"
+    return check_pattern(name, NAME_PATTERN, f"{what} {rule}")
 
 
 def check_upload_id(upload_id: str) -> str:
-    if not isinstance(upload_id, str) or not UPLOAD_ID_PATTERN.fullmatch(upload_id):
-        raise RegistryError(
-            "INVALID_ARGUMENT",
-            f"upload_id must be 1-128 characters of letters, digits, '_', '.', ':' or '-'; got {upload_id!r}",
-        )
-    return upload_id
+    return check_pattern(
+        upload_id, UPLOAD_ID_PATTERN, "upload_id must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
+    )
 
 
 def check_sha256(value: str, what: str = "sha256") -> str:
-    if not isinstance(value, str) or not SHA256_PATTERN.fullmatch(value):
-        raise RegistryError("INVALID_ARGUMENT", f"{what} must be 64 lowercase hex characters; got {value!r}")
-    return value
+    return check_pattern(value, SHA256_PATTERN, f"{what} must be 64 lowercase hex characters")
 
 
 @dataclass(frozen=True)
@@ -111,12 +109,3 @@ class CombinedModelRecord:
     manifest_json: str
     created_by: str
     created_at: float
-
-
-@dataclass(frozen=True)
-class PrincipalStatus:
-    """One row of ``admin list-sites``: a principal with a token and/or a registration."""
-
-    name: str
-    token: str  # "active", "revoked" or "none"
-    site: SiteRecord | None

@@ -33,7 +33,6 @@ from msa_fed.control.registry.records import (
     ArtifactRecord,
     CombinedModelRecord,
     Principal,
-    PrincipalStatus,
     SiteRecord,
     check_name,
     check_sha256,
@@ -169,12 +168,6 @@ class Registry:
     def revoke_token(self, role: str, name: str) -> bool:
         """Revoke the active token of ``role``/``name``; False when there was none."""
         return self.store.revoke_tokens(role, name, self.clock()) > 0
-
-    def principals(self) -> list[PrincipalStatus]:
-        """Every site that has a token or a registration, sorted by name (for ``admin list-sites``)."""
-        states = self.store.token_states(ROLE_SITE)
-        sites = {s.name: s for s in self.store.list_sites()}
-        return [PrincipalStatus(n, states.get(n, "none"), sites.get(n)) for n in sorted(set(states) | set(sites))]
 
     def authenticate(self, token: str | None) -> Principal:
         """The principal ``token`` proves, or UNAUTHENTICATED."""
