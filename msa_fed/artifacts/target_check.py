@@ -238,15 +238,15 @@ def build_reference(
     # on the reference rows (at most n_reference per site): the cost stays bounded however large
     # the published samples are.  The domain model runs once over all of them: its log Q(k | x)
     # gives the confusion matrix and the combination weights of the model's predictions.
-    rows = check_X(np.vstack(ref.reference), model.n_features_in_) if any(ref.available) else None
-    log_Q = model.domain_model.predict_log_proba(rows) if rows is not None else None
+    stacked = check_X(np.vstack(ref.reference), model.n_features_in_) if any(ref.available) else None
+    log_Q = model.domain_model.predict_log_proba(stacked) if stacked is not None else None
     if all(ref.available):
         assert log_Q is not None
         cuts = np.cumsum([R.shape[0] for R in ref.reference])[:-1]
         ref.confusion = confusion_matrix(np.split(np.exp(log_Q), cuts))
-    if model.task == "classification" and rows is not None:
+    if model.task == "classification" and stacked is not None:
         assert log_Q is not None
-        ref.loss_sd = _model_loss_sd(model, ref, rows, log_Q)
+        ref.loss_sd = _model_loss_sd(model, ref, stacked, log_Q)
     return ref
 
 
