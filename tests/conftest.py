@@ -147,6 +147,7 @@ NOT_QUICK = (
     "core/test_core_target.py::test_the_bootstrap_interval_holds_the_estimate_and_covers_the_truth",
     "privacy/test_noisy_solver.py::test_small_noise_finds_the_minmax_point",
     "runtime/test_runtime_local.py::test_workers_per_site_equals_single_process",
+    "runtime/test_runtime_local.py::test_the_sites_check_the_handed_answers_together_with_the_same_numbers",
     "privacy/test_attacks.py::test_point_isolation_1d_without_the_rules_recovers_every_label",
     "privacy/test_attacks.py::test_multi_column_attack_is_stopped_by_dp",
     "control/test_control_fuzz.py::test_malformed_",

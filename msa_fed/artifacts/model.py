@@ -162,20 +162,29 @@ class CombinedModel:
     def combination_weights(self, X) -> np.ndarray:
         return self._weights(check_X(X, self.n_features_in_))
 
-    def _weights(self, X: np.ndarray) -> np.ndarray:
-        """The weights a_k(x) (n, p) of g_z at checked rows X."""
+    def _weights(self, X: np.ndarray, log_Q: np.ndarray | None = None) -> np.ndarray:
+        """The weights a_k(x) (n, p) of g_z at checked rows X (``log_Q``: the domain model's
+        log Q(k | x) on them where the caller has it already)."""
         from msa_fed.core.combination import combination_weights
 
-        return combination_weights(self.domain_model.predict_log_proba(X), np.log(self.qhat), self.z, self.eta)
+        if log_Q is None:
+            log_Q = self.domain_model.predict_log_proba(X)
+        return combination_weights(log_Q, np.log(self.qhat), self.z, self.eta)
 
     def _who(self, k) -> str:
         return f"predictor {k} (site {self.site_names[k]!r})" if k < len(self.site_names) else f"predictor {k}"
 
-    def _proba_of(self, k, X, h=None) -> np.ndarray:
+    def _proba_of(self, k, X, h=None, out: np.ndarray | None = None) -> np.ndarray:
+        """Predictor k's checked probabilities on X over the model's classes (n, c), written into
+        ``out`` (an (n, c) view, zeros where the predictor lacks a class) where given."""
         h = self.predictors[k] if h is None else h
         P = checked_proba(h.predict_proba(X), X.shape[0], len(h.classes_), self._who(k), ArtifactError)
-        out = np.zeros((X.shape[0], self.classes_.size))
-        out[:, np.searchsorted(self.classes_, np.asarray(h.classes_))] = P
+        if out is None:
+            out = np.zeros((X.shape[0], self.classes_.size))
+        cols = np.searchsorted(self.classes_, np.asarray(h.classes_))
+        if cols.size != self.classes_.size:
+            out[...] = 0.0
+        out[:, cols] = P
         return out
 
     def to_onnx(self, dtype: str = "float64", *, provenance: dict | None = None, support: bool = False) -> bytes:
@@ -239,14 +248,18 @@ class CombinedModel:
             raise ValueError("predict_proba is only defined for task='classification'")
         return self._graph_or_numpy(X, "probabilities", self._predict_proba_numpy)
 
-    def _predict_proba_numpy(self, X: np.ndarray) -> np.ndarray:
-        """predict_proba part by part: each predictor, the domain model, the combination in numpy."""
+    def _predict_proba_numpy(self, X: np.ndarray, log_Q: np.ndarray | None = None) -> np.ndarray:
+        """predict_proba part by part: each predictor, the domain model, the combination in numpy
+        (``log_Q``: the domain model's log Q(k | x) on X where the caller has it already)."""
         from msa_fed.core.combination import combine_proba
 
         with blas_threads_for(X.size * self.n_sources):
-            a = self._weights(X)
+            a = self._weights(X, log_Q)
             hs = answered_together(self.predictors, X)  # peers' predictors: one request
-            P = np.stack([self._proba_of(k, X, hs[k]) for k in range(self.n_sources)], axis=1)
+            # each predictor's answer written in place (no list of p arrays stacked afterwards)
+            P = np.empty((X.shape[0], self.n_sources, self.classes_.size))
+            for k in range(self.n_sources):
+                self._proba_of(k, X, hs[k], out=P[:, k, :])
         return _finite(combine_proba(a, P), "the combined probabilities")
 
     def predict(self, X) -> np.ndarray:

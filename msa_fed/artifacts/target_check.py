@@ -236,18 +236,25 @@ def build_reference(
             cal = leave_one_out_distance(_features(model, X[rows], ref), neighbour)
         ref.calibration.append(np.sort(cal))
     # on the reference rows (at most n_reference per site): the cost stays bounded however large
-    # the published samples are
+    # the published samples are.  The domain model runs once over all of them: its log Q(k | x)
+    # gives the confusion matrix and the combination weights of the model's predictions.
+    stacked = check_X(np.vstack(ref.reference), model.n_features_in_) if any(ref.available) else None
+    log_Q = model.domain_model.predict_log_proba(stacked) if stacked is not None else None
     if all(ref.available):
-        ref.confusion = confusion_matrix([model.domain_proba(R) for R in ref.reference])
-    if model.task == "classification" and any(ref.available):
-        ref.loss_sd = _model_loss_sd(model, ref)
+        assert log_Q is not None
+        cuts = np.cumsum([R.shape[0] for R in ref.reference])[:-1]
+        ref.confusion = confusion_matrix(np.split(np.exp(log_Q), cuts))
+    if model.task == "classification" and stacked is not None:
+        assert log_Q is not None
+        ref.loss_sd = _model_loss_sd(model, ref, stacked, log_Q)
     return ref
 
 
-def _model_loss_sd(model, ref: TargetReference) -> np.ndarray:
+def _model_loss_sd(model, ref: TargetReference, rows: np.ndarray, log_Q: np.ndarray) -> np.ndarray:
     """Per site (NaN where it carries nothing): the spread of the log loss -log g(x, y) with y
     drawn from g(x, .) itself, over the site's reference rows x or over every site's, whichever
-    is larger (one predict_proba over all the rows).
+    is larger (one predict_proba over all the rows: ``rows``, the reference rows stacked, checked,
+    and ``log_Q``, the domain model's log Q(k | x) on them).
 
     A site's reference can be a few dozen rows and lacks its commonest records (a published row
     equal to a labelled one stays home): on Adult's Doc site the spread over its own 49 rows
@@ -255,7 +262,9 @@ def _model_loss_sd(model, ref: TargetReference) -> np.ndarray:
     (0.51-0.57 with the real labels); the whole reference's, 0.54-0.56, bounds it from above
     there."""
     sizes = [R.shape[0] for R in ref.reference]
-    P = np.clip(model.predict_proba(np.vstack(ref.reference)), 1e-300, 1.0)
+    # model.predict_proba(rows), its numpy path given the domain model's answer already computed
+    P = model._graph_or_numpy(rows, "probabilities", lambda X: model._predict_proba_numpy(X, log_Q))
+    P = np.clip(P, 1e-300, 1.0)
     loss = -np.log(P)
     m1 = np.sum(P * loss, axis=1)
     m2 = np.sum(P * loss * loss, axis=1)

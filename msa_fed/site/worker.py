@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from msa_fed.artifacts.isolated import answered_together, prestart
-from msa_fed.artifacts.outputs import checked_proba, checked_values
+from msa_fed.artifacts.outputs import PROBA_ATOL, checked_proba, checked_values
 from msa_fed.boundary import messages as m
 from msa_fed.core.combination import qhat_partial, site_point_set
 from msa_fed.core.config import MIN_POINTS
@@ -240,7 +240,10 @@ class SiteWorker(PublishedHalf):
                 for k, out in handed[1].items():  # the host's answers, on exactly these rows
                     if 0 <= k < len(predictors):
                         predictors[k] = _Answered(predictors[k], both, out)
+            done = self._handed_columns(predictors, both, n, cols)
             for k, h in enumerate(predictors):
+                if k in done:
+                    continue
                 out = self._checked_outputs(k, h, both, n)
                 if self.task == "regression":
                     cols[:, k] = out
@@ -258,6 +261,40 @@ class SiteWorker(PublishedHalf):
                 cols[:, k] = out[rows, idx]
             self._H = cols
         return self._H
+
+    def _handed_columns(self, predictors: list, both: np.ndarray, n: int, cols: np.ndarray) -> set[int]:
+        """The host's answers (:meth:`_hand_outputs`) of the predictors over exactly the job's
+        classes, checked together: one stacked array, one pass of the checks :func:`predictor_outputs`
+        makes on each (every entry finite and in [-PROBA_ATOL, 1 + PROBA_ATOL], every row summing
+        to 1 within PROBA_ATOL); where they all pass, their columns of H (the labels'
+        probabilities, clipped at 0, as :meth:`_outputs` takes them) are written to ``cols`` and
+        their indices returned.  Anything else (regression, other classes or shapes, a failed
+        check): none, and each predictor is checked on its own as before (its error, if any,
+        names it)."""
+        if self.task != "classification" or self.classes is None or both.dtype != np.float64:
+            return set()  # (rows not in float64: predictor_outputs's call would not be the answer's)
+        c = self.classes.size
+        ks = [
+            k
+            for k, h in enumerate(predictors)
+            if isinstance(h, _Answered)
+            and h.rows is both
+            and isinstance(h.out, np.ndarray)
+            and h.out.shape == (both.shape[0], c)
+            and np.array_equal(np.asarray(h.predictor.classes_), self.classes)
+        ]
+        if len(ks) < 2:
+            return set()
+        idx = np.searchsorted(self.classes, self.y_labeled)
+        if np.any(idx >= c) or np.any(self.classes[np.minimum(idx, c - 1)] != self.y_labeled):
+            return set()  # the per-predictor loop says it
+        S = np.stack([np.asarray(predictors[k].out, dtype=np.float64) for k in ks])  # (m, rows, c)
+        if not (S.min() >= -PROBA_ATOL and S.max() <= 1 + PROBA_ATOL):
+            return set()
+        if not float(np.abs(S @ np.ones(c) - 1.0).max()) <= PROBA_ATOL:
+            return set()
+        cols[:, ks] = np.clip(S[:, np.arange(n), idx], 0.0, None).T
+        return set(ks)
 
     def _owner(self, k: int) -> str:
         """The site whose predictor is predictor k of the job (its index where the host gave no names)."""

@@ -277,3 +277,63 @@ def test_an_unknown_support_score_in_a_file_is_refused(demo_model, tmp_path):
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="target reference is malformed"):
         load_model(path)
+
+
+def _reference_as_before(model, ref):
+    """The confusion matrix and the loss spreads as the reference computed them before it shared
+    the domain model's answer: the domain model on each site's rows, then the whole model's
+    predict_proba on all of them."""
+    from msa_fed.core.target import confusion_matrix
+
+    confusion = confusion_matrix([model.domain_proba(R) for R in ref.reference]) if all(ref.available) else None
+    P = np.clip(model.predict_proba(np.vstack(ref.reference)), 1e-300, 1.0)
+    loss = -np.log(P)
+    m1, m2 = np.sum(P * loss, axis=1), np.sum(P * loss * loss, axis=1)
+
+    def spread(a, b):
+        return float(np.sqrt(max(float(b.mean() - a.mean() ** 2), 0.0)))
+
+    edges = np.cumsum([0] + [R.shape[0] for R in ref.reference])
+    sd = [max(spread(m1[a:b], m2[a:b]), spread(m1, m2)) for a, b in zip(edges[:-1], edges[1:])]
+    return confusion, np.array(sd)
+
+
+def test_the_reference_shares_the_domain_models_answer_with_the_same_numbers(demo_federation, demo_model):
+    """build_reference runs the domain model once over the reference rows (confusion matrix and
+    the model's predictions from the same log Q): the numbers are those of the separate calls,
+    on the numpy path (the in-memory model's scikit-learn predictors) and on the graph's."""
+    from msa_fed.artifacts.target_check import build_reference
+
+    sites, fed = demo_federation
+    fitted = msa_fed.fit_dmsa(sites, task="classification")
+    samples = [fed[s]["X_unlabeled"] for s in SITES]
+    for model in (fitted, demo_model):
+        ref = build_reference(model, samples, [True] * len(SITES), n_reference=150)
+        assert all(ref.available) and sum(R.shape[0] for R in ref.reference) == 150 * len(SITES)
+        confusion, sd = _reference_as_before(model, ref)
+        np.testing.assert_array_equal(ref.confusion, confusion)
+        np.testing.assert_allclose(ref.loss_sd, sd, rtol=1e-12, atol=1e-12)
+    # the numpy path given log Q equals its own call, and predictors' answers written in place
+    # equal the model's answer part by part
+    X = np.vstack(samples)
+    log_Q = fitted.domain_model.predict_log_proba(X)
+    np.testing.assert_allclose(
+        fitted._predict_proba_numpy(X, log_Q), fitted._predict_proba_numpy(X), rtol=1e-12, atol=1e-15
+    )
+    from msa_fed.core.combination import combine_proba
+
+    parts = np.stack([fitted._proba_of(k, X) for k in range(fitted.n_sources)], axis=1)
+    np.testing.assert_array_equal(fitted._predict_proba_numpy(X), combine_proba(fitted.combination_weights(X), parts))
+
+
+def test_a_reference_with_a_site_kept_out_has_no_confusion_but_the_spreads_of_the_others(demo_federation):
+    from msa_fed.artifacts.target_check import build_reference
+
+    sites, fed = demo_federation
+    model = msa_fed.fit_dmsa(sites, task="classification")
+    samples = [fed[s]["X_unlabeled"] for s in SITES]
+    ref = build_reference(model, samples, [True, False, True], n_reference=150)
+    assert ref.confusion is None and ref.available == [True, False, True]
+    _, sd = _reference_as_before(model, ref)
+    assert np.isnan(ref.loss_sd[1])
+    np.testing.assert_allclose(ref.loss_sd[[0, 2]], sd[[0, 2]], rtol=1e-12, atol=1e-12)

@@ -505,3 +505,62 @@ def test_a_stacked_predictor_that_fails_a_site_s_check_is_blamed_as_before(sites
         errors.append((type(err.value), str(err.value)))
     assert errors[0] == errors[1]
     assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
+
+
+class _Skewed(_Counted):
+    """Probabilities that break one of the site's checks on rows whose first input is above
+    ``above``: scaled (rows not summing to 1) or shifted below 0."""
+
+    def __init__(self, h, above, how):
+        super().__init__(h)
+        self.above, self.how = above, how
+
+    def predict_proba(self, X):
+        P = np.array(super().predict_proba(X), dtype=np.float64)
+        bad = X[:, 0] > self.above
+        if self.how == "scaled":
+            P[bad] *= 1.25
+        else:
+            P[bad] -= 0.5
+        return P
+
+
+def test_the_sites_check_the_handed_answers_together_with_the_same_numbers(sites, monkeypatch):
+    """Each site checks the host's answers of the predictors in one stacked pass: it takes that
+    path for every predictor, and its outputs H, z and the predictions are bit for bit those of
+    each site calling every predictor itself."""
+    from msa_fed.site.worker import SiteWorker
+
+    taken = []
+    real = SiteWorker._handed_columns
+
+    def spy(self, *args):
+        done = real(self, *args)
+        taken.append(len(done))
+        return done
+
+    ref, H_ref, _ = _fit_outputs(sites, False, lambda k, h: _Counted(h))
+    assert not taken  # nothing handed without the stacked calls
+    monkeypatch.setattr(SiteWorker, "_handed_columns", spy)
+    got, H, _ = _fit_outputs(sites, True, lambda k, h: _Counted(h))
+    assert taken == [len(sites)] * len(sites)
+    for a, b in zip(H, H_ref):
+        assert np.array_equal(a, b)
+    assert np.array_equal(got.z, ref.z)
+    X = np.vstack([s.X_labeled for s in sites])
+    assert np.array_equal(got.predict_proba(X), ref.predict_proba(X))
+
+
+@pytest.mark.parametrize("how", ["scaled", "shifted"])
+def test_a_handed_answer_that_fails_the_checks_together_is_blamed_as_before(sites, how):
+    """A peer's predictor whose probabilities do not sum to 1 (or fall below 0) on some rows: the
+    stacked check refuses them and the site's own per-predictor check names the same predictor
+    and site with the same words as each site calling it itself."""
+    errors = []
+    for stack in (False, True):
+        wrap = lambda k, h: _Skewed(h, 3.0, how) if k == 2 else _Counted(h)  # noqa: E731
+        with pytest.raises((ConfigError, PeerFault)) as err:
+            _fit_outputs(sites, stack, wrap)
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1]
+    assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
