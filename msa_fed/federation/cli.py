@@ -332,19 +332,15 @@ def extend(sub: argparse._SubParsersAction) -> None:
     site = sub.choices["site"]._msa_fed_commands
     # `site status` belongs to the control CLI (a site's record at the registry); with --config it
     # is the site process's whole view, answered here (the control layer does not import this one)
-    status = site.choices.get("status")
-    if status is not None:
-        registry_view = status.get_default("func")
-        status.set_defaults(func=lambda args: status_command(args) if args.config else registry_view(args))
-    audit = site.choices.get("audit")  # `site audit --config site.toml`, the same way
-    if audit is not None:
-        verify = audit.get_default("func")
-        audit.set_defaults(func=lambda args: verify(with_site_logs(args)))
-    register_cmd = site.choices.get("register")  # `site register --config site.toml`, the same way
-    if register_cmd is not None:
-        register_site = register_cmd.get_default("func")
-        register_cmd.set_defaults(func=lambda args: register_site(with_site_register(args)))
-    publish = site.choices.get("publish")  # `site publish --config site.toml`, the same way
-    if publish is not None:
-        upload = publish.get_default("func")
-        publish.set_defaults(func=lambda args: upload(with_site_config(args)))
+    status = site.choices["status"]
+    registry_view = status.get_default("func")
+    status.set_defaults(func=lambda args: status_command(args) if args.config else registry_view(args))
+    # `site audit|register|publish --config site.toml`: site.toml read here, then their own handler
+    for name, read in (("audit", with_site_logs), ("register", with_site_register), ("publish", with_site_config)):
+        command = site.choices[name]
+        command.set_defaults(func=_after(read, command.get_default("func")))
+
+
+def _after(read, handler):
+    """``handler(read(args))``: a lower layer's command, given what site.toml says."""
+    return lambda args: handler(read(args))
