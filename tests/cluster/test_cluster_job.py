@@ -282,21 +282,29 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
 
         # one worker node per site, started one after the other (two cores: parallel starts time out)
         for name in JOB_SITES:
-            procs.start(
-                [
-                    ray_bin,
-                    "start",
-                    "--block",
-                    f"--address=127.0.0.1:{gcs_port}",
-                    "--num-cpus=1",
-                    "--object-store-memory=200000000",
-                    f"--resources={json.dumps({f'site:{name}': 1})}",
-                    "--disable-usage-stats",
-                    *node_ports(),
-                ],
-                env=env,
-            )
-            wait_for(lambda: joined(name), 300, f"the node of site {name}")
+            # `ray start` gives its raylet a fixed 30 s to register and then exits ("timed out
+            # during startup"), which a loaded two-core machine exceeds: a node whose command
+            # exited before joining is started again, and its log is shown if it never joins
+            for _attempt in range(3):
+                node = procs.start(
+                    [
+                        ray_bin,
+                        "start",
+                        "--block",
+                        f"--address=127.0.0.1:{gcs_port}",
+                        "--num-cpus=1",
+                        "--object-store-memory=200000000",
+                        f"--resources={json.dumps({f'site:{name}': 1})}",
+                        "--disable-usage-stats",
+                        *node_ports(),
+                    ],
+                    env=env,
+                )
+                wait_for(lambda: joined(name) or node.poll() is not None, 300, f"the node of site {name}")
+                if joined(name):
+                    break
+            else:
+                raise AssertionError(f"the node of site {name} exited 3 times:\n{node.log_path.read_text()[-2000:]}")
         intruder = subprocess.run(
             [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"],
             capture_output=True,
