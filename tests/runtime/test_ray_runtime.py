@@ -262,6 +262,9 @@ def test_a_site_the_channel_cannot_reach_is_served_through_ray(warm, sites, monk
     through_ray = []
     real_call = RaySites._call
     monkeypatch.setattr(ray_sites, "ChannelClient", client)
+    # the back-off outlasts the fit however loaded the machine (at 5 s a slow fit retried b's
+    # channel, which this test's client then let open)
+    monkeypatch.setattr(ray_sites, "CHANNEL_RETRY_S", 3600.0)
     monkeypatch.setattr(
         RaySites,
         "_call",
