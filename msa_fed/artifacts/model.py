@@ -105,6 +105,34 @@ class CombinedModel:
         self.target_reference = target_reference
 
     @property
+    def target_reference(self):
+        """What the model carries of the sites' published samples for target checks
+        (:class:`msa_fed.artifacts.target_check.TargetReference`), or None.  A fit hands the model
+        its builder (:meth:`defer_target_reference`): the reference is built on first use (a
+        target check, :meth:`save`, :meth:`to_onnx` with ``support``, pickling), from the model
+        as it is then, with the numbers the fit would have built."""
+        if "_target_build" in self.__dict__:
+            import threading
+
+            with self.__dict__.setdefault("_target_lock", threading.Lock()):
+                build = self.__dict__.get("_target_build")
+                if build is not None:
+                    self.__dict__["_target_reference"] = build()
+                    del self.__dict__["_target_build"]
+        return self.__dict__.get("_target_reference")
+
+    @target_reference.setter
+    def target_reference(self, value) -> None:
+        self.__dict__.pop("_target_build", None)
+        self.__dict__["_target_reference"] = value
+
+    def defer_target_reference(self, build) -> None:
+        """Build the target reference with ``build()`` (no arguments; returns it or None) on
+        first use of :attr:`target_reference` instead of now."""
+        self.__dict__.pop("_target_reference", None)
+        self.__dict__["_target_build"] = build
+
+    @property
     def n_sources(self) -> int:
         return self.z.size
 
@@ -145,12 +173,17 @@ class CombinedModel:
         return paper_z(self.z, self.qhat)
 
     def __getstate__(self) -> dict:
+        self.target_reference  # noqa: B018 - a deferred reference is built: its builder stays here
         state = dict(self.__dict__)
         state.pop("_graph", None)  # an onnxruntime session: rebuilt on first use
         state.pop("_graph_lock", None)
+        state.pop("_target_lock", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        if "target_reference" in state:  # the state of a model pickled before the reference was deferred
+            state["_target_reference"] = state.pop("target_reference")
         self.__dict__.update(state)
 
     # ------------------------------------------------------------------ prediction

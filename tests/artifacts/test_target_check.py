@@ -337,3 +337,60 @@ def test_a_reference_with_a_site_kept_out_has_no_confusion_but_the_spreads_of_th
     _, sd = _reference_as_before(model, ref)
     assert np.isnan(ref.loss_sd[1])
     np.testing.assert_allclose(ref.loss_sd[[0, 2]], sd[[0, 2]], rtol=1e-12, atol=1e-12)
+
+
+def test_a_fit_builds_its_reference_on_first_use_with_the_numbers_built_at_its_end(demo_federation, tmp_path):
+    """The reference is deferred by the fit (built on first use, not by the fit): its numbers are
+    those a build at the end of the fit gives, bit for bit, after the model has predicted; a
+    pickle and a save carry it built."""
+    import pickle
+
+    from msa_fed.artifacts import target_check
+    from msa_fed.artifacts.model import CombinedModel
+
+    sites, fed = demo_federation
+    builds: list = []
+    at_the_end: list = []
+    real_defer = CombinedModel.defer_target_reference
+
+    def counted(*args, **kw):
+        builds.append(args)
+        return real_build(*args, **kw)
+
+    def defer_and_build_now(self, build):
+        at_the_end.append(build())  # what the fit built before it deferred the reference
+        real_defer(self, build)
+
+    real_build = target_check.build_reference
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CombinedModel, "defer_target_reference", defer_and_build_now)
+        mp.setattr(target_check, "build_reference", counted)
+        model = msa_fed.fit_dmsa(sites, task="classification")
+        assert len(builds) == 1 and len(at_the_end) == 1  # the eager build of this test only
+        X = fed["north"]["X_test"]
+        model.predict_proba(X)
+        assert "_target_build" in model.__dict__  # not built by predicting
+        ref, eager = model.target_reference, at_the_end[0]
+        assert len(builds) == 2 and "_target_build" not in model.__dict__
+        assert model.target_reference is ref and len(builds) == 2  # built once
+    assert ref.available == eager.available == [True] * len(SITES)
+    for k in range(len(SITES)):
+        np.testing.assert_array_equal(ref.reference[k], eager.reference[k])
+        np.testing.assert_array_equal(ref.calibration[k], eager.calibration[k])
+    np.testing.assert_array_equal(ref.confusion, eager.confusion)
+    np.testing.assert_array_equal(ref.loss_sd, eager.loss_sd)
+    np.testing.assert_array_equal(ref.scale, eager.scale)
+    # a pickled model and a saved one carry it built (the builder does not travel)
+    again = msa_fed.fit_dmsa(sites, task="classification")
+    state = again.__getstate__()
+    assert "_target_build" not in state and "_target_lock" not in state
+    copied = pickle.loads(pickle.dumps(again))
+    np.testing.assert_array_equal(copied.target_reference.calibration[0], ref.calibration[0])
+    np.testing.assert_array_equal(copied.target_reference.loss_sd, ref.loss_sd)
+    saved = load_model(msa_fed.fit_dmsa(sites, task="classification").save(tmp_path / "m"))
+    np.testing.assert_array_equal(saved.target_reference.calibration[1], ref.calibration[1])
+    np.testing.assert_allclose(saved.support(X).pvalue, model.support(X).pvalue)
+    # set by hand, a reference replaces the builder
+    fresh = msa_fed.fit_dmsa(sites, task="classification")
+    fresh.target_reference = None
+    assert fresh.target_reference is None and "_target_build" not in fresh.__dict__
