@@ -305,10 +305,14 @@ def main(argv=None) -> int:
                 # the solver's own CPU (SLSQP, its bookkeeping), and what is left of the fit
                 med["solver"] = med["solve"] - med["dc_evaluate"] - med["plausibility"]
                 med.setdefault("reference", 0.0)
+                med.setdefault("reference_after_fit", 0.0)
                 med["rest"] = med["fit"] - sum(med[k] for k in PHASES) - med["solver"] - med["reference"]
                 row[name] = med
                 parts = ", ".join(f"{k} {med[k]:.2f}" for k in (*PHASES, "solver", "reference", "rest"))
-                line += f" | {name}: fit CPU {med['fit']:.2f} s ({parts}; {med['evaluations']:.0f} evaluations)"
+                line += (
+                    f" | {name}: fit CPU {med['fit']:.2f} s ({parts}; {med['evaluations']:.0f} evaluations;"
+                    f" the reference's first use after the fit {med['reference_after_fit']:.2f})"
+                )
             print(line + f" | load {row['load_average'][0]:.1f}", flush=True)
             rows.append(row)
         result["phases"] = rows
