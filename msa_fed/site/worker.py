@@ -264,9 +264,9 @@ class SiteWorker(PublishedHalf):
 
     def _handed_columns(self, predictors: list, both: np.ndarray, n: int, cols: np.ndarray) -> set[int]:
         """The host's answers (:meth:`_hand_outputs`) of the predictors over exactly the job's
-        classes, checked together: one stacked array, one pass of the checks :func:`predictor_outputs`
-        makes on each (every entry finite and in [-PROBA_ATOL, 1 + PROBA_ATOL], every row summing
-        to 1 within PROBA_ATOL); where they all pass, their columns of H (the labels'
+        classes, checked together: the checks :func:`predictor_outputs` makes on each (every entry
+        finite and in [-PROBA_ATOL, 1 + PROBA_ATOL], every row summing to 1 within PROBA_ATOL),
+        a few array passes per answer; where they all pass, their columns of H (the labels'
         probabilities, clipped at 0, as :meth:`_outputs` takes them) are written to ``cols`` and
         their indices returned.  Anything else (regression, other classes or shapes, a failed
         check): none, and each predictor is checked on its own as before (its error, if any,
@@ -300,9 +300,9 @@ class SiteWorker(PublishedHalf):
             return set()
         if not float(sums.max()) <= PROBA_ATOL:
             return set()
-        rows = np.arange(n)
+        at = np.arange(n) * c + idx  # the labels' entries of the labelled rows, flat (rows, c) index
         for k, out in zip(ks, outs):
-            np.clip(out[rows, idx], 0.0, None, out=cols[:, k])
+            np.clip(np.take(out.reshape(-1), at), 0.0, None, out=cols[:, k])
         return set(ks)
 
     def _owner(self, k: int) -> str:
