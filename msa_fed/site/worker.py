@@ -300,9 +300,11 @@ class SiteWorker(PublishedHalf):
             return set()
         if not float(sums.max()) <= PROBA_ATOL:
             return set()
-        at = np.arange(n) * c + idx  # the labels' entries of the labelled rows, flat (rows, c) index
+        rows = np.arange(n)
+        at = rows * c + idx  # the labels' entries of the labelled rows in a row-major (rows, c) array
         for k, out in zip(ks, outs):
-            np.clip(np.take(out.reshape(-1), at), 0.0, None, out=cols[:, k])
+            label = np.take(out.reshape(-1), at) if out.flags.c_contiguous else out[rows, idx]
+            np.clip(label, 0.0, None, out=cols[:, k])
         return set(ks)
 
     def _owner(self, k: int) -> str:
