@@ -114,10 +114,17 @@ class CombinedModel:
         if "_target_build" in self.__dict__:
             import threading
 
-            with self.__dict__.setdefault("_target_lock", threading.Lock()):
+            # another thread waits for the build; a read from within the build finds none yet; a
+            # build that fails is tried again at the next read
+            with self.__dict__.setdefault("_target_lock", threading.RLock()):
                 build = self.__dict__.get("_target_build")
-                if build is not None:
-                    self.__dict__["_target_reference"] = build()
+                if build is not None and not self.__dict__.get("_target_building"):
+                    self.__dict__["_target_building"] = True
+                    try:
+                        reference = build()
+                    finally:
+                        del self.__dict__["_target_building"]
+                    self.__dict__["_target_reference"] = reference
                     del self.__dict__["_target_build"]
         return self.__dict__.get("_target_reference")
 
@@ -178,6 +185,7 @@ class CombinedModel:
         state.pop("_graph", None)  # an onnxruntime session: rebuilt on first use
         state.pop("_graph_lock", None)
         state.pop("_target_lock", None)
+        state.pop("_target_building", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

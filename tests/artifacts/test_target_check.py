@@ -391,6 +391,36 @@ def test_a_fit_builds_its_reference_on_first_use_with_the_numbers_built_at_its_e
     np.testing.assert_array_equal(saved.target_reference.calibration[1], ref.calibration[1])
     np.testing.assert_allclose(saved.support(X).pvalue, model.support(X).pvalue)
     # set by hand, a reference replaces the builder
-    fresh = msa_fed.fit_dmsa(sites, task="classification")
+    fresh = again
     fresh.target_reference = None
     assert fresh.target_reference is None and "_target_build" not in fresh.__dict__
+    # a build that fails is tried again at the next read; readers in other threads wait for the
+    # one build and get its reference; a read from within the build finds none yet
+    import threading
+    import time
+
+    calls: list = []
+    inner: list = []
+    go = threading.Event()
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first build fails")
+        inner.append(fresh.target_reference)
+        go.wait(10)  # the other readers arrive while it runs
+        return ref
+
+    fresh.defer_target_reference(flaky)
+    with pytest.raises(RuntimeError, match="first build fails"):
+        _ = fresh.target_reference
+    seen: list = []
+    readers = [threading.Thread(target=lambda: seen.append(fresh.target_reference)) for _ in range(3)]
+    for t in readers:
+        t.start()
+    time.sleep(0.2)
+    go.set()
+    for t in readers:
+        t.join(10)
+    assert len(calls) == 2 and inner == [None] and len(seen) == 3 and all(r is ref for r in seen)
+    assert fresh.target_reference is ref
