@@ -424,3 +424,25 @@ def test_a_fit_builds_its_reference_on_first_use_with_the_numbers_built_at_its_e
         t.join(10)
     assert len(calls) == 2 and inner == [None] and len(seen) == 3 and all(r is ref for r in seen)
     assert fresh.target_reference is ref
+
+
+def test_a_fit_with_an_isolated_peer_predictor_builds_its_reference_before_it_returns(demo_federation, monkeypatch):
+    """An isolated predictor runs in a worker of the job: the fit builds the reference while
+    it is there (not deferred), with the same numbers as a deferred build."""
+    import msa_fed.runtime.coordinator as coordinator
+    from msa_fed.artifacts import target_check
+
+    sites, _ = demo_federation
+    deferred = msa_fed.fit_dmsa(sites, task="classification")
+    builds: list = []
+    real_build = target_check.build_reference
+    monkeypatch.setattr(target_check, "build_reference", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+    peer = sites[1].predictor
+    monkeypatch.setattr(coordinator, "is_isolated", lambda h: h is peer)
+    model = msa_fed.fit_dmsa(sites, task="classification")
+    assert builds == [1] and "_target_build" not in model.__dict__  # built by the fit
+    ref, other = model.target_reference, deferred.target_reference
+    assert builds == [1]
+    np.testing.assert_array_equal(ref.loss_sd, other.loss_sd)
+    for k in range(len(SITES)):
+        np.testing.assert_array_equal(ref.calibration[k], other.calibration[k])
