@@ -103,13 +103,24 @@ def setup_cli(*args) -> str:
     return out
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, interval=0.5):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(0.5)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+#: what `ray start --block` prints once its node is up (a worker node: registered with the head's GCS)
+RAY_STARTED = "block forever"
+
+
+def started_or_exited(proc) -> bool:
+    """Whether the `ray start --block` process ``proc`` printed that its node is up, or exited.
+    A read of its log file: polling `ray status` instead (a Python process and a GCS connection
+    per look) took CPU from the very nodes it waited for on a two-core machine."""
+    return proc.poll() is not None or RAY_STARTED in proc.log_path.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +257,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     )  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")
     try:
-        procs.start(
+        head = procs.start(
             [
                 ray_bin,
                 "start",
@@ -263,16 +274,8 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
             ],
             env=env,
         )
-        wait_for(
-            lambda: (
-                subprocess.run(
-                    [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env, capture_output=True
-                ).returncode
-                == 0
-            ),
-            90,
-            "the Ray head",
-        )
+        wait_for(lambda: started_or_exited(head), 90, "the Ray head")
+        assert head.poll() is None, f"the Ray head exited:\n{head.log_path.read_text()[-2000:]}"
 
         def joined(name):
             out = subprocess.run(
@@ -300,7 +303,11 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
                     ],
                     env=env,
                 )
-                wait_for(lambda: joined(name) or node.poll() is not None, 300, f"the node of site {name}")
+                wait_for(lambda: started_or_exited(node), 300, f"the node of site {name}")
+                # up: the head lists its resource (`ray status` reads the head's resource view,
+                # which follows a node's registration within a few seconds)
+                if node.poll() is None:
+                    wait_for(lambda: joined(name) or node.poll() is not None, 120, f"site:{name} in the head's view", 1)
                 if joined(name):
                     break
             else:
