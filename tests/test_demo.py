@@ -1,6 +1,8 @@
 """`make demo` end to end, as a user runs it: `msa-fed demo` in a fresh process (a registry on
 loopback gRPC with its relay, three `msa-fed site serve` processes that dial out to it, a local
-Ray whose actors stand in for the sites, the federated job), checked on what it prints."""
+Ray whose actors stand in for the sites, the federated job), checked on what it prints.  The
+module runs it once, with ``--keep`` (the only difference: the folder it works in is kept, and
+its last line says so), and both tests assert on that run."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """One `msa-fed demo --keep FOLDER` for the module (the demo is the module's minute): its
-    completed process, its wall time, its working folder and the temporary folder it ran with.
+    completed process, its wall time and its working folder.
     ``--keep`` changes only where the demo works (a given folder, not a temporary one) and its
     last line; both tests assert on this one run."""
     tmp = tmp_path_factory.mktemp("demo")
