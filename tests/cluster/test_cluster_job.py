@@ -123,6 +123,15 @@ def started_or_exited(proc) -> bool:
     return proc.poll() is not None or RAY_STARTED in proc.log_path.read_text(errors="replace")
 
 
+def kill_group(proc) -> None:
+    """Kill what is left of the process group of ``proc`` (a `ray start` that exited: the
+    processes it had started, a GCS or a raylet, may still run)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     """Registry process + sites registered over gRPC via the CLI; yields paths and tokens."""
@@ -240,7 +249,6 @@ def test_job_rejects_corrupted_artifact(federation, tmp_path):
 def test_ray_job_submit_end_to_end(federation, tmp_path):
     f = federation
     procs = Procs(tmp_path)
-    gcs_port, dash_port = free_port(), free_port()
     # Ray's token authentication stays on: every process of this cluster shares one token
     env = dict(
         f["env"],
@@ -257,25 +265,33 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     )  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")
     try:
-        head = procs.start(
-            [
-                ray_bin,
-                "start",
-                "--head",
-                "--block",
-                f"--port={gcs_port}",
-                "--num-cpus=1",
-                "--object-store-memory=200000000",
-                f"--dashboard-port={dash_port}",
-                "--dashboard-host=127.0.0.1",
-                "--include-dashboard=true",
-                "--disable-usage-stats",
-                *node_ports(),
-            ],
-            env=env,
-        )
-        wait_for(lambda: started_or_exited(head), 90, "the Ray head")
-        assert head.poll() is None, f"the Ray head exited:\n{head.log_path.read_text()[-2000:]}"
+        # the head's own raylet has the same fixed 30 s to register (below): started again, on
+        # fresh ports, up to three times
+        for _attempt in range(3):
+            gcs_port, dash_port = free_port(), free_port()
+            head = procs.start(
+                [
+                    ray_bin,
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--port={gcs_port}",
+                    "--num-cpus=1",
+                    "--object-store-memory=200000000",
+                    f"--dashboard-port={dash_port}",
+                    "--dashboard-host=127.0.0.1",
+                    "--include-dashboard=true",
+                    "--disable-usage-stats",
+                    *node_ports(),
+                ],
+                env=env,
+            )
+            wait_for(lambda: started_or_exited(head), 120, "the Ray head")
+            if head.poll() is None:
+                break
+            kill_group(head)
+        else:
+            raise AssertionError(f"the Ray head exited 3 times:\n{head.log_path.read_text()[-2000:]}")
 
         def joined(name):
             out = subprocess.run(
@@ -310,6 +326,7 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
                     wait_for(lambda: joined(name) or node.poll() is not None, 120, f"site:{name} in the head's view", 1)
                 if joined(name):
                     break
+                kill_group(node)
             else:
                 raise AssertionError(f"the node of site {name} exited 3 times:\n{node.log_path.read_text()[-2000:]}")
         intruder = subprocess.run(
