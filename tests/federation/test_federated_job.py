@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 from fedhelpers import (  # noqa: E402,E501
     NAMES,
     cli_here,
+    cli_run,
     fit_config,
     job_config,
     local_kwargs,
@@ -359,8 +360,8 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, ap
 
     fed, two = approving, {n: files[n] for n in APPROVING}
 
-    def approve(name):
-        done = cli_here("site", "approve", "waits", "--config", fed.config_path(name))
+    def approve(name):  # a process of its own: the job runs in this one meanwhile (cli_here swaps sys.stdout)
+        done = cli_run("site", "approve", "waits", "--config", fed.config_path(name))
         assert done.returncode == 0, done.stderr
 
     def records(name):
