@@ -519,3 +519,46 @@ def test_a_frozen_site_ends_the_job_within_the_timeout(fed, files):
             os.kill(pid, signal.SIGCONT)
         relay.close_job("frozen")
     fed.wait_connected(["west"], timeout=120)  # the site reconnects by itself once it runs again
+
+
+def test_a_federated_job_on_small_samples_starts_no_ray_and_keeps_its_sigterm_handler(fed):
+    """The coordinator trains the classifier itself on samples this small: the job runs end to end
+    (registry, relay, the three site processes) without starting Ray, and the job's SIGTERM
+    handler (a cancelled job ends recorded, as Ctrl-C does) is the one in place at its end."""
+    import signal
+
+    from fedhelpers import job_config, output_dir
+
+    from msa_fed.jobs.run import run_job
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        job = job_config("noray", fed.address, insecure=True, **fed.sealing())
+        _, model = run_job(job, fed.admin_token, verbose=False, log=lambda *_: None, output_dir=output_dir(fed.workdir))
+        assert not ray.is_initialized()
+        assert model.z.shape == (3,) and abs(model.z.sum() - 1.0) < 1e-9
+        assert getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "") == "interrupt_on_sigterm.<locals>.handler"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_ray_started_by_the_coordinator_keeps_the_processs_own_sigterm_handler(tmp_path):
+    """ensure_ray in a fresh process (this module runs no Ray): Ray's driver installs its SIGTERM
+    handler on ray.init; one the process had set before is put back."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal\n"
+        "from msa_fed.runtime.ray_actors import ensure_ray\n"
+        "def mine(signum, frame): pass\n"
+        "signal.signal(signal.SIGTERM, mine)\n"
+        "ray = ensure_ray(num_cpus=1)\n"
+        "print('kept' if signal.getsignal(signal.SIGTERM) is mine else 'replaced')\n"
+        "ray.shutdown()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "kept"
