@@ -25,7 +25,7 @@ Five steps, each failing with one clear line before any training when something 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -210,13 +210,18 @@ def plan_job(config: JobConfig, client, tracker: JobTracker, log) -> JobPlan:
 
 def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_init_kwargs, log):
     """The job's backend (:func:`msa_fed.runtime.topology.make_backend`): the sites' own processes
-    through the registry's relay (federated), or one actor per site on its own node (cluster)."""
+    through the registry's relay (federated), or one actor per site on its own node (cluster).
+    Ray starts here for the cluster topology; a federated job starts it only if it needs stand-in
+    actors for the classifier's training (large published samples), and not at all otherwise."""
     from msa_fed.runtime.ray_actors import ensure_ray
     from msa_fed.runtime.topology import make_backend
 
     fit = config.fit
-    ensure_ray(fit.ray.address, **{**fit.ray.init_kwargs, **(ray_init_kwargs or {})})
-    interrupt_on_sigterm()  # Ray's driver handler replaced ours
+    if ray_init_kwargs:
+        fit = replace(fit, ray=replace(fit.ray, init_kwargs={**fit.ray.init_kwargs, **ray_init_kwargs}))
+    if fit.topology != "federated":
+        ensure_ray(fit.ray.address, **fit.ray.init_kwargs)
+        interrupt_on_sigterm()  # where Ray was started before this process set its handler
     sites: Any
     if fit.topology == "federated":
         from msa_fed.federation.job import relayed_sites

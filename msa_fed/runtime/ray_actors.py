@@ -36,12 +36,20 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
     """Attach to ``address`` / ``RAY_ADDRESS`` if given, else start a new local Ray (once).
 
     ``address="local"`` is passed explicitly in the second case: a bare ``ray.init()`` would
-    attach to any Ray that happens to run on this machine (it reads /tmp/ray).
+    attach to any Ray that happens to run on this machine (it reads /tmp/ray).  A SIGTERM handler
+    of this process's own (a job's, which ends it as Ctrl-C does) is kept: Ray's driver installs
+    its own, which exits with status 15 and no record, wherever Ray starts (a federated job starts
+    it only when it needs stand-in actors, mid-job).
     """
+    import signal
+    import threading
+
     import ray
 
     if ray.is_initialized():
         return ray
+    main = threading.current_thread() is threading.main_thread()
+    own_sigterm = signal.getsignal(signal.SIGTERM) if main else None
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     kwargs.update(init_kwargs)
@@ -66,6 +74,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
             ray.shutdown()
     if address == "local":
         private_ray_token()
+    if callable(own_sigterm):
+        signal.signal(signal.SIGTERM, own_sigterm)
     return ray
 
 
