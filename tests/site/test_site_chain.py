@@ -172,3 +172,32 @@ def test_peer_samples_are_checked_against_the_signed_content_not_only_the_regist
     _ask(site, sealer, "join_job", _join_msg(site))  # a new join fetches again
     with pytest.raises(ConfigError, match="the sample of site 'east' .* not the one the job's signed content pins"):
         site["app"].jobs["job-1"].published()
+
+
+def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_the_requests(site, monkeypatch):
+    """Once a join is admitted the site fetches the job's published samples and evaluates the
+    predictors on its rows in the background: the samples are fetched once (the request that
+    needs them takes them), the outputs are the ones the request would compute, and a
+    predictor whose outputs fail the check fails the request that needs them (the background
+    raises nothing of its own)."""
+    sealer = _sealer(site)
+    _ask(site, sealer, "join_job", _join_msg(site))
+    worker = site["app"].jobs["job-1"]
+    assert worker.published() is worker.published() and site["registry"].fetched == list(SITES)
+    H = worker._outputs()
+    assert worker._pending_H is None and H.shape == (80, 2)
+    np.testing.assert_array_equal(H, worker._compute_outputs())  # the same numbers, computed now
+
+    class Broken:  # the site's own predictor gives NaN on its rows
+        classes_ = np.array([0, 1])
+
+        def predict_proba(self, X):
+            return np.full((len(X), 2), np.nan)
+
+    own = worker.predictors[0]
+    monkeypatch.setattr(site["app"], "_predictor", lambda job, name, sha, kind: Broken() if name == "north" else own)
+    _ask(site, sealer, "join_job", _join_msg(site))  # joined again: outputs computed ahead, failing
+    broken = site["app"].jobs["job-1"]
+    assert broken is not worker and broken._pending_H is not None
+    with pytest.raises(ConfigError, match="site 'north''s own predictor"):
+        broken._outputs()
