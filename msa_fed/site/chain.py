@@ -263,7 +263,7 @@ class SiteApp:
         # this site's rows, for set_qhat); each request waits for its part and raises its failure
         if self.policy.verify_domain_models:
             self._prefetch(worker.published, f"site-{self.name}-samples")
-        worker.precompute_outputs()
+        worker._start_outputs()
         return info
 
     @staticmethod

@@ -196,7 +196,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
-        self._pending_H: _Background | None = None  # H being computed in the background (precompute_outputs)
+        self._pending_H: _Background | None = None  # H being computed in the background (_start_outputs)
         self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
@@ -249,7 +249,7 @@ class SiteWorker(PublishedHalf):
         outside the site's process can call it: it is not in the site's list of methods)."""
         self._handed = (rows, dict(outputs))
 
-    def precompute_outputs(self) -> None:
+    def _start_outputs(self) -> None:
         """Start computing :meth:`_outputs` in the background (a site process does it once the job
         is admitted: the predictors' outputs on this site's rows depend on neither the domain
         model nor Qhat, so they are ready by the time set_qhat needs them instead of costing that
