@@ -29,7 +29,8 @@ the accusations against it: some accuser of j other than h is still harmed witho
 without it (the default tolerance's calibration), an honest site is never named: every honest
 accuser of an honest j also accuses the hostile site, which accounts for them all, its own word
 included.  A lone accusation names nobody (it is reported, and the harmed site can still refuse
-to sign the model off); j's own claims never clear j.
+to sign the model off) unless the fit asks for it (``suspects="any"``, for consortia that trust
+their members' verdicts: it names a framed honest site just as well); j's own claims never clear j.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ MIN_HARM = 0.01
 #: the tolerance is a multiple of the site's own predictor's loss, or of this when that is smaller
 #: (a near-perfect own predictor does not make every honest trade-off a harm)
 SCALE_FLOOR = 0.25
+#: who an accusation names (the fit's ``suspects`` option): "corroborated", the rule above; "any",
+#: also a lone harmed site's accusation (:func:`suspects`, ``lone``)
+SUSPECT_RULES = ("corroborated", "any")
 #: the head of the suspects' line (summary, report)
 SUSPECTS_HEAD = "suspects (accused by harmed sites that no single other site accounts for)"
 
@@ -108,6 +112,7 @@ def suspects(
     tolerance: np.ndarray,
     noisy: Sequence[bool] | None = None,
     without_sites: np.ndarray | None = None,
+    lone: bool = False,
 ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """(suspects, {harmed site: the sites whose exclusion removes its harm, its accusations}).
 
@@ -121,7 +126,13 @@ def suspects(
     mixture re-solved without site j *and its labelled points* (column j).  The influence
     analysis's z^{-j} drops only domain j from the min-max: a site whose labelled points poison a
     peer's loss estimate (rows in the peer's region, labelled against the peer) moves z just as
-    much without its domain, and the exclusion that removes the harm is the one of its data."""
+    much without its domain, and the exclusion that removes the harm is the one of its data.
+
+    ``lone`` (the fit's ``suspects="any"``): an accuser's own word accounts for its accusation only
+    when some other site accuses the accuser; a harmed site nobody accuses names whom it accuses,
+    alone.  It names the hostile peer of a three-site federation that one honest site sees, and an
+    honest peer that one lying site frames just as well: only where every site is trusted to
+    report its verdict honestly."""
     combined = np.asarray(combined, dtype=np.float64)
     p = len(names)
     noisy = [False] * p if noisy is None else [bool(x) for x in noisy]
@@ -142,6 +153,8 @@ def suspects(
     accused = [set(removed.get(names[k], ())) for k in range(p)]  # accused[k]: whom k accuses
 
     def accounted(j: int, h: int) -> bool:  # h hostile accounts for every accusation against j
+        if lone and h in accusers[j] and not accusers[h]:
+            return False  # h's own word counts only once someone accuses h
         return all(names[h] in accused[k] for k in accusers[j] if k != h)
 
     named = [j for j in range(p) if accusers[j] and not any(accounted(j, h) for h in range(p) if h != j)]
@@ -156,12 +169,14 @@ def site_check(
     noisy: Sequence[bool],
     signs_off: Sequence[bool],
     without_sites: np.ndarray | None = None,
+    lone: bool = False,
 ) -> dict[str, Any]:
     """The sites' verdicts on a model as a JSON-able dict (the model's ``info["site_check"]``):
     ``sites``, ``combined`` / ``own`` (each site's measured losses at the model's z), ``harm``
     (combined - own), ``tolerance``, ``noisy`` (DP noise in the site's answer), ``harmed``,
     ``signs_off``, ``disputed`` (the sites that do not sign it off), ``suspects``,
-    ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}), ``not_named``
+    ``removed_by`` ({harmed site: the sites whose exclusion removes its harm}), ``accusers``
+    ({suspect: the harmed sites that accuse it}), ``rule`` (:data:`SUSPECT_RULES`), ``not_named``
     (the sites some harmed site accuses that are not named: :func:`suspects`) and
     ``combined_without`` (p x p: site k's loss without site j, row k; absent without the
     influence analysis) and ``loss_without_site`` (p x p: site k's loss at the mixture re-solved
@@ -171,7 +186,7 @@ def site_check(
     combined = np.asarray(combined, dtype=np.float64)
     own = np.asarray(own, dtype=np.float64)
     tolerance = np.asarray(tolerance, dtype=np.float64)
-    named, removed = suspects(names, combined, own, tolerance, noisy, without_sites)
+    named, removed = suspects(names, combined, own, tolerance, noisy, without_sites, lone=lone)
     out: dict[str, Any] = {
         "sites": names,
         "combined": [float(x) for x in combined[:, 0]],
@@ -183,6 +198,8 @@ def site_check(
         "signs_off": [bool(x) for x in signs_off],
         "disputed": [n for n, ok in zip(names, signs_off) if not ok],
         "suspects": list(named),
+        "rule": SUSPECT_RULES[1] if lone else SUSPECT_RULES[0],
+        "accusers": {j: [k for k, by in removed.items() if j in by] for j in named},
         "removed_by": removed,
         "not_named": [n for n in names if n not in named and any(n in by for by in removed.values())],
     }
@@ -215,7 +232,13 @@ def harm_lines(check: dict[str, Any]) -> list[str]:
             out.append(f"  {k}'s harm goes away without {', '.join(by)}")
         else:
             out.append(f"  {k}'s harm stays without any single site")
-    shown = ", ".join(check["suspects"]) if check["suspects"] else "none"
+    accusers = check.get("accusers") or {}
+
+    def who(j: str) -> str:
+        by = accusers.get(j) or []
+        return f"{j} (on {by[0]}'s word alone)" if len(by) == 1 else j
+
+    shown = ", ".join(who(j) for j in check["suspects"]) if check["suspects"] else "none"
     out.append(f"  {SUSPECTS_HEAD}: {shown}")
     lone = check.get("not_named") or []
     if lone:

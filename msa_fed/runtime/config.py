@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from msa_fed.core.config import FEATURE_NAMES, MIN_POINTS, TASKS, ClassifierConfig, SolverConfig, task_loss
+from msa_fed.core.harm import SUSPECT_RULES
 from msa_fed.core.options import (
     Check,
     Choice,
@@ -243,6 +244,14 @@ class FitConfig:
         "the influence report with the model: each site's loss with and without each other site, z "
         "re-solved without each (about 10 to 30 more evaluations per site; jobs turn it on)",
         Flag(),
+    )
+    suspects: str = option(
+        "corroborated",
+        'who a harmed site\'s accusation names: "corroborated" (a site is named only when no single other '
+        'site, lying, accounts for every accusation against it) or "any" (one harmed site\'s word names '
+        "too: only where every site is trusted to report its verdict honestly)",
+        Choice(*SUSPECT_RULES),
+        job="model",
     )
     classifier: ClassifierConfig = option(
         None, "domain classifier options (ClassifierConfig)", api="classifier_options", job="classifier"

@@ -512,11 +512,12 @@ class Coordinator:
             [bool(r.noisy) for r in parts],
             [bool(r.signs_off) for r in parts],
         )
-        out = check(*verdicts)
+        lone = self.config.suspects == "any"
+        out = check(*verdicts, lone=lone)
         if any(out["harmed"]) and not self.epsilon:  # a harm: whose exclusion, data and all, removes it
             table, rounds = self.without_each_site(progress)
             if table is not None:
-                out = check(*verdicts, without_sites=table)
+                out = check(*verdicts, without_sites=table, lone=lone)
                 out["rounds_without_site"] = rounds  # each one a query every site answered
         for line in harm_lines(out):
             progress.note(line)

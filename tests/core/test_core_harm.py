@@ -93,3 +93,29 @@ def test_a_hostile_site_cannot_second_an_honest_sites_accusation_of_an_honest_pe
     check = site_check(names, combined, own, np.full(3, 0.4), [False] * 3, [True] * 3, without_sites=table)
     assert check["removed_by"] == {"north": ["evil"], "south": ["evil"], "evil": ["south"]}
     assert check["suspects"] == ["evil"] and check["not_named"] == ["south"]
+
+
+def test_on_one_word_a_lone_accusation_names_and_an_accused_seconder_still_does_not():
+    """``suspects="any"`` (``lone``): a harmed site nobody accuses names whom it accuses alone (the
+    hostile peer one honest site sees, and an honest peer one lying site frames just as well); a
+    seconder that is itself accused accounts for nothing more than under the default rule."""
+    check = site_check(
+        ["north", "south", "evil"],
+        np.array([[0.30, 0.30, 0.30, 0.30], [2.00, 2.00, 2.00, 0.35], [0.20, 0.20, 0.20, 0.20]]),
+        np.array([0.28, 0.30, 0.19]),
+        np.full(3, 4.0),
+        [False] * 3,
+        [True] * 3,
+        lone=True,
+    )
+    assert check["suspects"] == ["evil"] and check["not_named"] == [] and check["rule"] == "any"
+    assert check["accusers"] == {"evil": ["south"]}
+    assert f"  {SUSPECTS_HEAD}: evil (on south's word alone)" in harm_lines(check)
+    # the hostile seconding: evil (accused by north) seconds north's accusation of honest south
+    names, own = ["north", "south", "evil"], np.array([0.088, 0.686, 0.0])
+    table = np.array([[1.04, 0.092, 0.174], [0.715, 1.44, 0.521], [3.0, 0.0, 3.0]])
+    combined = np.array([[0.87], [0.686], [3.0]])
+    for lone in (False, True):
+        check = site_check(names, combined, own, np.full(3, 0.4), [False] * 3, [True] * 3, table, lone=lone)
+        assert check["removed_by"] == {"north": ["south", "evil"], "evil": ["south"]}
+        assert check["suspects"] == [] and check["not_named"] == ["south", "evil"]

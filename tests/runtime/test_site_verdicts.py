@@ -85,9 +85,9 @@ def _sites():
     return out
 
 
-def _fit(worker_cls=SiteWorker, tolerance=TOLERANCE, accept=True, influence=True):
+def _fit(worker_cls=SiteWorker, tolerance=TOLERANCE, accept=True, influence=True, suspects="corroborated"):
     sites = [replace(s, policy=SitePolicy(harm_tolerance=tolerance, accept_harm=accept)) for s in _sites()]
-    config = build_config("dmsa", random_state=0, influence=influence)
+    config = build_config("dmsa", random_state=0, influence=influence, suspects=suspects)
     backend = make_backend(sites, config)
     backend.worker_cls = worker_cls
     with warnings.catch_warnings():
@@ -173,6 +173,24 @@ def test_a_site_that_makes_its_own_domain_look_hard_is_accused_by_the_site_it_ha
     assert any("HARMED" in line and line.strip().startswith("north:") for line in lines)
     assert "  north's harm goes away without evil" in lines
     assert any(line.startswith("  not named: evil (one other site, hostile, would account") for line in lines)
+
+
+def test_a_consortium_that_trusts_its_members_verdicts_names_the_liar_on_one_word(honest):
+    """``suspects="any"``: north's accusation alone names evil, in the model, the summary and the
+    report; the honest run names nobody under it either."""
+    model, _ = _fit(SmoothLiar, suspects="any")
+    check = model.info["site_check"]
+    assert check["harmed"] == [True, False, False] and check["removed_by"]["north"] == ["evil"]
+    assert model.suspects == ("evil",) and check["not_named"] == [] and check["accusers"] == {"evil": ["north"]}
+    assert f"  {SUSPECTS_HEAD}: evil (on north's word alone)" in summary_lines(model)
+    assert "evil (on north&#x27;s word alone)" in report_html(model)
+    assert _fit(suspects="any")[0].suspects == ()
+
+
+def test_on_one_word_a_lying_verdict_frames_an_honest_site():
+    """The price of ``suspects="any"``: evil's lying verdict alone names honest north."""
+    model, _ = _fit(FramingLiar, tolerance=SitePolicy().harm_tolerance, influence=False, suspects="any")
+    assert model.suspects == ("north",) and model.info["site_check"]["accusers"] == {"north": ["evil"]}
 
 
 def test_the_exclusion_solves_advance_in_lockstep_to_the_z_they_reach_one_after_another():
