@@ -432,6 +432,7 @@ class FederatedSites:
             started = time.monotonic()
             results = self.relay.call(self.job_id, calls, max(0.5, timeout))
             retry = []
+            replayed: set[int] = set()  # sites whose set-up this pass replayed (once for all their calls)
             for j, res in zip(left, results):
                 i, method, msg = todo[j]
                 name = self.names[i]
@@ -455,7 +456,9 @@ class FederatedSites:
                         rejoined[j] = rejoined.get(j, 0) + 1
                         if rejoined[j] > MAX_REJOINS:
                             raise SiteError(name, f"lost the job's state {MAX_REJOINS} times in a row during {method}")
-                        self._rejoin(i)
+                        if i not in replayed:
+                            replayed.add(i)
+                            self._rejoin(i)
                         retry.append(j)
                         continue
                     if res.kind == PeerFault.__name__ and res.site:  # a peer's predictor, at this site
