@@ -258,6 +258,11 @@ class SiteWorker(PublishedHalf):
         predictor's bad output) is raised there, in that request, as if computed then."""
         if self._H is not None or self._pending_H is not None:
             return
+        try:  # only for a consortium the site's policy admits (peers, max_sites): else no peer's
+            # predictor runs on its rows before the first labelled request refuses the job (_admit)
+            check_consortium(self.name, self.sites, len(self.predictors), self.policy)
+        except PrivacyError:
+            return
         self._data()
         self._pending_H = _Background(self._compute_outputs, f"site-{self.name}-outputs")
 

@@ -16,7 +16,7 @@ from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import boundary_pb2 as bpb
 from msa_fed.crypto.sealing import JobKey, JobSealer, SiteKey, SiteOpener, job_content
-from msa_fed.errors import ConfigError
+from msa_fed.errors import ConfigError, PrivacyError
 from msa_fed.federation.serve_ops import JobLines
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
@@ -201,3 +201,20 @@ def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_
     assert broken is not worker and broken._pending_H is not None
     with pytest.raises(ConfigError, match="site 'north''s own predictor"):
         broken._outputs()
+
+
+def test_no_peer_predictor_runs_ahead_for_a_consortium_the_policy_refuses(site):
+    """A join whose consortium the site's policy does not admit (a peer outside its roster) is
+    answered as before (the consortium is checked at the first labelled request, which refuses
+    it), but nothing is evaluated ahead: no peer's predictor runs on the site's rows for it."""
+    from dataclasses import replace
+
+    app = site["app"]
+    app.policy = replace(app.policy, peers=("west",))  # east is not a peer of north
+    _, info, _ = _ask(site, _sealer(site), "join_job", _join_msg(site))
+    assert isinstance(info, m.SiteInfo)
+    worker = app.jobs["job-1"]
+    assert worker._pending_H is None and worker._H is None
+    with pytest.raises(PrivacyError) as refused:
+        worker._admit()
+    assert refused.value.rule == "peers"
