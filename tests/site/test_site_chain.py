@@ -16,7 +16,7 @@ from msa_fed.boundary import messages as m
 from msa_fed.boundary import wire
 from msa_fed.boundary.proto import boundary_pb2 as bpb
 from msa_fed.crypto.sealing import JobKey, JobSealer, SiteKey, SiteOpener, job_content
-from msa_fed.errors import ConfigError, PrivacyError
+from msa_fed.errors import ConfigError
 from msa_fed.federation.serve_ops import JobLines
 from msa_fed.privacy.audit import AuditLog
 from msa_fed.privacy.ledger import Ledger
@@ -205,16 +205,20 @@ def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_
 
 def test_no_peer_predictor_runs_ahead_for_a_consortium_the_policy_refuses(site):
     """A join whose consortium the site's policy does not admit (a peer outside its roster) is
-    answered as before (the consortium is checked at the first labelled request, which refuses
-    it), but nothing is evaluated ahead: no peer's predictor runs on the site's rows for it."""
+    refused and leaves no job behind; and a worker of such a job evaluates nothing ahead (no
+    peer's predictor runs on the site's rows for it)."""
     from dataclasses import replace
+
+    from msa_fed.site.worker import SiteWorker
 
     app = site["app"]
     app.policy = replace(app.policy, peers=("west",))  # east is not a peer of north
-    _, info, _ = _ask(site, _sealer(site), "join_job", _join_msg(site))
-    assert isinstance(info, m.SiteInfo)
-    worker = app.jobs["job-1"]
+    _, refused, _ = _ask(site, _sealer(site), "join_job", _join_msg(site))
+    assert isinstance(refused, wire.RemoteError) and refused.rule == "peers" and "job-1" not in app.jobs
+    d = app.data
+    worker = SiteWorker(
+        "north", 0, d["X_labeled"], d["y_labeled"], d["X_unlabeled"], predictors=[object(), object()],
+        classes=np.array([0, 1]), policy=app.policy, sites=SITES,
+    )  # fmt: skip
+    worker._start_outputs()  # predictors that would fail if called: none is
     assert worker._pending_H is None and worker._H is None
-    with pytest.raises(PrivacyError) as refused:
-        worker._admit()
-    assert refused.value.rule == "peers"
