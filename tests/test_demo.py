@@ -1,6 +1,8 @@
 """`make demo` end to end, as a user runs it: `msa-fed demo` in a fresh process (a registry on
 loopback gRPC with its relay, three `msa-fed site serve` processes that dial out to it, a local
-Ray whose actors stand in for the sites, the federated job), checked on what it prints."""
+Ray whose actors stand in for the sites, the federated job), checked on what it prints.  The
+module runs it once, with ``--keep`` (the only difference: the folder it works in is kept, and
+its last line says so), and both tests assert on that run."""
 
 from __future__ import annotations
 
@@ -11,22 +13,48 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
-def test_msa_fed_demo_runs_end_to_end():
-    exe = Path(sys.executable).parent / "msa-fed"
+EXE = Path(sys.executable).parent / "msa-fed"
+
+
+def _env() -> dict:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """One `msa-fed demo --keep FOLDER` for the module (the demo is the module's minute): its
+    completed process, its wall time and its working folder.
+    ``--keep`` changes only where the demo works (a given folder, not a temporary one) and its
+    last line; both tests assert on this one run."""
+    tmp = tmp_path_factory.mktemp("demo")
+    keep = tmp / "kept"
     started = time.monotonic()
-    out = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=600, env=env)
-    wall = time.monotonic() - started
+    out = subprocess.run(
+        [str(EXE), "demo", "--keep", keep],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    return out, time.monotonic() - started, keep
+
+
+def test_msa_fed_demo_runs_end_to_end(demo_run):
+    out, wall, keep = demo_run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "Traceback" not in out.stderr
-    # nothing the user cannot act on: no Ray warnings or errors, no reprs, no pointer to what the
-    # demo removes when it ends (its registry, its folders)
+    # nothing the user cannot act on: no Ray warnings or errors, no reprs, no pointer into the
+    # demo's folders (removed when it ends, unless kept) but the line that says what was kept
     for line in (text + out.stderr).splitlines():
         assert not re.search(r"\b(WARNING|ERROR)\b|^\[20\d\d-|\['", line), line
-    assert "job show" not in text and "msa-fed-demo-" not in text and "saved to" not in text
+    assert "job show" not in text and "saved to" not in text
+    pointers = [line for line in (text + out.stderr).splitlines() if str(keep) in line]
+    assert len(pointers) == 1 and pointers[0].startswith("demo finished in "), pointers
     took = float(re.search(r"^demo finished in ([0-9.]+) s", text, re.M).group(1))
     assert 0 < took <= wall, (took, wall)  # the time it reports lies within the process's life
     # the solver's lines count iterations from 1 (a restart, when a start does not converge, is
@@ -72,18 +100,14 @@ def test_msa_fed_demo_runs_end_to_end():
     assert abs(sum(float(v) for v in z.values()) - 1.0) < 2e-4 and set(z) == {"north", "east", "west"}
 
 
-def test_demo_keep_leaves_the_model_and_says_where(tmp_path):
-    exe = Path(sys.executable).parent / "msa-fed"
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
+def test_demo_keep_leaves_the_model_and_says_where(demo_run, tmp_path):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("x")
-    out = subprocess.run([str(exe), "demo", "--keep", tmp_path / "used"], capture_output=True, text=True, env=env)
+    out = subprocess.run([str(EXE), "demo", "--keep", tmp_path / "used"], capture_output=True, text=True, env=_env())
     assert (
         out.returncode == 1 and out.stderr.strip().startswith("error: --keep ") and "not an empty folder" in out.stderr
     )
-    keep = tmp_path / "kept"
-    out = subprocess.run([str(exe), "demo", "--keep", keep], capture_output=True, text=True, timeout=600, env=env)
+    out, _, keep = demo_run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"kept in {keep}: the combined model (msa_fed.load_model('{keep / 'job-output'}'))" in out.stdout
     assert "(z: each site's weight in the combined model" in out.stdout

@@ -103,13 +103,33 @@ def setup_cli(*args) -> str:
     return out
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, interval=0.5):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(0.5)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+#: what `ray start --block` prints once its node is up (a worker node: registered with the head's GCS)
+RAY_STARTED = "block forever"
+
+
+def started_or_exited(proc) -> bool:
+    """Whether the `ray start --block` process ``proc`` printed that its node is up, or exited.
+    A read of its log file: polling `ray status` instead (a Python process and a GCS connection
+    per look) took CPU from the very nodes it waited for on a two-core machine."""
+    return proc.poll() is not None or RAY_STARTED in proc.log_path.read_text(errors="replace")
+
+
+def kill_group(proc) -> None:
+    """Kill what is left of the process group of ``proc`` (a `ray start` that exited: the
+    processes it had started, a GCS or a raylet, may still run)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +249,6 @@ def test_job_rejects_corrupted_artifact(federation, tmp_path):
 def test_ray_job_submit_end_to_end(federation, tmp_path):
     f = federation
     procs = Procs(tmp_path)
-    gcs_port, dash_port = free_port(), free_port()
     # Ray's token authentication stays on: every process of this cluster shares one token
     env = dict(
         f["env"],
@@ -246,33 +265,33 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
     )  # conftest's loopback switch: `ray start` refuses workers under it
     ray_bin = str(BIN / "ray")
     try:
-        procs.start(
-            [
-                ray_bin,
-                "start",
-                "--head",
-                "--block",
-                f"--port={gcs_port}",
-                "--num-cpus=1",
-                "--object-store-memory=200000000",
-                f"--dashboard-port={dash_port}",
-                "--dashboard-host=127.0.0.1",
-                "--include-dashboard=true",
-                "--disable-usage-stats",
-                *node_ports(),
-            ],
-            env=env,
-        )
-        wait_for(
-            lambda: (
-                subprocess.run(
-                    [ray_bin, "status", f"--address=127.0.0.1:{gcs_port}"], env=env, capture_output=True
-                ).returncode
-                == 0
-            ),
-            90,
-            "the Ray head",
-        )
+        # the head's own raylet has the same fixed 30 s to register (below): started again, on
+        # fresh ports, up to three times
+        for _attempt in range(3):
+            gcs_port, dash_port = free_port(), free_port()
+            head = procs.start(
+                [
+                    ray_bin,
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--port={gcs_port}",
+                    "--num-cpus=1",
+                    "--object-store-memory=200000000",
+                    f"--dashboard-port={dash_port}",
+                    "--dashboard-host=127.0.0.1",
+                    "--include-dashboard=true",
+                    "--disable-usage-stats",
+                    *node_ports(),
+                ],
+                env=env,
+            )
+            wait_for(lambda: started_or_exited(head), 120, "the Ray head")
+            if head.poll() is None:
+                break
+            kill_group(head)
+        else:
+            raise AssertionError(f"the Ray head exited 3 times:\n{head.log_path.read_text()[-2000:]}")
 
         def joined(name):
             out = subprocess.run(
@@ -300,9 +319,14 @@ def test_ray_job_submit_end_to_end(federation, tmp_path):
                     ],
                     env=env,
                 )
-                wait_for(lambda: joined(name) or node.poll() is not None, 300, f"the node of site {name}")
+                wait_for(lambda: started_or_exited(node), 300, f"the node of site {name}")
+                # up: the head lists its resource (`ray status` reads the head's resource view,
+                # which follows a node's registration within a few seconds)
+                if node.poll() is None:
+                    wait_for(lambda: joined(name) or node.poll() is not None, 120, f"site:{name} in the head's view", 1)
                 if joined(name):
                     break
+                kill_group(node)
             else:
                 raise AssertionError(f"the node of site {name} exited 3 times:\n{node.log_path.read_text()[-2000:]}")
         intruder = subprocess.run(

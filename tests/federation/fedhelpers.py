@@ -196,7 +196,18 @@ def write_site_files(folder) -> None:
 
 
 def cli_run(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``msa-fed ARGS`` in a new interpreter, its output captured as text."""
+    """``msa-fed ARGS`` in a new interpreter, its output captured as text (where the process is
+    what the test is about: a job driver that attaches to Ray, its exit on an error)."""
     return subprocess.run(
         [sys.executable, "-m", "msa_fed.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
     )
+
+
+def cli_here(*args) -> subprocess.CompletedProcess:
+    """An operator's ``msa-fed ARGS`` (site jobs, site approve, site audit, job show) run in this
+    process (tests/cli_runner.py): the same command, exit status and output, without the seconds
+    a new interpreter spends importing numpy, gRPC and the rest."""
+    from cli_runner import run_cli
+
+    rc, out, err = run_cli(*args)
+    return subprocess.CompletedProcess([sys.executable, "-m", "msa_fed.cli", *map(str, args)], rc, out, err)

@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 
 from fedhelpers import (  # noqa: E402,E501
     NAMES,
+    cli_here,
     cli_run,
     fit_config,
     job_config,
@@ -177,7 +178,7 @@ def test_each_site_logged_what_it_answered(federated, federation):
         # the site verified the model against the job's samples, fetched from the registry
         assert 0 <= model_rec["decisions"]["verify_deviation"] <= 1e-3
         # `msa-fed site audit` verifies the same log against the same ledger
-        out = cli_run("site", "audit", "--log", path, "--ledger", ledger_path)
+        out = cli_here("site", "audit", "--log", path, "--ledger", ledger_path)
         assert out.returncode == 0 and "chain intact" in out.stdout and "matches the ledger" in out.stdout, out
     # an edited line breaks the chain
     path = federation.workdir / "north" / "audit.jsonl"
@@ -215,24 +216,46 @@ def test_the_relay_fills_the_connected_column_of_list_sites(federation):
     assert federation.registry.site_connected("nowhere") is False
 
 
-def test_a_site_may_require_approval(local_ray, tmp_path, files):
+#: the two sites of the approval tests, each with accept_jobs = "approve"
+APPROVING = ("east", "north")
+
+
+@pytest.fixture(scope="module")
+def approving(tmp_path_factory, files):
+    """A federation of two sites that serve a job only once their operators approve it, shared by
+    the approval tests (each runs its own job)."""
+    two = {n: files[n] for n in APPROVING}
+    with LocalFederation(tmp_path_factory.mktemp("approve"), two, accept_jobs="approve") as fed:
+        fed.wait_connected(timeout=180)
+        yield fed
+
+
+def _job_state(fed, site: str, job_id: str) -> str:
+    """The state `msa-fed site jobs --json` gives ``job_id`` at ``site``."""
+    import json
+
+    listed = cli_here("site", "jobs", "--config", fed.config_path(site), "--json")
+    assert listed.returncode == 0, listed.stderr
+    (state,) = [j["state"] for j in json.loads(listed.stdout) if j["job_id"] == job_id]
+    return state
+
+
+def test_a_site_may_require_approval(local_ray, approving, files):
     """accept_jobs = "approve": the job fails naming the pending job, `msa-fed site jobs` lists it,
     `msa-fed site approve` admits it, and the same job then runs."""
-    two = {n: files[n] for n in ("east", "north")}
-    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
-        fed.wait_connected(timeout=180)
-        job = _job(fed, name="needs-approval", site_timeout_s=30, approval_wait_s=0)
-        with pytest.raises(PrivacyError, match="job needs-approval was not approved within 0 s"):
-            _run(job, fed)
-        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
-        assert listed.returncode == 0 and "needs-approval" in listed.stdout and "pending" in listed.stdout
-        for name in two:
-            done = cli_run("site", "approve", "needs-approval", "--config", fed.config_path(name))
-            assert done.returncode == 0, done.stderr
-        _, model = _run(job, fed)
-        assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
-        listed = cli_run("site", "jobs", "--config", fed.config_path("east"), "--json")
-        assert '"state": "served"' in listed.stdout
+    fed = approving
+    job = _job(fed, name="needs-approval", site_timeout_s=30, approval_wait_s=0)
+    with pytest.raises(PrivacyError, match="job needs-approval was not approved within 0 s"):
+        _run(job, fed)
+    listed = cli_here("site", "jobs", "--config", fed.config_path("east"))
+    assert listed.returncode == 0 and "needs-approval" in listed.stdout and "pending" in listed.stdout
+    assert _job_state(fed, "east", "needs-approval") == "pending"
+    for name in APPROVING:
+        done = cli_here("site", "approve", "needs-approval", "--config", fed.config_path(name))
+        assert done.returncode == 0, done.stderr
+    _, model = _run(job, fed)
+    assert model.site_names == ["east", "north"] and np.isclose(model.z.sum(), 1.0)
+    assert _job_state(fed, "east", "needs-approval") == "served"
 
 
 def test_a_sites_own_policy_refuses_and_the_job_reports_it_typed(local_ray, tmp_path, files):
@@ -350,7 +373,7 @@ def test_the_solvers_first_request_rides_with_set_qhat_through_the_relay(federat
         assert asked.index("set_qhat") < asked.index("dc_evaluate") and asked.count("dc_evaluate") == n
 
 
-def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tmp_path, files):
+def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, approving, files):
     """While one site waits for its operator, the job asks it again every few seconds: the site
     that approved first gets one join (not one per retry), the waiting site one audit line; and
     after the job, the site's status, its audit log, its end-of-job line and its budget lines
@@ -366,9 +389,9 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tm
     from msa_fed.runtime.federated import APPROVAL_POLL_S
     from msa_fed.site.methods import COUNTED
 
-    two = {n: files[n] for n in ("east", "north")}
+    fed, two = approving, {n: files[n] for n in APPROVING}
 
-    def approve(name):
+    def approve(name):  # a process of its own: the job runs in this one meanwhile (cli_here swaps sys.stdout)
         done = cli_run("site", "approve", "waits", "--config", fed.config_path(name))
         assert done.returncode == 0, done.stderr
 
@@ -380,87 +403,91 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, tm
         with sqlite3.connect(str(SiteConfig.from_toml(fed.config_path(name)).jobs_path)) as db:
             return sum(seq for (seq,) in db.execute("SELECT seq FROM seal_floors"))
 
-    with LocalFederation(tmp_path, two, accept_jobs="approve") as fed:
-        fed.wait_connected(timeout=180)
-        job = _job(fed, name="waits", site_timeout_s=60, approval_wait_s=240)
-        result: dict = {}
-        runner = threading.Thread(target=lambda: result.update(out=_run(job, fed)), daemon=True)
-        runner.start()
-        deadline = time.monotonic() + 120
-        while not all(records(n) for n in two) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        approve("north")
-        # east keeps the job waiting: it is asked again every APPROVAL_POLL_S
-        north_joined = time.monotonic() + 120
-        while not [r for r in records("north") if r["request"] == "join_job" and r["outcome"] == "answered"]:
-            assert time.monotonic() < north_joined, fed.log_text("north")
-            time.sleep(0.2)
-        before = asked("east")
-        while asked("east") < before + 3:
-            assert time.monotonic() < north_joined + 4 * APPROVAL_POLL_S + 60, fed.log_text("east")
-            time.sleep(0.2)
-        approve("east")
-        runner.join(timeout=600)
-        assert "out" in result, "the job did not finish"
-        record, model = result["out"]
-        assert np.isclose(model.z.sum(), 1.0)
+    job = _job(fed, name="waits", site_timeout_s=60, approval_wait_s=240)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(out=_run(job, fed)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not all(records(n) for n in two) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    approve("north")
+    # east keeps the job waiting: it is asked again every APPROVAL_POLL_S
+    north_joined = time.monotonic() + 120
+    while not [r for r in records("north") if r["request"] == "join_job" and r["outcome"] == "answered"]:
+        assert time.monotonic() < north_joined, fed.log_text("north")
+        time.sleep(0.2)
+    before = asked("east")
+    while asked("east") < before + 3:
+        assert time.monotonic() < north_joined + 4 * APPROVAL_POLL_S + 60, fed.log_text("east")
+        time.sleep(0.2)
+    approve("east")
+    runner.join(timeout=600)
+    assert "out" in result, "the job did not finish"
+    record, model = result["out"]
+    assert np.isclose(model.z.sum(), 1.0)
 
-        # the model the registry stores keeps what the job saw of the sites' decisions, and its
-        # report lists them per site: the waits (join refused under accept_jobs, east more than
-        # once) and each operator's approval, after the wait began
-        from msa_fed.control.registry.client import RegistryClient
-        from msa_fed.jobs.report import report_html
-        from msa_fed.jobs.run import model_from_bytes
+    # the model the registry stores keeps what the job saw of the sites' decisions, and its
+    # report lists them per site: the waits (join refused under accept_jobs, east more than
+    # once) and each operator's approval, after the wait began
+    from msa_fed.control.registry.client import RegistryClient
+    from msa_fed.jobs.report import report_html
+    from msa_fed.jobs.run import model_from_bytes
 
-        with RegistryClient(fed.address, fed.admin_token, insecure=True) as admin:
-            stored = model_from_bytes(admin.download_combined_model(record.version)[0])
-        kept = stored.info["consortium"]
-        assert sorted(a["site"] for a in kept["approvals"]) == sorted(two), kept
-        assert all(a["waited_since"] <= a["admitted_at"] for a in kept["approvals"]), kept
-        waits = {r["site"]: r for r in kept["refusals"]}
-        assert sorted(waits) == sorted(two) and len(kept["refusals"]) == 2, kept
-        assert all((r["request"], r["rule"]) == ("join_job", "accept_jobs") for r in waits.values()), kept
-        assert waits["east"]["count"] >= 3 and waits["east"]["first"] < waits["east"]["last"], kept
-        section = report_html(stored).split("<h2>Refusals and approvals</h2>")[1].split("<h2>")[0]
-        for name in two:
-            assert f"<td>{name}</td><td>admitted by the operator of site {name} (msa-fed site approve) at" in section
-        assert section.count("join_job (rule accept_jobs): ") == 2 and "2 approval(s)" in section
+    with RegistryClient(fed.address, fed.admin_token, insecure=True) as admin:
+        stored = model_from_bytes(admin.download_combined_model(record.version)[0])
+    kept = stored.info["consortium"]
+    assert sorted(a["site"] for a in kept["approvals"]) == sorted(two), kept
+    assert all(a["waited_since"] <= a["admitted_at"] for a in kept["approvals"]), kept
+    waits = {r["site"]: r for r in kept["refusals"]}
+    assert sorted(waits) == sorted(two) and len(kept["refusals"]) == 2, kept
+    assert all((r["request"], r["rule"]) == ("join_job", "accept_jobs") for r in waits.values()), kept
+    assert waits["east"]["count"] >= 3 and waits["east"]["first"] < waits["east"]["last"], kept
+    section = report_html(stored).split("<h2>Refusals and approvals</h2>")[1].split("<h2>")[0]
+    for name in two:
+        assert f"<td>{name}</td><td>admitted by the operator of site {name} (msa-fed site approve) at" in section
+    assert section.count("join_job (rule accept_jobs): ") == 2 and "2 approval(s)" in section
 
-        for name in two:
-            recs = records(name)
-            joins = [r for r in recs if r["request"] == "join_job" and r["outcome"] == "answered"]
-            waited = [r for r in recs if r.get("rule") == "accept_jobs"]
-            assert len(joins) == 1 and len(waited) == 1, [(r["request"], r["outcome"]) for r in recs]
-        assert asked("east") >= before + 3  # east was asked again, and recorded the wait once
+    for name in two:
+        recs = records(name)
+        joins = [r for r in recs if r["request"] == "join_job" and r["outcome"] == "answered"]
+        waited = [r for r in recs if r.get("rule") == "accept_jobs"]
+        assert len(joins) == 1 and len(waited) == 1, [(r["request"], r["outcome"]) for r in recs]
+    assert asked("east") >= before + 3  # east was asked again, and recorded the wait once
 
-        # one definition of what a job's requests are, in every place that shows them
-        deadline = time.monotonic() + 60
-        while not all("job waits ended" in fed.log_text(n) for n in two):
-            assert time.monotonic() < deadline, fed.log_text("north")
-            time.sleep(0.2)
-        for name in two:
-            recs = records(name)
-            answered = [r for r in recs if r["outcome"] == "answered" and r["request"] in COUNTED]
-            charged: dict = {}
-            for r in recs:
-                for kind, n in r.get("charged", {}).items():
-                    charged[kind] = charged.get(kind, 0) + n
-            assert charged.get("dc_evaluation", 0) >= 2 and charged.get("domain_model") == 1, charged
-            # the site's end-of-job line (counted by the running chain, not read from the log)
-            (end,) = re.findall(
-                r"job waits ended; answered (\d+) .*; refused (\d+); charged to the rolling day: (.*)",
-                fed.log_text(name),
-            )
-            assert int(end[0]) == len(answered) and int(end[1]) == 0
-            assert end[2] == ", ".join(
-                f"{n} {k.replace('_', ' ')}{'s' if n != 1 else ''}" for k, n in sorted(charged.items())
-            )
-            status = site_status(SiteConfig.from_toml(fed.config_path(name)), ask_registry=False)
-            (row,) = [j for j in status["jobs"] if j["job"] == "waits"]
-            assert sum(row["answered"].values()) == len(answered) and row["refused"] == {}
-            assert row["charged"] == charged and row["waited_for_approval"]
-            # the budget lines (the ledger) count what the records charged: this site served this job only
-            for kind, n in charged.items():
-                assert status["budgets"][kind]["used"] == n, (kind, status["budgets"])
-            text = "\n".join(status_lines(status))
-            assert f"answered {len(answered)}, refused 0" in text
+    # one definition of what a job's requests are, in every place that shows them
+    deadline = time.monotonic() + 60
+    while not all("job waits ended" in fed.log_text(n) for n in two):
+        assert time.monotonic() < deadline, fed.log_text("north")
+        time.sleep(0.2)
+    for name in two:
+        recs = records(name)
+        answered = [r for r in recs if r["outcome"] == "answered" and r["request"] in COUNTED]
+        charged: dict = {}
+        for r in recs:
+            for kind, n in r.get("charged", {}).items():
+                charged[kind] = charged.get(kind, 0) + n
+        assert charged.get("dc_evaluation", 0) >= 2 and charged.get("domain_model") == 1, charged
+        # the site's end-of-job line (counted by the running chain, not read from the log)
+        (end,) = re.findall(
+            r"job waits ended; answered (\d+) .*; refused (\d+); charged to the rolling day: (.*)",
+            fed.log_text(name),
+        )
+        assert int(end[0]) == len(answered) and int(end[1]) == 0
+        assert end[2] == ", ".join(
+            f"{n} {k.replace('_', ' ')}{'s' if n != 1 else ''}" for k, n in sorted(charged.items())
+        )
+        status = site_status(SiteConfig.from_toml(fed.config_path(name)), ask_registry=False)
+        (row,) = [j for j in status["jobs"] if j["job"] == "waits"]
+        assert sum(row["answered"].values()) == len(answered) and row["refused"] == {}
+        assert row["charged"] == charged and row["waited_for_approval"]
+        # the budget lines (the ledger) count what the records charged, over every job the site
+        # served (the approval tests share the module's approving sites)
+        charged_all: dict = {}
+        for r in map(json.loads, (fed.workdir / name / "audit.jsonl").read_text().splitlines()):
+            for kind, n in r.get("charged", {}).items():
+                charged_all[kind] = charged_all.get(kind, 0) + n
+        assert charged.keys() <= charged_all.keys(), (charged, charged_all)
+        for kind, n in charged_all.items():
+            assert status["budgets"][kind]["used"] == n, (kind, status["budgets"])
+        (line,) = [x for x in status_lines(status) if x.startswith("  job waits: ")]
+        assert f"answered {len(answered)}, refused 0" in line

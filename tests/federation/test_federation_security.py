@@ -321,6 +321,8 @@ class _Recorder:
 
 
 def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0, job_id="solve"):
+    """A federated fit of the module's sites through the relay: on published samples this small
+    the coordinator trains the domain classifier itself (no stand-in actors, so no Ray)."""
     relay = RelayClient(fed.address, fed.admin_token, insecure=True)
     backend = FederatedSites(
         list(NAMES),
@@ -338,7 +340,7 @@ def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0,
     return relay, Coordinator(backend, preds, config, solver_callback=callback)
 
 
-def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(local_ray, fed, files, tmp_path):
+def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(fed, files, tmp_path):
     """A site killed mid-solve ends the job naming it; run again with the same checkpoint_dir,
     the job ends where an uninterrupted run ends and asks the sites only what they had not
     answered, counted at the sites for every request they see (their audit logs): the resumed
@@ -406,6 +408,7 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
         resumed = coord.fit()
     relay.close()
     assert resumed.info["classifier"]["resumed"] is True
+    assert not ray.is_initialized()  # samples this small: the coordinator trains, no stand-in actors
     np.testing.assert_allclose(resumed.z, full.z, rtol=0, atol=1e-9)
     # counted at the sites, every request of the job in the audit logs, run by run (a run starts
     # with its join; the first run ends at the kill, or with the job's end at the sites that lived)
@@ -443,7 +446,7 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(loca
         assert charged == {**charges_whole, "dc_evaluation": charges_whole["dc_evaluation"] + cut}, (name, charged)
 
 
-def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, files, tmp_path):
+def test_a_site_back_within_the_timeout_gets_the_job_replayed(fed, files, tmp_path):
     kw, preds, classes = local_kwargs(files, NAMES)
     full = (
         Coordinator(
@@ -467,6 +470,7 @@ def test_a_site_back_within_the_timeout_gets_the_job_replayed(local_ray, fed, fi
         model = coord.fit()
     relay.close()
     np.testing.assert_allclose(model.z, full.z, rtol=0, atol=1e-9)
+    assert not ray.is_initialized()  # samples this small: the coordinator trains, no stand-in actors
     log = [json.loads(x) for x in (fed.workdir / "west" / "audit.jsonl").read_text().splitlines()]
     joins = [
         e for e in log if e.get("request") == "join_job" and e.get("job") == "replay" and e.get("outcome") == "answered"
@@ -484,7 +488,7 @@ def test_a_frozen_site_ends_the_job_within_the_timeout(fed, files):
     import os
     import signal
 
-    timeout_s = 5.0
+    timeout_s = 15.0  # the honest sites answer a ping within it however loaded the machine (5 s was not at load 30)
     with RelayClient(fed.address, fed.admin_token, insecure=True) as relay:
         relay.open_job("frozen", list(NAMES))
         backend = FederatedSites(

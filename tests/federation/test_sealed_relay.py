@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 import pytest
-from fedhelpers import NAMES, cli_run, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
+from fedhelpers import NAMES, cli_here, cli_run, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.boundary.proto import boundary_pb2 as bpb
@@ -412,19 +412,19 @@ def test_an_approve_only_site_refuses_a_job_whose_content_differs(tmp_path, file
         fed.wait_connected(timeout=180)
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)
-        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
+        listed = cli_here("site", "jobs", "--config", fed.config_path("east"))
         assert listed.returncode == 0, listed.stderr
         assert "mu 0.001" in listed.stdout and "'minmax'" in listed.stdout and "at most 100" in listed.stdout
         assert fed.seal_keys["north"].public.fingerprint[:16] in listed.stdout and "content digest" in listed.stdout
         for name in names:
-            done = cli_run("site", "approve", "bound", "--config", fed.config_path(name))
+            done = cli_here("site", "approve", "bound", "--config", fed.config_path(name))
             assert done.returncode == 0 and "for content" in done.stdout, done.stderr
         _, relay = _join(fed, files, "bound", _sealer(fed, files, "bound", names), names)  # approved: joins
         relay.close()
         # the same job id with another mu is another job: pending again, named in `site jobs`
         with pytest.raises(PrivacyError, match="is pending"):
             _join(fed, files, "bound", _sealer(fed, files, "bound", names, mu=1e-1), names)
-        listed = cli_run("site", "jobs", "--config", fed.config_path("east"))
+        listed = cli_here("site", "jobs", "--config", fed.config_path("east"))
         assert "pending" in listed.stdout and "mu 0.1" in listed.stdout
 
 
@@ -535,7 +535,7 @@ def test_a_sealed_job_relays_nothing_readable_and_finds_the_same_z(local_ray, fe
     token = fed.workdir / "admin_token"
     token.write_text(fed.admin_token + "\n")
     show = ["job", "show", model.info["job"]["job_id"], "--registry", fed.address, "--insecure"]
-    shown = cli_run(*show, "--admin-token-file", token, "--job-key", job_key.fingerprint)
+    shown = cli_here(*show, "--admin-token-file", token, "--job-key", job_key.fingerprint)
     assert shown.returncode == 0 and f"{sum(counts.values())} signed answers verified" in shown.stdout, shown
     # a transcript whose answer was changed (say by whoever stores it) no longer verifies
     bad = dict(record, answers=[dict(a) for a in record["answers"]])

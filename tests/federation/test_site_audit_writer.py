@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from fedhelpers import cli_run, site_files
+from fedhelpers import cli_here, site_files
 
 from msa_fed.boundary import messages as m
 from msa_fed.boundary.wire import RemoteError
@@ -158,7 +158,7 @@ def test_two_concurrent_jobs_write_one_chained_log_with_one_record_per_request(f
             ledger.close()
         summary = verify_log(path, anchor)
         assert anchor is not None and anchor[0] == summary["lines"] == len(_records(fed, site))
-        out = cli_run("site", "audit", "--log", path, "--ledger", ledger_path)
+        out = cli_here("site", "audit", "--log", path, "--ledger", ledger_path)
         assert out.returncode == 0 and "chain intact" in out.stdout and "matches the ledger" in out.stdout, out
 
 

@@ -277,7 +277,10 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
             assert "joined job consortium-job" in outs[name].text(), outs[name].text()
         assert os.stat(root / "registry" / "audit.jsonl").st_mode & 0o077 == 0
 
-        # a second job, longer (every start of the solve run to the end), cancelled by the admin
+        # two more jobs, longer (every start of the solve run to the end): the second is cancelled
+        # by the admin, the third stopped with SIGTERM.  The third starts once the second is
+        # solving (its local Ray up: two Rays starting at once time out on a loaded machine), so
+        # its start-up overlaps the second's cancellation; the sites serve both
         long_job = tmp_path / "long.toml"
         long_job.write_text(
             (root / "coordinator" / "job.toml").read_text() + "\n[solver]\nall_starts = true\nn_restarts = 40\n"
@@ -286,6 +289,8 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         procs.append(job)
         job_id = job_out.wait_for("recorded in the registry", timeout=300).split()[1]
         job_out.wait_for("DC solver: iteration 1,", timeout=600)
+        third, third_out = start(["run", "--job", long_job], tmp_path, {"MSA_FED_PROGRESS": "lines"})
+        procs.append(third)
         rc, out, err = cli("job", "cancel", job_id, "--reason", "wrong cohort", *admin)
         assert rc == 0 and f"job {job_id} (consortium-job) cancelled by admin at " in out, (out, err)
         assert job.wait(300) == 1, job_out.text()
@@ -294,12 +299,13 @@ def test_a_sealed_mutual_tls_job_from_the_kit_alone(tmp_path):
         assert last.endswith(": wrong cohort") and "Traceback" not in job_out.text(), job_out.text()
         for name in SITES:  # the relay told each site the job ended (the first job's end was one line)
             _wait_count(outs[name], "job consortium-job ended", 2)
+        # ... the cancelled job's end: the third job is still running (its end would be a line too)
+        assert third.poll() is None, third_out.text()
         rc, out, err = cli("job", "list", *admin)
         assert rc == 0 and re.search(rf"{job_id}\s+consortium-job\s+cancelled", out), (out, err)
 
-        # a third, stopped with SIGTERM: one line, recorded as interrupted, no stack frames
-        job, job_out = start(["run", "--job", long_job], tmp_path, {"MSA_FED_PROGRESS": "lines"})
-        procs.append(job)
+        # the third, stopped with SIGTERM: one line, recorded as interrupted, no stack frames
+        job, job_out = third, third_out
         job_id = job_out.wait_for("recorded in the registry", timeout=300).split()[1]
         job_out.wait_for("DC solver: iteration 1,", timeout=600)
         job.send_signal(signal.SIGTERM)

@@ -96,13 +96,14 @@ def test_ray_site_reads_its_policy_from_its_own_node(sites, tmp_path, monkeypatc
     policy.write_text("[limits]\nmin_points = 50\n")
     monkeypatch.setenv(POLICY_ENV, str(policy))  # the site's node environment (inherited by its workers)
     ensure_ray(num_cpus=2)
+    two = sites[:2]  # a (41 labelled points) below the node's minimum, b (53) above it: an actor each
     try:
-        kw = site_kwargs(sites, min_points=1)
+        kw = site_kwargs(two, min_points=1)
         for k in kw:
             k["policy"] = SitePolicy(min_points=1)  # the job tries to loosen: it can only tighten
         with pytest.raises(PrivacyError) as err:
             with Coordinator(
-                RaySites(kw, data_channel="off"), [s.predictor for s in sites], FitConfig(min_points=1)
+                RaySites(kw, data_channel="off"), [s.predictor for s in two], FitConfig(min_points=1)
             ) as c:
                 c.fit()
         assert err.value.rule == "min_points" and err.value.site == "a"

@@ -32,6 +32,11 @@ def _run(args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
 
 
+def _pip(venv: Path) -> list:
+    """pip (this interpreter's) acting on the venv ``venv``: it runs under the venv's Python."""
+    return [sys.executable, "-m", "pip", "--python", venv / "bin" / "python"]
+
+
 @pytest.fixture(scope="module")
 def slim_venv(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("slim_install")
@@ -41,24 +46,26 @@ def slim_venv(tmp_path_factory) -> Path:
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "msa_fed", src / "msa_fed", ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp / "venv"
-    made = _run([sys.executable, "-m", "venv", venv], timeout=300)
+    # no pip of its own (the venv's ensurepip was most of a minute on a loaded machine): this
+    # interpreter's pip installs into it, running under the venv's Python (pip --python)
+    made = _run([sys.executable, "-m", "venv", "--without-pip", venv], timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    pip = venv / "bin" / "pip"
-    probe = _run([pip, "download", "--no-deps", "--dest", tmp / "probe", "absl-py"], env=env, timeout=300)
+    pip = _pip(venv)
+    probe = _run([*pip, "download", "--no-deps", "--dest", tmp / "probe", "absl-py"], env=env, timeout=300)
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
         pytest.skip(f"the package index is unreachable from here: {last[:300]}")
     # --no-compile: the bytecode is written on first import instead (the install's minutes are
     # the download; compiling scipy's and numpy's modules adds tens of seconds)
-    installed = _run([pip, "install", "--quiet", "--no-compile", src], env=env, timeout=900)
+    installed = _run([*pip, "install", "--quiet", "--no-compile", src], env=env, timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]
     return venv
 
 
 def test_the_site_install_holds_none_of_the_coordinator_packages(slim_venv):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    listed = _run([slim_venv / "bin" / "pip", "list", "--format=json"], env=env, timeout=120)
+    listed = _run([*_pip(slim_venv), "list", "--format=json"], env=env, timeout=120)
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert not names & NOT_AT_A_SITE, names & NOT_AT_A_SITE
     assert {"msa-fed", "onnxruntime", "grpcio", "cryptography", "dp-accounting"} <= {n.replace("_", "-") for n in names}
