@@ -374,6 +374,19 @@ class FederatedSites:
             return self._actor_call(list(range(len(self.names))), method, msgs)
         return self._relay([(i, method, msg) for i, msg in enumerate(msgs)])
 
+    def call_all_then(self, method: str, msgs: list, then: str, then_msgs: list) -> tuple[list, list]:
+        """``msgs[k]`` to site k, then ``then_msgs[k]`` to it, in one relay round: each site gets
+        both requests on its stream in this order and answers them in turn (a site process answers
+        one job's requests in the order they arrive).  (answers to ``method``, answers to ``then``),
+        each in site order; an error in either raises as :meth:`call_all` would."""
+        if method in ACTOR_METHODS or then in ACTOR_METHODS:
+            raise ValueError("call_all_then carries requests for the site processes only")
+        p = len(self.names)
+        out = self._relay(
+            [(i, method, msg) for i, msg in enumerate(msgs)] + [(i, then, x) for i, x in enumerate(then_msgs)]
+        )
+        return out[:p], out[p:]
+
     def call_shards(self, method: str, msg) -> list:
         if method not in ACTOR_METHODS:
             raise ValueError(f"{method!r} is not a classifier-training call")
@@ -419,6 +432,7 @@ class FederatedSites:
             started = time.monotonic()
             results = self.relay.call(self.job_id, calls, max(0.5, timeout))
             retry = []
+            replayed: set[int] = set()  # sites whose set-up this pass replayed (once for all their calls)
             for j, res in zip(left, results):
                 i, method, msg = todo[j]
                 name = self.names[i]
@@ -442,7 +456,9 @@ class FederatedSites:
                         rejoined[j] = rejoined.get(j, 0) + 1
                         if rejoined[j] > MAX_REJOINS:
                             raise SiteError(name, f"lost the job's state {MAX_REJOINS} times in a row during {method}")
-                        self._rejoin(i)
+                        if i not in replayed:
+                            replayed.add(i)
+                            self._rejoin(i)
                         retry.append(j)
                         continue
                     if res.kind == PeerFault.__name__ and res.site:  # a peer's predictor, at this site

@@ -257,7 +257,27 @@ class SiteApp:
         self.jobs[job] = worker
         self._queries[job] = 0
         self.book.set_state(job, "served")
+        # the job is admitted: what its set-up requests will need and that depends on neither the
+        # domain model nor Qhat is got ready in the background while the answer goes back (the
+        # job's peers' published samples, to verify its domain model; the predictors' outputs on
+        # this site's rows, for set_qhat); each request waits for its part and raises its failure
+        if self.policy.verify_domain_models:
+            self._prefetch(worker.published, f"site-{self.name}-samples")
+        worker._start_outputs()
         return info
+
+    @staticmethod
+    def _prefetch(source, name: str) -> None:
+        """Call ``source()`` once on a daemon thread (a failure there is ignored: the request that
+        needs the result calls it again and answers that failure itself)."""
+
+        def run() -> None:
+            try:
+                source()
+            except Exception:  # noqa: BLE001 - raised again, and answered, by the request itself
+                pass
+
+        threading.Thread(target=run, name=name, daemon=True).start()
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
         key = f"{sha}:{kind}"
@@ -279,6 +299,8 @@ class SiteApp:
         def samples():
             if not got:
                 with self._downloads:
+                    if got:  # fetched meanwhile (the prefetch after the join, _join)
+                        return got[0]
                     out = []
                     for name, pin in zip(sites, pins):
                         data, sha, rows, cols = self.transport.fetch_sample(job, name)

@@ -14,6 +14,7 @@ half passes one policy gate, whose table says what each request needs, checks an
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from typing import Any
 
@@ -87,6 +88,30 @@ class _Answered:
 
     def predict(self, X):
         return self.out if X is self.rows else self.predictor.predict(X)
+
+
+class _Background:
+    """``fn()`` run on a daemon thread; :meth:`result` waits for it and returns its value or raises
+    its exception (the same object, as the call itself would have raised it)."""
+
+    def __init__(self, fn, name: str):
+        self._fn = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the request that waits for it
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class SiteWorker(PublishedHalf):
@@ -171,6 +196,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
+        self._pending_H: _Background | None = None  # H being computed in the background (_start_outputs)
         self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
@@ -223,44 +249,66 @@ class SiteWorker(PublishedHalf):
         outside the site's process can call it: it is not in the site's list of methods)."""
         self._handed = (rows, dict(outputs))
 
+    def _start_outputs(self) -> None:
+        """Start computing :meth:`_outputs` in the background (a site process does it once the job
+        is admitted: the predictors' outputs on this site's rows depend on neither the domain
+        model nor Qhat, so they are ready by the time set_qhat needs them instead of costing that
+        request a round trip to the isolated peers' worker).  Nothing leaves the site: the first
+        :meth:`_outputs` waits for the result, and a failure (a peer's broken limit, an own
+        predictor's bad output) is raised there, in that request, as if computed then."""
+        if self._H is not None or self._pending_H is not None:
+            return
+        try:  # only for a consortium the site's policy admits (peers, max_sites): else no peer's
+            # predictor runs on its rows before the first labelled request refuses the job (_admit)
+            check_consortium(self.name, self.sites, len(self.predictors), self.policy)
+        except PrivacyError:
+            return
+        self._data()
+        self._pending_H = _Background(self._compute_outputs, f"site-{self.name}-outputs")
+
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
         classification)."""
         if self._H is None:
-            # the unlabelled sample is checked too (the combined model will be used on points like
-            # them): one call per predictor on both samples, the labelled rows first
-            n = self.X_labeled.shape[0]
-            both = self._predictor_rows()
-            # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
-            cols = np.empty((n, len(self.predictors)), order="F")
-            rows = idx = None
-            predictors = answered_together(self.predictors, both)  # peers': one request
-            handed, self._handed = self._handed, None
-            if handed is not None and handed[0].shape == both.shape and np.array_equal(handed[0], both):
-                for k, out in handed[1].items():  # the host's answers, on exactly these rows
-                    if 0 <= k < len(predictors):
-                        predictors[k] = _Answered(predictors[k], both, out)
-            done = self._handed_columns(predictors, both, n, cols)
-            for k, h in enumerate(predictors):
-                if k in done:
-                    continue
-                out = self._checked_outputs(k, h, both, n)
-                if self.task == "regression":
-                    cols[:, k] = out
-                    continue
-                if idx is None:  # the labels' columns, the same for every predictor
-                    assert self.classes is not None  # classification: the job's classes
-                    idx = np.searchsorted(self.classes, self.y_labeled)
-                    if np.any(idx >= self.classes.size) or np.any(
-                        self.classes[np.minimum(idx, self.classes.size - 1)] != self.y_labeled
-                    ):
-                        raise ConfigError(
-                            f"site {self.name!r}: labels outside the predictors' classes {self.classes.tolist()}"
-                        )
-                    rows = np.arange(n)
-                cols[:, k] = out[rows, idx]
-            self._H = cols
+            pending, self._pending_H = self._pending_H, None
+            self._H = pending.result() if pending is not None else self._compute_outputs()
         return self._H
+
+    def _compute_outputs(self) -> np.ndarray:
+        """H computed now (see :meth:`_outputs`)."""
+        # the unlabelled sample is checked too (the combined model will be used on points like
+        # them): one call per predictor on both samples, the labelled rows first
+        n = self.X_labeled.shape[0]
+        both = self._predictor_rows()
+        # column-major, as the DC sums use it (core/dc_terms.py): no copy on the way there
+        cols = np.empty((n, len(self.predictors)), order="F")
+        rows = idx = None
+        predictors = answered_together(self.predictors, both)  # peers': one request
+        handed, self._handed = self._handed, None
+        if handed is not None and handed[0].shape == both.shape and np.array_equal(handed[0], both):
+            for k, out in handed[1].items():  # the host's answers, on exactly these rows
+                if 0 <= k < len(predictors):
+                    predictors[k] = _Answered(predictors[k], both, out)
+        done = self._handed_columns(predictors, both, n, cols)
+        for k, h in enumerate(predictors):
+            if k in done:
+                continue
+            out = self._checked_outputs(k, h, both, n)
+            if self.task == "regression":
+                cols[:, k] = out
+                continue
+            if idx is None:  # the labels' columns, the same for every predictor
+                assert self.classes is not None  # classification: the job's classes
+                idx = np.searchsorted(self.classes, self.y_labeled)
+                if np.any(idx >= self.classes.size) or np.any(
+                    self.classes[np.minimum(idx, self.classes.size - 1)] != self.y_labeled
+                ):
+                    raise ConfigError(
+                        f"site {self.name!r}: labels outside the predictors' classes {self.classes.tolist()}"
+                    )
+                rows = np.arange(n)
+            cols[:, k] = out[rows, idx]
+        return cols
 
     def _handed_columns(self, predictors: list, both: np.ndarray, n: int, cols: np.ndarray) -> set[int]:
         """The host's answers (:meth:`_hand_outputs`) of the predictors over exactly the job's

@@ -342,6 +342,37 @@ def test_a_small_job_trains_its_classifier_in_the_coordinator_without_ray(federa
     np.testing.assert_allclose(model.z, _local_z(files, sharded=True).z, rtol=0, atol=1e-6)
 
 
+def test_the_solvers_first_request_rides_with_set_qhat_through_the_relay(federation, files, monkeypatch):
+    """set_qhat and the solver's first DC request travel in one relay Call (one round less): each
+    site gets set_qhat first and answers it first (its audit log), every site answers exactly the
+    solver's evaluations (nothing asked twice or in vain), and z is the local runtime's."""
+    import json
+
+    from msa_fed.federation.relay_client import RelayClient
+
+    rounds: list[list[tuple[str, str]]] = []
+    call = RelayClient.call
+
+    def counted(self, job_id, calls, timeout_s):
+        if job_id == "riding":
+            rounds.append([(site, method) for site, method, _ in calls])
+        return call(self, job_id, calls, timeout_s)
+
+    monkeypatch.setattr(RelayClient, "call", counted)
+    model, _, _ = _audited_fit(federation, files, "riding")
+    np.testing.assert_allclose(model.z, _local_z(files).z, rtol=0, atol=1e-9)
+    (setup,) = [r for r in rounds if ("north", "set_qhat") in r]
+    assert setup == [(n, "set_qhat") for n in ORDER] + [(n, "dc_evaluate") for n in ORDER]
+    n = model.info["solver"]["n_evaluations"]
+    assert sum(method == "dc_evaluate" for r in rounds for _, method in r) == n * len(ORDER)
+    for name in ORDER:
+        lines = (federation.workdir / name / "audit.jsonl").read_text().splitlines()
+        asked = [
+            r["request"] for r in map(json.loads, lines) if r.get("job") == "riding" and r["outcome"] == "answered"
+        ]
+        assert asked.index("set_qhat") < asked.index("dc_evaluate") and asked.count("dc_evaluate") == n
+
+
 def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, approving, files):
     """While one site waits for its operator, the job asks it again every few seconds: the site
     that approved first gets one join (not one per retry), the waiting site one audit line; and

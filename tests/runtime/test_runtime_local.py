@@ -564,3 +564,82 @@ def test_a_handed_answer_that_fails_the_checks_together_is_blamed_as_before(site
         errors.append((type(err.value), str(err.value)))
     assert errors[0] == errors[1]
     assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
+
+
+class _TogetherSites(LocalSites):
+    """LocalSites with the federated backend's ``call_all_then`` (two requests to each site in
+    one round, answered in turn): the coordinator then sends the solver's first request with
+    set_qhat.  Records each use."""
+
+    used: list = []
+
+    def call_all_then(self, method, msgs, then, then_msgs):
+        type(self).used.append((method, then, [np.array(x.z) for x in then_msgs]))
+        first = self.call_all(method, msgs)
+        return first, self.call_all(then, then_msgs)
+
+
+def _together_fit(sites, **cfg):
+    _CountingSite.asked, _CountingSite.stop_after, _TogetherSites.used = {}, None, []
+    from msa_fed.core.config import SolverConfig
+
+    z0 = cfg.pop("z0", None)
+    config = FitConfig(min_points=20, solver=SolverConfig(objective="minmax", z0=z0), **cfg)
+    backend = _TogetherSites(site_kwargs(sites), worker_cls=_CountingSite)
+    with Coordinator(backend, [s.predictor for s in sites], config) as c:
+        model = c.fit()
+    return model, dict(_CountingSite.asked), list(_TogetherSites.used)
+
+
+def test_the_solvers_first_request_rides_with_set_qhat_and_is_asked_once(sites, tmp_path):
+    """A backend that carries two requests per site in one round gets set_qhat and the solver's
+    first DC request (the uniform z) together; z is the same, bit for bit, as the run that asks
+    it on its own, and each site answered exactly the solver's evaluations (none asked twice or
+    in vain).  Where the first request is not known in advance (a checkpoint, a given start) the
+    set-up goes alone and nothing is asked ahead."""
+    plain, asked_plain = _counted_fit(sites, None)
+    model, asked, used = _together_fit(sites)
+    np.testing.assert_array_equal(model.z, plain.z)
+    assert len(used) == 1 and used[0][:2] == ("set_qhat", "dc_evaluate")
+    assert all(np.array_equal(z, np.full(len(sites), 1 / len(sites))) for z in used[0][2])
+    n = model.info["solver"]["n_evaluations"]
+    assert asked == asked_plain == {(s.name, "dc_evaluate"): n for s in sites}
+    start = tuple(np.arange(1.0, len(sites) + 1) / np.arange(1.0, len(sites) + 1).sum())
+    for cfg in ({"checkpoint_dir": str(tmp_path / "ckpt")}, {"z0": start}):
+        other, asked_other, used_other = _together_fit(sites, **cfg)
+        assert used_other == [], cfg
+        assert asked_other == {(s.name, "dc_evaluate"): other.info["solver"]["n_evaluations"] for s in sites}
+
+
+def test_answers_asked_ahead_serve_only_the_same_request_and_are_checked(sites):
+    """The oracle's answers asked ahead (prime) answer only the very request they were asked for,
+    once; another request drops them (the sites are asked); a site's answer asked ahead passes the
+    same plausibility check as any (a forged one is refused, naming the site)."""
+    from msa_fed.runtime.plausibility import ImplausibleAnswer
+
+    backend = LocalSites(site_kwargs(sites), worker_cls=_CountingSite)
+    _CountingSite.asked, _CountingSite.stop_after = {}, None
+    with Coordinator(backend, [s.predictor for s in sites], FitConfig(min_points=20)) as c:
+        from msa_fed.runtime.progress import Progress
+
+        _, oracle = c.prepare_dc(c.train_domain_model(Progress(False)))
+        p = len(sites)
+        a = m.DCRequest(z=np.full(p, 1 / p), eta=0.01, what=("L", "dL"))
+        b = np.arange(1.0, p + 1) / np.arange(1.0, p + 1).sum()
+        ahead = backend.call_all("dc_evaluate", [a] * p)
+        asked = sum(_CountingSite.asked.values())
+        oracle.prime(a, ahead)
+        got_b = oracle.evaluate(b, 0.01, ("L", "dL"))  # another request: asked of the sites
+        assert sum(_CountingSite.asked.values()) == asked + p
+        got_a = oracle.evaluate(a.z, 0.01, ("L", "dL"))  # dropped by then: asked again
+        assert sum(_CountingSite.asked.values()) == asked + 2 * p
+        oracle.prime(a, ahead)
+        again = oracle.evaluate(a.z.copy(), 0.01, ("L", "dL"))  # the same request: no one asked
+        assert sum(_CountingSite.asked.values()) == asked + 2 * p
+        np.testing.assert_array_equal(again.L, got_a.L) and np.testing.assert_array_equal(again.dL, got_a.dL)
+        assert not np.array_equal(got_b.L, got_a.L)
+        forged = list(ahead)
+        forged[1] = m.DCPartial(sums=replace(ahead[1].sums, L=-np.abs(ahead[1].sums.L) - 1.0))
+        oracle.prime(a, forged)
+        with pytest.raises(ImplausibleAnswer, match=sites[1].name):
+            oracle.evaluate(a.z, 0.01, ("L", "dL"))

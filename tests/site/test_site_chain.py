@@ -172,3 +172,53 @@ def test_peer_samples_are_checked_against_the_signed_content_not_only_the_regist
     _ask(site, sealer, "join_job", _join_msg(site))  # a new join fetches again
     with pytest.raises(ConfigError, match="the sample of site 'east' .* not the one the job's signed content pins"):
         site["app"].jobs["job-1"].published()
+
+
+def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_the_requests(site, monkeypatch):
+    """Once a join is admitted the site fetches the job's published samples and evaluates the
+    predictors on its rows in the background: the samples are fetched once (the request that
+    needs them takes them), the outputs are the ones the request would compute, and a
+    predictor whose outputs fail the check fails the request that needs them (the background
+    raises nothing of its own)."""
+    sealer = _sealer(site)
+    _ask(site, sealer, "join_job", _join_msg(site))
+    worker = site["app"].jobs["job-1"]
+    assert worker.published() is worker.published() and site["registry"].fetched == list(SITES)
+    H = worker._outputs()
+    assert worker._pending_H is None and H.shape == (80, 2)
+    np.testing.assert_array_equal(H, worker._compute_outputs())  # the same numbers, computed now
+
+    class Broken:  # the site's own predictor gives NaN on its rows
+        classes_ = np.array([0, 1])
+
+        def predict_proba(self, X):
+            return np.full((len(X), 2), np.nan)
+
+    own = worker.predictors[0]
+    monkeypatch.setattr(site["app"], "_predictor", lambda job, name, sha, kind: Broken() if name == "north" else own)
+    _ask(site, sealer, "join_job", _join_msg(site))  # joined again: outputs computed ahead, failing
+    broken = site["app"].jobs["job-1"]
+    assert broken is not worker and broken._pending_H is not None
+    with pytest.raises(ConfigError, match="site 'north''s own predictor"):
+        broken._outputs()
+
+
+def test_no_peer_predictor_runs_ahead_for_a_consortium_the_policy_refuses(site):
+    """A join whose consortium the site's policy does not admit (a peer outside its roster) is
+    refused and leaves no job behind; and a worker of such a job evaluates nothing ahead (no
+    peer's predictor runs on the site's rows for it)."""
+    from dataclasses import replace
+
+    from msa_fed.site.worker import SiteWorker
+
+    app = site["app"]
+    app.policy = replace(app.policy, peers=("west",))  # east is not a peer of north
+    _, refused, _ = _ask(site, _sealer(site), "join_job", _join_msg(site))
+    assert isinstance(refused, wire.RemoteError) and refused.rule == "peers" and "job-1" not in app.jobs
+    d = app.data
+    worker = SiteWorker(
+        "north", 0, d["X_labeled"], d["y_labeled"], d["X_unlabeled"], predictors=[object(), object()],
+        classes=np.array([0, 1]), policy=app.policy, sites=SITES,
+    )  # fmt: skip
+    worker._start_outputs()  # predictors that would fail if called: none is
+    assert worker._pending_H is None and worker._H is None
