@@ -627,7 +627,7 @@ def test_job_files_match_the_documented_schema(name):
     job = _flatten(_job_files()[name])
     assert set(job) <= documented
     optional = {k for k in documented if k.split(".")[0] in ("classifier", "solver", "sealing")}
-    optional |= {"run.site_timeout_s", "run.influence", "run.influence_margin", "run.approval_wait_s"}
+    optional |= {"run.site_timeout_s", "run.influence", "run.influence_margin", "run.approval_wait_s", "model.suspects"}
     optional |= {"registry.server_name", "registry.timeout"}
     assert documented - set(job) <= optional, documented - set(job)
     for key, choices in JOB_CHOICES.items():
