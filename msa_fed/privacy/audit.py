@@ -215,7 +215,7 @@ class _MemoryLines:
             for k in ("sizes", "decisions"):
                 if isinstance(record.get(k), dict):
                     record[k] = dict(record[k])
-        self.pending.append((round(time.time(), 3), record))
+        self.pending.append((time.time(), record))  # rounded as the file's lines are, when written
         if len(self.pending) >= MAX_PENDING:  # a long run: its memory stays that of its lines
             self.write(None)
 
@@ -224,6 +224,7 @@ class _MemoryLines:
         if head is None:
             head = line_hash(self.lines[-1]) if self.lines else GENESIS
         for t, record in self.pending:
+            t = round(t, 3)
             try:
                 line = _line(record, t, head)
             except ValueError:  # a non-finite number: written as its name (the request has answered)
