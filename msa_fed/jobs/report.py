@@ -20,15 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from msa_fed.artifacts.privacy_view import (
-    ESTIMATE_NOTE,
-    MEASURED_NOTE,
-    dp_on,
-    epsilon_line,
-    reported_losses,
-    site_check_of,
-    worst_text,
-)
+from msa_fed.artifacts import privacy_view as view
 from msa_fed.jobs.operations import solver_objective
 
 SOLVED_FOR = {
@@ -104,8 +96,8 @@ def report_html(model, record=None, manifest: dict | None = None, target=None) -
     eps = getattr(model, "epsilon_by_site", None) or {}
     raw = model.domain_losses if model.domain_losses is not None else np.full(len(names), np.nan)
     # the losses the sites measured on their own data (DP: noisy ones marked ~), else the solver's
-    losses, loss_cells, measured = reported_losses(info, raw, eps)
-    estimates = " (measured at each site)" if measured else " (DP estimates)" if dp_on(eps) else ""
+    losses, loss_cells, measured = view.reported_losses(info, raw, eps)
+    estimates = " (measured at each site)" if measured else " (DP estimates)" if view.dp_on(eps) else ""
     plots = [
         _img(_figure_png(_bars(names, model.z, "z_k", "mixture weights z")), "mixture weights z"),
         _img(
@@ -157,7 +149,7 @@ def report_html(model, record=None, manifest: dict | None = None, target=None) -
     facts = [
         ("method / task", f"{model.method} / {model.task}"),
         ("eta", f"{model.eta:g}"),
-        ("max_k L_k(z): the worst site's loss", worst_text(losses, loss_cells)),
+        ("max_k L_k(z): the worst site's loss", view.worst_text(losses, loss_cells)),
         ("Gamma(z): worst site's loss minus the z-weighted average (0: no site worse off)", f"{model.gamma:.4g}"),
         ("z solved for", SOLVED_FOR.get(solver_objective(model.info) or "", "?")),
         (
@@ -182,9 +174,9 @@ def report_html(model, record=None, manifest: dict | None = None, target=None) -
         ),
         ("code version", manifest.get("code_version", "-")),
     ]
-    shown = epsilon_line(names, eps)
+    shown = view.epsilon_line(names, eps)
     if shown is not None:
-        note = MEASURED_NOTE if measured else ESTIMATE_NOTE
+        note = view.MEASURED_NOTE if measured else view.ESTIMATE_NOTE
         facts.append(("differential privacy", f"epsilon spent by site: {shown}; {note}"))
     if record is not None:
         facts = [
@@ -197,7 +189,7 @@ def report_html(model, record=None, manifest: dict | None = None, target=None) -
         ] + facts
     influence_html = (
         _influence_html(info.get("influence"))
-        + _verdicts_html(site_check_of(info))
+        + _verdicts_html(view.site_check_of(info))
         + _consortium_html(info.get("consortium"), names)
     )
     target_html = ""
