@@ -174,23 +174,36 @@ def intercepts_and_softmax(
     s = np.asarray(s, dtype=np.float64)
     target = np.asarray(target, dtype=np.float64)
     b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
-    p = b.size
-    E = _Factored(A)
-    state = E.at(b, s, target)
-    if state is None:
+    out = _newton(_Factored(A, s, target), b, iters, gtol)
+    if out is None:  # the factored softmax underflows somewhere on the way: the direct solve
         return _direct(A, s, target, b0, iters, gtol, counts)
+    b, P, passes, steps = out
+    if counts is not None:
+        counts.update(passes=passes + 1, steps=steps, factored=True)
+    return b, P
+
+
+def _newton(point, b: np.ndarray, iters: int, gtol: float):
+    """The intercept solve's Newton loop (see :func:`intercepts_and_softmax`) over ``point``, the
+    objective's evaluation (:class:`_Factored` or :class:`_Direct`): (b, softmax at b, trial
+    points, Newton steps), or None where ``point.at`` answers None (the factored softmax
+    underflows: the caller hands over to the direct solve)."""
+    p = b.size
+    state = point.at(b)
+    if state is None:
+        return None
     passes = steps = 0
     last = math.inf  # the gradient's largest entry before the last full step
     for _ in range(iters):
-        f, S, eb = state
-        sP = E.weighted_sum(S, eb, s)  # s @ softmax(A + b)
-        g = sP - target
+        f = state[0]
+        sP, gram = point.derivatives(state)  # s @ softmax(A + b) and (s P)^T P
+        g = sP - point.target
         gmax = float(np.abs(g).max())
         if not gmax > gtol:  # (a NaN gradient stops here too; the caller's check refuses)
             break
         if gmax > 0.5 * last:  # a full step that did not halve it: round-off, nothing more to gain
             break
-        H = np.diag(sP) - E.gram(S, eb, s) + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
+        H = np.diag(sP) - gram + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
         try:
             step = np.linalg.solve(H, g)
         except np.linalg.LinAlgError:  # a class no point gives any mass to (b far off): least squares
@@ -200,10 +213,10 @@ def intercepts_and_softmax(
         while True:
             nb = b - t * step
             nb -= np.mean(nb)
-            nstate = E.at(nb, s, target)
+            nstate = point.at(nb)
             passes += 1
-            if nstate is None:  # the factored softmax underflows at this b: the direct solve
-                return _direct(A, s, target, b0, iters, gtol, counts)
+            if nstate is None:
+                return None
             nf = nstate[0]
             if decrement <= NEWTON_PLAIN and math.isfinite(nf):
                 last = gmax
@@ -217,10 +230,7 @@ def intercepts_and_softmax(
             break
         b, state = nb, nstate
         steps += 1
-    if counts is not None:
-        counts.update(passes=passes + 1, steps=steps, factored=True)
-    _, S, eb = state
-    return b, E.softmax(S, eb)
+    return b, point.softmax(state), passes, steps
 
 
 def _direct(A, s, target, b0, iters, gtol, counts):
@@ -241,39 +251,57 @@ class _Factored:
     intercept solve: E's entries and e^(b - max b) are at most 1, so nothing overflows; a row sum
     below :data:`FACTORED_MIN` (underflow) makes :meth:`at` answer None."""
 
-    def __init__(self, A: np.ndarray):
+    def __init__(self, A: np.ndarray, s: np.ndarray, target: np.ndarray):
+        self.s, self.target = s, target
         self.top = A.max(axis=1)
         E = np.subtract(A, self.top[:, None])
         np.exp(E, out=E)
         self.E = E
 
-    def at(self, b: np.ndarray, s: np.ndarray, target: np.ndarray):
+    def at(self, b: np.ndarray):
         """(objective, row sums S, e^(b - max b)) at b, or None where a row sum underflows."""
         top_b = float(np.max(b))
         eb = np.exp(b - top_b)
         S = self.E @ eb
         if not (float(np.min(S)) >= FACTORED_MIN and math.isfinite(float(np.max(S)))):
             return None
-        f = float(s @ (self.top + top_b + np.log(S)) - target @ b)
+        f = float(self.s @ (self.top + top_b + np.log(S)) - self.target @ b)
         return f, S, eb
 
-    def weighted_sum(self, S: np.ndarray, eb: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """s @ softmax(A + b)."""
-        out: np.ndarray = ((s / S) @ self.E) * eb
-        return out
-
-    def gram(self, S: np.ndarray, eb: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """(s P)^T P with P = softmax(A + b), as Q^T Q with Q = E sqrt(s) / S (one symmetric
-        product: half the multiply-adds of (s E)^T E)."""
-        Q = self.E * (np.sqrt(s) / S)[:, None]
+    def derivatives(self, state) -> tuple[np.ndarray, np.ndarray]:
+        """(s @ P, (s P)^T P) with P = softmax(A + b); the second as Q^T Q with
+        Q = E sqrt(s) / S (one symmetric product: half the multiply-adds of (s E)^T E)."""
+        _, S, eb = state
+        sP = ((self.s / S) @ self.E) * eb
+        Q = self.E * (np.sqrt(self.s) / S)[:, None]
         M = Q.T @ Q
-        out: np.ndarray = eb[:, None] * M * eb[None, :]
-        return out
+        return sP, eb[:, None] * M * eb[None, :]
 
-    def softmax(self, S: np.ndarray, eb: np.ndarray) -> np.ndarray:
+    def softmax(self, state) -> np.ndarray:
+        _, S, eb = state
         P = np.multiply(self.E, eb, out=self.E)  # E is not needed after this
         P /= S[:, None]
         return P
+
+
+class _Direct:
+    """The objective and softmax(A + b) computed directly, one pass of exponentials over A + b
+    per point (:func:`intercepts_direct`)."""
+
+    def __init__(self, A: np.ndarray, s: np.ndarray, target: np.ndarray):
+        self.A, self.s, self.target = A, s, target
+
+    def at(self, b: np.ndarray):
+        """(objective, softmax(A + b)) at b."""
+        return _value_softmax(self.A, b, self.s, self.target, np.empty_like(self.A))
+
+    def derivatives(self, state) -> tuple[np.ndarray, np.ndarray]:
+        P = state[1]
+        return self.s @ P, (P * self.s[:, None]).T @ P
+
+    def softmax(self, state) -> np.ndarray:
+        out: np.ndarray = state[1]
+        return out
 
 
 def intercepts_direct(
@@ -303,45 +331,9 @@ def intercepts_direct(
     gtol = INTERCEPT_GTOL / 100 if gtol is None else float(gtol)
     A = np.ascontiguousarray(A, dtype=np.float64)
     b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
-    p = b.size
-    cur, trial = np.empty_like(A), np.empty_like(A)
-    f, P = _value_softmax(A, b, s, target, cur)
-    passes = steps = 0
-    last = math.inf  # the gradient's largest entry before the last full step
-    for _ in range(iters):
-        g = s @ P - target
-        gmax = float(np.abs(g).max())
-        if not gmax > gtol:  # (a NaN gradient stops here too; the caller's check refuses)
-            break
-        if gmax > 0.5 * last:  # a full step that did not halve it: round-off, nothing more to gain
-            break
-        sP = np.multiply(P, s[:, None], out=trial)
-        H = np.diag(s @ P) - sP.T @ P + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
-        try:
-            step = np.linalg.solve(H, g)
-        except np.linalg.LinAlgError:  # a class no point gives any mass to (b far off): least squares
-            step = np.linalg.lstsq(H, g, rcond=None)[0]
-        decrement = float(g @ step)
-        t = 1.0
-        while True:
-            nb = b - t * step
-            nb -= np.mean(nb)
-            nf, _ = _value_softmax(A, nb, s, target, trial)
-            passes += 1
-            if decrement <= NEWTON_PLAIN and math.isfinite(nf):
-                last = gmax
-                break  # the quadratic region: the full step
-            if nf <= f - 1e-4 * t * decrement:  # Armijo: a decrease well above rounding
-                break
-            t *= 0.5
-            if t <= 1e-8:
-                break
-        if t <= 1e-8:
-            break
-        b, f = nb, nf
-        cur, trial = trial, cur
-        P = cur
-        steps += 1
+    out = _newton(_Direct(A, np.asarray(s, dtype=np.float64), np.asarray(target, dtype=np.float64)), b, iters, gtol)
+    assert out is not None  # a direct evaluation always answers
+    b, P, passes, steps = out
     if counts is not None:
         counts.update(passes=passes + 1, steps=steps)
     return b, P
