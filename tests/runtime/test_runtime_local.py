@@ -494,19 +494,6 @@ def test_predictors_stacked_over_the_sites_give_each_site_its_own_numbers(sites)
     assert np.array_equal(one.z, ref.z)
 
 
-def test_a_stacked_predictor_that_fails_a_site_s_check_is_blamed_as_before(sites):
-    """A peer's predictor with NaN outputs on some rows: the stacked run refuses with the same
-    error, naming the same predictor and site, as each site calling it itself."""
-    errors = []
-    for stack in (False, True):
-        wrap = lambda k, h: _Counted(h, nan_above=3.0) if k == 2 else _Counted(h)  # noqa: E731
-        with pytest.raises((ConfigError, PeerFault)) as err:
-            _fit_outputs(sites, stack, wrap)
-        errors.append((type(err.value), str(err.value)))
-    assert errors[0] == errors[1]
-    assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
-
-
 class _Skewed(_Counted):
     """Probabilities that break one of the site's checks on rows whose first input is above
     ``above``: scaled (rows not summing to 1) or shifted below 0."""
@@ -523,6 +510,27 @@ class _Skewed(_Counted):
         else:
             P[bad] -= 0.5
         return P
+
+
+@pytest.mark.parametrize("how", ["nan", "scaled", "shifted"])
+def test_a_peer_predictor_that_fails_a_site_s_check_is_blamed_as_before(sites, how):
+    """A peer's predictor with NaN outputs on some rows, or probabilities that do not sum to 1 (or
+    fall below 0) there: the stacked run and the stacked check of the handed answers refuse them
+    with the same error, naming the same predictor and site with the same words, as each site
+    calling it itself."""
+
+    def wrap(k, h):
+        if k != 2:
+            return _Counted(h)
+        return _Counted(h, nan_above=3.0) if how == "nan" else _Skewed(h, 3.0, how)
+
+    errors = []
+    for stack in (False, True):
+        with pytest.raises((ConfigError, PeerFault)) as err:
+            _fit_outputs(sites, stack, wrap)
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1]
+    assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
 
 
 def test_the_sites_check_the_handed_answers_together_with_the_same_numbers(sites, monkeypatch):
@@ -549,21 +557,6 @@ def test_the_sites_check_the_handed_answers_together_with_the_same_numbers(sites
     assert np.array_equal(got.z, ref.z)
     X = np.vstack([s.X_labeled for s in sites])
     assert np.array_equal(got.predict_proba(X), ref.predict_proba(X))
-
-
-@pytest.mark.parametrize("how", ["scaled", "shifted"])
-def test_a_handed_answer_that_fails_the_checks_together_is_blamed_as_before(sites, how):
-    """A peer's predictor whose probabilities do not sum to 1 (or fall below 0) on some rows: the
-    stacked check refuses them and the site's own per-predictor check names the same predictor
-    and site with the same words as each site calling it itself."""
-    errors = []
-    for stack in (False, True):
-        wrap = lambda k, h: _Skewed(h, 3.0, how) if k == 2 else _Counted(h)  # noqa: E731
-        with pytest.raises((ConfigError, PeerFault)) as err:
-            _fit_outputs(sites, stack, wrap)
-        errors.append((type(err.value), str(err.value)))
-    assert errors[0] == errors[1]
-    assert "'#2''s predictor" in errors[0][1] and "site 'a''s labelled points" in errors[0][1]
 
 
 class _TogetherSites(LocalSites):
