@@ -79,8 +79,9 @@ def interrupt_cause(error: KeyboardInterrupt) -> str:
 
 def interrupt_on_sigterm() -> None:
     """SIGTERM raises :class:`msa_fed.errors.JobInterrupted` in the main thread, so that the job
-    ends as Ctrl-C does: recorded as interrupted, one line.  Called again after Ray started (its
-    driver handler exits with status 15 and no record; its native one prints stack frames)."""
+    ends as Ctrl-C does: recorded as interrupted, one line.  Ray's driver installs its own on
+    ``ray.init`` (it exits with status 15 and no record); :func:`msa_fed.runtime.ray_actors.ensure_ray`
+    puts this one back."""
     import signal
     import threading
 

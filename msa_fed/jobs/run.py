@@ -220,8 +220,7 @@ def job_backend(config: JobConfig, plan: JobPlan, client, admin_token: str, ray_
     if ray_init_kwargs:
         fit = replace(fit, ray=replace(fit.ray, init_kwargs={**fit.ray.init_kwargs, **ray_init_kwargs}))
     if fit.topology != "federated":
-        ensure_ray(fit.ray.address, **fit.ray.init_kwargs)
-        interrupt_on_sigterm()  # where Ray was started before this process set its handler
+        ensure_ray(fit.ray.address, **fit.ray.init_kwargs)  # keeps run_job's SIGTERM handler
     sites: Any
     if fit.topology == "federated":
         from msa_fed.federation.job import relayed_sites
