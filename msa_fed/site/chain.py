@@ -54,7 +54,7 @@ from msa_fed.site.admission import (
 from msa_fed.site.job_book import JobBook, KeptSetups, labelled_digest, setup_scope
 from msa_fed.site.methods import SITE_METHODS, check
 from msa_fed.site.published import SiteStateLost
-from msa_fed.site.worker import SiteWorker
+from msa_fed.site.worker import Background, SiteWorker
 
 log = logging.getLogger(__name__)
 
@@ -262,22 +262,10 @@ class SiteApp:
         # job's peers' published samples, to verify its domain model; the predictors' outputs on
         # this site's rows, for set_qhat); each request waits for its part and raises its failure
         if self.policy.verify_domain_models:
-            self._prefetch(worker.published, f"site-{self.name}-samples")
+            # (a failure there is raised again, and answered, by the request that needs them)
+            Background(worker.published, f"site-{self.name}-samples")
         worker._start_outputs()
         return info
-
-    @staticmethod
-    def _prefetch(source, name: str) -> None:
-        """Call ``source()`` once on a daemon thread (a failure there is ignored: the request that
-        needs the result calls it again and answers that failure itself)."""
-
-        def run() -> None:
-            try:
-                source()
-            except Exception:  # noqa: BLE001 - raised again, and answered, by the request itself
-                pass
-
-        threading.Thread(target=run, name=name, daemon=True).start()
 
     def _predictor(self, job: str, site: str, sha: str, kind: str):
         key = f"{sha}:{kind}"

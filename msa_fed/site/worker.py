@@ -40,7 +40,7 @@ from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
 
-__all__ = ["LABELLED", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
+__all__ = ["LABELLED", "Background", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
 
 
 def predictor_outputs(
@@ -90,7 +90,7 @@ class _Answered:
         return self.out if X is self.rows else self.predictor.predict(X)
 
 
-class _Background:
+class Background:
     """``fn()`` run on a daemon thread; :meth:`result` waits for it and returns its value or raises
     its exception (the same object, as the call itself would have raised it)."""
 
@@ -196,7 +196,7 @@ class SiteWorker(PublishedHalf):
         self.guard = SiteGuard(name, self.policy, job_id, audit=audit)
         self.incarnation = uuid.uuid4().hex
         self._H = None
-        self._pending_H: _Background | None = None  # H being computed in the background (_start_outputs)
+        self._pending_H: Background | None = None  # H being computed in the background (_start_outputs)
         self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
@@ -264,7 +264,7 @@ class SiteWorker(PublishedHalf):
         except PrivacyError:
             return
         self._data()
-        self._pending_H = _Background(self._compute_outputs, f"site-{self.name}-outputs")
+        self._pending_H = Background(self._compute_outputs, f"site-{self.name}-outputs")
 
     def _outputs(self):
         """H (n, p): each predictor on this site's labelled points (true-label probability for
