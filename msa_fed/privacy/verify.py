@@ -314,20 +314,8 @@ def intercepts_direct(
     counts: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`intercepts_and_softmax` computed directly: one pass of exponentials over A + b per
-    trial point (the fallback where the factored softmax would underflow).
-
-    Newton on the p intercepts (the objective is invariant under b + c 1; every iterate is
-    centred), stopped once the gradient's largest entry is at most ``gtol`` (default
-    :data:`INTERCEPT_GTOL` / 100: what the check accepts, with room).  Far from the minimiser a
-    backtracking line search keeps the objective decreasing; once the Newton decrement
-    g . H^-1 g is below :data:`NEWTON_PLAIN` the iterate is in Newton's quadratic region and the
-    full step is taken without comparing objectives (their difference is then near one rounding
-    unit of the objective, and halving on that noise made 83 passes at p = 32, n = 1e5 where 2
-    suffice).  ``target`` is sum_i s_i Y_i (1/p per class for the balanced objective).  Each
-    trial point costs one pass over A, which also gives the softmax the next step needs;
-    ``counts`` (a dict), where given, receives the number of passes ("passes") and of Newton
-    steps ("steps").
-    """
+    trial point (the fallback where the factored softmax would underflow), the same Newton steps
+    and stops (:func:`_newton`); ``counts`` as there, without "factored"."""
     gtol = INTERCEPT_GTOL / 100 if gtol is None else float(gtol)
     A = np.ascontiguousarray(A, dtype=np.float64)
     b = np.asarray(b0, dtype=np.float64) - np.mean(b0)
