@@ -208,9 +208,8 @@ def cluster_env(f: dict, tmp: Path) -> dict:
         MSA_FED_OUTPUT_ROOT=str(tmp / "job-outputs"),  # the submitted job saves its model here
     )
     env.pop("RAY_ADDRESS", None)
-    env.pop(
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None
-    )  # conftest's loopback switch: `ray start` refuses workers under it
+    # conftest's loopback switch: `ray start` refuses workers under it
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
     return env
 
 
@@ -290,8 +289,12 @@ def ray_cluster(federation, tmp_path_factory):
         # resource view, which follows a node's registration within a few seconds); one look
         # for all nodes (a `ray status` is a Python process and a GCS connection: CPU taken
         # from the nodes on a two-core machine)
+        def all_listed() -> bool:
+            view = status()
+            return all(f"site:{n}" in view for n in JOB_SITES)
+
         wait_for(
-            lambda: all(f"site:{n}" in status() for n in JOB_SITES) or head.poll() is not None,
+            lambda: all_listed() or head.poll() is not None,
             120,
             "the site nodes in the head's view",
             1,
