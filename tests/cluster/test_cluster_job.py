@@ -206,6 +206,9 @@ def cluster_env(f: dict, tmp: Path) -> dict:
         # default wait for it is short and kills the node
         RAY_agent_register_timeout_ms="120000",
         MSA_FED_OUTPUT_ROOT=str(tmp / "job-outputs"),  # the submitted job saves its model here
+        # a node told to stop (SIGTERM) stops at once: no drain of up to 30 s for running work,
+        # which the module's end (or a node started again) would wait out for nothing
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
     )
     env.pop("RAY_ADDRESS", None)
     # conftest's loopback switch: `ray start` refuses workers under it
