@@ -112,6 +112,8 @@ def wait_for(predicate, timeout, what, interval=0.5):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+#: tries at starting a Ray node (a failed one costs about 40 s: only under heavy load)
+START_TRIES = 5
 #: what `ray start --block` prints once its node is up (a worker node: registered with the head's GCS)
 RAY_STARTED = "block forever"
 
@@ -230,9 +232,9 @@ def ray_cluster(federation, tmp_path_factory):
     # supervisor's file): no log monitor process per node
     common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats", "--include-log-monitor=false"]
     try:
-        # the head's own raylet has the same fixed 30 s to register (below): started again, on
-        # fresh ports, up to three times
-        for _attempt in range(3):
+        # the head's own raylet has the same fixed waits (below): started again, on fresh
+        # ports, up to START_TRIES times
+        for _attempt in range(START_TRIES):
             gcs_port, dash_port = free_port(), free_port()
             head = procs.start(
                 [
@@ -254,15 +256,17 @@ def ray_cluster(federation, tmp_path_factory):
                 break
             kill_group(head)
         else:
-            raise AssertionError(f"the Ray head exited 3 times:\n{head.log_path.read_text()[-2000:]}")
+            raise AssertionError(f"the Ray head exited {START_TRIES} times:\n{head.log_path.read_text()[-2000:]}")
 
         # one worker node per site, started one after the other (two cores: parallel starts time out)
         for name in JOB_SITES:
             # `ray start` gives its raylet a fixed 30 s to register with the head's GCS and then
-            # exits ("timed out during startup"), which a loaded two-core machine exceeds: a node
-            # whose command exited is started again, and its log is shown if it never stays up.
-            # `ray start --block` prints RAY_STARTED once the GCS lists its node.
-            for _attempt in range(3):
+            # exits ("timed out during startup"), and the raylet itself aborts when its node's
+            # dashboard agent has not written its ports within about 15 s (fixed in Ray): a
+            # loaded two-core machine exceeds both at times.  A node whose command exited is
+            # started again, and its log is shown if it never stays up.  `ray start --block`
+            # prints RAY_STARTED once the GCS lists its node.
+            for _attempt in range(START_TRIES):
                 node = procs.start(
                     [
                         ray_bin,
@@ -280,7 +284,9 @@ def ray_cluster(federation, tmp_path_factory):
                     break
                 kill_group(node)
             else:
-                raise AssertionError(f"the node of site {name} exited 3 times:\n{node.log_path.read_text()[-2000:]}")
+                raise AssertionError(
+                    f"the node of site {name} exited {START_TRIES} times:\n{node.log_path.read_text()[-2000:]}"
+                )
 
         def status() -> str:
             out = subprocess.run(
