@@ -402,23 +402,22 @@ class SiteWorker(PublishedHalf):
     @staticmethod
     def _handed_pairs(predictors: list, ks: list[int], idx: np.ndarray, n: int, cols: np.ndarray) -> set[int]:
         """The host's answers of two-class predictors handed as their second column p alone
-        (:class:`PositiveClass`: the answer [1 - p, p]), checked together: where every p lies in
-        [0, 1] (so does 1 - p, and each row's 1 - p + p is 1 within a rounding unit) the checks of
-        :func:`predictor_outputs` pass on every answer, and their columns of H are written to
-        ``cols`` (p where the label is the second class, 1 - p where it is the first: the entries of
-        the answer's array, bit for bit); their indices returned.  Any p outside (NaN included):
-        none, and each such predictor is checked on its own array as before (its error, if any,
-        names it)."""
-        if not ks:
+        (:class:`PositiveClass`: the answer [1 - p, p]), checked where they lie: where every p lies
+        in [0, 1] (so does 1 - p, and each row's 1 - p + p is 1 within a rounding unit) the checks
+        of :func:`predictor_outputs` pass on every answer, and their columns of H are written to
+        ``cols``: p where the label is the second class, 1 - p where it is the first, as f + s p
+        with (f, s) = (0, 1) or (1, -1), the answer's entries bit for bit (1 + (-p) is 1 - p, 0 + p
+        is p); their indices returned.  Any p outside (NaN included): none, and each such predictor
+        is checked on its own array as before (its error, if any, names it)."""
+        answers = [predictors[k].answer.p for k in ks]
+        if not all(float(p.min()) >= 0.0 and float(p.max()) <= 1.0 for p in answers):  # (NaN fails)
             return set()
-        P = np.empty((predictors[ks[0]].answer.p.shape[0], len(ks)), order="F")
-        for j, k in enumerate(ks):
-            P[:, j] = predictors[k].answer.p
-        if not (float(P.min()) >= 0.0 and float(P.max()) <= 1.0):  # (a NaN fails both)
-            return set()
-        second = (idx == 1)[:, None]
-        labelled = P[:n]
-        cols[:, ks] = np.where(second, labelled, 1 - labelled)
+        first = (idx == 0).astype(np.float64)
+        sign = 1.0 - 2.0 * first
+        for k, p in zip(ks, answers):
+            out = cols[:, k]
+            np.multiply(p[:n], sign, out=out)
+            out += first
         return set(ks)
 
     def _owner(self, k: int) -> str:
