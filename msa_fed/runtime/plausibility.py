@@ -214,8 +214,8 @@ class AnswerChecker:
             if near.any():
                 change = Lnew[:, None, :] - Lc
                 base = PATH_RTOL * (np.abs(Lnew)[:, None, :] + np.abs(Lc))
-                bad = np.zeros(near.shape + (q,), dtype=bool)
-                predicted = np.zeros(near.shape + (q,))
+                bad: np.ndarray = np.zeros(near.shape + (q,), dtype=bool)
+                predicted: np.ndarray = np.zeros(near.shape + (q,))
                 # most pairs are settled by the change of the losses alone, most of the rest by the
                 # new gradients' products (:func:`_kept_whatever`); the held gradients' products, a
                 # pass over every site's path, only for the pairs left: the same pairs refused
@@ -230,7 +230,7 @@ class AnswerChecker:
                     predicted[pairs] = 0.5 * (d1 + d2)
                     slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + base[pairs]
                     bad[pairs] = np.abs(change[pairs] - predicted[pairs]) > slack + ATOL
-                hit = bad.any(axis=2)  # (sites, R)
+                hit = np.any(bad, axis=2)  # (sites, R)
                 for s in np.flatnonzero(hit.any(axis=1)).tolist():
                     cs = np.flatnonzero(hit[s])
                     c = int(cs[np.argmin((cs - slot[s]) % PATH_MEMORY)])  # the oldest entry refused
