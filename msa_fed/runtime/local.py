@@ -105,7 +105,10 @@ class LocalSites:
         rows).  A peer's isolated predictor (msa_fed.artifacts.isolated) is left to each site:
         every site asks it on its own rows, as in the federated topology, where no predictor sees
         two sites' rows in one call.  A predictor whose stacked call fails or answers rows it was
-        not asked is left to the sites too (each then calls it as before)."""
+        not asked is left to the sites too (each then calls it as before).  A scikit-learn logistic
+        regression of two classes is not called but computed here as its ``predict_proba`` computes
+        it (:func:`binary_logistic_positive`, checked against its own call): its second column p
+        alone is handed (:class:`PositiveClass`), into one block for all such models."""
         workers = [w for w in self.workers if isinstance(w, SiteWorker) and w._H is None]
         if len(workers) < 2:
             return
