@@ -7,7 +7,8 @@ that follows ``--`` in this process (its interpreter and ``-m msa_fed.cli`` drop
 stage of the site's request chain wrapped in a timer of its thread's CPU (``time.thread_time``),
 and at exit writes ``{stage: [calls, CPU seconds]}`` to ``OUT.json``, counted since the last SIGUSR1
 (the bench sends one after its warm-up rounds).  The
-stages nest (``answer`` holds ``open``, ``chain``, ``seal``; ``chain`` holds ``dc_evaluate``; ...);
+stages nest (``answer`` holds ``open``, ``chain``, ``seal``; ``chain`` holds ``dc_evaluate``; ...;
+``chain[METHOD]`` is the chain by request method);
 what a request costs outside ``answer`` (gRPC's threads, the hand-offs between them) is the
 process's CPU less the sum of ``answer``.
 """
@@ -35,6 +36,10 @@ STAGES = (
     ("msa_fed.boundary.wire", None, "from_proto", "chain.decode"),
     ("msa_fed.boundary.wire", None, "to_proto", "chain.encode"),
     ("msa_fed.crypto.sealing", "SiteOpener", "seal", "seal"),
+    # outside the requests: what a site gets ready in the background once it admitted a job
+    ("msa_fed.federation.agent", "SiteAgent", "fetch_sample", "background.fetch_sample"),
+    ("msa_fed.federation.agent", "SiteAgent", "fetch_predictor", "background.fetch_predictor"),
+    ("msa_fed.site.worker", "SiteWorker", "_compute_outputs", "background.outputs"),
 )
 
 
@@ -47,10 +52,13 @@ def _wrap(owner, name: str, stage: str, counts: dict, lock: threading.Lock) -> N
             return orig(*args, **kwargs)
         finally:
             took = time.thread_time() - t0
+            # the chain also by request method (``SiteApp._answer(job, admin, request, content)``)
+            method = getattr(args[3], "method", None) if stage == "chain" and len(args) > 3 else None
             with lock:
-                c = counts.setdefault(stage, [0, 0.0])
-                c[0] += 1
-                c[1] += took
+                for key in (stage, f"chain[{method}]") if method else (stage,):
+                    c = counts.setdefault(key, [0, 0.0])
+                    c[0] += 1
+                    c[1] += took
 
     setattr(owner, name, timed)
 
