@@ -102,7 +102,7 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int, stages: boo
         _timed(RelayClient, "call", "job.call", here)
         _timed(JobSealer, "seal", "job.call.seal", here)
         _timed(JobSealer, "open", "job.call.open", here)
-    staged = Path(tempfile.mkdtemp(prefix="bench-stages-"))
+    staged = Path(tempfile.mkdtemp(prefix="bench-stages-")) if stages else Path()
     wrapper = str(Path(__file__).resolve().with_name("site_stages.py"))
     launcher = {n: [sys.executable, wrapper, str(staged / f"{n}.json"), "--"] for n in files} if stages else None
     with (
