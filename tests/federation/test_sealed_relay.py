@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 import pytest
-from fedhelpers import NAMES, cli_here, cli_run, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
+from fedhelpers import NAMES, cli_here, fit_config, job_config, local_kwargs, make_pki, output_dir, site_files  # noqa: E402
 
 from msa_fed.artifacts.predictors import sha256_hex
 from msa_fed.boundary.proto import boundary_pb2 as bpb
@@ -600,14 +600,15 @@ def test_a_registry_requiring_client_certificates_runs_jobs_given_one(tmp_path, 
         )
         cli = ["run", "--quiet", "--job", bare]
 
-        refused = cli_run(*cli, "--output", tmp_path / "out0", timeout=600)
+        # the job command in this process: its options, exit status and output are what is tested
+        refused = cli_here(*cli, "--output", tmp_path / "out0")
         errors = [line for line in refused.stderr.splitlines() if line.startswith("error")]
         assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-2000:]
         assert "requires a client certificate (mutual TLS)" in errors[0], errors  # in words, at once
         assert "[registry] tls_cert and [registry] tls_key" in errors[0], errors
 
         cert_flags = ["--tls-cert", pki["operator_cert"], "--tls-key", pki["operator_key"]]
-        done = cli_run(*cli, *cert_flags, "--output", tmp_path / "out1", timeout=900)
+        done = cli_here(*cli, *cert_flags, "--output", tmp_path / "out1")
         assert done.returncode == 0, done.stderr[-3000:]
         assert "stored combined model version" in done.stdout
 
