@@ -318,6 +318,13 @@ def _job_sealer(fed, files, names, job_id: str):
     return JobSealer(JobKey.load(fed.job_key_path), content, {n: fed.seal_keys[n].public for n in names})
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (``/proc``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _timed_fit(coord) -> tuple:
     """(model, {phase: seconds}) of ``coord.fit()``: the domain classifier's training, the DC set-up
     (domain model and Qhat at the sites) and the rest (the z solve's rounds and the model)."""
@@ -364,6 +371,7 @@ def bench_job(args, workdir: Path) -> dict:
     ensure_ray(num_cpus=os.cpu_count())
     times: dict[str, list] = {}
     phases: dict[str, list] = {}
+    cpu: dict[str, list] = {}  # CPU seconds of each fit: this process, the site processes
     z_diff, evaluations, signed, report_rounds = 0.0, None, 0, None
     with (
         LocalFederation(workdir / "job-sealed", files, sealed=True, silence_timeout_s=120) as sealed,
@@ -381,7 +389,9 @@ def bench_job(args, workdir: Path) -> dict:
             for kind, fed, cfg in runs:
                 if fed is None:
                     c = Coordinator(LocalSites(kw), preds, cfg).start()
+                    own0 = time.process_time()
                     local, took, split = _timed_fit(c)
+                    cpu.setdefault(kind + "_this_process", []).append(time.process_time() - own0)
                     times.setdefault(kind, []).append(took)
                     for phase, v in split.items():
                         phases.setdefault(f"{kind}_{phase}", []).append(v)
@@ -402,8 +412,13 @@ def bench_job(args, workdir: Path) -> dict:
                     owns_relay=True,
                 )
                 t0 = time.perf_counter()
+                site_pids = [fed.procs[n].pid for n in names]
                 with Coordinator(backend, preds, cfg) as coord:
+                    own0, sites0 = time.process_time(), sum(_proc_cpu_s(q) for q in site_pids)
                     model, took, split = _timed_fit(coord)
+                    # the fit's CPU: this process (the coordinator and the registry) and the sites
+                    cpu.setdefault(kind + "_this_process", []).append(time.process_time() - own0)
+                    cpu.setdefault(kind + "_sites", []).append(sum(_proc_cpu_s(q) for q in site_pids) - sites0)
                     times.setdefault(kind, []).append(took)
                     for phase, v in split.items():
                         phases.setdefault(f"{kind}_{phase}", []).append(v)
@@ -433,6 +448,7 @@ def bench_job(args, workdir: Path) -> dict:
         "runs_s": times,
         "medians_s": med,
         "phases_median_s": {k: statistics.median(v) for k, v in phases.items()},
+        "cpu_median_s": {k: statistics.median(v) for k, v in cpu.items()},
         "max_abs_z_difference": z_diff,
         "n_evaluations": evaluations,
         "influence_report_rounds": report_rounds,
@@ -490,6 +506,13 @@ def job_lines(r: dict) -> list[str]:
         if kind == "sealed_influence" and r.get("influence_report_rounds") is not None:
             line += f"; the report {r['influence_report_rounds']} rounds"
         lines.append(line)
+    cpu = r.get("cpu_median_s") or {}
+    for kind, _, _ in JOB_ARMS:
+        if kind + "_this_process" in cpu:
+            line = f"  CPU of the fit, {kind}: this process {cpu[kind + '_this_process']:.3f} s"
+            if kind + "_sites" in cpu:
+                line += f", the site processes {cpu[kind + '_sites']:.3f} s"
+            lines.append(line)
     return lines
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_relay_round.py                         # this tree
     .venv/bin/python benchmarks/bench_relay_round.py --baseline ../main      # against another tree
+    .venv/bin/python benchmarks/bench_relay_round.py --kind sealed --turns 1 --stages   # where the CPU goes
 
 One federation on this machine (:class:`msa_fed.federation.local.LocalFederation`: a registry with
 its relay in this process, one ``msa-fed site serve`` process per site), p = ``--sites`` sites with
@@ -15,8 +16,12 @@ what the latency is made of.
 
 ``--baseline TREE`` runs the same measurement with ``TREE``'s code (``PYTHONPATH``), in turns
 with this tree's (``--turns`` each, alternating, one fresh process per turn), and prints the
-medians of the turns side by side.  JSON to ``benchmarks/results/relay_round.json`` (not with
-``--quick``).
+medians of the turns side by side.  ``--stages``: also the thread CPU per round of each stage
+of a round, in this process (the job's ``RelayClient.call`` with its seals and opens, the relay's
+``Call``) and in each site process (run under :mod:`site_stages`: opening the seal, the chain,
+the policy's ledger and audit record, the sums, the codec, the sealed answer); a process's CPU
+less its stages is gRPC's threads and the hand-offs between them.  JSON to
+``benchmarks/results/relay_round.json`` (not with ``--quick``).
 """
 
 from __future__ import annotations
@@ -40,9 +45,33 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
+def _timed(owner, name: str, stage: str, counts: dict) -> None:
+    """``owner.name`` wrapped in a timer of its thread's CPU, counted in ``counts[stage]``."""
+    import threading
+
+    orig, lock = getattr(owner, name), threading.Lock()
+
+    def timed(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            took = time.thread_time() - t0
+            with lock:
+                c = counts.setdefault(stage, [0, 0.0])
+                c[0] += 1
+                c[1] += took
+
+    setattr(owner, name, timed)
+
+
+def measure(tree: Path, kind: str, method: str, p: int, rounds: int, stages: bool = False) -> dict:
     """One measurement with the code of ``tree`` (run in its own process; its benchmarks'
-    helpers put ``tree`` first on the path of this process and of the site processes)."""
+    helpers put ``tree`` first on the path of this process and of the site processes).
+    ``stages``: also the thread CPU of the stages of a round in this process (the job's client,
+    the relay's Call) and in each site process (:mod:`site_stages`), per round."""
+    import signal
+
     import numpy as np
 
     sys.path.insert(0, str(tree / "benchmarks"))
@@ -62,9 +91,23 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
     rng = np.random.default_rng(2)
     zs = [rng.dirichlet(np.ones(p)) for _ in range(rounds + 10)]
     sealed = kind == "sealed"
+    here: dict = {}  # this process's stages
+    if stages:
+        from msa_fed.control.relay import RelayServicer
+        from msa_fed.crypto.sealing import JobSealer
+        from msa_fed.federation.relay_client import RelayClient
+
+        # before the federation starts: the server binds the servicer's methods when it is built
+        _timed(RelayServicer, "Call", "relay.Call", here)
+        _timed(RelayClient, "call", "job.call", here)
+        _timed(JobSealer, "seal", "job.call.seal", here)
+        _timed(JobSealer, "open", "job.call.open", here)
+    staged = Path(tempfile.mkdtemp(prefix="bench-stages-")) if stages else Path()
+    wrapper = str(Path(__file__).resolve().with_name("site_stages.py"))
+    launcher = {n: [sys.executable, wrapper, str(staged / f"{n}.json"), "--"] for n in files} if stages else None
     with (
         tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp,
-        LocalFederation(Path(tmp) / "fed", files, sealed=sealed, silence_timeout_s=120) as fed,
+        LocalFederation(Path(tmp) / "fed", files, sealed=sealed, silence_timeout_s=120, launcher=launcher) as fed,
     ):
         fed.wait_connected(timeout=600)
         sealer = None
@@ -99,6 +142,11 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
         for z in zs[:10]:  # warm-up
             bf._answered(relay, calls(z))
         pids = [fed.procs[n].pid for n in names]
+        if stages:
+            for q in pids:
+                os.kill(q, signal.SIGUSR1)  # the sites count their stages from here
+            time.sleep(0.5)
+            here.clear()
         sites0, own0, wall0 = sum(_cpu_s(q) for q in pids), time.process_time(), time.perf_counter()
         times = []
         for z in zs[10:]:
@@ -114,6 +162,18 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
             sealer.verify_signatures()
         relay.close_job("bench")
         relay.close()
+    out_stages = {}
+    if stages:
+        out_stages["job and registry"] = {k: 1e3 * v[1] / rounds for k, v in here.items()}
+        per_site: dict[str, list[float]] = {}
+        for n in names:
+            doc = json.loads((staged / f"{n}.json").read_text())["stages"]
+            for k, v in doc.items():
+                per_site.setdefault(k, []).append(1e3 * v[1] / rounds)
+        out_stages["each site (mean)"] = {k: statistics.fmean(v) for k, v in per_site.items()}
+        for f in staged.iterdir():
+            f.unlink()
+        staged.rmdir()
     return {
         "kind": kind,
         "method": method,
@@ -125,13 +185,14 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int) -> dict:
         "job_and_registry_cpu_ms": 1e3 * own / rounds,
         "sites_cpu_ms": 1e3 * sites / rounds,
         "load": os.getloadavg()[0],
+        **({"stages_cpu_ms_per_round": out_stages} if stages else {}),
     }
 
 
 def _turn(tree: Path, args, kind: str, method: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), GRPC_VERBOSITY="ERROR")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(tree), kind, method]
-    cmd += ["--sites", str(args.sites), "--rounds", str(args.rounds)]
+    cmd += ["--sites", str(args.sites), "--rounds", str(args.rounds)] + (["--stages"] if args.stages else [])
     done = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"the measurement with {tree} failed:\n{done.stderr[-3000:]}")
@@ -147,10 +208,15 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=Path, help="another tree (e.g. ../main) measured in turns with this one")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="also the thread CPU per round of each stage: the job's client and the relay here, the chain in the sites",
+    )
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        r = measure(Path(args.one[0]), args.one[1], args.one[2], args.sites, args.rounds)
+        r = measure(Path(args.one[0]), args.one[1], args.one[2], args.sites, args.rounds, stages=args.stages)
         import msa_fed
 
         r["code"] = str(Path(msa_fed.__file__).resolve().parents[1])
@@ -173,6 +239,9 @@ def main(argv=None) -> int:
                         f"sites {r['sites_cpu_ms']:.2f} ms; load {r['load']:.1f}",
                         flush=True,
                     )
+                    for where, by_stage in r.get("stages_cpu_ms_per_round", {}).items():
+                        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(by_stage.items()))
+                        print(f"  thread CPU per round (ms), {where}: {shown}", flush=True)
     summary = {}
     for key, by_tree in runs.items():
         summary[key] = {}

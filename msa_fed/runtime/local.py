@@ -11,6 +11,7 @@ this process anyway.  Used by tests, small data and ``fit_dmsa(runtime="local")`
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -21,7 +22,11 @@ from msa_fed.core.threads import blas_threads_for
 from msa_fed.runtime.backend import NullRecorder, SetupLog
 from msa_fed.site.published import ShardWorker
 from msa_fed.site.shards import split_rows
-from msa_fed.site.worker import SiteWorker
+from msa_fed.site.worker import PositiveClass, SiteWorker
+
+#: rows of the stacked input on which a binary logistic regression's outputs computed here
+#: (:func:`binary_logistic_positive`) are compared with its own ``predict_proba``, bit for bit
+CHECK_ROWS = 8
 
 
 class LocalSites:
@@ -100,7 +105,10 @@ class LocalSites:
         rows).  A peer's isolated predictor (msa_fed.artifacts.isolated) is left to each site:
         every site asks it on its own rows, as in the federated topology, where no predictor sees
         two sites' rows in one call.  A predictor whose stacked call fails or answers rows it was
-        not asked is left to the sites too (each then calls it as before)."""
+        not asked is left to the sites too (each then calls it as before).  A scikit-learn logistic
+        regression of two classes is not called but computed here as its ``predict_proba`` computes
+        it (:func:`binary_logistic_positive`, checked against its own call): its second column p
+        alone is handed (:class:`PositiveClass`), into one block for all such models."""
         workers = [w for w in self.workers if isinstance(w, SiteWorker) and w._H is None]
         if len(workers) < 2:
             return
@@ -114,8 +122,10 @@ class LocalSites:
                 entry = uses.setdefault(id(h), (h, method, []))
                 if entry[1] == method:
                     entry[2].append((i, k))
-        handed: list[dict[int, np.ndarray]] = [{} for _ in workers]
+        handed: list[dict[int, np.ndarray | PositiveClass]] = [{} for _ in workers]
         stacked: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        positive: dict[tuple[int, ...], np.ndarray] = {}  # the binary logistic models' block per stack
+        jobs = []
         for h, method, where in uses.values():
             sites = tuple(sorted({i for i, _ in where}))
             if len(sites) < 2 or any(rows[i].shape[1] != rows[sites[0]].shape[1] for i in sites):
@@ -123,7 +133,31 @@ class LocalSites:
             if sites not in stacked:
                 X = np.concatenate([rows[i] for i in sites])
                 stacked[sites] = (X, np.cumsum([0] + [rows[i].shape[0] for i in sites]))
+            jobs.append((h, method, where, sites))
+        # the binary logistic models over each stack: their second column alone, into one block
+        by_stack: dict[tuple[int, ...], list[object]] = {}
+        for h, method, _, sites in jobs:
+            if method == "predict_proba" and _binary_logistic(h, stacked[sites][0].shape[1]):
+                by_stack.setdefault(sites, []).append(h)
+        placed: dict[int, tuple[tuple[int, ...], int]] = {}  # id(h) -> (stack, column)
+        for sites, models in by_stack.items():
+            X = stacked[sites][0]
+            if not np.isfinite(X).all():  # its own call refuses such rows: the sites call it
+                continue
+            block = positive[sites] = np.empty((X.shape[0], len(models)), order="F")
+            with blas_threads_for(X.size):
+                for j, h in enumerate(models):
+                    if binary_logistic_positive(h, X, block[:, j]):
+                        placed[id(h)] = (sites, j)
+        for h, method, where, sites in jobs:
             X, offsets = stacked[sites]
+            at = {site: j for j, site in enumerate(sites)}
+            if id(h) in placed:
+                column = positive[sites][:, placed[id(h)][1]]
+                for i, k in where:
+                    a, b = offsets[at[i]], offsets[at[i] + 1]
+                    handed[i][k] = PositiveClass(column[a:b])
+                continue
             try:
                 with blas_threads_for(X.size * max(1, len(getattr(h, "classes_", ())))):
                     out = getattr(h, method)(X)
@@ -131,7 +165,6 @@ class LocalSites:
                 continue
             if not isinstance(out, np.ndarray) or out.ndim < 1 or out.shape[0] != X.shape[0]:
                 continue
-            at = {site: j for j, site in enumerate(sites)}
             for i, k in where:
                 a, b = offsets[at[i]], offsets[at[i] + 1]
                 handed[i][k] = out[a:b]
@@ -157,3 +190,47 @@ class LocalSites:
     def shutdown(self):
         self.workers = []
         self.helpers = []
+
+
+def _binary_logistic(h, n_features: int) -> bool:
+    """Whether ``h`` is a fitted scikit-learn ``LogisticRegression`` of two classes, exactly (its
+    class, not a subclass, with no method of its own replaced), with dense float64 coefficients
+    over ``n_features`` inputs and no feature names: a model whose ``predict_proba`` is
+    [1 - p, p] with p the logistic function of X @ coef_.T + intercept_."""
+    module = sys.modules.get("sklearn.linear_model")  # not imported: no such model exists here
+    cls = getattr(module, "LogisticRegression", None)
+    if cls is None or type(h) is not cls:
+        return False
+    own = vars(h)
+    if any(name in own for name in ("predict_proba", "decision_function", "predict_log_proba")):
+        return False
+    if "feature_names_in_" in own or np.asarray(getattr(h, "classes_", ())).size != 2:
+        return False
+    coef, intercept = own.get("coef_"), own.get("intercept_")
+    return (
+        type(coef) is np.ndarray
+        and type(intercept) is np.ndarray
+        and coef.dtype == np.float64
+        and intercept.dtype == np.float64
+        and coef.shape == (1, n_features)
+        and intercept.shape == (1,)
+    )
+
+
+def binary_logistic_positive(h, X: np.ndarray, out: np.ndarray) -> bool:
+    """The second column of a binary logistic model's ``predict_proba(X)`` (:func:`_binary_logistic`;
+    X finite float64) written into ``out`` (n,): the products and the logistic function its own
+    call computes (scikit-learn's ``decision_function``, then ``expit``), without the call's input
+    validation and the (n, 2) array it stacks.  The model's own ``predict_proba`` on the first
+    :data:`CHECK_ROWS` rows must give the same numbers bit for bit (its first column 1 - p): if it
+    does not (another version's arithmetic), False and the model is called as any other."""
+    from scipy.special import expit
+
+    scores = X @ h.coef_.T + h.intercept_
+    expit(scores.reshape(-1), out=out)
+    try:
+        ref = np.asarray(h.predict_proba(X[:CHECK_ROWS]))
+    except Exception:  # noqa: BLE001 - its stacked call is made and judged as any other's
+        return False
+    p = out[:CHECK_ROWS]
+    return ref.shape == (p.size, 2) and np.array_equal(ref[:, 1], p) and np.array_equal(ref[:, 0], 1 - p)

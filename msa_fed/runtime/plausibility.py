@@ -212,16 +212,25 @@ class AnswerChecker:
             near = (np.arange(R)[None, :] < count[:, None]) & (block.eta[:, :R] == eta)
             near &= np.abs(dz).max(axis=2) <= PATH_STEP
             if near.any():
-                # the pairs' products as the per-site check makes them: (k, q) by (q,), summed over q
-                d1 = np.einsum("sckj,scj->sck", dLc, dz)
-                d2 = np.einsum("skj,scj->sck", dLnew, dz)
-                predicted = 0.5 * (d1 + d2)
-                slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + PATH_RTOL * (
-                    np.abs(Lnew)[:, None, :] + np.abs(Lc)
-                )
-                bad = np.abs((Lnew[:, None, :] - Lc) - predicted) > slack + ATOL
-                bad &= near[:, :, None]
-                hit = bad.any(axis=2)  # (sites, R)
+                change = Lnew[:, None, :] - Lc
+                base = PATH_RTOL * (np.abs(Lnew)[:, None, :] + np.abs(Lc))
+                bad: np.ndarray = np.zeros(near.shape + (q,), dtype=bool)
+                predicted: np.ndarray = np.zeros(near.shape + (q,))
+                # most pairs are settled by the change of the losses alone, most of the rest by the
+                # new gradients' products (:func:`_kept_whatever`); the held gradients' products, a
+                # pass over every site's path, only for the pairs left: the same pairs refused
+                pairs = np.nonzero(near & ~_kept_whatever(change, 0.0, base).all(axis=2))
+                if pairs[0].size:
+                    # the pairs' products as the per-site check makes them: (k, q) by (q,), summed over q
+                    d2 = np.einsum("nkj,nj->nk", dLnew[pairs[0]], dz[pairs])
+                    left = ~_kept_whatever(change[pairs], d2, base[pairs]).all(axis=1)
+                    pairs, d2 = tuple(a[left] for a in pairs), d2[left]
+                if pairs[0].size:
+                    d1 = np.einsum("nkj,nj->nk", dLc[pairs], dz[pairs])
+                    predicted[pairs] = 0.5 * (d1 + d2)
+                    slack = PATH_SLACK * (np.abs(d1) + np.abs(d2) + np.abs(d2 - d1)) + base[pairs]
+                    bad[pairs] = np.abs(change[pairs] - predicted[pairs]) > slack + ATOL
+                hit = np.any(bad, axis=2)  # (sites, R)
                 for s in np.flatnonzero(hit.any(axis=1)).tolist():
                     cs = np.flatnonzero(hit[s])
                     c = int(cs[np.argmin((cs - slot[s]) % PATH_MEMORY)])  # the oldest entry refused
@@ -364,6 +373,26 @@ class AnswerChecker:
                 raise self._fault(s, "harm", "a negative loss")
             if int(r.n) != self.n_labeled[s]:
                 raise self._fault(s, "harm", f"{int(r.n)} labelled points where it announced {self.n_labeled[s]}")
+
+
+#: relative room :func:`_kept_whatever` leaves for the rounding of the check's own arithmetic
+KEPT_ROOM = 1e-9
+
+
+def _kept_whatever(change: np.ndarray, d, base: np.ndarray) -> np.ndarray:
+    """Where the path check keeps a pair whatever the products it has not computed are.  With
+    ``change`` = L(z2) - L(z1), d1 and d2 the held and the new gradients times the step and
+    ``base`` = PATH_RTOL (|L(z2)| + |L(z1)|), the check refuses where
+    |change - (d1 + d2) / 2| > PATH_SLACK (|d1| + |d2| + |d2 - d1|) + base + ATOL.  The left side
+    is at most |change - d / 2| + |d1| / 2 (+ |d2| / 2 where d2 is not known either: d = 0) and
+    the right side at least PATH_SLACK (|d1| + |d2|) + base, with PATH_SLACK >= 1/2: so
+    |change - d / 2| <= PATH_SLACK |d| + base keeps the pair for any value of what is not known
+    (``d``: d2, or 0 where neither is known).  Asked with :data:`KEPT_ROOM` to spare (the rounding
+    of either side is a few units of its largest term, each at most about the right side where
+    the two meet; below that ATOL covers it): a pair kept here is kept by the full check."""
+    if PATH_SLACK < 0.5:  # the bound above needs it: every pair goes to the full check
+        return np.zeros(np.shape(change), dtype=bool)
+    return np.abs(change - 0.5 * d) <= (PATH_SLACK * np.abs(d) + base) * (1.0 - KEPT_ROOM)
 
 
 class _PathRing:

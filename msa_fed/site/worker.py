@@ -40,7 +40,15 @@ from msa_fed.site.methods import HOST_METHODS
 from msa_fed.site.policy import check_host, site_policy
 from msa_fed.site.published import PublishedHalf
 
-__all__ = ["LABELLED", "Background", "Rule", "SiteWorker", "build_domain_model", "predictor_outputs"]
+__all__ = [
+    "LABELLED",
+    "Background",
+    "PositiveClass",
+    "Rule",
+    "SiteWorker",
+    "build_domain_model",
+    "predictor_outputs",
+]
 
 
 def predictor_outputs(
@@ -72,12 +80,35 @@ def predictor_outputs(
     return out
 
 
+class PositiveClass:
+    """A two-class predictor's answer handed by an in-process host as its second column alone:
+    the answer is [1 - p, p] (the (n, 2) array scikit-learn's binary models stack), made only
+    where something asks for the array itself (:attr:`full`)."""
+
+    __slots__ = ("_full", "p")
+
+    def __init__(self, p: np.ndarray):
+        self.p = p
+        self._full: np.ndarray | None = None
+
+    @property
+    def full(self) -> np.ndarray:
+        if self._full is None:
+            self._full = np.stack([1 - self.p, self.p], axis=1)
+        return self._full
+
+
 class _Answered:
     """A predictor with its answer to one call already given: on exactly ``rows`` (the same array)
-    its ``predict_proba`` / ``predict`` returns ``out``, any other call goes to the predictor."""
+    its ``predict_proba`` / ``predict`` returns ``out``, any other call goes to the predictor.
+    ``answer`` is the array or a :class:`PositiveClass` (``out``: its array)."""
 
-    def __init__(self, predictor, rows: np.ndarray, out: np.ndarray):
-        self.predictor, self.rows, self.out = predictor, rows, out
+    def __init__(self, predictor, rows: np.ndarray, answer: np.ndarray | PositiveClass):
+        self.predictor, self.rows, self.answer = predictor, rows, answer
+
+    @property
+    def out(self):
+        return self.answer.full if isinstance(self.answer, PositiveClass) else self.answer
 
     @property
     def classes_(self):
@@ -197,7 +228,7 @@ class SiteWorker(PublishedHalf):
         self.incarnation = uuid.uuid4().hex
         self._H = None
         self._pending_H: Background | None = None  # H being computed in the background (_start_outputs)
-        self._handed: tuple[np.ndarray, dict[int, np.ndarray]] | None = None  # _hand_outputs
+        self._handed: tuple[np.ndarray, dict[int, np.ndarray | PositiveClass]] | None = None  # _hand_outputs
         self._Q = None
         self._points = None
         self._shard = None
@@ -241,7 +272,7 @@ class SiteWorker(PublishedHalf):
         self._data()
         return np.concatenate([self.X_labeled, self.X_unlabeled])
 
-    def _hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray]) -> None:
+    def _hand_outputs(self, rows: np.ndarray, outputs: dict[int, np.ndarray | PositiveClass]) -> None:
         """Raw outputs of its predictors (k -> outputs) on ``rows``, computed by an in-process
         host in one call over every site's rows (:meth:`msa_fed.runtime.local.LocalSites.call_all`):
         where ``rows`` equal :meth:`_predictor_rows`, predictor k's answer to this site's own call
@@ -322,20 +353,33 @@ class SiteWorker(PublishedHalf):
         if self.task != "classification" or self.classes is None or both.dtype != np.float64:
             return set()  # (rows not in float64: predictor_outputs's call would not be the answer's)
         c = self.classes.size
-        ks = [
+        answered = [
             k
             for k, h in enumerate(predictors)
             if isinstance(h, _Answered)
             and h.rows is both
-            and isinstance(h.out, np.ndarray)
-            and h.out.shape == (both.shape[0], c)
             and np.array_equal(np.asarray(h.predictor.classes_), self.classes)
         ]
-        if len(ks) < 2:
+        pairs = [
+            k
+            for k in answered
+            if c == 2
+            and isinstance(predictors[k].answer, PositiveClass)
+            and predictors[k].answer.p.shape == both.shape[:1]
+        ]
+        ks = [
+            k
+            for k in answered
+            if isinstance(predictors[k].answer, np.ndarray) and predictors[k].answer.shape == (both.shape[0], c)
+        ]
+        if len(ks) + len(pairs) < 2:
             return set()
         idx = np.searchsorted(self.classes, self.y_labeled)
         if np.any(idx >= c) or np.any(self.classes[np.minimum(idx, c - 1)] != self.y_labeled):
             return set()  # the per-predictor loop says it
+        done = self._handed_pairs(predictors, pairs, idx, n, cols)
+        if len(ks) < 2:
+            return done
         # each answer checked where it lies and its column written straight into H (a stacked copy
         # of all the answers first, 3.6 MB per site at p = 64, made this 2.6x slower; measured)
         outs = [np.asarray(predictors[k].out, dtype=np.float64) for k in ks]
@@ -345,14 +389,35 @@ class SiteWorker(PublishedHalf):
             lows[j], highs[j] = out.min(), out.max()
             sums[j] = np.abs(out @ ones - 1.0).max()
         if not (lows.min() >= -PROBA_ATOL and highs.max() <= 1 + PROBA_ATOL):
-            return set()
+            return done
         if not float(sums.max()) <= PROBA_ATOL:
-            return set()
+            return done
         rows = np.arange(n)
         at = rows * c + idx  # the labels' entries of the labelled rows in a row-major (rows, c) array
         for k, out in zip(ks, outs):
             label = np.take(out.reshape(-1), at) if out.flags.c_contiguous else out[rows, idx]
             np.clip(label, 0.0, None, out=cols[:, k])
+        return done | set(ks)
+
+    @staticmethod
+    def _handed_pairs(predictors: list, ks: list[int], idx: np.ndarray, n: int, cols: np.ndarray) -> set[int]:
+        """The host's answers of two-class predictors handed as their second column p alone
+        (:class:`PositiveClass`: the answer [1 - p, p]), checked where they lie: where every p lies
+        in [0, 1] (so does 1 - p, and each row's 1 - p + p is 1 within a rounding unit) the checks
+        of :func:`predictor_outputs` pass on every answer, and their columns of H are written to
+        ``cols``: p where the label is the second class, 1 - p where it is the first, as f + s p
+        with (f, s) = (0, 1) or (1, -1), the answer's entries bit for bit (1 + (-p) is 1 - p, 0 + p
+        is p); their indices returned.  Any p outside (NaN included): none, and each such predictor
+        is checked on its own array as before (its error, if any, names it)."""
+        answers = [predictors[k].answer.p for k in ks]
+        if not all(float(p.min()) >= 0.0 and float(p.max()) <= 1.0 for p in answers):  # (NaN fails)
+            return set()
+        first = (idx == 0).astype(np.float64)
+        sign = 1.0 - 2.0 * first
+        for k, p in zip(ks, answers):
+            out = cols[:, k]
+            np.multiply(p[:n], sign, out=out)
+            out += first
         return set(ks)
 
     def _owner(self, k: int) -> str:

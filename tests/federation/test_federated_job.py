@@ -48,8 +48,43 @@ def files():
     return site_files()
 
 
-#: the local Ray of the ``local_ray`` fixture (conftest.py) carries each site's resource
+#: the module's local Ray (the ``local_ray`` fixture below) carries each site's resource
 RAY_RESOURCES = {f"site:{n}": 1 for n in NAMES}
+#: this process's SIGTERM handler when the module's Ray started: "own" (set just before
+#: ensure_ray) and "after" (in place once ensure_ray returned)
+SIGTERM_AROUND_RAY: dict = {}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray for the module (2 CPUs, each site's resource; conftest.py's, with a check):
+    started by ensure_ray while this process has a SIGTERM handler of its own, which
+    :func:`test_ray_started_by_ensure_ray_keeps_the_processs_own_sigterm_handler` reads."""
+    import signal
+
+    from msa_fed.runtime.ray_actors import ensure_ray
+
+    ray.shutdown()  # a Ray left by another module of this worker: ensure_ray must start one here
+
+    def own(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, own)
+    try:
+        ensure_ray(num_cpus=2, resources=RAY_RESOURCES)
+        SIGTERM_AROUND_RAY.update(own=own, after=signal.getsignal(signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_started_by_ensure_ray_keeps_the_processs_own_sigterm_handler(local_ray):
+    """Ray's driver installs its own SIGTERM handler on ray.init (it exits with status 15 and no
+    record); ensure_ray puts back the one the process had set before (a job's, which ends it
+    recorded, as Ctrl-C does).  The module's Ray is started that way (its fixture)."""
+    assert local_ray.is_initialized() and SIGTERM_AROUND_RAY["own"] is not None
+    assert SIGTERM_AROUND_RAY["after"] is SIGTERM_AROUND_RAY["own"]
 
 
 @pytest.fixture(scope="module")

@@ -340,7 +340,17 @@ def _federated(fed, files, classes, preds, ckpt, callback=None, timeout_s=120.0,
     return relay, Coordinator(backend, preds, config, solver_callback=callback)
 
 
-def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(fed, files, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(files):
+    """The fit of the module's sites in this process (runtime "local", the same ONNX predictors
+    and solver as :func:`_federated`), every message recorded: (model, recorder)."""
+    kw, preds, _ = local_kwargs(files, NAMES)
+    rec = m.Recorder()
+    config = fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA)
+    return Coordinator(LocalSites(kw), preds, config, recorder=rec).start().fit(), rec
+
+
+def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(fed, files, tmp_path, uninterrupted):
     """A site killed mid-solve ends the job naming it; run again with the same checkpoint_dir,
     the job ends where an uninterrupted run ends and asks the sites only what they had not
     answered, counted at the sites for every request they see (their audit logs): the resumed
@@ -348,20 +358,9 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(fed,
     charged again, also at the site whose process restarted) and only the DC rounds not answered;
     over both runs each site is charged what an uninterrupted run charges (plus the one round
     the kill cut, at the sites that had answered it)."""
-    from msa_fed.boundary import messages as m
 
-    kw, preds, classes = local_kwargs(files, NAMES)
-    rec = m.Recorder()
-    full = (
-        Coordinator(
-            LocalSites(kw),
-            preds,
-            fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA),
-            recorder=rec,
-        )
-        .start()
-        .fit()
-    )
+    _, preds, classes = local_kwargs(files, NAMES)
+    full, rec = uninterrupted
     rounds = ("dc_evaluate", "max_bound")
     to_west = [(method, msg) for d, site, method, msg in rec.records if d == "to_site" and site == "west"]
     # the distinct rounds an uninterrupted run asks each site (the same for every site; a job
@@ -446,17 +445,9 @@ def test_a_site_killed_mid_solve_ends_the_job_naming_it_and_the_job_resumes(fed,
         assert charged == {**charges_whole, "dc_evaluation": charges_whole["dc_evaluation"] + cut}, (name, charged)
 
 
-def test_a_site_back_within_the_timeout_gets_the_job_replayed(fed, files, tmp_path):
-    kw, preds, classes = local_kwargs(files, NAMES)
-    full = (
-        Coordinator(
-            LocalSites(kw),
-            preds,
-            fit_config(task="classification", classifier=ClassifierConfig(mu=1e-3), solver=DCA),
-        )
-        .start()
-        .fit()
-    )
+def test_a_site_back_within_the_timeout_gets_the_job_replayed(fed, files, tmp_path, uninterrupted):
+    _, preds, classes = local_kwargs(files, NAMES)
+    full, _ = uninterrupted
 
     def restart_west(it, z, gamma):
         if it == 1:
@@ -540,25 +531,3 @@ def test_a_federated_job_on_small_samples_starts_no_ray_and_keeps_its_sigterm_ha
         assert getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "") == "interrupt_on_sigterm.<locals>.handler"
     finally:
         signal.signal(signal.SIGTERM, before)
-
-
-def test_ray_started_by_the_coordinator_keeps_the_processs_own_sigterm_handler(tmp_path):
-    """ensure_ray in a fresh process (this module runs no Ray): Ray's driver installs its SIGTERM
-    handler on ray.init; one the process had set before is put back."""
-    import subprocess
-    import sys
-
-    code = (
-        "import signal\n"
-        "from msa_fed.runtime.ray_actors import ensure_ray\n"
-        "def mine(signum, frame): pass\n"
-        "signal.signal(signal.SIGTERM, mine)\n"
-        "ray = ensure_ray(num_cpus=1)\n"
-        "print('kept' if signal.getsignal(signal.SIGTERM) is mine else 'replaced')\n"
-        "ray.shutdown()\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "kept"

@@ -636,3 +636,126 @@ def test_answers_asked_ahead_serve_only_the_same_request_and_are_checked(sites):
         oracle.prime(a, forged)
         with pytest.raises(ImplausibleAnswer, match=sites[1].name):
             oracle.evaluate(a.z, 0.01, ("L", "dL"))
+
+
+def _fit_with(sites, predictors, stack):
+    """A local fit with these predictors; the model and each site's outputs H."""
+    kwargs = [dict(kw, predictors=predictors) for kw in site_kwargs(sites)]
+    backend = LocalSites(kwargs, stack_predictors=stack)
+    with Coordinator(backend, predictors, FitConfig()) as c:
+        model = c.fit()
+        H = [w._outputs().copy() for w in backend.workers]
+    return model, H
+
+
+def test_binary_logistic_models_are_evaluated_as_their_predict_proba_does(sites, monkeypatch):
+    """The sites' predictors are scikit-learn logistic regressions of two classes: the host computes
+    their second column itself over every site's rows (no call's validation, no stacked (n, 2)
+    array; checked against the model's own call, bit for bit) and hands it to the sites, which
+    check it in one pass per predictor.  That path is taken for every predictor at every site,
+    and each site's outputs H, z, the losses and the predictions are bit for bit those of each
+    site calling every predictor itself."""
+    from msa_fed.runtime import local
+
+    p = len(sites)
+    predictors = [s.predictor for s in sites]
+    computed, paired = [], []
+    real_positive, real_pairs = local.binary_logistic_positive, SiteWorker._handed_pairs
+
+    def positive(h, X, out):
+        computed.append(real_positive(h, X, out))
+        return computed[-1]
+
+    def pairs(*args):
+        done = real_pairs(*args)
+        paired.append(len(done))
+        return done
+
+    ref, H_ref = _fit_with(sites, predictors, False)
+    assert not computed and not paired
+    monkeypatch.setattr(local, "binary_logistic_positive", positive)
+    monkeypatch.setattr(SiteWorker, "_handed_pairs", staticmethod(pairs))
+    got, H = _fit_with(sites, predictors, True)
+    assert computed == [True] * p and paired == [p] * p
+    for a, b in zip(H, H_ref):
+        assert np.array_equal(a, b)
+    assert np.array_equal(got.z, ref.z)
+    assert np.array_equal(got.domain_losses, ref.domain_losses)
+    X = np.vstack([np.vstack([s.X_labeled, s.X_unlabeled]) for s in sites])
+    assert np.array_equal(got.predict_proba(X), ref.predict_proba(X))
+    # against the models' own calls on every stacked row, not only the rows the host compares
+    for h in predictors:
+        out = np.empty(X.shape[0])
+        assert real_positive(h, X, out)
+        own = h.predict_proba(X)
+        assert np.array_equal(own[:, 1], out) and np.array_equal(own[:, 0], 1 - out)
+
+
+def test_a_model_that_is_not_a_plain_binary_logistic_regression_is_called(sites, monkeypatch):
+    """A subclass (its own predict_proba), a model with a method of its own replaced, one fitted
+    with feature names, one of three classes, other inputs and a model whose own call no longer
+    computes what the host would (another version's arithmetic): the host does not compute them
+    but calls them, each once over the stacked rows, and the sites' numbers are their calls'."""
+    from sklearn.linear_model import LogisticRegression
+
+    from msa_fed.runtime import local
+
+    class Shifted(LogisticRegression):
+        calls = 0
+
+        def predict_proba(self, X):
+            Shifted.calls += 1
+            P = super().predict_proba(X)
+            return np.stack([P[:, 0] * 0.5, 1 - P[:, 0] * 0.5], axis=1)
+
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(60, 3)), rng.integers(0, 2, 60)
+    plain = LogisticRegression().fit(X, y)
+    assert local._binary_logistic(plain, 3) and not local._binary_logistic(plain, 4)
+    assert not local._binary_logistic(Shifted().fit(X, y), 3)
+    replaced = LogisticRegression().fit(X, y)
+    replaced.predict_proba = lambda rows: np.full((len(rows), 2), 0.5)
+    assert not local._binary_logistic(replaced, 3)
+    assert not local._binary_logistic(LogisticRegression().fit(X, rng.integers(0, 3, 60)), 3)
+    named = LogisticRegression().fit(X, y)
+    named.feature_names_in_ = np.array(["a", "b", "c"], dtype=object)
+    assert not local._binary_logistic(named, 3)
+    single = LogisticRegression().fit(X, y)
+    single.coef_ = single.coef_.astype(np.float32)
+    assert not local._binary_logistic(single, 3)
+
+    # the subclass: called once over the stacked rows, each site's H its answers' label column
+    shifted = [Shifted(C=1.0).fit(s.X_labeled, s.y_labeled) for s in sites]
+    Shifted.calls = 0
+    _, H = _fit_with(sites, shifted, True)
+    assert Shifted.calls == len(sites)
+    ref_calls = Shifted.calls
+    _, H_ref = _fit_with(sites, shifted, False)
+    assert Shifted.calls - ref_calls == len(sites) ** 2  # (each site calls each predictor itself)
+    for a, b in zip(H, H_ref):
+        assert np.array_equal(a, b)
+
+    # a model whose own predict_proba computes otherwise: found on the rows compared, then called
+    predictors = [s.predictor for s in sites]
+    ref, H_ref = _fit_with(sites, predictors, False)
+    real = LogisticRegression.predict_proba
+    calls = []
+
+    def other(self, rows):
+        calls.append(len(rows))
+        P = real(self, rows)
+        P[:, 1] = np.nextafter(P[:, 1], 2.0)  # one unit in the last place off the host's
+        P[:, 0] = 1 - P[:, 1]
+        return P
+
+    monkeypatch.setattr(LogisticRegression, "predict_proba", other)
+    got, H = _fit_with(sites, predictors, True)
+    stacked_rows = sum(len(s.X_labeled) + len(s.X_unlabeled) for s in sites)
+    assert calls.count(local.CHECK_ROWS) == len(sites) and calls.count(stacked_rows) == len(sites)
+    monkeypatch.setattr(LogisticRegression, "predict_proba", real)
+    for site, h_cols, h_ref in zip(sites, H, H_ref):
+        assert not np.array_equal(h_cols, h_ref)  # the numbers of the calls made, not the host's own
+        rows = np.arange(len(site.y_labeled))
+        for k, h in enumerate(predictors):
+            P = other(h, site.X_labeled)
+            assert np.array_equal(h_cols[:, k], P[rows, np.searchsorted(h.classes_, site.y_labeled)])

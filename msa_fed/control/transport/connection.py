@@ -108,6 +108,12 @@ class Connection:
         opts: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # a channel of its own connection: by default gRPC shares one connection among a
+            # process's channels to the same address, and a connection that found the registry
+            # away waits out its reconnect backoff (seconds, growing) before it tries again, so a
+            # new channel (SharedClient's after a failure, a site's next session) would not reach
+            # a restarted registry until then; measured: 9 s after a 30 s outage
+            ("grpc.use_local_subchannel_pool", 1),
             *options,
         ]
         if self.insecure:
