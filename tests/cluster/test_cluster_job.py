@@ -185,13 +185,14 @@ def federation(tmp_path_factory):
         procs.stop_all()
 
 
-def write_job(tmp: Path, address: str, sites=(), name="job") -> Path:
+def write_job(tmp: Path, address: str, sites=(), name="job", ray_address: str | None = None) -> Path:
     job = tmp / f"{name}.toml"
     job.write_text(
         f'name = "{name}"\n[registry]\naddress = "{address}"\ninsecure = true\n'
         f'admin_token_file = "{tmp / "admin_token"}"\n'
         f'[model]\ntask = "classification"\nfeatures = "standard"\n'
         f'[run]\ntopology = "cluster"\nsites = {json.dumps(list(sites))}\nsite_data = "{tmp}/{{site}}.npz"\n'
+        + (f'ray_address = "{ray_address}"\n' if ray_address else "")
     )
     return job
 
@@ -378,7 +379,9 @@ def test_ray_job_submit_end_to_end(federation, ray_cluster):
         env=dict(env, RAY_AUTH_TOKEN=secrets.token_hex(32)),
     )
     assert intruder.returncode != 0 and "InvalidAuthToken" in intruder.stderr
-    job = write_job(f["tmp"], f["address"], sites=JOB_SITES, name="submitted")
+    # the job names its cluster: run_msa.py's default ("auto") is the Ray started last on this
+    # machine, which another test's Ray (or another run's) may be by the time the driver starts
+    job = write_job(f["tmp"], f["address"], sites=JOB_SITES, name="submitted", ray_address=c["gcs"])
     submit = [
         c["bin"],
         "job",
