@@ -21,10 +21,21 @@ def test_synthetic_ray_matches_local():
             assert runs["ray"][method][target] == pytest.approx(value, abs=1e-12), (method, target)
 
 
-def test_adult_ray_matches_local():
+def test_adult_ray_matches_local(monkeypatch):
     # one-hot feature maps travel to the site actors: a different message shape than synthetic's
     from msa_fed.experiments import adult
 
+    # both runs read the same data set and train the same frozen predictors from it: loaded and
+    # trained once, handed to both (the fits under test are the runtimes' own)
+    data = adult.load_adult()
+    predictors = adult.train_predictors(data)
+
+    def trained(d, seed=0):
+        assert d is data and seed == 0
+        return predictors
+
+    monkeypatch.setattr(adult, "load_adult", lambda: data)
+    monkeypatch.setattr(adult, "train_predictors", trained)
     runs = {rt: adult.run(1, runtime=rt, log=lambda msg: None) for rt in ("local", "ray")}
     for method, by_target in runs["local"].items():
         for target, stat in by_target.items():

@@ -18,7 +18,18 @@ from msa_fed.errors import ConfigError, SiteError  # noqa: E402
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
-from problems import make_sites, site_kwargs  # noqa: E402
+import numpy_predictors  # noqa: E402
+from numpy_predictors import numpy_sites  # noqa: E402
+from problems import site_kwargs  # noqa: E402
+from problems import make_sites as sklearn_sites  # noqa: E402
+
+# the sites' predictors travel to the actors by value, as numpy code (numpy_predictors.py)
+ray.cloudpickle.register_pickle_by_value(numpy_predictors)
+
+
+def make_sites(**kwargs):
+    return numpy_sites(sklearn_sites(**kwargs))
+
 
 NAMES = ("a", "b", "c")
 

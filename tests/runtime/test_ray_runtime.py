@@ -27,7 +27,12 @@ from msa_fed.runtime.config import FitConfig, SolverConfig
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
 from msa_fed.runtime.ray_sites import RaySites, actor_status  # noqa: E402
 from inspect_messages import audit  # noqa: E402
+import numpy_predictors  # noqa: E402
+from numpy_predictors import numpy_sites  # noqa: E402
 from problems import make_sites, site_kwargs  # noqa: E402
+
+# the sites' predictors travel to the actors by value, as numpy code (numpy_predictors.py)
+ray.cloudpickle.register_pickle_by_value(numpy_predictors)
 
 SGD = {"optimizer": "sgd", "epochs": 4, "batch_size": 16, "lr": 0.05}
 DCA = {"objective": "gamma", "method": "dca"}
@@ -53,7 +58,7 @@ def local_ray(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sites():
-    return make_sites()
+    return numpy_sites(make_sites())
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +187,7 @@ def test_fit_dmsa_ray_with_more_workers_per_site(local_ray, monkeypatch, caplog)
 
     monkeypatch.setitem(msa_fed.api._RAY_HINT, "given", False)
     caplog.set_level("WARNING", logger="msa_fed.api")
-    sites = make_sites(n_labeled=(41, 53), n_unlabeled=(60, 72))
+    sites = numpy_sites(make_sites(n_labeled=(41, 53), n_unlabeled=(60, 72)))
     rec = m.Recorder()
     model = msa_fed.fit_dmsa(
         sites, runtime="ray", classifier_options=SGD, recorder=rec, ray_options={"workers_per_site": 2}
