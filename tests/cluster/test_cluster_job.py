@@ -388,11 +388,7 @@ def test_ray_job_submit_end_to_end(federation, ray_cluster):
         "submit",
         f"--address={c['dashboard']}",
         "--working-dir",
-        str(REPO),
-        # the checkout's git history is no part of the job (in a fresh clone, megabytes that
-        # Ray would zip, upload and unpack on every node); the rest of the checkout goes
-        "--runtime-env-json",
-        json.dumps({"excludes": [".git"]}),
+        str(REPO),  # the documented command: the checkout's .rayignore leaves its .git out
         "--",
         sys.executable,
         "cluster/jobs/run_msa.py",

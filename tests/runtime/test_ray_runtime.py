@@ -374,3 +374,27 @@ def test_site_killed_for_good_fails_the_run_naming_it(warm, sites):
         _coordinator(warm, sites, callback=kill_c).fit()
     assert err.value.site == "c"
     assert actor_status(warm.actors[2])[0] == "DEAD"
+
+
+def test_the_checkout_as_a_jobs_working_dir_leaves_its_git_history_out(local_ray):
+    """`ray job submit --working-dir .` (cluster/README.md) uploads the checkout: its .rayignore
+    leaves the git history out (and Ray leaves out what .gitignore lists), the code goes.  A
+    second driver on this module's Ray with the checkout as its job's working directory lists
+    what its task finds there."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    driver = (
+        "import json, os, sys, ray\n"
+        "ray.init(address=sys.argv[1], runtime_env={'working_dir': sys.argv[2]}, log_to_driver=False)\n"
+        "print(json.dumps(ray.get(ray.remote(num_cpus=0)(lambda: sorted(os.listdir('.'))).remote())))\n"
+    )
+    gcs = ray.get_runtime_context().gcs_address
+    out = subprocess.run(
+        [sys.executable, "-c", driver, gcs, repo], capture_output=True, text=True, timeout=300, cwd=repo
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"msa_fed", "cluster", "pyproject.toml", ".rayignore"} <= set(names), names
+    assert ".git" not in names and ".venv" not in names, names
