@@ -291,6 +291,8 @@ def _reference_as_before(model, ref):
     m1, m2 = np.sum(P * loss, axis=1), np.sum(P * loss * loss, axis=1)
 
     def spread(a, b):
+        if a.size == 0:  # a site kept out of the reference: no rows, no spread
+            return float("nan")
         return float(np.sqrt(max(float(b.mean() - a.mean() ** 2), 0.0)))
 
     edges = np.cumsum([0] + [R.shape[0] for R in ref.reference])
