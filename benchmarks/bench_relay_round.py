@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,26 +44,6 @@ def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _timed(owner, name: str, stage: str, counts: dict) -> None:
-    """``owner.name`` wrapped in a timer of its thread's CPU, counted in ``counts[stage]``."""
-    import threading
-
-    orig, lock = getattr(owner, name), threading.Lock()
-
-    def timed(*args, **kwargs):
-        t0 = time.thread_time()
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            took = time.thread_time() - t0
-            with lock:
-                c = counts.setdefault(stage, [0, 0.0])
-                c[0] += 1
-                c[1] += took
-
-    setattr(owner, name, timed)
 
 
 def measure(tree: Path, kind: str, method: str, p: int, rounds: int, stages: bool = False) -> dict:
@@ -93,15 +74,18 @@ def measure(tree: Path, kind: str, method: str, p: int, rounds: int, stages: boo
     sealed = kind == "sealed"
     here: dict = {}  # this process's stages
     if stages:
+        from site_stages import timed  # the sites' timer (benchmarks/, next to bench_federation)
+
         from msa_fed.control.relay import RelayServicer
         from msa_fed.crypto.sealing import JobSealer
         from msa_fed.federation.relay_client import RelayClient
 
         # before the federation starts: the server binds the servicer's methods when it is built
-        _timed(RelayServicer, "Call", "relay.Call", here)
-        _timed(RelayClient, "call", "job.call", here)
-        _timed(JobSealer, "seal", "job.call.seal", here)
-        _timed(JobSealer, "open", "job.call.open", here)
+        lock = threading.Lock()
+        timed(RelayServicer, "Call", "relay.Call", here, lock)
+        timed(RelayClient, "call", "job.call", here, lock)
+        timed(JobSealer, "seal", "job.call.seal", here, lock)
+        timed(JobSealer, "open", "job.call.open", here, lock)
     staged = Path(tempfile.mkdtemp(prefix="bench-stages-")) if stages else Path()
     wrapper = str(Path(__file__).resolve().with_name("site_stages.py"))
     launcher = {n: [sys.executable, wrapper, str(staged / f"{n}.json"), "--"] for n in files} if stages else None

@@ -43,24 +43,31 @@ STAGES = (
 )
 
 
-def _wrap(owner, name: str, stage: str, counts: dict, lock: threading.Lock) -> None:
+def timed(owner, name: str, stage: str, counts: dict, lock: threading.Lock, by=None) -> None:
+    """``owner.name`` wrapped in a timer of its thread's CPU, counted in ``counts[stage]``
+    (``[calls, CPU seconds]``) and, where ``by(args)`` names a sub-stage, in that key too."""
     orig = getattr(owner, name)
 
-    def timed(*args, **kwargs):
+    def wrapper(*args, **kwargs):
         t0 = time.thread_time()
         try:
             return orig(*args, **kwargs)
         finally:
             took = time.thread_time() - t0
-            # the chain also by request method (``SiteApp._answer(job, admin, request, content)``)
-            method = getattr(args[3], "method", None) if stage == "chain" and len(args) > 3 else None
+            sub = by(args) if by is not None else None
             with lock:
-                for key in (stage, f"chain[{method}]") if method else (stage,):
+                for key in (stage, sub) if sub else (stage,):
                     c = counts.setdefault(key, [0, 0.0])
                     c[0] += 1
                     c[1] += took
 
-    setattr(owner, name, timed)
+    setattr(owner, name, wrapper)
+
+
+def _chain_method(args) -> str | None:
+    """The chain by request method (``SiteApp._answer(self, job, admin, request, content)``)."""
+    method = getattr(args[3], "method", None) if len(args) > 3 else None
+    return f"chain[{method}]" if method else None
 
 
 def main() -> int:
@@ -73,7 +80,8 @@ def main() -> int:
     lock = threading.Lock()
     for module, cls, name, stage in STAGES:
         mod = importlib.import_module(module)
-        _wrap(getattr(mod, cls) if cls else mod, name, stage, counts, lock)
+        owner = getattr(mod, cls) if cls else mod
+        timed(owner, name, stage, counts, lock, _chain_method if stage == "chain" else None)
 
     def reset(*_) -> None:
         with lock:
