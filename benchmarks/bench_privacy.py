@@ -205,7 +205,8 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
             f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f};  the sites' CPU per round "
             f"{out[name]['actors_cpu_ms']:.3f} ms x{out[name]['actors_cpu_ratio']:.3f} (their main threads "
-            f"{out[name]['actors_main_thread_cpu_ms']:.3f} ms; the coordinator {out[name]['coordinator_cpu_ms']:.3f} ms)"
+            f"{out[name]['actors_main_thread_cpu_ms']:.3f} ms; "
+            f"the coordinator {out[name]['coordinator_cpu_ms']:.3f} ms)"
         )
     for name in times:
         # per timed round (10 rounds between readings): each thread name's CPU, largest first

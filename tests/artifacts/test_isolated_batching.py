@@ -37,9 +37,9 @@ class CountingPool(PredictorPool):
 
     requests = 0
 
-    def _run_chunk(self, items, X, alone=False):
+    def _start_chunk(self, items, X, alone=False):
         self.requests += 1
-        return super()._run_chunk(items, X, alone)
+        return super()._start_chunk(items, X, alone)
 
 
 @pytest.fixture(scope="module")
