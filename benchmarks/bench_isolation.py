@@ -100,13 +100,20 @@ def _median(f, repeats: int) -> float:
 
 
 def _cpu_ns(pids) -> dict:
-    """{pid: CPU time (ns) so far} of the processes ``pids``, from the scheduler's own accounting
-    (``/proc/PID/schedstat``: nanoseconds on a CPU, not 10 ms ticks); a process gone is left out."""
+    """{pid: CPU time (ns) so far} of the processes ``pids``, all their threads, from the
+    scheduler's own accounting (``/proc/PID/task/TID/schedstat``: nanoseconds on a CPU, not 10 ms
+    ticks; ``/proc/PID/schedstat`` alone is the main thread's); a process gone is left out."""
     out = {}
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/schedstat") as fh:
-                out[pid] = int(fh.read().split()[0])
+            total = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                        total += int(fh.read().split()[0])
+                except FileNotFoundError:  # a thread that ended since the listing
+                    pass
+            out[pid] = total
         except (OSError, ValueError, IndexError):
             pass
     return out

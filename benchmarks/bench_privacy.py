@@ -14,7 +14,8 @@ on disk.  Median of interleaved repeats, in one run; n labelled points per site 
 sites, 1000 published points each, d = 20, the polished optimum; the standard map and 1000
 random Fourier features; median of repeats, against ``set_domain_model`` with verification off.
 
-``--per-request``: the policy's CPU on one site request (n = 50, p = 8), in one process: the
+``--per-request``: the policy's CPU on one site request (n = 50, p = 8), in one process (warm,
+then with the caches evicted before every request, as a site actor finds them): the
 site's DC answer without the policy (the Ray baseline's ``dc_evaluate``) against
 ``SiteWorker.dc_evaluate`` with the in-memory ledger and log and with a ledger file and an audit
 log file; this thread's CPU time per request, blocks of requests alternating between the arms,
@@ -315,7 +316,9 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
     return out
 
 
-def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, tmp: Path | None = None) -> dict:
+def per_request(
+    requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, tmp: Path | None = None, cold: bool = False
+) -> dict:
     """CPU per request (this thread's CPU time, ``time.thread_time``) of one site's DC answer
     without the policy (the Ray baseline's ``dc_evaluate``: the min_points test and the sums)
     and with it (``SiteWorker.dc_evaluate``: in-memory ledger and log, the Ray runtime's
@@ -323,7 +326,9 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
     process: ``blocks`` blocks of ``requests`` requests per arm, the arms alternating block by
     block (each first in every other block), medians over the blocks.  CPU time rather than
     wall time: a loaded machine's other processes do not count, only what this code costs
-    (caches shared with them still do)."""
+    (caches shared with them still do).  ``cold``: the caches evicted before every request (a
+    32 MiB array written; not timed), as a site actor finds them when its request arrives after
+    the other processes' work: each request timed alone (``time.thread_time_ns``)."""
     from msa_fed.boundary import messages as m
 
     tmp = Path(tempfile.mkdtemp()) if tmp is None else tmp
@@ -344,15 +349,25 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
     for w in arms.values():  # warm: caches, the ledger's tables, the log file open
         for r in reqs[:50]:
             w.dc_evaluate(r)
+    junk = np.zeros(32 << 20 if cold else 0, dtype=np.uint8)
     for b in range(blocks):
         for name in names if b % 2 == 0 else names[::-1]:
             answer = arms[name].dc_evaluate
+            if cold:
+                ns = 0
+                for r in reqs:
+                    junk += 1  # every cache line of 32 MiB written: this request's code and data evicted
+                    t0 = time.thread_time_ns()
+                    answer(r)
+                    ns += time.thread_time_ns() - t0
+                cpu[name].append(ns * 1e-9 / len(reqs))
+                continue
             t = time.thread_time()
             for r in reqs:
                 answer(r)
             cpu[name].append((time.thread_time() - t) / len(reqs))
     ref = float(np.median(cpu["without the policy"]))
-    out: dict = {"requests_per_block": requests, "blocks": blocks, "load": os.getloadavg()}
+    out: dict = {"requests_per_block": requests, "blocks": blocks, "cold": cold, "load": os.getloadavg()}
     for name, ts in cpu.items():
         med = float(np.median(ts))
         out[name] = {
@@ -362,7 +377,8 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
             "ratio": med / ref,
         }
         print(
-            f"one DC request, n={n}, p={p}, CPU (median of {blocks} blocks of {requests}): {name:<34} "
+            f"one DC request{' (cold caches)' if cold else ''}, n={n}, p={p}, CPU (median of {blocks} blocks of "
+            f"{requests}): {name:<34} "
             f"{med * 1e6:6.1f} us  (+{(med - ref) * 1e6:5.1f} us)  x{med / ref:.3f}"
         )
     print(f"  load average {out['load'][0]:.1f}")
@@ -390,6 +406,7 @@ def main(argv=None):
     out = {}
     if args.per_request:
         out["per_request_p8_n50"] = per_request(blocks=args.blocks)
+        out["per_request_p8_n50_cold"] = per_request(requests=100, blocks=args.blocks, cold=True)
         args.sizes = ""
     if args.verify or args.verify_only:
         out["verify_p8_n1000_d20"] = verify_cost()
