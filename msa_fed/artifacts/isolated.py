@@ -118,11 +118,11 @@ class _Call:
     """Where one request to a worker is: the model whose owner a failure names, the phase and its
     limit, the outputs read so far, whether other models shared the worker."""
 
-    __slots__ = ("worker", "owner", "rows", "phase", "limit", "outs", "shared")
+    __slots__ = ("owner", "rows", "phase", "limit", "outs", "shared")
 
-    def __init__(self, worker: _Worker, owner: str, rows: int):
-        self.worker, self.owner, self.rows = worker, owner, rows
-        self.phase, self.limit = "send", worker.limits.load_s
+    def __init__(self, limits: IsolationLimits, owner: str, rows: int):
+        self.owner, self.rows = owner, rows
+        self.phase, self.limit = "send", limits.load_s
         self.outs: list[np.ndarray] = []
         self.shared = False
 
@@ -436,7 +436,7 @@ class PredictorPool:
         chunk are sent when it is called."""
         X = np.ascontiguousarray(X, dtype="<f4")
         if not items:
-            return list
+            return lambda: []
         with self._cond:
             step = min([CHUNK_ROWS, *(self._fits.get(h.sha256, CHUNK_ROWS) for h, _ in items)])
         if X.shape[0] > step:
@@ -481,7 +481,7 @@ class PredictorPool:
         worker = self._acquire()
         if alone and worker.loaded - {items[0][0].sha256}:
             worker = self._replace(worker)
-        call = _Call(worker, items[0][1], rows)
+        call = _Call(self.limits, items[0][1], rows)
         models = []
         try:
             sending: set[str] = set()
@@ -658,8 +658,9 @@ def prestart(predictors) -> list[threading.Thread]:
 
 def answered_together(predictors: list, X) -> list:
     """``predictors`` with every isolated one replaced by a copy that already holds its output on
-    ``X`` (n, d): all of them computed in one request per pool (:meth:`PredictorPool.run_many`:
-    one round trip, the rows sent once) instead of one request each.  A copy answers a call on
+    ``X`` (n, d): all of them computed in one request per pool (:meth:`PredictorPool.start_many`:
+    one round trip, the rows sent once) instead of one request each, sent before the in-process
+    predictors new to this process open their sessions and read after.  A copy answers a call on
     exactly these rows from what it holds and any other call through its pool; the predictors
     that are not isolated are returned as they are.  A limit broken raises :class:`PeerFault`
     naming the predictor's owner, as the call itself would."""
@@ -682,6 +683,7 @@ def answered_together(predictors: list, X) -> list:
     # processes, and the answers are read after: no thread, no wait for this one's GIL
     opening = [h for h in out if not is_isolated(h) and isinstance(h, OnnxPredictor) and h._session is None]
     started: list[tuple[PredictorPool, Callable[[], list[np.ndarray]]]] = []
+    failed: list[BaseException] = []
     try:
         for pool, ks in asked:
             started.append((pool, pool.start_many([(predictors[k], predictors[k].owner) for k in ks], X32)))
@@ -690,15 +692,15 @@ def answered_together(predictors: list, X) -> list:
                 h._ensure_session()
             except Exception:  # noqa: BLE001 - the predictor's own call raises it again, in its words
                 pass
-    finally:  # every request sent is read (its worker given back), a failure raised after
-        failed: list[BaseException] = []
-        for pool, finish in started:
-            try:
-                answers[id(pool)] = finish()
-            except BaseException as exc:  # noqa: BLE001 - raised below, once every worker is back
-                failed.append(exc)
-        if failed and len(started) == len(asked):
-            raise failed[0]
+    except BaseException as exc:  # noqa: BLE001 - raised below, once every request sent is read
+        failed.append(exc)
+    for pool, finish in started:  # every request sent is read (its worker given back)
+        try:
+            answers[id(pool)] = finish()
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every worker is back
+            failed.append(exc)
+    if failed:
+        raise failed[0]
     for pool, ks in asked:
         for k, o in zip(ks, answers[id(pool)]):
             h = predictors[k]
