@@ -1,30 +1,42 @@
 """Probe: the influence report's leave-one-out re-solves on quasi-Newton models, in lockstep.
 
-``python benchmarks/probe_influence_quasi_newton.py [--ps 4 8 16] [--n 2000] [--model sr1|fit|exact]``
+``python benchmarks/probe_influence_quasi_newton.py [--ps 4 8 16] [--n 2000] [--model MODEL] [--convex]``
 
 Not the project's re-solve (that is SLSQP on the L and dL the sites return,
 :mod:`msa_fed.core.influence`): an in-process measurement of re-solves that ask nothing new of the
 sites.  Every evaluation returns every domain's loss L_k and its gradient dL[k] (p,), and the p
 re-solves (and the full solve before them) evaluate the same functions L_k.  So each re-solve
-models L_k at its point z as L_k + g_k.d + d'B_k d / 2, B_k from the gradients alone:
+models L_k at its point as L_k + g_k.d + d'B_k d / 2, B_k from gradients alone.  Models on z
+(a trust region in which a coordinate may shrink by the radius's fraction and grow by the radius):
 
 - ``fit``: B_k the symmetric least-squares fit to the secant pairs (z_a - z, dL_a[k] - dL[k]) of
   the 2p evaluated points nearest z, whichever solve evaluated them (:class:`Pool`: the full
   solve's path, recorded during the fit, and every re-solve's evaluations so far), refitted at
   every step;
-- ``sr1`` (default): that fit at the re-solve's start, then a symmetric rank-one update of every
-  B_k with each of the re-solve's own evaluations (taken or refused);
+- ``sr1``: that fit at the re-solve's start, then a symmetric rank-one update of every B_k with
+  each of the re-solve's own evaluations (taken or refused);
 - ``exact``: each domain's exact Hessian (the sums of ``probe_influence_second_order.py``, not
   available to the coordinator): the same steps with a perfect model, for scale.
 
-A step minimises the largest model over the face z_j = 0 within a trust region (coordinates may
-shrink by the radius's fraction, grow by the radius; SLSQP on the small problem, no round); every
-re-solve takes one step per round and the round's new points are evaluated together (one round).
-A re-solve ends only on a first-order certificate from L and dL (:func:`linear_decrease`: the
-decrease the linearised losses allow over the whole face, 0 exactly at a stationary point), or
-after MAX_EVALUATIONS.  On the benchmark's problem (``bench_influence.make_sites``) it prints,
-per site left out, the end point's max_k L_k against the report's SLSQP re-solve, and the z's,
-rounds and CPU of both.
+Models on u = log z (z = softmax(u) on the face z_j = 0; a max-norm trust region on u), where the
+losses are far closer to quadratic (a coordinate's share of the mixture acts through ratios):
+
+- ``u-fit`` (default): the pooled fit at the start mapped to u (chain rule of the softmax), then
+  at every step the symmetric least-squares fit to the re-solve's own secant pairs in u (the 2q
+  nearest), pulled towards the last model with weight FIT_PRIOR;
+- ``u-sr1``: the mapped fit, then symmetric rank-one updates in u;
+- ``u-exact``: the exact Hessians mapped to u.
+
+A step minimises the largest model over the face within the trust region (SLSQP on the small
+problem at the coordinator, no round); every re-solve takes one step per round and the round's
+new points are evaluated together (one round).  A re-solve ends only on a first-order certificate
+from L and dL: on z, the decrease the linearised losses allow over the whole face
+(:func:`linear_decrease`); on u, a convex combination of the top domains' gradients in u of norm
+at most U_CERTIFICATE_TOL, or no decrease of the linearised max within the trust region (an LP);
+else after MAX_EVALUATIONS.  So a wrong model costs rounds, never the end point.  On the
+benchmark's problem (``bench_influence.make_sites``) it prints, per site left out, the end
+point's max_k L_k against the report's SLSQP re-solve, and the z's, rounds and CPU of both (the
+coordinator's share: the fits, the model steps and the certificates).
 """
 
 from __future__ import annotations
@@ -57,8 +69,8 @@ RADIUS0, RADIUS_MIN, RADIUS_MAX = 0.5, 1e-9, 1.0
 ACCEPT = 1e-4
 #: evaluations of one re-solve at most (its best point is returned, marked not converged)
 MAX_EVALUATIONS = 60
-#: "sr1", "fit" or "exact" (the module docstring); ``EXACT``: z -> (p, p, p) for "exact"
-MODEL = "sr1"
+#: the models (the module docstring); ``EXACT``: z -> (p, p, p) for "exact"
+MODEL = "u-fit"
 EXACT: Callable[[np.ndarray], np.ndarray] | None = None
 
 
@@ -111,7 +123,7 @@ def _design(p: int) -> tuple[np.ndarray, np.ndarray]:
     return rows, cols
 
 
-def fit_hessians(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
+def fit_hessians(S: np.ndarray, Y: np.ndarray, prior: np.ndarray | None = None, weight: float = 0.0) -> np.ndarray:
     """(p, p, p): for each domain k the symmetric B_k minimising sum_a |B_k s_a - y_ak|^2 / |s_a|^4
     (least norm), one least-squares problem with a right-hand side per domain."""
     m, p = S.shape
@@ -125,7 +137,11 @@ def fit_hessians(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
     scale = 1.0 / np.maximum(np.einsum("ij,ij->i", S, S), np.finfo(float).tiny)
     A *= scale[:, None, None]
     rhs = (Y * scale[:, None, None]).transpose(0, 2, 1).reshape(m * p, p)  # column k: domain k
-    sol = np.linalg.lstsq(A.reshape(m * p, nu), rhs, rcond=None)[0]  # (nu, p)
+    A2 = A.reshape(m * p, nu)
+    if prior is not None and weight > 0:  # pulled towards the prior: weight * |B - prior|^2 (entries)
+        A2 = np.vstack([A2, weight * np.eye(nu)])
+        rhs = np.vstack([rhs, weight * prior[:, rows, cols].T])
+    sol = np.linalg.lstsq(A2, rhs, rcond=None)[0]  # (nu, p)
     B = np.zeros((p, p, p))
     B[:, rows, cols] = sol.T
     B[:, cols, rows] = sol.T
@@ -225,6 +241,7 @@ class Resolve:
     predicted: float = 0.0
     log: list[Any] = field(default_factory=list)
     B: np.ndarray | None = None
+    own: list[Any] = field(default_factory=list)  # (u, g_u) of the re-solve's own points
 
     @property
     def f(self) -> float:
@@ -257,7 +274,9 @@ def all_without_qn(
     for j in js:
         keep = np.ones(p, bool)
         keep[j] = False
-        runs.append(Resolve(j, keep, _on_face(z, keep)))
+        # on u = log z every coordinate of the face is positive: zeros start at U_FLOOR
+        start = _on_face(np.maximum(z, U_FLOOR) if MODEL.startswith("u-") else z, keep)
+        runs.append(Resolve(j, keep, start))
     rounds = calls = 0
     while True:
         asks: list[tuple[Resolve, np.ndarray]] = []
@@ -284,7 +303,7 @@ def all_without_qn(
         for r, zt in asks:
             L, dL = memo[zt.tobytes()]
             r.evaluations += 1
-            _advance(r, zt, L, dL, pool)
+            (_advance_u if MODEL.startswith("u-") else _advance)(r, zt, L, dL, pool)
     out = {r.j: (r.z, r.L, r.converged) for r in runs}
     return out, calls, rounds
 
@@ -339,6 +358,190 @@ def plan(r: Resolve, pool: Pool) -> None:
     r.trial, r.predicted = _on_face(r.z + d, r.keep), predicted
 
 
+# ------------------------------------------------------------ models in log coordinates
+#: log-coordinate re-solves: the first trust radius on u = log z (max-norm) and its limits
+U_RADIUS0, U_RADIUS_MIN, U_RADIUS_MAX = 1.0, 1e-8, 8.0
+#: ... and the smallest coordinate on the face (u finite)
+U_FLOOR = 1e-12
+#: ... the radius doubles after a step to its edge whose decrease is at least this fraction of the prediction
+EXPAND = 0.75
+#: u-fit: the weight of the last model in the refit (entries)
+FIT_PRIOR = 1e-2
+#: SLSQP's tolerance on the model step (loss units)
+STEP_FTOL = 1e-15
+#: u-models: their negative eigenvalues set to 0 before the step (``--convex``)
+CONVEX = False
+#: ... the certificate: domains within this of the top are active ...
+ACTIVE_GAP = 1e-7
+#: ... and the smallest norm of a convex combination of their gradients in u at most this
+U_CERTIFICATE_TOL = 1e-6
+
+
+def to_u(z: np.ndarray, B: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(g_u (K, q), B_u (K, q, q)): gradients and Hessians of the losses in u, z = softmax(u),
+    from those in z (G: (K, q) rows dL_k on the face's coordinates; B: (K, q, q))."""
+    c = G - (G @ z)[:, None]  # (K, q)
+    gu = z[None, :] * c
+    Jm = np.diag(z) - np.outer(z, z)
+    Bu = np.einsum("ab,kbc,cd->kad", Jm, B, Jm)
+    zc = z[None, :] * c  # second-order term of the map: diag(z c) - z z'(c_l + c_m)
+    for k in range(G.shape[0]):
+        Bu[k] += np.diag(zc[k]) - np.outer(zc[k], z) - np.outer(z, zc[k])
+    return gu, Bu
+
+
+def u_certificate(gu: np.ndarray, L: np.ndarray) -> float:
+    """min over convex combinations of the active domains' u-gradients of the norm (NNLS)."""
+    from scipy.optimize import nnls
+
+    act = np.flatnonzero(L >= L.max() - ACTIVE_GAP)
+    A = np.vstack([gu[act].T, 1e3 * np.ones((1, act.size))])
+    b = np.append(np.zeros(gu.shape[1]), 1e3)
+    lam = nnls(A, b)[0]
+    return float(np.linalg.norm(gu[act].T @ lam))
+
+
+def u_step(Lk: np.ndarray, gu: np.ndarray, Bu: np.ndarray, radius: float) -> tuple[np.ndarray, float]:
+    """(du, predicted): min over |du|_max <= radius, sum du = 0 of max_k of the models in u."""
+    K, q = gu.shape
+
+    def models(du: np.ndarray) -> np.ndarray:
+        return Lk + gu @ du + 0.5 * np.einsum("kab,a,b->k", Bu, du, du)
+
+    def cons_jac(x: np.ndarray) -> np.ndarray:
+        J = np.empty((K, q + 1))
+        J[:, :q] = -(gu + np.einsum("kab,b->ka", Bu, x[:q]))
+        J[:, q] = 1.0
+        return J
+
+    e = np.zeros(q + 1)
+    e[q] = 1.0
+    res = minimize(
+        lambda x: x[q],
+        np.zeros(q + 1),
+        jac=lambda x: e,
+        method="SLSQP",
+        bounds=[(-radius, radius)] * q + [(None, None)],
+        constraints=[
+            {"type": "ineq", "fun": lambda x: x[q] - models(x[:q]), "jac": cons_jac},
+            {
+                "type": "eq",
+                "fun": lambda x: np.array([x[:q].sum()]),
+                "jac": lambda x: e[None, :] * 0 + np.append(np.ones(q), 0.0),
+            },
+        ],
+        options={"ftol": STEP_FTOL, "maxiter": 100},
+    )
+    du = np.asarray(res.x[:q])
+    return du, -float(models(du).max())
+
+
+def u_linear_step(Lk: np.ndarray, gu: np.ndarray, radius: float) -> tuple[np.ndarray, float]:
+    """(du, predicted): the step of the linearised losses in u within the trust region (an LP)."""
+    K, q = gu.shape
+    c = np.zeros(q + 1)
+    c[q] = 1.0
+    res = linprog(
+        c,
+        A_ub=np.hstack([gu, -np.ones((K, 1))]),
+        b_ub=-Lk,
+        A_eq=np.append(np.ones(q), 0.0)[None, :],
+        b_eq=[0.0],
+        bounds=[(-radius, radius)] * q + [(None, None)],
+        method="highs",
+    )
+    if res.status != 0:
+        return np.zeros(q), 0.0
+    return np.asarray(res.x[:q]), max(0.0, -float(res.x[q]))
+
+
+def convex(B: np.ndarray) -> np.ndarray:
+    """Each B_k with its negative eigenvalues set to 0 (the step's problem then convex)."""
+    w, V = np.linalg.eigh(B)
+    return np.einsum("kab,kb,kcb->kac", V, np.clip(w, 0.0, None), V)
+
+
+def _advance_u(r: Resolve, zt: np.ndarray, L: np.ndarray, dL: np.ndarray, pool: Pool) -> None:
+    idx = np.flatnonzero(r.keep)
+    if r.L is None:
+        r.L, r.dL = L, dL
+        r.radius = U_RADIUS0
+    else:
+        zq_old, zq_new = r.z[idx], zt[idx]
+        s_u = np.log(zq_new) - np.log(zq_old)
+        s_u -= s_u.mean()
+        gu_old = to_u(zq_old, np.zeros((idx.size,) * 3), r.dL[np.ix_(idx, idx)])[0]
+        gu_new = to_u(zq_new, np.zeros((idx.size,) * 3), dL[np.ix_(idx, idx)])[0]
+        f_new, f = float(L[idx].max()), r.f
+        accepted = f_new < f - ACCEPT * r.predicted
+        if MODEL == "u-sr1" and r.B is not None:
+            sr1(r.B, s_u, gu_new - gu_old)
+        if not r.own:
+            r.own.append((np.log(zq_old) - np.log(zq_old).mean(), gu_old))
+        r.own.append((np.log(zq_new) - np.log(zq_new).mean(), gu_new))
+        step = float(np.max(np.abs(s_u)))
+        if accepted:
+            rho = (f - f_new) / max(r.predicted, 1e-300)
+            r.z, r.L, r.dL = zt, L, dL
+            if rho > EXPAND and step >= 0.5 * r.radius:
+                r.radius = min(2 * r.radius, U_RADIUS_MAX)
+            elif rho < 0.25:
+                r.radius = max(0.5 * step, U_RADIUS_MIN)
+        else:
+            r.radius = max(0.25 * step, U_RADIUS_MIN)
+        r.log.append((f_new, f, r.predicted, step))
+    if r.evaluations >= MAX_EVALUATIONS:
+        r.done = True
+        return
+    plan_u(r, pool)
+
+
+def plan_u(r: Resolve, pool: Pool) -> None:
+    assert r.L is not None and r.dL is not None
+    idx = np.flatnonzero(r.keep)
+    zq = r.z[idx]
+    G = r.dL[np.ix_(idx, idx)]
+    Lk = r.L[idx] - r.f
+    gu, _ = to_u(zq, np.zeros((idx.size,) * 3), G)
+    cert = u_certificate(gu, r.L[idx])
+    if cert <= U_CERTIFICATE_TOL:
+        r.done = r.converged = True
+        return
+    if MODEL == "u-exact" and EXACT is not None:
+        Bz = EXACT(r.z)[np.ix_(idx, idx, idx)]
+        _, Bu = to_u(zq, Bz, G)
+    else:
+        if r.B is None:  # the first model: the pooled secant fit at the start, in u
+            S, Y = pool.pairs(r.z, r.dL, max(NEAREST_FACTOR * r.z.size, 4))
+            Bz = fit_hessians(S, Y)[np.ix_(idx, idx, idx)] if len(S) else np.zeros((idx.size,) * 3)
+            r.B = to_u(zq, Bz, G)[1]
+        Bu = r.B
+        if MODEL == "u-fit" and len(r.own) >= 2:
+            u0 = np.log(zq) - np.log(zq).mean()
+            S = np.array([u - u0 for u, _ in r.own])
+            Yg = np.array([g - gu for _, g in r.own])
+            near = np.einsum("ij,ij->i", S, S) > 1e-24
+            S, Yg = S[near], Yg[near]
+            order = np.argsort(np.einsum("ij,ij->i", S, S))[: 2 * idx.size]
+            if len(order):
+                Bu = r.B = fit_hessians(S[order], Yg[order].transpose(0, 1, 2), Bu, FIT_PRIOR)
+    du, predicted = u_step(Lk, gu, convex(Bu) if CONVEX else Bu, r.radius)
+    if predicted <= PREDICTED_TOL:  # the model sees nothing more, the point not certified
+        du, predicted = u_linear_step(Lk, gu, r.radius)
+        if predicted <= PREDICTED_TOL:  # no descent of the linearised max (convex): stationary
+            r.done = r.converged = True
+            return
+    u = np.log(zq) + du
+    zn = np.exp(u - u.max())
+    z = np.zeros(r.z.size)
+    z[idx] = np.maximum(zn / zn.sum(), U_FLOOR)
+    z /= z.sum()
+    if np.array_equal(z, r.z):  # a step that rounds to nothing: no progress is left to make
+        r.done = True
+        return
+    r.trial, r.predicted = z, predicted
+
+
 def sums(point_sets: list[Any], z: np.ndarray, eta: float) -> tuple[np.ndarray, np.ndarray]:
     parts = [ps.evaluate(z, eta, what=("L", "dL")) for ps in point_sets]
     return sum(s.L for s in parts), sum(s.dL for s in parts)
@@ -374,7 +577,7 @@ def probe(p: int, n: int) -> dict[str, Any]:
         global EXACT
         point_sets = [w._points for w in oracle.backend.workers]  # the local sites' own sums
         z = np.asarray(z, dtype=np.float64)
-        if MODEL == "exact":
+        if MODEL in ("exact", "u-exact"):
             from probe_influence_second_order import hessians
 
             EXACT = lambda zz: hessians(point_sets, zz, eta)  # noqa: E731
@@ -384,8 +587,18 @@ def probe(p: int, n: int) -> dict[str, Any]:
         out["slsqp_z"], out["slsqp_rounds"] = table["evaluations"], table["rounds"]
         js = [j for j in range(p) if not (kw.get("minmax_point") and known_without(z, losses, j))]
         cpu = time.process_time()
-        res, calls, rounds = all_without_qn(lambda zs: [sums(point_sets, zz, eta) for zz in zs], z, js, path)
+        spent = [0.0]
+
+        def batch(zs: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+            t = time.process_time()
+            try:
+                return [sums(point_sets, zz, eta) for zz in zs]
+            finally:
+                spent[0] += time.process_time() - t
+
+        res, calls, rounds = all_without_qn(batch, z, js, path)
         out["qn_cpu_s"] = time.process_time() - cpu  # the sums in process included
+        out["qn_model_cpu_s"] = out["qn_cpu_s"] - spent[0]  # the coordinator's side: fits, steps, certificates
         out["qn_z"], out["qn_rounds"], out["path"] = calls, rounds, len(path)
         worst = 0.0
         for j in js:
@@ -401,7 +614,8 @@ def probe(p: int, n: int) -> dict[str, Any]:
         print(
             f"p={p}: SLSQP re-solves {out['slsqp_z']} z in {out['slsqp_rounds']} rounds, {out['slsqp_cpu_s']:.2f} s; "
             f"{MODEL} models {calls} z in {rounds} rounds, {out['qn_cpu_s']:.2f} s (the sums in process "
-            f"included; {len(path)} points of the full solve pooled); max |loss difference| {worst:.1e}",
+            f"included; models and steps {out['qn_model_cpu_s']:.2f} s; {len(path)} points of the full solve pooled); "
+            f"max |loss difference| {worst:.1e}",
             flush=True,
         )
         raise StopIteration
@@ -423,9 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ps", type=int, nargs="*", default=[4, 8, 16])
     ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--model", choices=("sr1", "fit", "exact"), default="sr1")
+    ap.add_argument("--convex", action="store_true", help="u-models: negative curvature set to 0 in the step")
+    ap.add_argument("--model", choices=("sr1", "fit", "exact", "u-sr1", "u-fit", "u-exact"), default="u-fit")
     args = ap.parse_args(argv)
     MODEL = args.model
+    global CONVEX
+    CONVEX = args.convex
     for p in args.ps:
         probe(p, args.n)
     return 0
