@@ -325,14 +325,84 @@ def pytest_xdist_make_scheduler(config, log):
     return HeavyFirstScheduling(config, log)
 
 
+#: the module that ran last in this process (its file, relative to tests/): named by the checks
+#: of :func:`_ray_does_not_leak_between_modules`
+_PREVIOUS_MODULE: list[str] = []
+#: seconds a Ray process of this process's own local Ray gets to exit after ``ray.shutdown()``
+RAY_EXIT_GRACE_S = 15.0
+
+
+def ray_children(pid: int | None = None) -> dict[int, str]:
+    """The live (not zombie) child processes of ``pid`` (this process) that belong to a Ray
+    session, with their command lines: the processes of a local Ray this process started (its
+    GCS, raylet, dashboard, monitors) or Ray's workers.  A read of ``/proc/PID/task/*/children``
+    (no scan of every process on the machine)."""
+    pid = os.getpid() if pid is None else pid
+    found: dict[int, str] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(k) for k in task.read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for kid in kids:
+            try:
+                stat = Path(f"/proc/{kid}/stat").read_text()
+                cmdline = Path(f"/proc/{kid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # exited, not yet waited for
+                continue
+            if "/ray/" in cmdline or cmdline.startswith("ray::"):
+                found[kid] = cmdline.strip()[:160]
+    return found
+
+
 @pytest.fixture(autouse=True, scope="module")
-def _ray_does_not_leak_between_modules():
+def _ray_does_not_leak_between_modules(request):
     """A module that used Ray (``fit_dmsa(runtime="ray")`` starts one and keeps it) must not
-    hand it to the next module, which may want its own cluster (multi-node tests)."""
+    hand it to the next module, which may want its own cluster (multi-node tests), or leave a
+    process of its Ray running: a later module's driver could attach to it, or a module's Ray
+    could run on against a cluster since stopped (a stalled run once).  So, in this order:
+
+    - at the module's start, Ray is not initialised (else something of the previous module in
+      this process, a thread that outlived it, started Ray after its end: an error naming it);
+    - at its end, after the module's own fixtures, a Ray still initialised is shut down;
+    - then no process of a local Ray this process started runs on (an error naming the module,
+      the processes killed).
+    """
+    here = _relative(request.path) or str(request.path)
+    previous = _PREVIOUS_MODULE[-1] if _PREVIOUS_MODULE else "none"
+    _PREVIOUS_MODULE[:] = [here]
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(
+            f"Ray was initialised when {here} started, after the end of the module before it in this "
+            f"process ({previous}): something of that module (a thread?) started it once the module had ended"
+        )
     yield
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+    if ray is None:
+        return
+    deadline = time.monotonic() + RAY_EXIT_GRACE_S
+    left = ray_children()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = ray_children()
+    if left:
+        import signal
+
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(
+            f"{here} left {len(left)} Ray process(es) of this process running (killed now): "
+            + "; ".join(f"{pid} {cmd}" for pid, cmd in left.items())
+        )
 
 
 def quick_budget_exceeded(cpu_s: float, wall_s: float, load_per_core: float, env=os.environ) -> str | None:
