@@ -164,3 +164,38 @@ def test_the_ray_processes_left_by_a_module_are_found_and_no_other(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_path):
+    """A test whose main thread waits in native code for ever (here: a pthread mutex it already
+    holds) is out of reach of pytest-timeout's signal; the suite's backstop (conftest
+    HANG_BACKSTOP_S past the test's limit) prints every thread's stack and ends the process
+    rather than leaving the run waiting."""
+    import shutil
+
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_stuck.py").write_text(
+        "import ctypes\nimport pytest\n\n\n"
+        "@pytest.mark.timeout(1)\n"
+        "def test_stuck_in_native_code():\n"
+        "    mutex = ctypes.create_string_buffer(64)  # zeroed: a default pthread mutex\n"
+        "    libc = ctypes.CDLL(None)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "    libc.pthread_mutex_lock(mutex)  # the second lock of a default mutex never returns\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_stuck.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+            _conftest.HANG_BACKSTOP_ENV: "1",
+        },
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out  # faulthandler's exit, not pytest's report of a test
+    assert "Timeout (0:00:02)!" in out and "most recent call first" in out, out
+    assert "line 10 in test_stuck_in_native_code" in out, out
+    assert "passed" not in out and "failed" not in out, out
