@@ -413,6 +413,60 @@ def _ray_does_not_leak_between_modules(request):
         )
 
 
+class StateLeftWarning(UserWarning):
+    """A test module changed the process's global state for the modules after it (a warning: the
+    run's summary names the module and what it changed)."""
+
+
+def global_state() -> dict[str, object]:
+    """What a module may leave behind for the next one in this process: the environment (bar
+    pytest's own variables), torch's thread pools (once torch is imported), the SIGTERM and
+    SIGINT handlers."""
+    import signal
+
+    state: dict[str, object] = {f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch.get_num_threads()"] = torch.get_num_threads()
+        state["torch.get_num_interop_threads()"] = torch.get_num_interop_threads()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        state[f"the {sig.name} handler"] = signal.getsignal(sig)
+    return state
+
+
+def state_changes(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """The entries of :func:`global_state` that differ, in words (an environment value is not
+    shown; torch's thread counts appear when a module first imports torch: not a change)."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        if key in before and key in after and before[key] is after[key]:
+            continue
+        if not key.startswith("$") and (key not in before or key not in after):
+            continue
+        if key not in after:
+            out.append(f"{key} removed")
+        elif key not in before:
+            out.append(f"{key} set")
+        elif before[key] != after[key]:
+            out.append(f"{key} changed" if key.startswith("$") else f"{key} {before[key]!r} -> {after[key]!r}")
+    return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _global_state_is_left_as_found(request):
+    """Warns (StateLeftWarning) when a module leaves the environment, torch's thread pools or the
+    signal handlers changed for the modules after it in this process (what an order-dependent
+    failure would come from), naming the module and what changed."""
+    import warnings
+
+    before = global_state()
+    yield
+    changes = state_changes(before, global_state())
+    if changes:
+        here = _relative(request.path) or str(request.path)
+        warnings.warn(StateLeftWarning(f"{here} left for the next module: " + "; ".join(changes)), stacklevel=1)
+
+
 #: seconds past a test's time limit (pytest-timeout's: its ``timeout`` marker, else --timeout,
 #: else ``timeout`` in pyproject.toml) after which its process prints the stack of every thread
 #: and exits (faulthandler; MSA_FED_TEST_HANG_BACKSTOP_S overrides).  pytest-timeout's signal

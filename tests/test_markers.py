@@ -199,3 +199,25 @@ def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_pat
     assert "Timeout (0:00:02)!" in out and "most recent call first" in out, out
     assert "line 10 in test_stuck_in_native_code" in out, out
     assert "passed" not in out and "failed" not in out, out
+
+
+def test_the_state_a_module_leaves_is_named():
+    """What the suite's module-end check (conftest.state_changes) reports: an environment variable
+    set, changed or removed (by name, never its value), a thread count or a signal handler
+    changed; nothing when the state is the same."""
+    before = {"$A": "1", "$B": "x", "torch.get_num_threads()": 1, "the SIGTERM handler": print}
+    same = dict(before)
+    assert _conftest.state_changes(before, same) == []
+    after = {"$A": "2", "$C": "secret", "torch.get_num_threads()": 2, "the SIGTERM handler": len}
+    changes = _conftest.state_changes(before, after)
+    assert changes == [
+        "$A changed",
+        "$B removed",
+        "$C set",
+        "the SIGTERM handler <built-in function print> -> <built-in function len>",
+        "torch.get_num_threads() 1 -> 2",
+    ]
+    assert not any("secret" in c for c in changes)
+    del before["torch.get_num_threads()"]  # torch imported by the module: its first count is no change
+    assert _conftest.state_changes(before, dict(before, **{"torch.get_num_threads()": 2})) == []
+    assert "torch.get_num_threads()" in _conftest.global_state() or "torch" not in sys.modules
