@@ -365,20 +365,32 @@ def ray_children(pid: int | None = None) -> dict[int, str]:
     return found
 
 
+def _ray_variable(name: str) -> bool:
+    """An environment variable ``ray.init`` sets in its driver's process."""
+    return name.startswith("RAY_") or name == "PYTHONBREAKPOINT"
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _ray_does_not_leak_between_modules(request):
     """A module that used Ray (``fit_dmsa(runtime="ray")`` starts one and keeps it) must not
     hand it to the next module, which may want its own cluster (multi-node tests), or leave a
     process of its Ray running: a later module's driver could attach to it, or a module's Ray
-    could run on against a cluster since stopped (a stalled run once).  So, in this order:
+    stay attached to a cluster since stopped.  So, in this order:
 
     - at the module's start, Ray is not initialised (else something of the previous module in
       this process, a thread that outlived it, started Ray after its end: an error naming it);
     - at its end, after the module's own fixtures, a Ray still initialised is shut down;
     - then no process of a local Ray this process started runs on (an error naming the module,
-      the processes killed).
+      the processes killed);
+    - and what ``ray.init`` leaves in the process (its RAY_* variables and PYTHONBREAKPOINT in the
+      environment, inherited by every later subprocess; its SIGTERM handler) is put back as the
+      module found it.
     """
+    import signal
+
     here = _relative(request.path) or str(request.path)
+    ray_env = {k: v for k, v in os.environ.items() if _ray_variable(k)}
+    sigterm = signal.getsignal(signal.SIGTERM)
     previous = _PREVIOUS_MODULE[-1] if _PREVIOUS_MODULE else "none"
     _PREVIOUS_MODULE[:] = [here]
     ray = sys.modules.get("ray")
@@ -394,14 +406,17 @@ def _ray_does_not_leak_between_modules(request):
         ray.shutdown()
     if ray is None:
         return
+    for key in [k for k in os.environ if _ray_variable(k) and k not in ray_env]:
+        del os.environ[key]
+    os.environ.update(ray_env)
+    if signal.getsignal(signal.SIGTERM) is not sigterm and sigterm is not None:
+        signal.signal(signal.SIGTERM, sigterm)
     deadline = time.monotonic() + RAY_EXIT_GRACE_S
     left = ray_children()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = ray_children()
     if left:
-        import signal
-
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
