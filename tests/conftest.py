@@ -433,13 +433,20 @@ class StateLeftWarning(UserWarning):
     run's summary names the module and what it changed)."""
 
 
+#: variables a session-scoped fixture sets for every module after it, on purpose (PYTHONPATH:
+#: tests/federation/conftest.py puts the checkout first for the site processes)
+SESSION_ENV = frozenset({"PYTHONPATH"})
+
+
 def global_state() -> dict[str, object]:
     """What a module may leave behind for the next one in this process: the environment (bar
-    pytest's own variables), torch's thread pools (once torch is imported), the SIGTERM and
-    SIGINT handlers."""
+    pytest's own variables and SESSION_ENV), torch's thread pools (once torch is imported), the
+    SIGTERM and SIGINT handlers."""
     import signal
 
-    state: dict[str, object] = {f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    state: dict[str, object] = {
+        f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in SESSION_ENV
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         state["torch.get_num_threads()"] = torch.get_num_threads()
