@@ -164,6 +164,7 @@ NOT_QUICK = (
     "control/test_connection.py::test_a_shared_client_",  # two servers, a wait on gRPC's reconnect backoff
     "test_markers.py::test_the_scheduler_spreads_a_split_file_over_the_workers",  # an xdist run of two workers
     "test_markers.py::test_a_test_blocked_in_native_code_",  # a pytest run into its hang backstop
+    "test_markers.py::test_the_module_fixtures_put_back_",  # a pytest run of two modules
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
@@ -371,7 +372,7 @@ def _ray_variable(name: str) -> bool:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _ray_does_not_leak_between_modules(request):
+def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
     """A module that used Ray (``fit_dmsa(runtime="ray")`` starts one and keeps it) must not
     hand it to the next module, which may want its own cluster (multi-node tests), or leave a
     process of its Ray running: a later module's driver could attach to it, or a module's Ray
@@ -382,15 +383,14 @@ def _ray_does_not_leak_between_modules(request):
     - at its end, after the module's own fixtures, a Ray still initialised is shut down;
     - then no process of a local Ray this process started runs on (an error naming the module,
       the processes killed);
-    - and what ``ray.init`` leaves in the process (its RAY_* variables and PYTHONBREAKPOINT in the
-      environment, inherited by every later subprocess; its SIGTERM handler) is put back as the
-      module found it.
+    - and what ``ray.init`` leaves in the environment (its RAY_* variables and PYTHONBREAKPOINT,
+      inherited by every later subprocess) is put back as the module found it (its SIGTERM
+      handler: :func:`_global_state_is_left_as_found`, whose end comes after this one's).
     """
     import signal
 
     here = _relative(request.path) or str(request.path)
     ray_env = {k: v for k, v in os.environ.items() if _ray_variable(k)}
-    sigterm = signal.getsignal(signal.SIGTERM)
     previous = _PREVIOUS_MODULE[-1] if _PREVIOUS_MODULE else "none"
     _PREVIOUS_MODULE[:] = [here]
     ray = sys.modules.get("ray")
@@ -409,8 +409,6 @@ def _ray_does_not_leak_between_modules(request):
     for key in [k for k in os.environ if _ray_variable(k) and k not in ray_env]:
         del os.environ[key]
     os.environ.update(ray_env)
-    if signal.getsignal(signal.SIGTERM) is not sigterm and sigterm is not None:
-        signal.signal(signal.SIGTERM, sigterm)
     deadline = time.monotonic() + RAY_EXIT_GRACE_S
     left = ray_children()
     while left and time.monotonic() < deadline:
@@ -440,10 +438,7 @@ SESSION_ENV = frozenset({"PYTHONPATH"})
 
 def global_state() -> dict[str, object]:
     """What a module may leave behind for the next one in this process: the environment (bar
-    pytest's own variables and SESSION_ENV), torch's thread pools (once torch is imported), the
-    SIGTERM and SIGINT handlers."""
-    import signal
-
+    pytest's own variables and SESSION_ENV) and torch's thread pools (once torch is imported)."""
     state: dict[str, object] = {
         f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in SESSION_ENV
     }
@@ -451,8 +446,6 @@ def global_state() -> dict[str, object]:
     if torch is not None:
         state["torch.get_num_threads()"] = torch.get_num_threads()
         state["torch.get_num_interop_threads()"] = torch.get_num_interop_threads()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        state[f"the {sig.name} handler"] = signal.getsignal(sig)
     return state
 
 
@@ -476,13 +469,20 @@ def state_changes(before: dict[str, object], after: dict[str, object]) -> list[s
 
 @pytest.fixture(autouse=True, scope="module")
 def _global_state_is_left_as_found(request):
-    """Warns (StateLeftWarning) when a module leaves the environment, torch's thread pools or the
-    signal handlers changed for the modules after it in this process (what an order-dependent
-    failure would come from), naming the module and what changed."""
+    """Puts back the SIGTERM and SIGINT handlers a module found (``ray.init`` installs its own, an
+    in-process job its JobInterrupted one: a later SIGTERM would end another module's test with
+    them), and warns (StateLeftWarning) when a module leaves the environment or torch's thread
+    pools changed for the modules after it in this process (what an order-dependent failure
+    would come from), naming the module and what changed."""
+    import signal
     import warnings
 
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     before = global_state()
     yield
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
     changes = state_changes(before, global_state())
     if changes:
         here = _relative(request.path) or str(request.path)
