@@ -341,31 +341,6 @@ _PREVIOUS_MODULE: list[str] = []
 RAY_EXIT_GRACE_S = 15.0
 
 
-def ray_children(pid: int | None = None) -> dict[int, str]:
-    """The live (not zombie) child processes of ``pid`` (this process) that belong to a Ray
-    session, with their command lines: the processes of a local Ray this process started (its
-    GCS, raylet, dashboard, monitors) or Ray's workers.  A read of ``/proc/PID/task/*/children``
-    (no scan of every process on the machine)."""
-    pid = os.getpid() if pid is None else pid
-    found: dict[int, str] = {}
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            kids = [int(k) for k in task.read_text().split()]
-        except (OSError, ValueError):
-            continue
-        for kid in kids:
-            try:
-                stat = Path(f"/proc/{kid}/stat").read_text()
-                cmdline = Path(f"/proc/{kid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # exited, not yet waited for
-                continue
-            if "/ray/" in cmdline or cmdline.startswith("ray::"):
-                found[kid] = cmdline.strip()[:160]
-    return found
-
-
 def _ray_variable(name: str) -> bool:
     """An environment variable ``ray.init`` sets in its driver's process."""
     return name.startswith("RAY_") or name == "PYTHONBREAKPOINT"
@@ -382,12 +357,11 @@ def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
       this process, a thread that outlived it, started Ray after its end: an error naming it);
     - at its end, after the module's own fixtures, a Ray still initialised is shut down;
     - then no process of a local Ray this process started runs on (an error naming the module,
-      the processes killed);
+      the processes stopped; ``msa_fed.runtime.ray_actors.ray_children``);
     - and what ``ray.init`` leaves in the environment (its RAY_* variables and PYTHONBREAKPOINT,
       inherited by every later subprocess) is put back as the module found it (its SIGTERM
       handler: :func:`_global_state_is_left_as_found`, whose end comes after this one's).
     """
-    import signal
 
     here = _relative(request.path) or str(request.path)
     ray_env = {k: v for k, v in os.environ.items() if _ray_variable(k)}
@@ -409,17 +383,15 @@ def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
     for key in [k for k in os.environ if _ray_variable(k) and k not in ray_env]:
         del os.environ[key]
     os.environ.update(ray_env)
+    from msa_fed.runtime.ray_actors import ray_children, stop_processes
+
     deadline = time.monotonic() + RAY_EXIT_GRACE_S
     left = ray_children()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = ray_children()
     if left:
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_processes(left, grace_s=0)
         pytest.fail(
             f"{here} left {len(left)} Ray process(es) of this process running (killed now): "
             + "; ".join(f"{pid} {cmd}" for pid, cmd in left.items())

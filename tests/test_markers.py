@@ -143,29 +143,6 @@ def test_the_scheduler_spreads_a_split_file_over_the_workers():
     assert len(workers) >= 3 and len(kit) == 2, proc.stdout
 
 
-def test_the_ray_processes_left_by_a_module_are_found_and_no_other(tmp_path):
-    """What the suite's module-end check counts as a process of this process's Ray left running
-    (conftest.ray_children): a child that runs a file of a ray/ package, alive; not another
-    child, and not one that has exited but is not yet waited for."""
-    ray_like = tmp_path / "ray" / "_private" / "log_monitor.py"
-    ray_like.parent.mkdir(parents=True)
-    plain = tmp_path / "sleeper.py"
-    for script in (ray_like, plain):
-        script.write_text("import time; time.sleep(600)")
-    procs = [subprocess.Popen([sys.executable, str(script)]) for script in (ray_like, plain)]
-    try:
-        found = _conftest.ray_children()
-        assert procs[0].pid in found and found[procs[0].pid].endswith("ray/_private/log_monitor.py")
-        assert procs[1].pid not in found
-        procs[0].kill()
-        os.waitid(os.P_PID, procs[0].pid, os.WEXITED | os.WNOWAIT)  # exited, still to be reaped
-        assert procs[0].pid not in _conftest.ray_children()
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
 def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_path):
     """A test whose main thread waits in native code for ever (here: a pthread mutex it already
     holds) is out of reach of pytest-timeout's signal; the suite's backstop (conftest
