@@ -27,9 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
-
-from msa_fed.artifacts.predictors import export_sklearn
 
 
 def process_start() -> float:
@@ -147,7 +144,10 @@ def check_keep(keep) -> Path:
 def run_demo(random_state: int = 0, log=_print, keep=None) -> dict:
     """The demo (see the module docstring); ``keep``: a folder that keeps the registry's database,
     each site's folder and the combined model after the demo, else everything is removed."""
+    from sklearn.linear_model import LogisticRegression  # here: a refused --keep answers before it loads
+
     from msa_fed import SiteData, fit_gmsa
+    from msa_fed.artifacts.predictors import export_sklearn
     from msa_fed.control.registry.client import RegistryClient
     from msa_fed.experiments.demo_data import SITES, make_federation
     from msa_fed.federation.local import LocalFederation, SiteFiles
