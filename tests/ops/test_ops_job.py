@@ -83,7 +83,7 @@ def test_registry_down_during_upload_then_back(federation):
 def test_registry_down_for_good_names_the_saved_model_and_the_command(federation):
     reg, token_file, data_dir, tmp = federation
     job = write_job(tmp / "job.toml", reg.address, token_file, data_dir, sites=SITES)
-    proc, out = start_job("--job", job, "--upload-retry-for", "4", cwd=tmp)
+    proc, out = start_job("--job", job, "--upload-retry-for", "1", cwd=tmp)
     try:
         out.wait_for("site west: node", timeout=600)
         reg.stop()
