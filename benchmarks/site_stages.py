@@ -26,6 +26,7 @@ import time
 STAGES = (
     ("msa_fed.federation.agent", "SiteAgent", "answer", "answer"),
     ("msa_fed.crypto.sealing", "SiteOpener", "open", "open"),
+    ("msa_fed.site.job_book", "JobBook", "set_seal_floor", "open.seal_floor"),  # a site without a ledger file
     ("msa_fed.privacy.ledger", "Ledger", "keep_floor", "open.seal_floor"),  # noted; committed with the record
     ("msa_fed.site.chain", "SiteApp", "_answer", "chain"),
     ("msa_fed.site.worker", "SiteWorker", "dc_evaluate", "chain.dc_evaluate"),
@@ -82,6 +83,8 @@ def main() -> int:
     for module, cls, name, stage in STAGES:
         mod = importlib.import_module(module)
         owner = getattr(mod, cls) if cls else mod
+        if not hasattr(owner, name):  # a stage of another tree (a baseline checkout's own code)
+            continue
         timed(owner, name, stage, counts, lock, _chain_method if stage == "chain" else None)
 
     def reset(*_) -> None:

@@ -4,8 +4,7 @@ receives is answered, through the same steps, in this order (:data:`CHAIN`):
 1. ``open_seal``: a sealed request is opened and checked (certificate signed by a pinned job key,
    this site's key pinned, authentic, not replayed; its sequence number on disk before its answer
    is sealed, committed with its audit record: :class:`msa_fed.crypto.sealing.SiteOpener`); an
-   unsealed one is refused unless
-   the operator opted out of sealing;
+   unsealed one is refused unless the operator opted out of sealing;
 2. ``allowlist``: the request's type must be one of
    :data:`msa_fed.site.methods.SITE_METHODS`, this site's own list;
 3. ``admit``: a join is checked against the job's signed content and the site's approvals
