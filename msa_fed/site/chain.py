@@ -109,6 +109,10 @@ class SiteApp:
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._waiting: set[tuple[str, str]] = set()  # (job, content digest) recorded as waiting for approval
         self._predictors: dict[str, object] = {}  # sha256:kind -> loaded predictor
+        # the published samples of the last sealed job whose samples were fetched, by the sha256
+        # its signed content pins (checked against it): a later job pinning the same samples is
+        # not sent them again (at most one job's samples kept here)
+        self._samples: dict[str, np.ndarray] = {}
         # one download at a time: the transport's fetches share the site token's transfer slots;
         # a predictor two jobs share is fetched and loaded once
         self._downloads = threading.RLock()
@@ -281,7 +285,9 @@ class SiteApp:
 
     def _published_samples(self, job: str, sites: list[str], pins: list):
         """A source of the job's published samples (fetched on first use, each checked against
-        the sha256 the registry recorded and the one the job's signed content pins)."""
+        the sha256 the registry recorded and the one the job's signed content pins; a sample a
+        sealed job pins that an earlier sealed job's pin already fetched and checked is taken
+        from there, read-only)."""
         got: list = []
 
         def samples():
@@ -289,11 +295,12 @@ class SiteApp:
                 with self._downloads:
                     if got:  # fetched meanwhile (the prefetch after the join, _join)
                         return got[0]
-                    out = []
+                    out, kept = [], {}
                     for name, pin in zip(sites, pins):
-                        data, sha, rows, cols = self.transport.fetch_sample(job, name)
-                        out.append(
-                            checked_sample(
+                        sample = self._samples.get(pin) if pin is not None else None
+                        if sample is None:
+                            data, sha, rows, cols = self.transport.fetch_sample(job, name)
+                            sample = checked_sample(
                                 self.name,
                                 name,
                                 data,
@@ -303,7 +310,12 @@ class SiteApp:
                                 signed_sha256=pin,
                                 own_sha256=self.sample_sha256,
                             )
-                        )
+                            sample.flags.writeable = False
+                        if pin is not None:  # its bytes have the sha256 the signed content pins
+                            kept[pin] = sample
+                        out.append(sample)
+                    if kept:
+                        self._samples = kept
                     got.append(tuple(out))
             return got[0]
 
