@@ -109,10 +109,7 @@ class SiteApp:
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._waiting: set[tuple[str, str]] = set()  # (job, content digest) recorded as waiting for approval
         self._predictors: dict[str, object] = {}  # sha256:kind -> loaded predictor
-        # the published samples of the last sealed job whose samples were fetched, by the sha256
-        # its signed content pins (checked against it): a later job pinning the same samples is
-        # not sent them again (at most one job's samples kept here)
-        self._samples: dict[str, np.ndarray] = {}
+        self._samples: dict[str, np.ndarray] = {}  # one sealed job's samples, by their pinned sha256
         # one download at a time: the transport's fetches share the site token's transfer slots;
         # a predictor two jobs share is fetched and loaded once
         self._downloads = threading.RLock()
@@ -285,9 +282,8 @@ class SiteApp:
 
     def _published_samples(self, job: str, sites: list[str], pins: list):
         """A source of the job's published samples (fetched on first use, each checked against
-        the sha256 the registry recorded and the one the job's signed content pins; a sample a
-        sealed job pins that an earlier sealed job's pin already fetched and checked is taken
-        from there, read-only)."""
+        the sha256 the registry recorded and the one the job's signed content pins; one an
+        earlier sealed job's same pin fetched is not fetched again)."""
         got: list = []
 
         def samples():
