@@ -27,6 +27,8 @@ part-by-part numpy path the isolated model takes.
 
     python benchmarks/bench_isolation.py [--quick] [--repeats N] [--site-only]
         ->  benchmarks/results/bench_isolation.json
+    python benchmarks/bench_isolation.py --quick --repeats 41 --baseline OTHER_CHECKOUT   # this tree's
+        # isolation code against another checkout's, in one process (the evaluation alone)
 """
 
 from __future__ import annotations
@@ -100,13 +102,20 @@ def _median(f, repeats: int) -> float:
 
 
 def _cpu_ns(pids) -> dict:
-    """{pid: CPU time (ns) so far} of the processes ``pids``, from the scheduler's own accounting
-    (``/proc/PID/schedstat``: nanoseconds on a CPU, not 10 ms ticks); a process gone is left out."""
+    """{pid: CPU time (ns) so far} of the processes ``pids``, all their threads, from the
+    scheduler's own accounting (``/proc/PID/task/TID/schedstat``: nanoseconds on a CPU, not 10 ms
+    ticks; ``/proc/PID/schedstat`` alone is the main thread's); a process gone is left out."""
     out = {}
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/schedstat") as fh:
-                out[pid] = int(fh.read().split()[0])
+            total = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                        total += int(fh.read().split()[0])
+                except FileNotFoundError:  # a thread that ended since the listing
+                    pass
+            out[pid] = total
         except (OSError, ValueError, IndexError):
             pass
     return out
@@ -223,11 +232,79 @@ def site_case(name: str, onnxs: list[bytes], d: int, rows: int, pool: PredictorP
     out["job_ratio"] = t["isolated_job"] / t["inproc_fresh"]
     out["admitted_cpu_ratio"] = cpu["isolated_admitted"] / cpu["inproc_fresh"]
     out["warm_cpu_ratio"] = cpu["isolated_warm"] / cpu["inproc_warm"]
+    out["fresh_cpu_ratio"] = cpu["isolated_fresh"] / cpu["inproc_fresh"]
     out["fresh_ratio"] = t["isolated_fresh"] / t["inproc_fresh"]
     out["admitted_ratio"] = t["isolated_admitted"] / t["inproc_fresh"]
     out["admitted_eval_ratio"] = t["isolated_admitted_eval"] / t["inproc_fresh"]
     out["one_by_one_ratio"] = t["one_by_one_fresh"] / t["inproc_fresh"]
     out["warm_ratio"] = t["isolated_warm"] / t["inproc_warm"]
+    return out
+
+
+def baseline_case(name: str, onnxs: list[bytes], d: int, rows: int, baseline: str, repeats: int, rng) -> dict:
+    """A site's evaluation with its peers' models loaded in their worker (as at admission) and its
+    own predictor's session new, in process (every session new) and through two trees' isolation
+    code in this process, interleaved: ``baseline``'s ``msa_fed/artifacts/isolated.py`` (another
+    checkout) against this tree's, each with its own pool and worker.  Wall and CPU (this process
+    and the pool's worker) medians."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_isolated", Path(baseline) / "msa_fed/artifacts/isolated.py")
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_isolated"] = other  # dataclasses look their module up
+    spec.loader.exec_module(other)
+    import msa_fed.artifacts.isolated as here
+
+    loaded = [load_predictor(o, kind="probabilities") for o in onnxs]
+    classes = np.unique(np.concatenate([h.classes_ for h in loaded]))
+    X = rng.normal(size=(rows, d))
+    arms = {}
+    for tag, mod in (("baseline", other), ("this tree", here)):
+        pool = mod.PredictorPool(mod.IsolationLimits(workers=1))
+        arms[tag] = (mod, pool, [mod.isolate(h, f"site{k}", pool) for k, h in enumerate(loaded) if k > 0])
+
+    def isolated(tag):
+        def run():
+            mod, _, peers = arms[tag]
+            for h in mod.answered_together([_fresh(loaded[0]), *peers], X):
+                predictor_outputs(h, X, "classification", classes, who="")
+
+        return run
+
+    def inproc():
+        for h in [_fresh(h) for h in loaded]:
+            predictor_outputs(h, X, "classification", classes, who="")
+
+    fs = {"in process": inproc, **{tag: isolated(tag) for tag in arms}}
+    for tag in arms:  # workers up, the peers' models loaded (as at admission)
+        fs[tag]()
+    times: dict = {k: [] for k in fs}
+    cpu: dict = {k: [] for k in fs}
+    names = list(fs)
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            pool = arms[k][1] if k in arms else None
+            w0, c0 = _cpu_ns(_workers(pool)), time.process_time_ns()
+            t = time.perf_counter()
+            fs[k]()
+            times[k].append(time.perf_counter() - t)
+            c1, w1 = time.process_time_ns(), _cpu_ns(_workers(pool))
+            cpu[k].append(c1 - c0 + sum(v - w0.get(pid, 0) for pid, v in w1.items()))
+    for _, pool, _ in arms.values():
+        pool.close()
+    out: dict = {"case": name, "p": len(onnxs), "d": d, "rows": rows, "repeats": repeats}
+    for k in fs:
+        out[k] = {"ms": 1e3 * statistics.median(times[k]), "cpu_ms": 1e-6 * statistics.median(cpu[k])}
+    for k in arms:
+        out[k]["ratio"] = out[k]["ms"] / out["in process"]["ms"]
+        out[k]["cpu_ratio"] = out[k]["cpu_ms"] / out["in process"]["cpu_ms"]
+    print(
+        f"site   {name:<13} evaluation, the peers' models loaded, the own session new (wall / CPU ms): "
+        + ", ".join(f"{k} {v['ms']:.2f} / {v['cpu_ms']:.2f}" for k, v in out.items() if isinstance(v, dict))
+        + f";  to in process: baseline x{out['baseline']['ratio']:.2f}, this tree x{out['this tree']['ratio']:.2f}",
+        flush=True,
+    )
     return out
 
 
@@ -290,6 +367,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="repeats of each variant (default 21; 5 with --quick)")
     ap.add_argument("--site-only", action="store_true", help="the sites' per-job evaluation only")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "bench_isolation.json"))
+    ap.add_argument(
+        "--baseline",
+        metavar="OTHER_CHECKOUT",
+        help="only the sites' evaluation (the peers' models loaded): this tree's isolation code against that one's",
+    )
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     repeats = args.repeats or (21 if not args.quick else 5)
@@ -308,6 +390,17 @@ def main() -> int:
     if not args.quick:
         cases.append(("digits (CNN)", [_cnn(k) for k in range(3)], 256, 2000))
     sites, coordinator = [], []
+    if args.baseline:
+        out = {"load_before": load_before, "cpus": os.cpu_count(), "baseline": args.baseline}
+        out["site_against_baseline"] = [
+            baseline_case(name, onnxs, d, rows, args.baseline, repeats, rng) for name, onnxs, d, rows in cases
+        ]
+        out["load_after"] = os.getloadavg()
+        pool.close()
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2))
+        print(f"load {load_before} -> {out['load_after']}")
+        return 0
     for name, onnxs, d, rows in cases:
         r = site_case(name, onnxs, d, rows, pool, repeats, rng)
         sites.append(r)
@@ -323,7 +416,8 @@ def main() -> int:
             f"       {name:<13} as a job sees it (admitted, {SETUP_S * 1e3:.0f} ms of set-up, evaluation) "
             f"{r['isolated_job_ms']:.2f} ms x{r['job_ratio']:.2f};  CPU (this process + the worker): "
             f"in process {r['inproc_fresh_cpu_ms']:.2f} ms, load + evaluation {r['isolated_admitted_cpu_ms']:.2f} ms "
-            f"x{r['admitted_cpu_ratio']:.2f}, warm {r['inproc_warm_cpu_ms']:.2f} -> {r['isolated_warm_cpu_ms']:.2f} ms "
+            f"x{r['admitted_cpu_ratio']:.2f}, one request (site process) {r['isolated_fresh_cpu_ms']:.2f} ms "
+            f"x{r['fresh_cpu_ratio']:.2f}, warm {r['inproc_warm_cpu_ms']:.2f} -> {r['isolated_warm_cpu_ms']:.2f} ms "
             f"x{r['warm_cpu_ratio']:.2f}",
             flush=True,
         )

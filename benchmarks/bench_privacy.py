@@ -14,7 +14,8 @@ on disk.  Median of interleaved repeats, in one run; n labelled points per site 
 sites, 1000 published points each, d = 20, the polished optimum; the standard map and 1000
 random Fourier features; median of repeats, against ``set_domain_model`` with verification off.
 
-``--per-request``: the policy's CPU on one site request (n = 50, p = 8), in one process: the
+``--per-request``: the policy's CPU on one site request (n = 50, p = 8), in one process (warm,
+then with the caches evicted before every request, as a site actor finds them): the
 site's DC answer without the policy (the Ray baseline's ``dc_evaluate``) against
 ``SiteWorker.dc_evaluate`` with the in-memory ledger and log and with a ledger file and an audit
 log file; this thread's CPU time per request, blocks of requests alternating between the arms,
@@ -144,7 +145,13 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
     ]
     from msa_fed.runtime.ray_actors import actor_pid
 
-    out, times, cpu = {}, {}, {}
+    out: dict = {}
+    times: dict = {}
+    cpu: dict = {}
+    cpu_main: dict = {}  # the actors' main threads only (what this bench measured before)
+    cpu_here: dict = {}  # this process (the coordinator)
+    by_thread: dict = {}  # the actors' CPU by thread name over the timed rounds (ns)
+    before: dict = {}
     backends = {
         "baseline (no policy)": RaySites(kw, worker_cls=_unchecked_cls()),
         "default policy": RaySites(kw, worker_cls=SiteWorker),
@@ -156,7 +163,8 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             be.share_samples(data)  # the sites verify the KDE's samples against the published ones
             dm = KDEDomainModel(bandwidth=1.0).fit([X for X in data])
             _, oracles[name] = c.prepare_dc(dm)
-            times[name], cpu[name] = [], []
+            times[name], cpu[name], cpu_main[name], cpu_here[name] = [], [], [], []
+            by_thread[name], before[name] = {}, {}
         pids = {name: [actor_pid(a) for a in be.actors] for name, be in backends.items()}
         zs = rng.dirichlet(np.ones(p), size=rounds + 20)
         names = list(oracles)
@@ -165,12 +173,19 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             # another one waits for that one's actors to give the cores back)
             for name in names if r % 2 == 0 else names[::-1]:
                 oracle = oracles[name]
-                c0 = _schedstat_ns(pids[name])
+                c0, m0, h0 = _schedstat_ns(pids[name]), _schedstat_ns(pids[name], True), time.process_time()
                 t = time.perf_counter()
                 oracle.evaluate(z, 0.01, ("L", "dL"))
                 if r >= 20:
                     times[name].append(time.perf_counter() - t)
+                    h1 = time.process_time()
                     cpu[name].append(_schedstat_ns(pids[name]) - c0)
+                    cpu_main[name].append(_schedstat_ns(pids[name], True) - m0)
+                    cpu_here[name].append(h1 - h0)
+                    if r % 10 == 0:  # by thread, every 10th round (reading the names costs)
+                        _by_thread(pids[name], by_thread[name], before[name])
+                else:
+                    _by_thread(pids[name], {}, before[name])
     finally:
         for be in backends.values():
             be.shutdown()
@@ -184,24 +199,58 @@ def ray_rounds(rounds: int, n: int = 50, p: int = 8) -> dict:
             # the p site actors' CPU per round (their processes, all threads)
             "actors_cpu_ms": float(np.median(cpu[name])) * 1e-6,
             "actors_cpu_ratio": float(np.median(cpu[name])) / base_cpu,
+            "actors_main_thread_cpu_ms": float(np.median(cpu_main[name])) * 1e-6,
+            "coordinator_cpu_ms": float(np.median(cpu_here[name])) * 1e3,
         }
         print(
             f"Ray, p={p}, n={n} per site, TLS channel  {name:<22} {out[name]['median_ms']:7.3f} ms "
             f"(p90 {out[name]['p90_ms']:.3f})  x{out[name]['ratio']:.3f};  the sites' CPU per round "
-            f"{out[name]['actors_cpu_ms']:.3f} ms x{out[name]['actors_cpu_ratio']:.3f}"
+            f"{out[name]['actors_cpu_ms']:.3f} ms x{out[name]['actors_cpu_ratio']:.3f} (their main threads "
+            f"{out[name]['actors_main_thread_cpu_ms']:.3f} ms; "
+            f"the coordinator {out[name]['coordinator_cpu_ms']:.3f} ms)"
         )
+    for name in times:
+        # per timed round (10 rounds between readings): each thread name's CPU, largest first
+        per = {k: v * 1e-6 / 10 / (len(times[name]) / 10) for k, v in by_thread[name].items()}
+        out[name]["actors_cpu_ms_by_thread"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
+        top = list(out[name]["actors_cpu_ms_by_thread"].items())[:6]
+        print(f"  {name}: the actors' CPU per round by thread " + ", ".join(f"{k} {v:.3f} ms" for k, v in top))
     out["load"] = os.getloadavg()
     print(f"  load average {out['load'][0]:.1f}")
     return out
 
 
-def _schedstat_ns(pids) -> int:
-    """CPU time (ns) of the processes ``pids`` so far, from the scheduler's accounting
-    (``/proc/PID/schedstat``, nanoseconds)."""
+def _by_thread(pids, acc: dict, last: dict) -> None:
+    """Add each actor thread's CPU since the previous reading to ``acc[thread name]`` (ns)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    ns = int(fh.read().split()[0])
+                with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                    comm = fh.read().strip()
+            except FileNotFoundError:
+                continue
+            key = (pid, tid)
+            if key in last:
+                acc[comm] = acc.get(comm, 0) + ns - last[key]
+            last[key] = ns
+
+
+def _schedstat_ns(pids, main_only: bool = False) -> int:
+    """CPU time (ns) of the processes ``pids`` so far, all their threads, from the scheduler's
+    accounting (``/proc/PID/task/TID/schedstat``, nanoseconds).  ``/proc/PID/schedstat`` alone
+    is the main thread's: a site actor answers the data channel's calls in another thread
+    (msa_fed/boundary/channel.py), whose CPU it would leave out (``main_only``: that figure)."""
     total = 0
     for pid in pids:
-        with open(f"/proc/{pid}/schedstat") as fh:
-            total += int(fh.read().split()[0])
+        tids = [str(pid)] if main_only else os.listdir(f"/proc/{pid}/task")
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+            except FileNotFoundError:  # a thread that ended since the listing
+                pass
     return total
 
 
@@ -267,7 +316,9 @@ def verify_cost(repeats: int = 7, p: int = 8, n: int = 1000, d: int = 20) -> dic
     return out
 
 
-def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, tmp: Path | None = None) -> dict:
+def per_request(
+    requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, tmp: Path | None = None, cold: bool = False
+) -> dict:
     """CPU per request (this thread's CPU time, ``time.thread_time``) of one site's DC answer
     without the policy (the Ray baseline's ``dc_evaluate``: the min_points test and the sums)
     and with it (``SiteWorker.dc_evaluate``: in-memory ledger and log, the Ray runtime's
@@ -275,7 +326,9 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
     process: ``blocks`` blocks of ``requests`` requests per arm, the arms alternating block by
     block (each first in every other block), medians over the blocks.  CPU time rather than
     wall time: a loaded machine's other processes do not count, only what this code costs
-    (caches shared with them still do)."""
+    (caches shared with them still do).  ``cold``: the caches evicted before every request (a
+    32 MiB array written; not timed), as a site actor finds them when its request arrives after
+    the other processes' work: each request timed alone (``time.thread_time_ns``)."""
     from msa_fed.boundary import messages as m
 
     tmp = Path(tempfile.mkdtemp()) if tmp is None else tmp
@@ -296,15 +349,25 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
     for w in arms.values():  # warm: caches, the ledger's tables, the log file open
         for r in reqs[:50]:
             w.dc_evaluate(r)
+    junk = np.zeros(32 << 20 if cold else 0, dtype=np.uint8)
     for b in range(blocks):
         for name in names if b % 2 == 0 else names[::-1]:
             answer = arms[name].dc_evaluate
+            if cold:
+                ns = 0
+                for r in reqs:
+                    junk += 1  # every cache line of 32 MiB written: this request's code and data evicted
+                    t0 = time.thread_time_ns()
+                    answer(r)
+                    ns += time.thread_time_ns() - t0
+                cpu[name].append(ns * 1e-9 / len(reqs))
+                continue
             t = time.thread_time()
             for r in reqs:
                 answer(r)
             cpu[name].append((time.thread_time() - t) / len(reqs))
     ref = float(np.median(cpu["without the policy"]))
-    out: dict = {"requests_per_block": requests, "blocks": blocks, "load": os.getloadavg()}
+    out: dict = {"requests_per_block": requests, "blocks": blocks, "cold": cold, "load": os.getloadavg()}
     for name, ts in cpu.items():
         med = float(np.median(ts))
         out[name] = {
@@ -314,7 +377,8 @@ def per_request(requests: int = 500, blocks: int = 21, n: int = 50, p: int = 8, 
             "ratio": med / ref,
         }
         print(
-            f"one DC request, n={n}, p={p}, CPU (median of {blocks} blocks of {requests}): {name:<34} "
+            f"one DC request{' (cold caches)' if cold else ''}, n={n}, p={p}, CPU (median of {blocks} blocks of "
+            f"{requests}): {name:<34} "
             f"{med * 1e6:6.1f} us  (+{(med - ref) * 1e6:5.1f} us)  x{med / ref:.3f}"
         )
     print(f"  load average {out['load'][0]:.1f}")
@@ -342,6 +406,7 @@ def main(argv=None):
     out = {}
     if args.per_request:
         out["per_request_p8_n50"] = per_request(blocks=args.blocks)
+        out["per_request_p8_n50_cold"] = per_request(requests=100, blocks=args.blocks, cold=True)
         args.sizes = ""
     if args.verify or args.verify_only:
         out["verify_p8_n1000_d20"] = verify_cost()

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +112,19 @@ class _OutOfMemory(Exception):
     def __init__(self, done: list, fault: PeerFault, shared: bool):
         super().__init__(str(fault))
         self.done, self.fault, self.shared = done, fault, shared
+
+
+class _Call:
+    """Where one request to a worker is: the model whose owner a failure names, the phase and its
+    limit, the outputs read so far, whether other models shared the worker."""
+
+    __slots__ = ("owner", "rows", "phase", "limit", "outs", "shared")
+
+    def __init__(self, limits: IsolationLimits, owner: str, rows: int):
+        self.owner, self.rows = owner, rows
+        self.phase, self.limit = "send", limits.load_s
+        self.outs: list[np.ndarray] = []
+        self.shared = False
 
 
 class _Worker:
@@ -412,19 +426,66 @@ class PredictorPool:
                     self._fits[sha] = min(self._fits.get(sha, CHUNK_ROWS), int(part.shape[0]))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
 
+    def start_many(self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray) -> Callable[[], list[np.ndarray]]:
+        """:meth:`run_many` in two halves: the request is sent now (the rows, and the models the
+        worker has not loaded), and the function returned reads its answers, with the same
+        limits, retries and faults as :meth:`run_many` (each model's limit counted from when the
+        answers are read).  Meanwhile the worker computes in its own process, so the caller can
+        do its own work (open its own predictor's session) on another core instead of waiting.
+        The function must be called (it gives the worker back).  Rows that take more than one
+        chunk are sent when it is called."""
+        X = np.ascontiguousarray(X, dtype="<f4")
+        if not items:
+            return lambda: []
+        with self._cond:
+            step = min([CHUNK_ROWS, *(self._fits.get(h.sha256, CHUNK_ROWS) for h, _ in items)])
+        if X.shape[0] > step:
+            return lambda: self.run_many(items, X)
+        try:
+            collect = self._start_chunk(items, X)
+        except _OutOfMemory as oom:
+            outs = self._after_out_of_memory(items, X, oom)
+            return lambda: outs
+
+        def finish() -> list[np.ndarray]:
+            try:
+                return collect()
+            except _OutOfMemory as oom:
+                return self._after_out_of_memory(items, X, oom)
+
+        return finish
+
+    def _after_out_of_memory(
+        self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray, oom: _OutOfMemory
+    ) -> list[np.ndarray]:
+        """The outputs of ``items`` on ``X`` once a request of them ran out of memory (``oom``):
+        its answers so far, the model that ran out alone (:meth:`_run_alone`), the rest again."""
+        outs = [*oom.done, self._run_alone(items[len(oom.done)], X, oom)]
+        if len(outs) < len(items):
+            outs += self._run_rows(items[len(outs) :], X)
+        return outs
+
     def _run_chunk(
         self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray, alone: bool = False
     ) -> list[np.ndarray]:
         """``items`` on ``X`` in one request (``alone``: in a worker that holds no other model)."""
+        return self._start_chunk(items, X, alone)()
+
+    def _start_chunk(
+        self, items: list[tuple[OnnxPredictor, str]], X: np.ndarray, alone: bool = False
+    ) -> Callable[[], list[np.ndarray]]:
+        """Send ``items`` on ``X`` as one request (``alone``: to a worker that holds no other
+        model); the function that reads its answers (and gives the worker back).  A failure
+        to send gives the worker back and raises as reading would."""
         rows = int(X.shape[0])
         worker = self._acquire()
         if alone and worker.loaded - {items[0][0].sha256}:
             worker = self._replace(worker)
-        broken, owner, phase, limit, shared = True, items[0][1], "send", self.limits.load_s, False
-        outs: list[np.ndarray] = []
+        call = _Call(self.limits, items[0][1], rows)
+        models = []
         try:
             sending: set[str] = set()
-            models, blobs = [], []
+            blobs = []
             for predictor, _ in items:
                 new = predictor.sha256 not in worker.loaded and predictor.sha256 not in sending
                 models.append({"sha256": predictor.sha256, "nbytes": len(predictor.data) if new else 0})
@@ -437,35 +498,51 @@ class PredictorPool:
                 [*blobs, X],
                 time.monotonic() + budget,
             )
-            for (predictor, name), model in zip(items, models):
-                owner = name  # the one a violation from here on names
-                shared = bool(outs) or bool(worker.loaded - {predictor.sha256})
-                if model["nbytes"]:
-                    phase, limit = "load", self.limits.load_s
-                    worker.answer(time.monotonic() + limit, None)
-                    worker.loaded.add(predictor.sha256)
-                phase, limit = "run", self.limits.call_limit(rows)
-                out = worker.answer(time.monotonic() + limit, rows * MAX_OUTPUT_VALUES_PER_ROW)
-                assert out is not None  # a run answers an array
-                if out.ndim == 0 or out.shape[0] != rows:
-                    raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
-                outs.append(out)
-            broken = False
-            return outs
-        except TimeoutError:
-            what = f"exceeded {limit:.3g} s" + (" loading" if phase == "load" else "")
-            raise PeerFault(owner, f"site {owner!r}'s predictor {what} on {rows} rows") from None
-        except _Violation as v:
-            fault = PeerFault(owner, f"site {owner!r}'s predictor {v.what} on {rows} rows")
-            if v.memory:
-                raise _OutOfMemory(outs, fault, shared) from None
-            raise fault from None
-        except (EOFError, OSError):
+        except BaseException as exc:
+            self._release(worker, True)
+            raise self._fault(call, exc) from None
+
+        def collect() -> list[np.ndarray]:
+            broken = True
+            try:
+                for (predictor, name), model in zip(items, models):
+                    call.owner = name  # the one a violation from here on names
+                    call.shared = bool(call.outs) or bool(worker.loaded - {predictor.sha256})
+                    if model["nbytes"]:
+                        call.phase, call.limit = "load", self.limits.load_s
+                        worker.answer(time.monotonic() + call.limit, None)
+                        worker.loaded.add(predictor.sha256)
+                    call.phase, call.limit = "run", self.limits.call_limit(rows)
+                    out = worker.answer(time.monotonic() + call.limit, rows * MAX_OUTPUT_VALUES_PER_ROW)
+                    assert out is not None  # a run answers an array
+                    if out.ndim == 0 or out.shape[0] != rows:
+                        raise _Violation(f"answered {out.shape[0] if out.ndim else 0} rows")
+                    call.outs.append(out)
+                broken = False
+                return call.outs
+            except BaseException as exc:
+                raise self._fault(call, exc) from None
+            finally:
+                self._release(worker, broken)
+
+        return collect
+
+    def _fault(self, call: _Call, exc: BaseException) -> BaseException:
+        """What a request that failed with ``exc`` raises: a :class:`PeerFault` naming the
+        owner of the model it was at, :class:`_OutOfMemory` where the worker ran out of memory
+        or ended (see :meth:`run_many`); any other exception as it is."""
+        owner, rows = call.owner, call.rows
+        if isinstance(exc, TimeoutError):
+            what = f"exceeded {call.limit:.3g} s" + (" loading" if call.phase == "load" else "")
+            return PeerFault(owner, f"site {owner!r}'s predictor {what} on {rows} rows")
+        if isinstance(exc, _Violation):
+            fault = PeerFault(owner, f"site {owner!r}'s predictor {exc.what} on {rows} rows")
+            return _OutOfMemory(call.outs, fault, call.shared) if exc.memory else fault
+        if isinstance(exc, (EOFError, OSError)):
             # the worker died: RLIMIT_AS can end it outside onnxruntime's allocator too
             fault = PeerFault(owner, f"site {owner!r}'s predictor ended its worker process on {rows} rows")
-            raise _OutOfMemory(outs, fault, shared) from None
-        finally:
-            self._release(worker, broken)
+            return _OutOfMemory(call.outs, fault, call.shared)
+        return exc
 
     def _replace(self, worker: _Worker) -> _Worker:
         """A new worker in place of ``worker`` (which holds other models)."""
@@ -581,8 +658,9 @@ def prestart(predictors) -> list[threading.Thread]:
 
 def answered_together(predictors: list, X) -> list:
     """``predictors`` with every isolated one replaced by a copy that already holds its output on
-    ``X`` (n, d): all of them computed in one request per pool (:meth:`PredictorPool.run_many`:
-    one round trip, the rows sent once) instead of one request each.  A copy answers a call on
+    ``X`` (n, d): all of them computed in one request per pool (:meth:`PredictorPool.start_many`:
+    one round trip, the rows sent once) instead of one request each, sent before the in-process
+    predictors new to this process open their sessions and read after.  A copy answers a call on
     exactly these rows from what it holds and any other call through its pool; the predictors
     that are not isolated are returned as they are.  A limit broken raises :class:`PeerFault`
     naming the predictor's owner, as the call itself would."""
@@ -599,37 +677,30 @@ def answered_together(predictors: list, X) -> list:
             pool = h.pool or default_pool()
             by_pool.setdefault(id(pool), (pool, []))[1].append(k)
     answers: dict[int, list[np.ndarray]] = {}
-
-    def ask(pool: PredictorPool, ks: list[int]) -> None:
-        answers[id(pool)] = pool.run_many([(predictors[k], predictors[k].owner) for k in ks], X32)
-
-    # in-process predictors new to this process (a site's own, once per job): their sessions open
-    # here while the workers answer, rather than after
-    opening = [h for h in out if not is_isolated(h) and isinstance(h, OnnxPredictor) and h._session is None]
     asked = list(by_pool.values())
-    if opening and asked:
-        failed: list[BaseException] = []
-
-        def ask_all() -> None:
-            try:
-                for pool, ks in asked:
-                    ask(pool, ks)
-            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-                failed.append(exc)
-
-        thread = threading.Thread(target=ask_all, name="msa-fed-peer-request", daemon=True)
-        thread.start()
+    # each pool's request goes out first; in-process predictors new to this process (a site's
+    # own, once per job) open their sessions here while the workers compute, in their own
+    # processes, and the answers are read after: no thread, no wait for this one's GIL
+    opening = [h for h in out if not is_isolated(h) and isinstance(h, OnnxPredictor) and h._session is None]
+    started: list[tuple[PredictorPool, Callable[[], list[np.ndarray]]]] = []
+    failed: list[BaseException] = []
+    try:
+        for pool, ks in asked:
+            started.append((pool, pool.start_many([(predictors[k], predictors[k].owner) for k in ks], X32)))
         for h in opening:
             try:
                 h._ensure_session()
             except Exception:  # noqa: BLE001 - the predictor's own call raises it again, in its words
                 pass
-        thread.join()
-        if failed:
-            raise failed[0]
-    else:
-        for pool, ks in asked:
-            ask(pool, ks)
+    except BaseException as exc:  # noqa: BLE001 - raised below, once every request sent is read
+        failed.append(exc)
+    for pool, finish in started:  # every request sent is read (its worker given back)
+        try:
+            answers[id(pool)] = finish()
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every worker is back
+            failed.append(exc)
+    if failed:
+        raise failed[0]
     for pool, ks in asked:
         for k, o in zip(ks, answers[id(pool)]):
             h = predictors[k]

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 #: the two tasks: a probability model with the cross-entropy, a regression model with the squared loss
 TASKS = ("classification", "regression")
+#: the ``influence`` setting that makes the influence report only once a site's verdict shows it harmed
+WHEN_HARMED = "when-harmed"
 
 
 def task_loss(task: str) -> str:

@@ -122,6 +122,23 @@ class Flag(Check):
         return value
 
 
+class FlagOr(Check):
+    """true, false, or one of a fixed set of strings (a flag with a conditional setting)."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.expects = "true, false or " + ", ".join(repr(c) for c in choices)
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(self.expects)
+        if value not in self.choices:
+            raise ValueError(self.expects)
+        return value
+
+
 class TextList(Check):
     """A list (or tuple) of non-empty strings, as a tuple; a bare string is refused (it would be
     read as a list of letters)."""

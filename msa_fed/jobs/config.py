@@ -18,7 +18,19 @@ from typing import Any
 import tomllib
 
 from msa_fed.control.transport.address import is_loopback, parse_address, transport_of
-from msa_fed.core.options import Flag, Integer, Number, Optional, Text, TextList, check_value, option, option_meta
+from msa_fed.core.config import WHEN_HARMED
+from msa_fed.core.options import (
+    Flag,
+    FlagOr,
+    Integer,
+    Number,
+    Optional,
+    Text,
+    TextList,
+    check_value,
+    option,
+    option_meta,
+)
 from msa_fed.errors import ConfigError
 from msa_fed.runtime.config import ClassifierConfig, FitConfig, RayConfig, SolverConfig, fit_options, job_place
 
@@ -85,11 +97,12 @@ class JobConfig:
         job="run",
     )
     output_version: str = option("", "name of this result, recorded in the stored model's manifest", Text(), job="run")
-    influence: bool = option(
-        True,
+    influence: bool | str = option(
+        WHEN_HARMED,
         "the influence report with the model (each site's loss with and without each other site; about "
-        "10 to 30 more evaluations per site); on whenever influence_margin is set",
-        Flag(),
+        f'10 to 30 more evaluations per site): true (always), false, or "{WHEN_HARMED}" (only once a '
+        "site's verdict shows it harmed); always whenever influence_margin is set",
+        FlagOr(WHEN_HARMED),
         job="run",
     )
     influence_margin: float | None = option(
@@ -184,7 +197,8 @@ class JobConfig:
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(str(exc)) from None
         checked = replace(self, **values)
-        influence = checked.influence or checked.influence_margin is not None  # the fit makes the report
+        # the fit makes the report (always where a margin refuses models on it)
+        influence = True if checked.influence_margin is not None else checked.influence
         if isinstance(checked.fit, FitConfig) and checked.fit.influence != influence:
             checked = replace(checked, fit=replace(checked.fit, influence=influence))
         checked._check()

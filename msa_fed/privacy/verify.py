@@ -163,7 +163,8 @@ def intercepts_and_softmax(
 
     Only b moves, so the exponentials are taken once: exp(A_ik + b_k) = E_ik e^(b_k) with
     E = exp(A - max_k A_ik) (:class:`_Factored`), and each trial point is a product of E with a
-    vector (its row sums), the gradient another, the Hessian one product of E with itself.  Where
+    vector (its row sums), the gradient another, the Hessian (only where a step follows: not at
+    the stop) one product of E with itself.  Where
     a row sum falls below :data:`FACTORED_MIN` (products that underflow could matter there: b
     far from A's scale) the solve is the direct one (:func:`intercepts_direct`, a pass of
     exponentials per trial point).  ``counts`` (a dict), where given, receives the number of trial
@@ -196,13 +197,15 @@ def _newton(point, b: np.ndarray, iters: int, gtol: float):
     last = math.inf  # the gradient's largest entry before the last full step
     for _ in range(iters):
         f = state[0]
-        sP, gram = point.derivatives(state)  # s @ softmax(A + b) and (s P)^T P
+        sP = point.gradient(state)  # s @ softmax(A + b)
         g = sP - point.target
         gmax = float(np.abs(g).max())
         if not gmax > gtol:  # (a NaN gradient stops here too; the caller's check refuses)
             break
         if gmax > 0.5 * last:  # a full step that did not halve it: round-off, nothing more to gain
             break
+        # (s P)^T P only where a step follows: the last pass (the stop) needs the gradient alone
+        gram = point.gram(state)
         H = np.diag(sP) - gram + np.full((p, p), 1.0 / p)  # + 11^T/p fixes the gauge
         try:
             step = np.linalg.solve(H, g)
@@ -268,14 +271,20 @@ class _Factored:
         f = float(self.s @ (self.top + top_b + np.log(S)) - self.target @ b)
         return f, S, eb
 
-    def derivatives(self, state) -> tuple[np.ndarray, np.ndarray]:
-        """(s @ P, (s P)^T P) with P = softmax(A + b); the second as Q^T Q with
-        Q = E sqrt(s) / S (one symmetric product: half the multiply-adds of (s E)^T E)."""
+    def gradient(self, state) -> np.ndarray:
+        """s @ P with P = softmax(A + b)."""
         _, S, eb = state
-        sP = ((self.s / S) @ self.E) * eb
+        sP: np.ndarray = ((self.s / S) @ self.E) * eb
+        return sP
+
+    def gram(self, state) -> np.ndarray:
+        """(s P)^T P as Q^T Q with Q = E sqrt(s) / S (one symmetric product: half the
+        multiply-adds of (s E)^T E)."""
+        _, S, eb = state
         Q = self.E * (np.sqrt(self.s) / S)[:, None]
         M = Q.T @ Q
-        return sP, eb[:, None] * M * eb[None, :]
+        out: np.ndarray = eb[:, None] * M * eb[None, :]
+        return out
 
     def softmax(self, state) -> np.ndarray:
         _, S, eb = state
@@ -295,9 +304,14 @@ class _Direct:
         """(objective, softmax(A + b)) at b."""
         return _value_softmax(self.A, b, self.s, self.target, np.empty_like(self.A))
 
-    def derivatives(self, state) -> tuple[np.ndarray, np.ndarray]:
+    def gradient(self, state) -> np.ndarray:
+        out: np.ndarray = self.s @ state[1]
+        return out
+
+    def gram(self, state) -> np.ndarray:
         P = state[1]
-        return self.s @ P, (P * self.s[:, None]).T @ P
+        out: np.ndarray = (P * self.s[:, None]).T @ P
+        return out
 
     def softmax(self, state) -> np.ndarray:
         out: np.ndarray = state[1]

@@ -40,12 +40,13 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from msa_fed.core.config import FEATURE_NAMES, MIN_POINTS, TASKS, ClassifierConfig, SolverConfig, task_loss
+from msa_fed.core.config import FEATURE_NAMES, MIN_POINTS, TASKS, WHEN_HARMED, ClassifierConfig, SolverConfig, task_loss
 from msa_fed.core.harm import SUSPECT_RULES
 from msa_fed.core.options import (
     Check,
     Choice,
     Flag,
+    FlagOr,
     Integer,
     Number,
     Optional,
@@ -239,11 +240,12 @@ class FitConfig:
         job="run",
     )
     verbose: bool = option(False, "progress bars and notes on stderr", Flag())
-    influence: bool = option(
+    influence: bool | str = option(
         False,
         "the influence report with the model: each site's loss with and without each other site, z "
-        "re-solved without each (about 10 to 30 more evaluations per site; jobs turn it on)",
-        Flag(),
+        f're-solved without each (about 10 to 30 more evaluations per site); "{WHEN_HARMED}": only once '
+        "a site's verdict shows it harmed (a job's default)",
+        FlagOr(WHEN_HARMED),
     )
     suspects: str = option(
         "corroborated",

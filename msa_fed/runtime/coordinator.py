@@ -29,6 +29,7 @@ from msa_fed.core.domain_classifier import (
     polish_maxent,
     train_domain_classifier,
 )
+from msa_fed.core.config import WHEN_HARMED
 from msa_fed.core.influence import influence_table
 from msa_fed.core.features import make_feature_map
 from msa_fed.errors import ConfigError, PrivacyError
@@ -396,18 +397,27 @@ class Coordinator:
             guarantee["line"] = guarantee_line(guarantee, [i.name for i in self.infos])
             progress.note(guarantee["line"])
         self.checkpoint.update(z=res.z.tolist(), gamma=res.gamma, gamma_name="Gamma", iteration=res.n_iter, done=True)
-        influence = None
-        # asked for (jobs: on); never with DP noise, where re-solves would spend more of the sites' epsilon
-        if cfg.influence and not self.epsilon:
-            # z the converged min-max point over all domains: the re-solves known without asking are skipped
-            minmax_point = (
-                res.objective == "minmax" and solver.guarantee is None and bool(res.converged) and not self.dp_sites
-            )
-            influence = influence_table(
+        # z the converged min-max point over all domains: the re-solves known without asking are skipped
+        minmax_point = (
+            res.objective == "minmax" and solver.guarantee is None and bool(res.converged) and not self.dp_sites
+        )
+
+        def report() -> dict:
+            table = influence_table(
                 oracle, cfg.eta, res.z, res.losses, [i.name for i in self.infos], minmax_point=minmax_point
             )
-            progress.note(f"influence report: {influence['evaluations']} evaluations; flagged: {influence['flagged']}")
+            progress.note(f"influence report: {table['evaluations']} evaluations; flagged: {table['flagged']}")
+            return table
+
+        influence = None
+        # asked for (True, or WHEN_HARMED: once a verdict shows a harm); never with DP noise, where
+        # re-solves would spend more of the sites' epsilon
+        if cfg.influence is True and not self.epsilon:
+            influence = report()
         site_check = self.site_check(res.z, influence, progress)
+        if cfg.influence == WHEN_HARMED and not self.epsilon and site_check and any(site_check["harmed"]):
+            progress.note("a site's verdict shows a harm: the influence report follows")
+            influence = report()
         info = {
             "influence": influence,
             "site_check": site_check,

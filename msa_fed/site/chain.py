@@ -247,6 +247,9 @@ class SiteApp:
             # a set-up answered for this job content before (an earlier run: the job resumed, or
             # this process restarted) is answered again, not charged again
             setups=KeptSetups(self.book, setup_scope(key, self.labelled_digest, self.policy)),
+            # the outputs start once the job is admitted (below): the peers' models go to their
+            # worker with this site's rows, one request, not a load and then the rows
+            prestart_peers=False,
             **worker_policy_kwargs(self.policy, msg, run_key(key)),
         )
         pins = [s.get("sample_sha256") for s in content["sites"]] if sealed else [None] * len(sites)

@@ -163,7 +163,9 @@ class SiteWorker(PublishedHalf):
     ``audit``: the host's one audit writer (a site process's, shared by its jobs), else the
     worker's guard opens the policy's log; ``setups``: the set-ups the site answered for this
     job before (:class:`msa_fed.site.gate.SetupMemory`: a replay is not charged again), else
-    the worker's own.
+    the worker's own.  ``prestart_peers``: the peers' predictors' worker starts and their
+    models load now, in the background (False: a host that starts the outputs itself at
+    admission, :meth:`_start_outputs`, where the models cross with the rows in one request).
     """
 
     ANSWERS = HOST_METHODS  # what its host may ask (msa_fed/site/methods.py)
@@ -201,6 +203,7 @@ class SiteWorker(PublishedHalf):
         audit: AuditLog | None = None,
         setups: Setups | None = None,
         content: dict | None = None,
+        prestart_peers: bool = True,
     ):
         self.name = name
         # the job's content as its host gave it (admission.host_content): the published samples
@@ -217,7 +220,8 @@ class SiteWorker(PublishedHalf):
         else:
             self.X_labeled = self.y_labeled = self.X_unlabeled = None
         self.predictors = list(predictors)
-        prestart(self.predictors)  # peers' predictors: their worker starts while the job sets up
+        if prestart_peers:  # peers' predictors: their worker starts, their models load, while the job sets up
+            prestart(self.predictors)
         self.task = task
         self.loss = loss
         self.classes = None if classes is None else np.asarray(classes)

@@ -37,9 +37,9 @@ class CountingPool(PredictorPool):
 
     requests = 0
 
-    def _run_chunk(self, items, X, alone=False):
+    def _start_chunk(self, items, X, alone=False):
         self.requests += 1
-        return super()._run_chunk(items, X, alone)
+        return super()._start_chunk(items, X, alone)
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +249,63 @@ def test_an_honest_predictor_too_big_for_the_limit_on_the_whole_batch_answers_on
             answered_together([hs[1], isolate(hostile("mem"), "east", small)], np.round(10 * big[:2000]))
     finally:
         small.close()
+
+
+def test_the_peers_request_goes_out_before_the_own_session_opens_and_is_read_after():
+    """The site's own predictor opens its session while its peers' request is with the worker
+    (sent, the worker not given back yet); the answers are read after, the same as in process,
+    and a slow peer is still stopped at its limit and named, its worker replaced."""
+    fresh = CountingPool(IsolationLimits(base_s=1.5, per_row_s=1e-3, workers=1))
+    try:
+        seen = []
+
+        def new_own(k):
+            h = honest(k)
+            h._session = None  # as a job's new site worker has it
+            opens = h._ensure_session
+
+            def opening():
+                seen.append((fresh.requests, len(fresh._idle), fresh._count))
+                return opens()
+
+            h._ensure_session = opening
+            return h
+
+        own = new_own(0)
+        together = answered_together([own, isolate(honest(1), "b", fresh)], WHOLE)
+        assert seen == [(1, 0, 1)]  # the request was out, its worker held, when the session opened
+        assert own._session is not None and len(fresh._idle) == 1 and fresh.restarts == 0
+        np.testing.assert_array_equal(together[1].predict_proba(WHOLE), honest(1).predict_proba(WHOLE))
+        own = new_own(2)
+        with pytest.raises(PeerFault, match=r"^site 'west''s predictor exceeded 1.9 s on 400 rows$"):
+            answered_together([own, isolate(hostile("slow"), "west", fresh)], WHOLE)
+        assert own._session is not None and fresh.restarts == 1 and fresh._count == 0 and not fresh._idle
+    finally:
+        fresh.close()
+
+
+def test_a_site_process_sends_its_peers_models_with_its_rows_in_one_request():
+    """A site process starts its outputs at admission itself (prestart_peers=False): no worker and
+    no load before that, then one request carries the peers' models and the rows; the outputs
+    are those of every predictor in process."""
+    from msa_fed.site.worker import SiteWorker
+
+    fresh = CountingPool(IsolationLimits(base_s=1.5, per_row_s=1e-3, workers=1))
+    y = (X[:200, 0] > 0).astype(int)
+
+    def site(predictors, **kw):
+        return SiteWorker(
+            "a", 0, X[:200], y, X[200:], predictors=predictors, classes=np.array([0, 1]), sites=["a", "b", "c"], **kw
+        )
+
+    try:
+        peers = [isolate(honest(1), "b", fresh), isolate(honest(2), "c", fresh)]
+        worker = site([honest(0), *peers], prestart_peers=False)
+        assert fresh._count == 0 and fresh.requests == 0  # nothing started or loaded yet
+        worker._start_outputs()
+        H = worker._outputs()
+        assert fresh.requests == 1 and fresh._count == 1 and fresh.restarts == 0
+        assert fresh._idle[0].loaded == {h.sha256 for h in peers}
+        np.testing.assert_array_equal(H, site([honest(0), honest(1), honest(2)])._outputs())
+    finally:
+        fresh.close()

@@ -119,6 +119,8 @@ BAD = [
     ("[solver]\nmax_iter = 0", r"\[solver\] max_iter must be an integer >= 1; got 0"),
     ('[solver]\nall_starts = "yes"', r"\[solver\] all_starts must be true or false; got 'yes'"),
     ("[model]\nspeed = 1", r"unknown key\(s\) \['speed'\] in \[model\]"),
+    ('[run]\ninfluence = "sometimes"', r"\[run\] influence must be true, false or 'when-harmed'; got 'sometimes'"),
+    ("[run]\ninfluence = 1", r"\[run\] influence must be true, false or 'when-harmed'; got 1"),
     ("[extra]\nx = 1", r"unknown table\(s\) or key\(s\) \['extra'\]"),
     ("model = 3", r"\[model\] must be a table; got 3"),
     ("name = 3", r"name must be a non-empty string; got 3"),
@@ -346,7 +348,10 @@ def test_the_fit_is_checked_with_the_job_and_never_again(tmp_path, monkeypatch):
     config = JobConfig.from_toml(write(tmp_path, GOOD.format(port=closed_port())))
     fit = config.fit
     assert all(is_checked(part) for part in (fit, fit.classifier, fit.solver, fit.ray))
-    assert fit.influence and not replace(config, influence=False).validate().fit.influence
+    # the report once a site is harmed by default; always where a margin refuses models on it
+    assert config.influence == fit.influence == "when-harmed"
+    assert replace(config, influence_margin=0.2).validate().fit.influence is True
+    assert replace(config, influence=False).validate().fit.influence is False
 
     def checked_again(obj, where=""):
         raise AssertionError(f"{type(obj).__name__} checked again")

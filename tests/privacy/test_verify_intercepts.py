@@ -314,3 +314,38 @@ def test_the_factored_solve_hands_over_where_its_products_underflow():
     assert counts["factored"] is False
     np.testing.assert_array_equal(b, b_ref)
     np.testing.assert_array_equal(P, P_ref)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_hessian_is_formed_only_where_a_step_follows(monkeypatch, direct):
+    """The Gram product (s P)^T P (the Hessian's costly part: a product of the n x p softmax with
+    itself) is formed once per Newton step and not at the pass that stops the solve, which needs
+    the gradient alone; the intercepts and the softmax are bit for bit those of the solve that
+    formed it at every pass."""
+    import msa_fed.privacy.verify as verify
+
+    point = verify._Direct if direct else verify._Factored
+    solve = verify.intercepts_direct if direct else intercepts_and_softmax
+    real_gram, real_gradient = point.gram, point.gradient
+    grams: list[int] = []
+
+    def counted_gram(self, state):
+        grams.append(1)
+        return real_gram(self, state)
+
+    def gradient_with_gram(self, state):  # the former pass: both at every point
+        real_gram(self, state)
+        return real_gradient(self, state)
+
+    A, s, target, b_recv = fitted(8, 400, 5)
+    for b0 in (b_recv, np.zeros(8)):
+        grams.clear()
+        monkeypatch.setattr(point, "gram", counted_gram)
+        counts: dict = {}
+        b, P = solve(A, s, target, b0, counts=counts)
+        assert counts["steps"] >= 1 and len(grams) == counts["steps"], (counts, len(grams))
+        monkeypatch.setattr(point, "gram", real_gram)
+        monkeypatch.setattr(point, "gradient", gradient_with_gram)
+        b_every, P_every = solve(A, s, target, b0)
+        monkeypatch.setattr(point, "gradient", real_gradient)
+        assert np.array_equal(b, b_every) and np.array_equal(P, P_every)

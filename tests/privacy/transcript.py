@@ -85,8 +85,9 @@ class RecordingSite(SiteWorker):
 
 
 def honest_fit(sites: list[SiteData], policies=None, **config):
-    """fit with the default pipeline of a job (the influence report on: its re-solves are in the
-    transcript the attacker reads); returns (model, {site name: RecordingSite})."""
+    """fit with a job's pipeline and the influence report always on (a job makes it once a site
+    is harmed: its re-solves are in the transcript the attacker reads, the most a job sends);
+    returns (model, {site name: RecordingSite})."""
     predictors = [s.predictor for s in sites]
     kw = site_kwargs(sites)
     for k, d in enumerate(kw):

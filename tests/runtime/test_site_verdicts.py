@@ -26,6 +26,7 @@ from msa_fed.artifacts.predictors import load_predictor  # noqa: E402
 from msa_fed.artifacts.privacy_view import MEASURED_NOTE, reported_losses  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
 from msa_fed.boundary import wire  # noqa: E402
+from msa_fed.core.config import WHEN_HARMED  # noqa: E402
 from msa_fed.core.harm import SUSPECTS_HEAD, harmed, measured_losses, suspects  # noqa: E402
 from msa_fed.errors import PrivacyError  # noqa: E402
 from msa_fed.jobs.operations import summary_lines  # noqa: E402
@@ -173,6 +174,39 @@ def test_a_site_that_makes_its_own_domain_look_hard_is_accused_by_the_site_it_ha
     assert any("HARMED" in line and line.strip().startswith("north:") for line in lines)
     assert "  north's harm goes away without evil" in lines
     assert any(line.startswith("  not named: evil (one other site, hostile, would account") for line in lines)
+
+
+def test_a_jobs_default_makes_the_influence_report_only_once_a_site_is_harmed(honest, lied):
+    """``influence="when-harmed"`` (a job's default): the honest federation pays the verdict
+    request and not one re-solve (its rounds are the solver's); the lie that harms north gets
+    the same verdicts as with the report always on, and then the report itself, the same table."""
+    counts: list[int] = []  # rows of each dc_evaluate request site 0 answered
+
+    def counting(worker_cls):
+        class Counted(worker_cls):
+            def dc_evaluate(self, msg):
+                if self.index == 0:
+                    counts.append(np.atleast_2d(np.asarray(msg.z)).shape[0])
+                return worker_cls.dc_evaluate(self, msg)
+
+        return Counted
+
+    model, _ = _fit(counting(SiteWorker), influence=WHEN_HARMED)
+    assert model.info["influence"] is None and not any(model.info["site_check"]["harmed"])
+    assert np.allclose(model.z, honest[0].z, rtol=0, atol=1e-12) and model.suspects == ()
+    # the solve's rounds and no more (the report's re-solves of the fixture's fit: many more)
+    assert len(counts) == model.info["solver"]["n_evaluations"] < len(counts) + honest[0].info["influence"]["rounds"]
+    counts.clear()
+    harmed_model, _ = _fit(counting(SmoothLiar), influence=WHEN_HARMED)
+    check, always = harmed_model.info["site_check"], lied[0].info
+    assert check["harmed"] == always["site_check"]["harmed"] == [True, False, False]
+    assert check["removed_by"] == always["site_check"]["removed_by"] == {"north": ["evil"]}
+    table = harmed_model.info["influence"]
+    assert table is not None and table["flagged"] == always["influence"]["flagged"]
+    np.testing.assert_allclose(table["loss_without"], always["influence"]["loss_without"], rtol=0, atol=1e-9)
+    assert any(line.startswith("influence:") for line in summary_lines(harmed_model))
+    assert not any(line.startswith("influence:") for line in summary_lines(model))
+    assert len(counts) > harmed_model.info["solver"]["n_evaluations"] + table["rounds"]  # and the exclusion solves
 
 
 def test_a_consortium_that_trusts_its_members_verdicts_names_the_liar_on_one_word(honest):
