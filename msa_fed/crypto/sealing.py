@@ -620,11 +620,9 @@ class SiteOpener:
     ``floor(certificate digest hex) -> int``, the last sequence number of a job that an earlier
     process of the site took (it and every earlier one are refused as "replayed").  remember :
     ``remember(certificate digest hex, seq)``, called with every request :meth:`open` accepts,
-    before it returns (so before any answer leaves): it must keep ``seq`` where ``floor`` finds it
-    after a restart or a crash (:meth:`msa_fed.site.job_book.JobBook.set_seal_floor`).  settle :
-    ``settle(certificate digest hex, seq)``, called by :meth:`seal` before it makes the answer's
-    frame; with it, ``remember`` may only note ``seq`` and ``settle`` keeps it (the site's ledger
-    commits it with the request's audit record, one commit: :meth:`msa_fed.privacy.ledger.Ledger.keep_floor`)."""
+    before it returns: it must keep ``seq`` where ``floor`` finds it after a restart or a crash,
+    or, with ``settle(digest hex, seq)`` (called by :meth:`seal` first, so before any answer
+    leaves), only note it for ``settle`` to keep (:meth:`msa_fed.privacy.ledger.Ledger.keep_floor`)."""
 
     MAX_JOBS = 4096
 
