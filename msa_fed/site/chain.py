@@ -58,6 +58,9 @@ from msa_fed.site.worker import Background, SiteWorker
 
 log = logging.getLogger(__name__)
 
+#: the most bytes of published samples a site keeps between jobs (the last sealed job's, by pin)
+KEEP_SAMPLES_BYTES = 64 << 20
+
 #: the steps of the chain, in order (see the module docstring)
 CHAIN = ("open_seal", "allowlist", "admit", "gate", "body", "audit", "seal")
 
@@ -313,8 +316,9 @@ class SiteApp:
                         if pin is not None:  # its bytes have the sha256 the signed content pins
                             kept[pin] = sample
                         out.append(sample)
-                    if kept:
-                        self._samples = kept
+                    if kept:  # (none kept where they are too large to hold between jobs)
+                        small = sum(a.nbytes for a in kept.values()) <= KEEP_SAMPLES_BYTES
+                        self._samples = kept if small else {}
                     got.append(tuple(out))
             return got[0]
 

@@ -187,6 +187,18 @@ def test_peer_samples_are_checked_against_the_signed_content_not_only_the_regist
     assert not any(a.flags.writeable for a in again)
 
 
+@pytest.mark.parametrize("limit, rounds", [(1920, 1), (1919, 2)])
+def test_samples_kept_between_jobs_are_bounded_in_bytes(site, monkeypatch, limit, rounds):
+    """The two 60 x 2 float64 samples (1920 bytes) are kept for the next job within a limit of
+    1920 bytes; above the limit, every job fetches them again."""
+    monkeypatch.setattr("msa_fed.site.chain.KEEP_SAMPLES_BYTES", limit)
+    sealer = _sealer(site)
+    for _ in range(2):
+        _ask(site, sealer, "join_job", _join_msg(site))
+        assert [s.shape for s in site["app"].jobs["job-1"].published()] == [(60, 2), (60, 2)]
+    assert site["registry"].fetched == list(SITES) * rounds
+
+
 def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_the_requests(site, monkeypatch):
     """Once a join is admitted the site fetches the job's published samples and evaluates the
     predictors on its rows in the background: the samples are fetched once (the request that
