@@ -17,9 +17,11 @@ with its relay, and one ``msa-fed site serve`` process per site (:class:`LocalFe
    on the same data and predictors; wall time of ``Coordinator.fit`` (sites already started).
    The federated job runs sealed end to end (the default: a job key signs its content, each
    request sealed for its site, each answer sealed and signed) and unsealed, ``--job-repeats``
-   times each, in turns with the local fit (medians).  ``--influence`` (default ``both``): the
-   local and the sealed fit also with the influence report, as a real job runs, in the same
-   turns (``on``: only those; ``off``: only the fits without it).
+   times each, in turns with the local fit (medians).  The federated fits run with a job's
+   default ``influence = "when-harmed"`` (on these honest sites: no report, the verdict request
+   only).  ``--influence`` (default ``both``): the local and the sealed fit also with the
+   influence report always on (``influence = true``), in the same turns (``on``: only those;
+   ``off``: only the fits without it).
 3. **Sealed DC round** (``--only sealed``): the same round for a job whose traffic is sealed end
    to end (:mod:`msa_fed.crypto.sealing`: each request and answer an AEAD frame, each answer
    signed by its site) next to the unsealed round, on two federations of p sites running side by
@@ -58,7 +60,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from msa_fed.artifacts.predictors import export_sklearn, load_predictor, sha256_hex  # noqa: E402
 from msa_fed.boundary import messages as m  # noqa: E402
-from msa_fed.core.config import ClassifierConfig, SolverConfig  # noqa: E402
+from msa_fed.core.config import WHEN_HARMED, ClassifierConfig, SolverConfig  # noqa: E402
 from msa_fed.core.features import StandardFeatures  # noqa: E402
 from msa_fed.federation.local import LocalFederation, SiteFiles  # noqa: E402
 from msa_fed.federation.relay_client import RelayClient  # noqa: E402
@@ -352,8 +354,9 @@ def _timed_fit(coord) -> tuple:
 def bench_job(args, workdir: Path) -> dict:
     """The full job, local and federated (sealed, the default, and unsealed), ``--job-repeats``
     times in turns (local, sealed, unsealed, local, ...) so that all three see the same load.
+    The federated fits run with a job's default (the report once a site is harmed: none here).
     With ``--influence on`` (or ``both``) the local and the sealed fit also run with the influence
-    report, as a real job runs (``local_influence``, ``sealed_influence``), in the same turns."""
+    report always on (``local_influence``, ``sealed_influence``), in the same turns."""
     from dataclasses import replace
 
     from msa_fed.runtime.ray_sites import ensure_ray
@@ -366,6 +369,7 @@ def bench_job(args, workdir: Path) -> dict:
         task="classification", classifier=ClassifierConfig(mu=1e-3), solver=SolverConfig(objective="minmax")
     )
     with_report = replace(config, influence=True)
+    job_default = replace(config, influence=WHEN_HARMED)  # a job's: the report once a site is harmed
     off = args.influence in ("off", "both")
     on = args.influence in ("on", "both")
     ensure_ray(num_cpus=os.cpu_count())
@@ -382,7 +386,7 @@ def bench_job(args, workdir: Path) -> dict:
         for rep in range(args.job_repeats):
             runs = []
             if off:
-                runs += [("local", None, config), ("sealed", sealed, config), ("unsealed", plain, config)]
+                runs += [("local", None, config), ("sealed", sealed, job_default), ("unsealed", plain, job_default)]
             if on:
                 runs += [("local_influence", None, with_report), ("sealed_influence", sealed, with_report)]
             local = None
@@ -480,10 +484,10 @@ def bench_job(args, workdir: Path) -> dict:
 #: the arms of the full job, each against the local fit of the same run (the baseline)
 JOB_ARMS = (
     ("local", "local fit (the baseline)", "local"),
-    ("sealed", "federated, sealed (the default)", "local"),
+    ("sealed", "federated, sealed (a job's defaults)", "local"),
     ("unsealed", "federated, unsealed", "local"),
     ("local_influence", "local fit with the influence report", "local_influence"),
-    ("sealed_influence", "federated, sealed, with the influence report (a real job)", "local_influence"),
+    ("sealed_influence", "federated, sealed, with the influence report always on", "local_influence"),
 )
 
 
@@ -616,7 +620,7 @@ def main(argv=None) -> int:
         "--influence",
         choices=["off", "on", "both"],
         default="both",
-        help="full job: without the influence report, with it (as a real job runs), or both in turns",
+        help="full job: a job's default (the report once a site is harmed), the report always on, or both in turns",
     )
     ap.add_argument("--many", type=int, default=64)
     ap.add_argument("--many-rounds", type=int, default=50)

@@ -47,7 +47,6 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "cluster/": ("cluster", "ray", "slow"),
     "runtime/test_ray_multinode.py": ("cluster", "ray"),
     "runtime/test_ray_runtime.py": ("ray",),
-    "privacy/test_runtime_privacy.py": ("ray",),  # one site actor on a local Ray
     "experiments/test_experiments_ray.py": ("ray", "data", "slow"),
     "experiments/test_experiments_quick.py": ("data", "slow"),
     "test_demo.py": ("ray", "slow"),
@@ -88,6 +87,7 @@ NOT_QUICK = (
     "core/test_core_dc_solver.py",
     "test_deploy_configs.py",
     "privacy/test_verify.py",
+    "privacy/test_runtime_privacy.py",  # DP fits of the local runtime, dp-accounting composition
     "artifacts/test_hostile_models.py",
     "federation/test_boundary_schema.py",
     "core/test_core_density.py",
@@ -163,6 +163,8 @@ NOT_QUICK = (
     "experiments/test_synthetic_sites.py",  # 50 site sets of the synthetic experiment
     "control/test_connection.py::test_a_shared_client_",  # two servers, a wait on gRPC's reconnect backoff
     "test_markers.py::test_the_scheduler_spreads_a_split_file_over_the_workers",  # an xdist run of two workers
+    "test_markers.py::test_a_test_blocked_in_native_code_",  # a pytest run into its hang backstop
+    "test_markers.py::test_the_module_fixtures_put_back_",  # a pytest run of two modules
 )
 #: the quick tier's budget, read when `make test-quick` sets these variables: the tier fails when
 #: its CPU time (this process and the processes it waited for) passes MSA_FED_QUICK_CPU_S, or its
@@ -227,21 +229,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: the files that take a worker longest in `make test`, with the seconds of their longest work
-#: unit (the file, or its longest test in SPLIT_FILES) in a three-worker run of these files on
-#: the two-core machine at load 25 from parallel work: `make test` starts them first, the
-#: heaviest first, so that the short files fill the end rather than one long file running alone
+#: unit (the file, or its longest test in SPLIT_FILES): the mean of three full `make test` runs
+#: (three workers on the two-core machine beside parallel work; JUnit times, fixtures included).
+#: `make test` starts them first, the longest first, so that the short files fill the end rather
+#: than one long unit running alone (replayed on those runs' times, this order and the former one
+#: end the three workers within a few seconds of each other: the suite's time is its sum / 3)
 HEAVY_FILES: dict[str, float] = {
-    "federation/test_federated_job.py": 520,
-    "runtime/test_ray_runtime.py": 480,
-    "cluster/test_cluster_job.py": 450,  # a two-node Ray and `ray job submit`
-    "federation/test_hostile_sites.py": 440,
-    "ops/test_ops_consortium.py": 420,  # the kit flow: three jobs on a mutual-TLS federation
-    "federation/test_sealed_relay.py": 370,
-    "ops/test_ops_federation.py": 350,  # make federation-cluster; make federation 240
-    "federation/test_federation_security.py": 345,
-    "ops/test_ops_job.py": 165,
-    "ops/test_ops_walkthrough.py": 160,  # the operations walkthrough
-    "federation/test_federation_network.py": 150,  # sites in their own network namespaces
+    "cluster/test_cluster_job.py": 152,  # a two-node Ray and `ray job submit`
+    "federation/test_cluster_liveness.py": 126,  # waits out a start time-out and two site time-outs
+    "federation/test_federated_job.py": 125,
+    "runtime/test_ray_runtime.py": 116,
+    "experiments/test_experiments_ray.py": 112,  # two experiments on both runtimes, a Ray started by fit_dmsa
+    "ops/test_ops_federation.py": 110,  # make federation-cluster; make federation 90
+    "federation/test_federation_security.py": 89,
+    "ops/test_ops_walkthrough.py": 81,  # the operations walkthrough
+    "ops/test_ops_job.py": 75,
+    "control/test_control_load.py": 72,  # one test: 200 concurrent clients
+    "test_demo.py": 71,  # one `msa-fed demo`
+    "artifacts/test_batch_probe.py": 60,
+    "federation/test_hostile_sites.py": 56,
+    "runtime/test_ray_multinode.py": 55,
+    "ops/test_ops_consortium.py": 52,  # the kit flow: three jobs on a mutual-TLS federation
+    "experiments/test_experiments_quick.py": 46,
 }
 #: files whose tests share no module fixture (each starts its own processes or works alone):
 #: `make test`'s workers take them a test at a time rather than a file at a time, so that their
@@ -325,14 +334,180 @@ def pytest_xdist_make_scheduler(config, log):
     return HeavyFirstScheduling(config, log)
 
 
+#: the module that ran last in this process (its file, relative to tests/): named by the checks
+#: of :func:`_ray_does_not_leak_between_modules`
+_PREVIOUS_MODULE: list[str] = []
+#: seconds a Ray process of this process's own local Ray gets to exit after ``ray.shutdown()``
+RAY_EXIT_GRACE_S = 15.0
+
+
+def _ray_variable(name: str) -> bool:
+    """An environment variable ``ray.init`` sets in its driver's process."""
+    return name.startswith("RAY_") or name == "PYTHONBREAKPOINT"
+
+
 @pytest.fixture(autouse=True, scope="module")
-def _ray_does_not_leak_between_modules():
+def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
     """A module that used Ray (``fit_dmsa(runtime="ray")`` starts one and keeps it) must not
-    hand it to the next module, which may want its own cluster (multi-node tests)."""
+    hand it to the next module, which may want its own cluster (multi-node tests), or leave a
+    process of its Ray running: a later module's driver could attach to it, or a module's Ray
+    stay attached to a cluster since stopped.  So, in this order:
+
+    - at the module's start, Ray is not initialised (else something of the previous module in
+      this process, a thread that outlived it, started Ray after its end: an error naming it);
+    - at its end, after the module's own fixtures, a Ray still initialised is shut down;
+    - then no process of a local Ray this process started runs on (an error naming the module,
+      the processes stopped; ``msa_fed.runtime.ray_actors.ray_children``);
+    - and what ``ray.init`` leaves in the environment (its RAY_* variables and PYTHONBREAKPOINT,
+      inherited by every later subprocess) is put back as the module found it (its SIGTERM
+      handler: :func:`_global_state_is_left_as_found`, whose end comes after this one's).
+    """
+
+    here = _relative(request.path) or str(request.path)
+    ray_env = {k: v for k, v in os.environ.items() if _ray_variable(k)}
+    previous = _PREVIOUS_MODULE[-1] if _PREVIOUS_MODULE else "none"
+    _PREVIOUS_MODULE[:] = [here]
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(
+            f"Ray was initialised when {here} started, after the end of the module before it in this "
+            f"process ({previous}): something of that module (a thread?) started it once the module had ended"
+        )
     yield
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+    if ray is None:
+        return
+    for key in [k for k in os.environ if _ray_variable(k) and k not in ray_env]:
+        del os.environ[key]
+    os.environ.update(ray_env)
+    from msa_fed.runtime.ray_actors import ray_children, stop_processes
+
+    deadline = time.monotonic() + RAY_EXIT_GRACE_S
+    left = ray_children()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = ray_children()
+    if left:
+        stop_processes(left, grace_s=0)
+        pytest.fail(
+            f"{here} left {len(left)} Ray process(es) of this process running (killed now): "
+            + "; ".join(f"{pid} {cmd}" for pid, cmd in left.items())
+        )
+
+
+class StateLeftWarning(UserWarning):
+    """A test module changed the process's global state for the modules after it (a warning: the
+    run's summary names the module and what it changed)."""
+
+
+#: variables a session-scoped fixture sets for every module after it, on purpose (PYTHONPATH:
+#: tests/federation/conftest.py puts the checkout first for the site processes)
+SESSION_ENV = frozenset({"PYTHONPATH"})
+
+
+def global_state() -> dict[str, object]:
+    """What a module may leave behind for the next one in this process: the environment (bar
+    pytest's own variables and SESSION_ENV) and torch's thread pools (once torch is imported)."""
+    state: dict[str, object] = {
+        f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in SESSION_ENV
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch.get_num_threads()"] = torch.get_num_threads()
+        state["torch.get_num_interop_threads()"] = torch.get_num_interop_threads()
+    return state
+
+
+def state_changes(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """The entries of :func:`global_state` that differ, in words (an environment value is not
+    shown; torch's thread counts appear when a module first imports torch: not a change)."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        if key in before and key in after and before[key] is after[key]:
+            continue
+        if not key.startswith("$") and (key not in before or key not in after):
+            continue
+        if key not in after:
+            out.append(f"{key} removed")
+        elif key not in before:
+            out.append(f"{key} set")
+        elif before[key] != after[key]:
+            out.append(f"{key} changed" if key.startswith("$") else f"{key} {before[key]!r} -> {after[key]!r}")
+    return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _global_state_is_left_as_found(request):
+    """Puts back the SIGTERM and SIGINT handlers a module found (``ray.init`` installs its own, an
+    in-process job its JobInterrupted one: a later SIGTERM would end another module's test with
+    them), and warns (StateLeftWarning) when a module leaves the environment or torch's thread
+    pools changed for the modules after it in this process (what an order-dependent failure
+    would come from), naming the module and what changed."""
+    import signal
+    import warnings
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    before = global_state()
+    yield
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+    changes = state_changes(before, global_state())
+    if changes:
+        here = _relative(request.path) or str(request.path)
+        warnings.warn(StateLeftWarning(f"{here} left for the next module: " + "; ".join(changes)), stacklevel=1)
+
+
+#: seconds past a test's time limit (pytest-timeout's: its ``timeout`` marker, else --timeout,
+#: else ``timeout`` in pyproject.toml) after which its process prints the stack of every thread
+#: and exits (faulthandler; MSA_FED_TEST_HANG_BACKSTOP_S overrides).  pytest-timeout's signal
+#: cannot stop a test whose main thread is blocked in native code (a futex wait that never ends:
+#: a run once stalled in one for good): without this the whole suite waits for ever; with it that
+#: worker ends, its stacks on stderr, and xdist reports the test and goes on with a new worker.
+HANG_BACKSTOP_S = 120.0
+HANG_BACKSTOP_ENV = "MSA_FED_TEST_HANG_BACKSTOP_S"
+
+
+def time_limit(item) -> float:
+    """The time limit pytest-timeout sets the test ``item`` (0: none)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        value = marker.args[0] if marker.args else marker.kwargs["timeout"]
+    elif item.config.getoption("timeout", None) is not None:
+        value = item.config.getoption("timeout")
+    else:
+        try:
+            value = item.config.getini("timeout")
+        except ValueError:  # no pytest-timeout
+            return 0.0
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    limit = time_limit(item)
+    if limit <= 0:
+        return (yield)
+    import faulthandler
+
+    try:  # the copy of stderr pytest's faulthandler plugin keeps (the test's own stderr is captured)
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+        out = item.config.stash[fault_handler_stderr_fd_key]
+    except (ImportError, KeyError):
+        out = sys.__stderr__.fileno()
+    backstop = float(os.environ.get(HANG_BACKSTOP_ENV) or HANG_BACKSTOP_S)
+    faulthandler.dump_traceback_later(limit + backstop, file=out, exit=True)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def quick_budget_exceeded(cpu_s: float, wall_s: float, load_per_core: float, env=os.environ) -> str | None:

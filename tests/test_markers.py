@@ -141,3 +141,91 @@ def test_the_scheduler_spreads_a_split_file_over_the_workers():
     workers = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d)\] \[[ \d%]+\] PASSED (\S+)", proc.stdout)}
     kit = {worker for test, worker in workers.items() if "test_ops_consortium" in test}
     assert len(workers) >= 3 and len(kit) == 2, proc.stdout
+
+
+def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_path):
+    """A test whose main thread waits in native code for ever (here: a pthread mutex it already
+    holds) is out of reach of pytest-timeout's signal; the suite's backstop (conftest
+    HANG_BACKSTOP_S past the test's limit) prints every thread's stack and ends the process
+    rather than leaving the run waiting."""
+    import shutil
+
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_stuck.py").write_text(
+        "import ctypes\nimport pytest\n\n\n"
+        "@pytest.mark.timeout(1)\n"
+        "def test_stuck_in_native_code():\n"
+        "    mutex = ctypes.create_string_buffer(64)  # zeroed: a default pthread mutex\n"
+        "    libc = ctypes.CDLL(None)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "    libc.pthread_mutex_lock(mutex)  # the second lock of a default mutex never returns\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_stuck.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+            _conftest.HANG_BACKSTOP_ENV: "1",
+        },
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out  # faulthandler's exit, not pytest's report of a test
+    assert "Timeout (0:00:02)!" in out and "most recent call first" in out, out
+    assert "line 10 in test_stuck_in_native_code" in out, out
+    assert "passed" not in out and "failed" not in out, out
+
+
+def test_the_state_a_module_leaves_is_named():
+    """What the suite's module-end check (conftest.state_changes) reports: an environment variable
+    set, changed or removed (by name, never its value), a thread count changed; nothing when the
+    state is the same, nor for torch's counts appearing when a module first imports torch."""
+    before = {"$A": "1", "$B": "x", "torch.get_num_threads()": 1, "torch.get_num_interop_threads()": 2}
+    same = dict(before)
+    assert _conftest.state_changes(before, same) == []
+    after = {"$A": "2", "$C": "secret", "torch.get_num_threads()": 2, "torch.get_num_interop_threads()": 2}
+    changes = _conftest.state_changes(before, after)
+    assert changes == ["$A changed", "$B removed", "$C set", "torch.get_num_threads() 1 -> 2"]
+    assert not any("secret" in c for c in changes)
+    first = {"$A": "1"}  # torch imported by the module: its first counts are no change
+    assert _conftest.state_changes(first, dict(first, **{"torch.get_num_threads()": 2})) == []
+    assert "torch.get_num_threads()" in _conftest.global_state() or "torch" not in sys.modules
+
+
+def test_the_module_fixtures_put_back_handlers_and_ray_variables(tmp_path):
+    """What a module changes is put back before the next module in the process: its SIGTERM
+    handler (an in-process job's, Ray's) and the RAY_* variables ``ray.init`` sets; a variable
+    it leaves otherwise is named in a StateLeftWarning (a child pytest of two modules)."""
+    import shutil
+
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_a_first.py").write_text(
+        "import os, signal, sys, types\n\n\n"
+        "def test_changes_all_three():\n"
+        "    # stands in for Ray: imported, not initialised (the module-end check asks it)\n"
+        "    sys.modules.setdefault('ray', types.SimpleNamespace(is_initialized=lambda: False))\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "    os.environ['RAY_SET_BY_INIT'] = '1'\n"
+        "    os.environ['LEFT_BY_THE_MODULE'] = 'x'\n"
+    )
+    (tmp_path / "test_b_second.py").write_text(
+        "import os, signal\n\n\n"
+        "def test_finds_them_put_back_but_one():\n"
+        "    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "    assert 'RAY_SET_BY_INIT' not in os.environ\n"
+        "    assert os.environ['LEFT_BY_THE_MODULE'] == 'x'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0", "."],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "LEFT_BY_THE_MODULE"},
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "2 passed" in out, out
+    assert "StateLeftWarning: test_a_first.py left for the next module: $LEFT_BY_THE_MODULE set" in out, out
+    assert "RAY_SET_BY_INIT" not in out and "SIGTERM" not in out, out

@@ -494,15 +494,18 @@ def _single_domain_finish(
         del pairs[max(FINISH_PAIRS * q, 4) :]  # the nearest: L_k's Hessian changes along the run
         S = np.array([(zi - z) @ Z for zi, _ in pairs])
         Y = np.array([(si.array("dL")[k] - grad) @ Z for _, si in pairs])
-        H = _symmetric_secant_fit(S, Y)
-        stale = np.linalg.eigvalsh(H)[0] <= 0
-        if stale:  # not positive definite: the last fit that was, if any
-            if H_last is None:
-                return None
-            H = H_last
-        H_last = H
-        g = Z.T @ grad
-        w = np.linalg.solve(H, g)
+        try:  # an ill-posed fit (e.g. the pairs nearly collinear) ends the finish, not the solve
+            H = _symmetric_secant_fit(S, Y)
+            stale = not np.all(np.isfinite(H)) or np.linalg.eigvalsh(H)[0] <= 0
+            if stale:  # not positive definite: the last fit that was, if any
+                if H_last is None:
+                    return None
+                H = H_last
+            H_last = H
+            g = Z.T @ grad
+            w = np.linalg.solve(H, g)
+        except np.linalg.LinAlgError:
+            return None
         predicted = 0.5 * float(g @ w)  # the model's decrease of L_k at its minimum z - Z w
         if decrease <= ftol and predicted <= ftol:
             return z

@@ -231,7 +231,9 @@ def test_an_honest_predictor_too_big_for_the_limit_on_the_whole_batch_answers_on
     """16000 rows need a 500 MiB product, over a 512 MiB worker with its libraries: the model runs
     again alone on halves of the rows instead of being blamed; a hostile one still is."""
     h = load_predictor(wide_predictor(8192), kind="probabilities")
-    small = PredictorPool(IsolationLimits(memory_bytes=512 << 20, workers=1))
+    # time limits far above the work (a loaded machine must not turn a chunk into a time-out and
+    # a restart): the memory limit is what this test is about
+    small = PredictorPool(IsolationLimits(memory_bytes=512 << 20, workers=1, base_s=60.0, per_row_s=1e-2))
     try:
         big = rng.normal(size=(16_000, 2))
         hs = [isolate(honest(1), "b", small), isolate(h, "wide", small)]

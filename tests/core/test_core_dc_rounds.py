@@ -232,3 +232,22 @@ def test_all_starts_under_the_gamma_objective_runs_every_start():
 def test_all_starts_is_checked_like_every_solver_option():
     with pytest.raises(TypeError, match="all_starts"):
         solve_dc(LocalOracle(make_dc_problem(2, 100, "squared", random_state=0)), ETA, all_starts="yes")
+
+
+def test_an_ill_posed_curvature_fit_ends_the_finish_not_the_solve(monkeypatch):
+    """The finish's Hessian fit failing (numpy's LinAlgError, seen with badly scaled pairs) hands
+    the run back to SLSQP: the solve still converges to the exhaustive solve's max_k L_k."""
+    from msa_fed.core import dc_solver
+
+    calls = []
+
+    def failing(S, Y):
+        calls.append(S.shape)
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(dc_solver, "_symmetric_secant_fit", failing)
+    oracle = CountingOracle(fit_like_problem(8, 100_000, seed=3))
+    res = solve_dc(oracle, ETA)
+    assert calls and res.converged  # the finish was tried, and the solve went on without it
+    best, _ = exhaustive(oracle.inner, 8)
+    assert res.max_loss <= best + 1e-9

@@ -15,7 +15,12 @@ def run_msa():
     spec = importlib.util.spec_from_file_location("run_msa_under_test", REPO / "cluster" / "jobs" / "run_msa.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    environ = dict(os.environ)
+    yield module
+    # main() sets the job's defaults (GRPC_VERBOSITY, MSA_FED_OUTPUT_ROOT) in its process, which here is
+    # the suite's: the modules after this one would run their jobs with them
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def test_inputs_are_read_before_ray_init_and_survive_the_working_dir(run_msa, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""The policy inside the runtimes: a DP run end to end (epsilon in the model's manifest), the
-coordinator's one-line refusal, and a Ray site actor reading its policy from its own node."""
+"""The policy inside the local runtime: a DP run end to end (epsilon in the model's manifest) and
+the coordinator's one-line refusal.  A Ray site actor reading its policy from its own node is
+tests/runtime/test_ray_runtime.py (on that module's local Ray)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import pytest
 
 from msa_fed.artifacts.model import load_model
 from msa_fed.errors import PrivacyError
-from msa_fed.privacy.policy import POLICY_ENV, SitePolicy
+from msa_fed.privacy.policy import SitePolicy
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator
 from msa_fed.runtime.local import LocalSites
-from msa_fed.runtime.ray_actors import ensure_ray
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 from problems import make_sites, site_kwargs
@@ -86,27 +86,3 @@ def test_refusal_is_one_line_naming_site_and_rule(sites):
         _fit(sites, pols)
     assert err.value.site == "b" and err.value.rule == "budget"
     assert "\n" not in str(err.value) and str(err.value).startswith("site 'b' refuses")
-
-
-def test_ray_site_reads_its_policy_from_its_own_node(sites, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray")
-    from msa_fed.runtime.ray_sites import RaySites
-
-    policy = tmp_path / "site_policy.toml"
-    policy.write_text("[limits]\nmin_points = 50\n")
-    monkeypatch.setenv(POLICY_ENV, str(policy))  # the site's node environment (inherited by its workers)
-    ensure_ray(num_cpus=2)
-    two = sites[:2]  # a (41 labelled points) below the node's minimum, b (53) above it: an actor each
-    try:
-        kw = site_kwargs(two, min_points=1)
-        for k in kw:
-            k["policy"] = SitePolicy(min_points=1)  # the job tries to loosen: it can only tighten
-        with pytest.raises(PrivacyError) as err:
-            with Coordinator(
-                RaySites(kw, data_channel="off"), [s.predictor for s in two], FitConfig(min_points=1)
-            ) as c:
-                c.fit()
-        assert err.value.rule == "min_points" and err.value.site == "a"
-        assert "minimum of 50" in str(err.value) and "\n" not in str(err.value)
-    finally:
-        ray.shutdown()

@@ -17,6 +17,7 @@ import msa_fed  # noqa: E402
 from msa_fed.errors import ConfigError, SiteError  # noqa: E402
 from msa_fed.runtime.config import FitConfig
 from msa_fed.runtime.coordinator import Coordinator  # noqa: E402
+from msa_fed.runtime.ray_actors import ray_children, stop_processes  # noqa: E402
 from msa_fed.runtime.ray_sites import SITE_RESOURCE_PREFIX, RaySites  # noqa: E402
 import numpy_predictors  # noqa: E402
 from numpy_predictors import numpy_sites  # noqa: E402
@@ -46,6 +47,7 @@ def start_cluster(node_args) -> Cluster:
     last: Exception | None = None
     for _ in range(START_TRIES):
         c = None
+        before = ray_children()
         try:
             c = Cluster(initialize_head=True, head_node_args=dict(node_args("a"), include_dashboard=False))
             for n in NAMES[1:]:
@@ -56,6 +58,9 @@ def start_cluster(node_args) -> Cluster:
             last = e
             if c is not None:
                 c.shutdown()
+            # a head that never finished starting (Cluster() raised) has no handle to shut it
+            # down: its GCS, dashboard and monitors would run on for the rest of this process
+            stop_processes(set(ray_children()) - set(before))
     raise RuntimeError(f"a 3-node Ray cluster did not start in {START_TRIES} tries") from last
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,6 +160,32 @@ def test_too_few_labelled_points_fails_the_run(warm, sites):
     with pytest.raises(PrivacyError, match=r"^site 'a' has 41 labelled points: fewer than min_points=45"):
         _fit(warm, sites, min_points=45)
     assert len(warm.actors) == 3  # a refused run leaves a warm backend usable
+
+
+def test_a_site_actor_reads_its_policy_from_its_own_node(local_ray, sites):
+    """A Ray site actor enforces its node's policy (the file $MSA_FED_SITE_POLICY names in the
+    node's environment: this module's local Ray was started with it), and a job that asks for a
+    looser one only tightens it.  The node's file says min_points 50 for this run: site a (41
+    labelled points) refuses, b (53) would answer."""
+    from msa_fed.privacy.policy import SitePolicy
+
+    policy = Path(os.environ[POLICY_ENV])  # the node's file (local_ray), read by each actor it starts
+    kept = policy.read_text()
+    policy.write_text(kept + "[limits]\nmin_points = 50\n")
+    two = sites[:2]  # an actor each, besides the warm ones
+    try:
+        kw = site_kwargs(two, min_points=1)
+        for k in kw:
+            k["policy"] = SitePolicy(min_points=1)  # the job tries to loosen: it can only tighten
+        with pytest.raises(PrivacyError) as err:
+            with Coordinator(
+                RaySites(kw, data_channel="off"), [s.predictor for s in two], FitConfig(min_points=1)
+            ) as c:
+                c.fit()
+    finally:
+        policy.write_text(kept)
+    assert err.value.rule == "min_points" and err.value.site == "a"
+    assert "minimum of 50" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_swapped_peer_sample_is_refused_by_the_site_actor(warm, sites):

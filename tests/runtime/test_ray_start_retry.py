@@ -122,3 +122,70 @@ def test_a_new_local_ray_keeps_its_token_readable_by_the_user_only(tmp_path, mon
     monkeypatch.delenv("RAY_AUTH_MODE")
     ray_actors.ensure_ray(address="127.0.0.1:1")
     assert not token.exists() and fake_init[0][-1]["address"] == "127.0.0.1:1"
+
+
+def _ray_like(tmp_path, name: str):
+    """A child process whose command line runs a file of a ray/ package (as a local Ray's GCS or
+    monitors do)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / name / "ray" / "_private" / "log_monitor.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("import time; time.sleep(600)")
+    return subprocess.Popen([sys.executable, str(script)])
+
+
+def test_the_ray_processes_of_this_process_are_found_and_no_other(tmp_path):
+    """ray_children: a child that runs a file of a ray/ package, alive; not another child, and not
+    one that has exited but is not yet waited for."""
+    import os
+    import subprocess
+    import sys
+
+    plain = tmp_path / "sleeper.py"
+    plain.write_text("import time; time.sleep(600)")
+    procs = [_ray_like(tmp_path, "a"), subprocess.Popen([sys.executable, str(plain)])]
+    try:
+        found = ray_actors.ray_children()
+        assert procs[0].pid in found and found[procs[0].pid].endswith("ray/_private/log_monitor.py")
+        assert procs[1].pid not in found
+        procs[0].kill()
+        os.waitid(os.P_PID, procs[0].pid, os.WEXITED | os.WNOWAIT)  # exited, still to be reaped
+        assert procs[0].pid not in ray_actors.ray_children()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_start_that_timed_out_leaves_no_process_of_its_node(fake_init, tmp_path):
+    """A local Ray whose start failed half-way (its GCS and monitors up, its raylet too slow) is out
+    of ray.shutdown's reach: ensure_ray stops the Ray processes the failed start left, before it
+    tries again (and when it gives up), and leaves the ones that ran before alone."""
+    from pathlib import Path
+
+    calls, errors = fake_init
+    earlier = _ray_like(tmp_path, "earlier")  # another Ray of this process, running before
+    left: list = []
+
+    def half_started(**kwargs):
+        calls.append(kwargs)
+        if errors:
+            left.append(_ray_like(tmp_path, f"attempt{len(calls)}"))
+            raise errors.pop(0)
+
+    ray.init = half_started  # (fake_init's monkeypatch puts the real one back)
+    try:
+        errors.append(RuntimeError("The current node timed out during startup."))
+        ray_actors.ensure_ray(num_cpus=2)
+        assert len(calls) == 2 and len(left) == 1
+        assert not Path(f"/proc/{left[0].pid}").exists()  # stopped and waited for
+        errors.extend([RuntimeError("Timed out waiting for file a"), RuntimeError("Timed out waiting for file b")])
+        with pytest.raises(RuntimeError, match="file b"):
+            ray_actors.ensure_ray(num_cpus=2)
+        assert len(left) == 3 and not any(Path(f"/proc/{p.pid}").exists() for p in left[1:])
+        assert earlier.poll() is None and earlier.pid in ray_actors.ray_children()
+    finally:
+        earlier.kill()
+        earlier.wait()
