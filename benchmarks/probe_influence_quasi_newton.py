@@ -318,20 +318,26 @@ def _advance(r: Resolve, zt: np.ndarray, L: np.ndarray, dL: np.ndarray, pool: Po
         f_new = float(L[r.keep].max())
         f = r.f
         step = float(np.max(np.abs(zt - r.z) / np.maximum(np.maximum(r.z, zt), 1e-300)))
-        if f_new < f - ACCEPT * r.predicted:
-            rho = (f - f_new) / max(r.predicted, 1e-300)
-            r.z, r.L, r.dL = zt, L, dL
-            if rho > 0.75 and step >= 0.5 * r.radius:
-                r.radius = min(2 * r.radius, RADIUS_MAX)
-            elif rho < 0.25:
-                r.radius = max(0.5 * step, RADIUS_MIN)
-        else:
-            r.radius = max(0.25 * step, RADIUS_MIN)
-        r.log.append((f_new, f, r.predicted, step))
+        _trust_step(r, zt, L, dL, f, f_new, step, f_new < f - ACCEPT * r.predicted, 0.75, RADIUS_MIN, RADIUS_MAX)
     if r.evaluations >= MAX_EVALUATIONS:
         r.done = True
         return
     plan(r, pool)
+
+
+def _trust_step(r, zt, L, dL, f, f_new, step, accepted, expand, radius_min, radius_max) -> None:
+    """The trial's outcome: accepted, the re-solve moves there; the trust radius grows on a good
+    prediction (ratio above ``expand``) and shrinks on a poor one or a rejection."""
+    if accepted:
+        rho = (f - f_new) / max(r.predicted, 1e-300)
+        r.z, r.L, r.dL = zt, L, dL
+        if rho > expand and step >= 0.5 * r.radius:
+            r.radius = min(2 * r.radius, radius_max)
+        elif rho < 0.25:
+            r.radius = max(0.5 * step, radius_min)
+    else:
+        r.radius = max(0.25 * step, radius_min)
+    r.log.append((f_new, f, r.predicted, step))
 
 
 def plan(r: Resolve, pool: Pool) -> None:
@@ -480,16 +486,7 @@ def _advance_u(r: Resolve, zt: np.ndarray, L: np.ndarray, dL: np.ndarray, pool: 
             r.own.append((np.log(zq_old) - np.log(zq_old).mean(), gu_old))
         r.own.append((np.log(zq_new) - np.log(zq_new).mean(), gu_new))
         step = float(np.max(np.abs(s_u)))
-        if accepted:
-            rho = (f - f_new) / max(r.predicted, 1e-300)
-            r.z, r.L, r.dL = zt, L, dL
-            if rho > EXPAND and step >= 0.5 * r.radius:
-                r.radius = min(2 * r.radius, U_RADIUS_MAX)
-            elif rho < 0.25:
-                r.radius = max(0.5 * step, U_RADIUS_MIN)
-        else:
-            r.radius = max(0.25 * step, U_RADIUS_MIN)
-        r.log.append((f_new, f, r.predicted, step))
+        _trust_step(r, zt, L, dL, f, f_new, step, accepted, EXPAND, U_RADIUS_MIN, U_RADIUS_MAX)
     if r.evaluations >= MAX_EVALUATIONS:
         r.done = True
         return

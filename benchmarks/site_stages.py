@@ -26,7 +26,8 @@ import time
 STAGES = (
     ("msa_fed.federation.agent", "SiteAgent", "answer", "answer"),
     ("msa_fed.crypto.sealing", "SiteOpener", "open", "open"),
-    ("msa_fed.site.job_book", "JobBook", "set_seal_floor", "open.seal_floor"),
+    ("msa_fed.site.job_book", "JobBook", "set_seal_floor", "open.seal_floor"),  # a site without a ledger file
+    ("msa_fed.privacy.ledger", "Ledger", "keep_floor", "open.seal_floor"),  # noted; committed with the record
     ("msa_fed.site.chain", "SiteApp", "_answer", "chain"),
     ("msa_fed.site.worker", "SiteWorker", "dc_evaluate", "chain.dc_evaluate"),
     ("msa_fed.core.dc_terms", "PointSet", "evaluate", "chain.dc_evaluate.sums"),
@@ -36,6 +37,7 @@ STAGES = (
     ("msa_fed.boundary.wire", None, "from_proto", "chain.decode"),
     ("msa_fed.boundary.wire", None, "to_proto", "chain.encode"),
     ("msa_fed.crypto.sealing", "SiteOpener", "seal", "seal"),
+    ("msa_fed.privacy.ledger", "Ledger", "floor_kept", "seal.floor_kept"),
     # outside the requests: what a site gets ready in the background once it admitted a job
     ("msa_fed.federation.agent", "SiteAgent", "fetch_sample", "background.fetch_sample"),
     ("msa_fed.federation.agent", "SiteAgent", "fetch_predictor", "background.fetch_predictor"),
@@ -81,6 +83,8 @@ def main() -> int:
     for module, cls, name, stage in STAGES:
         mod = importlib.import_module(module)
         owner = getattr(mod, cls) if cls else mod
+        if not hasattr(owner, name):  # a stage of another tree (a baseline checkout's own code)
+            continue
         timed(owner, name, stage, counts, lock, _chain_method if stage == "chain" else None)
 
     def reset(*_) -> None:

@@ -620,13 +620,14 @@ class SiteOpener:
     ``floor(certificate digest hex) -> int``, the last sequence number of a job that an earlier
     process of the site took (it and every earlier one are refused as "replayed").  remember :
     ``remember(certificate digest hex, seq)``, called with every request :meth:`open` accepts,
-    before it returns (so before any answer leaves): it must keep ``seq`` where ``floor`` finds it
-    after a restart or a crash (:meth:`msa_fed.site.job_book.JobBook.set_seal_floor`)."""
+    before it returns: it must keep ``seq`` where ``floor`` finds it after a restart or a crash,
+    or, with ``settle(digest hex, seq)`` (called by :meth:`seal` first, so before any answer
+    leaves), only note it for ``settle`` to keep (:meth:`msa_fed.privacy.ledger.Ledger.keep_floor`)."""
 
     MAX_JOBS = 4096
 
-    def __init__(self, name: str, key: SiteKey, trusted_job_keys, floor=None, remember=None):
-        self.name, self.key, self.floor, self.remember = name, key, floor, remember
+    def __init__(self, name: str, key: SiteKey, trusted_job_keys, floor=None, remember=None, settle=None):
+        self.name, self.key, self.floor, self.remember, self.settle = name, key, floor, remember, settle
         self.trusted = frozenset(trusted_job_keys)
         if not self.trusted:
             raise ConfigError("a sealed site pins at least one job key (job_keys in site.toml)")
@@ -695,6 +696,8 @@ class SiteOpener:
     def seal(self, ctx: RequestSeal, answer: bytes) -> bytes:
         """The sealed, signed frame of the answer to the request ``ctx`` was opened from."""
         digest = ctx.certificate.digest
+        if self.settle is not None:  # the request's sequence number on disk before its answer exists
+            self.settle(digest.hex(), ctx.seq)
         signature = self.key.signing.sign(
             _answer_message(
                 digest, self.name, ctx.seq, hashlib.sha256(ctx.request).digest(), hashlib.sha256(answer).digest()

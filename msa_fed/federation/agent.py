@@ -152,7 +152,7 @@ class SiteAgent:
             policy=self.policy,
             audit=self.audit,
             book=self.book,
-            opener=sealing_opener(config, self.book),  # None: this site takes unsealed jobs (no seal_key)
+            opener=sealing_opener(config, self.book, self.ledger),  # None: this site takes unsealed jobs (no seal_key)
             accept_jobs=config.accept_jobs,
             # peers whose predictor broke a limit here, refused until the operator clears them
             excluded=ExclusionBook(excluded_peers_path(config), f"site {self.name!r}"),

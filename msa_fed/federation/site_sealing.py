@@ -23,15 +23,32 @@ NO_SEAL_KEY = (
 )
 
 
-def sealing_opener(config, book=None) -> SiteOpener | None:
+def sealing_opener(config, book=None, ledger=None) -> SiteOpener | None:
     """The site's :class:`SiteOpener`, or None when site.toml says ``allow_unsealed = true``
-    (ConfigError when it names neither a ``seal_key`` nor that); ``book`` (the site's
-    :class:`msa_fed.site.job_book.JobBook`) keeps the last request each sealed job sent, on disk
-    before the site answers it: a restarted site process refuses it and every earlier one."""
+    (ConfigError when it names neither a ``seal_key`` nor that).  The last request each sealed
+    job sent is on disk before the site answers it (a restarted site process refuses it and every
+    earlier one): with a ``ledger`` file (:class:`msa_fed.privacy.ledger.Ledger`) there, in the
+    same commit as the request's audit record (and read back together with what ``book``, the
+    site's :class:`msa_fed.site.job_book.JobBook`, kept before); else in ``book``, a commit of its own."""
     if not getattr(config, "seal_key", None):
         if not getattr(config, "allow_unsealed", False):
             raise ConfigError("site config: " + NO_SEAL_KEY.format(name=config.name))
         return None
-    floor = book.seal_floor if book is not None else None
-    remember = book.set_seal_floor if book is not None else None
-    return SiteOpener(config.name, SiteKey.load(config.seal_key), config.job_keys, floor=floor, remember=remember)
+    key = SiteKey.load(config.seal_key)
+    if ledger is not None and getattr(ledger, "path", "") not in ("", ":memory:"):
+        mine = f"{config.name}:"  # a ledger file may be another site's too: its floors are per site
+
+        def floor(digest: str) -> int:
+            return max(ledger.seal_floor(mine + digest), book.seal_floor(digest) if book is not None else 0)
+
+        return SiteOpener(
+            config.name,
+            key,
+            config.job_keys,
+            floor=floor,
+            remember=lambda digest, seq: ledger.keep_floor(mine + digest, seq),
+            settle=lambda digest, seq: ledger.floor_kept(mine + digest, seq),
+        )
+    if book is None:
+        return SiteOpener(config.name, key, config.job_keys)
+    return SiteOpener(config.name, key, config.job_keys, floor=book.seal_floor, remember=book.set_seal_floor)

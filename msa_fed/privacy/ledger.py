@@ -2,7 +2,9 @@
 
 A SQLite file named by the policy (``[budget] ledger``; in memory when empty), so that budgets
 survive a restart of the site process.  Also holds the audit log's anchor (line count and the
-hash of the last line), so that a truncated log is detected.
+hash of the last line), so that a truncated log is detected, and, for a site process, each sealed
+job's seal floor (the last request the site took: :meth:`Ledger.keep_floor`), written in the same
+transaction as the request's counts and anchor: one commit per request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ CREATE TABLE IF NOT EXISTS hourly_queries (kind TEXT NOT NULL, hour INTEGER NOT 
 CREATE TABLE IF NOT EXISTS dp_events (job TEXT NOT NULL, t REAL NOT NULL, noise_multiplier REAL NOT NULL,
                                       count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit_anchor (log TEXT PRIMARY KEY, count INTEGER NOT NULL, head TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS seal_floors (key TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 """
+_FLOOR = "INSERT INTO seal_floors VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET seq = MAX(seq, excluded.seq)"
 
 
 class Ledger:
@@ -44,6 +48,9 @@ class Ledger:
         #: held by a DP spend from its budget check to its event's write (DPAccountant.spend):
         #: two jobs answering at once cannot both take the last of the lifetime epsilon
         self.dp_lock = threading.Lock()
+        #: seal floors taken (:meth:`keep_floor`) and not committed yet; the highest committed
+        self._floors: dict[str, int] = {}
+        self._kept: dict[str, int] = {}
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -96,8 +103,52 @@ class Ledger:
                     "count = excluded.count, head = excluded.head",
                     (anchor[0], int(anchor[1]), anchor[2]),
                 )
+            floors = self._floors
+            if floors:  # the requests taken since the last commit: in this transaction
+                self._db.executemany(_FLOOR, floors.items())
             self._db.execute("COMMIT")
+            if floors:
+                self._settled(floors)
         self._release(job, counts)
+
+    # ------------------------------------------------------------------ seal floors
+    # A sealed request's sequence number must be on disk before its answer leaves the site (a
+    # restarted site refuses it and every earlier one: msa_fed.crypto.sealing.SiteOpener).  The
+    # opener notes it here as it takes the request (keep_floor); the request's audit record
+    # commits it with the record's counts and anchor (commit), and sealing the answer makes sure
+    # it was (floor_kept: its own commit where no record was committed since, a rare path).
+    def keep_floor(self, key: str, seq: int) -> None:
+        """Note that the request ``seq`` of the sealed job ``key`` was taken; committed by the
+        next :meth:`commit` or :meth:`floor_kept`, whichever comes first."""
+        with self._lock:
+            if seq > self._floors.get(key, 0):
+                self._floors[key] = int(seq)
+
+    def floor_kept(self, key: str, seq: int) -> None:
+        """On return, the floor of ``key`` on disk is at least ``seq``: committed now unless a
+        commit since :meth:`keep_floor` carried it."""
+        with self._lock:
+            if self._kept.get(key, 0) >= seq:
+                return
+            floors = dict(self._floors)
+            floors[key] = max(int(seq), floors.get(key, 0))
+            self._db.execute("BEGIN")
+            self._db.executemany(_FLOOR, floors.items())
+            self._db.execute("COMMIT")
+            self._settled(floors)
+
+    def _settled(self, floors: dict[str, int]) -> None:
+        """``floors`` were committed (the caller holds the lock)."""
+        for key, seq in floors.items():
+            if seq > self._kept.get(key, 0):
+                self._kept[key] = seq
+        self._floors = {k: v for k, v in self._floors.items() if v > self._kept.get(k, 0)}
+
+    def seal_floor(self, key: str) -> int:
+        """The last request of the sealed job ``key`` committed here (0: none)."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM seal_floors WHERE key = ?", (key,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def job_count(self, job: str, kind: str) -> int:
         with self._lock:
@@ -222,6 +273,8 @@ class MemoryLedger(Ledger):
         self._hours: dict = {}
         self._dp: list = []
         self._anchors: dict = {}
+        self._floors: dict[str, int] = {}
+        self._kept: dict[str, int] = {}
 
     def close(self):
         pass
@@ -303,6 +356,14 @@ class MemoryLedger(Ledger):
 
     def set_anchor(self, log: str, count: int, head: str):
         self._anchors[log] = (int(count), head)
+
+    def floor_kept(self, key: str, seq: int) -> None:
+        with self._lock:
+            self._kept[key] = max(self._kept.get(key, 0), int(seq), self._floors.pop(key, 0))
+
+    def seal_floor(self, key: str) -> int:
+        with self._lock:
+            return max(self._kept.get(key, 0), self._floors.get(key, 0))
 
     def anchor(self, log: str) -> tuple[int, str] | None:
         return self._anchors.get(log)

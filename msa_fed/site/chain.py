@@ -2,9 +2,9 @@
 receives is answered, through the same steps, in this order (:data:`CHAIN`):
 
 1. ``open_seal``: a sealed request is opened and checked (certificate signed by a pinned job key,
-   this site's key pinned, authentic, not replayed; its sequence number on disk before anything
-   is answered: :class:`msa_fed.crypto.sealing.SiteOpener`); an unsealed one is refused unless
-   the operator opted out of sealing;
+   this site's key pinned, authentic, not replayed; its sequence number on disk before its answer
+   is sealed, committed with its audit record: :class:`msa_fed.crypto.sealing.SiteOpener`); an
+   unsealed one is refused unless the operator opted out of sealing;
 2. ``allowlist``: the request's type must be one of
    :data:`msa_fed.site.methods.SITE_METHODS`, this site's own list;
 3. ``admit``: a join is checked against the job's signed content and the site's approvals
@@ -58,6 +58,9 @@ from msa_fed.site.worker import Background, SiteWorker
 
 log = logging.getLogger(__name__)
 
+#: the most bytes of published samples a site keeps between jobs (the last sealed job's, by pin)
+KEEP_SAMPLES_BYTES = 64 << 20
+
 #: the steps of the chain, in order (see the module docstring)
 CHAIN = ("open_seal", "allowlist", "admit", "gate", "body", "audit", "seal")
 
@@ -109,6 +112,7 @@ class SiteApp:
         self._queries: dict[str, int] = {}  # job -> labelled-data queries answered
         self._waiting: set[tuple[str, str]] = set()  # (job, content digest) recorded as waiting for approval
         self._predictors: dict[str, object] = {}  # sha256:kind -> loaded predictor
+        self._samples: dict[str, np.ndarray] = {}  # one sealed job's samples, by their pinned sha256
         # one download at a time: the transport's fetches share the site token's transfer slots;
         # a predictor two jobs share is fetched and loaded once
         self._downloads = threading.RLock()
@@ -284,7 +288,8 @@ class SiteApp:
 
     def _published_samples(self, job: str, sites: list[str], pins: list):
         """A source of the job's published samples (fetched on first use, each checked against
-        the sha256 the registry recorded and the one the job's signed content pins)."""
+        the sha256 the registry recorded and the one the job's signed content pins; one an
+        earlier sealed job's same pin fetched is not fetched again)."""
         got: list = []
 
         def samples():
@@ -292,11 +297,12 @@ class SiteApp:
                 with self._downloads:
                     if got:  # fetched meanwhile (the prefetch after the join, _join)
                         return got[0]
-                    out = []
+                    out, kept = [], {}
                     for name, pin in zip(sites, pins):
-                        data, sha, rows, cols = self.transport.fetch_sample(job, name)
-                        out.append(
-                            checked_sample(
+                        sample = self._samples.get(pin) if pin is not None else None
+                        if sample is None:
+                            data, sha, rows, cols = self.transport.fetch_sample(job, name)
+                            sample = checked_sample(
                                 self.name,
                                 name,
                                 data,
@@ -306,7 +312,13 @@ class SiteApp:
                                 signed_sha256=pin,
                                 own_sha256=self.sample_sha256,
                             )
-                        )
+                            sample.flags.writeable = False
+                        if pin is not None:  # its bytes have the sha256 the signed content pins
+                            kept[pin] = sample
+                        out.append(sample)
+                    if kept:  # (none kept where they are too large to hold between jobs)
+                        small = sum(a.nbytes for a in kept.values()) <= KEEP_SAMPLES_BYTES
+                        self._samples = kept if small else {}
                     got.append(tuple(out))
             return got[0]
 

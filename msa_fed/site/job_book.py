@@ -32,7 +32,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 STATES = ("pending", "approved", "served")
 #: per sealed job (its certificate's digest): the sequence number of the last request this site
-#: took, written before the site answers it (a restarted site refuses it and every earlier one)
+#: took, written before the site answers it (a restarted site refuses it and every earlier one);
+#: a site process with a ledger file keeps them in its ledger, with each request's audit record
+#: (:meth:`msa_fed.privacy.ledger.Ledger.keep_floor`), and still reads the ones kept here
 _FLOORS = """
 CREATE TABLE IF NOT EXISTS seal_floors (
     certificate TEXT PRIMARY KEY,

@@ -434,8 +434,8 @@ def test_an_approval_wait_is_one_audit_line_and_every_count_agrees(local_ray, ap
         lines = (fed.workdir / name / "audit.jsonl").read_text().splitlines()
         return [r for r in map(json.loads, lines) if r.get("job") == "waits"]
 
-    def asked(name) -> int:  # the sealed requests the site took for the job (its seal floor)
-        with sqlite3.connect(str(SiteConfig.from_toml(fed.config_path(name)).jobs_path)) as db:
+    def asked(name) -> int:  # the sealed requests the site took for the job (its seal floor, in its ledger)
+        with sqlite3.connect(str(SiteConfig.from_toml(fed.config_path(name)).ledger_path)) as db:
             return sum(seq for (seq,) in db.execute("SELECT seq FROM seal_floors"))
 
     job = _job(fed, name="waits", site_timeout_s=60, approval_wait_s=240)

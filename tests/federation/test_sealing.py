@@ -302,3 +302,93 @@ def test_every_request_taken_is_on_disk_before_open_returns_and_a_restart_refuse
             restarted.open(sealer.job_id, frame)
     ctx, plain = restarted.open(sealer.job_id, frames[4])
     assert plain == b"r4" and book.seal_floor(sealer.certificate.digest.hex()) == 5
+
+
+def _ledger_site(tmp_path, keys, book=None):
+    """The site's opener as a site process wires it (:func:`sealing_opener` with its ledger file),
+    its ledger and its audit log; the ledger's SQL statements counted in ``statements``."""
+    from types import SimpleNamespace
+
+    from msa_fed.federation.site_sealing import sealing_opener
+    from msa_fed.privacy.audit import AuditLog
+    from msa_fed.privacy.ledger import Ledger
+
+    site_keys, job_key = keys
+    path = tmp_path / "north.key"
+    if not path.exists():
+        site_keys["north"].save(path)
+    config = SimpleNamespace(name="north", seal_key=str(path), job_keys={job_key.fingerprint}, allow_unsealed=False)
+    ledger = Ledger(str(tmp_path / "ledger.sqlite"))
+    statements: list[str] = []
+    ledger._db.set_trace_callback(statements.append)
+    audit = AuditLog(str(tmp_path / "audit.jsonl"), ledger=ledger)
+    return sealing_opener(config, book, ledger), ledger, audit, statements
+
+
+def _floor_on_disk(tmp_path, sealer) -> int:
+    from msa_fed.privacy.ledger import Ledger
+
+    other = Ledger(str(tmp_path / "ledger.sqlite"))  # another reader: what a restarted site finds
+    try:
+        return other.seal_floor("north:" + sealer.certificate.digest.hex())
+    finally:
+        other.close()
+
+
+def test_a_sealed_request_s_floor_is_committed_with_its_audit_record_in_one_commit(tmp_path, keys):
+    """A site with a ledger file keeps each request's sequence number in the transaction that
+    commits the request's audit record: one commit per request, and on disk before the answer
+    is sealed; a request answered without a record of its own (a rare path) commits it as it is
+    sealed.  A restarted site refuses every request whose answer left."""
+    sealer, _ = _ends(keys)
+    opener, ledger, audit, statements = _ledger_site(tmp_path, keys)
+    frames = []
+    for k in range(3):
+        frame, seq = sealer.seal("north", f"r{k}".encode())
+        frames.append(frame)
+        statements.clear()
+        ctx, plain = opener.open(sealer.job_id, frame)
+        assert plain == f"r{k}".encode() and _floor_on_disk(tmp_path, sealer) == k  # taken, not committed yet
+        audit.append({"site": "north", "job": sealer.job_id, "request": "dc_evaluate"}, [("dc_evaluation", 1)])
+        assert _floor_on_disk(tmp_path, sealer) == k + 1  # committed with the record
+        back = opener.seal(ctx, b"answer")
+        assert sealer.open("north", seq, back, plain, "dc_evaluate") == b"answer"
+        assert [s for s in statements if s == "COMMIT"] == ["COMMIT"], statements  # one commit for the request
+    # the rare path: an answer with no record of its own since the request was taken
+    frame, seq = sealer.seal("north", b"r3")
+    frames.append(frame)
+    ctx, plain = opener.open(sealer.job_id, frame)
+    assert _floor_on_disk(tmp_path, sealer) == 3
+    back = opener.seal(ctx, b"answer")
+    assert _floor_on_disk(tmp_path, sealer) == 4  # before the answer's frame existed
+    assert sealer.open("north", seq, back, plain, "dc_evaluate") == b"answer"
+    ledger.close()
+    audit.close()
+    restarted, ledger, audit, _ = _ledger_site(tmp_path, keys)
+    for frame in frames:
+        with pytest.raises(TamperedError, match="replayed"):
+            restarted.open(sealer.job_id, frame)
+    ledger.close()
+    audit.close()
+
+
+def test_a_floor_the_job_book_kept_before_is_still_a_floor(tmp_path, keys):
+    """A site whose seal floors were kept in its job book (before its ledger kept them) still
+    refuses what it took then; what it takes now goes to the ledger."""
+    from msa_fed.site.job_book import JobBook
+
+    sealer, _ = _ends(keys)
+    frames = [sealer.seal("north", f"r{k}".encode())[0] for k in range(4)]
+    book = JobBook(tmp_path / "jobs.sqlite")
+    book.set_seal_floor(sealer.certificate.digest.hex(), 2)
+    opener, ledger, audit, _ = _ledger_site(tmp_path, keys, book)
+    for frame in frames[:2]:
+        with pytest.raises(TamperedError, match="replayed"):
+            opener.open(sealer.job_id, frame)
+    ctx, plain = opener.open(sealer.job_id, frames[2])
+    opener.seal(ctx, b"answer")
+    assert plain == b"r2" and _floor_on_disk(tmp_path, sealer) == 3
+    assert book.seal_floor(sealer.certificate.digest.hex()) == 2
+    ledger.close()
+    audit.close()
+    book.close()

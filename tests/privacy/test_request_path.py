@@ -175,3 +175,90 @@ def test_writers_chain_to_each_others_lines_in_any_order(tmp_path):
     again.append({"writer": "again"})
     assert verify_log(path, ledger.anchor(os.path.abspath(path)))["lines"] == len(order) + 3
     again.close()
+
+
+def test_a_sealed_request_whose_answer_left_is_refused_after_a_kill_between_the_writes(tmp_path):
+    """A site process with a ledger file commits each sealed request's sequence number with the
+    request's audit record (one commit).  It answers 3 sealed requests, takes a 4th and is
+    killed (SIGKILL) between that request's two writes: its audit line is in the log, the
+    commit of its counts, anchor and sequence number is not, and no answer left.  The restarted
+    site opens the log (the anchor counts 3 of its 4 lines), refuses the 3 answered requests as
+    replayed and answers the 4th, whose answer never left before; every answer the job got
+    verifies."""
+    from types import SimpleNamespace
+
+    from msa_fed.crypto.sealing import JobKey, JobSealer, SiteKey, TamperedError, job_content
+    from msa_fed.federation.site_sealing import sealing_opener
+
+    site_key, job_key = SiteKey.generate(), JobKey.generate()
+    key_path = site_key.save(tmp_path / "north.key")
+    content = job_content(
+        "job-1",
+        [
+            dict(
+                name="north",
+                key_fingerprint=site_key.public.fingerprint,
+                sample_sha256="ab" * 32,
+                predictor_sha256="cd" * 32,
+            )
+        ],
+        task="classification",
+        loss="cross_entropy",
+        mu=1e-3,
+        objective="minmax",
+        planned_queries=50,
+    )
+    sealer = JobSealer(job_key, content, {"north": site_key.public})
+    sent = [sealer.seal("north", f"r{k}".encode()) for k in range(4)]
+    for k, (frame, _) in enumerate(sent):
+        (tmp_path / f"frame{k}").write_bytes(frame)
+    ledger, log = tmp_path / "ledger.sqlite", tmp_path / "audit.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from types import SimpleNamespace
+        from msa_fed.federation.site_sealing import sealing_opener
+        from msa_fed.privacy.audit import AuditLog
+        from msa_fed.privacy.ledger import Ledger
+        config = SimpleNamespace(name="north", seal_key={str(key_path)!r}, job_keys={{{job_key.fingerprint!r}}},
+                                 allow_unsealed=False)
+        ledger = Ledger({str(ledger)!r})
+        audit = AuditLog({str(log)!r}, ledger=ledger)
+        opener = sealing_opener(config, None, ledger)
+        for k in range(4):
+            frame = open(os.path.join({str(tmp_path)!r}, f"frame{{k}}"), "rb").read()
+            ctx, plain = opener.open("job-1", frame)
+            if k == 3:  # killed after the record's line is written, before its commit
+                def killed(*args, **kwargs):
+                    sys.stdout.write("line written\\n"); sys.stdout.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                ledger.commit = killed
+            audit.append({{"site": "north", "job": "job-1", "request": "dc_evaluate"}}, [("dc_evaluation", 1)])
+            sys.stdout.write(opener.seal(ctx, b"answer " + plain).hex() + "\\n"); sys.stdout.flush()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4 and lines[3] == "line written", proc.stdout
+    for k, hexed in enumerate(lines[:3]):
+        frame, seq = sent[k]
+        assert (
+            sealer.open("north", seq, bytes.fromhex(hexed), f"r{k}".encode(), "dc_evaluate") == f"answer r{k}".encode()
+        )
+    check = Ledger(str(ledger))
+    audit = AuditLog(str(log), ledger=check)  # the anchor (3 lines) below the log's 4: not a truncation
+    assert audit.count == 4 and check.anchor(os.path.abspath(log))[0] == 3
+    config = SimpleNamespace(name="north", seal_key=str(key_path), job_keys={job_key.fingerprint}, allow_unsealed=False)
+    restarted = sealing_opener(config, None, check)
+    for frame, _ in sent[:3]:
+        with pytest.raises(TamperedError, match="replayed"):
+            restarted.open("job-1", frame)
+    ctx, plain = restarted.open("job-1", sent[3][0])
+    assert plain == b"r3"
+    back = restarted.seal(ctx, b"answer r3")
+    assert sealer.open("north", sent[3][1], back, b"r3", "dc_evaluate") == b"answer r3"
+    assert len(sealer.transcript) == 4  # each request answered once, every signature checked
+    audit.close()
+    check.close()

@@ -162,16 +162,41 @@ def test_the_chain_answers_a_sealed_join_and_refuses_what_each_step_refuses(site
 
 def test_peer_samples_are_checked_against_the_signed_content_not_only_the_registry(site):
     """The registry hands out another sample for east, consistent with its own record (its sha256
-    matches the bytes): the site refuses it because the job's signed content pins east's real one."""
+    matches the bytes): the site refuses it because the job's signed content pins east's real one,
+    and keeps nothing of that fetch.  A sample fetched and checked against a sealed job's pin is
+    not fetched again for a job pinning the same one (read-only): a swap at the registry then
+    reaches nothing."""
     sealer = _sealer(site)
+    registry = site["registry"]
+    honest_east = registry.samples["east"]
+    registry.samples["east"] = np.zeros((60, 2))  # the registry swaps east's sample
     _ask(site, sealer, "join_job", _join_msg(site))
-    worker = site["app"].jobs["job-1"]
-    honest = worker.published()
-    assert [s.shape for s in honest] == [(60, 2), (60, 2)] and site["registry"].fetched == list(SITES)
-    site["registry"].samples["east"] = np.zeros((60, 2))  # the registry swaps east's sample
-    _ask(site, sealer, "join_job", _join_msg(site))  # a new join fetches again
     with pytest.raises(ConfigError, match="the sample of site 'east' .* not the one the job's signed content pins"):
         site["app"].jobs["job-1"].published()
+    assert set(registry.fetched) == set(SITES)  # (by the prefetch after the join, and by the request)
+    before = len(registry.fetched)
+    registry.samples["east"] = honest_east
+    _ask(site, sealer, "join_job", _join_msg(site))  # a new join fetches again
+    honest = site["app"].jobs["job-1"].published()
+    assert [s.shape for s in honest] == [(60, 2), (60, 2)] and registry.fetched[before:] == list(SITES)
+    np.testing.assert_array_equal(honest[1], honest_east)
+    registry.samples["east"] = np.zeros((60, 2))  # swapped again
+    _ask(site, sealer, "join_job", _join_msg(site))  # the same pins: the samples checked before
+    again = site["app"].jobs["job-1"].published()
+    assert len(registry.fetched) == before + 2 and all(a is b for a, b in zip(again, honest))
+    assert not any(a.flags.writeable for a in again)
+
+
+@pytest.mark.parametrize("limit, rounds", [(1920, 1), (1919, 2)])
+def test_samples_kept_between_jobs_are_bounded_in_bytes(site, monkeypatch, limit, rounds):
+    """The two 60 x 2 float64 samples (1920 bytes) are kept for the next job within a limit of
+    1920 bytes; above the limit, every job fetches them again."""
+    monkeypatch.setattr("msa_fed.site.chain.KEEP_SAMPLES_BYTES", limit)
+    sealer = _sealer(site)
+    for _ in range(2):
+        _ask(site, sealer, "join_job", _join_msg(site))
+        assert [s.shape for s in site["app"].jobs["job-1"].published()] == [(60, 2), (60, 2)]
+    assert site["registry"].fetched == list(SITES) * rounds
 
 
 def test_after_a_join_the_samples_and_outputs_are_got_ready_and_a_failure_stays_the_requests(site, monkeypatch):
