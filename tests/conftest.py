@@ -357,14 +357,18 @@ def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
       this process, a thread that outlived it, started Ray after its end: an error naming it);
     - at its end, after the module's own fixtures, a Ray still initialised is shut down;
     - then no process of a local Ray this process started runs on (an error naming the module,
-      the processes stopped; ``msa_fed.runtime.ray_actors.ray_children``);
-    - and what ``ray.init`` leaves in the environment (its RAY_* variables and PYTHONBREAKPOINT,
-      inherited by every later subprocess) is put back as the module found it (its SIGTERM
-      handler: :func:`_global_state_is_left_as_found`, whose end comes after this one's).
+      the processes stopped; ``msa_fed.runtime.ray_actors.ray_children``).
+
+    What ``ray.init`` leaves in the environment (its RAY_* variables, RAY_AUTH_MODE among them,
+    and PYTHONBREAKPOINT) stays: Ray's core in this process keeps the settings it started with
+    after ``ray.shutdown()``, and a cluster a later module starts from this process must get
+    them too (measured: with RAY_AUTH_MODE removed, the multi-node module's cluster, started
+    after a module that ran a local Ray, destroyed every actor the driver created: "all
+    references to the actor were removed").  Its SIGTERM handler is put back
+    (:func:`_global_state_is_left_as_found`, whose end comes after this one's).
     """
 
     here = _relative(request.path) or str(request.path)
-    ray_env = {k: v for k, v in os.environ.items() if _ray_variable(k)}
     previous = _PREVIOUS_MODULE[-1] if _PREVIOUS_MODULE else "none"
     _PREVIOUS_MODULE[:] = [here]
     ray = sys.modules.get("ray")
@@ -380,9 +384,6 @@ def _ray_does_not_leak_between_modules(request, _global_state_is_left_as_found):
         ray.shutdown()
     if ray is None:
         return
-    for key in [k for k in os.environ if _ray_variable(k) and k not in ray_env]:
-        del os.environ[key]
-    os.environ.update(ray_env)
     from msa_fed.runtime.ray_actors import ray_children, stop_processes
 
     deadline = time.monotonic() + RAY_EXIT_GRACE_S
@@ -410,9 +411,13 @@ SESSION_ENV = frozenset({"PYTHONPATH"})
 
 def global_state() -> dict[str, object]:
     """What a module may leave behind for the next one in this process: the environment (bar
-    pytest's own variables and SESSION_ENV) and torch's thread pools (once torch is imported)."""
+    pytest's own variables, SESSION_ENV and Ray's variables, which stay with Ray's core in the
+    process: :func:`_ray_does_not_leak_between_modules`) and torch's thread pools (once torch is
+    imported)."""
     state: dict[str, object] = {
-        f"${k}": v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in SESSION_ENV
+        f"${k}": v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTEST_") and k not in SESSION_ENV and not _ray_variable(k)
     }
     torch = sys.modules.get("torch")
     if torch is not None:
