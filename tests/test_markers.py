@@ -143,15 +143,33 @@ def test_the_scheduler_spreads_a_split_file_over_the_workers():
     assert len(workers) >= 3 and len(kit) == 2, proc.stdout
 
 
+def _child_pytest(tmp_path, modules: dict[str, str], env: dict[str, str] | None = None):
+    """(process, its output): a pytest of ``modules`` ({file name: source}) in ``tmp_path`` with
+    the suite's conftest, in one process, under this environment (pytest's own variables and
+    LEFT_BY_THE_MODULE left out) plus ``env``."""
+    import shutil
+
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    for name, text in modules.items():
+        (tmp_path / name).write_text(text)
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "LEFT_BY_THE_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0", "."],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**keep, **(env or {})},
+        timeout=120,
+    )
+    return proc, proc.stdout + proc.stderr
+
+
 def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_path):
     """A test whose main thread waits in native code for ever (here: a pthread mutex it already
     holds) is out of reach of pytest-timeout's signal; the suite's backstop (conftest
     HANG_BACKSTOP_S past the test's limit) prints every thread's stack and ends the process
     rather than leaving the run waiting."""
-    import shutil
-
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_stuck.py").write_text(
+    stuck = (
         "import ctypes\nimport pytest\n\n\n"
         "@pytest.mark.timeout(1)\n"
         "def test_stuck_in_native_code():\n"
@@ -160,18 +178,7 @@ def test_a_test_blocked_in_native_code_ends_its_process_with_every_stack(tmp_pat
         "    libc.pthread_mutex_lock(mutex)\n"
         "    libc.pthread_mutex_lock(mutex)  # the second lock of a default mutex never returns\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_stuck.py"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
-            _conftest.HANG_BACKSTOP_ENV: "1",
-        },
-        timeout=120,
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = _child_pytest(tmp_path, {"test_stuck.py": stuck}, {_conftest.HANG_BACKSTOP_ENV: "1"})
     assert proc.returncode == 1, out  # faulthandler's exit, not pytest's report of a test
     assert "Timeout (0:00:02)!" in out and "most recent call first" in out, out
     assert "line 10 in test_stuck_in_native_code" in out, out
@@ -199,10 +206,7 @@ def test_the_module_fixtures_put_back_handlers_and_keep_ray_variables(tmp_path):
     handler (an in-process job's, Ray's); the RAY_* variables ``ray.init`` sets stay (Ray's core
     in the process keeps them: a later cluster must get them) and are no warning; a variable it
     leaves otherwise is named in a StateLeftWarning (a child pytest of two modules)."""
-    import shutil
-
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_a_first.py").write_text(
+    first = (
         "import os, signal, sys, types\n\n\n"
         "def test_changes_all_three():\n"
         "    # stands in for Ray: imported, not initialised (the module-end check asks it)\n"
@@ -211,22 +215,14 @@ def test_the_module_fixtures_put_back_handlers_and_keep_ray_variables(tmp_path):
         "    os.environ['RAY_SET_BY_INIT'] = '1'\n"
         "    os.environ['LEFT_BY_THE_MODULE'] = 'x'\n"
     )
-    (tmp_path / "test_b_second.py").write_text(
+    second = (
         "import os, signal\n\n\n"
         "def test_finds_them_put_back_but_one():\n"
         "    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
         "    assert os.environ['RAY_SET_BY_INIT'] == '1'\n"
         "    assert os.environ['LEFT_BY_THE_MODULE'] == 'x'\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0", "."],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "LEFT_BY_THE_MODULE"},
-        timeout=120,
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = _child_pytest(tmp_path, {"test_a_first.py": first, "test_b_second.py": second})
     assert proc.returncode == 0 and "2 passed" in out, out
     assert "StateLeftWarning: test_a_first.py left for the next module: $LEFT_BY_THE_MODULE set" in out, out
     assert "RAY_SET_BY_INIT" not in out and "SIGTERM" not in out, out
