@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from msa_fed.errors import SiteError
+from msa_fed.runtime.ray_own import process_alive, stop_processes
 
 SITE_RESOURCE_PREFIX = "site:"
 #: the share of a site node's ``site:<name>`` resource one actor takes (several may share it)
@@ -69,15 +70,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
             # a new head's GCS, started beside another Ray, can fail to write its port file
             text = str(exc)
             slow = "timed out during startup" in text or "Timed out waiting for file" in text
+            ray.shutdown()
             if address == "local":
                 # a node that never finished starting is out of ray.shutdown's reach: its GCS,
                 # dashboard and monitors would run on for this process's life
-                ray.shutdown()
                 stop_processes(set(ray_children()) - set(before))
             if not slow or attempt + 1 == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray did not start in time (machine loaded?); trying again")
-            ray.shutdown()
     if address == "local":
         private_ray_token()
     if callable(own_sigterm):
@@ -97,46 +97,14 @@ def ray_children() -> dict[int, str]:
             continue
         for kid in kids:
             try:
-                stat = Path(f"/proc/{kid}/stat").read_text()
                 cmdline = Path(f"/proc/{kid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # exited, not yet waited for
+            if not process_alive(kid):  # exited (a zombie not yet waited for included)
                 continue
             if "/ray/" in cmdline or cmdline.startswith("ray::"):
                 found[kid] = cmdline.strip()[:160]
     return found
-
-
-def stop_processes(pids, grace_s: float = 5.0) -> None:
-    """SIGTERM to each child process of ``pids``, SIGKILL to one still running ``grace_s``
-    later; each waited for."""
-    import signal
-    import time
-
-    left = set(pids)
-    for pid in list(left):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            left.discard(pid)
-    deadline = time.monotonic() + grace_s
-    while left:
-        for pid in list(left):
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    left.discard(pid)
-            except ChildProcessError:  # waited for elsewhere
-                left.discard(pid)
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
 
 
 def private_ray_token(path: str | os.PathLike | None = None) -> bool:

@@ -78,7 +78,8 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -100,26 +101,60 @@ def _is_gcs(pid: int) -> bool:
     return program.rsplit(b"/", 1)[-1] == b"gcs_server"
 
 
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended: reaped here when it is this process's child, else not alive."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:  # not this process's child (or reaped already)
+        return not process_alive(pid)
+
+
+def _terminate(pids, deadline: float) -> list[int]:
+    """SIGTERM to each of ``pids``, then wait until each has ended or ``deadline`` passed;
+    returns those still running."""
+    left = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            left.append(pid)
+        except ProcessLookupError:
+            pass
+    while left:
+        left = [p for p in left if not _gone(p)]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return left
+
+
+def _kill(pids) -> None:
+    """SIGKILL to each of ``pids`` (this process's children among them reaped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def stop_processes(pids, grace_s: float = 5.0) -> None:
+    """SIGTERM to each of ``pids``, SIGKILL to one still running ``grace_s`` later; this
+    process's children among them are reaped."""
+    _kill(_terminate(list(pids), time.monotonic() + grace_s))
+
+
 def stop(temp_dir: str, grace: float = 15.0) -> int:
     """Stop the Ray of ``temp_dir``; returns how many processes were signalled.  The GCS server
     goes last (after the others, within the same ``grace``)."""
     pids = own_ray_processes(temp_dir)
     gcs = [p for p in pids if _is_gcs(p)]
     deadline = time.monotonic() + grace
-    for group in ([p for p in pids if p not in gcs], gcs):
-        for pid in group:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        while time.monotonic() < deadline and any(_alive(p) for p in group):
-            time.sleep(0.2)
-    for pid in pids:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    left = _terminate([p for p in pids if p not in gcs], deadline)
+    left += _terminate(gcs, deadline)
+    _kill(left)
     return len(pids)
 
 

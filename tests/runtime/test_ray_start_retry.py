@@ -3,6 +3,9 @@ or a new head's GCS beside another Ray that never wrote its port file), and only
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -133,7 +136,15 @@ def _ray_like(tmp_path, name: str):
     script = tmp_path / name / "ray" / "_private" / "log_monitor.py"
     script.parent.mkdir(parents=True)
     script.write_text("import time; time.sleep(600)")
-    return subprocess.Popen([sys.executable, str(script)])
+    proc = subprocess.Popen([sys.executable, str(script)])
+    # Popen can return before the kernel has set the new program's command line (a vfork'd
+    # child's parent resumes before execve writes the arguments): wait until it shows, as a
+    # Ray process's does long before anyone looks for it
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 30
+    while str(script).encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
 
 
 def test_the_ray_processes_of_this_process_are_found_and_no_other(tmp_path):
