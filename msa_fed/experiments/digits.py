@@ -18,6 +18,8 @@ DMSA and GMSA on the first m adaptation points per domain.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -126,8 +128,67 @@ def train_domain_models(domains, splits, seed: int, *, quick: bool = False, use_
     return adapt, models
 
 
+#: the outputs of the frozen CNNs on inputs they already saw, keyed by digests of the weights and
+#: of the input (:func:`_memoised`): :func:`run` scores every model on the same test sets, and each
+#: combined model (unif, GMSA and DMSA at every adaptation size) calls the same CNNs on them again,
+#: as the fits map the same samples through them: the same forward passes over and over (measured:
+#: two thirds of a quick run's time once the CNNs are trained).  Bounded in bytes, the least
+#: recently used dropped first.
+_MEMO: OrderedDict[tuple, np.ndarray] = OrderedDict()
+MEMO_BYTES = 256 * 2**20
+
+
+def _digest(*arrays: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(repr((a.dtype.str, a.shape)).encode())
+        h.update(a.data)
+    return h.digest()
+
+
+def _weights(model) -> bytes:
+    """A digest of a network's weights and mode (train / eval): what its outputs depend on."""
+    return _digest(np.array([model.training]), *(t.detach().cpu().numpy() for t in model.state_dict().values()))
+
+
+def _memoised(key: tuple, compute) -> np.ndarray:
+    """``compute()``'s array for ``key``, computed once while it stays in the memo; a copy each
+    time, so that a caller that writes to it changes no later answer."""
+    out = _MEMO.get(key)
+    if out is None:
+        out = np.array(compute())
+        out.setflags(write=False)
+        _MEMO[key] = out
+        while len(_MEMO) > 1 and sum(a.nbytes for a in _MEMO.values()) > MEMO_BYTES:
+            _MEMO.popitem(last=False)
+    else:
+        _MEMO.move_to_end(key)
+    return out.copy()
+
+
+class FrozenCNNPredictor(cnn.CNNPredictor):
+    """:class:`cnn.CNNPredictor` that scores an input it already scored from the memo (the same
+    array as computing it again)."""
+
+    def predict_proba(self, X) -> np.ndarray:
+        key = ("proba", self.batch_size, _weights(self.model), _digest(np.asarray(X, dtype=np.float32)))
+        return _memoised(key, lambda: cnn.CNNPredictor.predict_proba(self, X))
+
+
+class FrozenHiddenFeatures(cnn.HiddenFeatures):
+    """:class:`cnn.HiddenFeatures` that maps an input it already mapped from the memo (the same
+    array as computing it again)."""
+
+    def _raw(self, X) -> np.ndarray:
+        for m in self.models:
+            m.eval()
+        key = ("hidden", *(_weights(m) for m in self.models), _digest(np.asarray(X, dtype=np.float32)))
+        return _memoised(key, lambda: cnn.HiddenFeatures._raw(self, X))
+
+
 class ReducedHiddenFeatures(BaseEstimator, TransformerMixin):
-    """``cnn.HiddenFeatures`` followed by PCA to ``n_components`` dimensions (for the KDEs).
+    """:class:`FrozenHiddenFeatures` followed by PCA to ``n_components`` dimensions (for the KDEs).
 
     A Gaussian KDE in the 384 hidden dimensions is a poor density estimate; GMSA gets the
     option of a low-dimensional projection, chosen on validation data like DMSA's options.
@@ -141,7 +202,7 @@ class ReducedHiddenFeatures(BaseEstimator, TransformerMixin):
     def fit(self, X, y=None, sample_weight=None):
         from sklearn.decomposition import PCA
 
-        self.hidden_ = cnn.HiddenFeatures(self.models).fit(X)
+        self.hidden_ = FrozenHiddenFeatures(self.models).fit(X)
         self.pca_ = PCA(self.n_components, random_state=self.random_state).fit(self.hidden_.transform(X))
         return self
 
@@ -152,7 +213,7 @@ class ReducedHiddenFeatures(BaseEstimator, TransformerMixin):
 def gmsa_features(models, options: dict):
     """GMSA's feature map: the hidden layers, optionally PCA-reduced (``options['pca']``)."""
     k = options.get("pca")
-    return cnn.HiddenFeatures(models) if k is None else ReducedHiddenFeatures(models, k)
+    return FrozenHiddenFeatures(models) if k is None else ReducedHiddenFeatures(models, k)
 
 
 def run(
@@ -185,11 +246,11 @@ def run(
     for s in range(seeds):
         adapt, models = train_domain_models(domains, splits, s, quick=quick, use_cache=use_cache)
         _, unlabeled = adaptation_split(splits, s, quick)  # the CNNs' training inputs: never the labelled ones
-        preds = {n: cnn.CNNPredictor(models[n]) for n in DOMAINS}
-        feats = cnn.HiddenFeatures([models[n] for n in DOMAINS])
+        preds = {n: FrozenCNNPredictor(models[n]) for n in DOMAINS}
+        feats = FrozenHiddenFeatures([models[n] for n in DOMAINS])
         res = {f"CNN-{LETTER[n]}": score(preds[n]) for n in DOMAINS}
         res["unif"] = score(UniformCombination([preds[n] for n in DOMAINS], "classification"))
-        res["joint"] = score(cnn.CNNPredictor(models["joint"]))
+        res["joint"] = score(FrozenCNNPredictor(models["joint"]))
         for m in sizes:
             sites = []
             for n in DOMAINS:
@@ -236,8 +297,8 @@ def tune_options(candidates: dict, method: str = "dmsa", seed: int = 0, n_fit: i
     splits = make_splits(domains)
     adapt, models = train_domain_models(domains, splits, seed)
     _, unlabeled = adaptation_split(splits, seed)  # as run publishes: never the labelled inputs
-    preds = {n: cnn.CNNPredictor(models[n]) for n in DOMAINS}
-    feats = cnn.HiddenFeatures([models[n] for n in DOMAINS])
+    preds = {n: FrozenCNNPredictor(models[n]) for n in DOMAINS}
+    feats = FrozenHiddenFeatures([models[n] for n in DOMAINS])
     sites, val = [], {}
     for n in DOMAINS:
         X, y = domains[n].X[adapt[n]].reshape(-1, 256), domains[n].y[adapt[n]]

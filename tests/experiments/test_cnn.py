@@ -1,5 +1,7 @@
 """The digits CNN, its predictor wrapper, the hidden-layer feature map and the weight cache."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -82,3 +84,52 @@ def test_hidden_features_concatenate_and_standardise():
     # scikit-learn can clone the unfitted map (fit_dmsa clones custom feature maps)
     fresh = clone(fmap)
     assert not hasattr(fresh, "mean_") and len(fresh.models) == 2
+
+
+def test_the_digits_experiments_frozen_wrappers_compute_an_input_once(monkeypatch):
+    """The digits experiment's predictor and feature map give what the plain ones give, bit for
+    bit; an input they saw is not passed through the network again (unless its weights or mode
+    changed), and writing to an answer changes no later one."""
+    from msa_fed.experiments import digits
+
+    monkeypatch.setattr(digits, "_MEMO", type(digits._MEMO)())
+    X, y = _toy(64)
+    models = [cnn.train_cnn(X, y, seed=s, config=replace(FAST, epochs=1)) for s in (0, 1)]
+    Xt = _toy(50, seed=2)[0].reshape(-1, 256)
+    passes: list[int] = []
+    forward, hidden = cnn.DigitCNN.forward, cnn.DigitCNN.hidden
+    monkeypatch.setattr(cnn.DigitCNN, "forward", lambda self, x: passes.append(len(x)) or forward(self, x))
+
+    plain, frozen = cnn.CNNPredictor(models[0]), digits.FrozenCNNPredictor(models[0])
+    expected = plain.predict_proba(Xt)
+    del passes[:]
+    first = frozen.predict_proba(Xt)
+    np.testing.assert_array_equal(first, expected)
+    assert passes == [50]
+    first[:] = 0.0  # the caller's copy
+    np.testing.assert_array_equal(digits.FrozenCNNPredictor(models[0]).predict_proba(Xt.copy()), expected)
+    assert passes == [50]  # another wrapper, an equal input: from the memo
+    np.testing.assert_array_equal(
+        digits.FrozenCNNPredictor(models[1]).predict_proba(Xt), cnn.CNNPredictor(models[1]).predict_proba(Xt)
+    )
+    assert len(passes) == 3  # another network: computed (the plain one's pass included)
+    Xt2 = Xt.copy()
+    Xt2[0, 0] += 0.5
+    np.testing.assert_array_equal(frozen.predict_proba(Xt2), plain.predict_proba(Xt2))
+    assert len(passes) == 5  # another input: computed
+    with torch.no_grad():
+        models[0].out.bias[0] += 1.0  # other weights: computed again, not the old answer
+    changed = frozen.predict_proba(Xt)
+    np.testing.assert_array_equal(changed, plain.predict_proba(Xt))
+    assert len(passes) == 7 and not np.array_equal(changed, expected)
+    models[0].train()  # dropout on: another mode, never the eval answers
+    assert not np.array_equal(frozen.predict_proba(Xt), expected)
+    models[0].eval()
+
+    monkeypatch.setattr(cnn.DigitCNN, "hidden", lambda self, x: passes.append(len(x)) or hidden(self, x))
+    del passes[:]
+    fmap = digits.FrozenHiddenFeatures(models).fit(Xt)
+    np.testing.assert_array_equal(fmap.transform(Xt), cnn.HiddenFeatures(models).fit(Xt).transform(Xt))
+    assert passes == [50] * 6  # the frozen map's fit (two networks), the plain map's fit and transform
+    np.testing.assert_array_equal(clone(fmap).fit(Xt).transform(Xt), fmap.transform(Xt))
+    assert len(passes) == 6  # a clone holds copies of the networks: the same weights, from the memo
