@@ -55,15 +55,16 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     # the federated topology: a registry with its relay, `msa-fed site serve` subprocesses, local Ray
     "federation/test_federated_job.py": ("ray", "slow"),
     "federation/test_federation_security.py": ("ray", "slow"),
-    "federation/test_federation_network.py": ("ray", "slow"),
     "federation/test_cluster_liveness.py": ("ray", "slow"),
     "federation/test_sealed_relay.py": ("ray", "slow"),
-    "federation/test_hostile_sites.py": ("ray", "slow"),
+    # the same without Ray: their jobs' samples are small (the coordinator trains the classifier)
+    "federation/test_federation_network.py": ("slow",),
+    "federation/test_hostile_sites.py": ("slow",),
     "experiments/test_influence_paper.py": ("data", "slow"),
     "experiments/test_target_adult.py": ("data",),
-    "federation/test_site_serve_ops.py": ("ray", "slow"),
+    "federation/test_site_serve_ops.py": ("slow",),  # small jobs: no Ray either
     # every `site serve` of a sealed job under the import blocker (tests/slim.py), twice
-    "federation/test_slim_federation.py": ("ray", "slow"),
+    "federation/test_slim_federation.py": ("slow",),
     # builds a venv with `pip install .` alone (PyPI), minutes
     "site/test_slim_install.py": ("slow",),
     # the recipe's real Ray head on 127.0.0.1, then `deploy/ray-up-local.sh down`

@@ -22,14 +22,6 @@ from slim import blocked, slim_env  # noqa: E402
 from msa_fed.artifacts.predictors import sha256_hex  # noqa: E402
 from msa_fed.federation.local import LocalFederation  # noqa: E402
 from msa_fed.jobs.run import run_job  # noqa: E402
-from msa_fed.runtime.ray_actors import ensure_ray  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ensure_ray(num_cpus=2, resources={f"site:{n}": 1 for n in NAMES})
-    yield ray
-    ray.shutdown()
 
 
 def _job(fed, tmp):
@@ -78,13 +70,14 @@ def _new_site_joins(fed, folder, like, env) -> None:
     assert record.last_heartbeat is not None and record.predictor.sha256 == sha256_hex(like.predictor)
 
 
-def test_a_sealed_job_runs_with_every_site_serve_unable_to_import_the_coordinator(local_ray, tmp_path):
+def test_a_sealed_job_runs_with_every_site_serve_unable_to_import_the_coordinator(tmp_path):
     files = site_files()
     blocker = tmp_path / "blocker"
     with LocalFederation(tmp_path / "slim", files, env=slim_env(blocker)) as fed:
         fed.wait_connected(timeout=180)
         _, model = _job(fed, tmp_path)
         assert model.site_names == sorted(NAMES)
+        assert not ray.is_initialized()  # samples this small: the coordinator trains, no stand-in actors
         for name in NAMES:
             assert "slimjob" in fed.log_text(name) and "Traceback" not in fed.log_text(name)
         workdir = fed.workdir
