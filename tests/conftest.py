@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 # A local Ray started by a test (``ray.init(address="local")``, ``ray.cluster_utils.Cluster``,
-# ``fit_dmsa(runtime="ray")``, ``msa-fed demo`` in a subprocess) binds 127.0.0.1 only.  Ray turns
+# ``fit_dmsa(runtime="ray")``, a job driver in a subprocess) binds 127.0.0.1 only.  Ray turns
 # an explicit ``_node_ip_address="127.0.0.1"`` into the machine's external address; this switch
 # (read when ``ray`` is first imported, so set before any test module imports it, and inherited
 # by subprocesses) makes it use loopback for the node address and every server it starts.
@@ -49,7 +49,7 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
     "runtime/test_ray_runtime.py": ("ray",),
     "experiments/test_experiments_ray.py": ("ray", "data", "slow"),
     "experiments/test_experiments_quick.py": ("data", "slow"),
-    "test_demo.py": ("ray", "slow"),
+    "test_demo.py": ("slow",),  # the demo's job is small: its coordinator trains, no Ray
     "experiments/test_cnn.py": ("slow",),  # trains small CNNs
     "control/test_control_load.py": ("slow",),  # 200 concurrent clients
     # the federated topology: a registry with its relay, `msa-fed site serve` subprocesses, local Ray
