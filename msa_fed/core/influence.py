@@ -32,6 +32,7 @@ import numpy as np
 
 from msa_fed.core.dc_solver import LossOracle, solve_dc
 from msa_fed.core.dc_terms import DCSums
+from msa_fed.core.threads import one_blas_thread
 
 #: a re-solve's end point is the point it last evaluated when they differ by at most this (rounding)
 SAME_Z = 1e-12
@@ -191,6 +192,23 @@ class _Worker:
         return self.lockstep.max_bound()
 
 
+def run_threads(target: Any, items: list[int], name: str) -> None:
+    """``target(j)`` for each j of ``items``, each in its own thread (the re-solves of a
+    :class:`Lockstep`), all under one BLAS thread held by the caller for the whole run.
+
+    The BLAS thread count is one setting for the whole process: a thread leaving its own
+    one-thread section (each solve and each site's sums hold one) would hand the second BLAS
+    thread back while the others compute, and on a loaded machine their small products then spin
+    (measured, p = 16: the single-domain finish's least-squares fits 75 ms of CPU each instead of
+    5 ms).  Held here first, the threads' own sections find one thread and change nothing."""
+    threads = [threading.Thread(target=target, args=(j,), name=f"{name}-{j}", daemon=True) for j in items]
+    with one_blas_thread():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 def known_without(z: np.ndarray, losses: np.ndarray, j: int) -> bool:
     """Whether the re-solve without site j is known without asking: z_j = 0 (to
     :data:`ZERO_WEIGHT`) and L_j(z) below max_k L_k(z) by :data:`INACTIVE_GAP`.
@@ -236,11 +254,7 @@ def all_without(
         finally:
             lock.done()
 
-    threads = [threading.Thread(target=run, args=(j,), name=f"influence-{j}", daemon=True) for j in run_j]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(run, run_j, "influence")
     if errors:
         raise errors[0]
     return z_without, without, lock.calls, lock.rounds
