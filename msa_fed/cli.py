@@ -100,8 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     # gRPC logs an INFO line each time Ray forks a worker while gRPC threads run (the demo, the
     # job), and its TLS library's text on every failed handshake: noise in a terminal, where every
     # failure is one line of ours (a TLS mistake in words: msa_fed.control.transport.connection.diagnose_tls).
-    # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`.
+    # GRPC_VERBOSITY=ERROR shows gRPC's own error lines again. Must precede `import grpc`; a
+    # default set here is taken back when main returns (a caller in the same process keeps its
+    # environment; gRPC has read it by then and the processes started meanwhile inherited it).
+    ours = "GRPC_VERBOSITY" not in os.environ
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    try:
+        return _main(argv)
+    finally:
+        if ours:
+            os.environ.pop("GRPC_VERBOSITY", None)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         parser = build_parser()
     except BrokenCommands as exc:

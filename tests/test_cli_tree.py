@@ -97,3 +97,30 @@ def test_each_module_of_the_tree_that_fails_to_import_is_reported(monkeypatch, c
     err = capsys.readouterr().err
     assert err.startswith("error: the commands of msa_fed.") and "cannot be loaded" in err and module in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_main_leaves_the_callers_environment_as_it_found_it(monkeypatch, capsys):
+    """main() quiets gRPC (GRPC_VERBOSITY=NONE, before any `import grpc`) for its own run only: a
+    caller in the same process gets its environment back, and a value the caller set is kept."""
+    import os
+
+    seen: list[str | None] = []
+
+    def command(argv):
+        seen.append(os.environ.get("GRPC_VERBOSITY"))
+        return 0
+
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    with monkeypatch.context() as m:
+        m.setattr(cli, "_main", command)
+        assert cli.main([]) == 0
+        assert seen == ["NONE"] and "GRPC_VERBOSITY" not in os.environ
+        monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")
+        assert cli.main([]) == 0
+        assert seen == ["NONE", "ERROR"] and os.environ["GRPC_VERBOSITY"] == "ERROR"
+    monkeypatch.delenv("GRPC_VERBOSITY")
+    # the real parser, ending the way a mistyped command does (argparse exits): the same
+    with pytest.raises(SystemExit):
+        cli.main(["no-such-command"])
+    assert "GRPC_VERBOSITY" not in os.environ
+    assert "invalid choice" in capsys.readouterr().err

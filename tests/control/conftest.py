@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from registry_fixtures import connect, registry, server, store  # noqa: F401 - the shared fixtures
 
@@ -25,8 +23,6 @@ def run(capsys, monkeypatch):
     import msa_fed.cli as top_cli
 
     monkeypatch.setattr(top_cli, "COMMANDS", {"msa_fed.control.cli": top_cli.COMMANDS["msa_fed.control.cli"]})
-    # main() sets GRPC_VERBOSITY's default in its process (here the suite's): undone after the test
-    monkeypatch.setenv("GRPC_VERBOSITY", os.environ.get("GRPC_VERBOSITY", "NONE"))
 
     def invoke(*argv):
         rc = top_cli.main([str(a) for a in argv])

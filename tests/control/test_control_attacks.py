@@ -504,8 +504,6 @@ def test_mtls_certificate_for_one_site_with_another_sites_token_is_denied(pki):
 
 def test_site_names_are_anchored(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(top_cli, "COMMANDS", {"msa_fed.control.cli": top_cli.COMMANDS["msa_fed.control.cli"]})
-    # main() sets GRPC_VERBOSITY's default in its process (here the suite's): undone after the test
-    monkeypatch.setenv("GRPC_VERBOSITY", os.environ.get("GRPC_VERBOSITY", "NONE"))
     db = tmp_path / "r.db"
     for bad in ("a\n", "a\nb", "\na", "a ", "a\r"):
         assert top_cli.main(["admin", "issue-token", "--db", str(db), "--site", bad]) == 1

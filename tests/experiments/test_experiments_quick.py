@@ -6,7 +6,6 @@ the random draws fall.
 """
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,12 +14,6 @@ from msa_fed.cli import main
 from msa_fed.experiments import adult, digits, report, sentiment, synthetic
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(autouse=True)
-def _grpc_verbosity_undone(monkeypatch):
-    """main() sets GRPC_VERBOSITY's default in its process (here the suite's): undone after each test."""
-    monkeypatch.setenv("GRPC_VERBOSITY", os.environ.get("GRPC_VERBOSITY", "NONE"))
 
 
 def _run(tmp_path, name, *extra):
