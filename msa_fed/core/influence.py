@@ -194,13 +194,15 @@ class _Worker:
 
 def run_threads(target: Any, items: list[int], name: str) -> None:
     """``target(j)`` for each j of ``items``, each in its own thread (the re-solves of a
-    :class:`Lockstep`), all under one BLAS thread held by the caller for the whole run.
+    :class:`Lockstep`), under one BLAS thread set by the caller for the whole run.
 
-    The BLAS thread count is one setting for the whole process: a thread leaving its own
-    one-thread section (each solve and each site's sums hold one) would hand the second BLAS
-    thread back while the others compute, and on a loaded machine their small products then spin
-    (measured, p = 16: the single-domain finish's least-squares fits 75 ms of CPU each instead of
-    5 ms).  Held here first, the threads' own sections find one thread and change nothing."""
+    The threads' own one-thread sections (each solve's, each site's sums') do not do it: with
+    the OpenBLAS builds numpy and scipy ship (0.3.30 / 0.3.31, pthreads), a thread's
+    ``set_num_threads`` has no effect once the main thread has set the count (measured: after
+    one section in the main thread, as the fit's solve opens, a thread's section still reads 2),
+    so the re-solves ran on two BLAS threads and their small products spun (p = 16: the
+    single-domain finish's least-squares fits 75 ms of CPU each instead of 5 ms).  Set from the
+    caller (the main thread, in a fit) it holds in every thread."""
     threads = [threading.Thread(target=target, args=(j,), name=f"{name}-{j}", daemon=True) for j in items]
     with one_blas_thread():
         for t in threads:
