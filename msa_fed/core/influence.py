@@ -32,6 +32,7 @@ import numpy as np
 
 from msa_fed.core.dc_solver import LossOracle, solve_dc
 from msa_fed.core.dc_terms import DCSums
+from msa_fed.core.threads import one_blas_thread
 
 #: a re-solve's end point is the point it last evaluated when they differ by at most this (rounding)
 SAME_Z = 1e-12
@@ -191,6 +192,25 @@ class _Worker:
         return self.lockstep.max_bound()
 
 
+def run_threads(target: Any, items: list[int], name: str) -> None:
+    """``target(j)`` for each j of ``items``, each in its own thread (the re-solves of a
+    :class:`Lockstep`), under one BLAS thread set by the caller for the whole run.
+
+    The threads' own one-thread sections (each solve's, each site's sums') do not do it: with
+    the OpenBLAS builds numpy and scipy ship (0.3.30 / 0.3.31, pthreads), a thread's
+    ``set_num_threads`` has no effect once the main thread has set the count (measured: after
+    one section in the main thread, as the fit's solve opens, a thread's section still reads 2),
+    so the re-solves ran on two BLAS threads and their small products spun (p = 16: the
+    single-domain finish's least-squares fits 75 ms of CPU each instead of 5 ms).  Set from the
+    caller (the main thread, in a fit) it holds in every thread."""
+    threads = [threading.Thread(target=target, args=(j,), name=f"{name}-{j}", daemon=True) for j in items]
+    with one_blas_thread():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 def known_without(z: np.ndarray, losses: np.ndarray, j: int) -> bool:
     """Whether the re-solve without site j is known without asking: z_j = 0 (to
     :data:`ZERO_WEIGHT`) and L_j(z) below max_k L_k(z) by :data:`INACTIVE_GAP`.
@@ -236,11 +256,7 @@ def all_without(
         finally:
             lock.done()
 
-    threads = [threading.Thread(target=run, args=(j,), name=f"influence-{j}", daemon=True) for j in run_j]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(run, run_j, "influence")
     if errors:
         raise errors[0]
     return z_without, without, lock.calls, lock.rounds

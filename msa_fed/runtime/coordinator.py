@@ -570,9 +570,7 @@ class Coordinator:
         the refusal that stopped them or None).  ``lockstep``: the p solves together, one batched
         request per site per round; else one after another, one request per z (the reference the
         tests compare with: the same z's to rounding)."""
-        import threading
-
-        from msa_fed.core.influence import Lockstep
+        from msa_fed.core.influence import Lockstep, run_threads
 
         p, eta = self.p, float(self.config.eta)
         zs = np.zeros((p, p))
@@ -601,11 +599,7 @@ class Coordinator:
                 if errors:
                     break
         else:
-            threads = [threading.Thread(target=run, args=(j,), name=f"exclusion-{j}", daemon=True) for j in range(p)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            run_threads(run, list(range(p)), "exclusion")
         rounds = lock.rounds if lock is not None else sum(done)
         if errors:
             if isinstance(errors[0], PrivacyError):

@@ -147,3 +147,32 @@ def test_a_re_solve_known_without_asking_is_not_run_and_gives_the_re_solves_answ
     # a domain at the top with no weight (its multiplier may be positive) is re-solved
     top = int(np.argmax(res.losses))
     assert not known_without(np.where(np.arange(p) == top, 0.0, res.z), res.losses, top)
+
+
+def test_the_re_solves_threads_keep_one_blas_thread_while_any_of_them_runs():
+    """The re-solve threads run on one BLAS thread from start to end, inside their own
+    one-thread sections (a solve's) and outside them: a thread's own setting is ignored by
+    OpenBLAS once the main thread has set one (as the fit's solve and the outer limit here
+    have), so the caller holds it for all of them; the caller's setting comes back after."""
+    from threadpoolctl import threadpool_limits
+
+    from msa_fed.core.influence import run_threads
+    from msa_fed.core.threads import one_blas_thread
+
+    def blas_threads() -> int:
+        return max(lib.get_num_threads() for lib in one_blas_thread().libs)
+
+    seen: dict[int, tuple[int, int]] = {}
+
+    def resolve(j: int) -> None:
+        outside = blas_threads()
+        with one_blas_thread():  # as each solve opens its own
+            seen[j] = (outside, blas_threads())
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() == 2  # the outer setting: two threads
+        with one_blas_thread():  # the fit's solve in this thread, before the report
+            pass
+        run_threads(resolve, [0, 1, 2], "test")
+        assert seen == {j: (1, 1) for j in range(3)}
+        assert blas_threads() == 2  # given back once every thread has ended
