@@ -48,7 +48,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 
 from msa_fed.core.config import SolverConfig
 from msa_fed.core.dc_homotopy import Callback, logit_path_run
@@ -894,6 +893,8 @@ def solve_dc(
     if not best.converged and warn:
         what = "Gamma" if objective == "gamma" else "max_k L_k"
         value = best.gamma if objective == "gamma" else best.max_loss
+        from sklearn.exceptions import ConvergenceWarning  # scikit-learn's class; importing it costs ~1 s
+
         warnings.warn(
             f"DC solver ({best.method}) stopped without converging: {what}={value:.3g} "
             f"(tol={tol:g}, max_iter={max_iter})",
