@@ -227,7 +227,7 @@ def test_fit_dmsa_without_the_extra_is_one_line_naming_it(tmp_path):
         "except ImportError as exc:\n    print(type(exc).__name__, exc)\n"
     )
     assert _slim_python(code, tmp_path) == (
-        f"MissingExtra msa_fed.fit_dmsa needs the coordinator extra (sklearn is not installed): {COORDINATOR_INSTALL}"
+        f"MissingExtra msa_fed.fit_dmsa needs the coordinator extra (scipy is not installed): {COORDINATOR_INSTALL}"
     )
 
 
