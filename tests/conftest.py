@@ -230,28 +230,29 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: the files that take a worker longest in `make test`, with the seconds of their longest work
-#: unit (the file, or its longest test in SPLIT_FILES): the mean of three full `make test` runs
-#: (three workers on the two-core machine beside parallel work; JUnit times, fixtures included).
+#: unit (the file, or its longest test in SPLIT_FILES): a full `make test` run (three workers on
+#: the otherwise idle two-core machine; JUnit times, fixtures included).
 #: `make test` starts them first, the longest first, so that the short files fill the end rather
 #: than one long unit running alone (replayed on those runs' times, this order and the former one
 #: end the three workers within a few seconds of each other: the suite's time is its sum / 3)
 HEAVY_FILES: dict[str, float] = {
-    "cluster/test_cluster_job.py": 152,  # a two-node Ray and `ray job submit`
-    "federation/test_cluster_liveness.py": 126,  # waits out a start time-out and two site time-outs
-    "federation/test_federated_job.py": 125,
-    "runtime/test_ray_runtime.py": 116,
-    "experiments/test_experiments_ray.py": 112,  # two experiments on both runtimes, a Ray started by fit_dmsa
-    "ops/test_ops_federation.py": 110,  # make federation-cluster; make federation 90
-    "federation/test_federation_security.py": 89,
-    "ops/test_ops_walkthrough.py": 81,  # the operations walkthrough
-    "ops/test_ops_job.py": 75,
-    "control/test_control_load.py": 72,  # one test: 200 concurrent clients
-    "test_demo.py": 71,  # one `msa-fed demo`
-    "artifacts/test_batch_probe.py": 60,
-    "federation/test_hostile_sites.py": 56,
-    "runtime/test_ray_multinode.py": 55,
-    "ops/test_ops_consortium.py": 52,  # the kit flow: three jobs on a mutual-TLS federation
-    "experiments/test_experiments_quick.py": 46,
+    "runtime/test_ray_runtime.py": 132,
+    "cluster/test_cluster_job.py": 104,  # a two-node Ray and `ray job submit`
+    "experiments/test_experiments_ray.py": 102,  # two experiments on both runtimes, a Ray started by fit_dmsa
+    "federation/test_federated_job.py": 97,
+    "federation/test_cluster_liveness.py": 88,  # waits out a start time-out and two site time-outs
+    "ops/test_ops_federation.py": 86,  # its longest test: make federation-cluster
+    "federation/test_federation_security.py": 82,
+    "runtime/test_ray_multinode.py": 71,
+    "ops/test_ops_walkthrough.py": 70,  # the operations walkthrough
+    "control/test_control_load.py": 62,  # one test: 200 concurrent clients
+    "artifacts/test_batch_probe.py": 55,
+    "ops/test_ops_job.py": 52,
+    "site/test_slim_install.py": 37,  # a fresh venv, `pip install .`
+    "test_demo.py": 32,  # one `msa-fed demo`
+    "federation/test_hostile_sites.py": 28,
+    "ops/test_ops_consortium.py": 27,  # the kit flow: three jobs on a mutual-TLS federation
+    "experiments/test_experiments_quick.py": 21,
 }
 #: files whose tests share no module fixture (each starts its own processes or works alone):
 #: `make test`'s workers take them a test at a time rather than a file at a time, so that their
