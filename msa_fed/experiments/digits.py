@@ -18,7 +18,6 @@ DMSA and GMSA on the first m adaptation points per domain.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from msa_fed.experiments import cnn
 from msa_fed.experiments.data import load_digits_domains
 from msa_fed.experiments.report import summarise, uniform_mixtures
 from msa_fed.privacy.consortium import drop_shared
+from msa_fed.privacy.memo import digest
 
 DOMAINS = ("optdigits", "mnist", "usps")  # in the paper's column order (svhn first)
 LETTER = {"optdigits": "o", "mnist": "m", "usps": "u"}
@@ -138,18 +138,9 @@ _MEMO: OrderedDict[tuple, np.ndarray] = OrderedDict()
 MEMO_BYTES = 256 * 2**20
 
 
-def _digest(*arrays: np.ndarray) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(repr((a.dtype.str, a.shape)).encode())
-        h.update(a.data)
-    return h.digest()
-
-
 def _weights(model) -> bytes:
     """A digest of a network's weights and mode (train / eval): what its outputs depend on."""
-    return _digest(np.array([model.training]), *(t.detach().cpu().numpy() for t in model.state_dict().values()))
+    return digest(bool(model.training), *(t.detach().cpu().numpy() for t in model.state_dict().values()))
 
 
 def _memoised(key: tuple, compute) -> np.ndarray:
@@ -172,7 +163,7 @@ class FrozenCNNPredictor(cnn.CNNPredictor):
     array as computing it again)."""
 
     def predict_proba(self, X) -> np.ndarray:
-        key = ("proba", self.batch_size, _weights(self.model), _digest(np.asarray(X, dtype=np.float32)))
+        key = ("proba", self.batch_size, _weights(self.model), digest(np.asarray(X, dtype=np.float32)))
         return _memoised(key, lambda: cnn.CNNPredictor.predict_proba(self, X))
 
 
@@ -183,7 +174,7 @@ class FrozenHiddenFeatures(cnn.HiddenFeatures):
     def _raw(self, X) -> np.ndarray:
         for m in self.models:
             m.eval()
-        key = ("hidden", *(_weights(m) for m in self.models), _digest(np.asarray(X, dtype=np.float32)))
+        key = ("hidden", *(_weights(m) for m in self.models), digest(np.asarray(X, dtype=np.float32)))
         return _memoised(key, lambda: cnn.HiddenFeatures._raw(self, X))
 
 
